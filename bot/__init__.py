@@ -1,0 +1,3 @@
+"""turnstile's Telegram front end: the only package that imports ``telegram``."""
+
+__all__: list[str] = []

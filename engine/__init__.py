@@ -1,0 +1,3 @@
+"""turnstile's engine: everything that drives agents, usable without any chat."""
+
+__all__: list[str] = []

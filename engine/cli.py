@@ -1,0 +1,103 @@
+"""The ``turnstile`` command: the composition root of the terminal front end.
+
+Each sub-command lives in a module of :mod:`engine.commands` (found by discovery) or in
+another package registered under the ``turnstile.commands`` entry-point group (the bot
+registers itself that way, so the engine never imports it). A module exposes
+``register(subparsers)``; the parser it adds sets ``handler`` to an
+``async (args, settings) -> int`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import pkgutil
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+import engine.commands
+from engine.errors import ConfigError, TurnstileError
+from engine.logs import setup_logging
+from engine.settings import Settings, load_settings
+
+__all__ = ["Handler", "build_parser", "main"]
+
+_LOGGER = logging.getLogger(__name__)
+
+Handler = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # noqa: ANN401 - argparse signature
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"turnstile: error: {message}\n")
+
+
+def _registrars() -> list[Callable[[Any], None]]:
+    found: list[Callable[[Any], None]] = []
+    for info in sorted(pkgutil.iter_modules(engine.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"engine.commands.{info.name}")
+        found.append(module.register)
+    for point in sorted(entry_points(group="turnstile.commands"), key=lambda p: p.name):
+        found.append(point.load())
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="turnstile",
+        description=(
+            "Drive coding agents (Claude Code, Copilot CLI, Codex, any CLI) turn by turn "
+            "from Telegram or this terminal, with human approval gates."
+        ),
+    )
+    parser.add_argument("--log-level", default=None, help="override TURNSTILE_LOG_LEVEL")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for register in _registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USAGE if args.command is None and argv not in (None, []) else 0
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"turnstile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    secrets = tuple(
+        s.get_secret_value()
+        for s in (settings.telegram_token, settings.webhook_secret)
+        if s is not None
+    )
+    setup_logging(
+        level=args.log_level or settings.log_level, fmt=settings.log_format, secrets=secrets
+    )
+    try:
+        return asyncio.run(handler(args, settings))
+    except ConfigError as exc:
+        print(f"turnstile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TurnstileError as exc:
+        print(f"turnstile: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("turnstile: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of ``turnstile``; each module exposes ``register(subparsers)``."""

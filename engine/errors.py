@@ -1,0 +1,130 @@
+"""The error tree of turnstile.
+
+Every failure is a typed error that propagates; nothing pretends to succeed.
+Messages never embed secrets: callers pass text through :func:`engine.redact.redact`
+before it lands in an error, and output tails are capped.
+
+```
+TurnstileError
+├── TurnError                  a turn could not run or finish
+│   ├── TurnExecError          failed to spawn (missing binary, not executable)
+│   ├── TurnIOError            failed to capture or parse what the agent produced
+│   ├── TurnPreempted          a person stopped the turn
+│   └── InvalidPromptError     refused before anything was spawned
+├── ChannelError               a channel could not feed or publish
+│   ├── ChannelRecvError
+│   ├── ChannelPublishError
+│   └── ChannelIOError
+├── ConfigError                bad settings or bad command-line input
+└── StoreError                 persistence failed
+    ├── NotFoundError          no such run, task, ...
+    └── ConflictError          a compare-and-set lost against a concurrent writer
+```
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChannelError",
+    "ChannelIOError",
+    "ChannelPublishError",
+    "ChannelRecvError",
+    "ConfigError",
+    "ConflictError",
+    "InvalidPromptError",
+    "NotFoundError",
+    "StoreError",
+    "TurnError",
+    "TurnExecError",
+    "TurnIOError",
+    "TurnPreempted",
+    "TurnstileError",
+]
+
+
+class TurnstileError(Exception):
+    """Base of every error turnstile raises on purpose.
+
+    Attributes:
+        retryable: whether trying the same thing again can help.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TurnError(TurnstileError):
+    """A turn could not run to completion."""
+
+
+class TurnExecError(TurnError):
+    """The agent process could not be spawned."""
+
+    def __init__(self, message: str, *, binary: str | None = None) -> None:
+        super().__init__(message)
+        self.binary = binary
+
+
+class TurnIOError(TurnError):
+    """The agent ran but its output could not be captured or understood."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class TurnPreempted(TurnError):
+    """The in-flight turn was stopped by a person."""
+
+    def __init__(self, message: str = "turn pre-empted", *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class InvalidPromptError(TurnError):
+    """The prompt was refused before anything was spawned (empty, NUL byte, ...)."""
+
+
+class ChannelError(TurnstileError):
+    """A channel failed to yield a prompt or to publish an output."""
+
+
+class ChannelRecvError(ChannelError):
+    """Reading the next prompt failed."""
+
+
+class ChannelPublishError(ChannelError):
+    """Publishing a turn's output failed."""
+
+
+class ChannelIOError(ChannelError):
+    """An underlying I/O error inside a channel."""
+
+
+class ConfigError(TurnstileError):
+    """Settings or command-line input are invalid; the message says which and how to fix it."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class StoreError(TurnstileError):
+    """The store failed to read or write."""
+
+    retryable = True
+
+
+class NotFoundError(StoreError):
+    """The thing asked for does not exist."""
+
+    retryable = False
+
+
+class ConflictError(StoreError):
+    """A compare-and-set lost: somebody else changed the row first."""
+
+    retryable = False

@@ -1,0 +1,408 @@
+"""One agent turn as a subprocess.
+
+The prompt reaches the process only as argv elements (or stdin), never through a shell.
+stdout and stderr are drained concurrently while the process runs; stdout is returned
+verbatim (UTF-8 with replacement) and spilled to a file beyond a configurable size, so
+the engine never holds an unbounded output. There is no wall-clock timeout: a turn ends
+when the process exits, or when a person pre-empts it through a :class:`PreemptHandle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
+from engine.redact import tail
+from engine.turn import AgentSession, TurnOutput
+
+__all__ = [
+    "DEFAULT_SPILL_LIMIT",
+    "PreemptHandle",
+    "ProcessResult",
+    "ProcessSpec",
+    "SerialTurnDriver",
+    "default_spill_dir",
+    "run_process",
+    "validate_prompt",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_SPILL_LIMIT: Final = 4 * 1024 * 1024
+STDERR_TAIL: Final = 2048
+_CHUNK: Final = 64 * 1024
+# After the agent exits, descendants that still hold its pipes get this long before the
+# group is killed. It bounds clean-up, not the turn: the turn already ended.
+_DRAIN_GRACE: Final = 2.0
+_MAX_LINE: Final = 64 * 1024 * 1024
+
+LineCallback = Callable[[bytes], None]
+
+
+def default_spill_dir() -> Path:
+    """Where spilled outputs go unless a session says otherwise."""
+    return Path(tempfile.gettempdir()) / "turnstile-spill"
+
+
+def validate_prompt(prompt: str) -> None:
+    """Refuse a prompt that must never reach a process.
+
+    Raises:
+        InvalidPromptError: the prompt is empty, only whitespace, or holds a NUL byte.
+    """
+    if not prompt or not prompt.strip():
+        raise InvalidPromptError("the prompt is empty")
+    if "\x00" in prompt:
+        raise InvalidPromptError("the prompt contains a NUL byte")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """How to start one turn's process.
+
+    Attributes:
+        argv: program and arguments; each element reaches the program unchanged.
+        cwd: working directory (pinned per session by the adapters).
+        env: the complete environment, or None to inherit ours.
+        stdin: bytes written to the process's stdin, or None for no stdin.
+    """
+
+    argv: Sequence[str]
+    cwd: Path | None = None
+    env: Mapping[str, str] | None = None
+    stdin: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """What a finished process left behind."""
+
+    exit_code: int
+    stdout: str
+    stdout_size: int
+    spill_path: Path | None
+    stderr_tail: str
+    stderr_size: int
+    pid: int
+    duration: float
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def to_turn_output(self) -> TurnOutput:
+        """The turn output: stdout verbatim with the exit code."""
+        return TurnOutput(
+            text=self.stdout,
+            exit_code=self.exit_code,
+            spill_path=self.spill_path,
+            size=self.stdout_size,
+        )
+
+
+class PreemptHandle:
+    """Stops the turn in flight for one session, bound to the owned child, not a PID number.
+
+    ``stop()`` sends SIGTERM to the child's process group, waits ``grace`` seconds,
+    then SIGKILLs the group; the running turn raises :class:`TurnPreempted`.
+    """
+
+    def __init__(self, *, grace: float = 5.0, session_id: str | None = None) -> None:
+        self.grace = grace
+        self.session_id = session_id
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stop = asyncio.Event()
+        self._gone = asyncio.Event()
+        self._gone.set()
+
+    @property
+    def active(self) -> bool:
+        """Whether a turn's process is running now."""
+        return self._proc is not None
+
+    def _attach(self, proc: asyncio.subprocess.Process) -> None:
+        if self._proc is not None:
+            raise RuntimeError("a turn is already in flight on this pre-empt handle")
+        self._proc = proc
+        self._stop.clear()
+        self._gone.clear()
+
+    def _detach(self) -> None:
+        self._proc = None
+        self._gone.set()
+
+    async def _stop_requested(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> bool:
+        """Pre-empt the running turn and wait until its process group is gone.
+
+        Returns:
+            True if a turn was running, False if there was nothing to stop.
+        """
+        if self._proc is None:
+            return False
+        self._stop.set()
+        await self._gone.wait()
+        return True
+
+
+async def _terminate_group(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM the process group, wait ``grace``, then SIGKILL it; reap the leader."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=grace)
+    except TimeoutError:
+        pass
+    # Descendants may ignore SIGTERM or outlive the leader: the group is killed either way.
+    _signal_group(proc, signal.SIGKILL)
+    await proc.wait()
+
+
+def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+class _StdoutSink:
+    """Keeps stdout up to ``limit`` bytes in memory and spills the whole of it beyond."""
+
+    def __init__(self, limit: int, spill_dir: Path | None, on_line: LineCallback | None) -> None:
+        self._limit = limit
+        self._spill_dir = spill_dir
+        self._on_line = on_line
+        self._head = bytearray()
+        self._partial = bytearray()
+        self.size = 0
+        self.spill_path: Path | None = None
+        self._spill: int | None = None
+        self.lines = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._spill is None and len(self._head) + len(chunk) <= self._limit:
+            self._head += chunk
+        else:
+            if self._spill is None:
+                self._open_spill()
+                if self._head:
+                    self._write(bytes(self._head))
+                room = self._limit - len(self._head)
+                self._head += chunk[: max(room, 0)]
+            self._write(chunk)
+        if self._on_line is not None:
+            self._split_lines(chunk)
+
+    def _split_lines(self, chunk: bytes) -> None:
+        assert self._on_line is not None
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                self._partial += chunk[start:]
+                if len(self._partial) > _MAX_LINE:
+                    raise TurnIOError(
+                        f"stdout line {self.lines + 1} exceeds {_MAX_LINE} bytes",
+                        line=self.lines + 1,
+                    )
+                return
+            self._partial += chunk[start:nl]
+            self.lines += 1
+            line = bytes(self._partial)
+            self._partial.clear()
+            self._on_line(line)
+            start = nl + 1
+
+    def finish(self) -> None:
+        if self._on_line is not None and self._partial:
+            self.lines += 1
+            line = bytes(self._partial)
+            self._partial.clear()
+            self._on_line(line)
+        if self._spill is not None:
+            os.close(self._spill)
+            self._spill = None
+
+    def _open_spill(self) -> None:
+        directory = self._spill_dir or default_spill_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"turn-{uuid.uuid4().hex}.out"
+        self._spill = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self.spill_path = path
+
+    def _write(self, data: bytes) -> None:
+        assert self._spill is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._spill, view)
+            view = view[written:]
+
+    def text(self) -> str:
+        return self._head.decode("utf-8", errors="replace")
+
+
+async def run_process(
+    spec: ProcessSpec,
+    *,
+    preempt: PreemptHandle | None = None,
+    spill_limit: int = DEFAULT_SPILL_LIMIT,
+    spill_dir: Path | None = None,
+    on_stdout_line: LineCallback | None = None,
+) -> ProcessResult:
+    """Run one process to natural completion.
+
+    Raises:
+        InvalidPromptError: an argv element holds a NUL byte.
+        TurnExecError: the program could not be spawned.
+        TurnIOError: its output could not be captured.
+        TurnPreempted: ``preempt.stop()`` was called while it ran.
+    """
+    if not spec.argv:
+        raise TurnExecError("no program to run")
+    program = spec.argv[0]
+    if any("\x00" in arg for arg in spec.argv):
+        raise InvalidPromptError("an argument contains a NUL byte")
+    started = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            stdin=asyncio.subprocess.PIPE if spec.stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=spec.cwd,
+            env=dict(spec.env) if spec.env is not None else None,
+            start_new_session=True,
+            limit=_CHUNK,
+        )
+    except FileNotFoundError as exc:
+        where = f" (cwd {spec.cwd})" if spec.cwd is not None and not Path(spec.cwd).is_dir() else ""
+        raise TurnExecError(f"cannot start {program!r}: not found{where}", binary=program) from exc
+    except PermissionError as exc:
+        raise TurnExecError(f"cannot start {program!r}: not executable", binary=program) from exc
+    except OSError as exc:
+        raise TurnExecError(f"cannot start {program!r}: {exc.strerror}", binary=program) from exc
+
+    sink = _StdoutSink(spill_limit, spill_dir, on_stdout_line)
+    stderr_tail = bytearray()
+    stderr_size = 0
+
+    async def drain_stdout() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(_CHUNK):
+            sink.feed(chunk)
+
+    async def drain_stderr() -> None:
+        nonlocal stderr_size, stderr_tail
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.read(_CHUNK):
+            stderr_size += len(chunk)
+            stderr_tail += chunk
+            if len(stderr_tail) > STDERR_TAIL:
+                del stderr_tail[: len(stderr_tail) - STDERR_TAIL]
+
+    async def feed_stdin() -> None:
+        assert proc.stdin is not None and spec.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(spec.stdin)
+            await proc.stdin.drain()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.close()
+
+    if preempt is not None:
+        preempt._attach(proc)
+    readers = [
+        asyncio.create_task(drain_stdout(), name=f"stdout-{proc.pid}"),
+        asyncio.create_task(drain_stderr(), name=f"stderr-{proc.pid}"),
+    ]
+    helpers: list[asyncio.Task[None]] = []
+    if spec.stdin is not None:
+        helpers.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
+    waiter = asyncio.create_task(proc.wait(), name=f"wait-{proc.pid}")
+    stopper: asyncio.Task[None] | None = None
+    if preempt is not None:
+        stopper = asyncio.create_task(preempt._stop_requested(), name=f"preempt-{proc.pid}")
+    try:
+        watch: set[asyncio.Task[object]] = {waiter}  # type: ignore[arg-type]
+        if stopper is not None:
+            watch.add(stopper)  # type: ignore[arg-type]
+        # A reader failing (a callback raising TurnIOError) must end the turn too.
+        watch.update(readers)  # type: ignore[arg-type]
+        while not waiter.done():
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if stopper is not None and stopper in done:
+                _LOGGER.info(
+                    "pre-empting pid=%s session=%s", proc.pid, preempt and preempt.session_id
+                )
+                await _terminate_group(proc, preempt.grace if preempt else 5.0)
+                raise TurnPreempted(session_id=preempt.session_id if preempt else None)
+            for task in done:
+                if task in readers and task.exception() is not None:
+                    await _terminate_group(proc, 0.5)
+                    raise task.exception()  # type: ignore[misc]
+                watch.discard(task)
+        _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+        if pending:
+            _LOGGER.warning(
+                "pid=%s exited but descendants hold its output open; killing its group", proc.pid
+            )
+            _signal_group(proc, signal.SIGKILL)
+            await asyncio.wait(readers)
+        for task in readers:
+            if (exc := task.exception()) is not None:
+                raise exc
+    except asyncio.CancelledError:
+        await asyncio.shield(_terminate_group(proc, preempt.grace if preempt else 2.0))
+        raise
+    except OSError as exc:
+        await asyncio.shield(_terminate_group(proc, 0.5))
+        raise TurnIOError(f"capturing {program!r} failed: {exc.strerror or exc}") from exc
+    finally:
+        for task in (*readers, *helpers, waiter, *([stopper] if stopper else [])):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(
+            *readers, *helpers, waiter, *([stopper] if stopper else []), return_exceptions=True
+        )
+        sink.finish()
+        if preempt is not None:
+            preempt._detach()
+    code = proc.returncode if proc.returncode is not None else -1
+    return ProcessResult(
+        exit_code=code,
+        stdout=sink.text(),
+        stdout_size=sink.size,
+        spill_path=sink.spill_path,
+        stderr_tail=tail(bytes(stderr_tail), STDERR_TAIL),
+        stderr_size=stderr_size,
+        pid=proc.pid,
+        duration=time.monotonic() - started,
+    )
+
+
+class SerialTurnDriver:
+    """Serialises turns of one session: at most one in flight, whoever calls."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self._session = session
+        self._lock = asyncio.Lock()
+
+    @property
+    def session_id(self) -> str:
+        return self._session.session_id
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn is in flight."""
+        return self._lock.locked()
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        async with self._lock:
+            return await self._session.run_turn(prompt)

@@ -1,0 +1,117 @@
+"""All settings, from the environment (prefix ``TURNSTILE_``) and a ``.env`` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from engine.errors import ConfigError
+
+__all__ = ["AgentName", "Settings", "load_settings"]
+
+AgentName = Literal["claude", "copilot", "codex", "command"]
+IdList = Annotated[tuple[int, ...], NoDecode]
+
+
+class Settings(BaseSettings):
+    """One settings object, built once by the composition root and passed down."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TURNSTILE_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    # Telegram
+    telegram_token: SecretStr | None = None
+    telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = "https://api.telegram.org/file/bot"
+    webhook_url: str | None = None
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = Field(default=8443, ge=1, le=65535)
+    webhook_secret: SecretStr | None = None
+
+    # Who may do what (numeric Telegram ids; empty admits nobody)
+    allowed_chats: IdList = ()
+    admins: IdList = ()
+    approvers: IdList = ()
+    operators: IdList = ()
+
+    # Storage
+    database: Path = Path("turnstile.db")
+    tasks_root: Path = Path("tasks")
+    workspaces: Path = Path("workspaces")
+    runs_dir: Path = Path("runs")
+    spill_limit: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+    # Agents
+    default_agent: AgentName = "claude"
+    agent_command: str | None = None
+    claude_bin: str = "claude"
+    copilot_bin: str = "copilot"
+    codex_bin: str = "codex"
+    agent_model: str | None = None
+    allowed_tools: Annotated[tuple[str, ...], NoDecode] = ()
+    dangerous_tools: bool = False
+
+    # Limits owned by channels (operator policy, never turn timeouts)
+    max_concurrent_turns: int = Field(default=4, ge=1)
+    queue_depth: int = Field(default=10, ge=0)
+    max_inbound_chars: int = Field(default=16_000, ge=1)
+    document_threshold: int = Field(default=12_000, ge=1)
+    preempt_grace: float = Field(default=5.0, ge=0)
+    wave_concurrency: int = Field(default=3, ge=1)
+
+    # Gates
+    approval_quorum: int = Field(default=1, ge=1)
+    approval_expiry_seconds: float | None = None
+    forbid_self_approval: bool = False
+
+    # Auto mode
+    max_turns: int = Field(default=10, ge=1)
+    completion_threshold: float = Field(default=0.8, ge=0, le=1)
+
+    # Logs
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    @field_validator("allowed_chats", "admins", "approvers", "operators", mode="before")
+    @classmethod
+    def _split_ids(cls, value: object) -> object:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.replace(";", ",").split(",")]
+            try:
+                return tuple(int(p) for p in parts if p)
+            except ValueError as exc:
+                raise ValueError(f"expected numeric ids separated by commas, got {value!r}") from exc
+        if isinstance(value, int):
+            return (value,)
+        return value
+
+    @field_validator("allowed_tools", mode="before")
+    @classmethod
+    def _split_tools(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, ``.env`` and ``overrides``.
+
+    Raises:
+        ConfigError: a setting is malformed; the message names it (never its value).
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = "TURNSTILE_" + "_".join(str(p) for p in err["loc"]).upper()
+            problems.append(f"{name}: {err['msg']}")
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from exc

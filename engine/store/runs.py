@@ -1,0 +1,334 @@
+"""Runs and turns: what ran, what it produced, and what a crash cut off."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import aiosqlite
+
+from engine.errors import NotFoundError
+from engine.store.database import Database
+from engine.turn import TurnOutput
+
+__all__ = ["RunRecord", "RunStatus", "RunStore", "SqliteRunStore", "TurnRecord", "TurnState"]
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    PARKED = "parked"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    ERROR = "error"
+    CRASHED = "crashed"
+
+
+class TurnState(StrEnum):
+    STARTED = "started"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: str
+    mode: str
+    agent: str
+    session_id: str
+    status: RunStatus
+    phase: str | None
+    turn: int
+    objective: str | None
+    workdir: str | None
+    log_dir: str | None
+    chat_id: int | None
+    thread_id: int | None
+    task: str | None
+    state: Mapping[str, Any]
+    exit_code: int | None
+    abort_reason: str | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+
+    @classmethod
+    def from_row(cls, row: aiosqlite.Row) -> RunRecord:
+        return cls(
+            id=row["id"],
+            mode=row["mode"],
+            agent=row["agent"],
+            session_id=row["session_id"],
+            status=RunStatus(row["status"]),
+            phase=row["phase"],
+            turn=row["turn"],
+            objective=row["objective"],
+            workdir=row["workdir"],
+            log_dir=row["log_dir"],
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            task=row["task"],
+            state=json.loads(row["state_json"]),
+            exit_code=row["exit_code"],
+            abort_reason=row["abort_reason"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    id: int
+    run_id: str
+    seq: int
+    attempt: int
+    phase: str | None
+    prompt: str
+    output: str | None
+    output_spill: str | None
+    output_size: int | None
+    exit_code: int | None
+    state: TurnState
+    error: str | None
+    started_at: float
+    finished_at: float | None
+
+    @classmethod
+    def from_row(cls, row: aiosqlite.Row) -> TurnRecord:
+        return cls(
+            id=row["id"],
+            run_id=row["run_id"],
+            seq=row["seq"],
+            attempt=row["attempt"],
+            phase=row["phase"],
+            prompt=row["prompt"],
+            output=row["output"],
+            output_spill=row["output_spill"],
+            output_size=row["output_size"],
+            exit_code=row["exit_code"],
+            state=TurnState(row["state"]),
+            error=row["error"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+class RunStore(Protocol):
+    """Persistence of runs and turns."""
+
+    async def create_run(
+        self,
+        run_id: str,
+        *,
+        mode: str,
+        agent: str,
+        session_id: str,
+        objective: str | None = None,
+        workdir: str | None = None,
+        log_dir: str | None = None,
+        chat_id: int | None = None,
+        thread_id: int | None = None,
+        task: str | None = None,
+        phase: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> RunRecord: ...
+
+    async def get_run(self, run_id: str) -> RunRecord: ...
+
+    async def list_runs(self, *, status: RunStatus | None = None) -> list[RunRecord]: ...
+
+    async def update_run(self, run_id: str, **fields: Any) -> RunRecord: ...
+
+    async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int: ...
+
+    async def finish_turn(self, turn_id: int, out: TurnOutput) -> None: ...
+
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None: ...
+
+    async def turns(self, run_id: str) -> list[TurnRecord]: ...
+
+    async def mark_interrupted(self) -> list[TurnRecord]: ...
+
+
+_RUN_FIELDS = frozenset(
+    {
+        "status",
+        "phase",
+        "turn",
+        "objective",
+        "workdir",
+        "log_dir",
+        "chat_id",
+        "thread_id",
+        "task",
+        "state",
+        "exit_code",
+        "abort_reason",
+        "finished_at",
+        "session_id",
+    }
+)
+
+
+class SqliteRunStore:
+    """:class:`RunStore` on a :class:`Database`."""
+
+    def __init__(self, db: Database, *, clock: Any = time.time) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def create_run(
+        self,
+        run_id: str,
+        *,
+        mode: str,
+        agent: str,
+        session_id: str,
+        objective: str | None = None,
+        workdir: str | None = None,
+        log_dir: str | None = None,
+        chat_id: int | None = None,
+        thread_id: int | None = None,
+        task: str | None = None,
+        phase: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> RunRecord:
+        now = self._clock()
+        await self._db.execute(
+            "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
+            " workdir, log_dir, chat_id, thread_id, task, state_json, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                mode,
+                agent,
+                session_id,
+                RunStatus.RUNNING.value,
+                phase,
+                objective,
+                workdir,
+                log_dir,
+                chat_id,
+                thread_id,
+                task,
+                json.dumps(dict(state or {})),
+                now,
+                now,
+            ),
+        )
+        return await self.get_run(run_id)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        row = await self._db.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if row is None:
+            raise NotFoundError(f"no run {run_id!r}")
+        return RunRecord.from_row(row)
+
+    async def list_runs(self, *, status: RunStatus | None = None) -> list[RunRecord]:
+        if status is None:
+            rows = await self._db.fetchall("SELECT * FROM runs ORDER BY created_at DESC")
+        else:
+            rows = await self._db.fetchall(
+                "SELECT * FROM runs WHERE status = ? ORDER BY created_at DESC", (status.value,)
+            )
+        return [RunRecord.from_row(r) for r in rows]
+
+    async def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        unknown = set(fields) - _RUN_FIELDS
+        if unknown:
+            raise ValueError(f"unknown run fields: {sorted(unknown)}")
+        columns: list[str] = []
+        values: list[Any] = []
+        for name, value in fields.items():
+            if name == "state":
+                columns.append("state_json = ?")
+                values.append(json.dumps(dict(value)))
+            else:
+                columns.append(f"{name} = ?")
+                values.append(value.value if isinstance(value, StrEnum) else value)
+        columns.append("updated_at = ?")
+        values.append(self._clock())
+        changed = await self._db.execute(
+            f"UPDATE runs SET {', '.join(columns)} WHERE id = ?",  # noqa: S608 - names are vetted
+            (*values, run_id),
+        )
+        if changed == 0:
+            raise NotFoundError(f"no run {run_id!r}")
+        return await self.get_run(run_id)
+
+    async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int:
+        """Record a turn as started.
+
+        A turn re-run after a crash keeps its sequence number and gets the next attempt;
+        the interrupted attempt stays on record.
+        """
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT COALESCE(MAX(attempt), 0) FROM turns WHERE run_id = ? AND seq = ?",
+                (run_id, seq),
+            )
+            row = await cursor.fetchone()
+            attempt = (int(row[0]) if row else 0) + 1
+            cursor = await conn.execute(
+                "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, seq, attempt, phase, prompt, TurnState.STARTED.value, self._clock()),
+            )
+            turn_id = cursor.lastrowid
+        assert turn_id is not None
+        return turn_id
+
+    async def finish_turn(self, turn_id: int, out: TurnOutput) -> None:
+        await self._db.execute(
+            "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
+            " state = ?, finished_at = ? WHERE id = ?",
+            (
+                out.text,
+                str(out.spill_path) if out.spill_path else None,
+                out.size if out.size is not None else len(out.text.encode()),
+                out.exit_code,
+                TurnState.FINISHED.value,
+                self._clock(),
+                turn_id,
+            ),
+        )
+
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None:
+        await self._db.execute(
+            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE id = ?",
+            (state.value, error, self._clock(), turn_id),
+        )
+
+    async def turns(self, run_id: str) -> list[TurnRecord]:
+        rows = await self._db.fetchall(
+            "SELECT * FROM turns WHERE run_id = ? ORDER BY seq, attempt", (run_id,)
+        )
+        return [TurnRecord.from_row(r) for r in rows]
+
+    async def mark_interrupted(self) -> list[TurnRecord]:
+        """On start-up: every turn still marked started was cut off by a crash."""
+        rows = await self._db.fetchall(
+            "SELECT * FROM turns WHERE state = ?", (TurnState.STARTED.value,)
+        )
+        if rows:
+            await self._db.execute(
+                "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE state = ?",
+                (
+                    TurnState.INTERRUPTED.value,
+                    "the process stopped while this turn ran",
+                    self._clock(),
+                    TurnState.STARTED.value,
+                ),
+            )
+        return [
+            TurnRecord.from_row(r)
+            for r in await self._db.fetchall(
+                "SELECT * FROM turns WHERE id IN (%s)" % ",".join("?" * len(rows)),  # noqa: S608
+                [r["id"] for r in rows],
+            )
+        ] if rows else []
