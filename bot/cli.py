@@ -11,7 +11,7 @@ from engine.settings import Settings
 __all__ = ["register"]
 
 
-def register(subparsers: Any) -> None:  # noqa: ANN401 - argparse's private type
+def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("bot", help="run the Telegram bot (long polling or webhook)")
     parser.set_defaults(handler=run_bot)
 
@@ -23,6 +23,7 @@ async def run_bot(args: argparse.Namespace, settings: Settings) -> int:
             "(see .env.example)",
             setting="TURNSTILE_TELEGRAM_TOKEN",
         )
-    from bot.app import serve  # noqa: PLC0415 - imports telegram only when the bot runs
+    from bot.app import serve  # imports telegram only when the bot runs
 
-    return await serve(settings)
+    code: int = await serve(settings)
+    return code

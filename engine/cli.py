@@ -15,7 +15,7 @@ import importlib
 import logging
 import pkgutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -28,12 +28,12 @@ __all__ = ["Handler", "build_parser", "main"]
 
 _LOGGER = logging.getLogger(__name__)
 
-Handler = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # noqa: ANN401 - argparse signature
+    def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"turnstile: error: {message}\n")
 

@@ -35,7 +35,7 @@ class RedactingFilter(logging.Filter):
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         context = " ".join(
-            f"{k}={getattr(record, k)}" for k in CONTEXT_KEYS if getattr(record, k, None) is not None
+            f"{k}={value}" for k in CONTEXT_KEYS if (value := getattr(record, k, None)) is not None
         )
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
         line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()}"

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
 from engine.redact import tail
@@ -158,10 +158,8 @@ class PreemptHandle:
 async def _terminate_group(proc: asyncio.subprocess.Process, grace: float) -> None:
     """SIGTERM the process group, wait ``grace``, then SIGKILL it; reap the leader."""
     _signal_group(proc, signal.SIGTERM)
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), timeout=grace)
-    except TimeoutError:
-        pass
     # Descendants may ignore SIGTERM or outlive the leader: the group is killed either way.
     _signal_group(proc, signal.SIGKILL)
     await proc.wait()
@@ -283,7 +281,8 @@ async def run_process(
             limit=_CHUNK,
         )
     except FileNotFoundError as exc:
-        where = f" (cwd {spec.cwd})" if spec.cwd is not None and not Path(spec.cwd).is_dir() else ""
+        missing_cwd = spec.cwd is not None and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
+        where = f" (working directory {spec.cwd} does not exist)" if missing_cwd else ""
         raise TurnExecError(f"cannot start {program!r}: not found{where}", binary=program) from exc
     except PermissionError as exc:
         raise TurnExecError(f"cannot start {program!r}: not executable", binary=program) from exc
@@ -309,13 +308,16 @@ async def run_process(
                 del stderr_tail[: len(stderr_tail) - STDERR_TAIL]
 
     async def feed_stdin() -> None:
-        assert proc.stdin is not None and spec.stdin is not None
+        assert proc.stdin is not None
+        assert spec.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(spec.stdin)
             await proc.stdin.drain()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.close()
 
+    grace = preempt.grace if preempt is not None else 2.0
+    session = preempt.session_id if preempt is not None else None
     if preempt is not None:
         preempt._attach(proc)
     readers = [
@@ -330,23 +332,21 @@ async def run_process(
     if preempt is not None:
         stopper = asyncio.create_task(preempt._stop_requested(), name=f"preempt-{proc.pid}")
     try:
-        watch: set[asyncio.Task[object]] = {waiter}  # type: ignore[arg-type]
+        # A reader failing (a line callback raising TurnIOError) ends the turn too.
+        watch: set[asyncio.Future[Any]] = {waiter, *readers}
         if stopper is not None:
-            watch.add(stopper)  # type: ignore[arg-type]
-        # A reader failing (a callback raising TurnIOError) must end the turn too.
-        watch.update(readers)  # type: ignore[arg-type]
+            watch.add(stopper)
         while not waiter.done():
             done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             if stopper is not None and stopper in done:
-                _LOGGER.info(
-                    "pre-empting pid=%s session=%s", proc.pid, preempt and preempt.session_id
-                )
-                await _terminate_group(proc, preempt.grace if preempt else 5.0)
-                raise TurnPreempted(session_id=preempt.session_id if preempt else None)
+                _LOGGER.info("pre-empting pid=%s", proc.pid, extra={"session_id": session})
+                await _terminate_group(proc, grace)
+                raise TurnPreempted(session_id=session)
             for task in done:
-                if task in readers and task.exception() is not None:
+                failure = task.exception() if task in readers else None
+                if failure is not None:
                     await _terminate_group(proc, 0.5)
-                    raise task.exception()  # type: ignore[misc]
+                    raise failure
                 watch.discard(task)
         _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
         if pending:
@@ -356,10 +356,11 @@ async def run_process(
             _signal_group(proc, signal.SIGKILL)
             await asyncio.wait(readers)
         for task in readers:
-            if (exc := task.exception()) is not None:
-                raise exc
+            failure = task.exception()
+            if failure is not None:
+                raise failure
     except asyncio.CancelledError:
-        await asyncio.shield(_terminate_group(proc, preempt.grace if preempt else 2.0))
+        await asyncio.shield(_terminate_group(proc, grace))
         raise
     except OSError as exc:
         await asyncio.shield(_terminate_group(proc, 0.5))

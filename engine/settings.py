@@ -88,7 +88,7 @@ class Settings(BaseSettings):
             try:
                 return tuple(int(p) for p in parts if p)
             except ValueError as exc:
-                raise ValueError(f"expected numeric ids separated by commas, got {value!r}") from exc
+                raise ValueError(f"expected numeric ids separated by commas: {value!r}") from exc
         if isinstance(value, int):
             return (value,)
         return value

@@ -92,7 +92,7 @@ def main() -> int:
     if step.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if step.get("grandchild"):
-        child = subprocess.Popen(  # noqa: S603
+        child = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(3600)"],
             stdin=subprocess.DEVNULL,
         )
@@ -111,7 +111,7 @@ def main() -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(str(content))
     for argv in step.get("run") or []:  # type: ignore[union-attr]
-        subprocess.run(argv, check=True, capture_output=True)  # noqa: S603
+        subprocess.run(argv, check=True, capture_output=True)
 
     out = sys.stdout.buffer
     err = sys.stderr.buffer

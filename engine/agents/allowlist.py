@@ -48,7 +48,10 @@ class ToolAllowlist:
         return not self.dangerous and set(self.tools) <= set(READ_ONLY_TOOLS)
 
     def to_copilot_args(self) -> list[str]:
-        """Copilot CLI flags: ``--allow-tool X`` each, or ``--allow-all-tools`` (never ``--allow-all``)."""
+        """Copilot flags: ``--allow-tool X`` each; dangerous: ``--allow-all-tools``.
+
+        Never ``--allow-all``, which would also open every path and URL.
+        """
         if self.dangerous:
             return ["--allow-all-tools"]
         args: list[str] = []

@@ -89,7 +89,7 @@ class ProcessAgent(ABC):
     def build_invocation(self, prompt: str) -> Invocation:
         """The argv (and stdin) for the next turn."""
 
-    def on_stdout_line(self, line: bytes) -> None:
+    def on_stdout_line(self, line: bytes) -> None:  # noqa: B027 - an optional hook
         """Called for each stdout line while the turn runs (no-op by default)."""
 
     def to_output(self, result: ProcessResult) -> TurnOutput:

@@ -82,13 +82,13 @@ def create_agent(
     )
     # Imported here so that a broken or absent adapter never blocks the others.
     if tool == "claude":
-        from engine.agents.claude import ClaudeAgent  # noqa: PLC0415
+        from engine.agents.claude import ClaudeAgent
 
         return ClaudeAgent(options, session_id=session_id, preempt=preempt, resume=resume)
     if tool == "copilot":
-        from engine.agents.copilot import CopilotAgent  # noqa: PLC0415
+        from engine.agents.copilot import CopilotAgent
 
         return CopilotAgent(options, session_id=session_id, preempt=preempt, resume=resume)
-    from engine.agents.codex import CodexAgent  # noqa: PLC0415
+    from engine.agents.codex import CodexAgent
 
     return CodexAgent(options, session_id=session_id, preempt=preempt, resume=resume)

@@ -325,10 +325,10 @@ class SqliteRunStore:
                     TurnState.STARTED.value,
                 ),
             )
-        return [
-            TurnRecord.from_row(r)
-            for r in await self._db.fetchall(
-                "SELECT * FROM turns WHERE id IN (%s)" % ",".join("?" * len(rows)),  # noqa: S608
-                [r["id"] for r in rows],
-            )
-        ] if rows else []
+        ids = [r["id"] for r in rows]
+        marks = ",".join("?" * len(ids))
+        refreshed = await self._db.fetchall(
+            f"SELECT * FROM turns WHERE id IN ({marks}) ORDER BY id",  # noqa: S608 - only marks
+            ids,
+        )
+        return [TurnRecord.from_row(r) for r in refreshed]
