@@ -1,0 +1,1 @@
+"""Loopback fakes of external services for tests (see each module's docstring)."""
