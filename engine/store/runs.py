@@ -238,7 +238,7 @@ class SqliteRunStore:
             )
         return [RunRecord.from_row(r) for r in rows]
 
-    async def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+    def _run_update(self, run_id: str, fields: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         unknown = set(fields) - _RUN_FIELDS
         if unknown:
             raise ValueError(f"unknown run fields: {sorted(unknown)}")
@@ -253,13 +253,58 @@ class SqliteRunStore:
                 values.append(value.value if isinstance(value, StrEnum) else value)
         columns.append("updated_at = ?")
         values.append(self._clock())
-        changed = await self._db.execute(
-            f"UPDATE runs SET {', '.join(columns)} WHERE id = ?",  # noqa: S608 - names are vetted
-            (*values, run_id),
-        )
+        sql = f"UPDATE runs SET {', '.join(columns)} WHERE id = ?"  # noqa: S608 - names are vetted
+        return sql, (*values, run_id)
+
+    async def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        sql, params = self._run_update(run_id, fields)
+        changed = await self._db.execute(sql, params)
         if changed == 0:
             raise NotFoundError(f"no run {run_id!r}")
         return await self.get_run(run_id)
+
+    async def finish_turn_and_update_run(
+        self, turn_id: int, out: TurnOutput, run_id: str, **fields: Any
+    ) -> None:
+        """Record a finished turn and the run's new state in one transaction.
+
+        A crash can then never leave a turn counted without the decision it led to.
+        """
+        sql, params = self._run_update(run_id, fields)
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
+                " state = ?, finished_at = ? WHERE id = ?",
+                (
+                    out.text,
+                    str(out.spill_path) if out.spill_path else None,
+                    out.size if out.size is not None else len(out.text.encode()),
+                    out.exit_code,
+                    TurnState.FINISHED.value,
+                    self._clock(),
+                    turn_id,
+                ),
+            )
+            cursor = await conn.execute(sql, params)
+            if cursor.rowcount == 0:
+                raise NotFoundError(f"no run {run_id!r}")
+
+    async def interrupt_run_turns(self, run_id: str, error: str) -> int:
+        """Mark one run's turns still recorded as started as interrupted; return how many.
+
+        Unlike :meth:`mark_interrupted` this leaves other runs (maybe live in another
+        process sharing the database) alone.
+        """
+        return await self._db.execute(
+            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE run_id = ? AND state = ?",
+            (
+                TurnState.INTERRUPTED.value,
+                error,
+                self._clock(),
+                run_id,
+                TurnState.STARTED.value,
+            ),
+        )
 
     async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int:
         """Record a turn as started.
