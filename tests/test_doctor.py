@@ -1,0 +1,337 @@
+"""``turnstile doctor`` against a loopback Bot API server, real files and real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from engine.commands.doctor import (
+    Status,
+    check_agents,
+    check_bot_api,
+    check_database,
+    check_paths,
+    check_settings,
+    render,
+)
+from engine.settings import Settings
+from engine.store import Database
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
+
+
+class GetMeServer:
+    """The part of the Bot API the doctor calls: ``getMe`` for one known token."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.calls: list[str] = []
+        self.base_url = ""
+        self.broken = False
+
+    async def handle(self, request: web.Request) -> web.Response:
+        token = request.match_info["token"]
+        method = request.match_info["method"]
+        self.calls.append(method)
+        if token != self.token:
+            return web.json_response(
+                {"ok": False, "error_code": 401, "description": "Unauthorized"}, status=401
+            )
+        if self.broken:
+            # Some proxies echo the request line back: the doctor must still hide the token.
+            return web.json_response(
+                {"ok": False, "description": f"Bad Request: /bot{token}/{method} failed"},
+                status=400,
+            )
+        if method != "getMe":
+            return web.json_response({"ok": False, "description": "Not Found"}, status=404)
+        user = {"id": 123456789, "is_bot": True, "first_name": "Fake", "username": "fake_bot"}
+        return web.json_response({"ok": True, "result": user})
+
+
+@pytest.fixture
+async def bot_api() -> AsyncIterator[GetMeServer]:
+    fake = GetMeServer(TOKEN)
+    app = web.Application()
+    app.router.add_post("/bot{token}/{method}", fake.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    fake.base_url = f"http://127.0.0.1:{port}/bot"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+def _fake_cli(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def _settings(tmp_path: Path, **overrides: object) -> Settings:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    codex = _fake_cli(bin_dir, "codex", 'echo "codex-cli 0.171.0"')
+    values: dict[str, object] = {
+        "telegram_token": TOKEN,
+        "allowed_chats": (-1001,),
+        "admins": (42,),
+        "database": tmp_path / "data" / "turnstile.db",
+        "tasks_root": tmp_path / "tasks",
+        "workspaces": tmp_path / "workspaces",
+        "runs_dir": tmp_path / "runs",
+        "default_agent": "codex",
+        "codex_bin": str(codex),
+        "claude_bin": str(tmp_path / "missing" / "claude"),
+        "copilot_bin": str(tmp_path / "missing" / "copilot"),
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+def _env(tmp_path: Path, base_url: str, token: str = TOKEN) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    codex = _fake_cli(tmp_path, "codex", 'echo "codex-cli 0.171.0"')
+    env.update(
+        TURNSTILE_TELEGRAM_TOKEN=token,
+        TURNSTILE_TELEGRAM_BASE_URL=base_url,
+        TURNSTILE_ALLOWED_CHATS="-1001",
+        TURNSTILE_ADMINS="42",
+        TURNSTILE_OPERATORS="43, 44",
+        TURNSTILE_DATABASE=str(tmp_path / "turnstile.db"),
+        TURNSTILE_DEFAULT_AGENT="codex",
+        TURNSTILE_CODEX_BIN=str(codex),
+        TURNSTILE_CLAUDE_BIN=str(tmp_path / "nowhere" / "claude"),
+        TURNSTILE_COPILOT_BIN=str(tmp_path / "nowhere" / "copilot"),
+        PYTHONPATH=str(ROOT),
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
+    return env
+
+
+async def _doctor(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "doctor",
+        *args,
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _line(out: str, name: str) -> str:
+    for line in out.splitlines():
+        if line[6:].startswith(name + " "):
+            return line
+    raise AssertionError(f"no {name!r} line in:\n{out}")
+
+
+async def test_healthy_setup_passes_and_names_the_bot(tmp_path: Path, bot_api: GetMeServer) -> None:
+    async with Database(tmp_path / "turnstile.db"):
+        pass
+    code, out, err = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url))
+    assert code == 0, out + err
+    assert _line(out, "bot api").startswith("ok")
+    assert "@fake_bot via 127.0.0.1" in out
+    assert "codex-cli 0.171.0" in _line(out, "agent codex")
+    assert _line(out, "database").startswith("ok")
+    assert _line(out, "agent claude").startswith("warn")
+    assert "0 failed" in out.splitlines()[-1]
+    assert bot_api.calls == ["getMe"]
+    assert TOKEN not in out + err
+    assert TOKEN.split(":")[1] not in out + err
+
+
+async def test_wrong_token_fails_with_the_fix_and_exit_1(
+    tmp_path: Path, bot_api: GetMeServer
+) -> None:
+    other = "987654321:ZZEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
+    code, out, err = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url, token=other))
+    assert code == 1
+    line = _line(out, "bot api")
+    assert line.startswith("FAIL")
+    assert "rejected the token (401)" in line
+    assert "BotFather" in line
+    assert other not in out + err
+
+
+async def test_offline_skips_the_bot_api(tmp_path: Path, bot_api: GetMeServer) -> None:
+    code, out, _ = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url), "--offline")
+    assert code == 0, out
+    assert "bot api" not in out
+    assert bot_api.calls == []
+
+
+async def test_echoed_token_in_an_error_is_redacted(tmp_path: Path, bot_api: GetMeServer) -> None:
+    bot_api.broken = True
+    check = await check_bot_api(_settings(tmp_path, telegram_base_url=bot_api.base_url))
+    assert check.status is Status.FAIL
+    assert "answered getMe with 400" in check.detail
+    assert TOKEN not in render(check)
+    assert "[REDACTED]" in check.detail
+
+
+async def test_unreachable_bot_api_fails(tmp_path: Path) -> None:
+    # Bind then close: the port is free and nothing listens there.
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    check = await check_bot_api(
+        _settings(tmp_path, telegram_base_url=f"http://127.0.0.1:{port}/bot")
+    )
+    assert check.status is Status.FAIL
+    assert "cannot reach 127.0.0.1" in check.detail
+    assert check.fix is not None
+    assert "TURNSTILE_TELEGRAM_BASE_URL" in check.fix
+
+
+async def test_base_url_with_token_placeholder(tmp_path: Path, bot_api: GetMeServer) -> None:
+    base = bot_api.base_url + "{token}"
+    check = await check_bot_api(_settings(tmp_path, telegram_base_url=base))
+    assert check.status is Status.OK, check
+
+
+def test_empty_settings_fail_each_with_a_fix(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, telegram_token=None, allowed_chats=(), admins=())
+    checks = {c.name: c for c in check_settings(settings)}
+    for name in ("bot token", "allowed chats", "people"):
+        assert checks[name].status is Status.FAIL, checks[name]
+        assert checks[name].fix
+        assert "-> fix:" in render(checks[name])
+    assert "TURNSTILE_ALLOWED_CHATS" in checks["allowed chats"].detail
+
+
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [
+        (TOKEN, Status.OK),
+        ("123456789", Status.FAIL),
+        ("bot123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc", Status.FAIL),
+        ("123456789:short", Status.FAIL),
+        ('"123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"', Status.FAIL),
+    ],
+)
+def test_token_shape(tmp_path: Path, token: str, status: Status) -> None:
+    checks = {c.name: c for c in check_settings(_settings(tmp_path, telegram_token=token))}
+    assert checks["bot token"].status is status
+    assert token not in render(checks["bot token"])
+
+
+def test_operators_without_approvers_warn(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, admins=(), operators=(7,))
+    checks = {c.name: c for c in check_settings(settings)}
+    assert checks["people"].status is Status.OK
+    assert checks["approvers"].status is Status.WARN
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "status", "words"),
+    [
+        ("http://bot.example.org/hook", "s3cret-token", Status.FAIL, "https"),
+        ("https://bot.example.org/hook", None, Status.FAIL, "WEBHOOK_SECRET is not set"),
+        ("https://bot.example.org/hook", "has space", Status.FAIL, "only A-Z"),
+        ("https://bot.example.org/hook", "s3cret-token", Status.OK, "webhook at"),
+    ],
+)
+def test_webhook_settings(
+    tmp_path: Path, url: str, secret: str | None, status: Status, words: str
+) -> None:
+    settings = _settings(tmp_path, webhook_url=url, webhook_secret=secret)
+    mode = {c.name: c for c in check_settings(settings)}["mode"]
+    assert mode.status is status
+    assert words in mode.detail
+    if secret:
+        assert secret not in render(mode)
+
+
+def test_paths_writable_creatable_or_not(tmp_path: Path) -> None:
+    (tmp_path / "tasks").write_text("a file where a folder belongs")
+    (tmp_path / "workspaces").mkdir()
+    settings = _settings(tmp_path)
+    checks = {c.name: c for c in check_paths(settings)}
+    assert checks["tasks folder"].status is Status.FAIL
+    assert "is not a folder" in checks["tasks folder"].detail
+    assert checks["workspaces"].status is Status.OK
+    assert "writable" in checks["workspaces"].detail
+    assert checks["runs folder"].status is Status.OK
+    assert "will be created" in checks["runs folder"].detail
+    assert not (tmp_path / "runs").exists()
+    assert list((tmp_path / "workspaces").iterdir()) == []
+
+
+async def test_database_states(tmp_path: Path) -> None:
+    path = tmp_path / "db" / "turnstile.db"
+    missing = await check_database(path)
+    assert missing.status is Status.WARN
+    assert not path.exists()
+
+    path.parent.mkdir()
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE legacy (x)")
+    behind = await check_database(path)
+    assert behind.status is Status.FAIL
+    assert "schema version 0" in behind.detail
+    assert behind.fix is not None
+    assert "--migrate" in behind.fix
+
+    migrated = await check_database(path, migrate=True)
+    assert migrated.status is Status.OK
+    assert (await check_database(path)).status is Status.OK
+
+    latest = Database(path).latest_version
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {latest + 5}")
+    newer = await check_database(path)
+    assert newer.status is Status.FAIL
+    assert "newer than this turnstile" in newer.detail
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    broken = await check_database(garbage)
+    assert broken.status is Status.FAIL
+
+
+async def test_agent_cli_found_missing_or_broken(tmp_path: Path) -> None:
+    bad = _fake_cli(tmp_path, "copilot", "echo 'needs login' >&2; exit 3")
+    settings = _settings(
+        tmp_path, default_agent="claude", copilot_bin=str(bad), agent_command="no-such-agent -p"
+    )
+    checks = {c.name: c for c in await check_agents(settings)}
+    assert checks["agent claude"].status is Status.FAIL  # the default agent is missing
+    assert "npm install" in (checks["agent claude"].fix or "")
+    assert checks["agent copilot"].status is Status.FAIL
+    assert "exited 3: needs login" in checks["agent copilot"].detail
+    assert checks["agent codex"].status is Status.OK
+    assert "codex-cli 0.171.0" in checks["agent codex"].detail
+    assert checks["agent command"].status is Status.FAIL
+    assert "'no-such-agent' not found" in checks["agent command"].detail
+
+
+async def test_command_agent_found(tmp_path: Path) -> None:
+    template = f"{sys.executable} tests/fake_agent.py --session {{session_id}} --prompt {{prompt}}"
+    settings = _settings(tmp_path, default_agent="command", agent_command=template)
+    checks = {c.name: c for c in await check_agents(settings)}
+    assert checks["agent command"].status is Status.OK
+    assert checks["agent claude"].status is Status.WARN
