@@ -170,6 +170,20 @@ def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None
         os.killpg(proc.pid, sig)
 
 
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol, plus an event set the moment the process exits."""
+
+    def __init__(
+        self, exited: asyncio.Event, *, limit: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self._exited = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self._exited.set()
+
+
 class _StdoutSink:
     """Keeps stdout up to ``limit`` bytes in memory and spills the whole of it beyond."""
 
@@ -269,8 +283,15 @@ async def run_process(
     if any("\x00" in arg for arg in spec.argv):
         raise InvalidPromptError("an argument contains a NUL byte")
     started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+
+    def protocol_factory() -> _ExitAwareProtocol:
+        return _ExitAwareProtocol(exited, limit=_CHUNK, loop=loop)
+
     try:
-        proc = await asyncio.create_subprocess_exec(
+        transport, protocol = await loop.subprocess_exec(
+            protocol_factory,
             *spec.argv,
             stdin=asyncio.subprocess.PIPE if spec.stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -278,8 +299,8 @@ async def run_process(
             cwd=spec.cwd,
             env=dict(spec.env) if spec.env is not None else None,
             start_new_session=True,
-            limit=_CHUNK,
         )
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
     except FileNotFoundError as exc:
         missing_cwd = spec.cwd is not None and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
         where = f" (working directory {spec.cwd} does not exist)" if missing_cwd else ""
@@ -327,7 +348,9 @@ async def run_process(
     helpers: list[asyncio.Task[None]] = []
     if spec.stdin is not None:
         helpers.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
-    waiter = asyncio.create_task(proc.wait(), name=f"wait-{proc.pid}")
+    # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
+    # descendant holding stdout can delay forever; the protocol tells us the exit itself.
+    waiter = asyncio.create_task(exited.wait(), name=f"wait-{proc.pid}")
     stopper: asyncio.Task[None] | None = None
     if preempt is not None:
         stopper = asyncio.create_task(preempt._stop_requested(), name=f"preempt-{proc.pid}")
@@ -355,6 +378,7 @@ async def run_process(
             )
             _signal_group(proc, signal.SIGKILL)
             await asyncio.wait(readers)
+        await proc.wait()
         for task in readers:
             failure = task.exception()
             if failure is not None:

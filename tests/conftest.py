@@ -1,0 +1,32 @@
+"""Shared fixtures. Engineers add fixtures here with small targeted edits."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_AGENT = REPO / "tests" / "fake_agent.py"
+
+# Loopback only: httpx and aiohttp must never route test traffic through a proxy.
+os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+os.environ["no_proxy"] = "127.0.0.1,localhost"
+
+
+@pytest.fixture
+def fake_agent_cmd() -> str:
+    """A command-agent template running the scripted fake agent."""
+    return f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+
+
+@pytest.fixture
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No stray TURNSTILE_ settings or .env from the developer's machine."""
+    for key in list(os.environ):
+        if key.startswith("TURNSTILE_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
