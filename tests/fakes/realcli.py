@@ -1,0 +1,83 @@
+"""Helpers for tests that run a real agent CLI against :mod:`tests.fakes.model_api`.
+
+Every test gets its own workspace and config folder; every process the test starts
+carries a unique marker variable in its environment, so the test can find the CLI and
+all its descendants in ``/proc`` (even ones that left the process group) and check that
+none is left after a pre-emption.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["MARKER_VAR", "Sandbox", "alive", "group_alive", "marked_processes"]
+
+MARKER_VAR = "TURNSTILE_TEST_MARKER"
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """A per-test workspace (the pinned cwd) and CLI config folder."""
+
+    root: Path
+    marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def workspace(self) -> Path:
+        path = self.root / "workspace"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def config(self) -> Path:
+        path = self.root / "config"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """``base`` plus the marker."""
+        return {**base, MARKER_VAR: self.marker}
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries ``marker``."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\x00") and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is in process group ``pgid``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
