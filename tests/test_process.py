@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -281,5 +282,5 @@ async def test_serial_driver_with_real_processes_records_no_overlap(
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(entries) == 4
     spans = sorted((e["started"], e["finished"]) for e in entries)
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end
