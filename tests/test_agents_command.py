@@ -13,8 +13,8 @@ from engine.agents import CommandAgent, ToolAllowlist, build_turn_argv, parse_te
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError, InvalidPromptError, TurnExecError
 from engine.settings import Settings
-from engine.turn import AgentSession, run_session_loop
 from engine.testing import RecordingChannel
+from engine.turn import AgentSession, run_session_loop
 
 ECHO_ARGS = f"{sys.executable} -c 'import sys, json; print(json.dumps(sys.argv[1:]))'"
 
@@ -61,7 +61,9 @@ def test_build_turn_argv_prompt_is_one_element() -> None:
 
 def test_template_placeholders_become_single_elements() -> None:
     words = parse_template("agent --flag 'two words' -p {prompt} --sid {session_id} {cwd}")
-    assert words == ["agent", "--flag", "two words", "-p", "{prompt}", "--sid", "{session_id}", "{cwd}"]  # fmt: skip
+    assert words == [
+        "agent", "--flag", "two words", "-p", "{prompt}", "--sid", "{session_id}", "{cwd}",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,7 @@ async def test_store_rolls_back_failed_transactions(tmp_path: Path) -> None:
     async with Database(tmp_path / "t.db") as db:
         runs = SqliteRunStore(db)
         await runs.create_run("r1", mode="auto", agent="command", session_id="s")
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError):  # noqa: PT012 - the block is the transaction
             async with db.transaction() as conn:
                 await conn.execute("UPDATE runs SET phase = 'x' WHERE id = 'r1'")
                 raise RuntimeError("boom")
