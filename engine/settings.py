@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     database: Path = Path("turnstile.db")
     tasks_root: Path = Path("tasks")
     workspaces: Path = Path("workspaces")
+    # Projects: JSON or name=url#branch,... (URLs may hold credentials, hence secret)
+    projects: SecretStr | None = None
+    workspace_retention_hours: float = Field(default=72.0, ge=0)
     runs_dir: Path = Path("runs")
     spill_limit: int = Field(default=4 * 1024 * 1024, ge=1024)
 
@@ -66,11 +69,16 @@ class Settings(BaseSettings):
     document_threshold: int = Field(default=12_000, ge=1)
     preempt_grace: float = Field(default=5.0, ge=0)
     wave_concurrency: int = Field(default=3, ge=1)
+    # Bot: seconds between edits of one live (status) message, and shutdown behaviour
+    status_edit_interval: float = Field(default=3.0, ge=0)
+    shutdown_turns: Literal["finish", "park"] = "finish"
+    shutdown_flush_seconds: float = Field(default=30.0, ge=0)
 
     # Gates
     approval_quorum: int = Field(default=1, ge=1)
     approval_expiry_seconds: float | None = None
     forbid_self_approval: bool = False
+    workflow_file: Path | None = None
 
     # Auto mode
     max_turns: int = Field(default=10, ge=1)

@@ -1,0 +1,92 @@
+"""Workspaces: projects, a clone cache, and a git worktree per run and per sub-task.
+
+Agents edit real repositories, several at once; each run gets its own worktree on its
+own branch so that no two runs write into the same tree.
+
+Layout under ``settings.workspaces`` (the manager's ``root``)::
+
+    cache/<project>.git          one bare clone per project (fetched by later runs)
+    worktrees/<project>/<id>/    one worktree per run (id = run id) or sub-task
+    locks/<id>.use.lock          flock held while a run works in the worktree
+
+Branches: ``turnstile/<run-id>`` for a run, ``turnstile/<run-id>--<name>`` for a wave's
+sub-task, ``turnstile/rescue/<id>`` for uncommitted changes saved before a removal.
+
+The API (all async; errors in :mod:`engine.workspace.git` and
+:class:`~engine.workspace.projects.ProjectError`)::
+
+    manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
+    manager.projects                            # configured Project(name, url, branch)
+    manager.resolve_project("web")              # ProjectError if unknown or malformed
+
+    async with manager.checkout(run_id, "web") as ws:     # provision + exclusive lock
+        agent = create_agent(tool, settings, cwd=ws.path)  # cwd pinned to the worktree
+        ...
+        subs = [await manager.provision_subtask(ws, n) for n in ("a", "b", "c")]
+        # run each sub-task's agent with ``async with manager.lock(sub)`` and cwd=sub.path
+        report = await manager.merge_wave(ws, subs)        # MergeReport
+        for item in report.conflicted:                     # -> human_intervention
+            print(item.name, item.conflicts)
+        status = await manager.status(ws)   # head, dirty, changed files, commits since base
+    await manager.release(ws)               # finished: retention starts
+    await manager.usage(run_id)             # bytes on disk (run + sub-tasks)
+    await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
+
+``provision(run_id, project)`` is idempotent: called again after a crash it returns the
+same worktree, untouched. Two runs never share a worktree: :meth:`WorkspaceManager.lock`
+takes an ``flock`` (other processes and other holders in this process are refused), and
+the kernel frees it when a process dies. Cloning and fetching hold a per-project lock, so
+two runs starting at once clone once. Credentials in project URLs never appear in logs or
+errors (:attr:`Project.display_url`, :attr:`WorkspaceManager.redact`).
+"""
+
+from engine.workspace.git import (
+    DiskFullError,
+    GitError,
+    WorkspaceBusyError,
+    WorkspaceError,
+    WorkspaceStateError,
+)
+from engine.workspace.manager import (
+    BRANCH_PREFIX,
+    RESCUE_PREFIX,
+    CleanupReport,
+    MergeOutcome,
+    MergeReport,
+    SubtaskMerge,
+    WorkspaceManager,
+    WorkspaceStatus,
+    disk_usage,
+)
+from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
+from engine.workspace.store import (
+    MemoryWorkspaceStore,
+    SqliteWorkspaceStore,
+    Workspace,
+    WorkspaceStore,
+)
+
+__all__ = [
+    "BRANCH_PREFIX",
+    "RESCUE_PREFIX",
+    "CleanupReport",
+    "DiskFullError",
+    "GitError",
+    "MemoryWorkspaceStore",
+    "MergeOutcome",
+    "MergeReport",
+    "Project",
+    "ProjectError",
+    "SqliteWorkspaceStore",
+    "SubtaskMerge",
+    "Workspace",
+    "WorkspaceBusyError",
+    "WorkspaceError",
+    "WorkspaceManager",
+    "WorkspaceStateError",
+    "WorkspaceStatus",
+    "WorkspaceStore",
+    "disk_usage",
+    "parse_projects",
+    "redact_url",
+]

@@ -1,0 +1,877 @@
+"""The workspace manager: clone cache, a worktree per run, sub-task waves, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from engine.errors import ConfigError
+from engine.redact import Redactor
+from engine.workspace.git import (
+    GitRunner,
+    WorkspaceBusyError,
+    WorkspaceError,
+    WorkspaceStateError,
+)
+from engine.workspace.locks import FileLock, hold
+from engine.workspace.projects import Project, ProjectError, check_unique, is_safe_name
+from engine.workspace.store import MemoryWorkspaceStore, Workspace, WorkspaceStore
+
+if TYPE_CHECKING:
+    from engine.settings import Settings
+
+__all__ = [
+    "BRANCH_PREFIX",
+    "RESCUE_PREFIX",
+    "CleanupReport",
+    "MergeOutcome",
+    "MergeReport",
+    "SubtaskMerge",
+    "WorkspaceManager",
+    "WorkspaceStatus",
+    "disk_usage",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+BRANCH_PREFIX: Final = "turnstile/"
+RESCUE_PREFIX: Final = "turnstile/rescue/"
+_SUB_SEP: Final = "--"
+_DEFAULT_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
+
+
+class MergeOutcome(StrEnum):
+    MERGED = "merged"
+    UP_TO_DATE = "up_to_date"
+    CONFLICT = "conflict"
+    BUSY = "busy"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskMerge:
+    """How one sub-task's branch went into its parent's branch.
+
+    Attributes:
+        workspace: the sub-task's workspace id.
+        name: the sub-task name.
+        branch: the sub-task's branch.
+        outcome: merged, already contained (up_to_date), conflict, busy or failed.
+        commit: the parent's head after the merge, when merged.
+        conflicts: files with conflicts, when the outcome is ``conflict``.
+        uncommitted: the sub-task worktree had uncommitted changes (they were not merged).
+        detail: a redacted explanation when the outcome is ``failed`` or ``busy``.
+    """
+
+    workspace: str
+    name: str
+    branch: str
+    outcome: MergeOutcome
+    commit: str | None = None
+    conflicts: tuple[str, ...] = ()
+    uncommitted: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MergeReport:
+    """The result of merging a wave's sub-task branches back into the parent branch."""
+
+    parent: str
+    branch: str
+    results: tuple[SubtaskMerge, ...]
+    head: str
+
+    @property
+    def merged(self) -> tuple[SubtaskMerge, ...]:
+        return tuple(
+            r for r in self.results if r.outcome in (MergeOutcome.MERGED, MergeOutcome.UP_TO_DATE)
+        )
+
+    @property
+    def conflicted(self) -> tuple[SubtaskMerge, ...]:
+        return tuple(r for r in self.results if r.outcome is MergeOutcome.CONFLICT)
+
+    @property
+    def not_merged(self) -> tuple[SubtaskMerge, ...]:
+        """Sub-tasks that need a person: conflicts, busy worktrees, failures."""
+        return tuple(r for r in self.results if r not in self.merged)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReport:
+    """What :meth:`WorkspaceManager.cleanup` did.
+
+    Attributes:
+        removed: ids of workspaces whose folders were removed.
+        rescued: workspace id → rescue branch holding its uncommitted changes.
+        busy: ids skipped because a run still holds them.
+        kept: ids not finished long enough ago (or not finished).
+        errors: workspace id → redacted error; those folders were left in place.
+    """
+
+    removed: tuple[str, ...] = ()
+    rescued: dict[str, str] = dataclasses.field(default_factory=dict)
+    busy: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceStatus:
+    """What the completion verifier and the audit read from a worktree.
+
+    Attributes:
+        head: the commit checked out.
+        branch: the branch checked out (None when detached).
+        dirty: uncommitted changes (tracked or untracked, ignored files aside).
+        changed: the paths with uncommitted changes.
+        commits: ``sha subject`` of each commit since the workspace's base, newest first.
+    """
+
+    head: str
+    branch: str | None
+    dirty: bool
+    changed: tuple[str, ...]
+    commits: tuple[str, ...]
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes allocated on disk under ``path`` (symlinks not followed, hard links once)."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                except OSError:
+                    continue
+                if st.st_nlink > 1:
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                total += st.st_blocks * 512
+    return total
+
+
+async def _is_dir(path: Path) -> bool:
+    return await asyncio.to_thread(path.is_dir)
+
+
+def _check_id(value: str, what: str) -> str:
+    if not is_safe_name(value) or _SUB_SEP in value or value == "rescue":
+        raise ConfigError(
+            f"invalid {what} {value!r}: use 1-64 letters, digits, '.', '_' or '-' "
+            "(no '/', '..', '--' or spaces)"
+        )
+    return value
+
+
+class WorkspaceManager:
+    """Gives each run (and each sub-task of a wave) its own git worktree and branch.
+
+    Args:
+        root: folder holding ``cache/`` (one bare clone per project), ``worktrees/`` and
+            ``locks/``; usually ``settings.workspaces``.
+        projects: the configured projects.
+        store: where workspaces are recorded (default: in memory).
+        git: the git binary.
+        retention: seconds a finished run's worktree is kept before :meth:`cleanup`.
+        clock: wall clock, for records and retention.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        projects: Iterable[Project],
+        *,
+        store: WorkspaceStore | None = None,
+        git: str = "git",
+        retention: float = 72 * 3600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(root).expanduser().resolve()
+        found = check_unique(projects)
+        self._projects = {p.name: p for p in found}
+        secrets = [s for p in found for s in p.secrets()]
+        self.redact = Redactor(secrets)
+        self._git = GitRunner(binary=git, redactor=self.redact)
+        self._store: WorkspaceStore = store if store is not None else MemoryWorkspaceStore()
+        self.retention = retention
+        self._clock = clock
+        self._held: dict[str, FileLock] = {}
+        self._identity: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, store: WorkspaceStore | None = None
+    ) -> WorkspaceManager:
+        """A manager for ``settings.workspaces`` and ``settings.projects``.
+
+        Raises:
+            ProjectError: ``TURNSTILE_PROJECTS`` is malformed.
+        """
+        from engine.workspace.projects import parse_projects
+
+        raw = settings.projects.get_secret_value() if settings.projects is not None else None
+        return cls(
+            settings.workspaces,
+            parse_projects(raw),
+            store=store,
+            retention=settings.workspace_retention_hours * 3600.0,
+        )
+
+    # ----------------------------------------------------------------- projects
+
+    @property
+    def projects(self) -> tuple[Project, ...]:
+        return tuple(self._projects.values())
+
+    def resolve_project(self, name: str) -> Project:
+        """The project called ``name``.
+
+        Raises:
+            ProjectError: the name is malformed or no project has it.
+        """
+        if not is_safe_name(name):
+            raise ProjectError(
+                f"invalid project name {name!r}: use letters, digits, '.', '_' or '-' "
+                "(no '/', '..' or spaces)"
+            )
+        try:
+            return self._projects[name]
+        except KeyError:
+            known = ", ".join(sorted(self._projects)) or "none configured; set TURNSTILE_PROJECTS"
+            raise ProjectError(f"unknown project {name!r} (known: {known})") from None
+
+    def cache_path(self, project: str) -> Path:
+        """The bare clone of ``project``."""
+        return self.root / "cache" / f"{project}.git"
+
+    def worktree_path(self, project: str, workspace_id: str) -> Path:
+        return self.root / "worktrees" / project / workspace_id
+
+    def _lock_path(self, kind: str, key: str) -> Path:
+        return self.root / "locks" / f"{key}.{kind}.lock"
+
+    # -------------------------------------------------------------- provisioning
+
+    async def provision(
+        self, run_id: str, project: str | Project, *, branch: str | None = None
+    ) -> Workspace:
+        """The run's worktree on ``turnstile/<run_id>``, made if needed.
+
+        The first run of a project clones it into the cache; later runs fetch. The branch
+        is cut from ``branch`` (default: the project's default branch). Calling it again
+        for the same run (after a crash, say) returns the same worktree untouched.
+
+        Raises:
+            ConfigError: bad run id; ``ProjectError`` for an unknown project, a local path
+                that is not a repository, or a branch the remote does not have.
+            GitError: git failed (``DiskFullError`` when the disk is full).
+        """
+        _check_id(run_id, "run id")
+        proj = self.resolve_project(project) if isinstance(project, str) else project
+        return await self._provision(run_id, run_id, proj, parent=None, branch=branch)
+
+    async def provision_subtask(self, parent: Workspace, name: str) -> Workspace:
+        """A sub-task's worktree on ``<parent branch>--<name>``, cut from the parent's branch.
+
+        Only the parent's commits are in it, not its uncommitted changes.
+        """
+        _check_id(name, "sub-task name")
+        proj = self.resolve_project(parent.project)
+        return await self._provision(
+            f"{parent.id}{_SUB_SEP}{name}", parent.run_id, proj, parent=parent, branch=None
+        )
+
+    @contextlib.asynccontextmanager
+    async def checkout(
+        self, run_id: str, project: str | Project, *, branch: str | None = None
+    ) -> AsyncIterator[Workspace]:
+        """Provision the run's worktree and hold its lock while the body runs."""
+        workspace = await self.provision(run_id, project, branch=branch)
+        async with self.lock(workspace):
+            yield workspace
+
+    @contextlib.asynccontextmanager
+    async def lock(self, workspace: Workspace) -> AsyncIterator[Workspace]:
+        """Hold ``workspace`` exclusively: another holder, here or in any process, is refused.
+
+        Raises:
+            WorkspaceBusyError: somebody holds it already.
+        """
+        if workspace.id in self._held:
+            raise WorkspaceBusyError(
+                f"workspace {workspace.id} is already in use in this process",
+                workspace=workspace.id,
+            )
+        async with self._guard(workspace):
+            yield workspace
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, workspace: Workspace) -> AsyncIterator[None]:
+        """Hold the lock unless this manager already does (the caller is its holder)."""
+        if workspace.id in self._held:
+            yield
+            return
+        lock = FileLock(self._lock_path("use", workspace.id))
+        if not lock.try_acquire():
+            holder = lock.holder()
+            raise WorkspaceBusyError(
+                f"workspace {workspace.id} is in use by another run"
+                + (f" (pid {holder})" if holder else ""),
+                workspace=workspace.id,
+            )
+        self._held[workspace.id] = lock
+        try:
+            yield
+        finally:
+            del self._held[workspace.id]
+            lock.release()
+
+    async def _provision(
+        self,
+        workspace_id: str,
+        run_id: str,
+        project: Project,
+        *,
+        parent: Workspace | None,
+        branch: str | None,
+    ) -> Workspace:
+        branch_name = f"{BRANCH_PREFIX}{workspace_id}"
+        path = self.worktree_path(project.name, workspace_id)
+        cache = self.cache_path(project.name)
+        async with hold(self._lock_path("provision", workspace_id)):
+            record = await self._store.get(workspace_id)
+            if record is not None and record.project != project.name:
+                raise WorkspaceStateError(
+                    f"{workspace_id} already has a workspace on project {record.project!r}",
+                    workspace=workspace_id,
+                )
+            if path.exists():
+                found = await self._existing(record, path, cache, workspace_id)
+                if found is not None:
+                    return found
+            async with hold(self._lock_path("cache", project.name)):
+                if parent is None:
+                    await self._ensure_cache(project, cache)
+                    base_ref, base = await self._resolve_base(project, cache, branch)
+                else:
+                    base_ref = parent.branch
+                    base = await self._rev(cache, f"refs/heads/{parent.branch}", workspace_id)
+                exists = await self._ref_exists(cache, f"refs/heads/{branch_name}")
+                if exists:
+                    # Resuming a run whose folder was removed: its branch carries its work.
+                    await self._git.run(["worktree", "prune"], cwd=cache)
+                    if record is not None:
+                        base_ref, base = record.base_ref, record.base
+                await self._add_worktree(cache, path, branch_name, base, new=not exists)
+            workspace = Workspace(
+                id=workspace_id,
+                run_id=run_id,
+                project=project.name,
+                path=path,
+                branch=branch_name,
+                base=base,
+                base_ref=base_ref,
+                parent_id=parent.id if parent is not None else None,
+                created_at=record.created_at if record is not None else self._clock(),
+            )
+            await self._store.save(workspace)
+        _LOGGER.info(
+            "workspace %s ready on %s (%s from %s)",
+            workspace_id,
+            project.name,
+            branch_name,
+            base_ref,
+            extra={"run_id": run_id},
+        )
+        return workspace
+
+    async def _existing(
+        self, record: Workspace | None, path: Path, cache: Path, workspace_id: str
+    ) -> Workspace | None:
+        """The workspace already at ``path``, or None after clearing a half-made one."""
+        if await self._is_worktree_of(path, cache):
+            if record is not None and record.removed_at is None:
+                return record
+            # Made by a process that died before recording it: adopt it as it is.
+            head = await self._rev(path, "HEAD", workspace_id)
+            adopted = Workspace(
+                id=workspace_id,
+                run_id=record.run_id if record else workspace_id.split(_SUB_SEP)[0],
+                project=record.project if record else path.parent.name,
+                path=path,
+                branch=f"{BRANCH_PREFIX}{workspace_id}",
+                base=record.base if record else head,
+                base_ref=record.base_ref if record else "HEAD",
+                parent_id=record.parent_id if record else None,
+                created_at=record.created_at if record else self._clock(),
+            )
+            await self._store.save(adopted)
+            return adopted
+        if record is not None and record.removed_at is None:
+            raise WorkspaceStateError(
+                f"{path} should be the worktree of {workspace_id} but git does not know it; "
+                "nothing was changed, inspect it by hand",
+                workspace=workspace_id,
+            )
+        _LOGGER.warning("removing a half-made worktree of %s left by a crash", workspace_id)
+        async with hold(self._lock_path("cache", path.parent.name)):
+            await self._discard(cache, path)
+        return None
+
+    async def _is_worktree_of(self, path: Path, cache: Path) -> bool:
+        if not await _is_dir(path):
+            return False
+        result = await self._git.run(
+            ["rev-parse", "--path-format=absolute", "--git-common-dir", "--show-toplevel"],
+            cwd=path,
+            check=False,
+            # Never mistake an enclosing repository for this worktree.
+            env={"GIT_CEILING_DIRECTORIES": str(path.parent)},
+        )
+        lines = result.lines
+        if result.exit_code != 0 or len(lines) != 2:
+            return False
+        return Path(lines[0]) == cache and Path(lines[1]) == path
+
+    async def _discard(self, cache: Path, path: Path) -> None:
+        has_cache = await _is_dir(cache)
+        if has_cache:
+            await self._git.run(
+                ["worktree", "remove", "--force", "--force", str(path)], cwd=cache, check=False
+            )
+        await asyncio.to_thread(shutil.rmtree, path, True)
+        if has_cache:
+            await self._git.run(["worktree", "prune"], cwd=cache, check=False)
+
+    async def _ensure_cache(self, project: Project, cache: Path) -> None:
+        """Clone ``project`` into the cache, or fetch if it is there (cache lock held)."""
+        if await _is_dir(cache):
+            await self._git.run(["fetch", "--prune", "--quiet", "origin"], cwd=cache)
+            return
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        for stale in cache.parent.glob(f".{project.name}.partial-*"):
+            await asyncio.to_thread(shutil.rmtree, stale, True)
+        source = project.url
+        local = project.local_path
+        if local is not None:
+            source = str(await self._check_local_repo(project, local))
+        partial = cache.parent / f".{project.name}.partial-{uuid.uuid4().hex[:8]}"
+        _LOGGER.info("cloning project %s from %s", project.name, project.display_url)
+        try:
+            await self._git.run(["clone", "--bare", "--quiet", "--", source, str(partial)])
+            await self._git.run(
+                ["config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*"],
+                cwd=partial,
+            )
+            # Background gc would outlive the command that triggered it.
+            await self._git.run(["config", "gc.autoDetach", "false"], cwd=partial)
+            await self._git.run(["fetch", "--quiet", "origin"], cwd=partial)
+            partial.rename(cache)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, partial, True))
+            raise
+
+    async def _check_local_repo(self, project: Project, local: Path) -> Path:
+        path = await asyncio.to_thread(local.resolve)
+        if not await _is_dir(path):
+            raise ProjectError(
+                f"project {project.name!r}: {self.redact(str(local))} is not a folder",
+                project=project.name,
+            )
+        result = await self._git.run(
+            ["rev-parse", "--git-dir"],
+            cwd=path,
+            check=False,
+            env={"GIT_CEILING_DIRECTORIES": str(path.parent)},
+        )
+        if result.exit_code != 0:
+            raise ProjectError(
+                f"project {project.name!r}: {self.redact(str(local))} is not a git repository",
+                project=project.name,
+            )
+        return path
+
+    async def _resolve_base(
+        self, project: Project, cache: Path, branch: str | None
+    ) -> tuple[str, str]:
+        name = branch or project.branch
+        if name is None:
+            head = await self._git.run(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=cache)
+            name = head.stdout.strip()
+        found = await self._git.run(
+            ["rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{name}^{{commit}}"],
+            cwd=cache,
+            check=False,
+        )
+        if found.exit_code != 0:
+            listing = await self._git.run(
+                ["for-each-ref", "--format=%(refname:lstrip=3)", "refs/remotes/origin"], cwd=cache
+            )
+            names = [n for n in listing.lines if n != "HEAD"]
+            have = ", ".join(names[:20]) if names else "the repository has no branches"
+            raise ProjectError(
+                f"project {project.name!r} has no branch {name!r} (branches: {have})",
+                project=project.name,
+            )
+        return f"origin/{name}", found.stdout.strip()
+
+    async def _add_worktree(
+        self, cache: Path, path: Path, branch: str, base: str, *, new: bool
+    ) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        args = ["worktree", "add", "--quiet"]
+        args += ["--no-track", "-b", branch, str(path), base] if new else [str(path), branch]
+        try:
+            await self._git.run(args, cwd=cache, workspace=path.name)
+        except BaseException:
+            await asyncio.shield(self._undo_add(cache, path, branch if new else None))
+            raise
+
+    async def _undo_add(self, cache: Path, path: Path, new_branch: str | None) -> None:
+        await self._discard(cache, path)
+        if new_branch is not None:
+            await self._git.run(
+                ["update-ref", "-d", f"refs/heads/{new_branch}"], cwd=cache, check=False
+            )
+
+    async def _rev(self, cwd: Path, rev: str, workspace: str | None = None) -> str:
+        result = await self._git.run(
+            ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=cwd, check=False
+        )
+        if result.exit_code != 0:
+            raise WorkspaceStateError(f"{rev} does not name a commit", workspace=workspace)
+        return result.stdout.strip()
+
+    async def _ref_exists(self, cwd: Path, ref: str) -> bool:
+        result = await self._git.run(
+            ["rev-parse", "--verify", "--quiet", ref], cwd=cwd, check=False
+        )
+        return result.exit_code == 0
+
+    async def _identity_args(self, cwd: Path) -> tuple[str, ...]:
+        """``-c user.*`` defaults, only where git has no identity of its own."""
+        if self._identity is None:
+            if os.environ.get("GIT_COMMITTER_EMAIL") and os.environ.get("GIT_AUTHOR_EMAIL"):
+                self._identity = ()
+            else:
+                found = await self._git.run(["config", "--get", "user.email"], cwd=cwd, check=False)
+                self._identity = () if found.exit_code == 0 else _DEFAULT_IDENTITY
+        return self._identity
+
+    # ------------------------------------------------------------------ reading
+
+    async def get(self, workspace_id: str) -> Workspace | None:
+        """The recorded workspace ``workspace_id`` (a run id or a sub-task id)."""
+        return await self._store.get(workspace_id)
+
+    async def workspaces(
+        self, run_id: str | None = None, *, include_removed: bool = False
+    ) -> list[Workspace]:
+        """Recorded workspaces, of one run (with its sub-tasks) or all."""
+        return await self._store.list(run_id=run_id, include_removed=include_removed)
+
+    async def usage(self, run_id: str) -> int:
+        """Bytes on disk used by the run's worktrees (its own and its sub-tasks')."""
+        total = 0
+        for workspace in await self._store.list(run_id=run_id):
+            total += await asyncio.to_thread(disk_usage, workspace.path)
+        return total
+
+    async def status(self, workspace: Workspace) -> WorkspaceStatus:
+        """Head, cleanliness and commits since the base, read from the worktree itself."""
+        path = workspace.path
+        head = await self._rev(path, "HEAD", workspace.id)
+        branch = await self._git.run(
+            ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=path, check=False
+        )
+        changed = await self._changed(path)
+        log = await self._git.run(["log", "--format=%H %s", f"{workspace.base}..HEAD"], cwd=path)
+        return WorkspaceStatus(
+            head=head,
+            branch=branch.stdout.strip() or None,
+            dirty=bool(changed),
+            changed=changed,
+            commits=tuple(log.lines),
+        )
+
+    async def _changed(self, path: Path) -> tuple[str, ...]:
+        result = await self._git.run(
+            ["status", "--porcelain=v1", "-z", "--untracked-files=all"], cwd=path
+        )
+        entries = result.stdout.split("\0")
+        names: list[str] = []
+        skip = False
+        for entry in entries:
+            if skip:
+                skip = False
+                continue
+            if len(entry) < 4:
+                continue
+            names.append(entry[3:])
+            # A rename or copy is followed by its source path.
+            skip = entry[0] in "RC"
+        return tuple(names)
+
+    # ------------------------------------------------------------------ waves
+
+    async def merge_wave(
+        self, parent: Workspace, subtasks: Sequence[Workspace], *, message: str | None = None
+    ) -> MergeReport:
+        """Merge finished sub-task branches into the parent branch, one by one.
+
+        Each is a ``--no-ff`` merge made in the parent's worktree (never forced, never
+        rebased). A conflict is aborted and reported with its files; the others still
+        merge. A sub-task whose worktree is still held by a run is reported ``busy``.
+
+        Raises:
+            WorkspaceBusyError: the parent is held by another run.
+            WorkspaceStateError: the parent has uncommitted changes, or a sub-task does
+                not belong to it.
+        """
+        for sub in subtasks:
+            if sub.parent_id != parent.id:
+                raise WorkspaceStateError(
+                    f"{sub.id} is not a sub-task of {parent.id}", workspace=sub.id
+                )
+        results: list[SubtaskMerge] = []
+        async with self._guard(parent):
+            if await self._changed(parent.path):
+                raise WorkspaceStateError(
+                    f"the worktree of {parent.id} has uncommitted changes; commit them before "
+                    "merging the wave",
+                    workspace=parent.id,
+                )
+            identity = await self._identity_args(parent.path)
+            for sub in subtasks:
+                results.append(await self._merge_one(parent, sub, identity, message))
+            head = await self._rev(parent.path, "HEAD", parent.id)
+        report = MergeReport(
+            parent=parent.id, branch=parent.branch, results=tuple(results), head=head
+        )
+        for result in report.results:
+            _LOGGER.info(
+                "wave merge %s -> %s: %s%s",
+                result.branch,
+                parent.branch,
+                result.outcome.value,
+                f" ({', '.join(result.conflicts)})" if result.conflicts else "",
+                extra={"run_id": parent.run_id},
+            )
+        return report
+
+    async def _merge_one(
+        self,
+        parent: Workspace,
+        sub: Workspace,
+        identity: tuple[str, ...],
+        message: str | None,
+    ) -> SubtaskMerge:
+        def result(outcome: MergeOutcome, **kw: object) -> SubtaskMerge:
+            return SubtaskMerge(sub.id, sub.name, sub.branch, outcome, **kw)  # type: ignore[arg-type]
+
+        try:
+            async with self._guard(sub):
+                uncommitted = sub.path.is_dir() and bool(await self._changed(sub.path))
+                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}", sub.id)
+                contained = await self._git.run(
+                    ["merge-base", "--is-ancestor", tip, "HEAD"], cwd=parent.path, check=False
+                )
+                if contained.exit_code == 0:
+                    await self.release(sub)
+                    return result(MergeOutcome.UP_TO_DATE, uncommitted=uncommitted)
+                text = message or f"turnstile: merge sub-task {sub.name} into {parent.branch}"
+                merged = await self._git.run(
+                    [*identity, "merge", "--no-ff", "--no-edit", "-m", text, sub.branch],
+                    cwd=parent.path,
+                    check=False,
+                )
+                if merged.exit_code == 0:
+                    await self.release(sub)
+                    head = await self._rev(parent.path, "HEAD", parent.id)
+                    return result(MergeOutcome.MERGED, commit=head, uncommitted=uncommitted)
+                conflicts = await self._git.run(
+                    ["diff", "--name-only", "-z", "--diff-filter=U"], cwd=parent.path, check=False
+                )
+                files = tuple(sorted(n for n in conflicts.stdout.split("\0") if n))
+                await self._abort_merge(parent)
+                if files:
+                    return result(MergeOutcome.CONFLICT, conflicts=files, uncommitted=uncommitted)
+                detail = self._git.error("merge", merged).message
+                return result(MergeOutcome.FAILED, detail=detail, uncommitted=uncommitted)
+        except WorkspaceBusyError as exc:
+            return result(MergeOutcome.BUSY, detail=exc.message)
+        except WorkspaceStateError as exc:
+            return result(MergeOutcome.FAILED, detail=exc.message)
+
+    async def _abort_merge(self, parent: Workspace) -> None:
+        await self._git.run(["merge", "--abort"], cwd=parent.path, check=False)
+        left = await self._git.run(
+            ["rev-parse", "--verify", "--quiet", "MERGE_HEAD"], cwd=parent.path, check=False
+        )
+        if left.exit_code == 0 or await self._changed(parent.path):
+            raise WorkspaceStateError(
+                f"could not undo a conflicting merge in the worktree of {parent.id}",
+                workspace=parent.id,
+            )
+
+    # ---------------------------------------------------------------- cleanup
+
+    async def release(self, workspace: Workspace) -> Workspace:
+        """Mark ``workspace`` finished: :meth:`cleanup` may remove it after the retention."""
+        current = await self._store.get(workspace.id) or workspace
+        if current.released_at is not None:
+            return current
+        updated = dataclasses.replace(current, released_at=self._clock())
+        await self._store.save(updated)
+        return updated
+
+    async def cleanup(
+        self, retention: float | None = None, *, now: float | None = None
+    ) -> CleanupReport:
+        """Remove worktrees finished more than ``retention`` seconds ago.
+
+        A workspace is finished when it was released (:meth:`release`, or merged back) or
+        when its run has a ``finished_at`` in the runs table. Uncommitted changes are first
+        committed to ``turnstile/rescue/<id>``; branches are kept. Held worktrees are skipped.
+        """
+        keep_for = self.retention if retention is None else retention
+        moment = self._clock() if now is None else now
+        active = await self._store.list()
+        finished = await self._store.run_finished_at({w.run_id for w in active})
+        removed: list[str] = []
+        rescued: dict[str, str] = {}
+        busy: list[str] = []
+        kept: list[str] = []
+        errors: dict[str, str] = {}
+        for workspace in active:
+            done_at = workspace.released_at or finished.get(workspace.run_id)
+            if done_at is None or moment - done_at < keep_for:
+                kept.append(workspace.id)
+                continue
+            try:
+                gone = await self.remove(workspace)
+            except WorkspaceBusyError:
+                busy.append(workspace.id)
+                continue
+            except WorkspaceError as exc:
+                errors[workspace.id] = self.redact(exc.message)
+                continue
+            removed.append(workspace.id)
+            if gone.rescue_branch is not None:
+                rescued[workspace.id] = gone.rescue_branch
+        return CleanupReport(
+            removed=tuple(removed),
+            rescued=rescued,
+            busy=tuple(busy),
+            kept=tuple(kept),
+            errors=errors,
+        )
+
+    async def remove(self, workspace: Workspace) -> Workspace:
+        """Remove the worktree folder now (its branch stays), rescuing uncommitted changes.
+
+        Raises:
+            WorkspaceBusyError: a run holds it.
+            WorkspaceStateError: the folder is not the worktree git knows (left in place).
+            GitError: rescuing failed; nothing was removed.
+        """
+        cache = self.cache_path(workspace.project)
+        async with self._guard(workspace):
+            rescue: str | None = None
+            if workspace.path.exists():
+                if not await self._is_worktree_of(workspace.path, cache):
+                    raise WorkspaceStateError(
+                        f"{workspace.path} is not a worktree of {workspace.project}; left in place",
+                        workspace=workspace.id,
+                    )
+                if await self._changed(workspace.path):
+                    rescue = await self._rescue(workspace)
+                async with hold(self._lock_path("cache", workspace.project)):
+                    await self._git.run(
+                        ["worktree", "remove", "--force", str(workspace.path)],
+                        cwd=cache,
+                        workspace=workspace.id,
+                    )
+            elif cache.is_dir():
+                async with hold(self._lock_path("cache", workspace.project)):
+                    await self._git.run(["worktree", "prune"], cwd=cache)
+            current = await self._store.get(workspace.id) or workspace
+            updated = dataclasses.replace(
+                current, removed_at=self._clock(), rescue_branch=rescue or current.rescue_branch
+            )
+            await self._store.save(updated)
+        _LOGGER.info(
+            "removed worktree of %s%s",
+            workspace.id,
+            f" (uncommitted changes kept on {rescue})" if rescue else "",
+            extra={"run_id": workspace.run_id},
+        )
+        return updated
+
+    async def _rescue(self, workspace: Workspace) -> str:
+        """Commit everything uncommitted (not ignored) onto a new rescue branch."""
+        path = workspace.path
+        found = await self._git.run(
+            ["rev-parse", "--path-format=absolute", "--git-path", "turnstile-rescue.index"],
+            cwd=path,
+        )
+        index = Path(found.stdout.strip())
+        # A private index: the worktree's own index (maybe mid-merge) stays as it was.
+        env = {"GIT_INDEX_FILE": str(index)}
+        try:
+            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env, workspace=workspace.id)
+            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env, workspace=workspace.id)
+            tree = await self._git.run(["write-tree"], cwd=path, env=env, workspace=workspace.id)
+        finally:
+            await asyncio.to_thread(index.unlink, True)
+        head = await self._rev(path, "HEAD", workspace.id)
+        identity = await self._identity_args(path)
+        commit = await self._git.run(
+            [
+                *identity,
+                "commit-tree",
+                tree.stdout.strip(),
+                "-p",
+                head,
+                "-m",
+                f"turnstile: rescue uncommitted changes of {workspace.id}",
+            ],
+            cwd=path,
+            workspace=workspace.id,
+        )
+        sha = commit.stdout.strip()
+        name = f"{RESCUE_PREFIX}{workspace.id}"
+        attempt = 1
+        while await self._ref_exists(path, f"refs/heads/{name}"):
+            attempt += 1
+            name = f"{RESCUE_PREFIX}{workspace.id}-{attempt}"
+        # Create-only (old value empty): an existing rescue branch is never overwritten.
+        await self._git.run(
+            ["update-ref", f"refs/heads/{name}", sha, ""], cwd=path, workspace=workspace.id
+        )
+        return name
