@@ -57,7 +57,7 @@ def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
     for key in list(os.environ):
         if key.startswith("TURNSTILE_") or key.lower().endswith("_proxy"):
             monkeypatch.delenv(key)
-    yield env
+    return env
 
 
 def make_remote(tmp_path: Path, name: str = "remote", big: int = 0) -> Path:
@@ -194,8 +194,10 @@ async def test_two_concurrent_fake_agent_runs_commit_to_their_own_branches(
     cache = manager.cache_path("demo")
     files_a = git("ls-tree", "--name-only", "turnstile/run-a", cwd=cache).split()
     files_b = git("ls-tree", "--name-only", "turnstile/run-b", cwd=cache).split()
-    assert "alpha.txt" in files_a and "beta.txt" not in files_a
-    assert "beta.txt" in files_b and "alpha.txt" not in files_b
+    assert "alpha.txt" in files_a
+    assert "beta.txt" not in files_a
+    assert "beta.txt" in files_b
+    assert "alpha.txt" not in files_b
     # The remote's main is untouched; each worktree is clean and has one commit.
     assert git("rev-parse", "main", cwd=remote) == a.base == b.base
     for ws, subject in ((a, "add alpha"), (b, "add beta")):
@@ -257,7 +259,8 @@ async def test_resume_after_a_crash_finds_the_same_worktree(
         line = await proc.stdout.readline()
         path = Path(line.decode().strip())
         ws = await manager.get("run-crash")
-        assert ws is not None and ws.path == path
+        assert ws is not None
+        assert ws.path == path
         # Another process holds it: this one is refused.
         with pytest.raises(WorkspaceBusyError, match="in use by another run"):
             async with manager.lock(ws):
@@ -280,11 +283,14 @@ async def test_resume_recreates_a_missing_folder_from_the_branch(
     ws = await manager.provision("run1", "demo")
     head = commit_file(ws.path, "work.txt", "done\n", "work")
     removed = await manager.remove(ws)
-    assert removed.removed_at is not None and not ws.path.exists()
+    assert removed.removed_at is not None
+    assert not ws.path.exists()
 
     again = await manager.provision("run1", "demo")
 
-    assert again.path == ws.path and again.base == ws.base and again.removed_at is None
+    assert again.path == ws.path
+    assert again.base == ws.base
+    assert again.removed_at is None
     assert git("rev-parse", "HEAD", cwd=again.path) == head
 
 
@@ -298,7 +304,8 @@ async def test_a_half_made_worktree_left_by_a_crash_is_replaced(
 
     ws = await manager.provision("run1", "demo")
 
-    assert ws.path == leftover and not (leftover / "partial").exists()
+    assert ws.path == leftover
+    assert not (leftover / "partial").exists()
     assert (leftover / "README.md").exists()
 
 
@@ -339,10 +346,12 @@ async def test_wave_two_subtasks_merge_and_one_conflicts(manager: WorkspaceManag
         "c": MergeOutcome.CONFLICT,
     }
     conflict = report.conflicted[0]
-    assert conflict.conflicts == ("shared.txt",) and conflict.uncommitted
+    assert conflict.conflicts == ("shared.txt",)
+    assert conflict.uncommitted
     assert [r.name for r in report.not_merged] == ["c"]
     # The parent holds a's and b's work, no trace of c, and is clean (merge aborted).
-    assert (parent.path / "a.txt").exists() and (parent.path / "b.txt").exists()
+    assert (parent.path / "a.txt").exists()
+    assert (parent.path / "b.txt").exists()
     assert "from a" in (parent.path / "shared.txt").read_text()
     assert git("status", "--porcelain", cwd=parent.path) == ""
     assert report.head == git("rev-parse", "HEAD", cwd=parent.path)
@@ -350,7 +359,8 @@ async def test_wave_two_subtasks_merge_and_one_conflicts(manager: WorkspaceManag
     assert len(parents) == 2
     # Merged sub-tasks are released (cleanup may take them); the conflicting one is not.
     released = {w.id: w.released_at for w in await manager.workspaces("run1")}
-    assert released["run1--a"] is not None and released["run1--c"] is None
+    assert released["run1--a"] is not None
+    assert released["run1--c"] is None
 
     # Merging again is a no-op for a and b.
     again = await manager.merge_wave(parent, subs[:2])
@@ -399,7 +409,9 @@ async def test_cleanup_rescues_a_dirty_worktree_before_removing_it(
     assert report.rescued == {"dirty": "turnstile/rescue/dirty"}
     assert sorted(report.kept) == ["running", "young"]
     assert report.busy == ()
-    assert not dirty.path.exists() and not clean.path.exists() and young.path.exists()
+    assert not dirty.path.exists()
+    assert not clean.path.exists()
+    assert young.path.exists()
     cache = manager.cache_path("demo")
     rescued = "turnstile/rescue/dirty"
     assert git("show", f"{rescued}:README.md", cwd=cache) == "# changed, never committed"
@@ -408,14 +420,16 @@ async def test_cleanup_rescues_a_dirty_worktree_before_removing_it(
     # The run branches stay; records say removed.
     assert git("rev-parse", "--verify", "turnstile/clean", cwd=cache)
     record = await manager.get("dirty")
-    assert record is not None and record.removed_at is not None
+    assert record is not None
+    assert record.removed_at is not None
     assert record.rescue_branch == rescued
 
     # The held one is only reported busy once its retention has passed.
     clock.now += 7200
     async with other.lock(running):
         later = await manager.cleanup(retention=3600)
-    assert later.busy == ("running",) and later.removed == ("young",)
+    assert later.busy == ("running",)
+    assert later.removed == ("young",)
 
 
 async def test_cleanup_counts_retention_from_the_runs_table(
@@ -430,7 +444,8 @@ async def test_cleanup_counts_retention_from_the_runs_table(
 
     report = await manager.cleanup(retention=60, now=clock.now + 3600)
 
-    assert report.removed == ("run1",) and not ws.path.exists()
+    assert report.removed == ("run1",)
+    assert not ws.path.exists()
 
 
 async def test_usage_counts_the_run_and_its_subtasks(manager: WorkspaceManager) -> None:
