@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
 from engine.redact import tail
@@ -119,7 +119,7 @@ class PreemptHandle:
         self.grace = grace
         self.session_id = session_id
         self._proc: asyncio.subprocess.Process | None = None
-        self._stop = asyncio.Event()
+        self._requested = False
         self._gone = asyncio.Event()
         self._gone.set()
 
@@ -128,19 +128,21 @@ class PreemptHandle:
         """Whether a turn's process is running now."""
         return self._proc is not None
 
+    @property
+    def requested(self) -> bool:
+        """Whether the turn in flight was asked to stop."""
+        return self._requested
+
     def _attach(self, proc: asyncio.subprocess.Process) -> None:
         if self._proc is not None:
             raise RuntimeError("a turn is already in flight on this pre-empt handle")
         self._proc = proc
-        self._stop.clear()
+        self._requested = False
         self._gone.clear()
 
     def _detach(self) -> None:
         self._proc = None
         self._gone.set()
-
-    async def _stop_requested(self) -> None:
-        await self._stop.wait()
 
     async def stop(self) -> bool:
         """Pre-empt the running turn and wait until its process group is gone.
@@ -148,9 +150,13 @@ class PreemptHandle:
         Returns:
             True if a turn was running, False if there was nothing to stop.
         """
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return False
-        self._stop.set()
+        if not self._requested:
+            self._requested = True
+            _LOGGER.info("pre-empting pid=%s", proc.pid, extra={"session_id": self.session_id})
+            await asyncio.shield(_terminate_group(proc, self.grace))
         await self._gone.wait()
         return True
 
@@ -316,8 +322,13 @@ async def run_process(
 
     async def drain_stdout() -> None:
         assert proc.stdout is not None
-        while chunk := await proc.stdout.read(_CHUNK):
-            sink.feed(chunk)
+        try:
+            while chunk := await proc.stdout.read(_CHUNK):
+                sink.feed(chunk)
+        except BaseException:
+            # Output we cannot take (a line callback refused it) ends the turn at once.
+            _signal_group(proc, signal.SIGKILL)
+            raise
 
     async def drain_stderr() -> None:
         nonlocal stderr_size, stderr_tail
@@ -338,39 +349,19 @@ async def run_process(
             proc.stdin.close()
 
     grace = preempt.grace if preempt is not None else 2.0
-    session = preempt.session_id if preempt is not None else None
     if preempt is not None:
         preempt._attach(proc)
-    readers = [
+    tasks = [
         asyncio.create_task(drain_stdout(), name=f"stdout-{proc.pid}"),
         asyncio.create_task(drain_stderr(), name=f"stderr-{proc.pid}"),
     ]
-    helpers: list[asyncio.Task[None]] = []
+    readers = tuple(tasks)
     if spec.stdin is not None:
-        helpers.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
-    # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
-    # descendant holding stdout can delay forever; the protocol tells us the exit itself.
-    waiter = asyncio.create_task(exited.wait(), name=f"wait-{proc.pid}")
-    stopper: asyncio.Task[None] | None = None
-    if preempt is not None:
-        stopper = asyncio.create_task(preempt._stop_requested(), name=f"preempt-{proc.pid}")
+        tasks.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
     try:
-        # A reader failing (a line callback raising TurnIOError) ends the turn too.
-        watch: set[asyncio.Future[Any]] = {waiter, *readers}
-        if stopper is not None:
-            watch.add(stopper)
-        while not waiter.done():
-            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
-            if stopper is not None and stopper in done:
-                _LOGGER.info("pre-empting pid=%s", proc.pid, extra={"session_id": session})
-                await _terminate_group(proc, grace)
-                raise TurnPreempted(session_id=session)
-            for task in done:
-                failure = task.exception() if task in readers else None
-                if failure is not None:
-                    await _terminate_group(proc, 0.5)
-                    raise failure
-                watch.discard(task)
+        # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
+        # descendant holding stdout can delay forever; the protocol reports the exit itself.
+        await exited.wait()
         _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
         if pending:
             _LOGGER.warning(
@@ -379,6 +370,8 @@ async def run_process(
             _signal_group(proc, signal.SIGKILL)
             await asyncio.wait(readers)
         await proc.wait()
+        if preempt is not None and preempt.requested:
+            raise TurnPreempted(session_id=preempt.session_id)
         for task in readers:
             failure = task.exception()
             if failure is not None:
@@ -390,12 +383,10 @@ async def run_process(
         await asyncio.shield(_terminate_group(proc, 0.5))
         raise TurnIOError(f"capturing {program!r} failed: {exc.strerror or exc}") from exc
     finally:
-        for task in (*readers, *helpers, waiter, *([stopper] if stopper else [])):
+        for task in tasks:
             if not task.done():
                 task.cancel()
-        await asyncio.gather(
-            *readers, *helpers, waiter, *([stopper] if stopper else []), return_exceptions=True
-        )
+        await asyncio.gather(*tasks, return_exceptions=True)
         sink.finish()
         if preempt is not None:
             preempt._detach()
