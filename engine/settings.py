@@ -83,6 +83,7 @@ class Settings(BaseSettings):
     # Auto mode
     max_turns: int = Field(default=10, ge=1)
     completion_threshold: float = Field(default=0.8, ge=0, le=1)
+    auto_prompts_dir: Path | None = None
 
     # Logs
     log_format: Literal["text", "json"] = "text"
@@ -100,6 +101,12 @@ class Settings(BaseSettings):
         if isinstance(value, int):
             return (value,)
         return value
+
+    @field_validator("auto_prompts_dir", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        # An empty line copied from .env.example means "not set", not the current folder.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("allowed_tools", mode="before")
     @classmethod

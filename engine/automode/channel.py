@@ -1,0 +1,472 @@
+"""The control-flow half of auto mode: a :class:`~engine.turn.Channel` owning the phase cursor.
+
+``next_prompt`` renders the prompt for the phase the cursor points at (ingesting
+appended instructions while rendering Execute) and records the turn as started; it
+never returns ``Idle`` and returns ``Closed`` once the run is terminal. ``publish_output``
+is where every decision happens: it reads the turn's exit code and text, detects and
+verifies completion after Evaluate, advances the cursor through the pure transition
+function, and commits the finished turn together with the new state in one store
+transaction before anything is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from engine.automode.append import InstructionInbox, Intake, render_instructions
+from engine.automode.prompts import PromptTemplates
+from engine.automode.state import (
+    AutoModeState,
+    AutoStatus,
+    Outcome,
+    Phase,
+    Verdict,
+    advance,
+    cap,
+    with_transition,
+    write_state_file,
+)
+from engine.automode.summary import WorkSummary, WorkSummaryGenerator
+from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
+from engine.errors import ChannelPublishError
+from engine.sink import NullSink, RunSink, StatusUpdate
+from engine.store.runs import RunStatus, TurnState
+from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
+
+__all__ = ["STOPPED_BY_PERSON", "AutoModeChannel", "AutoRunStore", "run_status"]
+
+_LOGGER = logging.getLogger(__name__)
+
+STOPPED_BY_PERSON: Final = "Stopped by a person"
+STOP_EXIT_CODE: Final = 130
+# What a sink receives of one turn's output (the store and the transcript keep it all).
+_PUBLISH_HEAD: Final = 3500
+_TAIL_READ: Final = 64 * 1024
+
+
+class AutoRunStore(Protocol):
+    """The store operations auto mode needs (``SqliteRunStore`` provides them)."""
+
+    async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int: ...
+
+    async def finish_turn_and_update_run(
+        self, turn_id: int, out: TurnOutput, run_id: str, **fields: Any
+    ) -> None: ...
+
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None: ...
+
+    async def update_run(self, run_id: str, **fields: Any) -> Any: ...
+
+
+def run_status(state: AutoModeState) -> RunStatus:
+    """The store's run status for a state: a required-turn abort is a crash."""
+    if state.status is AutoStatus.ERROR and state.abort is not None:
+        return RunStatus.CRASHED
+    return RunStatus(state.status.value)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    turn_id: int
+    phase: Phase
+    seq: int
+    started: float
+
+
+class AutoModeChannel(BaseChannel):
+    """Drives Clarify → Plan → Execute/Evaluate(/Adjust) from recorded state.
+
+    Args:
+        state: where the run stands (fresh, or loaded from the store to resume).
+        store: persistence of turns and the run's state.
+        templates: validated prompt templates.
+        verifier: measures completion evidence in the workspace.
+        summary: summarises the work for the final report.
+        inbox: the run's ``append/`` / ``appended/`` folders.
+        sink: where reports go (the terminal's :class:`~engine.sink.LogSink`, the bot's own).
+        clock: wall clock, for timestamps.
+    """
+
+    def __init__(
+        self,
+        state: AutoModeState,
+        *,
+        store: AutoRunStore,
+        templates: PromptTemplates,
+        verifier: CompletionVerifier,
+        summary: WorkSummaryGenerator,
+        inbox: InstructionInbox,
+        sink: RunSink | None = None,
+        detector: CompletionSignalDetector | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(f"auto:{state.run_id}")
+        self._state = state
+        self._store = store
+        self._templates = templates
+        self._verifier = verifier
+        self._summary = summary
+        self._inbox = inbox
+        self._sink: RunSink = sink or NullSink()
+        self._detector = detector or CompletionSignalDetector()
+        self._clock = clock
+        self._log_dir = Path(state.log_dir)
+        self._in_flight: _InFlight | None = None
+        self._stop_reason: str | None = None
+        self.last_verification: Verification | None = None
+        self.last_summary: WorkSummary | None = None
+        self.report: str | None = None
+        self._extra = {"run_id": state.run_id}
+
+    # -- readable results ------------------------------------------------------------
+    @property
+    def state(self) -> AutoModeState:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._state.terminal
+
+    def exit_code(self) -> int:
+        """0 for completed / stopped at max turns; the failing phase's code otherwise."""
+        return self._state.exit_code
+
+    def abort(self) -> str | None:
+        """A reason iff a required turn failed (the crash path); None otherwise."""
+        return self._state.abort
+
+    def request_stop(self, reason: str = STOPPED_BY_PERSON) -> None:
+        """Close at the next poll (the caller pre-empts a running turn separately)."""
+        self._stop_reason = reason
+        self.notify_inbound()
+
+    # -- Channel ---------------------------------------------------------------------
+    async def next_prompt(self) -> NextPrompt:
+        if self._state.terminal:
+            return Closed()
+        if self._stop_reason is not None:
+            await self._close_stopped()
+            return Closed()
+        state = self._state
+        phase = state.phase
+        values = self._values()
+        intake: Intake | None = None
+        if phase is Phase.EXECUTE:
+            intake = self._inbox.collect(state.step)
+            values["instructions"] = render_instructions(intake.instructions)
+        prompt = self._templates.render(phase, values)
+        if intake is not None:
+            self._inbox.archive(intake)
+        turn_id = await self._store.start_turn(state.run_id, state.step, prompt, phase.value)
+        self._in_flight = _InFlight(turn_id, phase, state.step, time.monotonic())
+        _LOGGER.info(
+            "Turn %d/%d: %s",
+            state.turn,
+            state.max_turns,
+            _PHASE_LINES[phase],
+            extra={**self._extra, "phase": phase.value},
+        )
+        if intake is not None:
+            await self._report_intake(intake)
+        await self._status(f"{phase.label} running")
+        self._transcript(
+            f"## Turn {state.turn} · {phase.label} · step {state.step}\n\n### Prompt\n"
+        )
+        self._transcript(prompt + "\n")
+        return Ready(prompt)
+
+    async def publish_output(self, out: TurnOutput) -> None:
+        flight = self._in_flight
+        if flight is None:
+            raise ChannelPublishError("publish_output without a turn in flight")
+        state = self._state
+        phase = flight.phase
+        code = out.exit_code if out.exit_code is not None else 0
+        text = _output_tail(out)
+        stderr_size = out.metadata.get("stderr_size")
+        _LOGGER.info(
+            "%s exit code: %d (stdout %d chars%s)",
+            phase.label,
+            code,
+            len(out.text) if out.size is None else out.size,
+            f", stderr {stderr_size} bytes" if stderr_size is not None else "",
+            extra={**self._extra, "phase": phase.value},
+        )
+        updates: dict[str, Any] = {}
+        verdict: Verdict | None = None
+        verified = False
+        if phase is Phase.CLARIFY:
+            updates["clarified"] = cap(text)
+        elif phase in (Phase.PLAN, Phase.ADJUST):
+            updates["plan"] = cap(text)
+        elif phase is Phase.EXECUTE:
+            updates["execution"] = cap(text)
+        elif phase is Phase.EVALUATE and code == 0:
+            verdict, well_formed = self._detector.detect(text)
+            updates["evaluation"] = cap(text)
+            updates["verdicts"] = (*state.verdicts, verdict.value)
+            updates["feedback"] = ""
+            if not well_formed:
+                _LOGGER.warning(
+                    "Evaluation marker missing or garbled: counted as IN PROGRESS",
+                    extra={**self._extra, "phase": phase.value},
+                )
+            _LOGGER.info("Evaluation: %s", verdict.value, extra=self._extra)
+            if verdict is Verdict.COMPLETE:
+                verification = await self._verifier.verify(verdict)
+                self.last_verification = verification
+                verified = verification.accepted
+                _LOGGER.info(
+                    "Completion score: %.2f (threshold %.2f): %s",
+                    verification.score,
+                    verification.threshold,
+                    verification.describe(),
+                    extra=self._extra,
+                )
+                if not verified:
+                    _LOGGER.warning(
+                        "Verification discrepancy: agent reported COMPLETE but evidence "
+                        "score %.2f < %.2f; continuing",
+                        verification.score,
+                        verification.threshold,
+                        extra=self._extra,
+                    )
+                    updates["feedback"] = (
+                        "## Verification feedback\n\nThe last evaluation reported COMPLETE, "
+                        "but the engine's evidence does not support it "
+                        f"(score {verification.score:.2f} < {verification.threshold:.2f}): "
+                        f"{verification.describe()}. Address this before reporting COMPLETE "
+                        "again."
+                    )
+        transition = advance(state.turn, phase, state.max_turns, Outcome(code, verdict, verified))
+        now = self._clock()
+        new_state = with_transition(replace(state, **updates), transition, now)
+        report: str | None = None
+        if new_state.terminal:
+            self.last_summary = await self._summary.generate(new_state.evaluation)
+            report = self._final_report(new_state)
+        await self._store.finish_turn_and_update_run(
+            flight.turn_id, out, state.run_id, **self._run_fields(new_state)
+        )
+        self._in_flight = None
+        self._state = new_state
+        self._mirror()
+        self._transcript(f"### Output (exit {code})\n\n{out.text}\n\n")
+        await self._announce(state.turn, phase, code, out, transition.message, report)
+
+    # -- stop / failure paths (called by the run driver) --------------------------------
+    async def record_preempted(self, error: str) -> None:
+        """A person pre-empted the running turn: record it interrupted, end the run stopped."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            await self._store.fail_turn(flight.turn_id, TurnState.INTERRUPTED, error)
+        await self._close_stopped()
+
+    async def record_turn_error(self, error: str) -> None:
+        """The agent could not be spawned or captured: the turn failed, the run crashed.
+
+        The cursor is left where it was, so ``--resume`` re-runs the same turn.
+        """
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            await self._store.fail_turn(flight.turn_id, TurnState.FAILED, error)
+        await self._store.update_run(
+            self._state.run_id,
+            status=RunStatus.CRASHED,
+            abort_reason=error,
+            exit_code=1,
+            finished_at=self._clock(),
+        )
+        _LOGGER.error("Turn failed: %s", error, extra=self._extra)
+        await self._safe_publish(f"Run {self._state.run_id} failed: {error}")
+
+    async def _close_stopped(self) -> None:
+        now = self._clock()
+        self._state = replace(
+            self._state,
+            status=AutoStatus.STOPPED,
+            exit_code=STOP_EXIT_CODE,
+            message=self._stop_reason or STOPPED_BY_PERSON,
+            updated_at=now,
+            finished_at=now,
+        )
+        await self._store.update_run(self._state.run_id, **self._run_fields(self._state))
+        self._mirror()
+        _LOGGER.warning("%s", self._state.message, extra=self._extra)
+        await self._status(self._state.message or "stopped")
+        await self._safe_publish(self._final_report(self._state))
+
+    # -- helpers ------------------------------------------------------------------------
+    def _values(self) -> dict[str, str]:
+        s = self._state
+        return {
+            "objective": s.objective,
+            "turn": str(s.turn),
+            "max_turns": str(s.max_turns),
+            "run_id": s.run_id,
+            "workdir": s.workdir,
+            "clarified": s.clarified,
+            "plan": s.plan,
+            "execution": s.execution,
+            "evaluation": s.evaluation or "(none yet)",
+            "feedback": s.feedback,
+            "instructions": "",
+        }
+
+    def _run_fields(self, state: AutoModeState) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "status": run_status(state),
+            "phase": state.phase.value,
+            "turn": state.turn,
+            "state": state.to_json(),
+        }
+        if state.terminal:
+            fields.update(
+                exit_code=state.exit_code,
+                abort_reason=state.abort,
+                finished_at=state.finished_at,
+            )
+        return fields
+
+    def _mirror(self) -> None:
+        try:
+            write_state_file(self._log_dir, self._state)
+        except OSError as exc:
+            # The store already holds the state; the file is only a mirror.
+            _LOGGER.error("cannot write %s/state.json: %s", self._log_dir, exc, extra=self._extra)
+
+    def _transcript(self, text: str) -> None:
+        with (
+            contextlib.suppress(OSError),
+            open(self._log_dir / "transcript.md", "a", encoding="utf-8") as fh,
+        ):
+            fh.write(text)
+
+    def _final_report(self, state: AutoModeState) -> str:
+        lines = [
+            f"Auto run {state.run_id}: {state.status.value}"
+            + (f" (exit {state.exit_code})" if state.exit_code else ""),
+            f"Objective: {_one_line(state.objective, 200)}",
+            f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}",
+        ]
+        if state.message:
+            lines.append(state.message)
+        if state.abort:
+            lines.append(f"Aborted: {state.abort}")
+        if self.last_verification is not None:
+            v = self.last_verification
+            lines.append(f"Evidence (score {v.score:.2f}, threshold {v.threshold:.2f}):")
+            lines += [f"  - {e.describe()}" for e in v.evidence]
+        if self.last_summary is not None:
+            lines.append(self.last_summary.render())
+        lines.append(f"Log folder: {state.log_dir}")
+        return "\n".join(lines)
+
+    async def _announce(
+        self,
+        turn: int,
+        phase: Phase,
+        code: int,
+        out: TurnOutput,
+        message: str | None,
+        report: str | None,
+    ) -> None:
+        state = self._state
+        if message is not None:
+            level = logging.INFO if state.status is AutoStatus.COMPLETED else logging.WARNING
+            _LOGGER.log(level, "%s", message, extra=self._extra)
+        if report is not None:
+            self.report = report
+            _LOGGER.info(
+                "Work summary:\n%s", self.last_summary.render() if self.last_summary else ""
+            )
+        head = out.text[:_PUBLISH_HEAD]
+        more = ""
+        size = out.size if out.size is not None else len(out.text)
+        if size > len(head):
+            more = f"\n… ({size} characters in all; see {self._log_dir}/transcript.md)"
+        await self._safe_publish(
+            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}"
+        )
+        if state.terminal:
+            await self._status(state.message or state.status.value)
+            await self._safe_publish(report or self._final_report(state))
+
+    async def _report_intake(self, intake: Intake) -> None:
+        for refusal in intake.refused:
+            await self._safe_publish(
+                f"Appended instruction {refusal.name} refused: {refusal.reason} "
+                f"(archived as {refusal.archived_as})"
+            )
+        if intake.instructions:
+            _LOGGER.info(
+                "Embedding %d appended instruction(s) in the Execute prompt",
+                len(intake.instructions),
+                extra=self._extra,
+            )
+        if intake.deferred:
+            _LOGGER.info(
+                "%d appended instruction(s) wait for the next Execute turn", intake.deferred
+            )
+
+    async def _status(self, event: str) -> None:
+        s = self._state
+        await self._sink_call(
+            self._sink.update_status(
+                StatusUpdate(
+                    run_id=s.run_id,
+                    mode="auto",
+                    status=run_status(s).value,
+                    phase=s.phase.value,
+                    turn=s.turn,
+                    max_turns=s.max_turns,
+                    started_at=s.started_at,
+                    last_event=event,
+                )
+            )
+        )
+
+    async def _safe_publish(self, text: str) -> None:
+        await self._sink_call(self._sink.publish_text(self._state.run_id, text))
+
+    async def _sink_call(self, call: Any) -> None:
+        # The state is committed before anything is reported: a failing sink loses a
+        # message, never the run. It is logged, never swallowed silently.
+        try:
+            await call
+        except Exception as exc:
+            _LOGGER.exception("run sink failed: %s", exc, extra=self._extra)
+
+
+_PHASE_LINES: Final[Mapping[Phase, str]] = {
+    Phase.CLARIFY: "Clarifying objective",
+    Phase.PLAN: "Creating plan",
+    Phase.EXECUTE: "Executing",
+    Phase.EVALUATE: "Evaluating",
+    Phase.ADJUST: "Adjusting plan",
+}
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _output_tail(out: TurnOutput) -> str:
+    """The end of the output (where the Evaluate marker sits), even when it was spilled."""
+    if out.spill_path is None:
+        return out.text
+    try:
+        with open(out.spill_path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL_READ))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return out.text

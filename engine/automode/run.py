@@ -1,0 +1,512 @@
+"""Starting, resuming and stopping auto-mode runs: the composition of runner and channel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import shlex
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+
+from engine.agents.base import ProcessAgent
+from engine.agents.factory import create_agent
+from engine.automode.append import InstructionInbox
+from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
+from engine.automode.git import Git
+from engine.automode.prompts import PromptTemplates
+from engine.automode.runner import AutoModeRunner
+from engine.automode.state import (
+    AutoModeState,
+    AutoStatus,
+    owner_alive,
+    owner_token,
+    write_state_file,
+)
+from engine.automode.summary import WorkSummaryGenerator
+from engine.automode.verifier import CompletionVerifier
+from engine.errors import ConfigError, TurnError, TurnPreempted
+from engine.process import PreemptHandle
+from engine.settings import Settings
+from engine.sink import LogSink, RunSink
+from engine.store.database import Database
+from engine.store.runs import SqliteRunStore, TurnState
+from engine.turn import AgentSession, TurnOutput, run_session_loop
+
+__all__ = [
+    "MAX_OBJECTIVE_BYTES",
+    "AutoResult",
+    "AutoRun",
+    "prepare_auto_run",
+    "prepare_resume",
+    "process_exit_code",
+    "resume_auto_run",
+    "start_auto_run",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+MAX_OBJECTIVE_BYTES: Final = 16 * 1024
+INTERRUPTED_ERROR: Final = "the process stopped while this turn ran"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoResult:
+    """How a run ended.
+
+    Attributes:
+        status: completed, stopped or error.
+        exit_code: what the terminal command exits with (see :func:`process_exit_code`).
+        abort: a reason iff a required turn failed (recorded as a crash).
+        report: the final report (evidence and work summary).
+    """
+
+    run_id: str
+    status: AutoStatus
+    exit_code: int
+    abort: str | None
+    message: str | None
+    report: str | None
+
+
+def process_exit_code(code: int) -> int:
+    """A turn's exit code as a process exit status (killed by signal N → 128+N)."""
+    if code < 0:
+        return min(128 - code, 255)
+    return code if code <= 255 else 1
+
+
+class _StoppableSession:
+    """Refuses to start a turn once a stop was requested (closes the race with spawning)."""
+
+    def __init__(self, runner: AgentSession, stopping: Callable[[], bool]) -> None:
+        self._runner = runner
+        self._stopping = stopping
+
+    @property
+    def session_id(self) -> str:
+        return self._runner.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        if self._stopping():
+            raise TurnPreempted("stopped before the turn started", session_id=self.session_id)
+        return await self._runner.run_turn(prompt)
+
+
+class AutoRun:
+    """One auto-mode run: started with :meth:`start`, awaited through :attr:`task`.
+
+    Attributes:
+        runner: the execution half (replaceable before :meth:`start`, e.g. in tests).
+        channel: the control-flow half; its state is readable at any time.
+    """
+
+    def __init__(
+        self,
+        *,
+        channel: AutoModeChannel,
+        runner: AgentSession,
+        inbox: InstructionInbox,
+        preempts: Sequence[PreemptHandle],
+    ) -> None:
+        self.channel = channel
+        self.runner = runner
+        self.inbox = inbox
+        self._preempts = tuple(preempts)
+        self._stopping = False
+        self._task: asyncio.Task[AutoResult] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.channel.state.run_id
+
+    @property
+    def session_id(self) -> str:
+        return self.channel.state.session_id
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.channel.state.log_dir)
+
+    @property
+    def state(self) -> AutoModeState:
+        return self.channel.state
+
+    @property
+    def task(self) -> asyncio.Task[AutoResult]:
+        if self._task is None:
+            raise RuntimeError("the run was not started")
+        return self._task
+
+    def start(self) -> asyncio.Task[AutoResult]:
+        """Start driving the run in a named task (once)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._drive(), name=f"auto-{self.run_id}")
+        return self._task
+
+    async def wait(self) -> AutoResult:
+        return await self.start()
+
+    def append_instruction(self, text: str) -> Path:
+        """Drop a steering instruction for the next Execute turn (exclusive file, mode 0600).
+
+        Raises:
+            ConfigError: empty, over 50 KiB, NUL bytes, or 100 instructions already pending.
+        """
+        path = self.inbox.append(text)
+        _LOGGER.info("appended instruction %s queued", path.name, extra={"run_id": self.run_id})
+        return path
+
+    async def stop(self) -> None:
+        """Stop the run: pre-empt the running turn or verify command; the run ends stopped."""
+        self._stopping = True
+        self.channel.request_stop()
+        for handle in self._preempts:
+            await handle.stop()
+
+    def result(self) -> AutoResult:
+        s = self.channel.state
+        return AutoResult(
+            run_id=s.run_id,
+            status=s.status,
+            exit_code=process_exit_code(s.exit_code),
+            abort=s.abort,
+            message=s.message,
+            report=self.channel.report,
+        )
+
+    async def _drive(self) -> AutoResult:
+        session = _StoppableSession(self.runner, lambda: self._stopping)
+        try:
+            await run_session_loop(session, self.channel)
+        except TurnPreempted as exc:
+            if not self._stopping:
+                await self.channel.record_turn_error(str(exc))
+                raise
+            await self.channel.record_preempted(STOPPED_BY_PERSON.lower())
+        except TurnError as exc:
+            await self.channel.record_turn_error(str(exc))
+            raise
+        return self.result()
+
+
+def _new_run_id() -> str:
+    return f"auto-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _verify_argv(verify_cmd: str | None, workdir: Path) -> list[str] | None:
+    if verify_cmd is None or not verify_cmd.strip():
+        return None
+    try:
+        argv = shlex.split(verify_cmd)
+    except ValueError as exc:
+        raise ConfigError(f"--verify-cmd cannot be split: {exc}") from exc
+    program = argv[0]
+    if "/" in program:
+        path = Path(program) if Path(program).is_absolute() else workdir / program
+        found = path.exists()
+    else:
+        found = shutil.which(program) is not None
+    if not found:
+        raise ConfigError(f"verify command program {program!r} not found")
+    return argv
+
+
+def _validate(
+    objective: str, turns: int, workdir: Path, prompts_dir: Path | None, verify_cmd: str | None
+) -> tuple[Path, str | None]:
+    if turns < 1:
+        raise ConfigError(f"--max-turns must be at least 1, got {turns}")
+    if not objective.strip():
+        raise ConfigError("the objective (-p PROMPT) is empty")
+    if "\x00" in objective:
+        raise ConfigError("the objective contains a NUL byte")
+    if len(objective.encode()) > MAX_OBJECTIVE_BYTES:
+        raise ConfigError(f"the objective is longer than {MAX_OBJECTIVE_BYTES} bytes")
+    if not workdir.is_dir():
+        raise ConfigError(f"working directory {workdir} does not exist")
+    workdir = workdir.resolve()
+    PromptTemplates.load(prompts_dir)  # refuse a bad override now, not mid-run
+    _verify_argv(verify_cmd, workdir)
+    return workdir, str(prompts_dir.absolute()) if prompts_dir else None
+
+
+def _build(
+    settings: Settings,
+    store: SqliteRunStore,
+    state: AutoModeState,
+    *,
+    sink: RunSink | None,
+    resume_session: bool,
+    extra_env: Mapping[str, str] | None,
+    config_dir: Path | None,
+) -> AutoRun:
+    cfg = state.config
+    workdir = Path(state.workdir)
+    prompts_dir = cfg.get("prompts_dir")
+    templates = PromptTemplates.load(Path(prompts_dir) if prompts_dir else None)
+    agent = create_agent(
+        state.tool,
+        settings,
+        cwd=workdir,
+        session_id=state.session_id,
+        agent_cmd=cfg.get("agent_cmd"),
+        passthrough=tuple(cfg.get("passthrough", ())),
+        extra_env=extra_env,
+        config_dir=config_dir,
+        resume=resume_session,
+    )
+    log_dir = Path(state.log_dir)
+    verifier = CompletionVerifier(
+        workdir,
+        base_commit=state.base_commit,
+        verify_cmd=_verify_argv(cfg.get("verify_cmd"), workdir),
+        threshold=float(cfg.get("threshold", settings.completion_threshold)),
+        exclude=[log_dir],
+        preempt=PreemptHandle(grace=settings.preempt_grace, session_id=state.session_id),
+    )
+    inbox = InstructionInbox(log_dir)
+    inbox.ensure()
+    channel = AutoModeChannel(
+        state,
+        store=store,
+        templates=templates,
+        verifier=verifier,
+        summary=WorkSummaryGenerator(workdir, base_commit=state.base_commit),
+        inbox=inbox,
+        sink=sink if sink is not None else LogSink(),
+    )
+    preempts = [verifier.preempt]
+    if isinstance(agent, ProcessAgent):
+        preempts.insert(0, agent.preempt)
+    return AutoRun(channel=channel, runner=AutoModeRunner(agent), inbox=inbox, preempts=preempts)
+
+
+async def prepare_auto_run(
+    settings: Settings,
+    db: Database,
+    *,
+    objective: str,
+    tool: str,
+    workdir: Path,
+    sink: RunSink | None = None,
+    agent_cmd: str | None = None,
+    passthrough: Sequence[str] = (),
+    max_turns: int | None = None,
+    verify_cmd: str | None = None,
+    prompts_dir: Path | None = None,
+    chat_id: int | None = None,
+    thread_id: int | None = None,
+    run_id: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> AutoRun:
+    """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
+
+    Raises:
+        ConfigError: bad input (turn cap, tool, workdir, objective, templates, verify command).
+    """
+    turns = settings.max_turns if max_turns is None else max_turns
+    workdir, prompts = _validate(objective, turns, workdir, prompts_dir, verify_cmd)
+    run_id = run_id or _new_run_id()
+    log_dir = settings.runs_dir.resolve() / run_id
+    log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
+    now = time.time()
+    state = AutoModeState(
+        run_id=run_id,
+        session_id=str(uuid.uuid4()),
+        objective=objective,
+        workdir=str(workdir),
+        log_dir=str(log_dir),
+        max_turns=turns,
+        tool=tool,
+        started_at=now,
+        updated_at=now,
+        base_commit=await Git(workdir).head(),
+        config={
+            "agent_cmd": agent_cmd,
+            "passthrough": list(passthrough),
+            "verify_cmd": verify_cmd,
+            "prompts_dir": prompts,
+            "threshold": settings.completion_threshold,
+        },
+        owner=owner_token(),
+    )
+    store = SqliteRunStore(db)
+    run = _build(
+        settings,
+        store,
+        state,
+        sink=sink,
+        resume_session=False,
+        extra_env=extra_env,
+        config_dir=config_dir,
+    )
+    await store.create_run(
+        run_id,
+        mode="auto",
+        agent=tool,
+        session_id=state.session_id,
+        objective=objective,
+        workdir=str(workdir),
+        log_dir=str(log_dir),
+        chat_id=chat_id,
+        thread_id=thread_id,
+        phase=state.phase.value,
+        state=state.to_json(),
+    )
+    write_state_file(log_dir, state)
+    _LOGGER.info(
+        "Auto run %s started: tool=%s workdir=%s max_turns=%d log=%s",
+        run_id,
+        tool,
+        workdir,
+        turns,
+        log_dir,
+        extra={"run_id": run_id},
+    )
+    return run
+
+
+def resumable(state: AutoModeState) -> bool:
+    """Not finished: still running (the process died), or stopped by a person."""
+    if state.status is AutoStatus.RUNNING:
+        return True
+    return state.status is AutoStatus.STOPPED and state.message == STOPPED_BY_PERSON
+
+
+async def prepare_resume(
+    settings: Settings,
+    db: Database,
+    run_id: str,
+    *,
+    sink: RunSink | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> AutoRun:
+    """Reload a run from the store to continue from its recorded phase and turn.
+
+    Its turns still recorded as started were cut off: they are marked interrupted and
+    run again (same sequence number, next attempt).
+
+    Raises:
+        NotFoundError: no such run.
+        ConfigError: not an auto run, already finished, or still driven by a live process.
+    """
+    store = SqliteRunStore(db)
+    record = await store.get_run(run_id)
+    if record.mode != "auto":
+        raise ConfigError(f"run {run_id} is a {record.mode} run, not an auto run")
+    state = AutoModeState.from_json(record.state)
+    if not resumable(state):
+        raise ConfigError(f"run {run_id} has ended ({state.status.value}); it cannot be resumed")
+    me = owner_token()
+    if state.owner not in (None, me) and owner_alive(state.owner):
+        raise ConfigError(
+            f"run {run_id} is still driven by process {state.owner.split(':')[0]}"
+            if state.owner
+            else f"run {run_id} is still driven by another process"
+        )
+    interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
+    turns = await store.turns(run_id)
+    resume_session = any(t.state is TurnState.FINISHED for t in turns)
+    state = replace(
+        state,
+        status=AutoStatus.RUNNING,
+        exit_code=0,
+        abort=None,
+        message=None,
+        finished_at=None,
+        owner=me,
+        updated_at=time.time(),
+    )
+    await store.update_run(
+        run_id,
+        status="running",
+        state=state.to_json(),
+        exit_code=None,
+        abort_reason=None,
+        finished_at=None,
+    )
+    write_state_file(Path(state.log_dir), state)
+    _LOGGER.info(
+        "Resuming auto run %s at turn %d/%d, phase %s (step %d); %d interrupted turn(s) re-run",
+        run_id,
+        state.turn,
+        state.max_turns,
+        state.phase.value,
+        state.step,
+        interrupted,
+        extra={"run_id": run_id},
+    )
+    return _build(
+        settings,
+        store,
+        state,
+        sink=sink,
+        resume_session=resume_session,
+        extra_env=extra_env,
+        config_dir=config_dir,
+    )
+
+
+async def start_auto_run(
+    settings: Settings,
+    db: Database,
+    *,
+    objective: str,
+    tool: str,
+    workdir: Path,
+    sink: RunSink | None = None,
+    agent_cmd: str | None = None,
+    passthrough: Sequence[str] = (),
+    max_turns: int | None = None,
+    verify_cmd: str | None = None,
+    prompts_dir: Path | None = None,
+    chat_id: int | None = None,
+    thread_id: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> AutoRun:
+    """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
+    run = await prepare_auto_run(
+        settings,
+        db,
+        objective=objective,
+        tool=tool,
+        workdir=workdir,
+        sink=sink,
+        agent_cmd=agent_cmd,
+        passthrough=passthrough,
+        max_turns=max_turns,
+        verify_cmd=verify_cmd,
+        prompts_dir=prompts_dir,
+        chat_id=chat_id,
+        thread_id=thread_id,
+        extra_env=extra_env,
+        config_dir=config_dir,
+    )
+    run.start()
+    return run
+
+
+async def resume_auto_run(
+    settings: Settings,
+    db: Database,
+    run_id: str,
+    *,
+    sink: RunSink | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> AutoRun:
+    """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
+    run = await prepare_resume(
+        settings, db, run_id, sink=sink, extra_env=extra_env, config_dir=config_dir
+    )
+    run.start()
+    return run

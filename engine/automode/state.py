@@ -1,0 +1,296 @@
+"""Auto-mode state: the phase cursor, the pure transition function, and its persistence.
+
+The transition function :func:`advance` is pure data in, data out; the channel does
+the I/O around it (store, state file, logs, sink). The state is persisted twice:
+in the store (the source of truth, ``runs.state_json``) and as ``state.json`` in the
+run's log folder, written atomically after every committed transition (a mirror for
+people and tools reading the folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "STATE_FILE",
+    "AutoModeState",
+    "AutoStatus",
+    "Outcome",
+    "Phase",
+    "Transition",
+    "Verdict",
+    "advance",
+    "owner_token",
+    "read_state_file",
+    "write_state_file",
+]
+
+STATE_FILE: Final = "state.json"
+# Prior outputs carried into later prompts are capped so that a prompt always fits in
+# one argv element (Linux caps a single argument at 128 KiB).
+CARRY_LIMIT: Final = 16 * 1024
+
+
+class Phase(StrEnum):
+    """Where the cursor points: the phase whose prompt is rendered next."""
+
+    CLARIFY = "clarify"
+    PLAN = "plan"
+    EXECUTE = "execute"
+    EVALUATE = "evaluate"
+    ADJUST = "adjust"
+
+    @property
+    def label(self) -> str:
+        return self.value.capitalize()
+
+    @property
+    def required(self) -> bool:
+        """A required turn exiting non-zero aborts the run (the crash path)."""
+        return self in _REQUIRED
+
+
+_REQUIRED: Final = frozenset({Phase.CLARIFY, Phase.PLAN, Phase.ADJUST})
+
+
+class AutoStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+class Verdict(StrEnum):
+    """What an Evaluate turn's marker line said (garbled or missing counts as in progress)."""
+
+    COMPLETE = "COMPLETE"
+    IN_PROGRESS = "IN PROGRESS"
+    NEEDS_ADJUSTMENT = "NEEDS ADJUSTMENT"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoModeState:
+    """Everything needed to continue a run after a crash.
+
+    Attributes:
+        turn: the auto-mode turn (Clarify is 1, Plan 2, each Execute/Evaluate/Adjust
+            round one more).
+        phase: the phase the cursor points at (after a terminal transition: the last one run).
+        step: the sequence number of the next agent turn (one per agent process).
+        status: running until a terminal transition.
+        base_commit: HEAD of the workdir when the run started (None: no commits or no git).
+        clarified / plan / execution / evaluation / feedback: prior outputs (capped) that
+            later prompts embed.
+        config: how the run was started (tool, agent command, passthrough, verify command).
+        owner: which process drives the run now (pid and start time).
+    """
+
+    run_id: str
+    session_id: str
+    objective: str
+    workdir: str
+    log_dir: str
+    max_turns: int
+    tool: str
+    turn: int = 1
+    phase: Phase = Phase.CLARIFY
+    step: int = 1
+    status: AutoStatus = AutoStatus.RUNNING
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+    base_commit: str | None = None
+    clarified: str = ""
+    plan: str = ""
+    execution: str = ""
+    evaluation: str = ""
+    feedback: str = ""
+    verdicts: tuple[str, ...] = ()
+    exit_code: int = 0
+    abort: str | None = None
+    message: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is not AutoStatus.RUNNING
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["phase"] = self.phase.value
+        data["status"] = self.status.value
+        data["verdicts"] = list(self.verdicts)
+        data["config"] = dict(self.config)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AutoModeState:
+        known = set(cls.__dataclass_fields__)
+        values = {k: v for k, v in data.items() if k in known}
+        values["phase"] = Phase(values.get("phase", Phase.CLARIFY.value))
+        values["status"] = AutoStatus(values.get("status", AutoStatus.RUNNING.value))
+        values["verdicts"] = tuple(values.get("verdicts", ()))
+        values["config"] = dict(values.get("config", {}))
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the phase that just ran produced, as the transition function sees it."""
+
+    exit_code: int
+    verdict: Verdict | None = None
+    verified: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The cursor's next position, or a terminal status.
+
+    Attributes:
+        turn / phase: where the cursor goes (unchanged on a terminal transition).
+        status: RUNNING, or the terminal status.
+        exit_code: the run's exit code when terminal.
+        abort: a reason iff a required turn failed (the crash path).
+        message: the terminal log line, or a warning for a non-terminal step.
+    """
+
+    turn: int
+    phase: Phase
+    status: AutoStatus = AutoStatus.RUNNING
+    exit_code: int = 0
+    abort: str | None = None
+    message: str | None = None
+
+
+MAX_TURNS_MESSAGE: Final = "Reached max turns without verified completion"
+ACHIEVED_MESSAGE: Final = "Objective achieved"
+
+
+def _next_round(turn: int, max_turns: int) -> Transition:
+    if turn + 1 > max_turns:
+        return Transition(turn, Phase.EXECUTE, AutoStatus.STOPPED, 0, None, MAX_TURNS_MESSAGE)
+    return Transition(turn + 1, Phase.EXECUTE)
+
+
+def advance(turn: int, phase: Phase, max_turns: int, outcome: Outcome) -> Transition:
+    """The state machine: where the cursor goes after ``phase`` of ``turn`` produced ``outcome``.
+
+    Clarify (turn 1) → Plan (turn 2) → for turns 3..=max_turns: Execute → Evaluate →
+    (complete and verified: completed | needs adjustment: Adjust → next turn | else next
+    turn). A required turn (Clarify, Plan, Adjust) exiting non-zero ends the run with
+    status error and an abort reason; Evaluate exiting non-zero ends it with status
+    error and no abort; Execute exiting non-zero only warns.
+    """
+    code = outcome.exit_code
+    if phase.required and code != 0:
+        reason = f"{phase.label} step failed with exit code {code}"
+        return Transition(turn, phase, AutoStatus.ERROR, code, reason, reason)
+    if phase is Phase.CLARIFY:
+        return Transition(2, Phase.PLAN)
+    if phase is Phase.PLAN:
+        if max_turns < 3:
+            return Transition(turn, phase, AutoStatus.STOPPED, 0, None, MAX_TURNS_MESSAGE)
+        return Transition(3, Phase.EXECUTE)
+    if phase is Phase.EXECUTE:
+        warning = f"Execute step exited with code {code}; continuing" if code != 0 else None
+        return Transition(turn, Phase.EVALUATE, message=warning)
+    if phase is Phase.EVALUATE:
+        if code != 0:
+            message = f"Evaluate step failed with exit code {code}"
+            return Transition(turn, phase, AutoStatus.ERROR, code, None, message)
+        if outcome.verdict is Verdict.COMPLETE and outcome.verified:
+            return Transition(turn, phase, AutoStatus.COMPLETED, 0, None, ACHIEVED_MESSAGE)
+        if outcome.verdict is Verdict.NEEDS_ADJUSTMENT:
+            return Transition(turn, Phase.ADJUST)
+        return _next_round(turn, max_turns)
+    # ADJUST, exit 0
+    return _next_round(turn, max_turns)
+
+
+def cap(text: str, limit: int = CARRY_LIMIT) -> str:
+    """Keep the tail of ``text`` within ``limit`` characters (the end of an output matters most)."""
+    if len(text) <= limit:
+        return text
+    return f"[… {len(text) - limit} earlier characters omitted …]\n" + text[-limit:]
+
+
+def owner_token(pid: int | None = None) -> str:
+    """This process, as ``pid:start-time`` (the start time guards against PID reuse)."""
+    pid = os.getpid() if pid is None else pid
+    start = _start_time(pid)
+    return f"{pid}:{start}" if start is not None else str(pid)
+
+
+def owner_alive(token: str | None) -> bool:
+    """Whether the process named by ``token`` (from :func:`owner_token`) still runs here."""
+    if not token:
+        return False
+    pid_text, _, start = token.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return not start or _start_time(pid) == start
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces; fields after it are plain.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def write_state_file(folder: Path, state: AutoModeState) -> None:
+    """Write ``state.json`` atomically (temp file, fsync, rename)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(state.to_json(), indent=2, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, folder / STATE_FILE)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_state_file(folder: Path) -> AutoModeState:
+    return AutoModeState.from_json(json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
+
+
+def with_transition(state: AutoModeState, tr: Transition, now: float) -> AutoModeState:
+    """The state after ``tr`` was decided for the agent turn ``state.step``."""
+    return replace(
+        state,
+        turn=tr.turn,
+        phase=tr.phase,
+        status=tr.status,
+        step=state.step + 1,
+        updated_at=now,
+        finished_at=now if tr.status is not AutoStatus.RUNNING else None,
+        exit_code=tr.exit_code,
+        abort=tr.abort,
+        message=tr.message if tr.status is not AutoStatus.RUNNING else state.message,
+    )

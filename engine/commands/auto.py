@@ -1,0 +1,223 @@
+"""``turnstile auto``: run an agent autonomously from the terminal (seed 000).
+
+::
+
+    turnstile auto --tool {claude,copilot,codex,command} [--agent-cmd TEMPLATE]
+                   [--max-turns N] [--workdir DIR] [--verify-cmd CMD] [--prompts DIR]
+                   -p PROMPT [-- PASSTHROUGH...]
+    turnstile auto --resume RUN_ID
+    turnstile auto --append TEXT [--session RUN_OR_SESSION_ID]
+
+The prompt may also come from ``-p``/``--prompt`` inside the passthrough, as in
+``turnstile auto --tool claude -- -p "refactor the API module"``.
+
+Exit status: 0 when the objective is verified complete or the turn cap is reached; the
+Evaluate turn's code when it fails; a failed required turn's (Clarify, Plan, Adjust) code,
+with the run recorded as crashed; 1 when the agent cannot be started; 2 for bad input;
+130 when stopped with Ctrl-C (a first Ctrl-C stops the run cleanly, the turn in flight is
+pre-empted and recorded as interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.agents.factory import AGENT_NAMES
+from engine.automode import (
+    AutoRun,
+    AutoStatus,
+    InstructionInbox,
+    prepare_auto_run,
+    prepare_resume,
+    resumable,
+)
+from engine.automode.state import AutoModeState, owner_alive
+from engine.errors import ConfigError
+from engine.settings import Settings
+from engine.sink import LogSink
+from engine.store.database import Database
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+
+__all__ = ["register", "resolve_workdir", "split_passthrough"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "auto",
+        help="run an agent autonomously: clarify, plan, then execute and evaluate until done",
+        description=__doc__.split("::")[0].strip() if __doc__ else None,
+    )
+    parser.add_argument("--tool", choices=AGENT_NAMES, help="agent CLI (default: settings)")
+    parser.add_argument(
+        "--agent-cmd",
+        metavar="TEMPLATE",
+        help="argv template of the command agent: {prompt} {session_id} {cwd}",
+    )
+    parser.add_argument("--max-turns", type=int, metavar="N", help="turn cap (Clarify, Plan count)")
+    parser.add_argument("--workdir", type=Path, metavar="DIR", help="agent working directory")
+    parser.add_argument(
+        "--verify-cmd",
+        metavar="CMD",
+        help="command whose exit 0 is evidence of completion (argv, no shell), e.g. 'pytest -q'",
+    )
+    parser.add_argument("--prompts", type=Path, metavar="DIR", help="prompt template overrides")
+    parser.add_argument("-p", "--prompt", help="the objective")
+    parser.add_argument("--resume", metavar="RUN_ID", help="continue a run from its recorded turn")
+    parser.add_argument("--append", metavar="TEXT", help="steer a running run's next Execute turn")
+    parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
+    parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
+    parser.set_defaults(handler=handle)
+
+
+def resolve_workdir(args: argparse.Namespace, settings: Settings) -> Path:
+    """The agent's working directory for a new run (one place, so a flag can change it)."""
+    return args.workdir if args.workdir is not None else Path.cwd()
+
+
+def split_passthrough(passthrough: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``-p PROMPT`` / ``--prompt PROMPT`` out of the passthrough arguments."""
+    prompt: str | None = None
+    rest: list[str] = []
+    items = iter(passthrough)
+    for item in items:
+        if item in ("-p", "--prompt"):
+            value = next(items, None)
+            if value is None:
+                raise ConfigError(f"{item} in the passthrough needs a value")
+            if prompt is not None:
+                raise ConfigError("the prompt was given twice")
+            prompt = value
+        elif item.startswith("--prompt="):
+            if prompt is not None:
+                raise ConfigError("the prompt was given twice")
+            prompt = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return prompt, rest
+
+
+async def handle(args: argparse.Namespace, settings: Settings) -> int:
+    if args.append is not None:
+        if args.prompt or args.resume or args.passthrough:
+            raise ConfigError("--append cannot be combined with a prompt or --resume")
+        return await _append(args, settings)
+    if args.session is not None:
+        raise ConfigError("--session only goes with --append")
+    async with Database(settings.database) as db:
+        if args.resume is not None:
+            if args.prompt or args.passthrough:
+                raise ConfigError("--resume continues a recorded run: give no prompt")
+            run = await prepare_resume(settings, db, args.resume, sink=LogSink())
+        else:
+            run = await _new_run(args, settings, db)
+        return await _drive(run)
+
+
+async def _new_run(args: argparse.Namespace, settings: Settings, db: Database) -> AutoRun:
+    inner_prompt, passthrough = split_passthrough(list(args.passthrough))
+    if args.prompt is not None and inner_prompt is not None:
+        raise ConfigError("the prompt was given twice (-p and after --)")
+    objective = args.prompt if args.prompt is not None else inner_prompt
+    if objective is None:
+        raise ConfigError("give the objective with -p PROMPT")
+    if args.max_turns is not None and args.max_turns < 1:
+        raise ConfigError(f"--max-turns must be at least 1, got {args.max_turns}")
+    return await prepare_auto_run(
+        settings,
+        db,
+        objective=objective,
+        tool=args.tool or settings.default_agent,
+        workdir=resolve_workdir(args, settings),
+        sink=LogSink(),
+        agent_cmd=args.agent_cmd,
+        passthrough=passthrough,
+        max_turns=args.max_turns,
+        verify_cmd=args.verify_cmd,
+        prompts_dir=args.prompts or settings.auto_prompts_dir,
+    )
+
+
+async def _drive(run: AutoRun) -> int:
+    loop = asyncio.get_running_loop()
+    stoppers: set[asyncio.Task[None]] = set()
+    interrupted = False
+
+    def on_signal(signum: int) -> None:
+        nonlocal interrupted
+        if interrupted:
+            return
+        interrupted = True
+        _LOGGER.warning(
+            "%s: stopping run %s",
+            signal.Signals(signum).name,
+            run.run_id,
+            extra={"run_id": run.run_id},
+        )
+        task = asyncio.create_task(run.stop(), name=f"stop-{run.run_id}")
+        stoppers.add(task)
+        task.add_done_callback(stoppers.discard)
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not on POSIX main thread
+            pass
+    try:
+        result = await run.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        if stoppers:
+            await asyncio.gather(*stoppers, return_exceptions=True)
+    print(f"{result.run_id} {result.status.value} exit={result.exit_code}")
+    if result.abort is not None:
+        print(f"turnstile: run aborted: {result.abort}", file=sys.stderr)
+    return result.exit_code
+
+
+async def _append(args: argparse.Namespace, settings: Settings) -> int:
+    async with Database(settings.database) as db:
+        store = SqliteRunStore(db)
+        record = await _target_run(store, args.session)
+    state = AutoModeState.from_json(record.state)
+    if not resumable(state):
+        raise ConfigError(f"run {record.id} has ended ({state.status.value})")
+    if record.log_dir is None:
+        raise ConfigError(f"run {record.id} has no log folder")
+    path = InstructionInbox(Path(record.log_dir)).append(args.append)
+    print(f"queued for the next Execute turn of {record.id}: {path}")
+    return 0
+
+
+async def _target_run(store: SqliteRunStore, wanted: str | None) -> RunRecord:
+    runs = [r for r in await store.list_runs() if r.mode == "auto"]
+    if wanted is not None:
+        for record in runs:
+            if wanted in (record.id, record.session_id):
+                return record
+        raise ConfigError(f"no auto run or session {wanted!r}")
+    live = [
+        r
+        for r in runs
+        if r.status is RunStatus.RUNNING
+        and AutoModeState.from_json(r.state).status is AutoStatus.RUNNING
+        and owner_alive(AutoModeState.from_json(r.state).owner)
+    ]
+    if not live:
+        raise ConfigError("no auto run is running here; name one with --session RUN_ID")
+    if len(live) > 1:
+        raise ConfigError(
+            "several auto runs are running; name one with --session: "
+            + ", ".join(r.id for r in live)
+        )
+    return live[0]
