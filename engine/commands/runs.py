@@ -1,0 +1,108 @@
+"""``turnstile runs``: list runs with status, phase, turn and age.
+
+A run recorded as running whose driving process is gone is shown as ``running*``:
+it was cut off (a crash, a kill) and can be continued with ``turnstile auto --resume ID``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from engine.automode.state import owner_alive
+from engine.settings import Settings
+from engine.store.database import Database
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+
+__all__ = ["format_age", "register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("runs", help="list runs: status, phase, turn, age")
+    parser.add_argument(
+        "--status", choices=[s.value for s in RunStatus], help="only runs with this status"
+    )
+    parser.add_argument("--mode", help="only runs of this mode (auto, chat, autopilot, ...)")
+    parser.add_argument("--limit", type=int, default=20, metavar="N", help="newest N (0: all)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.set_defaults(handler=handle)
+
+
+def format_age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _status(record: RunRecord) -> str:
+    if record.status is RunStatus.RUNNING:
+        owner = record.state.get("owner")
+        if isinstance(owner, str) and not owner_alive(owner):
+            return "running*"
+    return record.status.value
+
+
+def _turn(record: RunRecord) -> str:
+    max_turns = record.state.get("max_turns")
+    return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
+
+
+async def handle(args: argparse.Namespace, settings: Settings) -> int:
+    async with Database(settings.database) as db:
+        status = RunStatus(args.status) if args.status else None
+        runs = await SqliteRunStore(db).list_runs(status=status)
+    if args.mode:
+        runs = [r for r in runs if r.mode == args.mode]
+    if args.limit > 0:
+        runs = runs[: args.limit]
+    now = time.time()
+    if args.json:
+        for r in runs:
+            print(
+                json.dumps(
+                    {
+                        "id": r.id,
+                        "mode": r.mode,
+                        "agent": r.agent,
+                        "status": _status(r),
+                        "phase": r.phase,
+                        "turn": r.turn,
+                        "max_turns": r.state.get("max_turns"),
+                        "age_seconds": round(now - r.created_at, 1),
+                        "exit_code": r.exit_code,
+                        "workdir": r.workdir,
+                        "log_dir": r.log_dir,
+                    }
+                )
+            )
+        return 0
+    if not runs:
+        print("no runs")
+        return 0
+    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "AGE", "EXIT")]
+    for r in runs:
+        rows.append(
+            (
+                r.id,
+                r.mode,
+                r.agent,
+                _status(r),
+                r.phase or "-",
+                _turn(r),
+                format_age(now - r.created_at),
+                "-" if r.exit_code is None else str(r.exit_code),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if any(_status(r) == "running*" for r in runs):
+        print("* its process is gone: continue it with `turnstile auto --resume RUN`")
+    return 0
