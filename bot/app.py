@@ -1,0 +1,479 @@
+"""The bot's composition root: ``serve(settings)`` runs it until SIGTERM.
+
+The python-telegram-bot ``Application`` is started inside our own event loop, without
+its ``Updater``: our own poller (or webhook listener) records every update in the
+database *before* it is confirmed to Telegram or handed to the handlers, so nothing is
+lost to a crash. Updates are processed concurrently (``/stop`` is never stuck behind a
+running handler) but in order per chat for plain messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable
+from types import TracebackType
+from typing import Any, Final, Self
+from urllib.parse import urlsplit
+
+from telegram import Update
+from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
+
+from bot.auth import Authorizer
+from bot.chat import AgentFactory, ChatSessions
+from bot.handlers import COMMANDS, Handlers
+from bot.outbox import OutboxSender
+from bot.publish import Publisher
+from bot.store import BotStore, InboundState
+from engine.agents.factory import create_agent
+from engine.errors import ConfigError
+from engine.redact import Redactor
+from engine.settings import Settings
+from engine.store.database import Database
+from engine.store.runs import RunStatus, SqliteRunStore
+
+__all__ = ["BotRuntime", "serve"]
+
+_LOGGER = logging.getLogger(__name__)
+_POLL_TIMEOUT: Final = 25
+_RATE_LIMIT_RETRIES: Final = 8
+
+
+class ChatOrderedProcessor(BaseUpdateProcessor):
+    """Concurrent update processing, in order per chat for everything but urgent updates.
+
+    Button presses and ``/stop`` run at once; other updates of one chat wait for the
+    previous one (handlers are short: they never await a whole run).
+    """
+
+    def __init__(self, runtime: BotRuntime, max_concurrent_updates: int = 256) -> None:
+        super().__init__(max_concurrent_updates)
+        self._runtime = runtime
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    async def do_process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
+        try:
+            if not isinstance(update, Update) or _urgent(update) or update.effective_chat is None:
+                await coroutine
+                return
+            lock = self._locks.setdefault(update.effective_chat.id, asyncio.Lock())
+            async with lock:
+                await coroutine
+        finally:
+            if isinstance(update, Update):
+                await self._runtime.finish_inbound(update.update_id)
+
+    async def initialize(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+
+def _urgent(update: Update) -> bool:
+    if update.callback_query is not None:
+        return True
+    text = update.message.text if update.message is not None else None
+    return bool(text and text.split(maxsplit=1)[0].split("@")[0] == "/stop")
+
+
+class BotRuntime:
+    """Everything the bot runs, wired once. Use as an async context manager."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        agent_factory: AgentFactory = create_agent,
+        edit_interval: float | None = None,
+    ) -> None:
+        if settings.telegram_token is None:
+            raise ConfigError(
+                "TURNSTILE_TELEGRAM_TOKEN is not set", setting="TURNSTILE_TELEGRAM_TOKEN"
+            )
+        self.settings = settings
+        self.token = settings.telegram_token.get_secret_value()
+        secrets = [self.token]
+        if settings.webhook_secret is not None:
+            secrets.append(settings.webhook_secret.get_secret_value())
+        self.redactor = Redactor(secrets)
+        self.db = Database(settings.database)
+        self.store = BotStore(self.db)
+        self.runs = SqliteRunStore(self.db)
+        self.authorizer = Authorizer.from_ids(
+            admins=settings.admins,
+            approvers=settings.approvers,
+            operators=settings.operators,
+            allowed_chats=settings.allowed_chats,
+        )
+        self._agent_factory = agent_factory
+        self._edit_interval = (
+            edit_interval if edit_interval is not None else settings.status_edit_interval
+        )
+        self.app: Application[Any, Any, Any, Any, Any, Any] | None = None
+        self.sender: OutboxSender | None = None
+        self.publisher: Publisher | None = None
+        self.chats: ChatSessions | None = None
+        self.handlers: Handlers | None = None
+        self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._sender_task: asyncio.Task[None] | None = None
+        self._webhook: Any = None
+        self._shutdown = asyncio.Event()
+        self._preempt = asyncio.Event()
+        self._handled_in_tx: set[int] = set()
+        self.stopping = False
+        self.username = ""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.db.open()
+            builder = (
+                ApplicationBuilder()
+                .token(self.token)
+                .base_url(self.settings.telegram_base_url)
+                .base_file_url(self.settings.telegram_base_file_url)
+                .updater(None)
+                .rate_limiter(AIORateLimiter(max_retries=_RATE_LIMIT_RETRIES))
+                .concurrent_updates(ChatOrderedProcessor(self))
+                .connect_timeout(10)
+                .read_timeout(30)
+                .write_timeout(30)
+                .get_updates_read_timeout(_POLL_TIMEOUT + 10)
+            )
+            self.app = builder.build()
+            await self.app.initialize()
+            self.username = self.app.bot.username
+            self.sender = OutboxSender(
+                self.app.bot,
+                self.store,
+                edit_interval=self._edit_interval,
+                on_migrate=self.authorizer.follow_migration,
+            )
+            self.publisher = Publisher(
+                self.store,
+                self.sender,
+                redactor=self.redactor,
+                document_threshold=self.settings.document_threshold,
+            )
+            self.chats = ChatSessions(
+                settings=self.settings,
+                store=self.store,
+                runs=self.runs,
+                publisher=self.publisher,
+                agent_factory=self._agent_factory,
+                slots=self.slots,
+            )
+            self.handlers = Handlers(self)
+            self.handlers.register(self.app)
+            for new, old in (await self.store.migrated_from()).items():
+                self.authorizer.follow_migration(old, new)
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        for bg in list(self._tasks):
+            bg.cancel()
+        pending: list[asyncio.Task[None] | None] = [self._poller, self._sender_task, *self._tasks]
+        for task in pending:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.chats is not None and self.chats.active:
+            await self.chats.park_all()
+            runs = [r.task for r in self.chats.active.values() if r.task is not None]
+            if runs:
+                await asyncio.wait(runs)
+        if self._webhook is not None:
+            with contextlib.suppress(Exception):
+                await self._webhook.cleanup()
+        if self.app is not None:
+            with contextlib.suppress(Exception):
+                if self.app.running:
+                    await self.app.stop()
+            with contextlib.suppress(Exception):
+                await self.app.shutdown()
+        await self.db.close()
+
+    def spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+        """A tracked background task (awaited on exit)."""
+
+        async def wrapper() -> None:
+            await coro
+
+        task = asyncio.create_task(wrapper(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self) -> None:
+        """Recover from the last run, then start delivering and taking updates."""
+        assert self.app is not None
+        assert self.sender is not None
+        assert self.chats is not None
+        self._sender_task = asyncio.create_task(self.sender.run(), name="outbox-sender")
+        await self._recover()
+        await self.app.start()
+        with contextlib.suppress(TelegramError):
+            await self.app.bot.set_my_commands(COMMANDS)
+        if self.settings.webhook_url:
+            await self._start_webhook()
+        else:
+            await self.app.bot.delete_webhook()
+            self._poller = asyncio.create_task(self._poll(), name="telegram-poller")
+        await self._replay_inbound()
+        _LOGGER.info(
+            "bot @%s running (%s)",
+            self.username,
+            "webhook" if self.settings.webhook_url else "polling",
+        )
+
+    async def _recover(self) -> None:
+        """Report turns a crash cut off, close crashed runs, resume queues, refresh gates."""
+        assert self.publisher is not None
+        assert self.chats is not None
+        assert self.handlers is not None
+        interrupted = await self.runs.mark_interrupted()
+        for turn in interrupted:
+            try:
+                run = await self.runs.get_run(turn.run_id)
+            except TelegramError:  # pragma: no cover - defensive
+                continue
+            if run.chat_id is None:
+                continue
+            excerpt = turn.prompt if len(turn.prompt) <= 200 else turn.prompt[:200] + "…"
+            await self.publisher.say(
+                run.chat_id,
+                f"⚠️ Turn {turn.seq} of run {run.id} was cut off when the bot stopped "
+                f"unexpectedly; its output is lost. Prompt was: {excerpt}",
+                thread_id=run.thread_id,
+                run_id=run.id,
+            )
+        for prompt in await self.store.running_prompts():
+            await self.store.end_prompt(prompt.id, "interrupted")
+        for run in await self.runs.list_runs(status=RunStatus.RUNNING):
+            if run.mode == "chat":
+                await self.runs.update_run(
+                    run.id, status=RunStatus.CRASHED, finished_at=time.time()
+                )
+        for run in await self.runs.list_runs(status=RunStatus.PARKED):
+            if run.mode == "chat":
+                await self.runs.update_run(
+                    run.id, status=RunStatus.COMPLETED, finished_at=time.time()
+                )
+        await self.handlers.recover()
+        await self.store.touch_live("gate:")
+        await self.chats.resume()
+        self.publisher.wake()
+
+    async def _replay_inbound(self) -> None:
+        """Updates recorded but never handled (a crash in between) are handled now."""
+        assert self.app is not None
+        for update_id, payload in await self.store.unhandled_inbound():
+            update = Update.de_json(json.loads(payload), self.app.bot)
+            if update is None:
+                await self.store.mark_inbound(update_id, InboundState.IGNORED)
+                continue
+            await self.app.update_queue.put(update)
+
+    async def finish_inbound(self, update_id: int) -> None:
+        if update_id in self._handled_in_tx:
+            self._handled_in_tx.discard(update_id)
+            return
+        with contextlib.suppress(Exception):
+            await self.store.mark_inbound(update_id, InboundState.HANDLED)
+
+    def handled_in_transaction(self, update_id: int) -> None:
+        self._handled_in_tx.add(update_id)
+
+    async def _accept(self, updates: list[Update]) -> None:
+        """Record updates, then queue the ones never seen before for handling."""
+        assert self.app is not None
+        raw = [(u.update_id, json.dumps(u.to_dict())) for u in updates]
+        fresh = await self.store.record_inbound(raw)
+        for update in updates:
+            if update.update_id in fresh:
+                await self.app.update_queue.put(update)
+
+    async def _poll(self) -> None:
+        assert self.app is not None
+        bot = self.app.bot
+        offset = await self.store.next_offset()
+        backoff = 1.0
+        while not self.stopping:
+            try:
+                updates = await bot.get_updates(
+                    offset=offset or None, timeout=_POLL_TIMEOUT, allowed_updates=Update.ALL_TYPES
+                )
+                backoff = 1.0
+            except InvalidToken:
+                _LOGGER.error("Telegram refused the token: check TURNSTILE_TELEGRAM_TOKEN")
+                self.request_shutdown()
+                return
+            except Conflict:
+                _LOGGER.error("another process polls this bot token (409 Conflict); retrying")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+                continue
+            except RetryAfter as exc:
+                delay = exc.retry_after
+                await asyncio.sleep(
+                    delay if isinstance(delay, int | float) else delay.total_seconds()
+                )
+                continue
+            except NetworkError as exc:
+                _LOGGER.warning("getUpdates failed (%s); retrying in %.0fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+                continue
+            if not updates:
+                continue
+            # Recorded before the next getUpdates confirms them to Telegram.
+            await self._accept(list(updates))
+            offset = updates[-1].update_id + 1
+
+    async def _confirm_offset(self) -> None:
+        """A last getUpdates with timeout 0 confirms what was recorded."""
+        assert self.app is not None
+        offset = await self.store.next_offset()
+        if offset:
+            with contextlib.suppress(TelegramError):
+                await self.app.bot.get_updates(offset=offset, timeout=0, limit=1)
+
+    async def _start_webhook(self) -> None:
+        from aiohttp import web
+
+        assert self.app is not None
+        url = self.settings.webhook_url or ""
+        path = urlsplit(url).path or "/"
+        secret = (
+            self.settings.webhook_secret.get_secret_value()
+            if self.settings.webhook_secret is not None
+            else None
+        )
+        if not secret:
+            raise ConfigError(
+                "webhook mode needs TURNSTILE_WEBHOOK_SECRET (1-256 characters A-Z a-z 0-9 _ -)",
+                setting="TURNSTILE_WEBHOOK_SECRET",
+            )
+        bot = self.app.bot
+
+        async def receive(request: web.Request) -> web.Response:
+            if request.headers.get("X-Telegram-Bot-Api-Secret-Token") != secret:
+                _LOGGER.warning("webhook request without the right secret token refused")
+                return web.Response(status=403)
+            if self.stopping:
+                return web.Response(status=503)
+            try:
+                data = await request.json()
+                update = Update.de_json(data, bot)
+            except (ValueError, TypeError, KeyError):
+                return web.Response(status=400)
+            if update is None:
+                return web.Response(status=400)
+            # 200 only once recorded: Telegram retries anything else.
+            await self._accept([update])
+            return web.Response(status=200)
+
+        app = web.Application(client_max_size=2 * 1024 * 1024)
+        app.router.add_post(path, receive)
+        runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.webhook_listen, self.settings.webhook_port)
+        await site.start()
+        self._webhook = runner
+        await bot.set_webhook(url=url, secret_token=secret, allowed_updates=Update.ALL_TYPES)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        """First call: graceful shutdown; second call: pre-empt running turns."""
+        if self._shutdown.is_set():
+            _LOGGER.warning("second shutdown request: pre-empting running turns")
+            self._preempt.set()
+            return
+        _LOGGER.info("shutdown requested: no new updates; finishing or parking turns")
+        self._shutdown.set()
+
+    async def wait(self) -> None:
+        await self._shutdown.wait()
+
+    async def shutdown(self) -> int:
+        """Stop taking updates, finish or park turns, flush the outbox. Returns the exit code."""
+        assert self.chats is not None
+        assert self.sender is not None
+        assert self.app is not None
+        self.stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+            await self._confirm_offset()
+        if self._webhook is not None:
+            await self._webhook.cleanup()
+            self._webhook = None
+        park = self.settings.shutdown_turns == "park"
+        preempter = asyncio.create_task(self._preempt_on_second_signal(), name="preempt-watch")
+        try:
+            await self.chats.shutdown(park=park)
+            if self.handlers is not None:
+                await self.handlers.shutdown(park=park, preempt=self._preempt)
+        finally:
+            preempter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await preempter
+        if self.app.running:
+            await self.app.stop()
+        flushed = await self.sender.drain(self.settings.shutdown_flush_seconds)
+        if not flushed:
+            _LOGGER.warning(
+                "%d message(s) still undelivered at shutdown; they go out on the next start",
+                await self.store.pending_outbox(),
+            )
+        self.sender.stop()
+        if self._sender_task is not None:
+            await self._sender_task
+            self._sender_task = None
+        return 0
+
+    async def _preempt_on_second_signal(self) -> None:
+        assert self.chats is not None
+        await self._preempt.wait()
+        await self.chats.park_all()
+        if self.handlers is not None:
+            await self.handlers.park_all()
+
+
+async def serve(settings: Settings) -> int:
+    """Run the bot until SIGTERM or SIGINT; returns the process exit code."""
+    loop = asyncio.get_running_loop()
+    async with BotRuntime(settings) as runtime:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runtime.request_shutdown)
+        try:
+            await runtime.start()
+            await runtime.wait()
+            return await runtime.shutdown()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

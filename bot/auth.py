@@ -1,0 +1,109 @@
+"""Who may do what: deny by default, numeric user ids per role, allowed chats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["Action", "Authorizer", "Decision", "Role"]
+
+
+class Role(StrEnum):
+    OPERATOR = "operator"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+
+class Action(StrEnum):
+    """Rights are per action: prompting, steering, approving and administering are separate."""
+
+    CHAT = "chat"
+    PROMPT = "prompt"
+    START_RUN = "start_run"
+    STEER = "steer"
+    STOP = "stop"
+    STATUS = "status"
+    APPROVE = "approve"
+    REJECT = "reject"
+    TASKS = "tasks"
+    AUDIT = "audit"
+    HELP = "help"
+
+
+_NEEDS: Mapping[Action, frozenset[Role]] = {
+    Action.CHAT: frozenset({Role.OPERATOR}),
+    Action.PROMPT: frozenset({Role.OPERATOR}),
+    Action.START_RUN: frozenset({Role.OPERATOR}),
+    Action.STEER: frozenset({Role.OPERATOR}),
+    Action.STOP: frozenset({Role.OPERATOR}),
+    Action.STATUS: frozenset({Role.OPERATOR, Role.APPROVER}),
+    Action.APPROVE: frozenset({Role.APPROVER}),
+    Action.REJECT: frozenset({Role.APPROVER}),
+    Action.TASKS: frozenset(),
+    Action.AUDIT: frozenset(),
+    Action.HELP: frozenset({Role.OPERATOR, Role.APPROVER}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Authorizer:
+    """Role membership from settings; an empty list admits nobody. Admins may do everything."""
+
+    admins: frozenset[int] = frozenset()
+    approvers: frozenset[int] = frozenset()
+    operators: frozenset[int] = frozenset()
+    allowed_chats: frozenset[int] = frozenset()
+    migrated: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_ids(
+        cls,
+        *,
+        admins: Iterable[int],
+        approvers: Iterable[int],
+        operators: Iterable[int],
+        allowed_chats: Iterable[int],
+    ) -> Authorizer:
+        return cls(
+            frozenset(admins), frozenset(approvers), frozenset(operators), frozenset(allowed_chats)
+        )
+
+    def roles(self, user_id: int) -> frozenset[Role]:
+        found = set()
+        if user_id in self.admins:
+            found.add(Role.ADMIN)
+        if user_id in self.approvers:
+            found.add(Role.APPROVER)
+        if user_id in self.operators:
+            found.add(Role.OPERATOR)
+        return frozenset(found)
+
+    def chat_allowed(self, chat_id: int) -> bool:
+        """A listed chat, or a supergroup a listed group became."""
+        if chat_id in self.allowed_chats:
+            return True
+        old = self.migrated.get(chat_id)
+        return old is not None and old in self.allowed_chats
+
+    def follow_migration(self, old_chat: int, new_chat: int) -> None:
+        self.migrated[new_chat] = old_chat
+
+    def check(self, user_id: int | None, chat_id: int, action: Action) -> Decision:
+        if not self.chat_allowed(chat_id):
+            return Decision(False, "chat not allowed")
+        if user_id is None:
+            return Decision(False, "no user")
+        roles = self.roles(user_id)
+        if Role.ADMIN in roles:
+            return Decision(True, "admin")
+        needed = _NEEDS[action]
+        if roles & needed:
+            return Decision(True, ",".join(sorted(r.value for r in roles & needed)))
+        return Decision(False, f"{action.value} needs role {'/'.join(sorted(needed)) or 'admin'}")

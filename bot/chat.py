@@ -1,0 +1,405 @@
+"""Chat sessions: a chat (or forum topic) bound to one agent session, one turn per message.
+
+Each bound chat with work to do has one :class:`ChatRun`: a task running
+:func:`engine.turn.run_session_loop` on the agent session with a :class:`ChatChannel`
+whose queue lives in the database. ``next_prompt`` takes the oldest queued message and
+records its turn as started in the same transaction; ``publish_output`` commits the
+output, its outbox messages and the prompt's completion in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.publish import Publisher, format_elapsed
+from bot.store import Binding, BotStore
+from engine.agents.base import ProcessAgent
+from engine.errors import ChannelError, TurnError, TurnPreempted
+from engine.settings import Settings
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
+from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
+
+__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult", "new_run_id"]
+
+_LOGGER = logging.getLogger(__name__)
+
+AgentFactory = Callable[..., ProcessAgent]
+
+
+def new_run_id() -> str:
+    """A short run id people can type (``/stop r3f9a2c``)."""
+    return "r" + secrets.token_hex(3)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    queued: bool
+    waiting: int
+    busy: bool
+
+
+class _Slotted:
+    """Caps the number of turns running at once across every chat and run."""
+
+    def __init__(self, inner: ProcessAgent, slots: asyncio.Semaphore) -> None:
+        self._inner = inner
+        self._slots = slots
+
+    @property
+    def session_id(self) -> str:
+        return self._inner.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        async with self._slots:
+            return await self._inner.run_turn(prompt)
+
+
+class ChatChannel(BaseChannel):
+    """The chat's persistent queue as a :class:`~engine.turn.Channel`."""
+
+    def __init__(self, run: ChatRun) -> None:
+        super().__init__(f"chat:{run.binding.chat_id}:{run.binding.thread_id}")
+        self._run = run
+        self.closing = False
+
+    async def next_prompt(self) -> NextPrompt:
+        run = self._run
+        if self.closing:
+            return Closed()
+        taken = await run.store.take_prompt(
+            run.binding.chat_id, run.binding.thread_id, run.run_id, run.turn + 1
+        )
+        if taken is None:
+            return Idle()
+        prompt, turn_id = taken
+        run.turn += 1
+        run.current = (prompt.id, turn_id, prompt.update_id)
+        run.turn_started = time.time()
+        await run.show_status()
+        return Ready(prompt.body)
+
+    async def publish_output(self, out: TurnOutput) -> None:
+        run = self._run
+        assert run.current is not None
+        prompt_id, turn_id, _ = run.current
+        b = run.binding
+        items = run.publisher.output_items(
+            out, chat_id=b.chat_id, thread_id=b.thread_id or None, run_id=run.run_id
+        )
+        await run.store.commit_turn(
+            prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
+        )
+        run.publisher.wake()
+        run.current = None
+        run.turn_started = None
+        run.turns_done += 1
+        await run.show_status()
+
+    def close(self) -> None:
+        self.closing = True
+        self.notify_inbound()
+
+
+@dataclass
+class ChatRun:
+    """One running loop of a bound chat."""
+
+    binding: Binding
+    run_id: str
+    agent: ProcessAgent
+    store: BotStore
+    runs: SqliteRunStore
+    publisher: Publisher
+    started: float = field(default_factory=time.time)
+    turn: int = 0
+    turns_done: int = 0
+    current: tuple[int, int, int | None] | None = None
+    turn_started: float | None = None
+    stop_by: int | None = None
+    parking: bool = False
+    task: asyncio.Task[None] | None = None
+    channel: ChatChannel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.channel = ChatChannel(self)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.binding.chat_id, self.binding.thread_id)
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def status_text(self, final: str | None = None) -> str:
+        b = self.binding
+        head = f"💬 chat session {self.run_id} · {b.agent} · {b.project}"
+        if final is not None:
+            elapsed = format_elapsed(time.time() - self.started)
+            return f"{head}\n{final} · {self.turns_done} turn(s) · {elapsed}"
+        if self.turn_started is not None:
+            state = (
+                f"⏳ turn {self.turn} running · {format_elapsed(time.time() - self.turn_started)}"
+            )
+        else:
+            state = f"✅ idle · {self.turns_done} turn(s) done"
+        return f"{head}\n{state}"
+
+    async def show_status(self, final: str | None = None) -> None:
+        b = self.binding
+        await self.publisher.live(
+            f"status:{self.run_id}",
+            self.status_text(final),
+            chat_id=b.chat_id,
+            thread_id=b.thread_id or None,
+            run_id=self.run_id,
+        )
+
+
+class ChatSessions:
+    """Owns every chat run: binding, queueing, stopping, resuming, parking."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: BotStore,
+        runs: SqliteRunStore,
+        publisher: Publisher,
+        agent_factory: AgentFactory,
+        slots: asyncio.Semaphore,
+        status_tick: float = 15.0,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runs = runs
+        self.publisher = publisher
+        self.agent_factory = agent_factory
+        self.slots = slots
+        self.status_tick = status_tick
+        self.active: dict[tuple[int, int], ChatRun] = {}
+        self._closing = False
+        self._lock = asyncio.Lock()
+
+    # -- binding -----------------------------------------------------------------------
+
+    def workdir_for(self, project: str) -> Path:
+        return (self.settings.workspaces / project).resolve()
+
+    async def bind(
+        self, chat_id: int, thread_id: int, *, agent: str, project: str, user_id: int | None
+    ) -> Binding:
+        """Bind the chat to a new agent session (the old one, if any, is closed)."""
+        workdir = self.workdir_for(project)
+        workdir.mkdir(parents=True, exist_ok=True)
+        old = self.active.get((chat_id, thread_id))
+        if old is not None:
+            old.channel.close()
+            if old.task is not None:
+                await asyncio.wait({old.task})
+        return await self.store.bind(
+            chat_id,
+            thread_id,
+            agent=agent,
+            project=project,
+            workdir=str(workdir),
+            session_id=str(uuid.uuid4()),
+            user_id=user_id,
+        )
+
+    # -- prompts -----------------------------------------------------------------------
+
+    async def submit(
+        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, text: str
+    ) -> SubmitResult:
+        """Queue one message as the next turn; start the chat's run when needed."""
+        queued, waiting = await self.store.queue_prompt(
+            chat_id,
+            thread_id,
+            update_id=update_id,
+            user_id=user_id,
+            body=text,
+            depth=self.settings.queue_depth,
+        )
+        run = self.active.get((chat_id, thread_id))
+        busy = run is not None and run.busy
+        if queued:
+            await self.ensure_running(chat_id, thread_id)
+        return SubmitResult(queued=queued, waiting=waiting, busy=busy)
+
+    async def ensure_running(self, chat_id: int, thread_id: int) -> ChatRun | None:
+        """Wake the chat's run, or start one for its binding."""
+        async with self._lock:
+            run = self.active.get((chat_id, thread_id))
+            if run is not None:
+                run.channel.notify_inbound()
+                return run
+            if self._closing:
+                return None
+            binding = await self.store.binding(chat_id, thread_id)
+            if binding is None:
+                return None
+            return await self._start(binding)
+
+    async def _start(self, binding: Binding) -> ChatRun:
+        run_id = new_run_id()
+        agent = self.agent_factory(
+            binding.agent,
+            self.settings,
+            cwd=Path(binding.workdir),
+            session_id=binding.session_id,
+            resume=binding.turns > 0,
+        )
+        await self.runs.create_run(
+            run_id,
+            mode="chat",
+            agent=binding.agent,
+            session_id=binding.session_id,
+            workdir=binding.workdir,
+            chat_id=binding.chat_id,
+            thread_id=binding.thread_id or None,
+        )
+        await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
+        run = ChatRun(
+            binding=binding,
+            run_id=run_id,
+            agent=agent,
+            store=self.store,
+            runs=self.runs,
+            publisher=self.publisher,
+        )
+        self.active[run.key] = run
+        run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
+        _LOGGER.info("chat run started", extra={"run_id": run_id, "chat_id": binding.chat_id})
+        return run
+
+    async def _drive(self, run: ChatRun) -> None:
+        status = RunStatus.COMPLETED
+        final = "⏹ closed"
+        ticker = asyncio.create_task(self._tick(run), name=f"chat-tick-{run.run_id}")
+        try:
+            await run_session_loop(_Slotted(run.agent, self.slots), run.channel)
+            if run.parking or self._closing:
+                status, final = RunStatus.PARKED, "⏸ parked (the bot is restarting)"
+        except TurnPreempted:
+            status, final = await self._preempted(run)
+        except asyncio.CancelledError:
+            status, final = await self._preempted(run)
+            if not (run.parking or run.stop_by is not None):
+                raise
+        except (TurnError, ChannelError) as exc:
+            status, final = RunStatus.ERROR, "⚠️ failed"
+            await self._failed(run, exc)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            self.active.pop(run.key, None)
+            with contextlib.suppress(Exception):
+                await self.runs.update_run(run.run_id, status=status, finished_at=time.time())
+                await self.store.set_binding_run(run.binding.chat_id, run.binding.thread_id, None)
+                await run.show_status(final)
+            _LOGGER.info("chat run ended %s", status.value, extra={"run_id": run.run_id})
+        # Messages accepted while the run failed still get their turn, in a new run.
+        if (
+            status is RunStatus.ERROR
+            and not self._closing
+            and await self.store.queued_count(*run.key)
+        ):
+            await self.ensure_running(*run.key)
+
+    async def _preempted(self, run: ChatRun) -> tuple[RunStatus, str]:
+        b = run.binding
+        thread = b.thread_id or None
+        if run.current is not None:
+            prompt_id, turn_id, _ = run.current
+            if run.parking:
+                await self.runs.fail_turn(turn_id, TurnState.INTERRUPTED, "parked by a shutdown")
+                await self.store.end_prompt(prompt_id, "queued", requeue=True)
+            else:
+                await self.runs.fail_turn(turn_id, TurnState.INTERRUPTED, "stopped by a person")
+                await self.store.end_prompt(prompt_id, "stopped")
+        if run.parking:
+            return RunStatus.PARKED, "⏸ parked (the bot is restarting)"
+        dropped = await self.store.drop_queued(b.chat_id, b.thread_id)
+        note = f"⏹ Run {run.run_id} stopped"
+        if run.current is not None:
+            note += f" during turn {run.turn}"
+        if run.stop_by is not None:
+            note += f" by {run.stop_by}"
+        note += "."
+        if dropped:
+            note += f" {dropped} queued message(s) were discarded; send them again if needed."
+        await self.publisher.say(b.chat_id, note, thread_id=thread, run_id=run.run_id)
+        run.current = None
+        return RunStatus.STOPPED, "⏹ stopped"
+
+    async def _failed(self, run: ChatRun, exc: Exception) -> None:
+        b = run.binding
+        if run.current is not None:
+            prompt_id, turn_id, _ = run.current
+            await self.runs.fail_turn(turn_id, TurnState.FAILED, str(exc)[:500])
+            await self.store.end_prompt(prompt_id, "failed")
+        run.current = None
+        _LOGGER.warning("chat turn failed: %s", exc, extra={"run_id": run.run_id})
+        await self.publisher.say(
+            b.chat_id,
+            f"⚠️ Turn {run.turn} of run {run.run_id} failed: {exc}",
+            thread_id=b.thread_id or None,
+            run_id=run.run_id,
+        )
+
+    async def _tick(self, run: ChatRun) -> None:
+        while True:
+            await asyncio.sleep(self.status_tick)
+            if run.busy:
+                await run.show_status()
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def find(self, run_id: str) -> ChatRun | None:
+        return next((r for r in self.active.values() if r.run_id == run_id), None)
+
+    async def stop(self, run: ChatRun, by: int | None) -> None:
+        """Pre-empt the run's turn at once and end the run ``stopped``."""
+        run.stop_by = by
+        if run.agent.preempt.active:
+            await run.agent.preempt.stop()
+        elif run.task is not None and not run.task.done():
+            run.task.cancel()
+        if run.task is not None:
+            await asyncio.wait({run.task})
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Start a run for every bound chat that has queued messages (after a restart)."""
+        for chat_id, thread_id in await self.store.chats_with_queued():
+            await self.ensure_running(chat_id, thread_id)
+
+    async def shutdown(self, *, park: bool) -> None:
+        """Stop taking turns. ``park`` pre-empts running turns (re-queued for the next start);
+        otherwise running turns finish first. Queued messages stay queued either way."""
+        self._closing = True
+        runs = list(self.active.values())
+        for run in runs:
+            run.channel.close()
+        if park:
+            await self.park_all()
+        tasks = [r.task for r in runs if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def park_all(self) -> None:
+        for run in list(self.active.values()):
+            run.parking = True
+            if run.task is not None and not run.task.done():
+                run.task.cancel()

@@ -1,0 +1,470 @@
+"""Command, message and button handlers: authorize, record, act, answer — never await a run.
+
+Every handler is short: it checks the user's right for the action (refusals are audited
+and answered once with the user's numeric id), queues work for a run task, and replies
+through the outbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from telegram import BotCommand, Message, Update
+from telegram.ext import (
+    Application,
+    ApplicationHandlerStop,
+    CallbackQueryHandler,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    TypeHandler,
+    filters,
+)
+
+from bot.auth import Action
+from engine.agents.factory import AGENT_NAMES
+
+if TYPE_CHECKING:
+    from bot.app import BotRuntime
+
+__all__ = ["COMMANDS", "Handlers"]
+
+_LOGGER = logging.getLogger(__name__)
+
+Context = ContextTypes.DEFAULT_TYPE
+
+COMMANDS: Final = [
+    BotCommand("help", "what this bot does and who may do what"),
+    BotCommand("chat", "[agent] [project] — bind this chat or topic to an agent session"),
+    BotCommand("auto", "OBJECTIVE — start an auto-mode run"),
+    BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
+    BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
+    BotCommand("approve", "[TASK] — approve the open gate"),
+    BotCommand("reject", "TASK REASON — reject the open gate with a reason"),
+    BotCommand("stop", "[RUN] — stop the running turn at once"),
+    BotCommand("status", "this chat's runs"),
+    BotCommand("tasks", "every task's state (admin)"),
+    BotCommand("audit", "the audit's findings (admin)"),
+]
+
+HELP: Final = "\n".join(
+    [
+        "turnstile drives coding agents turn by turn, with approval gates.",
+        "",
+        "Chat sessions",
+        "/chat [agent] [project] — bind this chat (or topic) to a new agent session; then"
+        " every message is one turn. Agents: {agents}.",
+        "",
+        "Runs",
+        "/auto OBJECTIVE — auto mode: clarify, plan, execute until verified done. Messages"
+        " (or /steer TEXT) become instructions for the next execute turn.",
+        "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
+        " Approve / Reject buttons.",
+        "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
+        "/stop [RUN] — stop the running turn now; the run ends stopped.",
+        "/status — this chat's runs. /tasks, /audit — admins.",
+        "",
+        "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
+        " everything. Your id: {user_id}.",
+    ]
+)
+
+_APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
+_REFUSAL_EVERY: Final = 60.0
+
+
+def _thread(message: Message | None) -> int:
+    if message is None:
+        return 0
+    if message.is_topic_message and message.message_thread_id is not None:
+        return int(message.message_thread_id)
+    return 0
+
+
+class Handlers:
+    """The bot's handlers, bound to the runtime's components."""
+
+    def __init__(self, runtime: BotRuntime) -> None:
+        self.rt = runtime
+        self._last_refusal: dict[int, float] = {}
+        self.extensions: list[Any] = []
+
+    # -- registration ------------------------------------------------------------------
+
+    def register(self, app: Application[Any, Any, Any, Any, Any, Any]) -> None:
+        app.add_handler(TypeHandler(Update, self.gatekeeper), group=-1)
+        commands = {
+            "help": self.cmd_help,
+            "start": self.cmd_help,
+            "chat": self.cmd_chat,
+            "stop": self.cmd_stop,
+            "status": self.cmd_status,
+            "auto": self.cmd_auto,
+            "steer": self.cmd_steer,
+            "autopilot": self.cmd_autopilot,
+            "approve": self.cmd_approve,
+            "reject": self.cmd_reject,
+            "tasks": self.cmd_tasks,
+            "audit": self.cmd_audit,
+        }
+        for name, callback in commands.items():
+            app.add_handler(CommandHandler(name, callback, filters=filters.UpdateType.MESSAGE))
+        app.add_handler(
+            MessageHandler(filters.UpdateType.MESSAGE & filters.COMMAND, self.unknown_command)
+        )
+        app.add_handler(
+            MessageHandler(
+                filters.UpdateType.MESSAGE & filters.TEXT & ~filters.COMMAND, self.on_text
+            )
+        )
+        app.add_handler(CallbackQueryHandler(self.on_button))
+        app.add_error_handler(self.on_error)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def reply(self, update: Update, text: str, **kw: Any) -> None:
+        message = update.effective_message
+        chat = update.effective_chat
+        if chat is None:
+            return
+        assert self.rt.publisher is not None
+        await self.rt.publisher.say(
+            chat.id,
+            text,
+            thread_id=_thread(message) or None,
+            reply_to=message.message_id if message is not None else None,
+            **kw,
+        )
+
+    async def authorize(self, update: Update, action: Action) -> bool:
+        """Check the right; a refusal is audited and answered (once a minute per user)."""
+        user = update.effective_user
+        chat = update.effective_chat
+        assert chat is not None
+        user_id = user.id if user is not None else None
+        decision = self.rt.authorizer.check(user_id, chat.id, action)
+        if decision.allowed:
+            return True
+        await self.rt.store.audit(
+            action=action.value,
+            outcome="refused",
+            user_id=user_id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=decision.reason,
+        )
+        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
+        if update.callback_query is not None:
+            await self._answer(update, f"Not allowed. Your id: {user_id}")
+            return False
+        if user_id is not None and self._may_tell(user_id):
+            await self.reply(
+                update,
+                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
+                f"a role in the bot's settings.",
+            )
+        return False
+
+    def _may_tell(self, user_id: int) -> bool:
+        now = time.monotonic()
+        last = self._last_refusal.get(user_id)
+        if last is not None and now - last < _REFUSAL_EVERY:
+            return False
+        self._last_refusal[user_id] = now
+        return True
+
+    async def _answer(self, update: Update, text: str | None = None) -> None:
+        query = update.callback_query
+        if query is None:
+            return
+        try:
+            await query.answer(text=text)
+        except Exception as exc:
+            _LOGGER.warning("answering a button press failed: %s", exc)
+
+    # -- the gate in front of everything -----------------------------------------------
+
+    async def gatekeeper(self, update: Update, context: Context) -> None:
+        """Ignore what is not for us; refuse chats not allowed; follow chat migrations."""
+        message = update.message
+        chat = update.effective_chat
+        user = update.effective_user
+        if update.callback_query is None and message is None:
+            raise ApplicationHandlerStop  # edits, channel posts, member updates...
+        if chat is None or user is None or user.is_bot:
+            raise ApplicationHandlerStop
+        if message is not None and message.migrate_to_chat_id is not None:
+            await self.rt.store.migrate_chat(chat.id, int(message.migrate_to_chat_id))
+            self.rt.authorizer.follow_migration(chat.id, int(message.migrate_to_chat_id))
+            raise ApplicationHandlerStop
+        if message is not None and message.migrate_from_chat_id is not None:
+            await self.rt.store.migrate_chat(int(message.migrate_from_chat_id), chat.id)
+            self.rt.authorizer.follow_migration(int(message.migrate_from_chat_id), chat.id)
+            raise ApplicationHandlerStop
+        if not self.rt.authorizer.chat_allowed(chat.id):
+            await self.rt.store.audit(
+                action="any",
+                outcome="refused",
+                user_id=user.id,
+                chat_id=chat.id,
+                update_id=update.update_id,
+                reason="chat not allowed",
+            )
+            # A private chat is how a new user learns their id; groups are ignored.
+            if chat.type == "private" and self._may_tell(user.id):
+                await self.reply(
+                    update,
+                    f"⛔ This chat is not allowed. Your Telegram user id is {user.id} "
+                    f"(chat id {chat.id}); an admin can add it to the bot's settings.",
+                )
+            if update.callback_query is not None:
+                await self._answer(update)
+            raise ApplicationHandlerStop
+        if message is not None and message.text is not None:
+            if len(message.text) > self.rt.settings.max_inbound_chars:
+                await self.reply(
+                    update,
+                    f"That message is {len(message.text):,} characters; the limit is "
+                    f"{self.rt.settings.max_inbound_chars:,}. Send a shorter one, or put the "
+                    "text in a file in the project.",
+                )
+                raise ApplicationHandlerStop
+            if not message.text.strip():
+                raise ApplicationHandlerStop
+
+    async def on_error(self, update: object, context: Context) -> None:
+        _LOGGER.error("handler failed: %s", context.error, exc_info=context.error)
+        if isinstance(update, Update) and update.effective_chat is not None:
+            await self.reply(update, "⚠️ Something went wrong handling that; it is in the log.")
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def cmd_help(self, update: Update, context: Context) -> None:
+        if not await self.authorize(update, Action.HELP):
+            return
+        user = update.effective_user
+        await self.reply(
+            update, HELP.format(agents=", ".join(AGENT_NAMES), user_id=user.id if user else "?")
+        )
+
+    async def unknown_command(self, update: Update, context: Context) -> None:
+        if not await self.authorize(update, Action.HELP):
+            return
+        await self.reply(update, "Unknown command. /help lists what I understand.")
+
+    async def cmd_chat(self, update: Update, context: Context) -> None:
+        if not await self.authorize(update, Action.CHAT):
+            return
+        assert self.rt.chats is not None
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        args = list(context.args or [])
+        agent = self.rt.settings.default_agent
+        if args and args[0] in AGENT_NAMES:
+            agent = args.pop(0)  # type: ignore[assignment]
+        project = args.pop(0) if args else "default"
+        if args or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", project):
+            await self.reply(
+                update,
+                f"Usage: /chat [agent] [project]. Agents: {', '.join(AGENT_NAMES)}; a project "
+                "name is letters, digits, '.', '_' or '-'.",
+            )
+            return
+        thread = _thread(update.effective_message)
+        binding = await self.rt.chats.bind(
+            chat.id, thread, agent=agent, project=project, user_id=user.id
+        )
+        await self.rt.store.audit(
+            action="chat",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=f"{agent} {project}",
+        )
+        await self.reply(
+            update,
+            f"🔗 This {'topic' if thread else 'chat'} is bound to a new {agent} session "
+            f"(project {project}). Every message is now one turn; replies come back here.",
+        )
+        _LOGGER.info("chat bound", extra={"chat_id": chat.id, "session_id": binding.session_id})
+
+    async def cmd_stop(self, update: Update, context: Context) -> None:
+        if not await self.authorize(update, Action.STOP):
+            return
+        assert self.rt.chats is not None
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        args = list(context.args or [])
+        thread = _thread(update.effective_message)
+        stopped: list[str] = []
+        if args:
+            target = args[0]
+            run = self.rt.chats.find(target)
+            if run is not None and run.binding.chat_id == chat.id:
+                await self.rt.chats.stop(run, user.id)
+                stopped.append(run.run_id)
+            for ext in self.extensions:
+                if await ext.stop(target, chat_id=chat.id, by=user.id):
+                    stopped.append(target)
+        else:
+            run = self.rt.chats.active.get((chat.id, thread))
+            if run is not None:
+                await self.rt.chats.stop(run, user.id)
+                stopped.append(run.run_id)
+            for ext in self.extensions:
+                stopped.extend(await ext.stop_chat(chat.id, thread, by=user.id))
+        if not stopped:
+            await self.reply(
+                update, "Nothing is running here." if not args else f"No run {args[0]} here."
+            )
+
+    async def cmd_status(self, update: Update, context: Context) -> None:
+        if not await self.authorize(update, Action.STATUS):
+            return
+        assert self.rt.chats is not None
+        chat = update.effective_chat
+        assert chat is not None
+        thread = _thread(update.effective_message)
+        lines: list[str] = []
+        binding = await self.rt.store.binding(chat.id, thread)
+        if binding is not None:
+            queued = await self.rt.store.queued_count(chat.id, thread)
+            run = self.rt.chats.active.get((chat.id, thread))
+            state = run.status_text().splitlines()[-1] if run is not None else "idle"
+            lines.append(
+                f"💬 chat session · {binding.agent} · {binding.project} · {binding.turns} turn(s)"
+                f" · {state} · queue {queued}"
+            )
+        for ext in self.extensions:
+            lines.extend(await ext.status_lines(chat.id))
+        await self.reply(update, "\n".join(lines) if lines else "No runs in this chat. /help")
+
+    async def cmd_auto(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "auto", Action.START_RUN, "Usage: /auto OBJECTIVE")
+
+    async def cmd_steer(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "steer", Action.STEER, "Usage: /steer TEXT")
+
+    async def cmd_autopilot(self, update: Update, context: Context) -> None:
+        await self._delegate(
+            update, context, "autopilot", Action.START_RUN, "Usage: /autopilot TASK"
+        )
+
+    async def cmd_approve(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "approve", Action.APPROVE, None)
+
+    async def cmd_reject(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "reject", Action.REJECT, "Usage: /reject TASK REASON")
+
+    async def cmd_tasks(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "tasks", Action.TASKS, None)
+
+    async def cmd_audit(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "audit", Action.AUDIT, None)
+
+    async def _delegate(
+        self, update: Update, context: Context, verb: str, action: Action, usage: str | None
+    ) -> None:
+        if not await self.authorize(update, action):
+            return
+        args = list(context.args or [])
+        if usage is not None and not args:
+            await self.reply(update, usage)
+            return
+        for ext in self.extensions:
+            method = getattr(ext, f"cmd_{verb}", None)
+            if method is not None:
+                await method(update, args)
+                return
+        if verb == "audit":
+            await self._bot_audit(update)
+            return
+        await self.reply(update, f"/{verb} is not available in this build yet.")
+
+    async def _bot_audit(self, update: Update) -> None:
+        entries = await self.rt.store.audit_entries(limit=20)
+        if not entries:
+            await self.reply(update, "No audit entries.")
+            return
+        lines = ["Recent bot audit entries (newest first):"]
+        for e in entries:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))
+            lines.append(
+                f"{stamp} user {e.user_id} chat {e.chat_id}: {e.action} {e.outcome}"
+                + (f" ({e.reason})" if e.reason else "")
+            )
+        await self.reply(update, "\n".join(lines))
+
+    # -- plain messages ----------------------------------------------------------------
+
+    async def on_text(self, update: Update, context: Context) -> None:
+        message = update.message
+        chat = update.effective_chat
+        user = update.effective_user
+        assert message is not None
+        assert chat is not None
+        assert user is not None
+        text = message.text or ""
+        thread = _thread(message)
+        for ext in self.extensions:
+            if await ext.on_text(update, text, thread):
+                return
+        binding = await self.rt.store.binding(chat.id, thread)
+        if binding is None:
+            if self.rt.authorizer.check(user.id, chat.id, Action.PROMPT).allowed:
+                await self.reply(
+                    update, "This chat is not bound to an agent session yet: send /chat first."
+                )
+            return
+        if not await self.authorize(update, Action.PROMPT):
+            return
+        assert self.rt.chats is not None
+        result = await self.rt.chats.submit(
+            chat.id, thread, update_id=update.update_id, user_id=user.id, text=text
+        )
+        self.rt.handled_in_transaction(update.update_id)
+        if not result.queued:
+            await self.reply(
+                update,
+                f"⚠️ Not queued: {result.waiting} message(s) are already waiting for this "
+                f"session (limit {self.rt.settings.queue_depth}). Send it again once the "
+                "queue has room.",
+            )
+        elif result.busy or result.waiting:
+            await self.reply(
+                update, f"⏳ Queued: {result.waiting + 1} message(s) wait for the running turn."
+            )
+
+    # -- buttons -----------------------------------------------------------------------
+
+    async def on_button(self, update: Update, context: Context) -> None:
+        query = update.callback_query
+        assert query is not None
+        data = query.data or ""
+        for ext in self.extensions:
+            if await ext.on_button(update, data):
+                return
+        # Not ours (an old keyboard, another bot's data): answered, ignored.
+        await self._answer(update)
+
+    # -- start-up and shutdown hooks for extensions ------------------------------------
+
+    async def recover(self) -> None:
+        for ext in self.extensions:
+            await ext.recover()
+
+    async def shutdown(self, *, park: bool, preempt: Any) -> None:
+        for ext in self.extensions:
+            await ext.shutdown(park=park, preempt=preempt)
+
+    async def park_all(self) -> None:
+        for ext in self.extensions:
+            await ext.park_all()

@@ -1,0 +1,96 @@
+"""Runs turnstile's bot in-process against :class:`~tests.fakes.bot_api.FakeBotApi`.
+
+The bot is the real one (``bot.app.BotRuntime``), the agent is the scripted fake agent
+through the command agent, the database is a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bot.app import BotRuntime
+from engine.settings import Settings
+from tests.fakes.bot_api import FakeBotApi
+
+__all__ = [
+    "ADMIN",
+    "APPROVER",
+    "CHAT",
+    "FAKE_AGENT",
+    "OPERATOR",
+    "STRANGER",
+    "agent_log",
+    "bot_settings",
+    "running_bot",
+    "write_script",
+]
+
+FAKE_AGENT = Path(__file__).resolve().parent.parent / "fake_agent.py"
+CHAT = -1001
+OPERATOR = 11
+APPROVER = 22
+ADMIN = 33
+STRANGER = 99
+
+
+def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "telegram_token": api.token,
+        "telegram_base_url": api.base_url,
+        "telegram_base_file_url": api.file_url,
+        "database": root / "turnstile.db",
+        "workspaces": root / "ws",
+        "tasks_root": root / "tasks",
+        "runs_dir": root / "runs",
+        "allowed_chats": (CHAT,),
+        "operators": (OPERATOR,),
+        "approvers": (APPROVER,),
+        "admins": (ADMIN,),
+        "default_agent": "command",
+        "agent_command": (
+            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+        ),
+        "status_edit_interval": 0.05,
+        "preempt_grace": 1.0,
+        "shutdown_flush_seconds": 5.0,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+def write_script(root: Path, script: dict[str, Any]) -> dict[str, str]:
+    """Write a fake-agent script; returns the environment that points the agent at it."""
+    path = root / "agent-script.json"
+    path.write_text(json.dumps(script))
+    env = {
+        "FAKE_AGENT_SCRIPT": str(path),
+        "FAKE_AGENT_STATE": str(root / "agent-state"),
+        "FAKE_AGENT_LOG": str(root / "agent-log.jsonl"),
+    }
+    os.environ.update(env)
+    return env
+
+
+def agent_log(root: Path) -> list[dict[str, Any]]:
+    path = root / "agent-log.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@asynccontextmanager
+async def running_bot(api: FakeBotApi, settings: Settings) -> AsyncIterator[BotRuntime]:
+    """The started bot; shut down gracefully on exit."""
+    async with BotRuntime(settings) as runtime:
+        await runtime.start()
+        try:
+            yield runtime
+        finally:
+            runtime.request_shutdown()
+            await runtime.shutdown()
