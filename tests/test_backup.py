@@ -131,7 +131,10 @@ async def test_backup_into_a_folder_and_refusing_to_overwrite(tmp_path: Path) ->
     async with Database(database):
         pass
     folder = tmp_path / "backups"
-    folder.mkdir()
+    code, _, err = await _turnstile(tmp_path, _env(database), "backup", f"{folder}/")
+    assert code == 0, err
+    (made,) = folder.iterdir()
+    made.unlink()
     result = await backup_database(database, folder)
     assert result.target.parent == folder
     assert result.target.name.startswith("turnstile-")

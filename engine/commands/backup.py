@@ -42,18 +42,24 @@ def register(subparsers: Any) -> None:
         help="copy the database consistently, even while the bot runs",
         description=(
             "Write a consistent, self-contained copy of TURNSTILE_DATABASE to PATH "
-            "(SQLite online backup; the bot can keep running). PATH may be a folder: the "
-            "copy is then named turnstile-YYYYMMDD-HHMMSS.db. Restore by stopping the bot "
+            "(SQLite online backup; the bot can keep running). PATH may be a folder (an "
+            "existing one, or any path ending in /): the copy is then named "
+            "turnstile-YYYYMMDD-HHMMSS.db. Restore by stopping the bot "
             "and copying the file back over the database (remove its -wal and -shm files)."
         ),
     )
-    parser.add_argument("path", type=Path, metavar="PATH", help="file or folder to write to")
+    parser.add_argument("path", metavar="PATH", help="file or folder to write to")
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.set_defaults(handler=run_backup)
 
 
 async def run_backup(args: argparse.Namespace, settings: Settings) -> int:
-    result = await backup_database(settings.database, args.path, overwrite=args.force)
+    result = await backup_database(
+        settings.database,
+        Path(args.path),
+        overwrite=args.force,
+        into_folder=args.path.endswith(("/", os.sep)),
+    )
     print(
         f"backed up {result.source} (schema version {result.schema_version}, "
         f"{result.size / 1_048_576:.1f} MB) to {result.target} in {result.seconds:.2f} s; "
@@ -62,23 +68,30 @@ async def run_backup(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def backup_database(source: Path, target: Path, *, overwrite: bool = False) -> BackupResult:
+async def backup_database(
+    source: Path, target: Path, *, overwrite: bool = False, into_folder: bool = False
+) -> BackupResult:
     """Copy ``source`` to ``target`` (a file, or a folder to put a dated file in).
+
+    Args:
+        into_folder: ``target`` is a folder even if it does not exist yet (created).
 
     Raises:
         ConfigError: no database at ``source``, or ``target`` exists and ``overwrite`` is off.
         StoreError: the copy failed or did not pass the integrity check.
     """
-    return await asyncio.to_thread(_backup, source, target, overwrite)
+    return await asyncio.to_thread(_backup, source, target, overwrite, into_folder)
 
 
-def _backup(source: Path, target: Path, overwrite: bool) -> BackupResult:
+def _backup(source: Path, target: Path, overwrite: bool, into_folder: bool) -> BackupResult:
     started = time.monotonic()
     if not source.is_file():
         raise ConfigError(
             f"no database at {source}: check TURNSTILE_DATABASE (and the folder you run from)",
             setting="TURNSTILE_DATABASE",
         )
+    if into_folder:
+        target.mkdir(parents=True, exist_ok=True)
     if target.is_dir():
         target = target / time.strftime("turnstile-%Y%m%d-%H%M%S.db")
     if target.exists() and not overwrite:

@@ -1,0 +1,338 @@
+"""The files in deploy/: systemd units verified by systemd, the Dockerfile linted and its
+agent-install step run, the compose file and the nginx example checked for consistency.
+
+No Docker engine runs here, so the image itself is not built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.agents.factory import AGENT_NAMES
+from tests.agent_clis import PINNED
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+UNITS = ("turnstile.service", "turnstile-backup.service", "turnstile-backup.timer")
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _tool(name: str) -> str:
+    """The path of ``name``; CI installs it (see .ci/run), elsewhere a missing one skips."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        if IN_CI:
+            pytest.fail(f"{name} is not installed: .ci/run must install it")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+# --- systemd -------------------------------------------------------------------------
+
+
+def _unit_entries(path: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) for every assignment; systemd allows repeated keys."""
+    entries, section = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        entries.append((section, key.strip(), value.strip()))
+    return entries
+
+
+def _values(path: Path, key: str) -> list[str]:
+    return [v for _, k, v in _unit_entries(path) if k == key]
+
+
+def _environment(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for value in _values(path, "Environment"):
+        for word in shlex.split(value):
+            name, _, val = word.partition("=")
+            env[name] = val
+    return env
+
+
+def _installable_copy(unit: str, folder: Path) -> Path:
+    """The unit with ExecStart pointing at this checkout's turnstile (verify checks it exists).
+
+    Only the executable's path changes; every other line is verified as shipped.
+    """
+    text = (DEPLOY / unit).read_text()
+    assert "/opt/turnstile/.venv/bin/turnstile" in text or unit.endswith(".timer")
+    turnstile = Path(sys.executable).with_name("turnstile")
+    text = text.replace("/opt/turnstile/.venv/bin/turnstile", str(turnstile))
+    copy = folder / unit
+    copy.write_text(text)
+    return copy
+
+
+def _verify(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_tool("systemd-analyze"), "verify", "--man=no", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=paths[0].parent,
+        timeout=60,
+    )
+
+
+def test_systemd_units_verify_clean(tmp_path: Path) -> None:
+    copies = [_installable_copy(unit, tmp_path) for unit in UNITS]
+    result = _verify(copies)
+    # verify exits 0 on "Unknown key ..., ignoring": any message at all is a finding.
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
+
+
+def test_systemd_verify_catches_a_typo(tmp_path: Path) -> None:
+    copy = _installable_copy("turnstile.service", tmp_path)
+    copy.write_text(copy.read_text().replace("NoNewPrivileges=yes", "NoNewPrivilege=yes"))
+    result = _verify([copy])
+    assert "Unknown key" in result.stderr
+    assert "NoNewPrivilege" in result.stderr
+
+
+def test_systemd_exposure_score_is_low(tmp_path: Path) -> None:
+    copy = _installable_copy("turnstile.service", tmp_path)
+    result = subprocess.run(
+        [_tool("systemd-analyze"), "security", "--offline=true", "--no-pager", str(copy)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match is not None, result.stdout + result.stderr
+    assert float(match.group(1)) <= 2.0, result.stdout
+
+
+def test_service_hardening_and_restart_policy() -> None:
+    unit = DEPLOY / "turnstile.service"
+    for key, value in {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "Restart": "on-failure",
+        "KillSignal": "SIGTERM",
+        "KillMode": "mixed",
+        "User": "turnstile",
+    }.items():
+        assert _values(unit, key) == [value], key
+    assert _values(unit, "ExecStart")[0].endswith("/turnstile bot")
+    assert _values(unit, "CapabilityBoundingSet") == [""]
+
+
+@pytest.mark.parametrize("unit", ["turnstile.service", "turnstile-backup.service"])
+def test_database_and_workspaces_are_the_writable_paths(unit: str) -> None:
+    path = DEPLOY / unit
+    writable = [Path(p.lstrip("-")) for v in _values(path, "ReadWritePaths") for p in v.split()]
+    assert writable
+    env = _environment(path)
+    folders = [Path(env["TURNSTILE_DATABASE"]).parent]
+    if "TURNSTILE_WORKSPACES" in env:
+        folders.append(Path(env["TURNSTILE_WORKSPACES"]))
+    if unit == "turnstile.service":
+        assert "TURNSTILE_WORKSPACES" in env
+        folders.append(Path(env["HOME"]))  # the agents' sessions, needed to resume
+    for folder in folders:
+        assert any(folder.is_relative_to(w) for w in writable), (folder, writable)
+
+
+# --- Docker --------------------------------------------------------------------------
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuations joined and comments dropped."""
+    result, pending = [], ""
+    for raw in dockerfile.read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not pending):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = pending + line
+        pending = ""
+        word, _, rest = full.partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def _final_stage(dockerfile: Path) -> list[tuple[str, str]]:
+    instructions = _instructions(dockerfile)
+    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    return instructions[last_from:]
+
+
+def test_dockerfile_lints_clean() -> None:
+    result = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(DEPLOY / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_runs_as_a_non_root_user_with_state_on_volumes() -> None:
+    final = _final_stage(DEPLOY / "Dockerfile")
+    users = [args for word, args in final if word == "USER"]
+    assert users, "the runtime stage must switch user"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0")
+    volumes = [v for word, args in final if word == "VOLUME" for v in yaml.safe_load(args)]
+    env_text = " ".join(args for word, args in final if word == "ENV")
+    env = dict(w.split("=", 1) for w in shlex.split(env_text) if "=" in w)
+    for setting in ("TURNSTILE_DATABASE", "TURNSTILE_WORKSPACES"):
+        path = Path(env[setting])
+        assert any(path.is_relative_to(v) for v in volumes), (setting, volumes)
+    assert any(Path(env["HOME"]).is_relative_to(v) for v in volumes)
+    entrypoint = next(args for word, args in reversed(final) if word == "ENTRYPOINT")
+    assert yaml.safe_load(entrypoint)[:3] == ["tini", "--", "turnstile"]
+    assert next(args for word, args in reversed(final) if word == "CMD") == '["bot"]'
+
+
+def test_dockerfile_pins_the_versions_the_tests_use() -> None:
+    args = {
+        name: value
+        for word, rest in _instructions(DEPLOY / "Dockerfile")
+        if word == "ARG"
+        for name, _, value in [rest.partition("=")]
+    }
+    assert args["CLAUDE_CODE_VERSION"] == PINNED["claude"].version
+    assert args["COPILOT_VERSION"] == PINNED["copilot"].version
+    assert args["CODEX_VERSION"] == PINNED["codex"].version
+
+
+def test_dockerfile_copies_only_what_exists_and_is_not_ignored() -> None:
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    for word, args in _instructions(DEPLOY / "Dockerfile"):
+        if word != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _ = args.split()
+        for source in sources:
+            assert (ROOT / source).exists(), source
+            assert f"!{source.rstrip('/')}" in [i.rstrip("/") for i in ignore], source
+
+
+def _agents_step(tmp_path: Path) -> str:
+    """The agents stage's RUN step, installing into ``tmp_path`` instead of /opt/agents."""
+    instructions = _instructions(DEPLOY / "Dockerfile")
+    start = next(i for i, (w, a) in enumerate(instructions) if w == "FROM" and "AS agents" in a)
+    run = next(args for word, args in instructions[start:] if word == "RUN")
+    return run.replace("/opt/agents", str(tmp_path / "agents"))
+
+
+def _run_agents_step(tmp_path: Path, agents: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "npm.log"
+    npm = bin_dir / "npm"
+    npm.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    npm.chmod(0o755)
+    args = {
+        name: value
+        for word, rest in _instructions(DEPLOY / "Dockerfile")
+        if word == "ARG" and "=" in rest
+        for name, _, value in [rest.partition("=")]
+    }
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "AGENTS": agents,
+        "CLAUDE_CODE_VERSION": args["CLAUDE_CODE_VERSION"],
+        "COPILOT_VERSION": args["COPILOT_VERSION"],
+        "CODEX_VERSION": args["CODEX_VERSION"],
+    }
+    return subprocess.run(
+        ["/bin/sh", "-eu", "-c", _agents_step(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def _npm_installs(tmp_path: Path) -> list[str]:
+    log = tmp_path / "npm.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line.split()[-1] for line in lines if line.startswith("install")]
+
+
+def test_agent_build_argument_installs_the_chosen_clis(tmp_path: Path) -> None:
+    result = _run_agents_step(tmp_path, "claude codex")
+    assert result.returncode == 0, result.stderr
+    assert _npm_installs(tmp_path) == [
+        f"@anthropic-ai/claude-code@{PINNED['claude'].version}",
+        f"@openai/codex@{PINNED['codex'].version}",
+    ]
+    assert (tmp_path / "agents" / "node_modules" / ".bin").is_dir()
+
+
+@pytest.mark.parametrize("agent", [a for a in AGENT_NAMES if a != "command"])
+def test_every_cli_agent_can_be_chosen(tmp_path: Path, agent: str) -> None:
+    result = _run_agents_step(tmp_path, agent)
+    assert result.returncode == 0, result.stderr
+    spec = PINNED[agent]
+    assert _npm_installs(tmp_path) == [f"{spec.package}@{spec.version}"]
+
+
+def test_agent_build_argument_none_and_unknown(tmp_path: Path) -> None:
+    none = _run_agents_step(tmp_path, "none")
+    assert none.returncode == 0, none.stderr
+    assert _npm_installs(tmp_path) == []
+    assert (tmp_path / "agents" / "node_modules" / ".bin").is_dir()
+    bogus = _run_agents_step(tmp_path, "claude bogus")
+    assert bogus.returncode != 0
+    assert "unknown agent 'bogus'" in bogus.stderr
+
+
+def test_compose_file_matches_the_image() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    service = compose["services"]["turnstile"]
+    build = service["build"]
+    assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == (
+        DEPLOY / "Dockerfile"
+    ).resolve()
+    assert "AGENTS" in build["args"]
+    assert service["restart"] == "on-failure"
+    assert service["stop_signal"] == "SIGTERM"
+    assert service["env_file"] == ["../.env"]
+    assert "no-new-privileges:true" in service["security_opt"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in service["volumes"]}
+    assert set(mounts.values()) <= set(compose["volumes"])
+    env = service["environment"]
+    for setting in ("TURNSTILE_DATABASE", "TURNSTILE_WORKSPACES"):
+        assert any(Path(env[setting]).is_relative_to(m) for m in mounts), setting
+    final = _final_stage(DEPLOY / "Dockerfile")
+    volumes = [v for word, args in final if word == "VOLUME" for v in yaml.safe_load(args)]
+    assert sorted(mounts) == sorted(volumes)
+
+
+def test_nginx_example_matches_its_settings() -> None:
+    text = (DEPLOY / "nginx.conf").read_text()
+    url = re.search(r"TURNSTILE_WEBHOOK_URL=(\S+)", text)
+    port = re.search(r"TURNSTILE_WEBHOOK_PORT=(\d+)", text)
+    assert url is not None
+    assert port is not None
+    path = re.sub(r"^https://[^/]+", "", url.group(1))
+    assert f"location = {path} {{" in text
+    assert f"proxy_pass http://127.0.0.1:{port.group(1)};" in text
