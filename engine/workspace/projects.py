@@ -211,9 +211,18 @@ def _entry(name: object, value: object) -> Project:
     raise ProjectError(f"{SETTING}: project {name!r} must map to a URL or an object")
 
 
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ProjectError(f"{SETTING}: {key!r} is given twice")
+        found[key] = value
+    return found
+
+
 def _parse_json(text: str) -> list[Project]:
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         # The position only: the text may hold credentials.
         raise ProjectError(

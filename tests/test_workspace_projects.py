@@ -1,0 +1,276 @@
+"""Projects: the setting's two forms, bad input, credentials never shown, the CLI."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from engine.cli import build_parser
+from engine.errors import ConfigError
+from engine.settings import load_settings
+from engine.workspace import (
+    GitError,
+    Project,
+    ProjectError,
+    WorkspaceManager,
+    parse_projects,
+    redact_url,
+)
+from tests.test_workspace_git import git, git_test_env, make_remote
+
+SECRET = "hunter2-s3cret-value"
+
+
+@pytest.fixture
+def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = git_test_env(tmp_path / "home")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def remote(tmp_path: Path, git_env: dict[str, str]) -> Path:
+    return make_remote(tmp_path)
+
+
+def test_compact_form_with_and_without_branch() -> None:
+    found = parse_projects("web=https://example.com/web.git#develop, api=/srv/git/api")
+    assert found == (
+        Project("web", "https://example.com/web.git", "develop"),
+        Project("api", "/srv/git/api", None),
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"web": "https://example.com/web.git", "api": {"url": "/srv/api", "branch": "main"}}',
+        '[{"name": "web", "url": "https://example.com/web.git"},'
+        ' {"name": "api", "url": "/srv/api", "branch": "main"}]',
+    ],
+)
+def test_json_forms(text: str) -> None:
+    found = parse_projects(text)
+    assert [(p.name, p.branch) for p in found] == [("web", None), ("api", "main")]
+    assert found[1].is_local
+    assert not found[0].is_local
+
+
+def test_empty_setting_means_no_projects() -> None:
+    assert parse_projects(None) == ()
+    assert parse_projects("  ") == ()
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "../x", "a..b", "has space", "", "-x", "x.lock"])
+def test_bad_project_names_are_refused(name: str) -> None:
+    with pytest.raises(ProjectError, match="invalid project name"):
+        parse_projects(f'{{"{name}": "/srv/git/x"}}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "web",  # no '='
+        '{"web": 3}',
+        '{"web": {"branch": "main"}}',
+        '{"web": {"url": "/x", "colour": "red"}}',
+        '{"web": "/x", "web": "/y"}',
+        "web=/x,web=/y",
+        "web=/x#bad..branch",
+        "web=--upload-pack=evil",
+        '{"web": ',
+    ],
+)
+def test_malformed_settings_are_refused(text: str) -> None:
+    with pytest.raises(ProjectError):
+        parse_projects(text)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            f"https://bob:{SECRET}@git.example.com/x.git",
+            "https://[REDACTED]@git.example.com/x.git",
+        ),
+        (f"https://{SECRET}@git.example.com/x.git", "https://[REDACTED]@git.example.com/x.git"),
+        (f"ssh://git:{SECRET}@host/x.git", "ssh://git:[REDACTED]@host/x.git"),
+        ("git@github.com:acme/x.git", "git@github.com:acme/x.git"),
+        ("/srv/git/x", "/srv/git/x"),
+    ],
+)
+def test_urls_are_shown_without_credentials(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    project = Project("x", url)
+    assert project.display_url == shown
+    assert SECRET not in repr(project)
+
+
+def test_a_bad_url_in_the_setting_never_echoes_it() -> None:
+    with pytest.raises(ProjectError) as info:
+        parse_projects(f"https://bob:{SECRET}@host/x.git")
+    assert SECRET not in str(info.value)
+    with pytest.raises(ProjectError) as info:
+        parse_projects(f'{{"web": "https://bob:{SECRET}@host/x.git"')
+    assert SECRET not in str(info.value)
+
+
+def test_settings_keep_projects_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNSTILE_PROJECTS", f"web=https://bob:{SECRET}@host/x.git#main")
+    settings = load_settings()
+    assert SECRET not in repr(settings)
+    manager = WorkspaceManager.from_settings(settings)
+    assert manager.resolve_project("web").branch == "main"
+
+
+def test_unknown_and_malformed_project_names(tmp_path: Path) -> None:
+    manager = WorkspaceManager(tmp_path, [Project("web", "/srv/web")])
+    with pytest.raises(ProjectError, match=r"unknown project 'api' \(known: web\)"):
+        manager.resolve_project("api")
+    for bad in ("../web", "we b", "a/b"):
+        with pytest.raises(ProjectError, match="invalid project name"):
+            manager.resolve_project(bad)
+
+
+@pytest.mark.parametrize("run_id", ["a/b", "..", "x y", "rescue", "a--b", ""])
+async def test_bad_run_ids_are_refused(tmp_path: Path, run_id: str) -> None:
+    manager = WorkspaceManager(tmp_path, [Project("web", "/srv/web")])
+    with pytest.raises(ConfigError, match="invalid run id"):
+        await manager.provision(run_id, "web")
+
+
+async def test_credentials_in_a_failing_url_are_never_printed(
+    tmp_path: Path, git_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Port 1 on loopback refuses at once: git fails, naming the URL in its message.
+    urls = {
+        "pw": f"http://bob:{SECRET}@127.0.0.1:1/x.git",
+        "tok": f"http://{SECRET}@127.0.0.1:1/x.git",
+    }
+    manager = WorkspaceManager(tmp_path / "ws", [Project(n, u) for n, u in urls.items()])
+    caplog.set_level(logging.DEBUG)
+    for name in urls:
+        with pytest.raises(GitError) as info:
+            await manager.provision(f"run-{name}", name)
+        assert info.value.command == "clone"
+        assert "127.0.0.1" in str(info.value)
+        assert SECRET not in str(info.value)
+        assert SECRET not in info.value.stderr
+    assert "cloning project" in caplog.text
+    assert SECRET not in caplog.text
+    assert not list((tmp_path / "ws" / "cache").iterdir())
+
+
+async def test_a_local_path_that_is_not_a_repository(
+    tmp_path: Path, git_env: dict[str, str]
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    inside = tmp_path / "repo" / "sub"
+    inside.mkdir(parents=True)
+    git("init", "-q", cwd=tmp_path / "repo")
+    manager = WorkspaceManager(
+        tmp_path / "ws",
+        [
+            Project("plain", str(plain)),
+            Project("inside", str(inside)),
+            Project("missing", str(tmp_path / "nowhere")),
+        ],
+    )
+    with pytest.raises(ProjectError, match=r"'plain'.* is not a git repository"):
+        await manager.provision("run1", "plain")
+    with pytest.raises(ProjectError, match=r"'inside'.* is not a git repository"):
+        await manager.provision("run2", "inside")
+    with pytest.raises(ProjectError, match=r"'missing'.* is not a folder"):
+        await manager.provision("run3", "missing")
+
+
+async def test_a_default_branch_that_does_not_exist(tmp_path: Path, remote: Path) -> None:
+    manager = WorkspaceManager(tmp_path / "ws", [Project("demo", str(remote), "release")])
+    with pytest.raises(ProjectError, match=r"no branch 'release' \(branches: main\)"):
+        await manager.provision("run1", "demo")
+    assert not manager.worktree_path("demo", "run1").exists()
+    # An explicit branch that exists works on the same project.
+    ws = await manager.provision("run1", "demo", branch="main")
+    assert ws.base_ref == "origin/main"
+
+
+async def test_the_remote_default_branch_is_used_without_a_setting(
+    tmp_path: Path, git_env: dict[str, str]
+) -> None:
+    bare = make_remote(tmp_path)
+    git("symbolic-ref", "HEAD", "refs/heads/trunk", cwd=bare)
+    git("branch", "trunk", "main", cwd=bare)
+    manager = WorkspaceManager(tmp_path / "ws", [Project("demo", f"file://{bare}")])
+    ws = await manager.provision("run1", "demo")
+    assert ws.base_ref == "origin/trunk"
+
+
+async def _run_cli(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return int(await args.handler(args, load_settings()))
+
+
+async def test_cli_lists_projects_without_credentials(
+    isolated_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(
+        "TURNSTILE_PROJECTS", f"web=https://bob:{SECRET}@example.com/web.git#main,api=/srv/api"
+    )
+    assert await _run_cli(["projects"]) == 0
+    out = capsys.readouterr().out
+    assert "web   main" in out
+    assert "https://[REDACTED]@example.com/web.git" in out
+    assert "api   (remote default)" in out
+    assert SECRET not in out
+
+
+async def test_cli_worktrees_and_cleanup(
+    isolated_env: Path,
+    remote: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from engine.store import Database
+    from engine.workspace import SqliteWorkspaceStore
+
+    monkeypatch.setenv("TURNSTILE_PROJECTS", f"demo={remote}#main")
+    settings = load_settings()
+    async with Database(settings.database) as db:
+        manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
+        ws = await manager.provision("run1", "demo")
+        (ws.path / "wip.txt").write_text("wip\n")
+        await manager.release(ws)
+
+    assert await _run_cli(["projects", "worktrees"]) == 0
+    out = capsys.readouterr().out
+    assert "run1" in out
+    assert "turnstile/run1" in out
+    assert "finished" in out
+    assert "kB" in out
+
+    assert await _run_cli(["projects", "cleanup", "--retention-hours", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "removed run1 (uncommitted changes on turnstile/rescue/run1)" in out
+    assert not ws.path.exists()
+
+
+async def test_credentials_echoed_by_git_are_redacted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Real git anonymises URLs itself; this stand-in echoes its whole argv to stderr so
+    # that our own redaction is what keeps the secret out.
+    echo = tmp_path / "git-echo"
+    echo.write_text('#!/bin/sh\necho "fatal: cannot clone: $*" >&2\nexit 128\n')
+    echo.chmod(0o755)
+    url = f"https://bob:{SECRET}@git.example.com/x.git"
+    manager = WorkspaceManager(tmp_path / "ws", [Project("web", url)], git=str(echo))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(GitError) as info:
+        await manager.provision("run1", "web")
+    assert "git.example.com/x.git" in str(info.value)
+    assert SECRET not in str(info.value)
+    assert SECRET not in caplog.text
