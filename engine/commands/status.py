@@ -1,0 +1,248 @@
+"""``turnstile status``: the seed's status.py verbs over the gated-task store.
+
+Exit codes: 0 done; 2 usage; 10-24 a refusal (see :class:`engine.gates.refusals.Refusal`
+and docs/gates.md); 25 ``--validate-folder`` found violations; 26 ``--audit`` found
+problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.settings import Settings
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="gated tasks: list, init, show, validate, transition, approve, reject, audit",
+        description="Phase gates of tasks (seed 003). Refusals exit with a code per reason; "
+        "see docs/gates.md.",
+    )
+    parser.add_argument("--task", "-t", metavar="T", help="the task to act on")
+    verbs = parser.add_mutually_exclusive_group()
+    verbs.add_argument("--list", action="store_true", help="every task, by parent and wave")
+    verbs.add_argument("--init", action="store_true", help="create the task at its first phase")
+    verbs.add_argument(
+        "--validate-folder",
+        action="store_true",
+        help="out-of-order or forbidden artifacts, and a .state that disagrees with the store",
+    )
+    verbs.add_argument("--transition", metavar="PHASE[:awaiting_approval]")
+    verbs.add_argument("--approve", action="store_true", help="approve the open gate")
+    verbs.add_argument("--reject", action="store_true", help="reject the open gate")
+    verbs.add_argument("--audit", action="store_true", help="check every task")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--folder", type=Path, help="task folder (default: TASKS_ROOT/T)")
+    parser.add_argument("--workdir", type=Path, help="code workspace (default: the folder)")
+    parser.add_argument("--parent", help="--init: the parent task")
+    parser.add_argument("--wave", type=int, help="--init: the sub-task's wave (>= 1)")
+    parser.add_argument("--summary", help="--init: one line describing the task")
+    parser.add_argument("--by", metavar="USER", help="approver's numeric user id")
+    parser.add_argument("--reason", help="--reject: why (fed back to the agent)")
+    parser.add_argument(
+        "--sha256", metavar="HASH", help="--approve: the artifact hash you reviewed (>= 8 hex)"
+    )
+    parser.set_defaults(handler=run_status)
+
+
+def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(payload, indent=1, default=str))
+    else:
+        print(text)
+
+
+async def run_status(args: argparse.Namespace, settings: Settings) -> int:
+    # Imported here: `turnstile --help` and other commands stay fast.
+    from engine.gates.refusals import GateRefused
+
+    try:
+        return await _dispatch(args, settings)
+    except GateRefused as exc:
+        if args.json:
+            print(json.dumps({"refused": exc.reason.value, "detail": exc.detail, "line": exc.line}))
+        print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)
+        return exc.reason.exit_code
+
+
+async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    from engine.errors import ConfigError
+    from engine.store.database import Database
+
+    needs_task = args.init or args.validate_folder or args.transition or args.approve
+    needs_task = needs_task or args.reject
+    if needs_task and not args.task:
+        raise ConfigError("this verb needs --task T")
+    if (args.approve or args.reject) and not args.by:
+        raise ConfigError("--approve and --reject need --by USER_ID")
+    if args.reject and not args.reason:
+        raise ConfigError("--reject needs --reason TEXT")
+    if args.list:
+        return await _list(args, settings)
+    from engine.gates.service import Gates
+
+    async with Database(settings.database) as db:
+        gates = Gates(db, settings)
+        if args.audit:
+            return await _audit(args, gates)
+        if not args.task:
+            raise ConfigError("give --list, --audit, or --task T (see --help)")
+        if args.init:
+            task = await gates.init_task(
+                args.task,
+                folder=args.folder,
+                workdir=args.workdir,
+                parent=args.parent,
+                wave=args.wave,
+                summary=args.summary,
+                started_by=args.by,
+            )
+            _out(args, {"task": task.name, "phase": task.label}, f"{task.name}: {task.label}")
+            return 0
+        if args.validate_folder:
+            return await _validate(args, gates)
+        if args.transition:
+            task = await gates.store.transition(args.task, args.transition, actor=args.by)
+            _out(
+                args,
+                {"task": task.name, "phase": task.label, "version": task.version},
+                f"{task.name}: {task.label} (v{task.version})",
+            )
+            return 0
+        if args.approve or args.reject:
+            if args.approve:
+                result = await gates.approve(args.task, by=args.by, expected_sha256=args.sha256)
+            else:
+                result = await gates.reject(args.task, by=args.by, reason=args.reason)
+            if result.reason is not None:
+                _out(args, result.as_dict(), f"refused: {result.reason.value}: {result.detail}")
+                print(
+                    f"turnstile: refused: {result.reason.value}: {result.detail}", file=sys.stderr
+                )
+                return result.reason.exit_code
+            text = f"{result.task}: {result.outcome.value} ({result.detail})"
+            if result.subtasks_created:
+                text += "\nsub-tasks created: " + ", ".join(result.subtasks_created)
+            _out(args, result.as_dict(), text)
+            return 0
+        return await _show(args, gates)
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    from engine.gates.listing import (
+        group_tasks,
+        render_groups,
+        render_groups_json,
+    )
+    from engine.gates.tasks import TaskRecord
+    from engine.store.database import Database
+
+    # Listing needs no workflow: read the rows and render.
+    async with Database(settings.database) as db:
+        rows = await db.fetchall(
+            "SELECT name, folder, workdir, phase, sub_state, version, parent, wave, summary, "
+            "started_by, gate_round, gate_sha256, gate_opened_at, return_phase, "
+            "revision_notes, created_at, updated_at FROM gate_tasks"
+        )
+    groups = group_tasks(TaskRecord.from_row(r) for r in rows)
+    sys.stdout.write((render_groups_json(groups) if args.json else render_groups(groups)) + "\n")
+    return 0
+
+
+async def _show(args: argparse.Namespace, gates: Any) -> int:
+    from engine.gates.autopilot import next_step
+
+    task = await gates.task(args.task)
+    approvals = await gates.store.gate_approvals(task)
+    history = await gates.store.history(task.name)
+    step = next_step(gates.store, task, len({a.approver for a in approvals}))
+    payload = {
+        **gates.store.snapshot(task, approvals),
+        "folder": str(task.folder),
+        "workdir": str(task.workdir),
+        "return_phase": task.return_phase,
+        "revision_notes": task.revision_notes,
+        "next_step": step,
+        "history": [
+            {
+                "version": h.version,
+                "kind": h.kind,
+                "from": f"{h.from_phase}:{h.from_sub}" if h.from_sub else h.from_phase,
+                "to": f"{h.to_phase}:{h.to_sub}" if h.to_sub else h.to_phase,
+                "actor": h.actor,
+                "reason": h.reason,
+                "sha256": h.sha256,
+                "at": h.at,
+            }
+            for h in history
+        ],
+    }
+    lines = [
+        f"task      {task.name}"
+        + (f" (sub-task of {task.parent}, wave {task.wave})" if task.parent else ""),
+        f"phase     {task.label}   version {task.version}",
+        f"folder    {task.folder}",
+    ]
+    if task.awaiting_approval:
+        lines.append(
+            f"gate      {str(task.gate_sha256)[:12]}  approvals "
+            f"{len({a.approver for a in approvals})}/{gates.store.policy.quorum}"
+        )
+    if task.revision_notes:
+        lines.append(f"notes     {task.revision_notes[:200]!r}")
+    lines.append(f"next      {step}")
+    for row in payload["history"][-10:]:
+        lines.append(
+            f"  v{row['version']:<4} {row['kind']:<10} {row['to']}"
+            + (f"  by {row['actor']}" if row["actor"] else "")
+            + (f"  ({str(row['reason'])[:60]})" if row["reason"] else "")
+        )
+    _out(args, payload, "\n".join(lines))
+    return 0
+
+
+async def _validate(args: argparse.Namespace, gates: Any) -> int:
+    import asyncio
+
+    from engine.gates.folder import validate_folder
+    from engine.gates.refusals import EXIT_VIOLATIONS
+
+    task = await gates.task(args.task)
+    expected = await gates.store.expected_state(task)
+    violations = await asyncio.to_thread(
+        validate_folder, task.folder, gates.workflow, task.phase, task.return_phase, expected
+    )
+    await gates.store.record_audit(
+        "validate_folder",
+        "clean" if not violations else "violations",
+        task=task.name,
+        phase=task.label,
+        detail="; ".join(v.detail for v in violations) or None,
+    )
+    text = (
+        f"{task.name}: folder OK at {task.label}"
+        if not violations
+        else "\n".join(f"{v.kind.value}: {v.detail}" for v in violations)
+    )
+    _out(args, {"task": task.name, "violations": [v.as_dict() for v in violations]}, text)
+    return EXIT_VIOLATIONS if violations else 0
+
+
+async def _audit(args: argparse.Namespace, gates: Any) -> int:
+    from engine.gates.refusals import EXIT_AUDIT_FINDINGS
+
+    report = await gates.audit([args.task] if args.task else None)
+    text = (
+        f"audit: {report.tasks} tasks, no findings"
+        if report.clean
+        else "\n".join(f"{f.task}: {f.kind.value}: {f.detail}" for f in report.findings)
+    )
+    _out(args, report.as_dict(), text)
+    return 0 if report.clean else EXIT_AUDIT_FINDINGS

@@ -1,0 +1,550 @@
+"""The autopilot driver: the seed's gate-check loop, in code.
+
+For each phase: read the state from the store → validate the folder (violations: report,
+move to human_intervention, stop) → render the phase prompt → run it on the task's one
+resumed agent session → check the artifact and the folder (problems: one revision turn,
+then human_intervention) → an approval phase moves to ``PHASE:awaiting_approval`` and
+parks; otherwise transition to the next phase.
+
+A parked driver notices approvals made by any front end: in-process callers wake it
+through :meth:`TaskStore.add_listener`; other processes (``turnstile status --approve``)
+are noticed by polling the task's version every ``poll_interval`` seconds (one indexed
+row read). With ``wait_for_approval=False`` the driver returns ``PARKED`` instead and a
+later drive resumes from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from engine.agents.factory import create_agent
+from engine.errors import ConfigError
+from engine.gates.audit import AuditReport, run_audit
+from engine.gates.folder import list_artifacts, validate_folder
+from engine.gates.gitwatch import fingerprint
+from engine.gates.prompts import render_phase_prompt, render_revision_prompt
+from engine.gates.refusals import GateRefused, Refusal
+from engine.gates.tasks import TaskRecord, TaskStore
+from engine.gates.workflow import (
+    AWAITING_APPROVAL,
+    COMPLETE,
+    HUMAN_INTERVENTION,
+    PhaseSpec,
+)
+from engine.settings import Settings
+from engine.sink import GateRequest, RunSink, StatusUpdate
+from engine.turn import AgentSession, TurnOutput
+
+__all__ = [
+    "AgentFactory",
+    "Autopilot",
+    "DriveHandle",
+    "DriveOutcome",
+    "next_step",
+]
+
+_LOGGER = logging.getLogger(__name__)
+MAX_PUBLISH = 3500
+EXCERPT = 1500
+
+#: Builds the agent session of a task: ``(task, session_id, resume) -> AgentSession``.
+AgentFactory = Callable[[TaskRecord, str, bool], AgentSession]
+
+
+class DriveOutcome(StrEnum):
+    COMPLETE = "complete"
+    HUMAN_INTERVENTION = "human_intervention"
+    PARKED = "parked"
+    """Waiting at an approval gate and told not to wait (the process may exit)."""
+
+
+@dataclass
+class DriveHandle:
+    """A running drive: await :meth:`wait` for its outcome, :meth:`stop` to cancel it.
+
+    Stopping cancels the in-flight agent turn (its process group is terminated); the task
+    keeps its recorded phase and a later drive resumes it.
+    """
+
+    task: str
+    future: asyncio.Task[DriveOutcome]
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    async def wait(self) -> DriveOutcome:
+        return await self.future
+
+    async def stop(self) -> None:
+        if not self.future.done():
+            self.future.cancel()
+        try:
+            await self.future
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            _LOGGER.debug("drive of %s ended with an error while stopping", self.task)
+
+
+def next_step(store: TaskStore, task: TaskRecord, approvals: int) -> str:
+    """What a person does next in manual mode (pure text)."""
+    wf = store.workflow
+    cmd = f"turnstile status --task {task.name}"
+    if task.phase == COMPLETE:
+        return "the task is complete"
+    if task.phase == HUMAN_INTERVENTION:
+        back = task.return_phase or wf.first
+        return f"resolve the problem, then `{cmd} --transition {back}` (or an earlier phase)"
+    spec = wf.phase(task.phase)
+    if task.awaiting_approval:
+        if approvals >= store.policy.quorum:
+            return f"approved: `{cmd} --transition {spec.next}`"
+        return (
+            f"review {spec.artifact} (sha256 {str(task.gate_sha256)[:12]}), then "
+            f"`{cmd} --approve --by USER_ID` or `{cmd} --reject --by USER_ID --reason TEXT` "
+            f"({approvals} of {store.policy.quorum} approvals)"
+        )
+    nxt = f"{task.phase}:{AWAITING_APPROVAL}" if spec.approval else spec.next
+    notes = " (address the revision notes)" if task.revision_notes else ""
+    return (
+        f"run the {spec.name} phase as {spec.persona}: write {spec.artifact} in {task.folder}"
+        f"{notes}; then `{cmd} --transition {nxt}`"
+    )
+
+
+class Autopilot:
+    """Drives gated tasks through their phases.
+
+    Args:
+        store: the task store.
+        settings: agent and wave settings.
+        sink: where reports and gate requests go.
+        tool: the agent (claude, copilot, codex, command).
+        agent_cmd: the command agent's template.
+        wait_for_approval: wait at gates (polling) instead of returning ``PARKED``.
+        poll_interval: seconds between store polls while parked.
+        agent_factory: builds a task's agent session (default: :func:`create_agent`).
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        settings: Settings,
+        sink: RunSink,
+        *,
+        tool: str,
+        agent_cmd: str | None = None,
+        wait_for_approval: bool = True,
+        poll_interval: float = 1.0,
+        agent_factory: AgentFactory | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.sink = sink
+        self.tool = tool
+        self.agent_cmd = agent_cmd
+        self.wait_for_approval = wait_for_approval
+        self.poll_interval = poll_interval
+        self._factory = agent_factory or self._default_factory
+        self._agents: dict[str, AgentSession] = {}
+        self._events: dict[str, asyncio.Event] = {}
+        self._announced: set[tuple[str, int, str]] = set()
+        self.turns = 0
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _default_factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
+        return create_agent(
+            self.tool,
+            self.settings,
+            cwd=task.workdir,
+            session_id=session_id,
+            agent_cmd=self.agent_cmd,
+            resume=resume,
+        )
+
+    def _on_change(self, name: str) -> None:
+        event = self._events.get(name)
+        if event is not None:
+            event.set()
+
+    def run_id(self, name: str) -> str:
+        return f"autopilot:{name}"
+
+    async def _say(self, task: TaskRecord, text: str) -> None:
+        await self.sink.publish_text(self.run_id(task.name), text[:MAX_PUBLISH])
+
+    async def _status(self, task: TaskRecord, status: str, event: str | None = None) -> None:
+        await self.sink.update_status(
+            StatusUpdate(
+                run_id=self.run_id(task.name),
+                mode="autopilot",
+                status=status,
+                phase=task.label,
+                turn=self.turns,
+                task=task.name,
+                last_event=event,
+            )
+        )
+
+    async def _agent(self, task: TaskRecord) -> AgentSession:
+        agent = self._agents.get(task.name)
+        if agent is not None:
+            return agent
+        record = await self.store.get_session(task.name)
+        if record is None:
+            session_id, started = str(uuid.uuid4()), False
+        else:
+            if record.agent != self.tool:
+                raise ConfigError(
+                    f"task {task.name} runs on a {record.agent} session; drive it with "
+                    f"--tool {record.agent}"
+                )
+            session_id, started = record.session_id, record.started
+        agent = self._factory(task, session_id, started)
+        if not started:
+            # Recorded before the first turn runs: after a crash the session is resumed.
+            await self.store.save_session(task.name, self.tool, session_id, True)
+        self._agents[task.name] = agent
+        return agent
+
+    async def _turn(self, task: TaskRecord, prompt: str, kind: str) -> TurnOutput:
+        agent = await self._agent(task)
+        await self.store.record_audit(
+            "turn", "started", task=task.name, phase=task.phase, detail=kind
+        )
+        await self._status(task, "running", f"{kind} turn")
+        self.turns += 1
+        out = await agent.run_turn(prompt)
+        await self.store.record_audit(
+            "turn",
+            "finished",
+            task=task.name,
+            phase=task.phase,
+            detail=f"{kind}; exit {out.exit_code}",
+        )
+        text = out.text.strip() or "(no output)"
+        code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
+        await self._say(task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}")
+        return out
+
+    async def _to_human(self, task: TaskRecord, reason: str) -> DriveOutcome:
+        await self._say(task, f"[{task.name}] needs a person: {reason}")
+        try:
+            task = await self.store.transition(
+                task.name, HUMAN_INTERVENTION, actor="autopilot", reason=reason
+            )
+        except GateRefused as exc:
+            if exc.reason is not Refusal.ILLEGAL_TRANSITION:
+                raise
+        await self._status(task, "human_intervention", reason[:200])
+        return DriveOutcome.HUMAN_INTERVENTION
+
+    async def _audit(self, tasks: list[str] | None, reason: str) -> AuditReport:
+        report = await run_audit(self.store, tasks=tasks, reason=reason)
+        if report.findings:
+            lines = [f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:20]]
+            await self.sink.publish_text(
+                self.run_id(tasks[0] if tasks else "all"),
+                f"audit ({reason}): {len(report.findings)} findings\n" + "\n".join(lines),
+            )
+        return report
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def drive(self, name: str, *, audit_at_start: bool = True) -> DriveOutcome:
+        """Drive ``name`` until it completes, needs a person, or parks at a gate."""
+        self._events.setdefault(name, asyncio.Event())
+        remove = self.store.add_listener(self._on_change)
+        try:
+            task = await self.store.get(name)
+            if audit_at_start:
+                await self._audit(None, f"autopilot start ({name})")
+            await self._note_interrupted(task)
+            return await self._loop(name)
+        finally:
+            remove()
+
+    async def _note_interrupted(self, task: TaskRecord) -> None:
+        events = await self.store.audit_events(task.name, limit=50)
+        turns = [e for e in events if e.event == "turn"]
+        if turns and turns[-1].outcome == "started":
+            await self._say(
+                task,
+                f"[{task.name}] resuming at {task.label}: the last {turns[-1].phase} turn was "
+                "interrupted; the phase runs again on the same agent session",
+            )
+            await self.store.record_audit(
+                "turn", "interrupted", task=task.name, phase=turns[-1].phase
+            )
+
+    async def _loop(self, name: str) -> DriveOutcome:
+        while True:
+            task = await self.store.get(name)
+            if task.phase == COMPLETE:
+                await self._status(task, "complete")
+                await self._say(task, f"[{name}] complete")
+                await self._audit([name], f"task {name} complete")
+                return DriveOutcome.COMPLETE
+            if task.phase == HUMAN_INTERVENTION:
+                await self._status(task, "human_intervention")
+                await self._say(
+                    task,
+                    f"[{name}] is waiting for a person (it left {task.return_phase}); "
+                    f"{next_step(self.store, task, 0)}",
+                )
+                return DriveOutcome.HUMAN_INTERVENTION
+            outcome = await self._waves(task)
+            if outcome is not None:
+                return outcome
+            if task.awaiting_approval:
+                outcome = await self._gate(task)
+            else:
+                outcome = await self._phase(task)
+            if outcome is not None:
+                return outcome
+
+    async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
+        spec = self.store.workflow.phase(task.phase)
+        expected = await self.store.expected_state(task)
+        violations = await asyncio.to_thread(
+            validate_folder, task.folder, self.store.workflow, task.phase, None, expected
+        )
+        if violations:
+            text = "; ".join(v.detail for v in violations)
+            await self.store.record_audit(
+                "validate_folder", "violations", task=task.name, phase=task.phase, detail=text
+            )
+            return await self._to_human(task, f"folder validation failed: {text}")
+        before_files = set(await asyncio.to_thread(list_artifacts, task.folder))
+        before_git = None
+        if not spec.code_edits:
+            before_git = await fingerprint(task.workdir, exclude=task.folder)
+        prompt = render_phase_prompt(
+            self.store.workflow,
+            spec,
+            task=task.name,
+            folder=task.folder,
+            workdir=task.workdir,
+            summary=task.summary,
+            prior=await self._prior(task),
+            revision_notes=task.revision_notes,
+            parent=task.parent,
+        )
+        await self._turn(task, prompt, "phase")
+        problems = await self._check(task, spec, before_files, before_git)
+        if problems:
+            await self._say(task, f"[{task.name} · {spec.name}] problems: " + "; ".join(problems))
+            await self.store.record_audit(
+                "phase_check",
+                "problems",
+                task=task.name,
+                phase=task.phase,
+                detail="; ".join(problems),
+            )
+            await self._turn(task, render_revision_prompt(spec, task.folder, problems), "revision")
+            problems = await self._check(task, spec, before_files, before_git)
+            if problems:
+                return await self._to_human(
+                    task,
+                    f"{spec.name} still has problems after a revision turn: " + "; ".join(problems),
+                )
+        target = f"{spec.name}:{AWAITING_APPROVAL}" if spec.approval else spec.next
+        try:
+            moved = await self.store.transition(
+                task.name, target, actor="autopilot", expected_version=task.version
+            )
+        except GateRefused as exc:
+            if exc.reason is Refusal.CONFLICT:
+                await self._say(task, f"[{task.name}] changed by someone else; re-reading")
+                return None
+            return await self._to_human(task, f"transition to {target} refused: {exc.detail}")
+        await self._say(task, f"[{task.name}] {spec.name} done → {moved.label}")
+        return None
+
+    async def _prior(self, task: TaskRecord) -> list[tuple[str, Path]]:
+        wf = self.store.workflow
+        found: list[tuple[str, Path]] = []
+        if task.parent is not None:
+            parent = await self.store.find(task.parent)
+            if parent is not None:
+                for spec in wf.earlier_phases(wf.subtask_start):
+                    path = parent.folder / spec.artifact
+                    if path.is_file():
+                        found.append((f"{spec.name} (parent {parent.name})", path))
+        for spec in wf.earlier_phases(task.phase):
+            path = task.folder / spec.artifact
+            if path.is_file():
+                found.append((spec.name, path))
+        return found
+
+    async def _check(
+        self,
+        task: TaskRecord,
+        spec: PhaseSpec,
+        before_files: set[str],
+        before_git: str | None,
+    ) -> list[str]:
+        facts = await self.store.facts(task)
+        problems: list[str] = []
+        if facts.blocked:
+            problems.append(f"forbidden artifacts present: {', '.join(facts.blocked)}")
+        if facts.artifact_sha256 is None:
+            problems.append(f"{spec.artifact} was not written in {task.folder}")
+        elif facts.artifact_error:
+            problems.append(facts.artifact_error)
+        if before_git is not None:
+            after = await fingerprint(task.workdir, exclude=task.folder)
+            if after != before_git:
+                problems.append(
+                    f"code in {task.workdir} changed during {spec.name}, which forbids code edits"
+                )
+        after_files = set(await asyncio.to_thread(list_artifacts, task.folder))
+        unexpected = sorted(after_files - before_files - {spec.artifact} - set(facts.blocked))
+        if unexpected or facts.blocked:
+            listed = ", ".join([*unexpected, *facts.blocked])
+            await self.store.record_audit(
+                "unexpected_artifact", "seen", task=task.name, phase=spec.name, detail=listed
+            )
+            await self._say(task, f"[{task.name}] unexpected artifacts: {listed}; auditing")
+            await self._audit([task.name], f"unexpected artifacts in {task.name}")
+        return problems
+
+    async def _gate(self, task: TaskRecord) -> DriveOutcome | None:
+        task = await self.store.reopen_if_changed(task)
+        spec = self.store.workflow.phase(task.phase)
+        facts = await self.store.facts(task)
+        if facts.artifact_sha256 is None:
+            return await self._to_human(task, f"{spec.artifact} disappeared at the gate")
+        if facts.approvals >= facts.quorum:
+            try:
+                moved = await self.store.transition(
+                    task.name, spec.next, actor="autopilot", expected_version=task.version
+                )
+            except GateRefused as exc:
+                if exc.reason in (Refusal.CONFLICT, Refusal.STALE_APPROVAL):
+                    return None
+                return await self._to_human(task, f"cannot pass the gate: {exc.detail}")
+            await self._say(task, f"[{task.name}] {spec.name} approved → {moved.label}")
+            return None
+        expiry = self.store.policy.expiry_seconds
+        if (
+            expiry is not None
+            and task.gate_opened_at is not None
+            and self.store.clock() - task.gate_opened_at > expiry
+        ):
+            await self.store.record_audit(
+                "gate", "expired", task=task.name, phase=task.phase, sha256=task.gate_sha256
+            )
+            return await self._to_human(task, f"the {spec.name} approval expired")
+        key = (task.name, task.gate_round, str(task.gate_sha256))
+        if key not in self._announced:
+            self._announced.add(key)
+            await self.sink.request_gate(await self._gate_request(task, spec))
+            await self._status(task, "awaiting_approval", f"gate {spec.name}")
+        if not self.wait_for_approval:
+            return DriveOutcome.PARKED
+        await self._wait_change(task)
+        return None
+
+    async def _gate_request(self, task: TaskRecord, spec: PhaseSpec) -> GateRequest:
+        path = task.folder / spec.artifact
+        excerpt = await asyncio.to_thread(_head, path, EXCERPT)
+        notes = (
+            f"approve: turnstile status --task {task.name} --approve --by USER_ID",
+            f"reject: turnstile status --task {task.name} --reject --by USER_ID --reason TEXT",
+        )
+        return GateRequest(
+            task=task.name,
+            phase=spec.name,
+            artifact_name=spec.artifact,
+            artifact_path=path,
+            sha256=str(task.gate_sha256),
+            excerpt=excerpt,
+            run_id=self.run_id(task.name),
+            notes=notes,
+        )
+
+    async def _wait_change(self, task: TaskRecord) -> None:
+        event = self._events.setdefault(task.name, asyncio.Event())
+        while True:
+            event.clear()
+            current = await self.store.find(task.name)
+            if current is None or current.version != task.version:
+                return
+            expiry = self.store.policy.expiry_seconds
+            if (
+                expiry is not None
+                and task.gate_opened_at is not None
+                and self.store.clock() - task.gate_opened_at > expiry
+            ):
+                return
+            digest_changed = await self.store.reopen_if_changed(current)
+            if digest_changed.version != current.version:
+                return
+            try:
+                await asyncio.wait_for(event.wait(), self.poll_interval)
+            except TimeoutError:
+                continue
+            return
+
+    # -- waves -------------------------------------------------------------------------------
+
+    async def _waves(self, task: TaskRecord) -> DriveOutcome | None:
+        wf = self.store.workflow
+        if task.parent is not None or wf.decomposition is None:
+            return None
+        if not wf.has(task.phase) or wf.index(task.phase) <= wf.index(wf.decomposition):
+            return None
+        subs = await self.store.subtasks(task.name)
+        if not subs or all(s.finished for s in subs):
+            stuck = [s for s in subs if s.phase == HUMAN_INTERVENTION]
+            if stuck and not await self._resumed_since(task, max(s.updated_at for s in stuck)):
+                names = ", ".join(s.name for s in stuck)
+                return await self._to_human(task, f"sub-tasks need a person: {names}")
+            return None
+        waves = sorted({s.wave or 1 for s in subs})
+        limit = asyncio.Semaphore(self.settings.wave_concurrency)
+
+        async def run(sub: str) -> DriveOutcome:
+            async with limit:
+                return await self.drive(sub, audit_at_start=False)
+
+        for wave in waves:
+            members = [s for s in await self.store.subtasks(task.name) if (s.wave or 1) == wave]
+            pending = [s for s in members if not s.finished]
+            if not pending:
+                continue
+            await self._say(
+                task,
+                f"[{task.name}] wave {wave}: driving {', '.join(s.name for s in pending)} "
+                f"(at most {self.settings.wave_concurrency} at once)",
+            )
+            async with asyncio.TaskGroup() as group:
+                runs = [group.create_task(run(s.name), name=f"autopilot-{s.name}") for s in pending]
+            outcomes = [r.result() for r in runs]
+            if DriveOutcome.PARKED in outcomes:
+                return DriveOutcome.PARKED
+        return None
+
+    async def _resumed_since(self, task: TaskRecord, since: float) -> bool:
+        """Whether a person moved the parent out of human_intervention after ``since``
+        (they looked at the stuck sub-tasks and chose to go on without them)."""
+        history = await self.store.history(task.name)
+        return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
+
+
+def _head(path: Path, limit: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(limit * 4)
+    except OSError:
+        return ""
+    return raw.decode("utf-8", errors="replace")[:limit]

@@ -1,0 +1,104 @@
+"""Task lists grouped by parent and wave, tasks awaiting approval first (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.gates.tasks import TaskRecord
+
+__all__ = ["TaskGroup", "group_tasks", "render_groups", "render_groups_json"]
+
+
+@dataclass(slots=True)
+class TaskGroup:
+    """A top-level task and its sub-tasks by wave (``waves`` is sorted by wave number)."""
+
+    task: TaskRecord | None
+    waves: dict[int, list[TaskRecord]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        if self.task is not None:
+            return self.task.name
+        return next(iter(self.waves.values()))[0].parent or "?"
+
+    @property
+    def awaiting(self) -> bool:
+        if self.task is not None and self.task.awaiting_approval:
+            return True
+        return any(t.awaiting_approval for ts in self.waves.values() for t in ts)
+
+    def all(self) -> list[TaskRecord]:
+        out = [self.task] if self.task is not None else []
+        for wave in sorted(self.waves):
+            out += self.waves[wave]
+        return out
+
+
+def group_tasks(records: Iterable[TaskRecord]) -> list[TaskGroup]:
+    """Group tasks under their parents and waves; groups awaiting approval come first."""
+    groups: dict[str, TaskGroup] = {}
+    for rec in records:
+        if rec.parent is None:
+            group = groups.setdefault(rec.name, TaskGroup(None))
+            group.task = rec
+        else:
+            group = groups.setdefault(rec.parent, TaskGroup(None))
+            group.waves.setdefault(rec.wave or 1, []).append(rec)
+    for group in groups.values():
+        group.waves = {w: sorted(group.waves[w], key=lambda t: t.name) for w in sorted(group.waves)}
+    ordered = sorted(groups.items(), key=lambda kv: (not kv[1].awaiting, kv[0]))
+    return [g for _, g in ordered]
+
+
+def _line(task: TaskRecord, indent: str) -> str:
+    extra = f"  notes: {task.revision_notes[:40]!r}" if task.revision_notes else ""
+    gate = f"  gate {task.gate_sha256[:12]}" if task.awaiting_approval and task.gate_sha256 else ""
+    return f"{indent}{task.name:<40} {task.label:<36} v{task.version}{gate}{extra}"
+
+
+def render_groups(groups: list[TaskGroup]) -> str:
+    if not groups:
+        return "no tasks"
+    lines: list[str] = []
+    for group in groups:
+        if group.task is not None:
+            lines.append(_line(group.task, ""))
+        else:
+            lines.append(f"{group.name} (parent not found)")
+        for wave, members in group.waves.items():
+            lines.append(f"  wave {wave}:")
+            lines.extend(_line(t, "    ") for t in members)
+    return "\n".join(lines)
+
+
+def _task_json(task: TaskRecord) -> dict[str, Any]:
+    return {
+        "task": task.name,
+        "phase": task.phase,
+        "sub_state": task.sub_state,
+        "version": task.version,
+        "parent": task.parent,
+        "wave": task.wave,
+        "gate_sha256": task.gate_sha256,
+        "folder": str(task.folder),
+        "updated": task.updated_at,
+    }
+
+
+def render_groups_json(groups: list[TaskGroup]) -> str:
+    out = []
+    for group in groups:
+        out.append(
+            {
+                "task": _task_json(group.task) if group.task else {"task": group.name},
+                "waves": [
+                    {"wave": w, "tasks": [_task_json(t) for t in ts]}
+                    for w, ts in group.waves.items()
+                ],
+            }
+        )
+    return json.dumps(out, indent=1)

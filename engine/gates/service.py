@@ -1,0 +1,223 @@
+"""The gates API for front ends: the CLI and the Telegram bot call only this."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.gates.audit import AuditReport, run_audit
+from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome
+from engine.gates.listing import TaskGroup, group_tasks
+from engine.gates.tasks import (
+    ApprovalResult,
+    AuditEvent,
+    GatePolicy,
+    TaskRecord,
+    TaskStore,
+)
+from engine.gates.workflow import Workflow, load_workflow
+from engine.settings import Settings
+from engine.sink import GateRequest, RunSink
+from engine.store.database import Database
+
+__all__ = ["Gates", "workflow_from_settings"]
+
+
+def workflow_from_settings(settings: Settings) -> Workflow:
+    """The operator's workflow (``TURNSTILE_WORKFLOW_FILE``) or the shipped default."""
+    path = settings.workflow_file
+    if path is not None and str(path) in ("", "."):
+        path = None
+    return load_workflow(path)
+
+
+class Gates:
+    """Gated tasks, approvals, audits and autopilot drives over one database.
+
+    Share one instance per process between the front end and its drives: in-process
+    approvals then wake a parked drive at once (other processes' approvals are noticed by
+    polling, every ``poll_interval`` seconds).
+
+    Args:
+        db: an open :class:`Database`.
+        settings: approvers, quorum, expiry, tasks root, agents, wave concurrency.
+        workflow: the phases (default: :func:`workflow_from_settings`).
+        clock: the time source (expiry).
+        poll_interval: how often a parked drive reads the store.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        workflow: Workflow | None = None,
+        clock: Callable[[], float] = time.time,
+        poll_interval: float = 1.0,
+        track_git: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.workflow = workflow or workflow_from_settings(settings)
+        self.store = TaskStore(
+            db,
+            self.workflow,
+            tasks_root=settings.tasks_root,
+            policy=GatePolicy.from_settings(settings),
+            clock=clock,
+            track_git=track_git,
+        )
+        self.poll_interval = poll_interval
+        self._drives: dict[str, DriveHandle] = {}
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    async def init_task(
+        self,
+        name: str,
+        *,
+        folder: Path | None = None,
+        workdir: Path | None = None,
+        summary: str | None = None,
+        started_by: str | int | None = None,
+        parent: str | None = None,
+        wave: int | None = None,
+    ) -> TaskRecord:
+        """Create a task at the first phase (raises GateRefused: invalid name, exists)."""
+        return await self.store.init_task(
+            name,
+            folder=folder,
+            workdir=workdir,
+            summary=summary,
+            started_by=str(started_by) if started_by is not None else None,
+            parent=parent,
+            wave=wave,
+        )
+
+    async def task(self, name: str) -> TaskRecord:
+        """One task (raises GateRefused(unknown_task))."""
+        return await self.store.get(name)
+
+    async def list_tasks(self) -> list[TaskGroup]:
+        """Every task grouped by parent and wave; groups awaiting approval first."""
+        return group_tasks(await self.store.list_tasks())
+
+    # -- approvals -----------------------------------------------------------------------
+
+    async def approve(
+        self,
+        task: str,
+        *,
+        by: str | int,
+        chat_id: int | None = None,
+        update_id: int | None = None,
+        expected_sha256: str | None = None,
+    ) -> ApprovalResult:
+        """Approve the open gate of ``task`` as user ``by``.
+
+        ``expected_sha256`` is the hash (full or >= 8 hex chars) the person saw on the gate
+        message: a different current hash is refused as stale. Returns ``approved`` (quorum
+        reached: the drive passes the gate), ``recorded`` (more approvals needed),
+        ``already_approved`` (idempotent: nothing changed), or ``refused`` with a reason.
+        Never raises for a refusal; every attempt is audited with chat and update ids.
+        """
+        return await self.store.approve(
+            task, by=by, chat_id=chat_id, update_id=update_id, expected_sha256=expected_sha256
+        )
+
+    async def reject(
+        self,
+        task: str,
+        *,
+        by: str | int,
+        reason: str,
+        chat_id: int | None = None,
+        update_id: int | None = None,
+    ) -> ApprovalResult:
+        """Reject the open gate; the phase re-runs with ``reason`` as delimited revision
+        notes (untrusted data). Returns ``rejected`` or ``refused`` with a reason."""
+        return await self.store.reject(
+            task, by=by, reason=reason, chat_id=chat_id, update_id=update_id
+        )
+
+    async def pending_gates(self) -> list[GateRequest]:
+        """Every open gate, to re-post or refresh gate messages on start-up."""
+        out: list[GateRequest] = []
+        for task in await self.store.list_tasks():
+            if not task.awaiting_approval or task.gate_sha256 is None:
+                continue
+            spec = self.workflow.phase(task.phase)
+            path = task.folder / spec.artifact
+            excerpt = await asyncio.to_thread(_excerpt, path)
+            out.append(
+                GateRequest(
+                    task=task.name,
+                    phase=task.phase,
+                    artifact_name=spec.artifact,
+                    artifact_path=path,
+                    sha256=task.gate_sha256,
+                    excerpt=excerpt,
+                    run_id=f"autopilot:{task.name}",
+                )
+            )
+        return out
+
+    # -- audit ---------------------------------------------------------------------------
+
+    async def audit(self, tasks: list[str] | None = None) -> AuditReport:
+        """Check every task (or the named ones); the run is recorded in the audit log."""
+        return await run_audit(self.store, tasks=tasks)
+
+    async def audit_events(self, task: str | None = None, limit: int = 100) -> list[AuditEvent]:
+        """The latest audit log entries (oldest first)."""
+        return await self.store.audit_events(task, limit)
+
+    # -- autopilot -----------------------------------------------------------------------
+
+    def start_autopilot(
+        self,
+        task: str,
+        sink: RunSink,
+        *,
+        tool: str | None = None,
+        agent_cmd: str | None = None,
+        wait_for_approval: bool = True,
+        agent_factory: AgentFactory | None = None,
+    ) -> DriveHandle:
+        """Start (or resume, from the recorded phase) driving ``task``; call from a running
+        event loop. A second start for a task already being driven returns the same handle.
+        """
+        current = self._drives.get(task)
+        if current is not None and not current.done:
+            return current
+        pilot = Autopilot(
+            self.store,
+            self.settings,
+            sink,
+            tool=tool or self.settings.default_agent,
+            agent_cmd=agent_cmd,
+            wait_for_approval=wait_for_approval,
+            poll_interval=self.poll_interval,
+            agent_factory=agent_factory,
+        )
+        future: asyncio.Task[DriveOutcome] = asyncio.create_task(
+            pilot.drive(task), name=f"autopilot-{task}"
+        )
+        handle = DriveHandle(task, future)
+        self._drives[task] = handle
+        return handle
+
+    async def stop_all(self) -> None:
+        """Stop every drive started here (tasks keep their recorded phases)."""
+        for handle in list(self._drives.values()):
+            await handle.stop()
+        self._drives.clear()
+
+
+def _excerpt(path: Path, limit: int = 1500) -> str:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(limit * 4).decode("utf-8", errors="replace")[:limit]
+    except OSError:
+        return ""
