@@ -18,12 +18,13 @@ from engine.errors import TurnPreempted
 from engine.process import PreemptHandle
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
-from tests.fakes.realcli import Sandbox, group_alive, marked_processes
+from tests.fakes.realcli import Sandbox, cmdline, group_alive, marked_processes
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
 WRITE = ToolAllowlist.from_flags(["view", "create"])
 READ_ONLY = ToolAllowlist.read_only_default()
+SHELL = ToolAllowlist.from_flags(["bash"])
 
 
 @pytest.fixture(scope="session")
@@ -202,12 +203,15 @@ async def test_preempt_while_response_held_kills_cli_and_children(
     claude_bin: Path, api: FakeModelAPI, sandbox: Sandbox
 ) -> None:
     hold = Hold()
-    api.enqueue(hold)
-    agent = make_agent(claude_bin, api, sandbox, preempt=PreemptHandle(grace=2.0))
+    # A tool first starts a background command; claude runs tools in a session of their
+    # own, so that child is outside the CLI's process group. Then the fake holds the
+    # next response open.
+    api.enqueue(ToolCall("Bash", {"command": "sleep 300", "description": "bg", "run_in_background": True}), hold)
+    agent = make_agent(claude_bin, api, sandbox, allowlist=SHELL, preempt=PreemptHandle(grace=2.0))
     turn = asyncio.create_task(agent.run_turn("take your time"))
     await asyncio.wait_for(hold.arrived.wait(), 120)
     pids = marked_processes(sandbox.marker)
-    assert pids, "the CLI should be running while the response is held"
+    assert any(cmdline(pid)[:1] == ["sleep"] for pid in pids), "the child should be running"
     groups = {os.getpgid(pid) for pid in pids}
     assert await agent.preempt.stop()
     with pytest.raises(TurnPreempted):
@@ -219,7 +223,9 @@ async def test_preempt_while_response_held_kills_cli_and_children(
 async def test_one_megabyte_prompt_reaches_the_model_whole(
     claude_bin: Path, api: FakeModelAPI, sandbox: Sandbox
 ) -> None:
-    prompt = "BEGIN " + "0123456789" * 100_000 + " END"
+    # 1 MB; long runs of one letter keep the CLI's token estimate under its budget.
+    prompt = "BEGIN\n" + "".join(f"{i:06d}" + "x" * 993 + "\n" for i in range(1000)) + "END"
+    assert len(prompt.encode()) >= 1_000_000
     api.enqueue(Text("got it"))
     out = await make_agent(claude_bin, api, sandbox).run_turn(prompt)
     assert out.exit_code == 0

@@ -15,9 +15,12 @@ prompt starts with ``-``, and the prompt stays out of ``ps`` listings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import shutil
+import signal
 import uuid
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.agents.base import AgentOptions, Invocation, ProcessAgent
-from engine.errors import ConfigError, TurnExecError, TurnIOError
+from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
 from engine.redact import redact, tail
 from engine.turn import TurnOutput
@@ -39,8 +42,17 @@ __all__ = [
     "EventStream",
     "JsonLines",
     "JsonStreamAgent",
+    "TURN_MARKER_VAR",
     "find_binary",
+    "kill_marked",
 ]
+
+_LOGGER = logging.getLogger(__name__)
+
+# Every turn's environment carries a unique value of this variable. Claude Code and the
+# Copilot CLI start tool commands in a session of their own, outside the turn's process
+# group, so a pre-emption also kills every process that inherited the turn's marker.
+TURN_MARKER_VAR = "TURNSTILE_TURN_ID"
 
 # How much of a bad line an error message quotes.
 _QUOTE = 200
@@ -155,6 +167,36 @@ def _quote(raw: bytes) -> str:
     return repr(redact(shown)) + more
 
 
+def kill_marked(marker: str, *, var: str = TURN_MARKER_VAR) -> list[int]:
+    """SIGKILL every process of ours whose environment holds ``var=marker``.
+
+    Reads ``/proc`` (Linux); elsewhere there is nothing to read and nothing is killed.
+
+    Returns:
+        The pids signalled.
+    """
+    needle = f"{var}={marker}".encode()
+    killed: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return killed
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\x00"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
+
+
 def find_binary(binary: str, path: str | None) -> str | None:
     """The program's full path, or None when it cannot be run.
 
@@ -224,6 +266,7 @@ class JsonStreamAgent(ProcessAgent):
         self.started = resume
         self._parser = JsonLines(self.cli_name)
         self.turn = TurnState()
+        self._marker: str | None = None
 
     # -- what subclasses provide --------------------------------------------------------
     @abstractmethod
@@ -307,10 +350,11 @@ class JsonStreamAgent(ProcessAgent):
             )
         self._parser = JsonLines(self.cli_name)
         self.turn = TurnState()
+        self._marker = uuid.uuid4().hex
         return Invocation(
             argv=self.turn_argv(program),
             stdin=prompt.encode("utf-8"),
-            env=self.turn_env(),
+            env={**self.turn_env(), TURN_MARKER_VAR: self._marker},
         )
 
     def on_stdout_line(self, line: bytes) -> None:
@@ -326,6 +370,15 @@ class JsonStreamAgent(ProcessAgent):
     async def run_turn(self, prompt: str) -> TurnOutput:
         try:
             return await super().run_turn(prompt)
+        except (TurnPreempted, asyncio.CancelledError):
+            # The process group is gone; tool commands that left it are not.
+            if self._marker is not None and (stray := kill_marked(self._marker)):
+                _LOGGER.info(
+                    "killed %d process(es) of the stopped turn outside its group session=%s",
+                    len(stray),
+                    self.session_id,
+                )
+            raise
         finally:
             self.emit(EventKind.TURN_END)
 

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MARKER_VAR", "Sandbox", "alive", "group_alive", "marked_processes"]
+__all__ = ["MARKER_VAR", "Sandbox", "alive", "cmdline", "group_alive", "marked_processes"]
 
 MARKER_VAR = "TURNSTILE_TEST_MARKER"
 
@@ -81,3 +81,12 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+def cmdline(pid: int) -> list[str]:
+    """The argv of ``pid`` (empty when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\x00") if part]
