@@ -206,7 +206,8 @@ async def test_preempt_while_response_held_kills_cli_and_children(
     # A tool first starts a background command; claude runs tools in a session of their
     # own, so that child is outside the CLI's process group. Then the fake holds the
     # next response open.
-    api.enqueue(ToolCall("Bash", {"command": "sleep 300", "description": "bg", "run_in_background": True}), hold)
+    background = {"command": "sleep 300", "description": "bg", "run_in_background": True}
+    api.enqueue(ToolCall("Bash", background), hold)
     agent = make_agent(claude_bin, api, sandbox, allowlist=SHELL, preempt=PreemptHandle(grace=2.0))
     turn = asyncio.create_task(agent.run_turn("take your time"))
     await asyncio.wait_for(hold.arrived.wait(), 120)

@@ -36,13 +36,13 @@ from engine.redact import redact, tail
 from engine.turn import TurnOutput
 
 __all__ = [
+    "TURN_MARKER_VAR",
     "AgentEvent",
     "EventCallback",
     "EventKind",
     "EventStream",
     "JsonLines",
     "JsonStreamAgent",
-    "TURN_MARKER_VAR",
     "find_binary",
     "kill_marked",
 ]
