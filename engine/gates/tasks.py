@@ -716,13 +716,15 @@ class TaskStore:
                     now,
                 ),
             )
+        to_sub = sets.get("sub_state", task.sub_state)
+        to_label = str(sets.get("phase", task.phase)) + (f":{to_sub}" if to_sub else "")
         _LOGGER.info(
-            "task %s v%d %s → %s",
+            "task %s v%d %s → %s (%s)",
             task.name,
             new_version,
             task.label,
-            sets.get("phase", task.phase)
-            + (f":{sets['sub_state']}" if sets.get("sub_state", task.sub_state) else ""),
+            to_label,
+            kind,
             extra={"task": task.name},
         )
         self._notify(task.name)

@@ -1,0 +1,149 @@
+"""Helpers for the gates tests: settings, a store on a real SQLite file, fake-agent scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.gates import Gates
+from engine.settings import Settings
+from engine.sink import GateRequest, StatusUpdate
+from engine.store.database import Database
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_AGENT = REPO / "tests" / "fake_agent.py"
+AGENT_CMD = f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+APPROVER = 42
+
+DECOMPOSITION_EMPTY = "# Decomposition\n\nNo split.\n\n```subtasks\n```\n"
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database": tmp_path / "gates.db",
+        "tasks_root": tmp_path / "tasks",
+        "approvers": (APPROVER, 43, 44),
+        "agent_command": AGENT_CMD,
+        "default_agent": "command",
+        "wave_concurrency": 3,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@asynccontextmanager
+async def open_gates(settings: Settings, **kwargs: Any) -> AsyncIterator[Gates]:
+    async with Database(settings.database) as db:
+        gates = Gates(db, settings, **kwargs)
+        try:
+            yield gates
+        finally:
+            await gates.stop_all()
+
+
+def phase_rules(decomposition: str = DECOMPOSITION_EMPTY) -> list[dict[str, Any]]:
+    """Fake-agent rules writing each phase's artifact when its prompt arrives."""
+    artifacts = {
+        "research": "research.md",
+        "decomposition": "decomposition.md",
+        "design": "design.md",
+        "test_design": "test_plan.md",
+        "implement": "implementation.md",
+        "bug_find": "bugs.md",
+        "adversarial_bug_find": "adversarial_bugs.md",
+        "doc_review": "doc_review.md",
+        "referee": "referee.md",
+    }
+    rules = []
+    for phase, artifact in artifacts.items():
+        content = decomposition if phase == "decomposition" else f"# {phase}\n\nturn {{turn}}\n"
+        rules.append(
+            {
+                "match": f"Phase: {phase} (",
+                "files": {artifact: content},
+                "text": f"wrote {artifact}",
+            }
+        )
+    return rules
+
+
+def write_script(tmp_path: Path, script: dict[str, Any], name: str = "script.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(script))
+    return path
+
+
+def agent_env(tmp_path: Path, script: Path) -> dict[str, str]:
+    return {
+        "FAKE_AGENT_SCRIPT": str(script),
+        "FAKE_AGENT_STATE": str(tmp_path / "fake-state"),
+        "FAKE_AGENT_LOG": str(tmp_path / "agent.log"),
+    }
+
+
+def read_log(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "agent.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cli_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.update(
+        {
+            "TURNSTILE_DATABASE": str(settings.database),
+            "TURNSTILE_TASKS_ROOT": str(settings.tasks_root),
+            "TURNSTILE_APPROVERS": ",".join(str(i) for i in settings.approvers),
+            "TURNSTILE_APPROVAL_QUORUM": str(settings.approval_quorum),
+            "TURNSTILE_WAVE_CONCURRENCY": str(settings.wave_concurrency),
+            "TURNSTILE_AGENT_COMMAND": settings.agent_command or "",
+            "TURNSTILE_LOG_LEVEL": "WARNING",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+async def run_cli(*args: str, env: dict[str, str], cwd: Path | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=cwd or REPO,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+class EventSink:
+    """A :class:`engine.sink.RunSink` that records everything and signals gate requests."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.statuses: list[StatusUpdate] = []
+        self.gates: list[GateRequest] = []
+        self.gate_opened = asyncio.Event()
+        self.queue: asyncio.Queue[GateRequest] = asyncio.Queue()
+
+    async def publish_text(self, run_id: str, text: str) -> None:
+        self.texts.append(text)
+
+    async def update_status(self, update: StatusUpdate) -> None:
+        self.statuses.append(update)
+
+    async def request_gate(self, request: GateRequest) -> None:
+        self.gates.append(request)
+        self.gate_opened.set()
+        self.queue.put_nowait(request)
