@@ -133,6 +133,7 @@ class ClaudeAgent(JsonStreamAgent):
                         raw=record,
                     )
         elif kind == "result":
+            self.started = True
             self.turn.result = record
             errors = record.get("errors")
             if isinstance(errors, list):

@@ -1,0 +1,464 @@
+"""The three CLI adapters without the real CLIs: argv, allowlists, parsing, errors.
+
+The "CLI" here is a small script standing in for the binary: it records its argv, stdin
+and environment, prints the lines it is told to, and exits with the code it is told to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.agents.allowlist import ToolAllowlist
+from engine.agents.base import AgentOptions
+from engine.agents.claude import ClaudeAgent, claude_permission_args
+from engine.agents.codex import CODEX_MAX_PROMPT_CHARS, CodexAgent, codex_sandbox_args
+from engine.agents.copilot import CopilotAgent, copilot_allowlist
+from engine.agents.factory import create_agent
+from engine.agents.stream import (
+    TURN_MARKER_VAR,
+    AgentEvent,
+    EventKind,
+    EventStream,
+    JsonLines,
+    JsonStreamAgent,
+    find_binary,
+)
+from engine.errors import ConfigError, InvalidPromptError, TurnExecError, TurnIOError
+from engine.settings import Settings
+
+FAKE_CLI = """#!{python}
+import json, os, sys
+record = {{"argv": sys.argv[1:], "stdin": sys.stdin.read(),
+          "env": {{k: v for k, v in os.environ.items()
+                  if k.startswith(("CLAUDE_", "COPILOT_", "CODEX_", "IS_SANDBOX", "HOME",
+                                   "DISABLE_", "TURNSTILE_", "EXTRA_"))}}}}
+with open(os.environ["FAKE_RECORD"], "a") as fh:
+    fh.write(json.dumps(record) + "\\n")
+for line in json.loads(os.environ.get("FAKE_LINES", "[]")):
+    print(line, flush=True)
+sys.stderr.write(os.environ.get("FAKE_STDERR", ""))
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+SID = "3f0b7a8e-1111-4222-8333-444455556666"
+
+
+@pytest.fixture
+def fake_cli(tmp_path: Path) -> Path:
+    path = tmp_path / "bin" / "fake-cli"
+    path.parent.mkdir()
+    path.write_text(FAKE_CLI.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def claude_result(text: str = "ok", **extra: object) -> str:
+    record = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "result": text,
+        "session_id": SID,
+        "num_turns": 1,
+        "total_cost_usd": 0.5,
+        "usage": {"input_tokens": 1, "output_tokens": 2},
+        "permission_denials": [],
+        **extra,
+    }
+    return json.dumps(record)
+
+
+def options(
+    tmp_path: Path,
+    fake_cli: Path,
+    lines: list[str] = (),  # type: ignore[assignment]
+    *,
+    exit_code: int = 0,
+    stderr: str = "",
+    allowlist: ToolAllowlist | None = None,
+    **kwargs: object,
+) -> AgentOptions:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    env = {
+        "FAKE_RECORD": str(tmp_path / "record.jsonl"),
+        "FAKE_LINES": json.dumps(list(lines)),
+        "FAKE_EXIT": str(exit_code),
+        "FAKE_STDERR": stderr,
+    }
+    env.update(kwargs.pop("extra_env", {}))  # type: ignore[arg-type]
+    return AgentOptions(
+        binary=str(fake_cli),
+        cwd=workspace,
+        extra_env=env,
+        allowlist=allowlist or ToolAllowlist.read_only_default(),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def records(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# -- Claude Code -------------------------------------------------------------------------
+
+
+async def test_claude_first_turn_names_session_later_turns_resume(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    agent = ClaudeAgent(
+        options(tmp_path, fake_cli, [claude_result("hi")], model="opus", passthrough=("--x",)),
+        session_id=SID,
+    )
+    first = await agent.run_turn("-p --help")
+    second = await agent.run_turn("again")
+    one, two = records(tmp_path)
+    head = ["-p", "--output-format", "stream-json", "--verbose", "--session-id", SID]
+    assert one["argv"][:6] == head
+    assert two["argv"][4:6] == ["--resume", SID]
+    assert "--model" in one["argv"]
+    assert one["argv"][-1] == "--x"
+    # The prompt travels on stdin only: never in argv, never mistaken for a flag.
+    assert one["stdin"] == "-p --help"
+    assert "-p --help" not in one["argv"]
+    assert first.text == second.text == "hi"
+    assert first.metadata["cost_usd"] == 0.5
+    assert first.metadata["num_turns"] == 1
+    assert first.metadata["usage"] == {"input_tokens": 1, "output_tokens": 2}
+
+
+async def test_resume_flag_resumes_from_the_first_turn(tmp_path: Path, fake_cli: Path) -> None:
+    agent = ClaudeAgent(options(tmp_path, fake_cli, [claude_result()]), session_id=SID, resume=True)
+    await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == ["--resume", SID]
+
+
+def test_claude_session_ids_are_uuids(tmp_path: Path, fake_cli: Path) -> None:
+    with pytest.raises(ConfigError, match="UUID"):
+        ClaudeAgent(options(tmp_path, fake_cli), session_id="not-a-uuid")
+    with pytest.raises(ConfigError, match="session id"):
+        ClaudeAgent(options(tmp_path, fake_cli), resume=True)
+
+
+def test_claude_tool_names_are_mapped() -> None:
+    args, env = claude_permission_args(ToolAllowlist.read_only_default())
+    assert args == ["--allowedTools=Read,Grep,Glob"]
+    assert env == {}
+    args, _ = claude_permission_args(ToolAllowlist.from_flags(["create", "shell(git)", "Task"]))
+    assert args == ["--allowedTools=Write,Bash(git:*),Task"]
+
+
+def test_claude_dangerous_skips_permissions_and_sets_sandbox_as_root() -> None:
+    args, env = claude_permission_args(ToolAllowlist.from_flags([], dangerous=True))
+    assert args == ["--dangerously-skip-permissions"]
+    assert env == ({"IS_SANDBOX": "1"} if os.geteuid() == 0 else {})
+
+
+async def test_isolation_env_and_user_env_win_over_defaults(tmp_path: Path, fake_cli: Path) -> None:
+    config = tmp_path / "claude-config"
+    opts = options(
+        tmp_path,
+        fake_cli,
+        [claude_result()],
+        config_dir=config,
+        extra_env={"DISABLE_AUTOUPDATER": "0", "EXTRA_ONE": "1"},
+    )
+    await ClaudeAgent(opts).run_turn("hi")
+    env = records(tmp_path)[0]["env"]
+    assert isinstance(env, dict)
+    assert env["CLAUDE_CONFIG_DIR"] == str(config)
+    assert env["DISABLE_AUTOUPDATER"] == "0"
+    assert env["EXTRA_ONE"] == "1"
+    assert len(env[TURN_MARKER_VAR]) == 32
+
+
+async def test_malformed_json_line_is_an_io_error_with_its_line_number(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    lines = ['{"type":"system","subtype":"init"}', "", '{"type": "assistant", oops', "x"]
+    agent = ClaudeAgent(options(tmp_path, fake_cli, lines))
+    seen: list[AgentEvent] = []
+    agent.on_event = seen.append
+    with pytest.raises(TurnIOError, match="line 3") as caught:
+        await agent.run_turn("hi")
+    assert caught.value.line == 3
+    assert [event.kind for event in seen] == [EventKind.SESSION, EventKind.TURN_END]
+
+
+@pytest.mark.parametrize("cls", [ClaudeAgent, CopilotAgent, CodexAgent])
+async def test_every_adapter_refuses_malformed_json(
+    tmp_path: Path, fake_cli: Path, cls: type[JsonStreamAgent]
+) -> None:
+    agent = cls(options(tmp_path, fake_cli, ["[1, 2]"]))
+    with pytest.raises(TurnIOError, match="not an object") as caught:
+        await agent.run_turn("hi")
+    assert caught.value.line == 1
+
+
+def test_json_lines_counts_blank_lines() -> None:
+    parser = JsonLines("x")
+    assert parser.parse(b"") is None
+    assert parser.parse(b'{"a": 1}\r') == {"a": 1}
+    with pytest.raises(TurnIOError) as caught:
+        parser.parse(b"nope sk-ant-abcdefghijklmnop")
+    assert caught.value.line == 3
+    assert "sk-ant" not in str(caught.value)
+
+
+@pytest.mark.parametrize("cls", [ClaudeAgent, CopilotAgent, CodexAgent])
+async def test_exit_zero_without_a_result_is_an_io_error(
+    tmp_path: Path, fake_cli: Path, cls: type[JsonStreamAgent]
+) -> None:
+    agent = cls(options(tmp_path, fake_cli, ['{"type": "something"}']))
+    with pytest.raises(TurnIOError, match="exited 0 but printed no"):
+        await agent.run_turn("hi")
+
+
+@pytest.mark.parametrize("cls", [ClaudeAgent, CopilotAgent, CodexAgent])
+async def test_nonzero_exit_without_result_is_an_output_in_plain_words(
+    tmp_path: Path, fake_cli: Path, cls: type[JsonStreamAgent]
+) -> None:
+    agent = cls(options(tmp_path, fake_cli, [], exit_code=3, stderr="boom: disk full"))
+    out = await agent.run_turn("hi")
+    assert out.exit_code == 3
+    assert out.text == f"{cls.cli_name} exited with code 3: boom: disk full"
+    assert out.metadata["is_error"] is True
+
+
+@pytest.mark.parametrize(
+    ("cls", "lines", "stderr"),
+    [
+        (
+            ClaudeAgent,
+            [
+                json.dumps(
+                    {
+                        "type": "result",
+                        "subtype": "error_during_execution",
+                        "is_error": True,
+                        "errors": [f"No conversation found with session ID: {SID}"],
+                    }
+                )
+            ],
+            f"No conversation found with session ID: {SID}",
+        ),
+        (CopilotAgent, [], f"Error: No session, task, or name matched '{SID}'.\n\nTo resume"),
+        (CodexAgent, [], f"Error: thread/resume failed: no rollout found for thread id {SID}"),
+    ],
+)
+async def test_unknown_session_is_reported_plainly(
+    tmp_path: Path, fake_cli: Path, cls: type[JsonStreamAgent], lines: list[str], stderr: str
+) -> None:
+    agent = cls(options(tmp_path, fake_cli, lines, exit_code=1, stderr=stderr), session_id=SID)
+    agent.started = True
+    out = await agent.run_turn("hi")
+    assert out.exit_code == 1
+    assert out.text.startswith(f"{cls.cli_name} no longer knows session {SID}")
+    assert "exited with code 1" in out.text
+    assert out.metadata["session_missing"] is True
+
+
+async def test_missing_binary_says_how_to_install(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    for cls, package in (
+        (ClaudeAgent, "@anthropic-ai/claude-code"),
+        (CopilotAgent, "@github/copilot"),
+        (CodexAgent, "@openai/codex"),
+    ):
+        agent = cls(AgentOptions(binary="no-such-agent-cli-xyz", cwd=tmp_path / "ws"))
+        with pytest.raises(TurnExecError, match=f"npm install -g {package}") as caught:
+            await agent.run_turn("hi")
+        assert caught.value.binary == "no-such-agent-cli-xyz"
+        assert cls.binary_setting in str(caught.value)
+
+
+def test_find_binary(tmp_path: Path, fake_cli: Path) -> None:
+    assert find_binary(str(fake_cli), None) == str(fake_cli)
+    assert find_binary("fake-cli", str(fake_cli.parent)) == str(fake_cli)
+    assert find_binary(str(tmp_path / "nope"), None) is None
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    assert find_binary(str(plain), None) is None
+
+
+async def test_long_result_text_is_spilled_whole(tmp_path: Path, fake_cli: Path) -> None:
+    text = "é" * 3000
+    opts = options(
+        tmp_path, fake_cli, [claude_result(text)], spill_limit=1024, spill_dir=tmp_path / "sp"
+    )
+    out = await ClaudeAgent(opts).run_turn("hi")
+    assert out.spilled
+    assert out.full_text() == text
+    assert out.size == len(text.encode())
+    assert len(out.text.encode()) <= 1024
+
+
+async def test_event_stream_ends_with_the_turn(tmp_path: Path, fake_cli: Path) -> None:
+    lines = [
+        json.dumps({"type": "system", "subtype": "init", "session_id": SID}),
+        json.dumps(
+            {
+                "type": "assistant",
+                "message": {
+                    "content": [
+                        {"type": "text", "text": "let me look"},
+                        {"type": "tool_use", "id": "t1", "name": "Read", "input": {"f": 1}},
+                    ]
+                },
+            }
+        ),
+        json.dumps(
+            {
+                "type": "user",
+                "message": {
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": "denied",
+                            "is_error": True,
+                        }
+                    ]
+                },
+            }
+        ),
+        claude_result("done"),
+    ]
+    agent = ClaudeAgent(options(tmp_path, fake_cli, lines))
+    stream = EventStream()
+    agent.on_event = stream
+    out = await agent.run_turn("hi")
+    events = [event async for event in stream]
+    assert [event.kind for event in events] == [
+        EventKind.SESSION,
+        EventKind.TEXT,
+        EventKind.TOOL_USE,
+        EventKind.TOOL_RESULT,
+        EventKind.RESULT,
+        EventKind.TURN_END,
+    ]
+    assert [event.line for event in events] == [1, 2, 2, 3, 4, 0]
+    assert events[3].is_error
+    assert events[3].tool_id == events[2].tool_id == "t1"
+    assert out.text == "done"
+
+
+# -- Copilot CLI -------------------------------------------------------------------------
+
+
+def test_copilot_allowlist_uses_permission_kinds_and_never_allow_all() -> None:
+    mapped = copilot_allowlist(ToolAllowlist.from_flags(["view", "create", "edit", "bash"]))
+    assert mapped.to_copilot_args() == [
+        "--allow-tool",
+        "view",
+        "--allow-tool",
+        "write",
+        "--allow-tool",
+        "shell",
+    ]
+    dangerous = copilot_allowlist(ToolAllowlist.from_flags([], dangerous=True))
+    assert dangerous.to_copilot_args() == ["--allow-all-tools"]
+    assert "--allow-all" not in dangerous.to_copilot_args()
+
+
+async def test_copilot_argv_and_result(tmp_path: Path, fake_cli: Path) -> None:
+    lines = [
+        json.dumps({"type": "user.message", "data": {"content": "hi"}}),
+        json.dumps({"type": "assistant.message", "data": {"content": "first"}}),
+        json.dumps({"type": "assistant.message", "data": {"content": "final"}}),
+        json.dumps({"type": "result", "sessionId": SID, "exitCode": 0, "usage": {"x": 1}}),
+    ]
+    config = tmp_path / "copilot-home"
+    agent = CopilotAgent(options(tmp_path, fake_cli, lines, config_dir=config), session_id=SID)
+    first = await agent.run_turn("--version")
+    await agent.run_turn("again")
+    one, two = records(tmp_path)
+    assert one["argv"][:6] == ["-s", "--no-color", "--output-format", "json", "--session-id", SID]
+    assert two["argv"][4] == f"--resume={SID}"
+    assert one["stdin"] == "--version"
+    assert one["env"]["COPILOT_HOME"] == str(config)  # type: ignore[index]
+    assert first.text == "final"
+    assert first.metadata["num_turns"] == 2
+    assert first.metadata["session_id"] == SID
+
+
+# -- Codex -------------------------------------------------------------------------------
+
+
+def test_codex_sandbox_follows_the_allowlist() -> None:
+    assert codex_sandbox_args(ToolAllowlist.read_only_default()) == ["-s", "read-only"]
+    assert codex_sandbox_args(ToolAllowlist.from_flags(["view", "edit"])) == [
+        "-s",
+        "workspace-write",
+    ]
+    dangerous = codex_sandbox_args(ToolAllowlist.from_flags([], dangerous=True))
+    assert dangerous[:2] == ["-s", "workspace-write"]
+    assert "danger-full-access" not in dangerous
+
+
+async def test_codex_thread_id_becomes_the_session_id(tmp_path: Path, fake_cli: Path) -> None:
+    thread = "01a22a77-ad09-7d63-92d5-cd92a8ff5aa9"
+    lines = [
+        json.dumps({"type": "thread.started", "thread_id": thread}),
+        json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": "yo"}}),
+        json.dumps({"type": "turn.completed", "usage": {"output_tokens": 3}}),
+    ]
+    home = tmp_path / "codex-home"
+    agent = CodexAgent(options(tmp_path, fake_cli, lines, config_dir=home))
+    first = await agent.run_turn("hello")
+    assert agent.session_id == thread
+    assert first.metadata["session_id"] == thread
+    assert first.text == "yo"
+    await agent.run_turn("-again")
+    one, two = records(tmp_path)
+    assert one["argv"][:3] == ["exec", "--json", "--skip-git-repo-check"]
+    assert one["argv"][-1] == "-"
+    assert "resume" not in one["argv"]
+    assert two["argv"][-3:] == ["resume", thread, "-"]
+    assert two["stdin"] == "-again"
+    env = one["env"]
+    assert isinstance(env, dict)
+    assert env["HOME"] == str(home)
+    assert env["CODEX_HOME"] == str(home / ".codex")
+
+
+async def test_codex_refuses_an_oversized_prompt_before_spawning(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    agent = CodexAgent(options(tmp_path, fake_cli))
+    with pytest.raises(InvalidPromptError, match="at most"):
+        await agent.run_turn("x" * (CODEX_MAX_PROMPT_CHARS + 1))
+    assert not (tmp_path / "record.jsonl").exists()
+
+
+async def test_codex_failed_turn_is_an_output(tmp_path: Path, fake_cli: Path) -> None:
+    lines = [
+        json.dumps({"type": "thread.started", "thread_id": SID}),
+        json.dumps({"type": "error", "message": "bad request"}),
+        json.dumps({"type": "turn.failed", "error": {"message": "bad request"}}),
+    ]
+    out = await CodexAgent(options(tmp_path, fake_cli, lines, exit_code=1)).run_turn("hi")
+    assert out.exit_code == 1
+    assert out.metadata["is_error"] is True
+    assert "bad request" in out.text
+
+
+# -- factory -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "cls"), [("claude", ClaudeAgent), ("copilot", CopilotAgent), ("codex", CodexAgent)]
+)
+def test_factory_builds_each_adapter(tmp_path: Path, tool: str, cls: type[JsonStreamAgent]) -> None:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    agent = create_agent(tool, settings, cwd=tmp_path, session_id=SID, resume=True)
+    assert isinstance(agent, cls)
+    assert agent.started
+    assert agent.session_id == SID
