@@ -300,7 +300,8 @@ class AutoModeChannel(BaseChannel):
         self._mirror()
         _LOGGER.warning("%s", self._state.message, extra=self._extra)
         await self._status(self._state.message or "stopped")
-        await self._safe_publish(self._final_report(self._state))
+        self.report = self._final_report(self._state)
+        await self._safe_publish(self.report)
 
     # -- helpers ------------------------------------------------------------------------
     def _values(self) -> dict[str, str]:

@@ -9,12 +9,11 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from engine.agents.base import ProcessAgent
 from engine.agents.factory import create_agent
 from engine.automode.append import InstructionInbox
 from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
@@ -28,10 +27,10 @@ from engine.automode.state import (
     owner_token,
     write_state_file,
 )
+from engine.automode.stop import until_stopped
 from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
-from engine.process import PreemptHandle
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
@@ -82,20 +81,20 @@ def process_exit_code(code: int) -> int:
 
 
 class _StoppableSession:
-    """Refuses to start a turn once a stop was requested (closes the race with spawning)."""
+    """Pre-empts the turn when the run's stop latch is set, even before it spawned."""
 
-    def __init__(self, runner: AgentSession, stopping: Callable[[], bool]) -> None:
+    def __init__(self, runner: AgentSession, stop: asyncio.Event) -> None:
         self._runner = runner
-        self._stopping = stopping
+        self._stop = stop
 
     @property
     def session_id(self) -> str:
         return self._runner.session_id
 
     async def run_turn(self, prompt: str) -> TurnOutput:
-        if self._stopping():
-            raise TurnPreempted("stopped before the turn started", session_id=self.session_id)
-        return await self._runner.run_turn(prompt)
+        return await until_stopped(
+            self._runner.run_turn(prompt), self._stop, what="the turn", session_id=self.session_id
+        )
 
 
 class AutoRun:
@@ -112,13 +111,12 @@ class AutoRun:
         channel: AutoModeChannel,
         runner: AgentSession,
         inbox: InstructionInbox,
-        preempts: Sequence[PreemptHandle],
+        stop: asyncio.Event,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.inbox = inbox
-        self._preempts = tuple(preempts)
-        self._stopping = False
+        self._stop = stop
         self._task: asyncio.Task[AutoResult] | None = None
 
     @property
@@ -164,10 +162,8 @@ class AutoRun:
 
     async def stop(self) -> None:
         """Stop the run: pre-empt the running turn or verify command; the run ends stopped."""
-        self._stopping = True
+        self._stop.set()
         self.channel.request_stop()
-        for handle in self._preempts:
-            await handle.stop()
 
     def result(self) -> AutoResult:
         s = self.channel.state
@@ -181,11 +177,11 @@ class AutoRun:
         )
 
     async def _drive(self) -> AutoResult:
-        session = _StoppableSession(self.runner, lambda: self._stopping)
+        session = _StoppableSession(self.runner, self._stop)
         try:
             await run_session_loop(session, self.channel)
         except TurnPreempted as exc:
-            if not self._stopping:
+            if not self._stop.is_set():
                 await self.channel.record_turn_error(str(exc))
                 raise
             await self.channel.record_preempted(STOPPED_BY_PERSON.lower())
@@ -262,13 +258,15 @@ def _build(
         resume=resume_session,
     )
     log_dir = Path(state.log_dir)
+    stop = asyncio.Event()
     verifier = CompletionVerifier(
         workdir,
         base_commit=state.base_commit,
         verify_cmd=_verify_argv(cfg.get("verify_cmd"), workdir),
         threshold=float(cfg.get("threshold", settings.completion_threshold)),
         exclude=[log_dir],
-        preempt=PreemptHandle(grace=settings.preempt_grace, session_id=state.session_id),
+        stop=stop,
+        spill_dir=log_dir,
     )
     inbox = InstructionInbox(log_dir)
     inbox.ensure()
@@ -281,10 +279,7 @@ def _build(
         inbox=inbox,
         sink=sink if sink is not None else LogSink(),
     )
-    preempts = [verifier.preempt]
-    if isinstance(agent, ProcessAgent):
-        preempts.insert(0, agent.preempt)
-    return AutoRun(channel=channel, runner=AutoModeRunner(agent), inbox=inbox, preempts=preempts)
+    return AutoRun(channel=channel, runner=AutoModeRunner(agent), inbox=inbox, stop=stop)
 
 
 async def prepare_auto_run(

@@ -10,6 +10,7 @@ scores 0: with no evidence at all, nothing is accepted.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -22,8 +23,9 @@ from typing import Final
 from engine.automode.git import Git
 from engine.automode.prompts import MARKER_PREFIX
 from engine.automode.state import Verdict
+from engine.automode.stop import until_stopped
 from engine.errors import TurnExecError, TurnPreempted
-from engine.process import PreemptHandle, ProcessSpec, run_process
+from engine.process import ProcessSpec, run_process
 from engine.redact import tail
 
 __all__ = [
@@ -122,7 +124,7 @@ class CompletionVerifier:
         workdir: the agent's working directory.
         base_commit: HEAD when the run started (None: the repository had no commit).
         verify_cmd: the operator's verify command as argv (None: not configured). It runs
-            to completion; only ``preempt`` (a person's stop) ends it early.
+            to completion; only ``stop`` (a person's stop, a latch) ends it early.
         threshold: the score needed to accept a COMPLETE claim.
         exclude: paths inside the workdir that are not the agent's work (the run's own
             log folder) and do not make the tree dirty.
@@ -138,7 +140,8 @@ class CompletionVerifier:
         exclude: Sequence[Path] = (),
         weights: Mapping[str, float] = DEFAULT_WEIGHTS,
         gh_bin: str = "gh",
-        preempt: PreemptHandle | None = None,
+        stop: asyncio.Event | None = None,
+        spill_dir: Path | None = None,
     ) -> None:
         self.workdir = workdir
         self.base_commit = base_commit
@@ -147,7 +150,8 @@ class CompletionVerifier:
         self.exclude = list(exclude)
         self.weights = dict(weights)
         self.gh_bin = gh_bin
-        self.preempt = preempt or PreemptHandle()
+        self.stop_event = stop or asyncio.Event()
+        self.spill_dir = spill_dir
         self._git = Git(workdir)
 
     async def verify(self, claim: Verdict) -> Verification:
@@ -189,8 +193,12 @@ class CompletionVerifier:
         if self.verify_cmd is None:
             return self._ev("verify_cmd", None, "no verify command configured")
         try:
-            result = await run_process(
-                ProcessSpec(argv=self.verify_cmd, cwd=self.workdir), preempt=self.preempt
+            result = await until_stopped(
+                run_process(
+                    ProcessSpec(argv=self.verify_cmd, cwd=self.workdir), spill_dir=self.spill_dir
+                ),
+                self.stop_event,
+                what="the verify command",
             )
         except TurnPreempted:
             return self._ev("verify_cmd", 0.0, "stopped by a person before it finished")
@@ -211,12 +219,16 @@ class CompletionVerifier:
         if not await self._git.has_remote():
             return self._ev("pr_ci", None, "no git remote")
         try:
-            result = await run_process(
-                ProcessSpec(
-                    argv=[gh, "pr", "view", "--json", "state,url,statusCheckRollup"],
-                    cwd=self.workdir,
+            result = await until_stopped(
+                run_process(
+                    ProcessSpec(
+                        argv=[gh, "pr", "view", "--json", "state,url,statusCheckRollup"],
+                        cwd=self.workdir,
+                    ),
+                    spill_dir=self.spill_dir,
                 ),
-                preempt=self.preempt,
+                self.stop_event,
+                what="gh",
             )
         except (TurnPreempted, TurnExecError) as exc:
             return self._ev("pr_ci", None, f"gh failed: {exc}")
