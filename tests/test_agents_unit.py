@@ -6,6 +6,7 @@ and environment, prints the lines it is told to, and exits with the code it is t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -29,6 +30,7 @@ from engine.agents.stream import (
     JsonStreamAgent,
     find_binary,
 )
+from engine.commands.agents import agent_statuses, handle
 from engine.errors import ConfigError, InvalidPromptError, TurnExecError, TurnIOError
 from engine.settings import Settings
 
@@ -462,3 +464,42 @@ def test_factory_builds_each_adapter(tmp_path: Path, tool: str, cls: type[JsonSt
     assert isinstance(agent, cls)
     assert agent.started
     assert agent.session_id == SID
+
+
+# -- turnstile agents ----------------------------------------------------------------------
+
+
+async def test_agents_command_reports_found_missing_and_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    versioned = tmp_path / "claude"
+    versioned.write_text(f"#!{sys.executable}\nprint('9.9.9 (Claude Code)')\n")
+    versioned.chmod(0o755)
+    broken = tmp_path / "codex"
+    broken.write_text(
+        f"#!{sys.executable}\nimport sys\nprint('nope', file=sys.stderr)\nsys.exit(2)\n"
+    )
+    broken.chmod(0o755)
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        claude_bin=str(versioned),
+        copilot_bin="no-such-copilot-xyz",
+        codex_bin=str(broken),
+        agent_command=f"{sys.executable} -c pass {{prompt}}",
+    )
+    by_name = {s.name: s for s in await agent_statuses(settings)}
+    assert by_name["claude"].default
+    assert by_name["claude"].version == "9.9.9 (Claude Code)"
+    assert by_name["copilot"].path is None
+    assert "npm install -g @github/copilot" in (by_name["copilot"].problem or "")
+    assert by_name["codex"].problem == "--version exited with code 2: nope"
+    assert by_name["command"].path == sys.executable
+
+    assert await handle(argparse.Namespace(json=False), settings) == 0
+    table = capsys.readouterr().out
+    assert "9.9.9 (Claude Code)" in table
+    assert "no-such-copilot-xyz" in table
+    missing_default = Settings(_env_file=None, claude_bin="no-such-claude-xyz")  # type: ignore[call-arg]
+    assert await handle(argparse.Namespace(json=True), missing_default) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["name"] for line in lines] == ["claude", "copilot", "codex", "command"]

@@ -206,7 +206,7 @@ def find_binary(binary: str, path: str | None) -> str | None:
     if os.sep in binary:
         candidate = Path(binary).expanduser()
         if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate.resolve())
+            return os.path.abspath(candidate)
         return None
     return shutil.which(binary, path=path)
 
