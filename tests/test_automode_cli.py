@@ -1,0 +1,327 @@
+"""``turnstile auto`` and ``turnstile runs`` as real subprocesses: end to end, exit codes,
+bad input, steering with --append, Ctrl-C, and crash recovery with --resume after SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.automode_support import (
+    AGENT_CMD,
+    EVALUATE,
+    EXECUTE,
+    REPO,
+    agent_log,
+    cli_env,
+    commit_step,
+    evaluation,
+    git_workspace,
+    happy_rules,
+    turnstile,
+    write_script,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return git_workspace(tmp_path / "ws")
+
+
+def run_cli(tmp: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        turnstile(*args), cwd=tmp, env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+def auto_args(ws: Path, *extra: str) -> list[str]:
+    return ["auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(ws), *extra]
+
+
+def turns_of(tmp: Path, run_id: str) -> list[tuple[int, int, str, str]]:
+    with sqlite3.connect(tmp / "turnstile.db") as conn:
+        rows = conn.execute(
+            "SELECT seq, attempt, phase, state FROM turns WHERE run_id = ? ORDER BY seq, attempt",
+            (run_id,),
+        ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+def run_row(tmp: Path, run_id: str) -> dict[str, Any]:
+    with sqlite3.connect(tmp / "turnstile.db") as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return dict(row)
+
+
+class Cli:
+    """A ``turnstile`` subprocess whose stderr log is read line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+
+    @classmethod
+    async def start(cls, tmp: Path, env: dict[str, str], *args: str) -> Cli:
+        proc = await asyncio.create_subprocess_exec(
+            *turnstile(*args),
+            cwd=tmp,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        return cls(proc)
+
+    async def wait_for(self, text: str) -> str:
+        assert self.proc.stderr is not None
+        while True:
+            raw = await self.proc.stderr.readline()
+            if not raw:
+                raise AssertionError(f"{text!r} never logged:\n" + "".join(self.lines))
+            line = raw.decode()
+            self.lines.append(line)
+            if text in line:
+                return line
+
+    async def finish(self) -> tuple[int, str, str]:
+        out, err = await self.proc.communicate()
+        return self.proc.returncode or 0, out.decode(), "".join(self.lines) + err.decode()
+
+
+def run_id_from(line: str) -> str:
+    return line.split("Auto run ", 1)[1].split()[0]
+
+
+def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path) -> None:
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    done = run_cli(tmp_path, env, *auto_args(ws, "-p", "create result.txt"))
+    assert done.returncode == 0, done.stderr
+    run_id, status, code = done.stdout.split()
+    assert (status, code) == ("completed", "exit=0")
+    for line in (
+        "Turn 1/10: Clarifying objective",
+        "Turn 2/10: Creating plan",
+        "Turn 3/10: Executing",
+        "Turn 3/10: Evaluating",
+        "Evaluate exit code: 0 (stdout",
+        "Completion score: 1.00 (threshold 0.80)",
+        "Objective achieved",
+    ):
+        assert line in done.stderr
+    assert (ws / "result.txt").read_text() == "done\n"
+    listed = run_cli(tmp_path, env, "runs")
+    assert listed.returncode == 0
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(run_id))
+    assert row.split()[:6] == [run_id, "auto", "command", "completed", "evaluate", "3/10"]
+    as_json = json.loads(run_cli(tmp_path, env, "runs", "--json").stdout.splitlines()[0])
+    assert as_json["id"] == run_id
+    assert as_json["status"] == "completed"
+    assert Path(as_json["log_dir"], "transcript.md").exists()
+
+
+def test_prompt_and_passthrough_after_double_dash(tmp_path: Path, ws: Path) -> None:
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    done = run_cli(tmp_path, env, *auto_args(ws, "--max-turns", "2", "--", "-p", "goal", "xtra"))
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.split()[0]
+    state = json.loads(run_row(tmp_path, run_id)["state_json"])
+    assert state["objective"] == "goal"
+    assert state["config"]["passthrough"] == ["xtra"]
+    assert "Reached max turns without verified completion" in done.stderr
+    assert [(s, p) for s, _, p, _ in turns_of(tmp_path, run_id)] == [(1, "clarify"), (2, "plan")]
+
+
+@pytest.mark.parametrize(
+    ("failing", "code", "status", "crashed"),
+    [(EVALUATE, 5, "error", False), (": clarify the objective\n", 3, "crashed", True)],
+)
+def test_exit_codes_follow_the_contract(
+    tmp_path: Path, ws: Path, failing: str, code: int, status: str, crashed: bool
+) -> None:
+    rules = [{"match": failing, "text": "boom", "exit": code}, *happy_rules()]
+    script = write_script(tmp_path / "fake", rules=rules)
+    done = run_cli(tmp_path, cli_env(tmp_path, script), *auto_args(ws, "-p", "x"))
+    assert done.returncode == code
+    run_id = done.stdout.split()[0]
+    row = run_row(tmp_path, run_id)
+    assert row["status"] == status
+    assert row["exit_code"] == code
+    assert (row["abort_reason"] is not None) is crashed
+    assert ("run aborted" in done.stderr) is crashed
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-turns", "0", "-p", "x"], "--max-turns must be at least 1"),
+        (["--max-turns", "-3", "-p", "x"], "--max-turns must be at least 1"),
+        (["--workdir", "/no/such/dir", "-p", "x"], "does not exist"),
+        ([], "give the objective"),
+        (["-p", "x", "--", "-p", "y"], "given twice"),
+        (["-p", "x", "--verify-cmd", "no-such-program-xyz"], "not found"),
+    ],
+)
+def test_bad_input_exits_2(tmp_path: Path, ws: Path, extra: list[str], message: str) -> None:
+    done = run_cli(tmp_path, cli_env(tmp_path, None), *auto_args(ws, *extra))
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Turn 1" not in done.stderr
+
+
+def test_unknown_tool_exits_2(tmp_path: Path, ws: Path) -> None:
+    done = run_cli(tmp_path, cli_env(tmp_path, None), "auto", "--tool", "gpt", "-p", "x")
+    assert done.returncode == 2
+    assert "invalid choice: 'gpt'" in done.stderr
+
+
+def test_resume_refuses_unknown_and_finished_runs(tmp_path: Path, ws: Path) -> None:
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(tmp_path, script)
+    done = run_cli(tmp_path, env, *auto_args(ws, "-p", "x"))
+    assert done.returncode == 0
+    again = run_cli(tmp_path, env, "auto", "--resume", done.stdout.split()[0])
+    assert again.returncode == 2
+    assert "cannot be resumed" in again.stderr
+    missing = run_cli(tmp_path, env, "auto", "--resume", "auto-nope")
+    assert missing.returncode == 1
+    assert "no run 'auto-nope'" in missing.stderr
+
+
+async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> None:
+    gate = tmp_path / "go"
+    replies = [
+        {"text": "goal"},
+        {"text": "plan"},
+        {"text": "working", "wait_file": str(gate)},
+        evaluation("IN PROGRESS"),
+        commit_step("result.txt"),
+        evaluation("COMPLETE"),
+    ]
+    script = write_script(tmp_path / "fake", replies=replies)
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
+    started = await cli.wait_for("Auto run ")
+    await cli.wait_for("Turn 3/10: Executing")
+    steer = await asyncio.to_thread(
+        run_cli, tmp_path, env, "auto", "--append", "Please also write NOTES.md"
+    )
+    assert steer.returncode == 0, steer.stderr
+    assert run_id_from(started) in steer.stdout
+    gate.touch()
+    code, _out, err = await cli.finish()
+    assert code == 0, err
+    executes = [e["prompt"] for e in agent_log(tmp_path / "agent.log") if EXECUTE in e["prompt"]]
+    assert len(executes) == 2
+    assert "NOTES.md" not in executes[0]
+    assert executes[1].count("Please also write NOTES.md") == 1
+    named = run_cli(tmp_path, env, "auto", "--append", "late", "--session", run_id_from(started))
+    assert named.returncode == 2
+    assert "has ended" in named.stderr
+
+
+async def test_ctrl_c_stops_the_run_and_the_agent(tmp_path: Path, ws: Path) -> None:
+    pids = tmp_path / "pids"
+    rules = happy_rules(execute={"text": "slow", "grandchild": True, "sleep": 600})
+    script = write_script(tmp_path / "fake", rules=rules)
+    env = cli_env(tmp_path, script, extra={"FAKE_AGENT_PIDS": str(pids)})
+    cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
+    started = await cli.wait_for("Auto run ")
+    await cli.wait_for("Turn 3/10: Executing")
+    cli.proc.send_signal(signal.SIGINT)
+    code, out, err = await cli.finish()
+    assert code == 130, err
+    assert out.split()[1:] == ["stopped", "exit=130"]
+    run_id = run_id_from(started)
+    assert [t[3] for t in turns_of(tmp_path, run_id)] == ["finished", "finished", "interrupted"]
+    assert run_row(tmp_path, run_id)["status"] == "stopped"
+    for line in pids.read_text().splitlines() if pids.exists() else []:
+        for pid in map(int, line.split()):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
+    gate = tmp_path / "go"
+    rules = happy_rules(execute={"text": "executed", "wait_file": str(gate)})
+    rules[3] = {"match": EVALUATE, **commit_step("result.txt", text="AUTO-MODE STATUS: COMPLETE")}
+    script = write_script(tmp_path / "fake", rules=rules)
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
+    run_id = run_id_from(await cli.wait_for("Auto run "))
+    await cli.wait_for("Turn 3/10: Executing")
+    cli.proc.kill()
+    await cli.finish()
+    gate.touch()  # lets an orphaned agent of the killed turn finish
+    listed = await asyncio.to_thread(run_cli, tmp_path, env, "runs")
+    assert f"{run_id}" in listed.stdout
+    assert "running*" in listed.stdout
+    resumed = await asyncio.to_thread(run_cli, tmp_path, env, "auto", "--resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resuming auto run" in resumed.stderr
+    assert "1 interrupted turn(s) re-run" in resumed.stderr
+    assert resumed.stdout.split()[1] == "completed"
+    assert turns_of(tmp_path, run_id) == [
+        (1, 1, "clarify", "finished"),
+        (2, 1, "plan", "finished"),
+        (3, 1, "execute", "interrupted"),
+        (3, 2, "execute", "finished"),
+        (4, 1, "evaluate", "finished"),
+    ]
+    row = run_row(tmp_path, run_id)
+    assert row["status"] == "completed"
+    assert json.loads(Path(row["log_dir"], "state.json").read_text())["status"] == "completed"
+
+
+async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
+    tmp_path: Path, ws: Path
+) -> None:
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    killer = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.automode_support",
+            "kill-after-turn",
+            "3",
+            str(tmp_path / "turnstile.db"),
+            str(tmp_path / "runs"),
+            str(ws),
+            AGENT_CMD,
+            "create result.txt",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killer.returncode == -signal.SIGKILL, killer.stderr
+    run_id = killer.stderr.split("RUN ", 1)[1].split()[0]
+    # The execute turn ran (and committed) but its end was never recorded.
+    assert turns_of(tmp_path, run_id)[-1] == (3, 1, "execute", "started")
+    resumed = run_cli(tmp_path, env, "auto", "--resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    turns = turns_of(tmp_path, run_id)
+    assert turns == [
+        (1, 1, "clarify", "finished"),
+        (2, 1, "plan", "finished"),
+        (3, 1, "execute", "interrupted"),
+        (3, 2, "execute", "finished"),
+        (4, 1, "evaluate", "finished"),
+    ]
+    finished = [seq for seq, _, _, state in turns if state == "finished"]
+    assert len(finished) == len(set(finished))  # each turn recorded finished once
+    assert run_row(tmp_path, run_id)["status"] == "completed"
