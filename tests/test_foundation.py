@@ -193,3 +193,24 @@ def test_all_lists_real_names(package: str) -> None:
     module = importlib.import_module(package)
     for name in module.__all__:
         assert hasattr(module, name), f"{package}.{name}"
+
+
+def test_terminal_chat_runs_turns_of_one_session(tmp_path: Path, fake_agent_cmd: str) -> None:
+    env = clean_env()
+    env["TURNSTILE_AGENT_COMMAND"] = fake_agent_cmd
+    env["FAKE_AGENT_LOG"] = str(tmp_path / "log.jsonl")
+    env["FAKE_AGENT_STATE"] = str(tmp_path / "state")
+    result = subprocess.run(
+        [*TURNSTILE, "chat", "--tool", "command", "--session", "term-1"],
+        input="first\n\n  \nsecond\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["echo: first", "echo: second"]
+    log = [line for line in (tmp_path / "log.jsonl").read_text().splitlines() if line]
+    assert len(log) == 2
+    assert all('"session": "term-1"' in line for line in log)

@@ -1,0 +1,98 @@
+"""``turnstile chat``: one agent session driven from this terminal, a line per turn.
+
+The terminal is one more :class:`~engine.turn.Channel`: each line read from stdin is a
+turn of the same resumed session; its output is written to stdout. End of input closes
+the channel after the running turn finishes; Ctrl-C pre-empts the running turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.errors import TurnPreempted
+from engine.settings import Settings
+from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
+
+__all__ = ["TerminalChannel", "register"]
+
+
+class TerminalChannel(BaseChannel):
+    """Prompts from lines pushed by a reader; outputs written to a text stream."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__("terminal")
+        self._lines: deque[str] = deque()
+        self._eof = False
+        self._out = out
+
+    def push_line(self, line: str) -> None:
+        if line.strip():
+            self._lines.append(line.rstrip("\n"))
+            self.notify_inbound()
+
+    def end(self) -> None:
+        self._eof = True
+        self.notify_inbound()
+
+    async def next_prompt(self) -> NextPrompt:
+        if self._lines:
+            return Ready(self._lines.popleft())
+        if self._eof:
+            return Closed()
+        return Idle()
+
+    async def publish_output(self, out: TurnOutput) -> None:
+        text = out.full_text()
+        self._out.write(text if text.endswith("\n") else text + "\n")
+        if out.exit_code not in (None, 0):
+            self._out.write(f"[agent exited with code {out.exit_code}]\n")
+        self._out.flush()
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "chat", help="talk to one agent session from this terminal, a line per turn"
+    )
+    parser.add_argument(
+        "--tool", choices=AGENT_NAMES, default=None, help="agent (default: setting)"
+    )
+    parser.add_argument("--agent-cmd", default=None, help="argv template of the command agent")
+    parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="the session's cwd")
+    parser.add_argument("--session", default=None, help="session id (default: a new one)")
+    parser.set_defaults(handler=run_chat)
+
+
+def _start_stdin_reader(channel: TerminalChannel, loop: asyncio.AbstractEventLoop) -> None:
+    # A daemon thread: a blocked readline must never keep the process alive on exit.
+    def read() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(channel.push_line, line)
+        loop.call_soon_threadsafe(channel.end)
+
+    threading.Thread(target=read, name="terminal-stdin", daemon=True).start()
+
+
+async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
+    agent = create_agent(
+        args.tool or settings.default_agent,
+        settings,
+        cwd=args.workdir.resolve(),
+        session_id=args.session or str(uuid.uuid4()),
+        agent_cmd=args.agent_cmd,
+    )
+    channel = TerminalChannel(sys.stdout)
+    _start_stdin_reader(channel, asyncio.get_running_loop())
+    try:
+        await run_session_loop(agent, channel)
+    except TurnPreempted:
+        print("turnstile: turn stopped", file=sys.stderr)
+        return 130
+    return 0
