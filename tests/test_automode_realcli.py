@@ -1,0 +1,84 @@
+"""One auto run with the real Claude Code CLI against the fake model API: the scripted
+model writes and commits a file, reports COMPLETE, and the verifier accepts it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from engine.automode import AutoStatus, start_auto_run
+from engine.settings import load_settings
+from engine.store.database import Database
+from engine.store.runs import SqliteRunStore, TurnState
+from tests.agent_clis import ensure_cli
+from tests.automode_support import GIT_ENV, git_workspace
+from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
+from tests.fakes.realcli import Sandbox
+
+pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="session")
+def claude_bin() -> Path:
+    return ensure_cli("claude")
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeModelAPI]:
+    async with FakeModelAPI() as server:
+        yield server
+
+
+async def test_auto_run_with_claude_code_commits_and_is_verified(
+    claude_bin: Path, api: FakeModelAPI, isolated_env: Path
+) -> None:
+    sandbox = Sandbox(isolated_env / "sandbox")
+    workspace = git_workspace(sandbox.workspace)
+    target = workspace / "hello.txt"
+    api.enqueue(
+        Text("Goal: hello.txt holds 'hello' and is committed."),  # Clarify
+        Text("1. write hello.txt\n2. commit it"),  # Plan
+        ToolCall("Write", {"file_path": str(target), "content": "hello\n"}),  # Execute
+        ToolCall(
+            "Bash",
+            {"command": "git add hello.txt && git commit -q -m 'add hello'", "description": "c"},
+        ),
+        Text("Wrote and committed hello.txt."),
+        Text("hello.txt is committed and the tree is clean.\nAUTO-MODE STATUS: COMPLETE"),
+    )
+    settings = load_settings(
+        database=isolated_env / "t.db",
+        runs_dir=isolated_env / "runs",
+        claude_bin=str(claude_bin),
+        allowed_tools=("view", "create", "bash"),
+    )
+    async with Database(settings.database) as db:
+        run = await start_auto_run(
+            settings,
+            db,
+            objective="create hello.txt containing hello and commit it",
+            tool="claude",
+            workdir=workspace,
+            extra_env=sandbox.env({**api.claude_env(sandbox.config), **GIT_ENV}),
+            config_dir=sandbox.config,
+            max_turns=4,
+        )
+        result = await run.task
+        turns = await SqliteRunStore(db).turns(run.run_id)
+    assert result.status is AutoStatus.COMPLETED, result.report
+    assert result.exit_code == 0
+    assert target.read_text() == "hello\n"
+    assert [t.phase for t in turns] == ["clarify", "plan", "execute", "evaluate"]
+    assert all(t.state is TurnState.FINISHED for t in turns)
+    assert turns[2].output == "Wrote and committed hello.txt."
+    assert result.report is not None
+    assert "commits=pass (1 since the run started)" in result.report
+    assert "clean_tree=pass (clean)" in result.report
+    # One session, resumed: each later request carries the earlier conversation.
+    requests = api.model_requests
+    assert len(requests) == 6
+    last = requests[-1].conversation()
+    assert ("assistant", "Goal: hello.txt holds 'hello' and is committed.") in last
+    assert api.unscripted == 0
