@@ -209,16 +209,9 @@ async def _show(args: argparse.Namespace, gates: Any) -> int:
 
 
 async def _validate(args: argparse.Namespace, gates: Any) -> int:
-    import asyncio
-
-    from engine.gates.folder import validate_folder
     from engine.gates.refusals import EXIT_VIOLATIONS
 
-    task = await gates.task(args.task)
-    expected = await gates.store.expected_state(task)
-    violations = await asyncio.to_thread(
-        validate_folder, task.folder, gates.workflow, task.phase, task.return_phase, expected
-    )
+    task, violations = await gates.store.validate(args.task)
     await gates.store.record_audit(
         "validate_folder",
         "clean" if not violations else "violations",

@@ -8,13 +8,11 @@ forbids code edits. Each run is itself recorded in the audit log.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from engine.gates.folder import validate_folder
 from engine.gates.gitwatch import fingerprint
 from engine.gates.tasks import TaskRecord, TaskStore, TransitionRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION, Workflow
@@ -164,10 +162,7 @@ async def _code_findings(
 
 async def audit_task(store: TaskStore, task: TaskRecord) -> list[Finding]:
     """Every finding for one task."""
-    expected = await store.expected_state(task)
-    violations = await asyncio.to_thread(
-        validate_folder, task.folder, store.workflow, task.phase, task.return_phase, expected
-    )
+    task, violations = await store.validate(task.name)
     found = [Finding(task.name, FindingKind(v.kind.value), v.detail) for v in violations]
     history = await store.history(task.name)
     found += _history_findings(store.workflow, task, history)

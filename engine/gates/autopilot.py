@@ -26,7 +26,7 @@ from pathlib import Path
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
 from engine.gates.audit import AuditReport, run_audit
-from engine.gates.folder import list_artifacts, validate_folder
+from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
 from engine.gates.prompts import render_phase_prompt, render_revision_prompt
 from engine.gates.refusals import GateRefused, Refusal
@@ -312,11 +312,10 @@ class Autopilot:
                 return outcome
 
     async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
+        task, violations = await self.store.validate(task.name)
+        if task.phase in (COMPLETE, HUMAN_INTERVENTION) or task.awaiting_approval:
+            return None  # changed meanwhile: the loop looks again
         spec = self.store.workflow.phase(task.phase)
-        expected = await self.store.expected_state(task)
-        violations = await asyncio.to_thread(
-            validate_folder, task.folder, self.store.workflow, task.phase, None, expected
-        )
         if violations:
             text = "; ".join(v.detail for v in violations)
             await self.store.record_audit(

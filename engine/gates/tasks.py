@@ -14,7 +14,8 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 import aiosqlite
 
 from engine.gates.decomposition import SubtaskDecl, parse_decomposition
-from engine.gates.folder import effective_phase, inspect_folder
+from engine.gates.folder import Violation, effective_phase, inspect_folder, validate_folder
 from engine.gates.gitwatch import fingerprint
 from engine.gates.hashing import sha256_file_async
 from engine.gates.machine import Facts, Target, check_transition, parse_target
@@ -287,6 +288,7 @@ class TaskStore:
         self.clock = clock
         self.track_git = track_git
         self._listeners: list[Callable[[str], None]] = []
+        self._locks: dict[Path, asyncio.Lock] = {}
 
     # -- change notification (in-process) -------------------------------------------
 
@@ -385,19 +387,52 @@ class TaskStore:
     async def expected_state(self, task: TaskRecord) -> dict[str, Any]:
         return self.snapshot(task, await self.gate_approvals(task))
 
+    @asynccontextmanager
+    async def folder_lock(self, folder: Path, *, exclusive: bool = True) -> AsyncIterator[None]:
+        """Hold the task folder's lock (``.state.lock``, flock) across processes.
+
+        Writers hold it exclusively from before their transaction until the ``.state``
+        mirror is rewritten; readers that compare ``.state`` with the store hold it shared,
+        so nobody ever sees a committed change whose mirror is not written yet. One
+        coroutine per folder per process waits on the flock (an asyncio lock in front).
+        """
+        local = self._locks.setdefault(folder, asyncio.Lock())
+        async with local:
+            await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+            fd = os.open(folder / ".state.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+                await asyncio.to_thread(fcntl.flock, fd, mode)
+                yield
+            finally:
+                os.close(fd)
+
+    async def _write_mirror(self, name: str) -> None:
+        latest = await self.get(name)
+        snap = await self.expected_state(latest)
+        await asyncio.to_thread(write_state, latest.folder, snap)
+
     async def sync_state(self, name: str) -> None:
-        """Rewrite ``name``'s ``.state`` from the store, under a folder lock so that the
-        last writer always writes the latest committed version."""
+        """Rewrite ``name``'s ``.state`` from the store (under the folder lock)."""
         task = await self.get(name)
-        task.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(task.folder / ".state.lock", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-            latest = await self.get(name)
-            snap = await self.expected_state(latest)
-            await asyncio.to_thread(write_state, latest.folder, snap)
-        finally:
-            os.close(fd)
+        async with self.folder_lock(task.folder):
+            await self._write_mirror(name)
+
+    async def validate(self, name: str) -> tuple[TaskRecord, list[Violation]]:
+        """The task and its folder violations, read consistently under the folder lock."""
+        task = await self.get(name)
+        async with self.folder_lock(task.folder, exclusive=False):
+            task = await self.get(name)
+            expected = await self.expected_state(task)
+            found = await asyncio.to_thread(
+                validate_folder,
+                task.folder,
+                self.workflow,
+                task.phase,
+                task.return_phase,
+                expected,
+            )
+        return task, found
 
     # -- audit log ---------------------------------------------------------------------------
 
@@ -485,15 +520,13 @@ class TaskStore:
         workdir = (workdir or folder).absolute()
         folder.mkdir(parents=True, exist_ok=True)
         now = self.clock()
-        try:
+        async with self.folder_lock(folder):
             async with self.db.transaction() as conn:
                 await self._insert_task(
                     conn, name, folder, workdir, phase, parent, wave, summary, started_by, now
                 )
-        except GateRefused:
-            raise
+            await self._write_mirror(name)
         self._notify(name)
-        await self.sync_state(name)
         return await self.get(name)
 
     async def _insert_task(
@@ -684,6 +717,38 @@ class TaskStore:
         columns = ", ".join(f"{k} = ?" for k in sets)
         params = [*sets.values(), now, task.name, task.version]
         new_version = task.version + 1
+        async with self.folder_lock(task.folder):
+            await self._commit_locked(
+                task, columns, params, new_version, kind, sets, actor, reason, sha, git, now
+            )
+            await self._write_mirror(task.name)
+        to_sub = sets.get("sub_state", task.sub_state)
+        to_label = str(sets.get("phase", task.phase)) + (f":{to_sub}" if to_sub else "")
+        _LOGGER.info(
+            "task %s v%d %s → %s (%s)",
+            task.name,
+            new_version,
+            task.label,
+            to_label,
+            kind,
+            extra={"task": task.name},
+        )
+        self._notify(task.name)
+
+    async def _commit_locked(
+        self,
+        task: TaskRecord,
+        columns: str,
+        params: list[Any],
+        new_version: int,
+        kind: str,
+        sets: dict[str, Any],
+        actor: str | None,
+        reason: str | None,
+        sha: str | None,
+        git: str | None,
+        now: float,
+    ) -> None:
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
                 f"UPDATE gate_tasks SET {columns}, version = version + 1, "  # noqa: S608
@@ -716,19 +781,6 @@ class TaskStore:
                     now,
                 ),
             )
-        to_sub = sets.get("sub_state", task.sub_state)
-        to_label = str(sets.get("phase", task.phase)) + (f":{to_sub}" if to_sub else "")
-        _LOGGER.info(
-            "task %s v%d %s → %s (%s)",
-            task.name,
-            new_version,
-            task.label,
-            to_label,
-            kind,
-            extra={"task": task.name},
-        )
-        self._notify(task.name)
-        await self.sync_state(task.name)
 
     async def _reopen(self, task: TaskRecord, new_sha: str, actor: str | None) -> None:
         """The artifact changed under an open gate: void its approvals (new round) and show
@@ -898,6 +950,24 @@ class TaskStore:
         decls: tuple[SubtaskDecl, ...],
     ) -> ApprovalResult:
         now = self.clock()
+        async with self.folder_lock(task.folder):
+            result = await self._record_locked(task, actor, digest, chat_id, update_id, decls, now)
+            if result.outcome is not ApprovalOutcome.ALREADY_APPROVED:
+                await self._write_mirror(task.name)
+        if result.outcome is not ApprovalOutcome.ALREADY_APPROVED:
+            self._notify(task.name)
+        return result
+
+    async def _record_locked(
+        self,
+        task: TaskRecord,
+        actor: str,
+        digest: str,
+        chat_id: int | None,
+        update_id: int | None,
+        decls: tuple[SubtaskDecl, ...],
+        now: float,
+    ) -> ApprovalResult:
         quorum = self.policy.quorum
         created: list[str] = []
         outcome = ApprovalOutcome.RECORDED
@@ -966,7 +1036,11 @@ class TaskStore:
                             conn,
                             sub,
                             task.folder / "subtasks" / decl.name,
-                            task.workdir,
+                            # A parent working in its own folder gives each sub-task its
+                            # own; a parent with a code workspace shares it.
+                            task.folder / "subtasks" / decl.name
+                            if task.workdir == task.folder
+                            else task.workdir,
                             self.workflow.subtask_start,
                             task.name,
                             decl.wave,
@@ -975,9 +1049,6 @@ class TaskStore:
                             now,
                         ):
                             created.append(sub)
-        if outcome is not ApprovalOutcome.ALREADY_APPROVED:
-            self._notify(task.name)
-            await self.sync_state(task.name)
         return ApprovalResult(
             outcome,
             task.name,
