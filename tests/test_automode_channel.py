@@ -511,6 +511,7 @@ async def test_agent_that_cannot_start_is_a_turn_exec_error(
         ({"workdir": Path("/no/such/dir")}, "does not exist"),
         ({"objective": "  "}, "empty"),
         ({"verify_cmd": "no-such-program-xyz --check"}, "not found"),
+        ({"tool": "command", "agent_cmd": None}, "needs a template"),
     ],
 )
 async def test_bad_input_is_refused_before_anything_runs(
@@ -532,6 +533,7 @@ async def test_bad_input_is_refused_before_anything_runs(
         await prepare_auto_run(settings, db, **args)
     assert await SqliteRunStore(db).list_runs() == []
     assert agent_log(env / "agent.log") == []
+    assert not settings.runs_dir.exists() or list(settings.runs_dir.iterdir()) == []
 
 
 async def test_template_override_with_unknown_placeholder_is_refused_at_start(

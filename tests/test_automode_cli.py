@@ -194,6 +194,9 @@ def test_resume_refuses_unknown_and_finished_runs(tmp_path: Path, ws: Path) -> N
     again = run_cli(tmp_path, env, "auto", "--resume", done.stdout.split()[0])
     assert again.returncode == 2
     assert "cannot be resumed" in again.stderr
+    flags = run_cli(tmp_path, env, "auto", "--resume", "x", "--max-turns", "3", "-p", "y")
+    assert flags.returncode == 2
+    assert "drop -p, --max-turns" in flags.stderr
     missing = run_cli(tmp_path, env, "auto", "--resume", "auto-nope")
     assert missing.returncode == 1
     assert "no run 'auto-nope'" in missing.stderr

@@ -4,12 +4,15 @@ the instruction inbox, and the evidence score."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import engine.automode as automode
 from engine.automode import (
@@ -353,3 +356,65 @@ def test_score_counts_only_known_evidence() -> None:
     assert score([Evidence("commits", None, "")]) == 0.0
     all_known = [Evidence(n, 1.0, "") for n in ("a", "b", "c")] + [Evidence("d", 0.0, "")]
     assert score(all_known) < 0.8
+
+
+def test_cap_keeps_the_tail_within_a_byte_budget() -> None:
+    from engine.automode.state import cap
+
+    assert cap("short", 10) == "short"
+    capped = cap("é" * 100, 11)  # 200 bytes; a cut inside a character is dropped
+    assert capped.endswith("é" * 5)
+    assert "earlier bytes omitted" in capped
+    assert len(capped.split("\n", 1)[1].encode()) <= 11
+
+
+class InboxMachine(RuleBasedStateMachine):
+    """Instructions appended at any time, Execute prompts rendered with crashes at any point:
+    every instruction reaches exactly one committed prompt, none is lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="inbox-"))
+        self.inbox = InstructionInbox(self.root, max_pending=4, budget=40)
+        self.seq = 1
+        self.appended: list[str] = []
+        self.delivered: list[str] = []
+
+    @rule()
+    def append(self) -> None:
+        note = f"note-{len(self.appended):03d}"
+        if len(self.inbox.pending()) >= 4:
+            with pytest.raises(ConfigError):
+                self.inbox.append(note)
+            return
+        self.inbox.append(note)
+        self.appended.append(note)
+
+    @rule(crash=st.sampled_from(["none", "after_collect", "after_archive"]))
+    def execute(self, crash: str) -> None:
+        intake = self.inbox.collect(self.seq)
+        texts = [i.text for i in intake.instructions]
+        if crash == "after_collect":
+            return  # the process died before archiving: the same turn runs again
+        self.inbox.archive(intake)
+        if crash == "after_archive":
+            return  # died before the turn was recorded: the same turn runs again
+        self.delivered += texts
+        self.seq += 1
+
+    @invariant()
+    def exactly_once_and_never_lost(self) -> None:
+        assert len(self.delivered) == len(set(self.delivered))
+        pending = {p.read_text() for p in self.inbox.pending()}
+        claimed = {
+            p.read_text() for p in self.inbox.appended_dir.glob(f"{self.seq:06d}-*") if p.is_file()
+        }
+        assert set(self.appended) == set(self.delivered) | pending | claimed
+        assert not (set(self.delivered) & (pending | claimed))
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+InboxMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+test_inbox_exactly_once = InboxMachine.TestCase

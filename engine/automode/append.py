@@ -45,7 +45,7 @@ _LOGGER = logging.getLogger(__name__)
 MAX_INSTRUCTION_BYTES: Final = 50 * 1024
 MAX_PENDING: Final = 100
 # All instructions embedded in one prompt: the prompt travels as one argv element.
-PROMPT_BUDGET: Final = 60 * 1024
+PROMPT_BUDGET: Final = 48 * 1024
 
 FILTERED: Final = "[filtered: possible prompt injection]"
 

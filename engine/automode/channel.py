@@ -284,7 +284,8 @@ class AutoModeChannel(BaseChannel):
             finished_at=self._clock(),
         )
         _LOGGER.error("Turn failed: %s", error, extra=self._extra)
-        await self._safe_publish(f"Run {self._state.run_id} failed: {error}")
+        self.report = f"Auto run {self._state.run_id} failed: {error}"
+        await self._safe_publish(self.report)
 
     async def _close_stopped(self) -> None:
         now = self._clock()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from engine.agents.factory import create_agent
+from engine.agents.factory import AGENT_NAMES, create_agent
 from engine.automode.append import InstructionInbox
 from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
 from engine.automode.git import Git
@@ -214,8 +214,15 @@ def _verify_argv(verify_cmd: str | None, workdir: Path) -> list[str] | None:
 
 
 def _validate(
-    objective: str, turns: int, workdir: Path, prompts_dir: Path | None, verify_cmd: str | None
+    objective: str,
+    tool: str,
+    turns: int,
+    workdir: Path,
+    prompts_dir: Path | None,
+    verify_cmd: str | None,
 ) -> tuple[Path, str | None]:
+    if tool not in AGENT_NAMES:
+        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
     if turns < 1:
         raise ConfigError(f"--max-turns must be at least 1, got {turns}")
     if not objective.strip():
@@ -307,7 +314,7 @@ async def prepare_auto_run(
         ConfigError: bad input (turn cap, tool, workdir, objective, templates, verify command).
     """
     turns = settings.max_turns if max_turns is None else max_turns
-    workdir, prompts = _validate(objective, turns, workdir, prompts_dir, verify_cmd)
+    workdir, prompts = _validate(objective, tool, turns, workdir, prompts_dir, verify_cmd)
     run_id = run_id or _new_run_id()
     log_dir = settings.runs_dir.resolve() / run_id
     log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
@@ -333,15 +340,20 @@ async def prepare_auto_run(
         owner=owner_token(),
     )
     store = SqliteRunStore(db)
-    run = _build(
-        settings,
-        store,
-        state,
-        sink=sink,
-        resume_session=False,
-        extra_env=extra_env,
-        config_dir=config_dir,
-    )
+    try:
+        run = _build(
+            settings,
+            store,
+            state,
+            sink=sink,
+            resume_session=False,
+            extra_env=extra_env,
+            config_dir=config_dir,
+        )
+    except BaseException:
+        # Nothing was recorded: leave no empty log folder behind either.
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise
     await store.create_run(
         run_id,
         mode="auto",

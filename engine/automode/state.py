@@ -36,7 +36,7 @@ __all__ = [
 STATE_FILE: Final = "state.json"
 # Prior outputs carried into later prompts are capped so that a prompt always fits in
 # one argv element (Linux caps a single argument at 128 KiB).
-CARRY_LIMIT: Final = 16 * 1024
+CARRY_LIMIT: Final = 12 * 1024
 
 
 class Phase(StrEnum):
@@ -218,10 +218,17 @@ def advance(turn: int, phase: Phase, max_turns: int, outcome: Outcome) -> Transi
 
 
 def cap(text: str, limit: int = CARRY_LIMIT) -> str:
-    """Keep the tail of ``text`` within ``limit`` characters (the end of an output matters most)."""
-    if len(text) <= limit:
+    """Keep the tail of ``text`` within ``limit`` UTF-8 bytes (the end of an output matters most).
+
+    Prompts travel as one argv element, which Linux caps at 128 KiB: the objective
+    (16 KiB), three carried outputs (12 KiB each), the appended instructions (48 KiB,
+    or one of at most 50 KiB) and the templates stay below it.
+    """
+    data = text.encode("utf-8")
+    if len(data) <= limit:
         return text
-    return f"[… {len(text) - limit} earlier characters omitted …]\n" + text[-limit:]
+    kept = data[-limit:].decode("utf-8", errors="ignore")
+    return f"[… {len(data) - limit} earlier bytes omitted …]\n" + kept
 
 
 def owner_token(pid: int | None = None) -> str:

@@ -113,8 +113,24 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--session only goes with --append")
     async with Database(settings.database) as db:
         if args.resume is not None:
-            if args.prompt or args.passthrough:
-                raise ConfigError("--resume continues a recorded run: give no prompt")
+            given = [
+                flag
+                for flag, value in (
+                    ("-p", args.prompt),
+                    ("--tool", args.tool),
+                    ("--agent-cmd", args.agent_cmd),
+                    ("--max-turns", args.max_turns),
+                    ("--workdir", args.workdir),
+                    ("--verify-cmd", args.verify_cmd),
+                    ("--prompts", args.prompts),
+                    ("passthrough arguments", args.passthrough or None),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ConfigError(
+                    "--resume continues a run with its recorded settings; drop " + ", ".join(given)
+                )
             run = await prepare_resume(settings, db, args.resume, sink=LogSink())
         else:
             run = await _new_run(args, settings, db)
