@@ -105,6 +105,7 @@ class ProcessResult:
             exit_code=self.exit_code,
             spill_path=self.spill_path,
             size=self.stdout_size,
+            metadata={"stderr_size": self.stderr_size},
         )
 
 

@@ -282,7 +282,7 @@ async def test_execute_failure_warns_and_continues(
         result = await run.task
     assert result.status is AutoStatus.COMPLETED
     assert result.exit_code == 0
-    assert "Execute exit code: 2 (stdout 12 chars" in caplog.text
+    assert "Execute exit code: 2 (stdout 12 chars, stderr 0 bytes)" in caplog.text
     assert "Execute step exited with code 2; continuing" in caplog.text
     assert "Turn 4/10: Executing" in caplog.text
     assert "Objective achieved" in caplog.text

@@ -73,11 +73,11 @@ TABLE = [
     ),
     (
         (10, Phase.EVALUATE, 10, Outcome(0, Verdict.IN_PROGRESS)),
-        (10, Phase.EXECUTE, AutoStatus.STOPPED, 0, False),
+        (10, Phase.EVALUATE, AutoStatus.STOPPED, 0, False),
     ),
     ((3, Phase.ADJUST, 10, OK), (4, Phase.EXECUTE, AutoStatus.RUNNING, 0, False)),
     ((3, Phase.ADJUST, 10, Outcome(9)), (3, Phase.ADJUST, AutoStatus.ERROR, 9, True)),
-    ((10, Phase.ADJUST, 10, OK), (10, Phase.EXECUTE, AutoStatus.STOPPED, 0, False)),
+    ((10, Phase.ADJUST, 10, OK), (10, Phase.ADJUST, AutoStatus.STOPPED, 0, False)),
 ]
 
 

@@ -176,9 +176,9 @@ MAX_TURNS_MESSAGE: Final = "Reached max turns without verified completion"
 ACHIEVED_MESSAGE: Final = "Objective achieved"
 
 
-def _next_round(turn: int, max_turns: int) -> Transition:
+def _next_round(turn: int, phase: Phase, max_turns: int) -> Transition:
     if turn + 1 > max_turns:
-        return Transition(turn, Phase.EXECUTE, AutoStatus.STOPPED, 0, None, MAX_TURNS_MESSAGE)
+        return Transition(turn, phase, AutoStatus.STOPPED, 0, None, MAX_TURNS_MESSAGE)
     return Transition(turn + 1, Phase.EXECUTE)
 
 
@@ -212,9 +212,9 @@ def advance(turn: int, phase: Phase, max_turns: int, outcome: Outcome) -> Transi
             return Transition(turn, phase, AutoStatus.COMPLETED, 0, None, ACHIEVED_MESSAGE)
         if outcome.verdict is Verdict.NEEDS_ADJUSTMENT:
             return Transition(turn, Phase.ADJUST)
-        return _next_round(turn, max_turns)
+        return _next_round(turn, phase, max_turns)
     # ADJUST, exit 0
-    return _next_round(turn, max_turns)
+    return _next_round(turn, phase, max_turns)
 
 
 def cap(text: str, limit: int = CARRY_LIMIT) -> str:
