@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -553,3 +554,24 @@ async def test_template_override_with_unknown_placeholder_is_refused_at_start(
             prompts_dir=folder,
         )
     assert await SqliteRunStore(db).list_runs() == []
+
+
+async def test_runs_folder_inside_the_workdir_is_never_committed_nor_dirty(
+    env: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load_settings(database=env / "t.db", runs_dir=workspace / "runs")
+    step = {
+        "text": "committed everything",
+        "files": {"result.txt": "x"},
+        "run": [["git", "add", "-A"], ["git", "commit", "-q", "-m", "all"]],
+    }
+    script(env, monkeypatch, rules=happy_rules(execute=step))
+    async with Database(settings.database) as db:
+        run = await start(settings, db, workspace)
+        result = await run.task
+    assert result.status is AutoStatus.COMPLETED
+    assert run.log_dir.is_relative_to(workspace)
+    tracked = subprocess.run(
+        ["git", "-C", str(workspace), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted(tracked) == ["README", "result.txt"]

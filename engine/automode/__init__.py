@@ -25,6 +25,10 @@ Embedding (the Telegram bot, scripts)::
 
     run = await resume_auto_run(settings, db, run_id, sink=my_sink)   # after a restart
 
+Pass ``stop_event=`` (an ``asyncio.Event``) to share a stop latch: setting it pre-empts
+the running turn or verify command, like ``run.stop()``. ``run.channel.request_stop()``
+instead lets the running turn finish and then ends the run stopped.
+
 ``start_auto_run`` validates its input and records the run before returning (a
 :class:`~engine.errors.ConfigError` for bad input); the task raises
 :class:`~engine.errors.TurnExecError` only when the agent cannot be spawned or captured

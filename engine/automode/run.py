@@ -248,6 +248,7 @@ def _build(
     resume_session: bool,
     extra_env: Mapping[str, str] | None,
     config_dir: Path | None,
+    stop_event: asyncio.Event | None,
 ) -> AutoRun:
     cfg = state.config
     workdir = Path(state.workdir)
@@ -265,7 +266,7 @@ def _build(
         resume=resume_session,
     )
     log_dir = Path(state.log_dir)
-    stop = asyncio.Event()
+    stop = stop_event if stop_event is not None else asyncio.Event()
     verifier = CompletionVerifier(
         workdir,
         base_commit=state.base_commit,
@@ -307,6 +308,7 @@ async def prepare_auto_run(
     run_id: str | None = None,
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
+    stop_event: asyncio.Event | None = None,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
 
@@ -349,6 +351,7 @@ async def prepare_auto_run(
             resume_session=False,
             extra_env=extra_env,
             config_dir=config_dir,
+            stop_event=stop_event,
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
@@ -368,6 +371,8 @@ async def prepare_auto_run(
         state=state.to_json(),
     )
     write_state_file(log_dir, state)
+    # An agent running `git add -A` in a workdir that holds the runs folder never commits it.
+    (log_dir / ".gitignore").write_text("*\n", encoding="utf-8")
     _LOGGER.info(
         "Auto run %s started: tool=%s workdir=%s max_turns=%d log=%s",
         run_id,
@@ -395,6 +400,7 @@ async def prepare_resume(
     sink: RunSink | None = None,
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
+    stop_event: asyncio.Event | None = None,
 ) -> AutoRun:
     """Reload a run from the store to continue from its recorded phase and turn.
 
@@ -459,6 +465,7 @@ async def prepare_resume(
         resume_session=resume_session,
         extra_env=extra_env,
         config_dir=config_dir,
+        stop_event=stop_event,
     )
 
 
@@ -479,6 +486,7 @@ async def start_auto_run(
     thread_id: int | None = None,
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
+    stop_event: asyncio.Event | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
@@ -497,6 +505,7 @@ async def start_auto_run(
         thread_id=thread_id,
         extra_env=extra_env,
         config_dir=config_dir,
+        stop_event=stop_event,
     )
     run.start()
     return run
@@ -510,10 +519,17 @@ async def resume_auto_run(
     sink: RunSink | None = None,
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
+    stop_event: asyncio.Event | None = None,
 ) -> AutoRun:
     """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
     run = await prepare_resume(
-        settings, db, run_id, sink=sink, extra_env=extra_env, config_dir=config_dir
+        settings,
+        db,
+        run_id,
+        sink=sink,
+        extra_env=extra_env,
+        config_dir=config_dir,
+        stop_event=stop_event,
     )
     run.start()
     return run
