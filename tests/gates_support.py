@@ -147,3 +147,29 @@ class EventSink:
         self.gates.append(request)
         self.gate_opened.set()
         self.queue.put_nowait(request)
+
+
+async def _race(db_path: str, root: str, name: str, target: str, ready: str, go: str) -> int:
+    """Read the task, say ready, wait for go, then compare-and-set a transition."""
+    from engine.gates import GateRefused, TaskStore, load_workflow
+
+    async with Database(Path(db_path)) as db:
+        store = TaskStore(db, load_workflow(), tasks_root=Path(root), track_git=False)
+        task = await store.get(name)
+        Path(ready + ".tmp").write_text(str(task.version))
+        os.replace(ready + ".tmp", ready)  # the test must never see an empty file
+        while not Path(go).exists():
+            await asyncio.sleep(0.005)
+        try:
+            await store.transition(name, target, expected_version=task.version)
+        except GateRefused as exc:
+            print(exc.reason.value)
+            return exc.reason.exit_code
+        print("won")
+        return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "race":
+        sys.exit(asyncio.run(_race(*sys.argv[2:8])))
+    raise SystemExit(f"unknown helper {sys.argv[1]!r}")

@@ -1,0 +1,80 @@
+"""Two processes transitioning the same task at once: exactly one wins."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.gates import AWAITING_APPROVAL, Refusal
+from tests.gates_support import REPO, cli_env, make_settings, open_gates, run_cli
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.gates_support",
+        *args,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_compare_and_set_across_processes(tmp_path: Path, round_: int) -> None:
+    settings = make_settings(tmp_path)
+    async with open_gates(settings) as gates:
+        task = await gates.init_task("t")
+        (task.folder / "research.md").write_text("r")
+    go = tmp_path / "go"
+    target = f"research:{AWAITING_APPROVAL}"
+    procs = []
+    for i in range(2):
+        procs.append(
+            await _spawn(
+                "race",
+                str(settings.database),
+                str(settings.tasks_root),
+                "t",
+                target,
+                str(tmp_path / f"ready{i}"),
+                str(go),
+            )
+        )
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        await asyncio.sleep(0.01)  # another process's file
+    # Both read version 1 before either writes.
+    assert {(tmp_path / f"ready{i}").read_text() for i in range(2)} == {"1"}
+    go.write_text("go")
+    results = [await p.communicate() for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    outs = sorted(out.decode().strip() for out, _ in results)
+    assert codes == [0, Refusal.CONFLICT.exit_code], results
+    assert outs == ["concurrent_change", "won"]
+    async with open_gates(settings) as gates:
+        history = await gates.store.history("t")
+        assert [h.version for h in history] == [1, 2]
+        assert (await gates.task("t")).version == 2
+
+
+async def test_two_cli_transitions_one_wins(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    async with open_gates(settings) as gates:
+        task = await gates.init_task("t")
+        (task.folder / "research.md").write_text("r")
+    env = cli_env(settings)
+    target = f"research:{AWAITING_APPROVAL}"
+    results = await asyncio.gather(
+        run_cli("status", "--task", "t", "--transition", target, env=env),
+        run_cli("status", "--task", "t", "--transition", target, env=env),
+    )
+    codes = sorted(rc for rc, _, _ in results)
+    # The loser either lost the compare-and-set or found the gate already open.
+    assert codes[0] == 0
+    assert codes[1] in (Refusal.CONFLICT.exit_code, Refusal.ILLEGAL_TRANSITION.exit_code)
+    async with open_gates(settings) as gates:
+        assert [h.kind for h in await gates.store.history("t")] == ["init", "gate"]
