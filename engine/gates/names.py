@@ -17,10 +17,10 @@ def _describe(name: str) -> str | None:
         return "is empty"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "contains control characters"
-    if "/" in name or "\\" in name:
-        return "contains a path separator"
     if ".." in name:
         return "contains '..'"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
     return None
 
 
