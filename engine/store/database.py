@@ -8,6 +8,7 @@ PostgreSQL implementation can stand behind the same store interfaces.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sqlite3
@@ -157,6 +158,12 @@ class Database:
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot begin a transaction: {exc}") from exc
+            except asyncio.CancelledError:
+                # aiosqlite runs the BEGIN in its thread all the same: undo it before the
+                # lock is released, or every later BEGIN fails "within a transaction".
+                with contextlib.suppress(sqlite3.Error):
+                    await asyncio.shield(conn.execute("ROLLBACK"))
+                raise
             try:
                 yield conn
             except BaseException:
