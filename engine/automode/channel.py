@@ -249,6 +249,7 @@ class AutoModeChannel(BaseChannel):
         new_state = with_transition(replace(state, **updates), transition, now)
         report: str | None = None
         if new_state.terminal:
+            await self._final_evidence()
             self.last_summary = await self._summary.generate(new_state.evaluation)
             report = self._final_report(new_state)
         await self._store.finish_turn_and_update_run(
@@ -287,7 +288,15 @@ class AutoModeChannel(BaseChannel):
         self.report = f"Auto run {self._state.run_id} failed: {error}"
         await self._safe_publish(self.report)
 
+    async def _final_evidence(self) -> None:
+        """The final report always lists evidence; measure it if no claim was checked."""
+        if self.last_verification is None:
+            self.last_verification = await self._verifier.verify(
+                Verdict.IN_PROGRESS, run_verify_cmd=False
+            )
+
     async def _close_stopped(self) -> None:
+        await self._final_evidence()
         now = self._clock()
         self._state = replace(
             self._state,
@@ -363,7 +372,8 @@ class AutoModeChannel(BaseChannel):
             lines.append(f"Aborted: {state.abort}")
         if self.last_verification is not None:
             v = self.last_verification
-            lines.append(f"Evidence (score {v.score:.2f}, threshold {v.threshold:.2f}):")
+            checked = "" if v.claim is Verdict.COMPLETE else "; no COMPLETE claim was checked"
+            lines.append(f"Evidence (score {v.score:.2f}, threshold {v.threshold:.2f}{checked}):")
             lines += [f"  - {e.describe()}" for e in v.evidence]
         if self.last_summary is not None:
             lines.append(self.last_summary.render())

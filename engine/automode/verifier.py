@@ -154,17 +154,25 @@ class CompletionVerifier:
         self.spill_dir = spill_dir
         self._git = Git(workdir)
 
-    async def verify(self, claim: Verdict) -> Verification:
-        """Measure every piece of evidence and score it against ``claim``."""
-        evidence = await self.measure()
+    async def verify(self, claim: Verdict, *, run_verify_cmd: bool = True) -> Verification:
+        """Measure every piece of evidence and score it against ``claim``.
+
+        ``run_verify_cmd=False`` (for a final report without a COMPLETE claim) leaves the
+        verify command out: it may take long and nothing depends on it then.
+        """
+        evidence = await self.measure(run_verify_cmd=run_verify_cmd)
         return Verification(claim, evidence, score(evidence), self.threshold)
 
-    async def measure(self) -> tuple[Evidence, ...]:
+    async def measure(self, *, run_verify_cmd: bool = True) -> tuple[Evidence, ...]:
         is_repo = await self._git.is_repo()
+        if run_verify_cmd or self.verify_cmd is None:
+            verify = await self._verify_cmd()
+        else:
+            verify = self._ev("verify_cmd", None, "not run: no COMPLETE claim to check")
         return (
             await self._commits(is_repo),
             await self._clean_tree(is_repo),
-            await self._verify_cmd(),
+            verify,
             await self._pr_ci(is_repo),
         )
 
