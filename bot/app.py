@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable
@@ -25,10 +27,12 @@ from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, Tel
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
 from bot.auth import Authorizer
+from bot.auto import AutoExtension
 from bot.chat import AgentFactory, ChatSessions
 from bot.handlers import COMMANDS, Handlers
-from bot.outbox import OutboxSender
+from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
+from bot.sink import BotSink
 from bot.store import BotStore, InboundState
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
@@ -57,16 +61,27 @@ class ChatOrderedProcessor(BaseUpdateProcessor):
         self._locks: dict[int, asyncio.Lock] = {}
 
     async def do_process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
-        try:
-            if not isinstance(update, Update) or _urgent(update) or update.effective_chat is None:
+        if not isinstance(update, Update):
+            await coroutine
+            return
+        chat = update.effective_chat
+        if _urgent(update) or chat is None:
+            await coroutine
+        else:
+            lock = self._locks.setdefault(chat.id, asyncio.Lock())
+            try:
+                await lock.acquire()
+            except BaseException:
+                # Cancelled while waiting (shutdown): never started, replayed on next start.
+                if inspect.iscoroutine(coroutine):
+                    coroutine.close()
+                raise
+            try:
                 await coroutine
-                return
-            lock = self._locks.setdefault(update.effective_chat.id, asyncio.Lock())
-            async with lock:
-                await coroutine
-        finally:
-            if isinstance(update, Update):
-                await self._runtime.finish_inbound(update.update_id)
+            finally:
+                lock.release()
+        # Only an update whose handling ran to the end is marked handled.
+        await self._runtime.finish_inbound(update.update_id)
 
     async def initialize(self) -> None:
         return None
@@ -79,7 +94,8 @@ def _urgent(update: Update) -> bool:
     if update.callback_query is not None:
         return True
     text = update.message.text if update.message is not None else None
-    return bool(text and text.split(maxsplit=1)[0].split("@")[0] == "/stop")
+    words = (text or "").split(maxsplit=1)
+    return bool(words) and words[0].split("@")[0] == "/stop"
 
 
 class BotRuntime:
@@ -92,6 +108,9 @@ class BotRuntime:
         agent_factory: AgentFactory = create_agent,
         edit_interval: float | None = None,
     ) -> None:
+        # PTB's documented opt-in: durations (RetryAfter.retry_after) as timedelta now,
+        # instead of a deprecation warning on every flood-limit answer.
+        os.environ.setdefault("PTB_TIMEDELTA", "true")
         if settings.telegram_token is None:
             raise ConfigError(
                 "TURNSTILE_TELEGRAM_TOKEN is not set", setting="TURNSTILE_TELEGRAM_TOKEN"
@@ -120,6 +139,7 @@ class BotRuntime:
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
         self.handlers: Handlers | None = None
+        self.sink: BotSink | None = None
         self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -172,7 +192,9 @@ class BotRuntime:
                 agent_factory=self._agent_factory,
                 slots=self.slots,
             )
+            self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
+            self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)
@@ -213,6 +235,16 @@ class BotRuntime:
             with contextlib.suppress(Exception):
                 await self.app.shutdown()
         await self.db.close()
+
+    def publisher_or_fail(self) -> Publisher:
+        if self.publisher is None:
+            raise RuntimeError("the bot runtime is not entered")
+        return self.publisher
+
+    def app_bot(self) -> Any:
+        if self.app is None:
+            raise RuntimeError("the bot runtime is not entered")
+        return self.app.bot
 
     def spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         """A tracked background task (awaited on exit)."""
@@ -312,7 +344,29 @@ class BotRuntime:
         fresh = await self.store.record_inbound(raw)
         for update in updates:
             if update.update_id in fresh:
+                # A group becoming a supergroup is followed before anything after it is
+                # handled: the next updates (handled concurrently) come from the new id.
+                await self.follow_migration(update)
                 await self.app.update_queue.put(update)
+
+    async def follow_migration(self, update: Update) -> None:
+        message = update.message
+        chat = update.effective_chat
+        if message is None or chat is None:
+            return
+        if message.migrate_to_chat_id is not None:
+            old, new = chat.id, int(message.migrate_to_chat_id)
+        elif message.migrate_from_chat_id is not None:
+            old, new = int(message.migrate_from_chat_id), chat.id
+        else:
+            return
+        if self.authorizer.migrated.get(new) == old:
+            return
+        _LOGGER.info("chat %s became %s; following it", old, new)
+        await self.store.migrate_chat(old, new)
+        self.authorizer.follow_migration(old, new)
+        if self.chats is not None:
+            self.chats.follow_migration(old, new)
 
     async def _poll(self) -> None:
         assert self.app is not None
@@ -335,10 +389,7 @@ class BotRuntime:
                 backoff = min(backoff * 2, 30)
                 continue
             except RetryAfter as exc:
-                delay = exc.retry_after
-                await asyncio.sleep(
-                    delay if isinstance(delay, int | float) else delay.total_seconds()
-                )
+                await asyncio.sleep(retry_seconds(exc))
                 continue
             except NetworkError as exc:
                 _LOGGER.warning("getUpdates failed (%s); retrying in %.0fs", exc, backoff)
@@ -435,9 +486,10 @@ class BotRuntime:
         park = self.settings.shutdown_turns == "park"
         preempter = asyncio.create_task(self._preempt_on_second_signal(), name="preempt-watch")
         try:
-            await self.chats.shutdown(park=park)
+            waits = [self.chats.shutdown(park=park)]
             if self.handlers is not None:
-                await self.handlers.shutdown(park=park, preempt=self._preempt)
+                waits.append(self.handlers.shutdown(park=park, preempt=self._preempt))
+            await asyncio.gather(*waits)
         finally:
             preempter.cancel()
             with contextlib.suppress(asyncio.CancelledError):

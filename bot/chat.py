@@ -16,7 +16,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bot.publish import Publisher, format_elapsed
@@ -362,6 +362,14 @@ class ChatSessions:
             await asyncio.sleep(self.status_tick)
             if run.busy:
                 await run.show_status()
+
+    def follow_migration(self, old_chat: int, new_chat: int) -> None:
+        """Runs of a group that became a supergroup now answer in the new chat."""
+        for key, run in list(self.active.items()):
+            if key[0] == old_chat:
+                run.binding = replace(run.binding, chat_id=new_chat)
+                self.active.pop(key)
+                self.active[(new_chat, key[1])] = run
 
     # -- stopping ----------------------------------------------------------------------
 

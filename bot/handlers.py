@@ -72,6 +72,8 @@ HELP: Final = "\n".join(
     ]
 )
 
+# Button data is "<verb>:<id>"; the verb says which right the presser needs.
+BUTTON_ACTIONS: Final = {"ap": Action.APPROVE, "rj": Action.REJECT, "tk": Action.TASKS}
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
 
@@ -196,13 +198,8 @@ class Handlers:
             raise ApplicationHandlerStop  # edits, channel posts, member updates...
         if chat is None or user is None or user.is_bot:
             raise ApplicationHandlerStop
-        if message is not None and message.migrate_to_chat_id is not None:
-            await self.rt.store.migrate_chat(chat.id, int(message.migrate_to_chat_id))
-            self.rt.authorizer.follow_migration(chat.id, int(message.migrate_to_chat_id))
-            raise ApplicationHandlerStop
-        if message is not None and message.migrate_from_chat_id is not None:
-            await self.rt.store.migrate_chat(int(message.migrate_from_chat_id), chat.id)
-            self.rt.authorizer.follow_migration(int(message.migrate_from_chat_id), chat.id)
+        if message is not None and (message.migrate_to_chat_id or message.migrate_from_chat_id):
+            await self.rt.follow_migration(update)
             raise ApplicationHandlerStop
         if not self.rt.authorizer.chat_allowed(chat.id):
             await self.rt.store.audit(
@@ -449,6 +446,9 @@ class Handlers:
         query = update.callback_query
         assert query is not None
         data = query.data or ""
+        action = BUTTON_ACTIONS.get(data.split(":", 1)[0])
+        if action is not None and not await self.authorize(update, action):
+            return
         for ext in self.extensions:
             if await ext.on_button(update, data):
                 return

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -30,7 +31,7 @@ from telegram.error import (
 
 from bot.store import BotStore, LiveMessage, OutboxRow
 
-__all__ = ["OutboxSender"]
+__all__ = ["OutboxSender", "retry_seconds"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_BACKOFF: Final = 30.0
@@ -44,6 +45,14 @@ def _entities(raw: tuple[dict[str, Any], ...]) -> list[MessageEntity] | None:
 
 def _markup(raw: dict[str, Any] | None) -> InlineKeyboardMarkup | None:
     return InlineKeyboardMarkup.de_json(raw, None) if raw else None
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    """How long Telegram asked us to wait (read without PTB's deprecation warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        delay: Any = exc.retry_after
+    return float(delay.total_seconds() if hasattr(delay, "total_seconds") else delay)
 
 
 def _not_modified(exc: BadRequest) -> bool:
@@ -69,6 +78,7 @@ class OutboxSender:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._stopping = False
+        self._stopped = asyncio.Event()
         self._on_migrate = on_migrate
         self._last_edit: dict[str, float] = {}
         self.sent = 0
@@ -80,6 +90,7 @@ class OutboxSender:
 
     def stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         self._wake.set()
 
     async def wait_idle(self) -> None:
@@ -90,29 +101,33 @@ class OutboxSender:
         """Deliver until :meth:`stop`; never returns early on a delivery error."""
         backoff = 0.5
         while not self._stopping:
+            # Cleared before looking, so a wake-up during the look is never lost.
+            self._wake.clear()
             try:
                 progressed, due_in = await self._step()
                 backoff = 0.5
             except (TimedOut, NetworkError) as exc:
                 _LOGGER.warning("delivery failed (%s); retrying in %.1fs", exc, backoff)
-                await self._sleep(backoff)
+                await self._pause(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             except RetryAfter as exc:
-                delay = exc.retry_after
-                seconds = delay if isinstance(delay, int | float) else delay.total_seconds()
+                seconds = retry_seconds(exc)
                 _LOGGER.warning("flood limit: waiting %.1fs", seconds)
-                await self._sleep(float(seconds) + 0.1)
+                await self._pause(float(seconds) + 0.1)
                 continue
             if progressed:
                 continue
             if due_in is None:
                 self._idle.set()
-            self._wake.clear()
-            if due_in is None:
                 await self._wake.wait()
             else:
                 await self._sleep(due_in)
+
+    async def _pause(self, seconds: float) -> None:
+        """A back-off: only :meth:`stop` cuts it short (never a new message)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), timeout=seconds)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -120,12 +135,15 @@ class OutboxSender:
 
     async def drain(self, seconds: float) -> bool:
         """Deliver what is pending now, for at most ``seconds`` (shutdown)."""
-        self.wake()
-        try:
-            await asyncio.wait_for(self._idle.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
+        deadline = time.monotonic() + seconds
+        while True:
+            self.wake()
+            try:
+                await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return False
+            if not await self._store.pending_outbox():
+                return True
 
     async def _step(self) -> tuple[bool, float | None]:
         """Deliver one thing. Returns (did something, seconds until an edit is due)."""

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from engine.store.runs import SqliteRunStore
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import (
     CHAT,
     OPERATOR,
+    STRANGER,
     agent_log,
     bot_settings,
     running_bot,
+    wait_for_file,
     write_script,
 )
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
-async def test_three_turn_chat_session_resumes_the_same_session(tmp_path: Path) -> None:
-    write_script(tmp_path, {"rules": [{"match": "", "text": "**turn {turn}**: {prompt}"}]})
+async def test_three_turn_chat_session_resumes_the_same_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(
+        tmp_path, {"rules": [{"match": "", "text": "**turn {turn}**: {prompt}"}]}, monkeypatch
+    )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         assert [c["command"] for c in api.commands][:2] == ["help", "chat"]
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
@@ -43,3 +51,121 @@ async def test_three_turn_chat_session_resumes_the_same_session(tmp_path: Path) 
     # the status message was created once and edited in place, never re-sent
     status = [m for m in api.sent if m.text.startswith("💬 chat session")]
     assert len(status) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def test_stop_preempts_a_long_turn_and_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
+    write_script(
+        tmp_path,
+        {"rules": [{"match": "long", "grandchild": True, "ignore_term": True, "sleep": 3600}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, preempt_grace=0.5)
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a long job")
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="queued behind it")
+            await api.wait_for_message(lambda m: "Queued" in m.text)
+            await wait_for_file(pids)
+            agent_pid, child_pid = (int(p) for p in pids.read_text().split())
+            assert _alive(agent_pid)
+            stopped_at = time.monotonic()
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
+            note = await api.wait_for_message(lambda m: "stopped during turn 1" in m.text)
+            elapsed = time.monotonic() - stopped_at
+            assert "1 queued message(s) were discarded" in note.text
+            assert not _alive(agent_pid)
+            assert not _alive(child_pid)
+            assert elapsed < 0.5 + 3
+            runs = await rt.runs.list_runs()
+            assert runs[0].status is RunStatus.STOPPED
+            turns = await rt.runs.turns(runs[0].id)
+            assert [t.state for t in turns] == [TurnState.INTERRUPTED]
+            # the chat stays bound: the next message starts a new run of the same session
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello again")
+            await api.wait_for_message(lambda m: m.text == "echo: hello again")
+
+
+async def test_unauthorized_command_and_button_are_refused_and_audited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text="/chat")
+        refusal = await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        assert str(STRANGER) in refusal.text
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text="/stop")
+        api.push_callback(chat_id=CHAT, user_id=STRANGER, data="ap:gate1", message_id=1)
+        await api.wait_until(lambda: len(api.callback_answers) == 1)
+        assert "Not allowed" in api.callback_answers[0].get("text", "")
+        # a chat that is not allowed is ignored (audited, nothing said)
+        api.push_message(chat_id=-555, user_id=OPERATOR, text="/chat")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+        await api.wait_for_message(lambda m: "No runs in this chat" in m.text)
+        entries = await rt.store.audit_entries()
+        refused = [(e.user_id, e.chat_id, e.action) for e in entries if e.outcome == "refused"]
+        assert (STRANGER, CHAT, "chat") in refused
+        assert (STRANGER, CHAT, "stop") in refused
+        assert (STRANGER, CHAT, "approve") in refused
+        assert (OPERATOR, -555, "any") in refused
+        assert await rt.store.binding(CHAT, 0) is None
+        assert not await rt.runs.list_runs()
+    # one refusal message per user per minute, never a flood
+    assert sum("Not allowed" in t for t in api.texts()) == 1
+    assert not api.texts(-555)
+    assert agent_log(tmp_path) == []
+
+
+async def test_private_chat_not_allowed_tells_the_user_their_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+        api.push_message(chat_id=777, user_id=777, text="/start")
+        reply = await api.wait_for_message(lambda m: m.chat_id == 777)
+        assert "777" in reply.text
+        assert "not allowed" in reply.text
+
+
+async def test_queue_depth_is_never_exceeded_silently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    write_script(
+        tmp_path,
+        {"rules": [{"match": "", "text": "done {prompt}", "wait_file": str(release)}]},
+        monkeypatch,
+    )
+    settings_kw = {"queue_depth": 1}
+    async with FakeBotApi() as api:
+        async with running_bot(api, bot_settings(api, tmp_path, **settings_kw)):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="one")
+            await api.wait_for_message(lambda m: "turn 1 running" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="two")
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="three")
+            refused = await api.wait_for_message(lambda m: "Not queued" in m.text)
+            assert "limit 1" in refused.text
+            release.touch()
+            await api.wait_for_message(lambda m: m.text == "done two")
+        assert "done three" not in api.texts()
+        assert "done one" in api.texts()

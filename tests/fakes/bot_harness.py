@@ -6,9 +6,10 @@ through the command agent, the database is a real SQLite file.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "agent_log",
     "bot_settings",
     "running_bot",
+    "wait_for_file",
     "write_script",
 ]
 
@@ -64,8 +66,8 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
-def write_script(root: Path, script: dict[str, Any]) -> dict[str, str]:
-    """Write a fake-agent script; returns the environment that points the agent at it."""
+def write_script(root: Path, script: dict[str, Any], monkeypatch: Any) -> dict[str, str]:
+    """Write a fake-agent script and point the agent at it (through ``monkeypatch``)."""
     path = root / "agent-script.json"
     path.write_text(json.dumps(script))
     env = {
@@ -73,8 +75,19 @@ def write_script(root: Path, script: dict[str, Any]) -> dict[str, str]:
         "FAKE_AGENT_STATE": str(root / "agent-state"),
         "FAKE_AGENT_LOG": str(root / "agent-log.jsonl"),
     }
-    os.environ.update(env)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     return env
+
+
+async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
+    """Wait until another process wrote ``path`` (non-empty); returns its text."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()).strip():
+            return text
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{path} was not written within {timeout}s")
 
 
 def agent_log(root: Path) -> list[dict[str, Any]]:

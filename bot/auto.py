@@ -1,0 +1,290 @@
+"""Auto mode from a chat: ``/auto OBJECTIVE``, steering by message or ``/steer``, ``/stop``.
+
+Runs are driven by :mod:`engine.automode` in their own tasks; the handlers only start,
+steer and stop them. Reports come back through the bot's :class:`~bot.sink.BotSink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from telegram import Update
+from telegram.error import TelegramError
+
+from bot.auth import Action
+from bot.extension import Extension
+from bot.sink import BotSink, ChatPlace
+from engine.automode import AutoRun, resume_auto_run, start_auto_run
+from engine.errors import ConfigError, TurnstileError
+from engine.store.runs import RunStatus
+
+if TYPE_CHECKING:
+    from bot.app import BotRuntime
+    from bot.handlers import Handlers
+
+__all__ = ["AutoExtension"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass
+class _Active:
+    run: AutoRun
+    place: ChatPlace
+    watcher: asyncio.Task[None] | None = None
+    parking: bool = False
+
+
+def _thread_key(place: ChatPlace) -> int:
+    return place.thread_id or 0
+
+
+class AutoExtension(Extension):
+    """Starts, steers, stops, parks and resumes auto-mode runs for chats."""
+
+    def __init__(self, runtime: BotRuntime, handlers: Handlers, sink: BotSink) -> None:
+        self.rt = runtime
+        self.h = handlers
+        self.sink = sink
+        self.active: dict[str, _Active] = {}
+        self._closing = False
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def cmd_auto(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        chat = update.effective_chat
+        assert message is not None
+        assert chat is not None
+        if self._closing:
+            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            return
+        text = message.text or ""
+        objective = text.split(maxsplit=1)[1].strip() if len(text.split(maxsplit=1)) > 1 else ""
+        if not objective:
+            await self.h.reply(update, "Usage: /auto OBJECTIVE")
+            return
+        thread = message.message_thread_id if message.is_topic_message else None
+        if thread is None and chat.is_forum:
+            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
+        assert self.rt.chats is not None
+        binding = await self.rt.store.binding(chat.id, thread or 0)
+        project = binding.project if binding is not None else "default"
+        workdir = self.rt.chats.workdir_for(project)
+        workdir.mkdir(parents=True, exist_ok=True)
+        place = ChatPlace(chat.id, thread)
+        try:
+            run = await start_auto_run(
+                self.rt.settings,
+                self.rt.db,
+                objective=objective,
+                tool=self.rt.settings.default_agent,
+                workdir=workdir,
+                sink=self.sink,
+                chat_id=chat.id,
+                thread_id=thread,
+            )
+        except ConfigError as exc:
+            await self.h.reply(update, f"Cannot start: {exc}")
+            return
+        self._track(run, place)
+        user = update.effective_user
+        await self.rt.store.audit(
+            action="auto",
+            outcome="allowed",
+            user_id=user.id if user else None,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=run.run_id,
+        )
+        await self.rt.publisher_or_fail().say(
+            chat.id,
+            f"🤖 Auto run {run.run_id} started ({self.rt.settings.default_agent}, project "
+            f"{project}). Messages here, or /steer TEXT, become instructions for the next "
+            f"Execute turn. /stop {run.run_id} stops it.",
+            thread_id=thread,
+            run_id=run.run_id,
+        )
+
+    async def cmd_steer(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        assert message is not None
+        text = message.text or ""
+        parts = text.split(maxsplit=1)
+        await self._steer(update, parts[1] if len(parts) > 1 else "", explicit=True)
+
+    async def _topic(self, chat_id: int, name: str) -> int | None:
+        bot = self.rt.app_bot()
+        try:
+            topic = await bot.create_forum_topic(chat_id=chat_id, name=name[:128])
+        except TelegramError as exc:
+            _LOGGER.warning("could not create a forum topic: %s", exc)
+            return None
+        return int(topic.message_thread_id)
+
+    # -- steering ----------------------------------------------------------------------
+
+    def _runs_in(self, chat_id: int, thread: int) -> list[_Active]:
+        return [
+            a
+            for a in self.active.values()
+            if a.place.chat_id == chat_id and _thread_key(a.place) == thread
+        ]
+
+    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+        chat = update.effective_chat
+        assert chat is not None
+        if not self._runs_in(chat.id, thread):
+            return False
+        await self._steer(update, text, explicit=False)
+        return True
+
+    async def _steer(self, update: Update, text: str, *, explicit: bool) -> None:
+        chat = update.effective_chat
+        message = update.effective_message
+        assert chat is not None
+        assert message is not None
+        thread = message.message_thread_id if message.is_topic_message else 0
+        runs = self._runs_in(chat.id, thread or 0) or [
+            a for a in self.active.values() if a.place.chat_id == chat.id
+        ]
+        if not runs:
+            if explicit:
+                await self.h.reply(update, "No auto-mode run is running here to steer.")
+            return
+        if not await self.h.authorize(update, Action.STEER):
+            return
+        if not text.strip():
+            await self.h.reply(update, "Usage: /steer TEXT")
+            return
+        target = runs[-1]
+        try:
+            path = target.run.append_instruction(text)
+        except ConfigError as exc:
+            await self.h.reply(update, f"Instruction refused: {exc}")
+            return
+        _LOGGER.info("instruction %s queued", path.name, extra={"run_id": target.run.run_id})
+        await self.h.reply(
+            update,
+            f"📝 Noted for run {target.run.run_id}: it goes into the next Execute turn.",
+        )
+
+    # -- running -----------------------------------------------------------------------
+
+    def _track(self, run: AutoRun, place: ChatPlace) -> None:
+        self.sink.register(run.run_id, place)
+        active = _Active(run, place)
+        self.active[run.run_id] = active
+        active.watcher = asyncio.create_task(self._watch(active), name=f"auto-watch-{run.run_id}")
+
+    async def _watch(self, active: _Active) -> None:
+        run = active.run
+        try:
+            result = await run.task
+            _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
+        except TurnstileError as exc:
+            await self.rt.publisher_or_fail().say(
+                active.place.chat_id,
+                f"⚠️ Auto run {run.run_id} failed: {exc}",
+                thread_id=active.place.thread_id,
+                run_id=run.run_id,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _LOGGER.exception("auto run crashed", extra={"run_id": run.run_id})
+            await self.rt.publisher_or_fail().say(
+                active.place.chat_id,
+                f"⚠️ Auto run {run.run_id} crashed: {type(exc).__name__}",
+                thread_id=active.place.thread_id,
+                run_id=run.run_id,
+            )
+        finally:
+            self.active.pop(run.run_id, None)
+            if active.parking:
+                with contextlib.suppress(TurnstileError):
+                    await self.rt.runs.update_run(run.run_id, status=RunStatus.PARKED)
+
+    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+        active = self.active.get(run_id)
+        if active is None or active.place.chat_id != chat_id:
+            return False
+        await active.run.stop()
+        return True
+
+    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+        stopped = []
+        for active in self._runs_in(chat_id, thread):
+            await active.run.stop()
+            stopped.append(active.run.run_id)
+        return stopped
+
+    async def status_lines(self, chat_id: int) -> list[str]:
+        lines = []
+        for active in self.active.values():
+            if active.place.chat_id != chat_id:
+                continue
+            s = active.run.state
+            elapsed = int(time.time() - s.started_at)
+            lines.append(
+                f"🤖 auto {s.run_id} · {s.status.value} · phase {s.phase.value} · "
+                f"turn {s.turn}/{s.max_turns} · {elapsed}s"
+            )
+        return lines
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Resume auto runs parked by a shutdown or cut off by a crash."""
+        candidates = [
+            *await self.rt.runs.list_runs(status=RunStatus.RUNNING),
+            *await self.rt.runs.list_runs(status=RunStatus.PARKED),
+        ]
+        for record in candidates:
+            if record.mode != "auto" or record.chat_id is None:
+                continue
+            place = ChatPlace(record.chat_id, record.thread_id)
+            self.sink.register(record.id, place)
+            try:
+                run = await resume_auto_run(self.rt.settings, self.rt.db, record.id, sink=self.sink)
+            except TurnstileError as exc:
+                _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})
+                await self.rt.publisher_or_fail().say(
+                    record.chat_id,
+                    f"⚠️ Auto run {record.id} could not be resumed: {exc}",
+                    thread_id=record.thread_id,
+                    run_id=record.id,
+                )
+                continue
+            self._track(run, place)
+            await self.rt.publisher_or_fail().say(
+                record.chat_id,
+                f"▶️ Auto run {record.id} resumed at turn {run.state.turn}, phase "
+                f"{run.state.phase.value}.",
+                thread_id=record.thread_id,
+                run_id=record.id,
+            )
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        self._closing = True
+        actives = list(self.active.values())
+        for active in actives:
+            active.parking = True
+            if park:
+                await active.run.stop()
+            else:
+                # The running turn finishes; the run closes at its next poll.
+                active.run.channel.request_stop()
+        watchers = [a.watcher for a in actives if a.watcher is not None]
+        if watchers:
+            await asyncio.wait(watchers)
+
+    async def park_all(self) -> None:
+        for active in list(self.active.values()):
+            active.parking = True
+            await active.run.stop()
