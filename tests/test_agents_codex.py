@@ -193,6 +193,11 @@ async def test_model_api_400_is_a_nonzero_exit_not_an_exception(
     assert out.exit_code not in (0, None)
     assert out.metadata["is_error"] is True
     assert "the fake says no" in out.text
+    # The session survives a failed turn: the next one resumes it.
+    api.enqueue(Text("recovered"))
+    again = await agent.run_turn("try again")
+    assert again.exit_code == 0
+    assert again.text == "recovered"
 
 
 async def test_preempt_while_response_held_kills_cli_and_children(
@@ -211,6 +216,12 @@ async def test_preempt_while_response_held_kills_cli_and_children(
         await turn
     assert marked_processes(sandbox.marker) == []
     assert not any(group_alive(group) for group in groups)
+    # The stopped turn's session is still there: the next turn resumes it.
+    api.enqueue(Text("after the stop"))
+    again = await agent.run_turn("still there?")
+    assert again.exit_code == 0
+    assert again.text == "after the stop"
+    assert again.metadata["session_id"] == agent.session_id
 
 
 async def test_one_megabyte_prompt_reaches_the_model_whole(

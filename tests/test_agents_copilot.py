@@ -18,7 +18,7 @@ from engine.errors import TurnPreempted
 from engine.process import PreemptHandle
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
-from tests.fakes.realcli import Sandbox, cmdline, group_alive, marked_processes
+from tests.fakes.realcli import Sandbox, cmdline, group_alive, marked_processes, parent_of
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
@@ -201,6 +201,11 @@ async def test_model_api_400_is_a_nonzero_exit_not_an_exception(
     assert out.exit_code not in (0, None)
     assert out.metadata["is_error"] is True
     assert "the fake says no" in out.text
+    # The session survives a failed turn: the next one resumes it.
+    api.enqueue(Text("recovered"))
+    again = await agent.run_turn("try again")
+    assert again.exit_code == 0
+    assert again.text == "recovered"
 
 
 async def test_preempt_while_response_held_kills_cli_and_children(
@@ -215,13 +220,21 @@ async def test_preempt_while_response_held_kills_cli_and_children(
     turn = asyncio.create_task(agent.run_turn("take your time"))
     await asyncio.wait_for(hold.arrived.wait(), 120)
     pids = marked_processes(sandbox.marker)
-    assert any(cmdline(pid)[:1] == ["sleep"] for pid in pids), "the child should be running"
+    [cli] = [pid for pid in pids if parent_of(pid) == os.getpid()]
+    outside = [pid for pid in pids if os.getpgid(pid) != os.getpgid(cli)]
+    assert outside, [cmdline(pid) for pid in pids]
     groups = {os.getpgid(pid) for pid in pids}
     assert await agent.preempt.stop()
     with pytest.raises(TurnPreempted):
         await turn
     assert marked_processes(sandbox.marker) == []
     assert not any(group_alive(group) for group in groups)
+    # The stopped turn's session is still there: the next turn resumes it.
+    api.enqueue(Text("after the stop"))
+    again = await agent.run_turn("still there?")
+    assert again.exit_code == 0
+    assert again.text == "after the stop"
+    assert again.metadata["session_id"] == agent.session_id
 
 
 async def test_one_megabyte_prompt_reaches_the_model_whole(

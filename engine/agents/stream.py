@@ -197,6 +197,16 @@ def kill_marked(marker: str, *, var: str = TURN_MARKER_VAR) -> list[int]:
     return killed
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a reparented orphan may stay one)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+
+
 def find_binary(binary: str, path: str | None) -> str | None:
     """The program's full path, or None when it cannot be run.
 
@@ -372,15 +382,34 @@ class JsonStreamAgent(ProcessAgent):
             return await super().run_turn(prompt)
         except (TurnPreempted, asyncio.CancelledError):
             # The process group is gone; tool commands that left it are not.
-            if self._marker is not None and (stray := kill_marked(self._marker)):
-                _LOGGER.info(
-                    "killed %d process(es) of the stopped turn outside its group session=%s",
-                    len(stray),
-                    self.session_id,
-                )
+            if self._marker is not None:
+                await asyncio.shield(self._kill_strays(self._marker))
             raise
         finally:
             self.emit(EventKind.TURN_END)
+
+    async def _kill_strays(self, marker: str) -> None:
+        """Kill the stopped turn's processes outside its group and wait until they are gone."""
+        stray: list[int] = []
+        # A process caught mid-fork may leave a child the first scan missed.
+        for _ in range(5):
+            killed = kill_marked(marker)
+            if not killed:
+                break
+            stray += killed
+        if not stray:
+            return
+        _LOGGER.info(
+            "killed %d process(es) of the stopped turn outside its group session=%s",
+            len(stray),
+            self.session_id,
+        )
+        # SIGKILL is asynchronous: wait (briefly) for the kernel to finish them.
+        for _ in range(200):
+            if not any(_running(pid) for pid in stray):
+                return
+            await asyncio.sleep(0.01)
+        _LOGGER.warning("processes %s of a stopped turn are still running", stray)
 
     # -- helpers for compose -------------------------------------------------------------
     def missing_session_output(self, result: ProcessResult, detail: str) -> TurnOutput:

@@ -13,7 +13,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MARKER_VAR", "Sandbox", "alive", "cmdline", "group_alive", "marked_processes"]
+__all__ = [
+    "MARKER_VAR",
+    "Sandbox",
+    "alive",
+    "cmdline",
+    "group_alive",
+    "marked_processes",
+    "parent_of",
+]
 
 MARKER_VAR = "TURNSTILE_TEST_MARKER"
 
@@ -90,3 +98,12 @@ def cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\x00") if part]
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
