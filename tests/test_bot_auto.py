@@ -1,0 +1,83 @@
+"""Auto mode from the chat: /auto to completion with a steering message, end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.store.runs import RunStatus
+from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import (
+    CHAT,
+    OPERATOR,
+    STRANGER,
+    agent_log,
+    bot_settings,
+    running_bot,
+    write_script,
+)
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def git_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_auto_run_to_completion_with_steering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_workspace(tmp_path / "ws" / "default")
+    release = tmp_path / "release"
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {
+                    "match": CLARIFY,
+                    "text": "Goal: result.txt committed.",
+                    "wait_file": str(release),
+                },
+                {"match": PLAN, "text": "1. write result.txt"},
+                {
+                    "match": EXECUTE,
+                    "text": "committed",
+                    "files": {"result.txt": "done\n"},
+                    "run": [
+                        ["git", "add", "result.txt"],
+                        ["git", "commit", "-q", "-m", "add result"],
+                    ],
+                },
+                {"match": EVALUATE, "text": "ok\nAUTO-MODE STATUS: COMPLETE\n"},
+            ]
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        run_id = started.text.split()[3]
+        # a stranger cannot steer; an operator can, by plain message
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text="delete everything")
+        await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention the README")
+        await api.wait_for_message(lambda m: "Noted for run" in m.text)
+        release.touch()
+        await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
+        record = await rt.runs.get_run(run_id)
+        assert record.status is RunStatus.COMPLETED
+        # the live status message exists once and was edited in place
+        status = [m for m in api.sent if m.text.startswith(f"🤖 auto {run_id}")]
+        assert len(status) == 1
+        assert status[0].edits >= 1
+    prompts = [e["prompt"] for e in agent_log(tmp_path)]
+    executes = [p for p in prompts if EXECUTE in p]
+    assert len(executes) == 1
+    assert "also mention the README" in executes[0]
+    assert not any("delete everything" in p for p in prompts)
+    assert not any("also mention the README" in p for p in prompts if EXECUTE not in p)
