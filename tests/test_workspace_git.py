@@ -459,3 +459,23 @@ async def test_usage_counts_the_run_and_its_subtasks(manager: WorkspaceManager) 
     assert before > 0
     assert after >= before + 200_000
     assert await manager.usage("nobody") == 0
+
+
+async def test_summary_shows_branch_and_disk_usage(manager: WorkspaceManager) -> None:
+    assert await manager.summary("run1") is None
+    parent = await manager.provision("run1", "demo")
+    assert (await manager.summary("run1") or "").startswith("turnstile/run1 · ")
+    await manager.provision_subtask(parent, "a")
+    (parent.path / "big.bin").write_bytes(b"x" * 2_000_000)
+    summary = await manager.summary("run1")
+    assert summary is not None
+    assert summary.startswith("turnstile/run1 +1 sub-task · 2.")
+    assert summary.endswith(" MB")
+
+
+async def test_wave_merge_refuses_a_parent_on_another_branch(manager: WorkspaceManager) -> None:
+    parent = await manager.provision("run1", "demo")
+    sub = await manager.provision_subtask(parent, "a")
+    git("checkout", "-q", "-b", "elsewhere", cwd=parent.path)
+    with pytest.raises(WorkspaceStateError, match="not on turnstile/run1"):
+        await manager.merge_wave(parent, [sub])

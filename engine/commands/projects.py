@@ -9,19 +9,9 @@ from typing import Any
 
 from engine.settings import Settings
 from engine.store.database import Database
-from engine.workspace import SqliteWorkspaceStore, WorkspaceManager, disk_usage
+from engine.workspace import SqliteWorkspaceStore, WorkspaceManager, disk_usage, format_size
 
-__all__ = ["format_size", "register"]
-
-
-def format_size(size: int) -> str:
-    """Bytes as a short human figure (``12.3 MB``)."""
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} GB"  # pragma: no cover - the loop always returns
+__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:

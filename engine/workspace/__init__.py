@@ -30,6 +30,7 @@ The API (all async; errors in :mod:`engine.workspace.git` and
         status = await manager.status(ws)   # head, dirty, changed files, commits since base
     await manager.release(ws)               # finished: retention starts
     await manager.usage(run_id)             # bytes on disk (run + sub-tasks)
+    await manager.summary(run_id)           # "turnstile/<run> · 44.2 MB" for /status, runs
     await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
 
 ``provision(run_id, project)`` is idempotent: called again after a crash it returns the
@@ -57,6 +58,7 @@ from engine.workspace.manager import (
     WorkspaceManager,
     WorkspaceStatus,
     disk_usage,
+    format_size,
 )
 from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
 from engine.workspace.store import (
@@ -87,6 +89,7 @@ __all__ = [
     "WorkspaceStatus",
     "WorkspaceStore",
     "disk_usage",
+    "format_size",
     "parse_projects",
     "redact_url",
 ]

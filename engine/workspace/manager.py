@@ -41,6 +41,7 @@ __all__ = [
     "WorkspaceManager",
     "WorkspaceStatus",
     "disk_usage",
+    "format_size",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -177,6 +178,16 @@ def disk_usage(path: Path) -> int:
 
 async def _is_dir(path: Path) -> bool:
     return await asyncio.to_thread(path.is_dir)
+
+
+def format_size(size: int) -> str:
+    """Bytes as a short human figure (``44.2 MB``)."""
+    value = float(size)
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
 
 
 def _check_id(value: str, what: str) -> str:
@@ -602,6 +613,22 @@ class WorkspaceManager:
             total += await asyncio.to_thread(disk_usage, workspace.path)
         return total
 
+    async def summary(self, run_id: str) -> str | None:
+        """One line for ``/status`` and ``turnstile runs``: branch and disk usage, or None.
+
+        For example ``turnstile/r1 · 44.2 MB`` or ``turnstile/r1 +3 sub-tasks · 120.5 MB``.
+        """
+        found = await self._store.list(run_id=run_id)
+        if not found:
+            return None
+        main = next((w for w in found if w.id == run_id), found[0])
+        subs = len(found) - 1
+        total = 0
+        for workspace in found:
+            total += await asyncio.to_thread(disk_usage, workspace.path)
+        extra = f" +{subs} sub-task{'s' if subs != 1 else ''}" if subs else ""
+        return f"{main.branch}{extra} · {format_size(total)}"
+
     async def status(self, workspace: Workspace) -> WorkspaceStatus:
         """Head, cleanliness and commits since the base, read from the worktree itself."""
         path = workspace.path
@@ -660,6 +687,14 @@ class WorkspaceManager:
                 )
         results: list[SubtaskMerge] = []
         async with self._guard(parent):
+            on = await self._git.run(
+                ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=parent.path, check=False
+            )
+            if on.stdout.strip() != parent.branch:
+                raise WorkspaceStateError(
+                    f"the worktree of {parent.id} is not on {parent.branch}; refusing to merge",
+                    workspace=parent.id,
+                )
             if await self._changed(parent.path):
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} has uncommitted changes; commit them before "
