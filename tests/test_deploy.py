@@ -151,6 +151,8 @@ def test_database_and_workspaces_are_the_writable_paths(unit: str) -> None:
     if unit == "turnstile.service":
         assert "TURNSTILE_WORKSPACES" in env
         folders.append(Path(env["HOME"]))  # the agents' sessions, needed to resume
+    # Relative paths in the EnvironmentFile (which wins over Environment=) land here.
+    folders.append(Path(_values(path, "WorkingDirectory")[0]))
     for folder in folders:
         assert any(folder.is_relative_to(w) for w in writable), (folder, writable)
 

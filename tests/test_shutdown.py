@@ -301,3 +301,25 @@ async def test_a_write_cancelled_by_a_shutdown_never_wedges_the_database(tmp_pat
         row = await db.fetchone("SELECT count(*) FROM t WHERE x = -1")
         assert row is not None
         assert row[0] == 50
+
+
+@pytest.mark.timeout(120)
+async def test_first_run_with_only_a_token_tells_a_new_user_their_id(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    """The README's quick start: token set, lists empty; the bot tells you your id."""
+    env = _env(tmp_path, api, TURNSTILE_ALLOWED_CHATS="", TURNSTILE_OPERATORS="")
+    env["TURNSTILE_ADMINS"] = ""
+    bot = await _start(tmp_path, env)
+    try:
+        api.push_message(chat_id=-1009, user_id=777, text="/help")  # a group: ignored
+        api.push_message(chat_id=777, user_id=777, text="/help")
+        reply = await api.wait_for_message(lambda m: m.chat_id == 777)
+        bot.signal()
+        code = await bot.exit_code()
+    finally:
+        await bot.kill()
+    assert code == 0, bot.log
+    assert "Your Telegram user id is 777" in reply.text
+    assert api.texts(-1009) == []
+    assert _agent_prompts(tmp_path) == []
