@@ -7,12 +7,14 @@ and environment, prints the lines it is told to, and exits with the code it is t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import stat
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from engine.agents.allowlist import ToolAllowlist
@@ -33,6 +35,7 @@ from engine.agents.stream import (
 from engine.commands.agents import agent_statuses, handle
 from engine.errors import ConfigError, InvalidPromptError, TurnExecError, TurnIOError
 from engine.settings import Settings
+from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
 
 FAKE_CLI = """#!{python}
 import json, os, sys
@@ -503,3 +506,81 @@ async def test_agents_command_reports_found_missing_and_version(
     assert await handle(argparse.Namespace(json=True), missing_default) == 1
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["name"] for line in lines] == ["claude", "copilot", "codex", "command"]
+
+
+# -- the fake model API ----------------------------------------------------------------------
+
+
+def sse_events(body: str) -> list[tuple[str, dict[str, object]]]:
+    events = []
+    for chunk in body.strip().split("\n\n"):
+        name, data = chunk.split("\n", 1)
+        events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return events
+
+
+async def test_fake_model_api_scripts_replies_and_records_requests() -> None:
+    async with FakeModelAPI(fallback=Text("fallback")) as api, aiohttp.ClientSession() as http:
+        api.enqueue(
+            ToolCall("Write", {"file_path": "/x", "content": "y"}, call_id="toolu_1"),
+            Status(400, "no"),
+            Text("from responses"),
+        )
+        async with http.head(api.url + "/") as probe:
+            assert probe.status == 200
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(api.url + "/v1/messages?beta=true", json=body) as resp:
+            events = sse_events(await resp.text())
+        names = [name for name, _ in events]
+        assert names[0] == "message_start"
+        assert names[-1] == "message_stop"
+        block = next(d for n, d in events if n == "content_block_start")
+        assert block["content_block"] == {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "Write",
+            "input": {},
+        }
+        delta = next(d for n, d in events if n == "message_delta")
+        assert delta["delta"]["stop_reason"] == "tool_use"  # type: ignore[index]
+        async with http.post(api.url + "/v1/messages", json=body) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["message"] == "no"
+        responses_body = {"input": [{"type": "message", "role": "user", "content": "q"}]}
+        async with http.post(api.url + "/v1/responses", json=responses_body) as resp:
+            events = sse_events(await resp.text())
+        assert events[0][0] == "response.created"
+        assert events[-1][0] == "response.completed"
+        done = next(d for n, d in events if n == "response.output_item.done")
+        assert done["item"]["content"][0]["text"] == "from responses"  # type: ignore[index]
+        async with http.post(api.url + "/v1/messages", json=body) as resp:
+            assert "fallback" in await resp.text()
+    assert api.unscripted == 1
+    assert [r.path for r in api.requests] == [
+        "/",
+        *["/v1/messages"] * 2,
+        "/v1/responses",
+        "/v1/messages",
+    ]
+    assert api.model_requests[0].conversation() == [("user", "hi")]
+    assert api.model_requests[2].conversation() == [("user", "q")]
+    assert api.model_requests[0].query == {"beta": "true"}
+
+
+async def test_fake_model_api_holds_a_response_until_released() -> None:
+    async with FakeModelAPI() as api, aiohttp.ClientSession() as http:
+        hold = Hold(text="finally")
+        api.enqueue(hold)
+
+        async def call() -> str:
+            async with http.post(api.url + "/v1/messages", json={"messages": []}) as resp:
+                return await resp.text()
+
+        pending = asyncio.create_task(call())
+        await hold.arrived.wait()
+        await api.wait_for_model_requests(1)
+        assert not pending.done()
+        hold.release.set()
+        events = sse_events(await pending)
+    assert events[-1][0] == "message_stop"
+    assert any(d.get("delta", {}).get("text") == "finally" for _, d in events)  # type: ignore[union-attr]
