@@ -479,3 +479,23 @@ async def test_wave_merge_refuses_a_parent_on_another_branch(manager: WorkspaceM
     git("checkout", "-q", "-b", "elsewhere", cwd=parent.path)
     with pytest.raises(WorkspaceStateError, match="not on turnstile/run1"):
         await manager.merge_wave(parent, [sub])
+
+
+async def test_run_helpers_provision_and_hold_the_run_worktree(
+    tmp_path: Path, remote: Path, db: Database
+) -> None:
+    from engine.settings import load_settings
+    from engine.workspace import hold_run_workspace, provision_for_run
+
+    settings = load_settings(workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
+    ws = await provision_for_run(settings, db, "demo", "auto-1")
+    assert ws.branch == "turnstile/auto-1"
+    async with hold_run_workspace(settings, db, "auto-1") as held:
+        assert held == ws
+        with pytest.raises(WorkspaceBusyError):
+            async with hold_run_workspace(settings, db, "auto-1"):
+                pass
+    async with hold_run_workspace(settings, db, "no-worktree") as none:
+        assert none is None
+    # Resuming the run finds the same worktree.
+    assert await provision_for_run(settings, db, "demo", "auto-1") == ws

@@ -33,6 +33,9 @@ The API (all async; errors in :mod:`engine.workspace.git` and
     await manager.summary(run_id)           # "turnstile/<run> · 44.2 MB" for /status, runs
     await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
 
+Commands that start runs use :mod:`engine.workspace.runs` (``add_checkout_argument``,
+``provision_for_run``, ``hold_run_workspace``) for ``--checkout-repo``.
+
 ``provision(run_id, project)`` is idempotent: called again after a crash it returns the
 same worktree, untouched. Two runs never share a worktree: :meth:`WorkspaceManager.lock`
 takes an ``flock`` (other processes and other holders in this process are refused), and
@@ -61,6 +64,7 @@ from engine.workspace.manager import (
     format_size,
 )
 from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
+from engine.workspace.runs import add_checkout_argument, hold_run_workspace, provision_for_run
 from engine.workspace.store import (
     MemoryWorkspaceStore,
     SqliteWorkspaceStore,
@@ -88,8 +92,11 @@ __all__ = [
     "WorkspaceStateError",
     "WorkspaceStatus",
     "WorkspaceStore",
+    "add_checkout_argument",
     "disk_usage",
     "format_size",
+    "hold_run_workspace",
     "parse_projects",
+    "provision_for_run",
     "redact_url",
 ]

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -49,6 +50,7 @@ _LOGGER = logging.getLogger(__name__)
 BRANCH_PREFIX: Final = "turnstile/"
 RESCUE_PREFIX: Final = "turnstile/rescue/"
 _SUB_SEP: Final = "--"
+_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DEFAULT_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
 
 
@@ -191,10 +193,17 @@ def format_size(size: int) -> str:
 
 
 def _check_id(value: str, what: str) -> str:
-    if not is_safe_name(value) or _SUB_SEP in value or value == "rescue":
+    if (
+        not isinstance(value, str)
+        or not _ID.match(value)
+        or ".." in value
+        or value.endswith(".lock")
+        or _SUB_SEP in value
+        or value == "rescue"
+    ):
         raise ConfigError(
-            f"invalid {what} {value!r}: use 1-64 letters, digits, '.', '_' or '-' "
-            "(no '/', '..', '--' or spaces)"
+            f"invalid {what} {value!r}: use 1-128 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit (no '/', '..', '--' or spaces)"
         )
     return value
 
