@@ -117,7 +117,8 @@ def main(names: list[str]) -> int:
         version = subprocess.run(
             [str(path), "--version"], capture_output=True, text=True, timeout=120, check=False
         )
-        print(f"{name}: {path} {version.stdout.strip().splitlines()[0:1]}")
+        first = (version.stdout.strip().splitlines() or ["?"])[0]
+        print(f"{name}: {path} ({first})")
     return 0
 
 

@@ -35,6 +35,7 @@ from engine.agents.stream import (
 from engine.commands.agents import agent_statuses, handle
 from engine.errors import ConfigError, InvalidPromptError, TurnExecError, TurnIOError
 from engine.settings import Settings
+from tests.agent_clis import PINNED, CliInstallError, cache_root, ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
 
 FAKE_CLI = """#!{python}
@@ -584,3 +585,31 @@ async def test_fake_model_api_holds_a_response_until_released() -> None:
         events = sse_events(await pending)
     assert events[-1][0] == "message_stop"
     assert any(d.get("delta", {}).get("text") == "finally" for _, d in events)  # type: ignore[union-attr]
+
+
+# -- the pinned CLI installer -----------------------------------------------------------------
+
+
+def test_installer_fails_loudly_without_npm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CLI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    assert cache_root() == tmp_path / "cache"
+    with pytest.raises(CliInstallError, match="npm is not on PATH"):
+        ensure_cli("codex")
+
+
+def test_installer_reuses_a_cached_pinned_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CLI_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # npm would not be found
+    spec = PINNED["claude"]
+    package = tmp_path / "claude" / "node_modules" / spec.package
+    package.mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"version": spec.version}))
+    binary = tmp_path / "claude" / "node_modules" / ".bin" / "claude"
+    binary.parent.mkdir()
+    binary.write_text("")
+    assert ensure_cli("claude") == binary
