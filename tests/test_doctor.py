@@ -23,51 +23,43 @@ from engine.commands.doctor import (
 )
 from engine.settings import Settings
 from engine.store import Database
+from tests.fakes.bot_api import FakeBotApi
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
 
 
-class GetMeServer:
-    """The part of the Bot API the doctor calls: ``getMe`` for one known token."""
+class EchoingProxy:
+    """A broken Bot API front that echoes the request path (token included) in its error."""
 
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.calls: list[str] = []
+    def __init__(self) -> None:
         self.base_url = ""
-        self.broken = False
 
     async def handle(self, request: web.Request) -> web.Response:
         token = request.match_info["token"]
         method = request.match_info["method"]
-        self.calls.append(method)
-        if token != self.token:
-            return web.json_response(
-                {"ok": False, "error_code": 401, "description": "Unauthorized"}, status=401
-            )
-        if self.broken:
-            # Some proxies echo the request line back: the doctor must still hide the token.
-            return web.json_response(
-                {"ok": False, "description": f"Bad Request: /bot{token}/{method} failed"},
-                status=400,
-            )
-        if method != "getMe":
-            return web.json_response({"ok": False, "description": "Not Found"}, status=404)
-        user = {"id": 123456789, "is_bot": True, "first_name": "Fake", "username": "fake_bot"}
-        return web.json_response({"ok": True, "result": user})
+        return web.json_response(
+            {"ok": False, "description": f"Bad Request: /bot{token}/{method} failed"},
+            status=400,
+        )
 
 
 @pytest.fixture
-async def bot_api() -> AsyncIterator[GetMeServer]:
-    fake = GetMeServer(TOKEN)
+async def bot_api() -> AsyncIterator[FakeBotApi]:
+    async with FakeBotApi(token=TOKEN, username="fake_bot") as api:
+        yield api
+
+
+@pytest.fixture
+async def echoing_proxy() -> AsyncIterator[EchoingProxy]:
+    fake = EchoingProxy()
     app = web.Application()
     app.router.add_post("/bot{token}/{method}", fake.handle)
     runner = web.AppRunner(app, shutdown_timeout=0.2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = runner.addresses[0][1]
-    fake.base_url = f"http://127.0.0.1:{port}/bot"
+    fake.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/bot"
     try:
         yield fake
     finally:
@@ -147,7 +139,7 @@ def _line(out: str, name: str) -> str:
     raise AssertionError(f"no {name!r} line in:\n{out}")
 
 
-async def test_healthy_setup_passes_and_names_the_bot(tmp_path: Path, bot_api: GetMeServer) -> None:
+async def test_healthy_setup_passes_and_names_the_bot(tmp_path: Path, bot_api: FakeBotApi) -> None:
     async with Database(tmp_path / "turnstile.db"):
         pass
     code, out, err = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url))
@@ -158,13 +150,13 @@ async def test_healthy_setup_passes_and_names_the_bot(tmp_path: Path, bot_api: G
     assert _line(out, "database").startswith("ok")
     assert _line(out, "agent claude").startswith("warn")
     assert "0 failed" in out.splitlines()[-1]
-    assert bot_api.calls == ["getMe"]
+    assert [c.method for c in bot_api.calls] == ["getMe"]
     assert TOKEN not in out + err
     assert TOKEN.split(":")[1] not in out + err
 
 
 async def test_wrong_token_fails_with_the_fix_and_exit_1(
-    tmp_path: Path, bot_api: GetMeServer
+    tmp_path: Path, bot_api: FakeBotApi
 ) -> None:
     other = "987654321:ZZEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
     code, out, err = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url, token=other))
@@ -176,20 +168,31 @@ async def test_wrong_token_fails_with_the_fix_and_exit_1(
     assert other not in out + err
 
 
-async def test_offline_skips_the_bot_api(tmp_path: Path, bot_api: GetMeServer) -> None:
+async def test_offline_skips_the_bot_api(tmp_path: Path, bot_api: FakeBotApi) -> None:
     code, out, _ = await _doctor(tmp_path, _env(tmp_path, bot_api.base_url), "--offline")
     assert code == 0, out
     assert "bot api" not in out
-    assert bot_api.calls == []
+    assert bot_api.calls == []  # the fake records only calls with the right token
 
 
-async def test_echoed_token_in_an_error_is_redacted(tmp_path: Path, bot_api: GetMeServer) -> None:
-    bot_api.broken = True
-    check = await check_bot_api(_settings(tmp_path, telegram_base_url=bot_api.base_url))
+async def test_echoed_token_in_an_error_is_redacted(
+    tmp_path: Path, echoing_proxy: EchoingProxy
+) -> None:
+    check = await check_bot_api(_settings(tmp_path, telegram_base_url=echoing_proxy.base_url))
     assert check.status is Status.FAIL
     assert "answered getMe with 400" in check.detail
     assert TOKEN not in render(check)
     assert "[REDACTED]" in check.detail
+
+
+async def test_bot_api_server_error_fails(tmp_path: Path, bot_api: FakeBotApi) -> None:
+    bot_api.fail(["getMe"], 502)
+    check = await check_bot_api(_settings(tmp_path, telegram_base_url=bot_api.base_url))
+    assert check.status is Status.FAIL
+    assert "answered getMe with 502" in check.detail
+    assert (
+        await check_bot_api(_settings(tmp_path, telegram_base_url=bot_api.base_url))
+    ).status is Status.OK
 
 
 async def test_unreachable_bot_api_fails(tmp_path: Path) -> None:
@@ -207,7 +210,7 @@ async def test_unreachable_bot_api_fails(tmp_path: Path) -> None:
     assert "TURNSTILE_TELEGRAM_BASE_URL" in check.fix
 
 
-async def test_base_url_with_token_placeholder(tmp_path: Path, bot_api: GetMeServer) -> None:
+async def test_base_url_with_token_placeholder(tmp_path: Path, bot_api: FakeBotApi) -> None:
     base = bot_api.base_url + "{token}"
     check = await check_bot_api(_settings(tmp_path, telegram_base_url=base))
     assert check.status is Status.OK, check
