@@ -499,3 +499,20 @@ async def test_run_helpers_provision_and_hold_the_run_worktree(
         assert none is None
     # Resuming the run finds the same worktree.
     assert await provision_for_run(settings, db, "demo", "auto-1") == ws
+
+
+async def test_a_changed_url_in_the_settings_is_used_by_the_next_fetch(
+    manager: WorkspaceManager, tmp_path: Path, remote: Path
+) -> None:
+    await manager.provision("run1", "demo")
+    moved = tmp_path / "moved.git"
+    git("clone", "-q", "--bare", str(remote), str(moved), cwd=tmp_path)
+    work = tmp_path / "work"
+    git("clone", "-q", str(moved), str(work), cwd=tmp_path)
+    pushed = commit_file(work, "moved.txt", "moved\n", "only on the new remote")
+    git("push", "-q", "origin", "main", cwd=work)
+
+    relocated = WorkspaceManager(manager.root, [Project("demo", str(moved), "main")])
+    ws = await relocated.provision("run2", "demo")
+
+    assert ws.base == pushed

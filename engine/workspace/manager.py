@@ -50,6 +50,7 @@ _LOGGER = logging.getLogger(__name__)
 BRANCH_PREFIX: Final = "turnstile/"
 RESCUE_PREFIX: Final = "turnstile/rescue/"
 _SUB_SEP: Final = "--"
+_FETCH_REFSPEC: Final = "+refs/heads/*:refs/remotes/origin/*"
 _ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DEFAULT_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
 
@@ -490,24 +491,26 @@ class WorkspaceManager:
 
     async def _ensure_cache(self, project: Project, cache: Path) -> None:
         """Clone ``project`` into the cache, or fetch if it is there (cache lock held)."""
+        local = project.local_path
         if await _is_dir(cache):
-            await self._git.run(["fetch", "--prune", "--quiet", "origin"], cwd=cache)
+            # The URL from the settings, not the one stored at clone time: a rotated token
+            # or a moved repository takes effect on the next run.
+            source = project.url if local is None else str(await asyncio.to_thread(local.resolve))
+            await self._git.run(
+                ["fetch", "--prune", "--quiet", "--", source, _FETCH_REFSPEC], cwd=cache
+            )
             return
         cache.parent.mkdir(parents=True, exist_ok=True)
         for stale in cache.parent.glob(f".{project.name}.partial-*"):
             await asyncio.to_thread(shutil.rmtree, stale, True)
         source = project.url
-        local = project.local_path
         if local is not None:
             source = str(await self._check_local_repo(project, local))
         partial = cache.parent / f".{project.name}.partial-{uuid.uuid4().hex[:8]}"
         _LOGGER.info("cloning project %s from %s", project.name, project.display_url)
         try:
             await self._git.run(["clone", "--bare", "--quiet", "--", source, str(partial)])
-            await self._git.run(
-                ["config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*"],
-                cwd=partial,
-            )
+            await self._git.run(["config", "remote.origin.fetch", _FETCH_REFSPEC], cwd=partial)
             # Background gc would outlive the command that triggered it.
             await self._git.run(["config", "gc.autoDetach", "false"], cwd=partial)
             await self._git.run(["fetch", "--quiet", "origin"], cwd=partial)
@@ -856,8 +859,10 @@ class WorkspaceManager:
                 if await self._changed(workspace.path):
                     rescue = await self._rescue(workspace)
                 async with hold(self._lock_path("cache", workspace.project)):
+                    # Twice: a worktree an agent locked (`git worktree lock`) goes too; its
+                    # changes are on the rescue branch by now.
                     await self._git.run(
-                        ["worktree", "remove", "--force", str(workspace.path)],
+                        ["worktree", "remove", "--force", "--force", str(workspace.path)],
                         cwd=cache,
                         workspace=workspace.id,
                     )
