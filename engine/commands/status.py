@@ -137,21 +137,18 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from engine.gates.listing import (
+        LIST_QUERY,
+        ListEntry,
         group_tasks,
         render_groups,
         render_groups_json,
     )
-    from engine.gates.tasks import TaskRecord
     from engine.store.database import Database
 
-    # Listing needs no workflow: read the rows and render.
+    # Listing needs no workflow and no folders: one query, then render.
     async with Database(settings.database) as db:
-        rows = await db.fetchall(
-            "SELECT name, folder, workdir, phase, sub_state, version, parent, wave, summary, "
-            "started_by, gate_round, gate_sha256, gate_opened_at, return_phase, "
-            "revision_notes, created_at, updated_at FROM gate_tasks"
-        )
-    groups = group_tasks(TaskRecord.from_row(r) for r in rows)
+        rows = await db.fetchall(LIST_QUERY)
+    groups = group_tasks(ListEntry(*r) for r in rows)
     sys.stdout.write((render_groups_json(groups) if args.json else render_groups(groups)) + "\n")
     return 0
 

@@ -20,31 +20,86 @@ Refusals are :class:`ApprovalResult` values with a :class:`Refusal` reason, neve
 exceptions. See ``docs/gates.md``.
 """
 
-from engine.gates.audit import AuditReport, Finding, FindingKind, run_audit
-from engine.gates.autopilot import Autopilot, DriveHandle, DriveOutcome, next_step
-from engine.gates.decomposition import SubtaskDecl, parse_decomposition
-from engine.gates.listing import TaskGroup, group_tasks, render_groups
-from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS, GateRefused, Refusal
-from engine.gates.service import Gates, workflow_from_settings
-from engine.gates.tasks import (
-    ApprovalOutcome,
-    ApprovalRecord,
-    ApprovalResult,
-    AuditEvent,
-    GatePolicy,
-    TaskRecord,
-    TaskStore,
-    TransitionRecord,
-)
-from engine.gates.workflow import (
-    AWAITING_APPROVAL,
-    COMPLETE,
-    HUMAN_INTERVENTION,
-    PhaseSpec,
-    Workflow,
-    WorkflowError,
-    load_workflow,
-)
+# The names below load on first use (PEP 562): `turnstile status --list` imports only the
+# listing, not the driver and its agents.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.gates.audit import AuditReport, Finding, FindingKind, run_audit
+    from engine.gates.autopilot import Autopilot, DriveHandle, DriveOutcome, next_step
+    from engine.gates.decomposition import SubtaskDecl, parse_decomposition
+    from engine.gates.listing import TaskGroup, group_tasks, render_groups
+    from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS, GateRefused, Refusal
+    from engine.gates.service import Gates, workflow_from_settings
+    from engine.gates.tasks import (
+        ApprovalOutcome,
+        ApprovalRecord,
+        ApprovalResult,
+        AuditEvent,
+        GatePolicy,
+        TaskRecord,
+        TaskStore,
+        TransitionRecord,
+    )
+    from engine.gates.workflow import (
+        AWAITING_APPROVAL,
+        COMPLETE,
+        HUMAN_INTERVENTION,
+        PhaseSpec,
+        Workflow,
+        WorkflowError,
+        load_workflow,
+    )
+
+_EXPORTS = {
+    "AuditReport": "engine.gates.audit",
+    "Finding": "engine.gates.audit",
+    "FindingKind": "engine.gates.audit",
+    "run_audit": "engine.gates.audit",
+    "Autopilot": "engine.gates.autopilot",
+    "DriveHandle": "engine.gates.autopilot",
+    "DriveOutcome": "engine.gates.autopilot",
+    "next_step": "engine.gates.autopilot",
+    "SubtaskDecl": "engine.gates.decomposition",
+    "parse_decomposition": "engine.gates.decomposition",
+    "TaskGroup": "engine.gates.listing",
+    "group_tasks": "engine.gates.listing",
+    "render_groups": "engine.gates.listing",
+    "EXIT_AUDIT_FINDINGS": "engine.gates.refusals",
+    "EXIT_VIOLATIONS": "engine.gates.refusals",
+    "GateRefused": "engine.gates.refusals",
+    "Refusal": "engine.gates.refusals",
+    "Gates": "engine.gates.service",
+    "workflow_from_settings": "engine.gates.service",
+    "ApprovalOutcome": "engine.gates.tasks",
+    "ApprovalRecord": "engine.gates.tasks",
+    "ApprovalResult": "engine.gates.tasks",
+    "AuditEvent": "engine.gates.tasks",
+    "GatePolicy": "engine.gates.tasks",
+    "TaskRecord": "engine.gates.tasks",
+    "TaskStore": "engine.gates.tasks",
+    "TransitionRecord": "engine.gates.tasks",
+    "AWAITING_APPROVAL": "engine.gates.workflow",
+    "COMPLETE": "engine.gates.workflow",
+    "HUMAN_INTERVENTION": "engine.gates.workflow",
+    "PhaseSpec": "engine.gates.workflow",
+    "Workflow": "engine.gates.workflow",
+    "WorkflowError": "engine.gates.workflow",
+    "load_workflow": "engine.gates.workflow",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine.gates' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AWAITING_APPROVAL",

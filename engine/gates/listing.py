@@ -5,19 +5,80 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from engine.gates.tasks import TaskRecord
+__all__ = [
+    "LIST_QUERY",
+    "ListEntry",
+    "Listable",
+    "TaskGroup",
+    "group_tasks",
+    "render_groups",
+    "render_groups_json",
+]
 
-__all__ = ["TaskGroup", "group_tasks", "render_groups", "render_groups_json"]
+#: The columns a listing needs, nothing more (10,000 rows must list in milliseconds).
+LIST_QUERY = (
+    "SELECT name, phase, sub_state, version, parent, wave, gate_sha256, revision_notes, "
+    "updated_at FROM gate_tasks"
+)
+
+
+class Listable(Protocol):
+    """What a listing shows of a task (:class:`ListEntry` and ``Listable`` both fit)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def sub_state(self) -> str | None: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def parent(self) -> str | None: ...
+    @property
+    def wave(self) -> int | None: ...
+    @property
+    def gate_sha256(self) -> str | None: ...
+    @property
+    def revision_notes(self) -> str | None: ...
+    @property
+    def updated_at(self) -> float: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def awaiting_approval(self) -> bool: ...
+
+
+class ListEntry(NamedTuple):
+    """One row of :data:`LIST_QUERY`."""
+
+    name: str
+    phase: str
+    sub_state: str | None
+    version: int
+    parent: str | None
+    wave: int | None
+    gate_sha256: str | None
+    revision_notes: str | None
+    updated_at: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase}:{self.sub_state}" if self.sub_state else self.phase
+
+    @property
+    def awaiting_approval(self) -> bool:
+        return self.sub_state == "awaiting_approval"
 
 
 @dataclass(slots=True)
 class TaskGroup:
     """A top-level task and its sub-tasks by wave (``waves`` is sorted by wave number)."""
 
-    task: TaskRecord | None
-    waves: dict[int, list[TaskRecord]] = field(default_factory=dict)
+    task: Listable | None
+    waves: dict[int, list[Listable]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -31,14 +92,14 @@ class TaskGroup:
             return True
         return any(t.awaiting_approval for ts in self.waves.values() for t in ts)
 
-    def all(self) -> list[TaskRecord]:
+    def all(self) -> list[Listable]:
         out = [self.task] if self.task is not None else []
         for wave in sorted(self.waves):
             out += self.waves[wave]
         return out
 
 
-def group_tasks(records: Iterable[TaskRecord]) -> list[TaskGroup]:
+def group_tasks(records: Iterable[Listable]) -> list[TaskGroup]:
     """Group tasks under their parents and waves; groups awaiting approval come first."""
     groups: dict[str, TaskGroup] = {}
     for rec in records:
@@ -54,7 +115,7 @@ def group_tasks(records: Iterable[TaskRecord]) -> list[TaskGroup]:
     return [g for _, g in ordered]
 
 
-def _line(task: TaskRecord, indent: str) -> str:
+def _line(task: Listable, indent: str) -> str:
     extra = f"  notes: {task.revision_notes[:40]!r}" if task.revision_notes else ""
     gate = f"  gate {task.gate_sha256[:12]}" if task.awaiting_approval and task.gate_sha256 else ""
     return f"{indent}{task.name:<40} {task.label:<36} v{task.version}{gate}{extra}"
@@ -75,7 +136,7 @@ def render_groups(groups: list[TaskGroup]) -> str:
     return "\n".join(lines)
 
 
-def _task_json(task: TaskRecord) -> dict[str, Any]:
+def _task_json(task: Listable) -> dict[str, Any]:
     return {
         "task": task.name,
         "phase": task.phase,
@@ -84,7 +145,6 @@ def _task_json(task: TaskRecord) -> dict[str, Any]:
         "parent": task.parent,
         "wave": task.wave,
         "gate_sha256": task.gate_sha256,
-        "folder": str(task.folder),
         "updated": task.updated_at,
     }
 
