@@ -26,11 +26,11 @@ from engine.automode.state import (
     AutoStatus,
     Outcome,
     Phase,
+    StateMirror,
     Verdict,
     advance,
     cap,
     with_transition,
-    write_state_file,
 )
 from engine.automode.summary import WorkSummary, WorkSummaryGenerator
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
@@ -117,6 +117,7 @@ class AutoModeChannel(BaseChannel):
         self._detector = detector or CompletionSignalDetector()
         self._clock = clock
         self._log_dir = Path(state.log_dir)
+        self._mirror_writer = StateMirror(self._log_dir)
         self._in_flight: _InFlight | None = None
         self._stop_reason: str | None = None
         self.last_verification: Verification | None = None
@@ -346,11 +347,12 @@ class AutoModeChannel(BaseChannel):
         return fields
 
     def _mirror(self) -> None:
-        try:
-            write_state_file(self._log_dir, self._state)
-        except OSError as exc:
-            # The store already holds the state; the file is only a mirror.
-            _LOGGER.error("cannot write %s/state.json: %s", self._log_dir, exc, extra=self._extra)
+        # Off the event loop and coalesced: the store already holds the state.
+        self._mirror_writer.update(self._state)
+
+    async def flush(self) -> None:
+        """Wait until ``state.json`` holds the newest state (called when the run ends)."""
+        await self._mirror_writer.flush()
 
     def _transcript(self, text: str) -> None:
         with (

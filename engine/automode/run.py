@@ -188,6 +188,8 @@ class AutoRun:
         except TurnError as exc:
             await self.channel.record_turn_error(str(exc))
             raise
+        finally:
+            await self.channel.flush()
         return self.result()
 
 

@@ -9,12 +9,14 @@ people and tools reading the folder).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +27,7 @@ __all__ = [
     "AutoStatus",
     "Outcome",
     "Phase",
+    "StateMirror",
     "Transition",
     "Verdict",
     "advance",
@@ -32,6 +35,8 @@ __all__ = [
     "read_state_file",
     "write_state_file",
 ]
+
+_LOGGER = logging.getLogger(__name__)
 
 STATE_FILE: Final = "state.json"
 # Prior outputs carried into later prompts are capped so that a prompt always fits in
@@ -125,7 +130,8 @@ class AutoModeState:
         return self.status is not AutoStatus.RUNNING
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Shallow on purpose (asdict deep-copies everything, a measurable cost per turn).
+        data = {name: getattr(self, name) for name in _FIELDS}
         data["phase"] = self.phase.value
         data["status"] = self.status.value
         data["verdicts"] = list(self.verdicts)
@@ -141,6 +147,9 @@ class AutoModeState:
         values["verdicts"] = tuple(values.get("verdicts", ()))
         values["config"] = dict(values.get("config", {}))
         return cls(**values)
+
+
+_FIELDS: Final = tuple(AutoModeState.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,16 +275,20 @@ def _start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def write_state_file(folder: Path, state: AutoModeState) -> None:
-    """Write ``state.json`` atomically (temp file, fsync, rename)."""
+def write_state_file(folder: Path, state: AutoModeState, *, durable: bool = True) -> None:
+    """Write ``state.json`` atomically (temp file, optionally fsync, rename)."""
+    _write_json(folder, json.dumps(state.to_json(), indent=2, sort_keys=True), durable=durable)
+
+
+def _write_json(folder: Path, data: str, *, durable: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(state.to_json(), indent=2, sort_keys=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".state-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, folder / STATE_FILE)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -301,3 +314,38 @@ def with_transition(state: AutoModeState, tr: Transition, now: float) -> AutoMod
         abort=tr.abort,
         message=tr.message if tr.status is not AutoStatus.RUNNING else state.message,
     )
+
+
+class StateMirror:
+    """Keeps ``state.json`` in step with the store, off the event loop.
+
+    The store is the source of truth; the file is a mirror for people and tools reading
+    the folder. Each update is written atomically in a worker thread; updates arriving
+    while a write is in flight coalesce into one write of the latest state, so the file
+    always ends up holding the newest committed state. :meth:`flush` waits for that.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._latest: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.error: OSError | None = None
+
+    def update(self, state: AutoModeState) -> None:
+        self._latest = json.dumps(state.to_json(), indent=2, sort_keys=True)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain(), name=f"state-mirror-{state.run_id}")
+
+    async def _drain(self) -> None:
+        while self._latest is not None:
+            data, self._latest = self._latest, None
+            try:
+                await asyncio.to_thread(_write_json, self.folder, data, durable=False)
+            except OSError as exc:
+                self.error = exc
+                _LOGGER.error("cannot write %s/%s: %s", self.folder, STATE_FILE, exc)
+
+    async def flush(self) -> None:
+        """Wait until the newest state is on disk."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
