@@ -44,6 +44,7 @@ __all__ = [
     "prepare_auto_run",
     "prepare_resume",
     "process_exit_code",
+    "resumable",
     "resume_auto_run",
     "start_auto_run",
 ]
@@ -335,7 +336,8 @@ async def prepare_auto_run(
         updated_at=now,
         base_commit=await Git(workdir).head(),
         config={
-            "agent_cmd": agent_cmd,
+            # The effective template, so a resume runs the same command.
+            "agent_cmd": agent_cmd or (settings.agent_command if tool == "command" else None),
             "passthrough": list(passthrough),
             "verify_cmd": verify_cmd,
             "prompts_dir": prompts,
