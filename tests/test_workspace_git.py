@@ -516,3 +516,16 @@ async def test_a_changed_url_in_the_settings_is_used_by_the_next_fetch(
     ws = await relocated.provision("run2", "demo")
 
     assert ws.base == pushed
+
+
+async def test_a_partial_clone_left_by_a_crash_is_cleared(
+    manager: WorkspaceManager,
+) -> None:
+    stale = manager.root / "cache" / ".demo.partial-deadbeef"
+    (stale / "objects").mkdir(parents=True)
+
+    ws = await manager.provision("run1", "demo")
+
+    assert not stale.exists()
+    assert sorted(p.name for p in (manager.root / "cache").iterdir()) == ["demo.git"]
+    assert (ws.path / "README.md").exists()

@@ -6,6 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.cli import build_parser
 from engine.errors import ConfigError
@@ -274,3 +276,22 @@ async def test_credentials_echoed_by_git_are_redacted(
     assert "git.example.com/x.git" in str(info.value)
     assert SECRET not in str(info.value)
     assert SECRET not in caplog.text
+
+
+_URL_SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+;="
+
+
+@given(
+    user=st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=20),
+    tail=st.text(_URL_SAFE, min_size=2, max_size=40),
+    scheme=st.sampled_from(["https", "http", "ssh", "git+ssh"]),
+)
+def test_no_password_survives_redaction(user: str, tail: str, scheme: str) -> None:
+    # "S3" appears nowhere else in the URL or in the marker, so finding it means a leak.
+    secret = f"S3{tail}"
+    url = f"{scheme}://{user}:{secret}@git.example.com/team/repo.git"
+    project = Project("p", url)
+    shown = "[REDACTED]" if scheme.startswith("http") else f"{user}:[REDACTED]"
+    assert project.display_url == f"{scheme}://{shown}@git.example.com/team/repo.git"
+    assert secret not in repr(project)
+    assert secret not in WorkspaceManager(Path("/nonexistent"), [project]).redact(f"x {url} y")
