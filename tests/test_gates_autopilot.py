@@ -368,3 +368,26 @@ def test_gates_api_is_exported() -> None:
     assert sorted(api.__all__) == api.__all__ or len(set(api.__all__)) == len(api.__all__)
     for name in api.__all__:
         assert hasattr(api, name), name
+
+
+async def test_expired_gate_fails_closed_in_the_driver(
+    tmp_path: Path, agent_vars: dict[str, str]
+) -> None:
+    from engine.testing import FakeClock
+
+    clock = FakeClock()
+    settings = make_settings(tmp_path, approval_expiry_seconds=600)
+    sink = EventSink()
+    async with open_gates(settings, clock=clock, poll_interval=0.02) as gates:
+        await gates.init_task("t")
+        handle = gates.start_autopilot("t", sink, tool="command", agent_cmd=AGENT_CMD)
+        await asyncio.wait_for(sink.queue.get(), 30)
+        clock.advance(601)
+        assert await asyncio.wait_for(handle.wait(), 30) is DriveOutcome.HUMAN_INTERVENTION
+        task = await gates.task("t")
+        assert task.phase == "human_intervention"
+        assert task.return_phase == "research"
+        late = await gates.approve("t", by=APPROVER)
+        assert late.reason is not None
+        events = [e for e in await gates.audit_events("t") if e.event == "gate"]
+        assert [e.outcome for e in events] == ["expired"]

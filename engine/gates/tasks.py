@@ -289,6 +289,7 @@ class TaskStore:
         self.track_git = track_git
         self._listeners: list[Callable[[str], None]] = []
         self._locks: dict[Path, asyncio.Lock] = {}
+        self._hashes: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
 
     # -- change notification (in-process) -------------------------------------------
 
@@ -818,11 +819,28 @@ class TaskStore:
         """Re-open ``task``'s gate if its artifact no longer has the gate's hash."""
         if not task.awaiting_approval:
             return task
-        digest = await sha256_file_async(task.folder / self.workflow.phase(task.phase).artifact)
+        path = task.folder / self.workflow.phase(task.phase).artifact
+        digest = await self._cached_hash(path)
         if digest is not None and digest != task.gate_sha256:
             await self._reopen(task, digest, None)
             return await self.get(task.name)
         return task
+
+    async def _cached_hash(self, path: Path) -> str | None:
+        """The artifact's hash, re-read only when its size, mtime or inode changed (a parked
+        driver polls this; a 1 GB artifact must not be re-hashed every second)."""
+        try:
+            st = await asyncio.to_thread(path.stat)
+        except FileNotFoundError:
+            return None
+        key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        cached = self._hashes.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        digest = await sha256_file_async(path)
+        if digest is not None:
+            self._hashes[path] = (key, digest)
+        return digest
 
     # -- approvals -----------------------------------------------------------------------------
 
