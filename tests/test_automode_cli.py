@@ -285,6 +285,17 @@ async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
     row = run_row(tmp_path, run_id)
     assert row["status"] == "completed"
     assert json.loads(Path(row["log_dir"], "state.json").read_text())["status"] == "completed"
+    shown = await asyncio.to_thread(run_cli, tmp_path, env, "runs", run_id)
+    assert "#3.1 execute   interrupted" in shown.stdout
+    assert "the process stopped while this turn ran" in shown.stdout
+    assert "#3.2 execute   finished" in shown.stdout
+    detail = json.loads(
+        (await asyncio.to_thread(run_cli, tmp_path, env, "runs", run_id, "--json")).stdout
+    )
+    assert [(t["seq"], t["attempt"], t["state"]) for t in detail["turns"]][2:4] == [
+        (3, 1, "interrupted"),
+        (3, 2, "finished"),
+    ]
 
 
 async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(

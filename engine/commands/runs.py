@@ -1,4 +1,5 @@
-"""``turnstile runs``: list runs with status, phase, turn and age.
+"""``turnstile runs``: list runs with status, phase, turn and age; ``turnstile runs ID``: one
+run and its turns (each attempt, its state, exit code and duration).
 
 A run recorded as running whose driving process is gone is shown as ``running*``:
 it was cut off (a crash, a kill) and can be continued with ``turnstile auto --resume ID``.
@@ -27,6 +28,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--mode", help="only runs of this mode (auto, chat, autopilot, ...)")
     parser.add_argument("--limit", type=int, default=20, metavar="N", help="newest N (0: all)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("run", nargs="?", metavar="RUN_ID", help="show one run and its turns")
     parser.set_defaults(handler=handle)
 
 
@@ -54,8 +56,61 @@ def _turn(record: RunRecord) -> str:
     return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
 
 
+async def _show(store: SqliteRunStore, run_id: str, as_json: bool) -> int:
+    record = await store.get_run(run_id)
+    turns = await store.turns(run_id)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "id": record.id,
+                    "mode": record.mode,
+                    "status": _status(record),
+                    "phase": record.phase,
+                    "turn": record.turn,
+                    "exit_code": record.exit_code,
+                    "abort_reason": record.abort_reason,
+                    "log_dir": record.log_dir,
+                    "turns": [
+                        {
+                            "seq": t.seq,
+                            "attempt": t.attempt,
+                            "phase": t.phase,
+                            "state": t.state.value,
+                            "exit_code": t.exit_code,
+                            "output_size": t.output_size,
+                            "seconds": None
+                            if t.finished_at is None
+                            else round(t.finished_at - t.started_at, 3),
+                        }
+                        for t in turns
+                    ],
+                }
+            )
+        )
+        return 0
+    print(f"run {record.id}: {record.mode} {record.agent}, {_status(record)}")
+    print(f"  phase {record.phase or '-'}, turn {_turn(record)}, exit {record.exit_code}")
+    if record.abort_reason:
+        print(f"  aborted: {record.abort_reason}")
+    if record.workdir:
+        print(f"  workdir {record.workdir}")
+    if record.log_dir:
+        print(f"  log folder {record.log_dir}")
+    for t in turns:
+        took = "-" if t.finished_at is None else f"{t.finished_at - t.started_at:.1f}s"
+        code = "-" if t.exit_code is None else str(t.exit_code)
+        print(
+            f"  #{t.seq}.{t.attempt} {t.phase or '-':<9} {t.state.value:<11} exit {code:<4}"
+            f" {took}" + (f"  ({t.error})" if t.error else "")
+        )
+    return 0
+
+
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
     async with Database(settings.database) as db:
+        if args.run is not None:
+            return await _show(SqliteRunStore(db), args.run, args.json)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
     if args.mode:
