@@ -176,3 +176,41 @@ async def test_two_processes_starting_at_once_clone_once(
     assert sorted(p.name for p in cache.iterdir()) == ["demo.git"]
     for path, run_id in zip(paths, ("run-a", "run-b"), strict=True):
         assert git("symbolic-ref", "--short", "HEAD", cwd=path) == f"turnstile/{run_id}"
+
+
+async def test_cancelling_a_clone_kills_git_and_removes_the_partial_clone(
+    tmp_path: Path, git_env: dict[str, str]
+) -> None:
+    remote = make_remote(tmp_path)
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    slow = wrapper(
+        tmp_path,
+        'if [ "$1" = "clone" ]; then\n'
+        "  for last; do :; done\n"
+        '  mkdir -p "$last/objects"\n'
+        f"  echo $$ > {fifo}\n"
+        "  exec sleep 60\n"
+        "fi",
+    )
+    manager = WorkspaceManager(
+        tmp_path / "ws", [Project("demo", str(remote), "main")], git=str(slow)
+    )
+    task = asyncio.create_task(manager.provision("run1", "demo"))
+
+    def read_pid() -> int:
+        with open(fifo) as fh:
+            return int(fh.readline())
+
+    pid = await asyncio.to_thread(read_pid)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert list((manager.root / "cache").iterdir()) == []
+    # Nothing is left locked: a working git provisions at once.
+    fine = WorkspaceManager(manager.root, manager.projects)
+    ws = await fine.provision("run1", "demo")
+    assert (ws.path / "README.md").exists()
