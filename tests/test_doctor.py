@@ -216,7 +216,10 @@ async def test_base_url_with_token_placeholder(tmp_path: Path, bot_api: FakeBotA
     assert check.status is Status.OK, check
 
 
-def test_empty_settings_fail_each_with_a_fix(tmp_path: Path) -> None:
+def test_empty_settings_fail_each_with_a_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a developer's own .env must not change the finding
     settings = _settings(tmp_path, telegram_token=None, allowed_chats=(), admins=())
     checks = {c.name: c for c in check_settings(settings)}
     for name in ("bot token", "allowed chats", "people"):
@@ -224,6 +227,19 @@ def test_empty_settings_fail_each_with_a_fix(tmp_path: Path) -> None:
         assert checks[name].fix
         assert "-> fix:" in render(checks[name])
     assert "TURNSTILE_ALLOWED_CHATS" in checks["allowed chats"].detail
+    assert "there is no .env in" in checks["bot token"].detail
+
+
+async def test_missing_env_file_is_named(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    code, out, _ = await _doctor(tmp_path, env, "--offline")
+    assert code == 1
+    assert f"there is no .env in {tmp_path}" in _line(out, "bot token")
+    (tmp_path / ".env").write_text("TURNSTILE_ADMINS=1\n")
+    code, out, _ = await _doctor(tmp_path, env, "--offline")
+    assert "no .env" not in _line(out, "bot token")
+    assert _line(out, "people").startswith("ok")  # read from that .env
 
 
 @pytest.mark.parametrize(

@@ -152,10 +152,11 @@ def check_settings(settings: Settings) -> list[Check]:
     checks: list[Check] = []
     token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
     if not token:
+        where = "" if Path(".env").is_file() else f" (and there is no .env in {Path.cwd()})"
         checks.append(
             _fail(
                 "bot token",
-                "TURNSTILE_TELEGRAM_TOKEN is not set",
+                "TURNSTILE_TELEGRAM_TOKEN is not set" + where,
                 "create a bot with @BotFather (/newbot) and " + _FIX_ENV,
             )
         )
