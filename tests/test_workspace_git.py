@@ -529,3 +529,19 @@ async def test_a_partial_clone_left_by_a_crash_is_cleared(
     assert not stale.exists()
     assert sorted(p.name for p in (manager.root / "cache").iterdir()) == ["demo.git"]
     assert (ws.path / "README.md").exists()
+
+
+async def test_a_worktree_made_but_not_recorded_before_a_crash_is_adopted(
+    tmp_path: Path, remote: Path, manager: WorkspaceManager
+) -> None:
+    parent = await manager.provision("run1", "demo")
+    sub = await manager.provision_subtask(parent, "a")
+    # Another manager with an empty store: as if the records were never written.
+    forgetful = WorkspaceManager(manager.root, manager.projects)
+
+    adopted = await forgetful.provision_subtask(parent, "a")
+
+    assert adopted.path == sub.path
+    assert adopted.branch == sub.branch
+    assert adopted.parent_id == "run1"
+    assert adopted.run_id == "run1"

@@ -179,6 +179,10 @@ def disk_usage(path: Path) -> int:
     return total
 
 
+def _parent_of(workspace_id: str) -> str | None:
+    return workspace_id.rsplit(_SUB_SEP, 1)[0] if _SUB_SEP in workspace_id else None
+
+
 async def _is_dir(path: Path) -> bool:
     return await asyncio.to_thread(path.is_dir)
 
@@ -448,7 +452,7 @@ class WorkspaceManager:
                 branch=f"{BRANCH_PREFIX}{workspace_id}",
                 base=record.base if record else head,
                 base_ref=record.base_ref if record else "HEAD",
-                parent_id=record.parent_id if record else None,
+                parent_id=record.parent_id if record else _parent_of(workspace_id),
                 created_at=record.created_at if record else self._clock(),
             )
             await self._store.save(adopted)
