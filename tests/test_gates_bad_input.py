@@ -195,3 +195,19 @@ async def test_cli_reject_needs_reason_and_expiry_code(tmp_path: Path) -> None:
     )
     assert rc == 0
     assert "rejected" in out
+
+
+async def test_oversized_decomposition_refused(tmp_path: Path) -> None:
+    async with open_gates(make_settings(tmp_path)) as gates:
+        task = await gates.init_task("t")
+        (task.folder / "research.md").write_text("r")
+        await gates.store.transition("t", f"research:{AWAITING_APPROVAL}")
+        await gates.approve("t", by=APPROVER)
+        await gates.store.transition("t", "decomposition")
+        with (task.folder / "decomposition.md").open("wb") as fh:
+            fh.write(b"```subtasks\n```\n")
+            fh.truncate(2 * 1024 * 1024)
+        with pytest.raises(GateRefused) as info:
+            await gates.store.transition("t", f"decomposition:{AWAITING_APPROVAL}")
+        assert info.value.reason is Refusal.INVALID_ARTIFACT
+        assert "larger than" in info.value.detail

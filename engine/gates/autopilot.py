@@ -237,13 +237,17 @@ class Autopilot:
 
     async def _to_human(self, task: TaskRecord, reason: str) -> DriveOutcome:
         await self._say(task, f"[{task.name}] needs a person: {reason}")
-        try:
-            task = await self.store.transition(
-                task.name, HUMAN_INTERVENTION, actor="autopilot", reason=reason
-            )
-        except GateRefused as exc:
-            if exc.reason is not Refusal.ILLEGAL_TRANSITION:
-                raise
+        for attempt in range(3):
+            try:
+                task = await self.store.transition(
+                    task.name, HUMAN_INTERVENTION, actor="autopilot", reason=reason
+                )
+                break
+            except GateRefused as exc:
+                if exc.reason is Refusal.ILLEGAL_TRANSITION:
+                    break  # already there (or complete): nothing to do
+                if exc.reason is not Refusal.CONFLICT or attempt == 2:
+                    raise
         await self._status(task, "human_intervention", reason[:200])
         return DriveOutcome.HUMAN_INTERVENTION
 
@@ -266,11 +270,19 @@ class Autopilot:
         try:
             task = await self.store.get(name)
             if audit_at_start:
-                await self._audit(None, f"autopilot start ({name})")
+                await self._audit(await self._family(task), f"autopilot start ({name})")
             await self._note_interrupted(task)
             return await self._loop(name)
         finally:
             remove()
+
+    async def _family(self, task: TaskRecord) -> list[str]:
+        """The task, its parent and its sub-tasks: what a drive of it can touch."""
+        names = [task.name]
+        if task.parent is not None:
+            names.append(task.parent)
+        names += [s.name for s in await self.store.subtasks(task.name)]
+        return names
 
     async def _note_interrupted(self, task: TaskRecord) -> None:
         events = await self.store.audit_events(task.name, limit=50)

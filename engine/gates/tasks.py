@@ -594,7 +594,16 @@ class TaskStore:
         """Parse the decomposition artifact, checking it is the content with that hash."""
         assert self.workflow.decomposition is not None
         path = task.folder / self.workflow.phase(self.workflow.decomposition).artifact
-        raw = path.read_bytes()[: 1024 * 1024 + 1]
+        limit = 1024 * 1024
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
+        if len(raw) > limit:
+            raise GateRefused(
+                Refusal.INVALID_ARTIFACT,
+                f"{path.name} is larger than {limit} bytes",
+                task=task.name,
+                line=1,
+            )
         if hashlib.sha256(raw).hexdigest() != expected_sha256:
             raise GateRefused(
                 Refusal.STALE_APPROVAL, f"{path.name} changed while it was read", task=task.name
