@@ -25,6 +25,8 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
+        # ".env.example" leaves optional settings empty (NAME=): empty means "unset".
+        env_ignore_empty=True,
     )
 
     # Telegram
@@ -70,7 +72,7 @@ class Settings(BaseSettings):
     preempt_grace: float = Field(default=5.0, ge=0)
     wave_concurrency: int = Field(default=3, ge=1)
     # Bot: seconds between edits of one live (status) message, and shutdown behaviour
-    status_edit_interval: float = Field(default=3.0, ge=0)
+    status_edit_interval: float = Field(default=10.0, ge=0)
     shutdown_turns: Literal["finish", "park"] = "finish"
     shutdown_flush_seconds: float = Field(default=30.0, ge=0)
 

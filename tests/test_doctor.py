@@ -354,3 +354,30 @@ async def test_command_agent_found(tmp_path: Path) -> None:
     checks = {c.name: c for c in await check_agents(settings)}
     assert checks["agent command"].status is Status.OK
     assert checks["agent claude"].status is Status.WARN
+
+
+async def test_env_example_copied_as_is_gives_the_readme_first_run(tmp_path: Path) -> None:
+    """README command 1 on a fresh machine: `cp -n .env.example .env`, then `turnstile bot`."""
+    (tmp_path / ".env").write_text((ROOT / ".env.example").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "bot",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert "invalid settings" not in err.decode()
+    assert "TURNSTILE_TELEGRAM_TOKEN is not set: put the token BotFather gave you in .env" in (
+        err.decode()
+    )
+    code, out, err_text = await _doctor(tmp_path, env, "--offline")
+    assert code == 1, out + err_text
+    assert _line(out, "bot token").startswith("FAIL")
+    assert "no .env" not in out
