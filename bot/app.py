@@ -28,6 +28,7 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUp
 
 from bot.auth import Authorizer
 from bot.auto import AutoExtension
+from bot.autopilot import AutopilotExtension
 from bot.chat import AgentFactory, ChatSessions
 from bot.handlers import COMMANDS, Handlers
 from bot.outbox import OutboxSender, retry_seconds
@@ -107,6 +108,7 @@ class BotRuntime:
         *,
         agent_factory: AgentFactory = create_agent,
         edit_interval: float | None = None,
+        rate_limiter: AIORateLimiter | None = None,
     ) -> None:
         # PTB's documented opt-in: durations (RetryAfter.retry_after) as timedelta now,
         # instead of a deprecation warning on every flood-limit answer.
@@ -131,6 +133,8 @@ class BotRuntime:
             allowed_chats=settings.allowed_chats,
         )
         self._agent_factory = agent_factory
+        # Telegram's limits: ~30 messages/s overall, 20/min per group; a 429 is retried.
+        self._rate_limiter = rate_limiter or AIORateLimiter(max_retries=_RATE_LIMIT_RETRIES)
         self._edit_interval = (
             edit_interval if edit_interval is not None else settings.status_edit_interval
         )
@@ -162,7 +166,7 @@ class BotRuntime:
                 .base_url(self.settings.telegram_base_url)
                 .base_file_url(self.settings.telegram_base_file_url)
                 .updater(None)
-                .rate_limiter(AIORateLimiter(max_retries=_RATE_LIMIT_RETRIES))
+                .rate_limiter(self._rate_limiter)
                 .concurrent_updates(ChatOrderedProcessor(self))
                 .connect_timeout(10)
                 .read_timeout(30)
@@ -194,6 +198,12 @@ class BotRuntime:
             )
             self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
+            # Order matters for plain messages: approvals and reasons before steering.
+            self.handlers.extensions.append(
+                AutopilotExtension(
+                    self, self.handlers, self.sink, agent_factory=self._agent_factory
+                )
+            )
             self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():

@@ -65,6 +65,7 @@ class BotSink:
         self._places: dict[str, ChatPlace] = {}
         self._tasks: dict[str, ChatPlace] = {}
         self.on_gate = on_gate
+        self.resolve: Callable[[str], Awaitable[ChatPlace | None]] | None = None
 
     def register(self, run_id: str, place: ChatPlace, *, task: str | None = None) -> None:
         self._places[run_id] = place
@@ -78,6 +79,11 @@ class BotSink:
         place = self._places.get(run_id)
         if place is not None:
             return place
+        if self.resolve is not None:
+            place = await self.resolve(run_id)
+            if place is not None:
+                self._places[run_id] = place
+                return place
         try:
             run = await self._runs.get_run(run_id)
         except NotFoundError:

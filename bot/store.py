@@ -705,6 +705,55 @@ class BotStore:
             )
             return str(row["gate_id"])
 
+    async def open_gate_for(self, task: str, phase: str, sha256: str) -> GateRecord | None:
+        row = await self.db.fetchone(
+            "SELECT * FROM bot_gates WHERE task = ? AND phase = ? AND sha256 = ?"
+            " AND state = 'open' ORDER BY created_at DESC LIMIT 1",
+            (task, phase, sha256),
+        )
+        return GateRecord.from_row(row) if row is not None else None
+
+    async def latest_open_gate(self, task: str) -> GateRecord | None:
+        row = await self.db.fetchone(
+            "SELECT * FROM bot_gates WHERE task = ? AND state = 'open'"
+            " ORDER BY created_at DESC LIMIT 1",
+            (task,),
+        )
+        return GateRecord.from_row(row) if row is not None else None
+
+    async def close_gates_of(self, task: str, state: str, user_id: int | None) -> list[str]:
+        """Close every open gate of ``task``; returns their ids."""
+        rows = await self.db.fetchall(
+            "SELECT gate_id FROM bot_gates WHERE task = ? AND state = 'open'", (task,)
+        )
+        for row in rows:
+            await self.close_gate(row["gate_id"], state, user_id)
+        return [str(r["gate_id"]) for r in rows]
+
+    # -- autopilot tasks driven from a chat --------------------------------------------
+
+    async def save_task_place(
+        self, task: str, chat_id: int, thread_id: int | None, started_by: int | None
+    ) -> None:
+        await self.db.execute(
+            "INSERT INTO bot_tasks (task, chat_id, thread_id, started_by, active, created_at)"
+            " VALUES (?, ?, ?, ?, 1, ?) ON CONFLICT (task) DO UPDATE SET"
+            " chat_id = excluded.chat_id, thread_id = excluded.thread_id, active = 1",
+            (task, chat_id, thread_id, started_by, self._clock()),
+        )
+
+    async def set_task_active(self, task: str, active: bool) -> None:
+        await self.db.execute(
+            "UPDATE bot_tasks SET active = ? WHERE task = ?", (1 if active else 0, task)
+        )
+
+    async def task_places(self, *, active_only: bool = False) -> list[tuple[str, int, int | None]]:
+        sql = "SELECT task, chat_id, thread_id FROM bot_tasks"
+        if active_only:
+            sql += " WHERE active = 1"
+        rows = await self.db.fetchall(sql + " ORDER BY created_at")
+        return [(r["task"], r["chat_id"], r["thread_id"]) for r in rows]
+
     # -- chat migration ----------------------------------------------------------------
 
     async def migrate_chat(self, old_chat: int, new_chat: int) -> None:
@@ -716,7 +765,7 @@ class BotStore:
                 " migrated_at) VALUES (?, ?, ?)",
                 (old_chat, new_chat, now),
             )
-            for table in ("bot_bindings", "bot_prompts", "bot_gates"):
+            for table in ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks"):
                 await conn.execute(
                     f"UPDATE {table} SET chat_id = ? WHERE chat_id = ?",  # noqa: S608
                     (new_chat, old_chat),

@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from telegram.ext import AIORateLimiter
+
 from bot.app import BotRuntime
 from engine.settings import Settings
 from tests.fakes.bot_api import FakeBotApi
@@ -98,9 +100,14 @@ def agent_log(root: Path) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def running_bot(api: FakeBotApi, settings: Settings) -> AsyncIterator[BotRuntime]:
+async def running_bot(
+    api: FakeBotApi, settings: Settings, *, fast_groups: bool = True
+) -> AsyncIterator[BotRuntime]:
     """The started bot; shut down gracefully on exit."""
-    async with BotRuntime(settings) as runtime:
+    # Telegram's 20-per-minute group limit would make every group scenario take minutes;
+    # the flood-limit tests use the production limiter (private chats, real 429s).
+    limiter = AIORateLimiter(group_max_rate=10_000, max_retries=8) if fast_groups else None
+    async with BotRuntime(settings, rate_limiter=limiter) as runtime:
         await runtime.start()
         try:
             yield runtime

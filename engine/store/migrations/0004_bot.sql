@@ -107,3 +107,11 @@ CREATE TABLE bot_audit (
     reason TEXT
 );
 CREATE INDEX bot_audit_at ON bot_audit (at);
+CREATE TABLE bot_tasks (
+    task TEXT PRIMARY KEY,
+    chat_id INTEGER NOT NULL,
+    thread_id INTEGER,
+    started_by INTEGER,
+    active INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL
+);

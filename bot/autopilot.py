@@ -1,0 +1,644 @@
+"""Autopilot and approval gates from a chat.
+
+``/autopilot TASK [summary]`` starts or resumes the gated workflow (engine.gates). Each
+approval gate becomes a document (the artifact) and a gate message: phase, artifact,
+short hash, excerpt, and Approve / Reject buttons. People approve with the button,
+``/approve [TASK]``, a reply "APPROVED" to the gate message or a plain "APPROVED" (when
+privacy mode lets the bot see it); they reject with the button (the bot asks for a
+reason) or ``/reject TASK REASON``. Every approval names the hash the person saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from telegram import Update
+from telegram.error import TelegramError
+
+from bot.auth import Action
+from bot.extension import Extension
+from bot.sink import BotSink, ChatPlace
+from bot.store import GateRecord
+from engine.agents.factory import create_agent
+from engine.gates import (
+    COMPLETE,
+    HUMAN_INTERVENTION,
+    ApprovalOutcome,
+    ApprovalResult,
+    DriveHandle,
+    GateRefused,
+    Gates,
+    TaskRecord,
+    render_groups,
+)
+from engine.sink import GateRequest
+from engine.turn import AgentSession, TurnOutput
+
+if TYPE_CHECKING:
+    from bot.app import BotRuntime
+    from bot.handlers import Handlers
+
+__all__ = ["AutopilotExtension"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_APPROVED: Final = re.compile(r"^\s*approved\s*[.!]*\s*$", re.IGNORECASE)
+_TASK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_MAX_DOCUMENT: Final = 20 * 1024 * 1024
+_EXCERPT: Final = 700
+_PAGE: Final = 25
+_RUN_PREFIX: Final = "autopilot:"
+
+
+def _task_of(run_id: str) -> str:
+    return run_id[len(_RUN_PREFIX) :] if run_id.startswith(_RUN_PREFIX) else run_id
+
+
+class _Pausable:
+    """An agent session that starts no new turn once the bot is shutting down."""
+
+    def __init__(self, inner: AgentSession, owner: AutopilotExtension) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    @property
+    def session_id(self) -> str:
+        return self._inner.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        if self._owner.closing:
+            # Parked: the drive is cancelled by the shutdown; the phase re-runs on restart.
+            await asyncio.Event().wait()
+        self._owner.in_flight += 1
+        try:
+            async with self._owner.slots:
+                return await self._inner.run_turn(prompt)
+        finally:
+            self._owner.in_flight -= 1
+            self._owner.turn_done.set()
+
+
+class AutopilotExtension(Extension):
+    """Starts and resumes drives, posts gates, takes approvals and rejections."""
+
+    def __init__(
+        self,
+        runtime: BotRuntime,
+        handlers: Handlers,
+        sink: BotSink,
+        *,
+        gates: Gates | None = None,
+        agent_factory: Callable[..., Any] = create_agent,
+    ) -> None:
+        self.rt = runtime
+        self.h = handlers
+        self.sink = sink
+        self.gates = gates or Gates(runtime.db, runtime.settings, poll_interval=1.0)
+        self._agent_factory = agent_factory
+        self.drives: dict[str, DriveHandle] = {}
+        self.places: dict[str, ChatPlace] = {}
+        self.watchers: dict[str, asyncio.Task[None]] = {}
+        self.closing = False
+        self.in_flight = 0
+        self.turn_done = asyncio.Event()
+        self.slots = runtime.slots
+        self._stopped_by: dict[str, int] = {}
+        sink.on_gate = self.post_gate
+        sink.resolve = self.resolve
+
+    # -- where a task's messages go ----------------------------------------------------
+
+    async def resolve(self, run_id: str) -> ChatPlace | None:
+        """The chat of ``autopilot:TASK`` (a sub-task goes to its parent's chat)."""
+        if not run_id.startswith(_RUN_PREFIX):
+            return None
+        name = _task_of(run_id)
+        seen: set[str] = set()
+        while name and name not in seen:
+            seen.add(name)
+            place = self.places.get(name)
+            if place is not None:
+                return place
+            try:
+                task = await self.gates.task(name)
+            except GateRefused:
+                return None
+            if task.parent is None:
+                return None
+            name = task.parent
+        return None
+
+    def _factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
+        agent = self._agent_factory(
+            self.rt.settings.default_agent,
+            self.rt.settings,
+            cwd=task.workdir,
+            session_id=session_id,
+            resume=resume,
+        )
+        return _Pausable(agent, self)
+
+    # -- /autopilot --------------------------------------------------------------------
+
+    async def cmd_autopilot(self, update: Update, args: list[str]) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        message = update.effective_message
+        assert chat is not None
+        assert user is not None
+        assert message is not None
+        if self.closing:
+            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            return
+        name = args[0]
+        if not _TASK_NAME.fullmatch(name):
+            await self.h.reply(
+                update,
+                "Usage: /autopilot TASK [summary] — a task name is letters, digits, '.', '_' "
+                "or '-' (at most 64).",
+            )
+            return
+        text = message.text or ""
+        parts = text.split(maxsplit=2)
+        summary = parts[2].strip() if len(parts) > 2 else None
+        current = self.drives.get(name)
+        if current is not None and not current.done:
+            await self.h.reply(update, f"Task {name} is already being driven. /status")
+            return
+        try:
+            task = await self.gates.task(name)
+            created = False
+        except GateRefused:
+            try:
+                task = await self.gates.init_task(name, summary=summary, started_by=user.id)
+            except GateRefused as exc:
+                await self.h.reply(update, f"Cannot create task {name}: {exc}")
+                return
+            created = True
+        if task.phase in (COMPLETE,):
+            await self.h.reply(update, f"Task {name} is already complete.")
+            return
+        thread = message.message_thread_id if message.is_topic_message else None
+        if thread is None and chat.is_forum and created:
+            thread = await self._topic(chat.id, f"autopilot: {name}")
+        place = ChatPlace(chat.id, thread)
+        await self.rt.store.save_task_place(name, chat.id, thread, user.id)
+        await self.rt.store.audit(
+            action="autopilot",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=name,
+        )
+        self._start(name, place)
+        verb = "started" if created else f"resumed at {task.label}"
+        await self.rt.publisher_or_fail().say(
+            chat.id,
+            f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
+            f"buttons. /stop {name} stops the drive (the task keeps its phase).",
+            thread_id=thread,
+            run_id=_RUN_PREFIX + name,
+        )
+
+    async def _topic(self, chat_id: int, name: str) -> int | None:
+        try:
+            topic = await self.rt.app_bot().create_forum_topic(chat_id=chat_id, name=name[:128])
+        except TelegramError as exc:
+            _LOGGER.warning("could not create a forum topic: %s", exc)
+            return None
+        return int(topic.message_thread_id)
+
+    def _start(self, name: str, place: ChatPlace) -> DriveHandle:
+        self.places[name] = place
+        self.sink.register(_RUN_PREFIX + name, place, task=name)
+        handle = self.gates.start_autopilot(name, self.sink, agent_factory=self._factory)
+        self.drives[name] = handle
+        self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
+        return handle
+
+    async def _watch(self, name: str, handle: DriveHandle) -> None:
+        place = self.places[name]
+        publisher = self.rt.publisher_or_fail()
+        try:
+            outcome = await handle.wait()
+            _LOGGER.info("autopilot drive ended %s", outcome.value, extra={"task": name})
+            if outcome.value in (COMPLETE, HUMAN_INTERVENTION):
+                await self.rt.store.set_task_active(name, False)
+        except asyncio.CancelledError:
+            by = self._stopped_by.pop(name, None)
+            if by is not None:
+                await self.rt.store.set_task_active(name, False)
+                await publisher.say(
+                    place.chat_id,
+                    f"⏹ Autopilot for {name} stopped by {by}; the task keeps its phase. "
+                    f"/autopilot {name} resumes it.",
+                    thread_id=place.thread_id,
+                    run_id=_RUN_PREFIX + name,
+                )
+        except Exception as exc:
+            _LOGGER.exception("autopilot drive failed", extra={"task": name})
+            await self.rt.store.set_task_active(name, False)
+            await publisher.say(
+                place.chat_id,
+                f"⚠️ Autopilot for {name} failed: {self.rt.redactor(str(exc))[:500]}",
+                thread_id=place.thread_id,
+                run_id=_RUN_PREFIX + name,
+            )
+        finally:
+            if self.drives.get(name) is handle:
+                self.drives.pop(name, None)
+
+    # -- gates -------------------------------------------------------------------------
+
+    async def post_gate(self, request: GateRequest, place: ChatPlace) -> None:
+        """Post (or, for a gate already shown, refresh) the gate message and the artifact."""
+        existing = await self.rt.store.open_gate_for(request.task, request.phase, request.sha256)
+        if existing is not None:
+            await self.rt.store.touch_live(f"gate:{existing.gate_id}")
+            self.rt.publisher_or_fail().wake()
+            return
+        gate_id = secrets.token_hex(4)
+        await self.rt.store.add_gate(
+            gate_id,
+            task=request.task,
+            phase=request.phase,
+            sha256=request.sha256,
+            artifact_name=request.artifact_name,
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=request.run_id,
+        )
+        publisher = self.rt.publisher_or_fail()
+        content = await asyncio.to_thread(_read_artifact, request.artifact_path)
+        if content is not None:
+            await publisher.document(
+                place.chat_id,
+                content,
+                filename=request.artifact_name,
+                caption=f"{request.task} · {request.phase} · sha256 {request.short_hash}",
+                thread_id=place.thread_id,
+                run_id=request.run_id,
+            )
+        await publisher.live(
+            f"gate:{gate_id}",
+            self._gate_text(request, gate_id),
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            markup=_buttons(gate_id),
+            run_id=request.run_id,
+        )
+
+    @staticmethod
+    def _gate_text(request: GateRequest, gate_id: str, decided: str | None = None) -> str:
+        excerpt = request.excerpt.strip()
+        if len(excerpt) > _EXCERPT:
+            excerpt = excerpt[:_EXCERPT] + "…"
+        lines = [
+            f"🛂 Gate: task {request.task} · phase {request.phase}",
+            f"Artifact: {request.artifact_name} · sha256 {request.short_hash}",
+            "",
+            excerpt or "(empty)",
+            "",
+        ]
+        if decided is not None:
+            lines.append(decided)
+        else:
+            lines.append(
+                f"Approve: the button, /approve {request.task}, or reply APPROVED to this "
+                f"message. Reject: the button or /reject {request.task} REASON."
+            )
+        return "\n".join(lines)
+
+    async def _decide_text(self, gate: GateRecord, decided: str) -> None:
+        live = await self.rt.store.get_live(f"gate:{gate.gate_id}")
+        if live is None:
+            return
+        body = live.body
+        head, _, _ = body.rpartition("\n")
+        await self.rt.store.set_live(
+            f"gate:{gate.gate_id}",
+            chat_id=live.chat_id,
+            thread_id=live.thread_id,
+            body=f"{head}\n{decided}",
+            markup=None,
+        )
+        self.rt.publisher_or_fail().wake()
+
+    # -- approving and rejecting -------------------------------------------------------
+
+    async def _approve(self, update: Update, gate: GateRecord) -> None:
+        user = update.effective_user
+        chat = update.effective_chat
+        assert user is not None
+        assert chat is not None
+        result = await self.gates.approve(
+            gate.task,
+            by=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            expected_sha256=gate.sha256,
+        )
+        await self._report(update, gate, result, user.id, "approve")
+
+    async def _reject(self, update: Update, gate: GateRecord, reason: str) -> None:
+        user = update.effective_user
+        chat = update.effective_chat
+        assert user is not None
+        assert chat is not None
+        result = await self.gates.reject(
+            gate.task, by=user.id, reason=reason, chat_id=chat.id, update_id=update.update_id
+        )
+        await self._report(update, gate, result, user.id, "reject")
+
+    async def _report(
+        self, update: Update, gate: GateRecord, result: ApprovalResult, user_id: int, verb: str
+    ) -> None:
+        what = f"{gate.task} · {gate.phase} (sha256 {gate.sha256[:12]})"
+        outcome = result.outcome
+        if outcome is ApprovalOutcome.APPROVED:
+            if await self.rt.store.close_gate(gate.gate_id, "approved", user_id):
+                await self._decide_text(gate, f"✅ Approved by {user_id}.")
+            text = f"✅ Approved {what} by {user_id}."
+        elif outcome is ApprovalOutcome.RECORDED:
+            text = f"Approval of {what} recorded: {result.approvals} of {result.quorum} needed."
+        elif outcome is ApprovalOutcome.ALREADY_APPROVED:
+            text = f"You already approved {what}; nothing changed."
+        elif outcome is ApprovalOutcome.REJECTED:
+            if await self.rt.store.close_gate(gate.gate_id, "rejected", user_id):
+                await self._decide_text(gate, f"↩️ Rejected by {user_id}; the phase re-runs.")
+            text = f"↩️ Rejected {what}; the {gate.phase} phase re-runs with your reason."
+        else:
+            reason = result.reason.value if result.reason is not None else "refused"
+            await self.rt.store.audit(
+                action=verb,
+                outcome="refused",
+                user_id=user_id,
+                chat_id=gate.chat_id,
+                update_id=update.update_id,
+                reason=f"{reason}: {result.detail}"[:300],
+            )
+            text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
+        await self.h.reply(update, text.strip())
+
+    async def _gate_for_task(self, update: Update, task: str | None) -> GateRecord | None:
+        chat = update.effective_chat
+        assert chat is not None
+        if task is not None:
+            gate = await self.rt.store.latest_open_gate(task)
+            if gate is None:
+                await self.h.reply(update, f"No open gate for task {task}.")
+            return gate
+        gates = await self.rt.store.open_gates(chat_id=chat.id)
+        if len(gates) == 1:
+            return gates[0]
+        if not gates:
+            await self.h.reply(update, "No gate is waiting for approval in this chat.")
+        else:
+            names = ", ".join(sorted({g.task for g in gates}))
+            await self.h.reply(update, f"Several gates are open ({names}): name the task.")
+        return None
+
+    async def cmd_approve(self, update: Update, args: list[str]) -> None:
+        gate = await self._gate_for_task(update, args[0] if args else None)
+        if gate is not None:
+            await self._approve(update, gate)
+
+    async def cmd_reject(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        assert message is not None
+        parts = (message.text or "").split(maxsplit=2)
+        if len(parts) < 3 or not parts[2].strip():
+            await self.h.reply(update, "Usage: /reject TASK REASON")
+            return
+        gate = await self._gate_for_task(update, parts[1])
+        if gate is not None:
+            await self._reject(update, gate, parts[2].strip())
+
+    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+        chat = update.effective_chat
+        user = update.effective_user
+        message = update.effective_message
+        assert chat is not None
+        assert user is not None
+        assert message is not None
+        # A reason the bot asked for after a Reject button press.
+        asked = await self.rt.store.take_reason_request(chat.id, user.id)
+        if asked is not None:
+            rejected = await self.rt.store.gate(asked)
+            if rejected is not None and rejected.state == "open":
+                if await self.h.authorize(update, Action.REJECT):
+                    await self._reject(update, rejected, text.strip())
+                return True
+        if not _APPROVED.fullmatch(text):
+            return False
+        reply = message.reply_to_message
+        gate: GateRecord | None = None
+        if reply is not None:
+            live = await self.rt.store.live_by_message(chat.id, reply.message_id)
+            if live is not None and live.ref.startswith("gate:"):
+                gate = await self.rt.store.gate(live.ref.removeprefix("gate:"))
+        if gate is None:
+            open_here = [
+                g
+                for g in await self.rt.store.open_gates(chat_id=chat.id)
+                if (g.thread_id or 0) == thread
+            ]
+            if not open_here:
+                return False
+            if len(open_here) > 1:
+                if await self.h.authorize(update, Action.APPROVE):
+                    await self.h.reply(
+                        update, "Several gates are open: reply APPROVED to the gate message."
+                    )
+                return True
+            gate = open_here[0]
+        if not await self.h.authorize(update, Action.APPROVE):
+            return True
+        if gate.state != "open":
+            await self.h.reply(update, f"That gate ({gate.task} · {gate.phase}) is {gate.state}.")
+            return True
+        await self._approve(update, gate)
+        return True
+
+    async def on_button(self, update: Update, data: str) -> bool:
+        verb, _, rest = data.partition(":")
+        query = update.callback_query
+        chat = update.effective_chat
+        user = update.effective_user
+        assert query is not None
+        assert chat is not None
+        assert user is not None
+        if verb in ("ap", "rj"):
+            gate = await self.rt.store.gate(rest)
+            if gate is None or gate.state != "open":
+                await self.h._answer(update, "This gate is closed.")
+                return True
+            if verb == "ap":
+                await self.h._answer(update, "Approving…")
+                await self._approve(update, gate)
+            else:
+                await self.h._answer(update, "Reply with your reason")
+                await self.rt.store.ask_reason(chat.id, user.id, gate.gate_id)
+                await self.h.reply(
+                    update,
+                    f"Why reject {gate.task} · {gate.phase}? Your next message here is the "
+                    "reason; it goes back to the agent as revision notes.",
+                )
+            return True
+        if verb == "tk":
+            ref, _, page = rest.rpartition(":")
+            await self.h._answer(update)
+            await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
+            return True
+        return False
+
+    # -- /tasks, /audit, /stop, /status ------------------------------------------------
+
+    async def cmd_tasks(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        chat = update.effective_chat
+        assert chat is not None
+        thread = message.message_thread_id if message and message.is_topic_message else None
+        await self._show_tasks(chat.id, thread, str(update.update_id), 0)
+
+    async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
+        groups = await self.gates.list_tasks()
+        lines = render_groups(groups).splitlines()
+        pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
+        page = min(max(page, 0), pages - 1)
+        body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
+        text = f"📋 Tasks (awaiting approval first) · page {page + 1}/{pages}\n{body}"
+        buttons = []
+        if page > 0:
+            buttons.append({"text": "◀ previous", "callback_data": f"tk:{ref}:{page - 1}"})
+        if page < pages - 1:
+            buttons.append({"text": "next ▶", "callback_data": f"tk:{ref}:{page + 1}"})
+        live_ref = f"tasks:{ref}"
+        existing = await self.rt.store.get_live(live_ref)
+        await self.rt.publisher_or_fail().live(
+            live_ref,
+            text,
+            chat_id=existing.chat_id if existing else chat_id,
+            thread_id=existing.thread_id if existing else thread,
+            markup={"inline_keyboard": [buttons]} if buttons else None,
+        )
+
+    async def cmd_audit(self, update: Update, args: list[str]) -> None:
+        report = await self.gates.audit()
+        lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
+        lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
+        refusals = [
+            e for e in await self.rt.store.audit_entries(limit=200) if e.outcome == "refused"
+        ]
+        if refusals:
+            lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
+            lines.extend(
+                f"- user {e.user_id} chat {e.chat_id}: {e.action} ({e.reason})"
+                for e in refusals[:10]
+            )
+        await self.h.reply(update, "\n".join(lines))
+
+    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+        name = _task_of(run_id)
+        handle = self.drives.get(name)
+        place = self.places.get(name)
+        if handle is None or handle.done or place is None or place.chat_id != chat_id:
+            return False
+        self._stopped_by[name] = by
+        await handle.stop()
+        watcher = self.watchers.get(name)
+        if watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        return True
+
+    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+        stopped = []
+        for name, place in list(self.places.items()):
+            here = place.chat_id == chat_id and (place.thread_id or 0) == thread
+            if here and await self.stop(name, chat_id=chat_id, by=by):
+                stopped.append(_RUN_PREFIX + name)
+        return stopped
+
+    async def status_lines(self, chat_id: int) -> list[str]:
+        lines = []
+        for name, place in self.places.items():
+            if place.chat_id != chat_id:
+                continue
+            handle = self.drives.get(name)
+            try:
+                task = await self.gates.task(name)
+            except GateRefused:
+                continue
+            state = "driving" if handle is not None and not handle.done else "idle"
+            lines.append(f"🛂 autopilot {name} · {task.label} · {state}")
+        return lines
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Resume every drive that was active when the bot stopped; gates are re-posted
+        only when they changed (an open gate's message is refreshed instead)."""
+        for name, chat_id, thread_id in await self.rt.store.task_places():
+            self.places[name] = ChatPlace(chat_id, thread_id)
+        for name, chat_id, thread_id in await self.rt.store.task_places(active_only=True):
+            try:
+                task = await self.gates.task(name)
+            except GateRefused:
+                continue
+            if task.phase in (COMPLETE, HUMAN_INTERVENTION):
+                await self.rt.store.set_task_active(name, False)
+                continue
+            self._start(name, ChatPlace(chat_id, thread_id))
+            _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        self.closing = True
+        if not park:
+            # Running turns finish; no new one starts (see _Pausable).
+            while self.in_flight and not preempt.is_set():
+                self.turn_done.clear()
+                waiter = asyncio.create_task(preempt.wait())
+                done_wait = asyncio.create_task(self.turn_done.wait())
+                await asyncio.wait({waiter, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                done_wait.cancel()
+        for handle in list(self.drives.values()):
+            await handle.stop()
+        for watcher in list(self.watchers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def park_all(self) -> None:
+        self.closing = True
+        for handle in list(self.drives.values()):
+            await handle.stop()
+
+
+def _buttons(gate_id: str) -> dict[str, Any]:
+    return {
+        "inline_keyboard": [
+            [
+                {"text": "✅ Approve", "callback_data": f"ap:{gate_id}"},
+                {"text": "❌ Reject", "callback_data": f"rj:{gate_id}"},
+            ]
+        ]
+    }
+
+
+def _read_artifact(path: Path) -> str | None:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > _MAX_DOCUMENT:
+        return None
+    return path.read_bytes().decode("utf-8", errors="replace")

@@ -1,0 +1,96 @@
+"""Autopilot from the chat: every gate, approved by button, reply, /approve and "APPROVED",
+and a rejection by button whose reason re-runs the phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.gates import COMPLETE, Gates
+from tests.fakes.bot_api import FakeBotApi, SentMessage
+from tests.fakes.bot_harness import (
+    APPROVER,
+    CHAT,
+    OPERATOR,
+    agent_log,
+    bot_settings,
+    running_bot,
+    write_script,
+)
+from tests.gates_support import phase_rules
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+
+
+def _gate(phase: str, nth: int = 0):  # type: ignore[no-untyped-def]
+    def match(m: SentMessage) -> bool:
+        return m.text.startswith("🛂 Gate:") and f"phase {phase}" in m.text
+
+    return match
+
+
+async def _gate_message(api: FakeBotApi, phase: str, count: int = 1) -> SentMessage:
+    await api.wait_until(lambda: sum(_gate(phase)(m) for m in api.sent) >= count, timeout=30)
+    return [m for m in api.sent if _gate(phase)(m)][count - 1]
+
+
+async def test_autopilot_through_every_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build the widget")
+        await api.wait_for_message(lambda m: "Autopilot for task T1 started" in m.text)
+
+        # research: the artifact arrives as a document, then the gate with buttons
+        gate = await _gate_message(api, "research")
+        assert "research.md" in gate.text
+        assert "sha256 " in gate.text
+        docs = [m for m in api.sent if m.filename == "research.md"]
+        assert len(docs) == 1
+        assert docs[0].document is not None
+        assert docs[0].message_id < gate.message_id
+        approve = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve"))
+        # an operator is not an approver: refused and audited, the gate stays open
+        api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=approve, message_id=gate.message_id)
+        await api.wait_until(lambda: len(api.callback_answers) == 1)
+        assert "Not allowed" in api.callback_answers[0]["text"]
+        # 1. approved by the button
+        api.push_callback(chat_id=CHAT, user_id=APPROVER, data=approve, message_id=gate.message_id)
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
+
+        # 2. decomposition: approved by replying APPROVED to the gate message
+        gate = await _gate_message(api, "decomposition")
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED", reply_to=gate.message_id)
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · decomposition"))
+
+        # 3. design: approved with /approve TASK
+        await _gate_message(api, "design")
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="/approve T1")
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · design"))
+
+        # 4. test_design: rejected by the button, the bot asks for a reason
+        gate = await _gate_message(api, "test_design")
+        reject = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Reject"))
+        api.push_callback(chat_id=CHAT, user_id=APPROVER, data=reject, message_id=gate.message_id)
+        await api.wait_for_message(lambda m: m.text.startswith("Why reject T1 · test_design"))
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="cover the timeout path too")
+        await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected T1 · test_design"))
+        # the phase re-ran with the reason; its new gate is approved by a plain APPROVED
+        await _gate_message(api, "test_design", count=2)
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="approved")
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · test_design"))
+
+        await api.wait_for_message(lambda m: "[T1] complete" in m.text, timeout=60)
+        gates = Gates(rt.db, rt.settings)
+        assert (await gates.task("T1")).phase == COMPLETE
+        # the decided gate messages lost their buttons
+        await api.wait_until(lambda: all(not m.buttons for m in api.sent if _gate("")(m)))
+
+    prompts = [e["prompt"] for e in agent_log(tmp_path)]
+    test_design = [p for p in prompts if "Phase: test_design (" in p]
+    assert len(test_design) == 2
+    assert "cover the timeout path too" not in test_design[0]
+    assert "cover the timeout path too" in test_design[1]
+    assert sum("Phase: research (" in p for p in prompts) == 1
