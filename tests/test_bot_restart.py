@@ -1,0 +1,134 @@
+"""The real ``turnstile bot`` process killed with SIGKILL mid-run, then started again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import FAKE_AGENT, OPERATOR, wait_for_file, write_script
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parent.parent
+CHAT = OPERATOR  # a private chat: the group flood limit is not under test here
+
+
+def _env(api: FakeBotApi, root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.update(
+        {
+            "TURNSTILE_TELEGRAM_TOKEN": api.token,
+            "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
+            "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
+            "TURNSTILE_DATABASE": str(root / "bot.db"),
+            "TURNSTILE_WORKSPACES": str(root / "ws"),
+            "TURNSTILE_RUNS_DIR": str(root / "runs"),
+            "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
+            "TURNSTILE_ALLOWED_CHATS": str(CHAT),
+            "TURNSTILE_OPERATORS": str(OPERATOR),
+            "TURNSTILE_DEFAULT_AGENT": "command",
+            "TURNSTILE_AGENT_COMMAND": (
+                f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+            ),
+            "TURNSTILE_STATUS_EDIT_INTERVAL": "0.05",
+            "TURNSTILE_PREEMPT_GRACE": "1",
+            "PYTHONPATH": str(REPO),
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+    )
+    return env
+
+
+async def _start(api: FakeBotApi, root: Path) -> asyncio.subprocess.Process:
+    before = len(api.calls_of("deleteWebhook"))
+    with open(root / f"bot-{before}.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "bot",
+            cwd=root,
+            env=_env(api, root),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log,
+        )
+    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=30)
+    return proc
+
+
+def _outbox(root: Path) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(root / "bot.db")) as conn:
+        return list(conn.execute("SELECT body, state FROM bot_outbox ORDER BY id"))
+
+
+async def test_sigkill_mid_run_then_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {
+                    "match": "second",
+                    "grandchild": True,
+                    "wait_file": str(tmp_path / "never"),
+                },
+                {"match": "", "text": "answer: {prompt}"},
+            ]
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api:
+        bot = await _start(api, tmp_path)
+        try:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            # Telegram is down for sends: the first answer is committed but not delivered.
+            api.fail(["sendMessage"], 502, count=10_000)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="first")
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="second")
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="third")
+            await wait_for_file(pids)  # the second turn's agent is running
+            assert ("answer: first", "pending") in _outbox(tmp_path)
+            bot.send_signal(signal.SIGKILL)
+            await bot.wait()
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+        api.failures.clear()
+        sent_before = len(api.sent)
+
+        bot = await _start(api, tmp_path)
+        try:
+            await api.wait_for_message(lambda m: m.text == "answer: third", timeout=30)
+            await api.wait_for_message(lambda m: "was cut off" in m.text)
+            bot.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(bot.wait(), 30) == 0
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+            for pid in pids.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    after = [m.text for m in api.sent[sent_before:]]
+    everything = api.texts()
+    assert everything.count("answer: first") == 1
+    assert everything.count("answer: third") == 1
+    assert "answer: first" in after
+    cut = [t for t in after if "was cut off" in t]
+    assert len(cut) == 1
+    assert "Prompt was: second" in cut[0]
+    assert all(state == "sent" for _, state in _outbox(tmp_path))
