@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import engine.automode as automode
 from engine.automode import (
+    AutoModeRunner,
     AutoModeState,
     AutoStatus,
     CompletionSignalDetector,
@@ -32,7 +33,9 @@ from engine.automode import (
 )
 from engine.automode.state import MAX_TURNS_MESSAGE, owner_alive, owner_token
 from engine.automode.verifier import score
-from engine.errors import ConfigError
+from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
+from engine.testing import ScriptedSession
+from engine.turn import TurnOutput
 
 
 def test_public_names_match_all() -> None:
@@ -418,3 +421,27 @@ class InboxMachine(RuleBasedStateMachine):
 
 InboxMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
 test_inbox_exactly_once = InboxMachine.TestCase
+
+
+# -- runner ----------------------------------------------------------------------------------
+async def test_runner_runs_the_prompt_verbatim_and_carries_the_exit_code() -> None:
+    session = ScriptedSession([TurnOutput("failed run", exit_code=7)], session_id="s-1")
+    runner = AutoModeRunner(session)
+    out = await runner.run_turn("  exact\nprompt ")
+    assert session.prompts == ["  exact\nprompt "]
+    assert (out.text, out.exit_code) == ("failed run", 7)  # ran but non-zero: a result
+    assert runner.session_id == "s-1"
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (TurnIOError("garbled stream"), TurnExecError),
+        (TurnExecError("no binary"), TurnExecError),
+        (TurnPreempted(), TurnPreempted),
+    ],
+)
+async def test_runner_errors(error: Exception, expected: type[Exception]) -> None:
+    runner = AutoModeRunner(ScriptedSession([error]))  # type: ignore[list-item]
+    with pytest.raises(expected):
+        await runner.run_turn("p")
