@@ -326,7 +326,8 @@ async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
     run_id = killer.stderr.split("RUN ", 1)[1].split()[0]
     # The execute turn ran (and committed) but its end was never recorded.
     assert turns_of(tmp_path, run_id)[-1] == (3, 1, "execute", "started")
-    resumed = run_cli(tmp_path, env, "auto", "--resume", run_id)
+    # --resume also takes the agent session id.
+    resumed = run_cli(tmp_path, env, "auto", "--resume", run_row(tmp_path, run_id)["session_id"])
     assert resumed.returncode == 0, resumed.stderr
     turns = turns_of(tmp_path, run_id)
     assert turns == [

@@ -5,7 +5,7 @@
     turnstile auto --tool {claude,copilot,codex,command} [--agent-cmd TEMPLATE]
                    [--max-turns N] [--workdir DIR] [--verify-cmd CMD] [--prompts DIR]
                    -p PROMPT [-- PASSTHROUGH...]
-    turnstile auto --resume RUN_ID
+    turnstile auto --resume RUN_OR_SESSION_ID
     turnstile auto --append TEXT [--session RUN_OR_SESSION_ID]
 
 The prompt may also come from ``-p``/``--prompt`` inside the passthrough, as in
@@ -26,7 +26,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from engine.agents.factory import AGENT_NAMES
 from engine.automode import (
@@ -131,7 +131,9 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 raise ConfigError(
                     "--resume continues a run with its recorded settings; drop " + ", ".join(given)
                 )
-            run = await prepare_resume(settings, db, args.resume, sink=LogSink())
+            record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
+            run_id = record.id if record is not None else args.resume
+            run = await prepare_resume(settings, db, run_id, sink=LogSink())
         else:
             run = await _new_run(args, settings, db)
         return await _drive(run)
@@ -215,12 +217,29 @@ async def _append(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _target_run(store: SqliteRunStore, wanted: str | None) -> RunRecord:
+@overload
+async def _target_run(
+    store: SqliteRunStore, wanted: str | None, *, missing_ok: Literal[False] = ...
+) -> RunRecord: ...
+
+
+@overload
+async def _target_run(
+    store: SqliteRunStore, wanted: str | None, *, missing_ok: bool
+) -> RunRecord | None: ...
+
+
+async def _target_run(
+    store: SqliteRunStore, wanted: str | None, *, missing_ok: bool = False
+) -> RunRecord | None:
+    """The auto run named by its run id or session id, or the one live auto run."""
     runs = [r for r in await store.list_runs() if r.mode == "auto"]
     if wanted is not None:
         for record in runs:
             if wanted in (record.id, record.session_id):
                 return record
+        if missing_ok:
+            return None
         raise ConfigError(f"no auto run or session {wanted!r}")
     live = [
         r
