@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,41 @@ def test_nginx_example_matches_its_settings() -> None:
     path = re.sub(r"^https://[^/]+", "", url.group(1))
     assert f"location = {path} {{" in text
     assert f"proxy_pass http://127.0.0.1:{port.group(1)};" in text
+
+
+# --- the package the images and units install ----------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_the_wheel_ships_every_data_file(tmp_path: Path) -> None:
+    """Docker and systemd install turnstile non-editable: migrations, workflow and
+    templates must be inside the wheel, not only in the source tree."""
+    # Build from what the Dockerfile copies, in a scratch folder (pip builds in place).
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for package in ("engine", "bot"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    out = tmp_path / "dist"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=170,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = out.glob("turnstile-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    data = [
+        p.relative_to(ROOT).as_posix()
+        for package in ("engine", "bot")
+        for p in (ROOT / package).rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert any(name.endswith(".sql") for name in data)
+    missing = sorted(set(data) - shipped)
+    assert not missing, f"not in the wheel (add them to package-data in pyproject.toml): {missing}"
