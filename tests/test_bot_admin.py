@@ -1,0 +1,152 @@
+"""Webhook mode, /status, /tasks paging, /audit, /help and setMyCommands, forum topics."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine.gates import Gates
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import (
+    ADMIN,
+    CHAT,
+    OPERATOR,
+    STRANGER,
+    bot_settings,
+    running_bot,
+    write_script,
+)
+from tests.gates_support import phase_rules
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_webhook_checks_the_secret_and_dedupes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/tg/hook"
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            tmp_path,
+            webhook_url=url,
+            webhook_listen="127.0.0.1",
+            webhook_port=port,
+            webhook_secret="s3cret-token_x",
+        )
+        async with running_bot(api, settings), aiohttp.ClientSession() as http:
+            assert api.webhook is not None
+            assert api.webhook["url"] == url
+            assert api.webhook["secret_token"] == "s3cret-token_x"
+            update = {
+                "update_id": 77,
+                "message": api.message_payload(chat_id=CHAT, user_id=OPERATOR, text="/help"),
+            }
+            body = json.dumps(update)
+            headers = {"Content-Type": "application/json"}
+            async with http.post(url, data=body, headers=headers) as resp:
+                assert resp.status == 403
+            bad = {**headers, "X-Telegram-Bot-Api-Secret-Token": "wrong"}
+            async with http.post(url, data=body, headers=bad) as resp:
+                assert resp.status == 403
+            good = {**headers, "X-Telegram-Bot-Api-Secret-Token": "s3cret-token_x"}
+            for _ in range(2):  # Telegram retries: the second delivery is a duplicate
+                async with http.post(url, data=body, headers=good) as resp:
+                    assert resp.status == 200
+            await api.wait_for_message(lambda m: "turnstile drives coding agents" in m.text)
+            status = {
+                "update_id": 78,
+                "message": api.message_payload(chat_id=CHAT, user_id=OPERATOR, text="/status"),
+            }
+            async with http.post(url, data=json.dumps(status), headers=good) as resp:
+                assert resp.status == 200
+            await api.wait_for_message(lambda m: "No runs in this chat" in m.text)
+    assert sum("turnstile drives coding agents" in t for t in api.texts()) == 1
+    assert not api.calls_of("getUpdates")
+
+
+async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = tmp_path / "release"
+    write_script(
+        tmp_path, {"rules": [{"match": "", "text": "ok", "wait_file": str(release)}]}, monkeypatch
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+        names = [c["command"] for c in api.commands]
+        assert names == [
+            "help", "chat", "auto", "steer", "autopilot", "approve", "reject",
+            "stop", "status", "tasks", "audit",
+        ]  # fmt: skip
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+        help_text = await api.wait_for_message(lambda m: "/chat [agent] [project]" in m.text)
+        assert str(OPERATOR) in help_text.text
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command proj-a")
+        await api.wait_for_message(lambda m: "bound" in m.text and "proj-a" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="work")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="more work")
+        await api.wait_for_message(lambda m: "Queued" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+        status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
+        assert "proj-a" in status.text
+        assert "turn 1 running" in status.text
+        assert "queue 1" in status.text
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat nosuchagent x y")
+        await api.wait_for_message(lambda m: m.text.startswith("Usage: /chat"))
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/frobnicate")
+        await api.wait_for_message(lambda m: m.text.startswith("Unknown command"))
+        release.touch()
+        await api.wait_until(lambda: api.texts().count("ok") == 2)
+    assert (tmp_path / "ws" / "proj-a").is_dir()
+
+
+async def test_tasks_is_paged_and_admin_only_and_audit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        gates = Gates(rt.db, rt.settings)
+        for i in range(40):
+            await gates.init_task(f"task-{i:02d}")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/tasks")
+        await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        api.push_message(chat_id=CHAT, user_id=ADMIN, text="/tasks")
+        board = await api.wait_for_message(lambda m: m.text.startswith("📋 Tasks"))
+        assert "page 1/2" in board.text
+        assert "task-00" in board.text
+        assert "task-39" not in board.text
+        nxt = board.buttons[0]["callback_data"]
+        api.push_callback(chat_id=CHAT, user_id=STRANGER, data=nxt, message_id=board.message_id)
+        api.push_callback(chat_id=CHAT, user_id=ADMIN, data=nxt, message_id=board.message_id)
+        await api.wait_until(lambda: "page 2/2" in board.text)
+        assert "task-39" in board.text
+        assert [b["text"] for b in board.buttons] == ["◀ previous"]
+        api.push_message(chat_id=CHAT, user_id=ADMIN, text="/audit")
+        audit = await api.wait_for_message(lambda m: m.text.startswith("🔎 Audit of 40 task(s)"))
+        assert f"user {STRANGER}" in audit.text
+        assert f"user {OPERATOR}" in audit.text
+
+
+async def test_forum_group_gets_a_topic_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+        payload = api.message_payload(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T9")
+        payload["chat"]["is_forum"] = True
+        api.push_update({"message": payload})
+        started = await api.wait_for_message(lambda m: "Autopilot for task T9" in m.text)
+        assert api.calls_of("createForumTopic")
+        assert started.thread_id is not None
+        gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
+        assert gate.thread_id == started.thread_id
