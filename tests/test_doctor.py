@@ -16,6 +16,7 @@ from engine.commands.doctor import (
     Status,
     check_agents,
     check_bot_api,
+    check_credentials,
     check_database,
     check_paths,
     check_settings,
@@ -381,3 +382,36 @@ async def test_env_example_copied_as_is_gives_the_readme_first_run(tmp_path: Pat
     assert code == 1, out + err_text
     assert _line(out, "bot token").startswith("FAIL")
     assert "no .env" not in out
+
+
+def test_agent_credentials(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env_file = tmp_path / ".env"
+    env_file.write_text("TURNSTILE_ADMINS=1\nANTHROPIC_API_KEY=sk-ant-in-the-wrong-place\n")
+    base = {"HOME": str(home)}
+
+    found = check_credentials("claude", {**base, "ANTHROPIC_API_KEY": "sk-ant-secret"}, env_file)
+    assert found.status is Status.OK
+    assert found.detail == "ANTHROPIC_API_KEY is set"
+    assert "sk-ant-secret" not in render(found)
+
+    slip = check_credentials("claude", base, env_file)
+    assert slip.status is Status.WARN
+    assert "is in .env, but .env only sets TURNSTILE_ settings" in slip.detail
+    assert "sk-ant-in-the-wrong-place" not in render(slip)
+
+    nothing = check_credentials("codex", base, env_file)
+    assert nothing.status is Status.WARN
+    assert "CODEX_API_KEY" in nothing.detail
+    (home / ".codex").mkdir()
+    (home / ".codex" / "auth.json").write_text("{}")
+    assert check_credentials("codex", base, env_file).status is Status.OK
+
+    config = tmp_path / "claude-config"
+    config.mkdir()
+    (config / ".credentials.json").write_text("{}")
+    saved = check_credentials("claude", {**base, "CLAUDE_CONFIG_DIR": str(config)}, env_file)
+    assert saved.status is Status.OK
+    assert "saved login" in saved.detail
+    assert check_credentials("copilot", {**base, "GH_TOKEN": "x"}, env_file).status is Status.OK

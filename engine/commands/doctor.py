@@ -16,7 +16,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -30,7 +30,7 @@ from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store import Database
 
-__all__ = ["Check", "Status", "register", "render", "run_checks"]
+__all__ = ["Check", "Status", "check_credentials", "register", "render", "run_checks"]
 
 _TOKEN_SHAPE = re.compile(r"^\d{5,16}:[A-Za-z0-9_-]{30,64}$")
 _SECRET_SHAPE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -374,17 +374,95 @@ async def check_agents(settings: Settings) -> list[Check]:
     checks: list[Check] = []
     for agent, (binary, setting, package) in binaries.items():
         required = settings.default_agent == agent
-        checks.append(
-            await _check_cli(
-                f"agent {agent}",
-                binary,
-                required=required,
-                fix=f"`npm install -g {package}` or set {setting} to its path",
-            )
+        check = await _check_cli(
+            f"agent {agent}",
+            binary,
+            required=required,
+            fix=f"`npm install -g {package}` or set {setting} to its path",
         )
+        checks.append(check)
+        if check.status is Status.OK:
+            checks.append(check_credentials(agent, os.environ, Path(".env")))
     if settings.agent_command or settings.default_agent == "command":
         checks.append(await _check_command_agent(settings))
     return checks
+
+
+@dataclass(frozen=True, slots=True)
+class _Credentials:
+    keys: tuple[str, ...]  # environment variables that carry a key or token
+    files: tuple[tuple[str, str], ...]  # (variable naming a config folder, or "", path in it)
+    default_dir: str  # the config folder under HOME when the variable is unset
+    fix: str
+
+
+_CREDENTIALS: dict[str, _Credentials] = {
+    "claude": _Credentials(
+        (
+            "ANTHROPIC_API_KEY",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_USE_BEDROCK",
+            "CLAUDE_CODE_USE_VERTEX",
+        ),
+        (("CLAUDE_CONFIG_DIR", ".credentials.json"),),
+        ".claude",
+        "export ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN from `claude setup-token`)",
+    ),
+    "copilot": _Credentials(
+        ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN", "COPILOT_PROVIDER_API_KEY"),
+        (("COPILOT_HOME", "config.json"),),
+        ".copilot",
+        "export COPILOT_GITHUB_TOKEN (a token of an account with Copilot)",
+    ),
+    "codex": _Credentials(
+        ("CODEX_API_KEY", "OPENAI_API_KEY"),
+        (("CODEX_HOME", "auth.json"),),
+        ".codex",
+        "export CODEX_API_KEY, or run `codex login` as the user turnstile runs as",
+    ),
+}
+
+
+def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) -> Check:
+    """Whether ``agent``'s CLI can find a key: in the environment, or a saved login.
+
+    A warning, not a failure: a CLI may have other ways in (a helper, a proxy). The
+    classic slip is a key written in ``.env``, which sets turnstile's settings only.
+    """
+    name = f"{agent} key"
+    spec = _CREDENTIALS[agent]
+    present = [k for k in spec.keys if environ.get(k)]
+    if present:
+        return _ok(name, f"{present[0]} is set")
+    for variable, filename in spec.files:
+        folder = environ.get(variable) or str(Path(environ.get("HOME", "~")) / spec.default_dir)
+        path = Path(folder).expanduser() / filename
+        if path.is_file():
+            return _ok(name, f"saved login in {path}")
+    in_env_file = [k for k in spec.keys if k in _env_file_keys(env_file)]
+    if in_env_file:
+        return _warn(
+            name,
+            f"{in_env_file[0]} is in .env, but .env only sets TURNSTILE_ settings: "
+            f"{agent} never sees it",
+            "export it in the environment turnstile runs in (systemd EnvironmentFile, "
+            "compose env_file, or your shell)",
+        )
+    return _warn(name, f"no {' / '.join(spec.keys[:2])} and no saved login", spec.fix)
+
+
+def _env_file_keys(path: Path) -> set[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return set()
+    keys = set()
+    for line in lines:
+        key, sep, value = line.strip().removeprefix("export ").partition("=")
+        if sep and value.strip() and not key.startswith("#"):
+            keys.add(key.strip())
+    return keys
 
 
 async def _check_command_agent(settings: Settings) -> Check:
