@@ -160,16 +160,25 @@ async def test_progress_events_tool_use_then_result_before_final(
     claude_bin: Path, api: FakeModelAPI, sandbox: Sandbox
 ) -> None:
     target = sandbox.workspace / "made.txt"
+    # The final answer is held back so the test can see the events arrive mid-turn.
+    final = Hold(text="all done")
     api.enqueue(
         ToolCall("Write", {"file_path": str(target), "content": "x"}, text="writing now"),
-        Text("all done"),
+        final,
     )
     agent = make_agent(claude_bin, api, sandbox, allowlist=WRITE)
     seen: list[AgentEvent] = []
     stream = EventStream()
     agent.on_event = lambda event: (seen.append(event), stream(event))[-1]
     turn = asyncio.create_task(agent.run_turn("write it"))
-    streamed = [event async for event in stream]
+    streamed: list[AgentEvent] = []
+    async for event in stream:
+        streamed.append(event)
+        if event.kind is EventKind.TOOL_RESULT:
+            # Surfaced while the turn runs: the CLI is still waiting for the model.
+            await final.arrived.wait()
+            assert not turn.done()
+            final.release.set()
     out = await turn
     kinds = [event.kind for event in seen]
     assert streamed == seen
