@@ -257,7 +257,7 @@ async def test_second_sigterm_preempts_a_long_turn(
 async def test_park_setting_parks_at_the_first_sigterm_and_resumes_on_start(
     tmp_path: Path, api: FakeBotApi, gate: Path
 ) -> None:
-    env = _env(tmp_path, api, TURNSTILE_SHUTDOWN_TURNS="park")
+    env = _env(tmp_path, api, TURNSTILE_SHUTDOWN_TURNS="park", TURNSTILE_LOG_FORMAT="json")
     bot = await _start(tmp_path, env)
     try:
         await _bind_and_start_turn(api, tmp_path, "slow but parked")
@@ -266,6 +266,10 @@ async def test_park_setting_parks_at_the_first_sigterm_and_resumes_on_start(
     finally:
         await bot.kill()
     assert code == 0, bot.log
+    records = [json.loads(line) for line in bot.lines if line.strip()]  # every line is JSON
+    about_runs = [r for r in records if r["msg"].startswith("chat run")]
+    assert [r["msg"] for r in about_runs] == ["chat run started", "chat run ended parked"]
+    assert all(r["run_id"] for r in about_runs)
     assert await _turn_states(tmp_path) == ["interrupted"]
     assert "finished: slow but parked" not in api.texts(CHAT)
 
