@@ -613,3 +613,17 @@ def test_installer_reuses_a_cached_pinned_version(
     binary.parent.mkdir()
     binary.write_text("")
     assert ensure_cli("claude") == binary
+
+
+async def test_error_texts_we_compose_are_redacted(tmp_path: Path, fake_cli: Path) -> None:
+    secret = "sk-ant-api03-abcdefghijklmnopqrstuv"
+    lines = [
+        json.dumps({"type": "thread.started", "thread_id": SID}),
+        json.dumps({"type": "turn.failed", "error": {"message": f"bad key {secret}"}}),
+    ]
+    out = await CodexAgent(options(tmp_path, fake_cli, lines, exit_code=1)).run_turn("hi")
+    assert secret not in out.text
+    assert "[REDACTED]" in out.text
+    agent = CopilotAgent(options(tmp_path, fake_cli, [], exit_code=2, stderr=f"token={secret}"))
+    out = await agent.run_turn("hi")
+    assert secret not in out.text

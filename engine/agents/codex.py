@@ -21,6 +21,7 @@ from engine.agents.allowlist import ToolAllowlist
 from engine.agents.stream import EventKind, JsonStreamAgent
 from engine.errors import InvalidPromptError
 from engine.process import ProcessResult
+from engine.redact import redact
 from engine.turn import TurnOutput
 
 __all__ = ["CODEX_MAX_PROMPT_CHARS", "WRITE_TOOLS", "CodexAgent", "codex_sandbox_args"]
@@ -156,9 +157,8 @@ class CodexAgent(JsonStreamAgent):
             return self.output(self.failure_text(result), result, {"is_error": True})
         failed = self.turn.result.get("type") == "turn.failed"
         if failed:
-            text = f"{self.cli_name} turn failed (exit code {result.exit_code}): " + "; ".join(
-                self.turn.errors
-            )
+            errors = redact("; ".join(self.turn.errors))
+            text = f"{self.cli_name} turn failed (exit code {result.exit_code}): {errors}"
         else:
             text = self.turn.texts[-1] if self.turn.texts else ""
         metadata: dict[str, object] = {

@@ -56,6 +56,8 @@ TURN_MARKER_VAR = "TURNSTILE_TURN_ID"
 
 # How much of a bad line an error message quotes.
 _QUOTE = 200
+# How much of the CLI's own error text our plain-words messages carry.
+_DETAIL = 2048
 
 
 class EventKind(StrEnum):
@@ -418,7 +420,7 @@ class JsonStreamAgent(ProcessAgent):
             f"{self.cli_name} no longer knows session {self.session_id} (its files under "
             f"the CLI's config folder were removed or belong to another folder), so this "
             f"turn could not resume it. The CLI exited with code {result.exit_code}: "
-            f"{detail.strip()} Start a new session to continue."
+            f"{redact(detail.strip()[:_DETAIL])} Start a new session to continue."
         )
         return self.output(
             text,
@@ -428,7 +430,7 @@ class JsonStreamAgent(ProcessAgent):
 
     def failure_text(self, result: ProcessResult) -> str:
         """Plain words for a non-zero exit with no result record."""
-        errors = "; ".join(self.turn.errors)
+        errors = redact("; ".join(self.turn.errors)[:_DETAIL])
         detail = errors or result.stderr_tail.strip() or "(nothing on stderr)"
         return f"{self.cli_name} exited with code {result.exit_code}: {detail}"
 
