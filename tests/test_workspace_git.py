@@ -19,6 +19,7 @@ from engine.workspace import (
     MergeOutcome,
     Project,
     SqliteWorkspaceStore,
+    Workspace,
     WorkspaceBusyError,
     WorkspaceManager,
     WorkspaceStateError,
@@ -545,3 +546,35 @@ async def test_a_worktree_made_but_not_recorded_before_a_crash_is_adopted(
     assert adopted.branch == sub.branch
     assert adopted.parent_id == "run1"
     assert adopted.run_id == "run1"
+
+
+async def test_checkout_for_run_removes_the_worktree_if_the_run_cannot_start(
+    tmp_path: Path, remote: Path, db: Database
+) -> None:
+    from engine.errors import ConfigError
+    from engine.settings import load_settings
+    from engine.workspace import checkout_for_run
+
+    settings = load_settings(workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
+    async with checkout_for_run(settings, db, None, prefix="auto") as none:
+        assert none is None
+    with pytest.raises(ConfigError, match="exclude each other"):
+        async with checkout_for_run(settings, db, "demo", workdir=tmp_path):
+            pass
+
+    async with checkout_for_run(settings, db, "demo", prefix="auto") as kept:
+        assert kept is not None
+        assert kept.run_id.startswith("auto-")
+    assert kept.path.is_dir()
+
+    seen: list[Workspace] = []
+
+    async def start_run_that_fails() -> None:
+        async with checkout_for_run(settings, db, "demo", prefix="auto") as failed:
+            assert failed is not None
+            seen.append(failed)
+            raise RuntimeError("recording failed")
+
+    with pytest.raises(RuntimeError, match="recording failed"):
+        await start_run_that_fails()
+    assert not seen[0].path.exists()

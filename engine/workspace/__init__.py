@@ -34,7 +34,7 @@ The API (all async; errors in :mod:`engine.workspace.git` and
     await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
 
 Commands that start runs use :mod:`engine.workspace.runs` (``add_checkout_argument``,
-``provision_for_run``, ``hold_run_workspace``) for ``--checkout-repo``.
+``checkout_for_run``, ``hold_run_workspace``) for ``--checkout-repo``.
 
 ``provision(run_id, project)`` is idempotent: called again after a crash it returns the
 same worktree, untouched. Two runs never share a worktree: :meth:`WorkspaceManager.lock`
@@ -64,7 +64,13 @@ from engine.workspace.manager import (
     format_size,
 )
 from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
-from engine.workspace.runs import add_checkout_argument, hold_run_workspace, provision_for_run
+from engine.workspace.runs import (
+    add_checkout_argument,
+    checkout_for_run,
+    hold_run_workspace,
+    new_run_id,
+    provision_for_run,
+)
 from engine.workspace.store import (
     MemoryWorkspaceStore,
     SqliteWorkspaceStore,
@@ -93,9 +99,11 @@ __all__ = [
     "WorkspaceStatus",
     "WorkspaceStore",
     "add_checkout_argument",
+    "checkout_for_run",
     "disk_usage",
     "format_size",
     "hold_run_workspace",
+    "new_run_id",
     "parse_projects",
     "provision_for_run",
     "redact_url",

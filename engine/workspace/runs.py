@@ -5,8 +5,9 @@ grows by a few lines::
 
     add_checkout_argument(parser)
     ...
-    workspace = await provision_for_run(settings, db, args.checkout_repo, run_id)
-    ... start the run with cwd = workspace.path ...
+    async with checkout_for_run(settings, db, args.checkout_repo, prefix="auto") as ws:
+        # ws is None without --checkout-repo; else the run id is ws.run_id, cwd ws.path.
+        run = await prepare(..., workdir=ws.path if ws else workdir, run_id=...)
     async with hold_run_workspace(settings, db, run_id):
         ... drive the run ...
 """
@@ -14,10 +15,15 @@ grows by a few lines::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import secrets
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import ConfigError
 from engine.workspace.manager import WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
@@ -25,7 +31,13 @@ if TYPE_CHECKING:
     from engine.settings import Settings
     from engine.store.database import Database
 
-__all__ = ["add_checkout_argument", "hold_run_workspace", "provision_for_run"]
+__all__ = [
+    "add_checkout_argument",
+    "checkout_for_run",
+    "hold_run_workspace",
+    "new_run_id",
+    "provision_for_run",
+]
 
 
 def add_checkout_argument(parser: argparse.ArgumentParser | Any) -> None:
@@ -39,6 +51,11 @@ def add_checkout_argument(parser: argparse.ArgumentParser | Any) -> None:
     )
 
 
+def new_run_id(prefix: str) -> str:
+    """A run id in the engine's usual shape: ``PREFIX-YYYYmmdd-HHMMSS-xxxxxx``."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
 async def provision_for_run(
     settings: Settings, db: Database, project: str, run_id: str
 ) -> Workspace:
@@ -50,6 +67,42 @@ async def provision_for_run(
     """
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     return await manager.provision(run_id, project)
+
+
+@contextlib.asynccontextmanager
+async def checkout_for_run(
+    settings: Settings,
+    db: Database,
+    project: str | None,
+    *,
+    run_id: str | None = None,
+    prefix: str = "run",
+    workdir: Path | None = None,
+) -> AsyncIterator[Workspace | None]:
+    """The new run's worktree of ``project`` for the body, or None without a project.
+
+    ``run_id`` defaults to a new id (``new_run_id(prefix)``). If the body fails (the run
+    could not be recorded), a worktree made here is removed again (rescued if dirty).
+
+    Raises:
+        ConfigError: both a project and an explicit ``workdir``; ``ProjectError``.
+        WorkspaceError: git failed.
+    """
+    if project is None:
+        yield None
+        return
+    if workdir is not None:
+        raise ConfigError("--checkout-repo and --workdir exclude each other")
+    manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
+    wanted = run_id or new_run_id(prefix)
+    existed = await manager.get(wanted) is not None
+    workspace = await manager.provision(wanted, project)
+    try:
+        yield workspace
+    except BaseException:
+        if not existed:
+            await asyncio.shield(manager.remove(workspace))
+        raise
 
 
 @contextlib.asynccontextmanager
