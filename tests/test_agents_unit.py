@@ -627,3 +627,17 @@ async def test_error_texts_we_compose_are_redacted(tmp_path: Path, fake_cli: Pat
     agent = CopilotAgent(options(tmp_path, fake_cli, [], exit_code=2, stderr=f"token={secret}"))
     out = await agent.run_turn("hi")
     assert secret not in out.text
+
+
+async def test_claude_session_already_in_use_is_resumed_next_turn(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    stderr = f"Error: Session ID {SID} is already in use.\n"
+    agent = ClaudeAgent(options(tmp_path, fake_cli, [], exit_code=1, stderr=stderr), session_id=SID)
+    out = await agent.run_turn("hi")
+    assert out.exit_code == 1
+    assert "already has session" in out.text
+    assert "is already in use" in out.text
+    assert agent.started
+    await agent.run_turn("again")
+    assert records(tmp_path)[1]["argv"][4:6] == ["--resume", SID]

@@ -40,6 +40,7 @@ CLAUDE_TOOL_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 _MISSING = "No conversation found with session ID"
+_IN_USE = "is already in use"
 
 
 def _claude_tool(name: str) -> tuple[str, ...]:
@@ -159,6 +160,15 @@ class ClaudeAgent(JsonStreamAgent):
         if self.turn.session_missing or (record is None and _MISSING in result.stderr_tail):
             detail = "; ".join(self.turn.errors) or result.stderr_tail
             return self.missing_session_output(result, detail)
+        if record is None and _IN_USE in result.stderr_tail:
+            # The session exists already (e.g. created by an earlier process that was not
+            # told to resume): this turn failed, the next one resumes it.
+            self.started = True
+            message = (
+                f"{self.cli_name} already has session {self.session_id}, so it could not be "
+                f"created again; the next turn will resume it. {self.failure_text(result)}"
+            )
+            return self.output(message, result, {"is_error": True, "num_turns": 0})
         if record is None:
             self.require_exit(result, "result record")
             return self.output(
