@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +17,9 @@ import httpx
 import pytest
 from aiohttp import web
 
+from engine.agents.factory import create_agent
 from engine.logs import current_context, log_context, setup_logging
+from engine.settings import Settings
 from engine.store import Database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,3 +257,29 @@ async def test_full_command_scenario_never_prints_the_token(
     assert TOKEN.encode() not in everything
     assert TOKEN.split(":")[1].encode() not in everything
     assert SECRET.encode() not in everything
+
+
+@pytest.mark.parametrize("agent", ["command", "claude", "copilot", "codex"])
+async def test_agents_never_inherit_the_bot_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: str
+) -> None:
+    """In Docker and under systemd the token is in the environment; agents run tools."""
+    monkeypatch.setenv("TURNSTILE_TELEGRAM_TOKEN", TOKEN)
+    monkeypatch.setenv("TURNSTILE_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("TURNSTILE_DATABASE", str(tmp_path / "kept.db"))
+    show = "import os; print(*(os.environ.get(k, '-') for k in sys.argv[1:]))"
+    names = "TURNSTILE_TELEGRAM_TOKEN TURNSTILE_WEBHOOK_SECRET TURNSTILE_DATABASE"
+    template = f"{sys.executable} -c {shlex.quote('import sys; ' + show)} {names} {{prompt}}"
+    fake_cli = tmp_path / "fake-cli"
+    fake_cli.write_text("#!/bin/sh\n")
+    fake_cli.chmod(0o755)
+    bins = {f"{name}_bin": str(fake_cli) for name in ("claude", "copilot", "codex")}
+    settings = Settings(_env_file=None, agent_command=template, **bins)  # type: ignore[call-arg]
+    session = create_agent(agent, settings, cwd=tmp_path)
+    env = session.environment(session.build_invocation("hello"))
+    assert "TURNSTILE_TELEGRAM_TOKEN" not in env
+    assert "TURNSTILE_WEBHOOK_SECRET" not in env
+    assert env["TURNSTILE_DATABASE"] == str(tmp_path / "kept.db")  # `turnstile status` works
+    if agent == "command":
+        out = await session.run_turn("hello")
+        assert out.text.split()[:3] == ["-", "-", str(tmp_path / "kept.db")]

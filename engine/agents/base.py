@@ -21,7 +21,15 @@ from engine.process import (
 )
 from engine.turn import TurnOutput
 
-__all__ = ["AgentOptions", "Invocation", "ProcessAgent"]
+__all__ = ["AgentOptions", "Invocation", "ProcessAgent", "inherited_environment"]
+
+# turnstile's own secrets never reach an agent: it may run shell commands and print env.
+WITHHELD_ENV = ("TURNSTILE_TELEGRAM_TOKEN", "TURNSTILE_WEBHOOK_SECRET")
+
+
+def inherited_environment() -> dict[str, str]:
+    """This process's environment, less turnstile's own secrets."""
+    return {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,7 @@ class ProcessAgent(ABC):
         return result.to_turn_output()
 
     def environment(self, invocation: Invocation) -> dict[str, str]:
-        env = dict(os.environ)
+        env = inherited_environment()
         env.update(self.options.extra_env)
         env.update(invocation.env)
         return env

@@ -29,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from engine.agents.base import AgentOptions, Invocation, ProcessAgent
+from engine.agents.base import AgentOptions, Invocation, ProcessAgent, inherited_environment
 from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
 from engine.redact import redact, tail
@@ -341,7 +341,7 @@ class JsonStreamAgent(ProcessAgent):
         )
 
     def environment(self, invocation: Invocation) -> dict[str, str]:
-        env = dict(os.environ)
+        env = inherited_environment()
         env.update(self.default_env())
         env.update(self.isolation_env())
         env.update(self.options.extra_env)
