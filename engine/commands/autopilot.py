@@ -45,6 +45,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--workdir", type=Path, help="--init: code workspace (agent cwd)")
     parser.add_argument("--summary", help="--init: one line describing the task")
     parser.add_argument("--by", help="--init: who starts the task (user id)")
+    # Same flag as engine.workspace.runs.add_checkout_argument, declared here so that
+    # building the parser does not import the workspace package.
+    parser.add_argument(
+        "--checkout-repo",
+        metavar="PROJECT",
+        default=None,
+        help="--init: work in a fresh git worktree of this project (TURNSTILE_PROJECTS) on "
+        "branch turnstile/<task>; see `turnstile projects`",
+    )
     parser.set_defaults(handler=run_autopilot)
 
 
@@ -59,30 +68,28 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
         async with Database(settings.database) as db:
             gates = Gates(db, settings, poll_interval=max(0.05, args.poll))
             if args.init and await gates.store.find(args.task) is None:
-                await gates.init_task(
-                    args.task,
-                    folder=args.folder,
-                    workdir=args.workdir,
-                    summary=args.summary,
-                    started_by=args.by,
-                )
+                await _init(args, settings, db, gates)
             task = await gates.task(args.task)
             if args.manual:
                 approvals = await gates.store.gate_approvals(task)
                 print(f"{task.name}: {task.label} (v{task.version})")
                 print(f"next: {next_step(gates.store, task, len({a.approver for a in approvals}))}")
                 return 0
-            handle = gates.start_autopilot(
-                args.task,
-                LogSink(),
-                tool=args.tool,
-                agent_cmd=args.agent_cmd,
-                wait_for_approval=not args.no_wait,
-            )
-            try:
-                outcome = await handle.wait()
-            finally:
-                await handle.stop()
+            from engine.workspace.runs import hold_run_workspace
+
+            # A task checked out with --checkout-repo holds its worktree (run id = task).
+            async with hold_run_workspace(settings, db, args.task):
+                handle = gates.start_autopilot(
+                    args.task,
+                    LogSink(),
+                    tool=args.tool,
+                    agent_cmd=args.agent_cmd,
+                    wait_for_approval=not args.no_wait,
+                )
+                try:
+                    outcome = await handle.wait()
+                finally:
+                    await handle.stop()
             task = await gates.task(args.task)
     except GateRefused as exc:
         print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)
@@ -93,3 +100,32 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     if outcome is DriveOutcome.HUMAN_INTERVENTION:
         return EXIT_HUMAN
     return 0
+
+
+async def _init(args: argparse.Namespace, settings: Settings, db: Any, gates: Any) -> None:
+    """Create the task; with ``--checkout-repo`` its workdir is a new worktree (run id =
+    task name), removed again if the task cannot be created."""
+    if args.checkout_repo is None:
+        await gates.init_task(
+            args.task,
+            folder=args.folder,
+            workdir=args.workdir,
+            summary=args.summary,
+            started_by=args.by,
+        )
+        return
+    from engine.gates.names import check_task_name
+    from engine.workspace.runs import checkout_for_run
+
+    check_task_name(args.task)
+    async with checkout_for_run(
+        settings, db, args.checkout_repo, run_id=args.task, workdir=args.workdir
+    ) as workspace:
+        assert workspace is not None
+        await gates.init_task(
+            args.task,
+            folder=args.folder,
+            workdir=workspace.path,
+            summary=args.summary,
+            started_by=args.by,
+        )
