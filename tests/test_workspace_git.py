@@ -486,7 +486,7 @@ async def test_run_helpers_provision_and_hold_the_run_worktree(
     tmp_path: Path, remote: Path, db: Database
 ) -> None:
     from engine.settings import load_settings
-    from engine.workspace import hold_run_workspace, provision_for_run
+    from engine.workspace import hold_run_workspace, provision_for_run, run_worktree_summary
 
     settings = load_settings(workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
     ws = await provision_for_run(settings, db, "demo", "auto-1")
@@ -498,6 +498,10 @@ async def test_run_helpers_provision_and_hold_the_run_worktree(
                 pass
     async with hold_run_workspace(settings, db, "no-worktree") as none:
         assert none is None
+    summary = await run_worktree_summary(settings, db, "auto-1")
+    assert summary is not None
+    assert summary.startswith("turnstile/auto-1 · ")
+    assert await run_worktree_summary(settings, db, "no-worktree") is None
     # Resuming the run finds the same worktree.
     assert await provision_for_run(settings, db, "demo", "auto-1") == ws
 

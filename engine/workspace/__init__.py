@@ -70,6 +70,7 @@ from engine.workspace.runs import (
     hold_run_workspace,
     new_run_id,
     provision_for_run,
+    run_worktree_summary,
 )
 from engine.workspace.store import (
     MemoryWorkspaceStore,
@@ -107,4 +108,5 @@ __all__ = [
     "parse_projects",
     "provision_for_run",
     "redact_url",
+    "run_worktree_summary",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "hold_run_workspace",
     "new_run_id",
     "provision_for_run",
+    "run_worktree_summary",
 ]
 
 
@@ -123,3 +124,9 @@ async def hold_run_workspace(
         return
     async with manager.lock(workspace):
         yield workspace
+
+
+async def run_worktree_summary(settings: Settings, db: Database, run_id: str) -> str | None:
+    """``turnstile/<run> · 44.2 MB`` for ``turnstile runs`` and ``/status``, or None."""
+    manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
+    return await manager.summary(run_id)
