@@ -123,7 +123,10 @@ class BotRuntime:
         if settings.webhook_secret is not None:
             secrets.append(settings.webhook_secret.get_secret_value())
         self.redactor = Redactor(secrets)
-        self.db = Database(settings.database)
+        # WAL with synchronous=NORMAL: every commit survives the process being killed;
+        # only an OS crash or power loss can lose the last ones, and inbound updates are
+        # synced before they are confirmed to Telegram (so those are replayed, not lost).
+        self.db = Database(settings.database, synchronous="NORMAL")
         self.store = BotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(
@@ -408,8 +411,10 @@ class BotRuntime:
                 continue
             if not updates:
                 continue
-            # Recorded before the next getUpdates confirms them to Telegram.
+            # Recorded, then handled at once, while the WAL is synced: only then does the
+            # next getUpdates confirm them to Telegram.
             await self._accept(list(updates))
+            await self.store.sync()
             offset = updates[-1].update_id + 1
 
     async def _confirm_offset(self) -> None:
@@ -451,8 +456,9 @@ class BotRuntime:
                 return web.Response(status=400)
             if update is None:
                 return web.Response(status=400)
-            # 200 only once recorded: Telegram retries anything else.
+            # 200 only once recorded and synced: Telegram retries anything else.
             await self._accept([update])
+            await self.store.sync()
             return web.Response(status=200)
 
         app = web.Application(client_max_size=2 * 1024 * 1024)

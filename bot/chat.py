@@ -83,7 +83,8 @@ class ChatChannel(BaseChannel):
         run.turn += 1
         run.current = (prompt.id, turn_id, prompt.update_id)
         run.turn_started = time.time()
-        await run.show_status()
+        # Written by the run's status task, so the turn is not held back by it.
+        run.status_wanted.set()
         return Ready(prompt.body)
 
     async def publish_output(self, out: TurnOutput) -> None:
@@ -101,7 +102,7 @@ class ChatChannel(BaseChannel):
         run.current = None
         run.turn_started = None
         run.turns_done += 1
-        await run.show_status()
+        run.status_wanted.set()
 
     def close(self) -> None:
         self.closing = True
@@ -126,6 +127,7 @@ class ChatRun:
     stop_by: int | None = None
     parking: bool = False
     task: asyncio.Task[None] | None = None
+    status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     channel: ChatChannel = field(init=False)
 
     def __post_init__(self) -> None:
@@ -358,10 +360,15 @@ class ChatSessions:
         )
 
     async def _tick(self, run: ChatRun) -> None:
+        """Writes the run's status when asked, and every ``status_tick`` while a turn runs."""
         while True:
-            await asyncio.sleep(self.status_tick)
-            if run.busy:
-                await run.show_status()
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # lands as the event fires, and this task then never ends (shutdown hangs).
+                async with asyncio.timeout(self.status_tick if run.busy else None):
+                    await run.status_wanted.wait()
+            run.status_wanted.clear()
+            await run.show_status()
 
     def follow_migration(self, old_chat: int, new_chat: int) -> None:
         """Runs of a group that became a supergroup now answer in the new chat."""

@@ -6,11 +6,14 @@ Everything the bot must not lose lives here, in the one database. SQL stays port
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -190,6 +193,19 @@ class AuditEntry:
     reason: str | None
 
 
+def _fsync_wal(db_path: Path) -> None:
+    for candidate in (Path(f"{db_path}-wal"), db_path):
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+
+
 def _prompt(row: aiosqlite.Row) -> PromptRow:
     return PromptRow(
         id=row["id"],
@@ -214,7 +230,11 @@ class BotStore:
     # -- inbound -----------------------------------------------------------------------
 
     async def record_inbound(self, updates: Sequence[tuple[int, str]]) -> set[int]:
-        """Record raw updates (id, JSON) in one transaction; returns the ids not seen before."""
+        """Record raw updates (id, JSON) in one transaction; returns the ids not seen before.
+
+        Call :meth:`sync` before confirming them to Telegram (the next ``getUpdates``,
+        or the webhook's 200): Telegram forgets confirmed updates.
+        """
         fresh: set[int] = set()
         now = self._clock()
         async with self.db.transaction() as conn:
@@ -227,6 +247,14 @@ class BotStore:
                 if cursor.rowcount:
                     fresh.add(update_id)
         return fresh
+
+    async def sync(self) -> None:
+        """Make every commit so far durable on disk (fsync of the WAL).
+
+        The bot's connection runs with ``synchronous=NORMAL``: a commit survives the
+        process being killed, and this call makes it survive a power loss too.
+        """
+        await asyncio.to_thread(_fsync_wal, self.db.path)
 
     async def mark_inbound(self, update_id: int, state: InboundState) -> None:
         await self.db.execute(
@@ -691,6 +719,13 @@ class BotStore:
         )
 
     async def take_reason_request(self, chat_id: int, user_id: int) -> str | None:
+        # Read first: most messages are not reasons, and a write costs an fsync.
+        pending = await self.db.fetchone(
+            "SELECT 1 FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
+            (chat_id, user_id),
+        )
+        if pending is None:
+            return None
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
                 "SELECT gate_id FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
