@@ -416,7 +416,14 @@ class Handlers:
                 return
         binding = await self.rt.store.binding(chat.id, thread)
         if binding is None:
-            if self.rt.authorizer.check(user.id, chat.id, Action.PROMPT).allowed:
+            # In a group with privacy mode off, not every message is for us: hint only in
+            # a private chat or in answer to one of our messages.
+            to_us = chat.type == "private" or (
+                message.reply_to_message is not None
+                and message.reply_to_message.from_user is not None
+                and message.reply_to_message.from_user.id == context.bot.id
+            )
+            if to_us and self.rt.authorizer.check(user.id, chat.id, Action.PROMPT).allowed:
                 await self.reply(
                     update, "This chat is not bound to an agent session yet: send /chat first."
                 )
