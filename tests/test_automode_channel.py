@@ -4,6 +4,7 @@ agent running the scripted fake agent, a real git workspace and a real SQLite st
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -578,3 +579,21 @@ async def test_runs_folder_inside_the_workdir_is_never_committed_nor_dirty(
         ["git", "-C", str(workspace), "ls-files"], capture_output=True, text=True, check=True
     ).stdout.split()
     assert sorted(tracked) == ["README", "result.txt"]
+
+
+async def test_turn_slots_cap_turns_running_at_once_across_runs(
+    settings: Settings, db: Database, env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = [{**rule, "sleep": 0.1} for rule in happy_rules()]
+    script(env, monkeypatch, rules=rules)
+    slots = asyncio.Semaphore(1)
+    runs = []
+    for name in ("a", "b", "c"):
+        ws = git_workspace(env / f"ws-{name}")
+        runs.append(await start(settings, db, ws, max_turns=3, turn_slots=slots))
+    results = await asyncio.gather(*(r.task for r in runs))
+    assert {r.status for r in results} == {AutoStatus.COMPLETED}
+    spans = sorted((e["started"], e["finished"]) for e in agent_log(env / "agent.log"))
+    assert len(spans) == 12
+    for (_, end), (start_next, _) in itertools.pairwise(spans):
+        assert start_next >= end  # never two agent turns at once

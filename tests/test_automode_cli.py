@@ -234,7 +234,10 @@ async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> 
     assert "has ended" in named.stderr
 
 
-async def test_ctrl_c_stops_the_run_and_the_agent(tmp_path: Path, ws: Path) -> None:
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+async def test_ctrl_c_stops_the_run_and_the_agent(
+    tmp_path: Path, ws: Path, sig: signal.Signals, expected: int
+) -> None:
     pids = tmp_path / "pids"
     rules = happy_rules(execute={"text": "slow", "grandchild": True, "sleep": 600})
     script = write_script(tmp_path / "fake", rules=rules)
@@ -242,10 +245,10 @@ async def test_ctrl_c_stops_the_run_and_the_agent(tmp_path: Path, ws: Path) -> N
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     started = await cli.wait_for("Auto run ")
     await cli.wait_for("Turn 3/10: Executing")
-    cli.proc.send_signal(signal.SIGINT)
+    cli.proc.send_signal(sig)
     code, out, err = await cli.finish()
-    assert code == 130, err
-    assert out.split()[1:] == ["stopped", "exit=130"]
+    assert code == expected, err
+    assert out.split()[1:] == ["stopped", f"exit={expected}"]
     run_id = run_id_from(started)
     assert [t[3] for t in turns_of(tmp_path, run_id)] == ["finished", "finished", "interrupted"]
     assert run_row(tmp_path, run_id)["status"] == "stopped"

@@ -82,19 +82,29 @@ def process_exit_code(code: int) -> int:
 
 
 class _StoppableSession:
-    """Pre-empts the turn when the run's stop latch is set, even before it spawned."""
+    """Pre-empts the turn when the run's stop latch is set, even before it spawned; with
+    ``slots``, a turn first waits for one of the turns allowed to run at once."""
 
-    def __init__(self, runner: AgentSession, stop: asyncio.Event) -> None:
+    def __init__(
+        self, runner: AgentSession, stop: asyncio.Event, slots: asyncio.Semaphore | None
+    ) -> None:
         self._runner = runner
         self._stop = stop
+        self._slots = slots
 
     @property
     def session_id(self) -> str:
         return self._runner.session_id
 
+    async def _turn(self, prompt: str) -> TurnOutput:
+        if self._slots is None:
+            return await self._runner.run_turn(prompt)
+        async with self._slots:
+            return await self._runner.run_turn(prompt)
+
     async def run_turn(self, prompt: str) -> TurnOutput:
         return await until_stopped(
-            self._runner.run_turn(prompt), self._stop, what="the turn", session_id=self.session_id
+            self._turn(prompt), self._stop, what="the turn", session_id=self.session_id
         )
 
 
@@ -113,11 +123,13 @@ class AutoRun:
         runner: AgentSession,
         inbox: InstructionInbox,
         stop: asyncio.Event,
+        turn_slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.inbox = inbox
         self._stop = stop
+        self._slots = turn_slots
         self._task: asyncio.Task[AutoResult] | None = None
 
     @property
@@ -178,7 +190,7 @@ class AutoRun:
         )
 
     async def _drive(self) -> AutoResult:
-        session = _StoppableSession(self.runner, self._stop)
+        session = _StoppableSession(self.runner, self._stop, self._slots)
         try:
             await run_session_loop(session, self.channel)
         except TurnPreempted as exc:
@@ -252,6 +264,7 @@ def _build(
     extra_env: Mapping[str, str] | None,
     config_dir: Path | None,
     stop_event: asyncio.Event | None,
+    turn_slots: asyncio.Semaphore | None,
 ) -> AutoRun:
     cfg = state.config
     workdir = Path(state.workdir)
@@ -290,7 +303,13 @@ def _build(
         inbox=inbox,
         sink=sink if sink is not None else LogSink(),
     )
-    return AutoRun(channel=channel, runner=AutoModeRunner(agent), inbox=inbox, stop=stop)
+    return AutoRun(
+        channel=channel,
+        runner=AutoModeRunner(agent),
+        inbox=inbox,
+        stop=stop,
+        turn_slots=turn_slots,
+    )
 
 
 async def prepare_auto_run(
@@ -312,6 +331,7 @@ async def prepare_auto_run(
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
+    turn_slots: asyncio.Semaphore | None = None,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
 
@@ -356,6 +376,7 @@ async def prepare_auto_run(
             extra_env=extra_env,
             config_dir=config_dir,
             stop_event=stop_event,
+            turn_slots=turn_slots,
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
@@ -405,6 +426,7 @@ async def prepare_resume(
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
+    turn_slots: asyncio.Semaphore | None = None,
 ) -> AutoRun:
     """Reload a run from the store to continue from its recorded phase and turn.
 
@@ -470,6 +492,7 @@ async def prepare_resume(
         extra_env=extra_env,
         config_dir=config_dir,
         stop_event=stop_event,
+        turn_slots=turn_slots,
     )
 
 
@@ -491,6 +514,7 @@ async def start_auto_run(
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
+    turn_slots: asyncio.Semaphore | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
@@ -510,6 +534,7 @@ async def start_auto_run(
         extra_env=extra_env,
         config_dir=config_dir,
         stop_event=stop_event,
+        turn_slots=turn_slots,
     )
     run.start()
     return run
@@ -524,6 +549,7 @@ async def resume_auto_run(
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
+    turn_slots: asyncio.Semaphore | None = None,
 ) -> AutoRun:
     """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
     run = await prepare_resume(
@@ -534,6 +560,7 @@ async def resume_auto_run(
         extra_env=extra_env,
         config_dir=config_dir,
         stop_event=stop_event,
+        turn_slots=turn_slots,
     )
     run.start()
     return run

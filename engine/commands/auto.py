@@ -14,8 +14,8 @@ The prompt may also come from ``-p``/``--prompt`` inside the passthrough, as in
 Exit status: 0 when the objective is verified complete or the turn cap is reached; the
 Evaluate turn's code when it fails; a failed required turn's (Clarify, Plan, Adjust) code,
 with the run recorded as crashed; 1 when the agent cannot be started; 2 for bad input;
-130 when stopped with Ctrl-C (a first Ctrl-C stops the run cleanly, the turn in flight is
-pre-empted and recorded as interrupted).
+130 when stopped with Ctrl-C, 143 with SIGTERM (the run stops cleanly: the turn or verify
+command in flight is pre-empted and recorded as interrupted; the run can be resumed).
 """
 
 from __future__ import annotations
@@ -166,13 +166,13 @@ async def _new_run(args: argparse.Namespace, settings: Settings, db: Database) -
 async def _drive(run: AutoRun) -> int:
     loop = asyncio.get_running_loop()
     stoppers: set[asyncio.Task[None]] = set()
-    interrupted = False
+    received: int | None = None
 
     def on_signal(signum: int) -> None:
-        nonlocal interrupted
-        if interrupted:
+        nonlocal received
+        if received is not None:
             return
-        interrupted = True
+        received = signum
         _LOGGER.warning(
             "%s: stopping run %s",
             signal.Signals(signum).name,
@@ -197,10 +197,13 @@ async def _drive(run: AutoRun) -> int:
             loop.remove_signal_handler(sig)
         if stoppers:
             await asyncio.gather(*stoppers, return_exceptions=True)
-    print(f"{result.run_id} {result.status.value} exit={result.exit_code}")
+    code = result.exit_code
+    if received is not None and result.status is AutoStatus.STOPPED and code == 130:
+        code = 128 + received  # 130 for Ctrl-C, 143 for SIGTERM
+    print(f"{result.run_id} {result.status.value} exit={code}")
     if result.abort is not None:
         print(f"turnstile: run aborted: {result.abort}", file=sys.stderr)
-    return result.exit_code
+    return code
 
 
 async def _append(args: argparse.Namespace, settings: Settings) -> int:
