@@ -38,9 +38,17 @@ def ws(tmp_path: Path) -> Path:
     return git_workspace(tmp_path / "ws")
 
 
-def run_cli(tmp: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    tmp: Path, env: dict[str, str], *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        turnstile(*args), cwd=tmp, env=env, capture_output=True, text=True, timeout=90
+        turnstile(*args),
+        cwd=tmp,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
 
 
@@ -218,7 +226,7 @@ async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> 
     started = await cli.wait_for("Auto run ")
     await cli.wait_for("Turn 3/10: Executing")
     steer = await asyncio.to_thread(
-        run_cli, tmp_path, env, "auto", "--append", "Please also write NOTES.md"
+        lambda: run_cli(tmp_path, env, "auto", "--append", "-", stdin="Please also write NOTES.md")
     )
     assert steer.returncode == 0, steer.stderr
     assert run_id_from(started) in steer.stdout
@@ -232,6 +240,9 @@ async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> 
     named = run_cli(tmp_path, env, "auto", "--append", "late", "--session", run_id_from(started))
     assert named.returncode == 2
     assert "has ended" in named.stderr
+    nothing = run_cli(tmp_path, env, "auto", "--append", "x")
+    assert nothing.returncode == 2
+    assert "no auto run is running here" in nothing.stderr
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -71,7 +71,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prompts", type=Path, metavar="DIR", help="prompt template overrides")
     parser.add_argument("-p", "--prompt", help="the objective")
     parser.add_argument("--resume", metavar="RUN_ID", help="continue a run from its recorded turn")
-    parser.add_argument("--append", metavar="TEXT", help="steer a running run's next Execute turn")
+    parser.add_argument(
+        "--append", metavar="TEXT", help="steer a running run's next Execute turn ('-': stdin)"
+    )
     parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
     parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
     parser.set_defaults(handler=handle)
@@ -215,7 +217,8 @@ async def _append(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"run {record.id} has ended ({state.status.value})")
     if record.log_dir is None:
         raise ConfigError(f"run {record.id} has no log folder")
-    path = InstructionInbox(Path(record.log_dir)).append(args.append)
+    text = sys.stdin.read() if args.append == "-" else args.append
+    path = InstructionInbox(Path(record.log_dir)).append(text)
     print(f"queued for the next Execute turn of {record.id}: {path}")
     return 0
 
