@@ -639,9 +639,7 @@ class WorkspaceManager:
             return None
         main = next((w for w in found if w.id == run_id), found[0])
         subs = len(found) - 1
-        total = 0
-        for workspace in found:
-            total += await asyncio.to_thread(disk_usage, workspace.path)
+        total = await self.usage(run_id)
         extra = f" +{subs} sub-task{'s' if subs != 1 else ''}" if subs else ""
         return f"{main.branch}{extra} · {format_size(total)}"
 
