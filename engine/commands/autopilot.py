@@ -75,21 +75,18 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"{task.name}: {task.label} (v{task.version})")
                 print(f"next: {next_step(gates.store, task, len({a.approver for a in approvals}))}")
                 return 0
-            from engine.workspace.runs import hold_run_workspace
-
-            # A task checked out with --checkout-repo holds its worktree (run id = task).
-            async with hold_run_workspace(settings, db, args.task):
-                handle = gates.start_autopilot(
-                    args.task,
-                    LogSink(),
-                    tool=args.tool,
-                    agent_cmd=args.agent_cmd,
-                    wait_for_approval=not args.no_wait,
-                )
-                try:
-                    outcome = await handle.wait()
-                finally:
-                    await handle.stop()
+            # A task checked out with --checkout-repo: the drive holds its worktree.
+            handle = gates.start_autopilot(
+                args.task,
+                LogSink(),
+                tool=args.tool,
+                agent_cmd=args.agent_cmd,
+                wait_for_approval=not args.no_wait,
+            )
+            try:
+                outcome = await handle.wait()
+            finally:
+                await handle.stop()
             task = await gates.task(args.task)
     except GateRefused as exc:
         print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)

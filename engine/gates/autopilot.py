@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from engine.agents.factory import create_agent
-from engine.errors import ConfigError
+from engine.errors import ConfigError, TurnstileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
@@ -37,6 +37,7 @@ from engine.gates.workflow import (
     HUMAN_INTERVENTION,
     PhaseSpec,
 )
+from engine.gates.worktrees import WaveWorkspaces
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
 from engine.turn import AgentSession, TurnOutput
@@ -131,6 +132,8 @@ class Autopilot:
         wait_for_approval: wait at gates (polling) instead of returning ``PARKED``.
         poll_interval: seconds between store polls while parked.
         agent_factory: builds a task's agent session (default: :func:`create_agent`).
+        worktrees: git worktrees of tasks checked out from a project (hold while driving,
+            one per wave sub-task, merge a wave back); None: tasks work where they are.
     """
 
     def __init__(
@@ -144,8 +147,10 @@ class Autopilot:
         wait_for_approval: bool = True,
         poll_interval: float = 1.0,
         agent_factory: AgentFactory | None = None,
+        worktrees: WaveWorkspaces | None = None,
     ) -> None:
         self.store = store
+        self.worktrees = worktrees
         self.settings = settings
         self.sink = sink
         self.tool = tool
@@ -272,7 +277,10 @@ class Autopilot:
             if audit_at_start:
                 await self._audit(await self._family(task), f"autopilot start ({name})")
             await self._note_interrupted(task)
-            return await self._loop(name)
+            if self.worktrees is None:
+                return await self._loop(name)
+            async with self.worktrees.hold(task):
+                return await self._loop(name)
         finally:
             remove()
 
@@ -538,11 +546,24 @@ class Autopilot:
                 f"[{task.name}] wave {wave}: driving {', '.join(s.name for s in pending)} "
                 f"(at most {self.settings.wave_concurrency} at once)",
             )
+            if self.worktrees is not None:
+                for name, path in (await self.worktrees.before_wave(task, pending)).items():
+                    await self.store.set_workdir(name, path)
             async with asyncio.TaskGroup() as group:
                 runs = [group.create_task(run(s.name), name=f"autopilot-{s.name}") for s in pending]
             outcomes = [r.result() for r in runs]
             if DriveOutcome.PARKED in outcomes:
                 return DriveOutcome.PARKED
+            if self.worktrees is not None:
+                finished = [s for s in await self.store.subtasks(task.name) if s.wave == wave]
+                try:
+                    problems = await self.worktrees.after_wave(task, finished)
+                except TurnstileError as exc:
+                    return await self._to_human(task, f"merging wave {wave} failed: {exc}")
+                if problems:
+                    listed = "; ".join(f"{k}: {v}" for k, v in problems.items())
+                    return await self._to_human(task, f"wave {wave} did not merge: {listed}")
+                await self._say(task, f"[{task.name}] wave {wave} merged into the task's branch")
         return None
 
     async def _resumed_since(self, task: TaskRecord, since: float) -> bool:

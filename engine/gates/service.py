@@ -18,6 +18,7 @@ from engine.gates.tasks import (
     TaskStore,
 )
 from engine.gates.workflow import Workflow, load_workflow
+from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.store.database import Database
@@ -184,6 +185,7 @@ class Gates:
         agent_cmd: str | None = None,
         wait_for_approval: bool = True,
         agent_factory: AgentFactory | None = None,
+        worktrees: WaveWorkspaces | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
@@ -200,6 +202,7 @@ class Gates:
             wait_for_approval=wait_for_approval,
             poll_interval=self.poll_interval,
             agent_factory=agent_factory,
+            worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
         )
         future: asyncio.Task[DriveOutcome] = asyncio.create_task(
             pilot.drive(task), name=f"autopilot-{task}"

@@ -468,6 +468,13 @@ class TaskStore:
             ),
         )
 
+    async def set_workdir(self, name: str, workdir: Path) -> None:
+        """Point a task at another code workspace (a wave sub-task's own worktree). Not a
+        state change: no version bump, not in ``.state``."""
+        await self.db.execute(
+            "UPDATE gate_tasks SET workdir = ? WHERE name = ?", (str(workdir), name)
+        )
+
     # -- agent sessions ----------------------------------------------------------------------
 
     async def get_session(self, name: str) -> SessionRecord | None:
