@@ -19,7 +19,13 @@ from telegram.error import TelegramError
 from bot.auth import Action
 from bot.extension import Extension
 from bot.sink import BotSink, ChatPlace
-from engine.automode import AutoRun, resume_auto_run, start_auto_run
+from engine.automode import (
+    STOPPED_BY_PERSON,
+    AutoRun,
+    AutoStatus,
+    resume_auto_run,
+    start_auto_run,
+)
 from engine.errors import ConfigError, TurnstileError
 from engine.store.runs import RunStatus
 
@@ -184,8 +190,13 @@ class AutoExtension(Extension):
 
     async def _watch(self, active: _Active) -> None:
         run = active.run
+        finished = False
         try:
             result = await run.task
+            # Only a run our shutdown stopped is parked; one that ended on its own is not.
+            finished = not (
+                result.status is AutoStatus.STOPPED and result.message == STOPPED_BY_PERSON
+            )
             _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
         except TurnstileError as exc:
             await self.rt.publisher_or_fail().say(
@@ -206,7 +217,7 @@ class AutoExtension(Extension):
             )
         finally:
             self.active.pop(run.run_id, None)
-            if active.parking:
+            if active.parking and not finished:
                 with contextlib.suppress(TurnstileError):
                     await self.rt.runs.update_run(run.run_id, status=RunStatus.PARKED)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.automode_support import GIT_ENV, git_workspace, happy_rules
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import FAKE_AGENT, OPERATOR, wait_for_file, write_script
 
@@ -132,3 +133,58 @@ async def test_sigkill_mid_run_then_restart(
     assert len(cut) == 1
     assert "Prompt was: second" in cut[0]
     assert all(state == "sent" for _, state in _outbox(tmp_path))
+
+
+async def test_auto_run_resumes_after_sigkill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    git_workspace(tmp_path / "ws" / "default")
+    write_script(
+        tmp_path,
+        {
+            "replies": [{"grandchild": True, "wait_file": str(tmp_path / "never"), "text": "x"}],
+            "rules": happy_rules(),
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api:
+        bot = await _start(api, tmp_path)
+        try:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+            started = await api.wait_for_message(lambda m: "Auto run" in m.text)
+            run_id = started.text.split()[3]
+            await wait_for_file(pids)  # the clarify turn is running
+            bot.send_signal(signal.SIGKILL)
+            await bot.wait()
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+            for pid in pids.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        bot = await _start(api, tmp_path)
+        try:
+            await api.wait_for_message(lambda m: f"Auto run {run_id} resumed" in m.text)
+            await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=60)
+            bot.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(bot.wait(), 30) == 0
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+    cut = [t for t in api.texts() if "was cut off" in t]
+    assert len(cut) == 1
+    assert run_id in cut[0]
+    with contextlib.closing(sqlite3.connect(tmp_path / "bot.db")) as conn:
+        status = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+        attempts = conn.execute(
+            "SELECT seq, attempt, state FROM turns WHERE run_id = ? ORDER BY id", (run_id,)
+        ).fetchall()
+    assert status == "completed"
+    assert attempts[0][2] == "interrupted"
+    assert attempts[1][:2] == (attempts[0][0], 2)

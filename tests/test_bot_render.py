@@ -1,0 +1,98 @@
+"""Markdown → Telegram messages: entities, splitting, documents, redaction (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.auth import Action, Authorizer
+from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
+from engine.redact import Redactor
+
+
+def _u16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def test_markdown_becomes_entities_not_escapes() -> None:
+    [msg] = render_markdown(
+        "**bold** and `code` and [a link](https://example.com) 👋🏽 _it_",
+        redact=Redactor(),
+        document_threshold=10_000,
+    )
+    assert msg.text == "bold and code and a link 👋🏽 it"
+    kinds = {e["type"] for e in msg.entities}
+    assert {"bold", "code", "text_link", "italic"} <= kinds
+    italic = next(e for e in msg.entities if e["type"] == "italic")
+    # offsets are UTF-16 units: the waving hand with its skin tone counts 4
+    assert italic == {"type": "italic", "offset": 30, "length": 2}
+    assert _u16(msg.text[: msg.text.rindex("it")]) == 30
+
+
+def test_malformed_markdown_is_never_lost() -> None:
+    text = "unclosed **bold and `code and [link( and _under_score_s"
+    [msg] = render_markdown(text, redact=Redactor(), document_threshold=10_000)
+    assert msg.text == text
+
+
+@pytest.mark.parametrize("size", [4096, 4097, 9000, 50_000])
+def test_long_output_splits_on_lines_within_the_limit(size: int) -> None:
+    lines, n = [], 0
+    while sum(len(x) + 1 for x in lines) < size:
+        n += 1
+        lines.append(f"line {n}: " + "é" * (n % 50 + 1))
+    text = "\n".join(lines)
+    parts = render_markdown(text, redact=Redactor(), document_threshold=10**9)
+    assert all(_u16(p.text) <= MAX_MESSAGE for p in parts)
+    assert "".join(p.text for p in parts) == text
+    assert all(p.text.endswith("\n") for p in parts[:-1])
+
+
+def test_huge_single_line_is_hard_split() -> None:
+    text = "x" * 10_000
+    parts = render_markdown(text, redact=Redactor(), document_threshold=10**9)
+    assert [len(p.text) for p in parts] == [4096, 4096, 1808]
+
+
+def test_big_output_is_one_document_with_a_short_head() -> None:
+    text = "\n".join(f"row {i}" for i in range(5000))
+    [doc] = render_markdown(text, redact=Redactor(), document_threshold=1000, filename="o.md")
+    assert doc.document == text
+    assert doc.filename == "o.md"
+    assert _u16(doc.text) <= MAX_CAPTION
+    assert doc.text.count("\n") < 20
+
+
+def test_secrets_redacted_everywhere() -> None:
+    token = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmn"
+    redactor = Redactor([token, "hunter2hunter2"])
+    for threshold in (10**9, 10):
+        parts = render_markdown(
+            f"token {token} pw hunter2hunter2 key ghp_abcdefghijklmnopqrstuvwxyz123456",
+            redact=redactor,
+            document_threshold=threshold,
+        )
+        blob = "".join(p.text + (p.document or "") for p in parts)
+        assert token not in blob
+        assert "hunter2hunter2" not in blob
+        assert "ghp_abcdefghijklmnopqrstuvwxyz123456" not in blob
+
+
+def test_empty_output_says_so() -> None:
+    [msg] = render_markdown("  \n ", redact=Redactor(), document_threshold=100)
+    assert msg.text == "(no output)"
+
+
+def test_authorization_is_deny_by_default_and_per_action() -> None:
+    nobody = Authorizer.from_ids(admins=(), approvers=(), operators=(), allowed_chats=())
+    assert not nobody.check(1, 1, Action.HELP).allowed
+    auth = Authorizer.from_ids(admins=(1,), approvers=(2,), operators=(3,), allowed_chats=(-5,))
+    assert not auth.check(1, -6, Action.HELP).allowed  # chat not allowed, even for an admin
+    assert auth.check(1, -5, Action.AUDIT).allowed
+    assert auth.check(2, -5, Action.APPROVE).allowed
+    assert not auth.check(2, -5, Action.PROMPT).allowed
+    assert auth.check(3, -5, Action.STOP).allowed
+    assert not auth.check(3, -5, Action.APPROVE).allowed
+    assert not auth.check(3, -5, Action.TASKS).allowed
+    assert not auth.check(4, -5, Action.HELP).allowed
+    auth.follow_migration(-5, -1005)
+    assert auth.check(3, -1005, Action.PROMPT).allowed
