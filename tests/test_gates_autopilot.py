@@ -391,3 +391,64 @@ async def test_expired_gate_fails_closed_in_the_driver(
         assert late.reason is not None
         events = [e for e in await gates.audit_events("t") if e.event == "gate"]
         assert [e.outcome for e in events] == ["expired"]
+
+
+async def test_a_failing_subtask_drive_does_not_cancel_its_wave(tmp_path: Path) -> None:
+    import re
+
+    from engine.errors import TurnExecError
+    from engine.gates import TaskRecord
+    from engine.testing import ScriptedSession
+    from engine.turn import TurnOutput
+
+    wf_artifacts = {
+        "research": "research.md",
+        "decomposition": "decomposition.md",
+        "design": "design.md",
+        "test_design": "test_plan.md",
+        "implement": "implementation.md",
+        "bug_find": "bugs.md",
+        "adversarial_bug_find": "adversarial_bugs.md",
+        "doc_review": "doc_review.md",
+        "referee": "referee.md",
+    }
+
+    def factory(task: TaskRecord, session_id: str, resume: bool) -> ScriptedSession:
+        if task.name == "p.bad":
+            return ScriptedSession([TurnExecError("agent binary missing")], session_id=session_id)
+
+        def write(prompt: str) -> TurnOutput:
+            phase = re.search(r"Phase: (\w+) \(", prompt)
+            assert phase is not None
+            content = "```subtasks\nwave 1: good\nwave 1: bad\n```\n"
+            (task.folder / wf_artifacts[phase.group(1)]).write_text(content)
+            return TurnOutput.from_text(
+                "done",
+            ).with_exit_code(0)
+
+        return ScriptedSession([write] * 20, session_id=session_id)
+
+    sink = EventSink()
+    async with open_gates(make_settings(tmp_path), poll_interval=0.02) as gates:
+        await gates.init_task("p")
+        handle = gates.start_autopilot("p", sink, agent_factory=factory)
+
+        async def approver() -> None:
+            while True:
+                request = await sink.queue.get()
+                assert (await gates.approve(request.task, by=APPROVER)).ok
+
+        helper = asyncio.create_task(approver(), name="approver")
+        try:
+            outcome = await asyncio.wait_for(handle.wait(), 30)
+        finally:
+            helper.cancel()
+        assert outcome is DriveOutcome.HUMAN_INTERVENTION
+        assert (await gates.task("p.good")).phase == "complete"
+        bad = await gates.task("p.bad")
+        assert bad.phase == "human_intervention"
+        parent = await gates.task("p")
+        assert parent.phase == "human_intervention"
+        history = await gates.store.history("p")
+        assert "p.bad" in str(history[-1].reason)
+        assert any("agent binary missing" in t for t in sink.texts)

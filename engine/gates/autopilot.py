@@ -534,7 +534,13 @@ class Autopilot:
 
         async def run(sub: str) -> DriveOutcome:
             async with limit:
-                return await self.drive(sub, audit_at_start=False)
+                try:
+                    return await self.drive(sub, audit_at_start=False)
+                except TurnstileError as exc:
+                    # One sub-task failing (its agent would not start, ...) must not cancel
+                    # its siblings: it is reported and waits for a person.
+                    _LOGGER.warning("drive of %s failed: %s", sub, exc, extra={"task": sub})
+                    return await self._to_human(await self.store.get(sub), f"drive failed: {exc}")
 
         for wave in waves:
             members = [s for s in await self.store.subtasks(task.name) if (s.wave or 1) == wave]
