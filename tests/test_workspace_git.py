@@ -486,7 +486,12 @@ async def test_run_helpers_provision_and_hold_the_run_worktree(
     tmp_path: Path, remote: Path, db: Database
 ) -> None:
     from engine.settings import load_settings
-    from engine.workspace import hold_run_workspace, provision_for_run, run_worktree_summary
+    from engine.workspace import (
+        hold_run_workspace,
+        provision_for_run,
+        release_run_workspace,
+        run_worktree_summary,
+    )
 
     settings = load_settings(workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
     ws = await provision_for_run(settings, db, "demo", "auto-1")
@@ -504,6 +509,11 @@ async def test_run_helpers_provision_and_hold_the_run_worktree(
     assert await run_worktree_summary(settings, db, "no-worktree") is None
     # Resuming the run finds the same worktree.
     assert await provision_for_run(settings, db, "demo", "auto-1") == ws
+    assert await release_run_workspace(settings, db, "auto-1")
+    assert not await release_run_workspace(settings, db, "no-worktree")
+    released = await SqliteWorkspaceStore(db).get("auto-1")
+    assert released is not None
+    assert released.released_at is not None
 
 
 async def test_a_changed_url_in_the_settings_is_used_by_the_next_fetch(

@@ -70,6 +70,7 @@ from engine.workspace.runs import (
     hold_run_workspace,
     new_run_id,
     provision_for_run,
+    release_run_workspace,
     run_worktree_summary,
 )
 from engine.workspace.store import (
@@ -108,5 +109,6 @@ __all__ = [
     "parse_projects",
     "provision_for_run",
     "redact_url",
+    "release_run_workspace",
     "run_worktree_summary",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "hold_run_workspace",
     "new_run_id",
     "provision_for_run",
+    "release_run_workspace",
     "run_worktree_summary",
 ]
 
@@ -130,3 +131,17 @@ async def run_worktree_summary(settings: Settings, db: Database, run_id: str) ->
     """``turnstile/<run> · 44.2 MB`` for ``turnstile runs`` and ``/status``, or None."""
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     return await manager.summary(run_id)
+
+
+async def release_run_workspace(settings: Settings, db: Database, run_id: str) -> bool:
+    """Mark the run's worktree finished (cleanup may remove it after the retention).
+
+    For runs without a row in the runs table (an autopilot task); auto runs are found
+    finished through their ``finished_at``. Returns whether there was a worktree.
+    """
+    manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
+    workspace = await manager.get(run_id)
+    if workspace is None:
+        return False
+    await manager.release(workspace)
+    return True
