@@ -592,3 +592,25 @@ async def test_checkout_for_run_removes_the_worktree_if_the_run_cannot_start(
     with pytest.raises(RuntimeError, match="recording failed"):
         await start_run_that_fails()
     assert not seen[0].path.exists()
+
+
+async def test_cleanup_counts_a_completed_gated_task_as_finished(
+    manager: WorkspaceManager, db: Database, clock: Clock
+) -> None:
+    ws = await manager.provision("feature-x", "demo")
+
+    async def set_phase(phase: str) -> None:
+        await db.execute(
+            "INSERT INTO gate_tasks (name, folder, workdir, phase, version, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+            " phase = excluded.phase",
+            ("feature-x", "/tasks/feature-x", str(ws.path), phase, clock.now, clock.now),
+        )
+
+    await set_phase("implement")
+    assert (await manager.cleanup(retention=60, now=clock.now + 3600)).kept == ("feature-x",)
+    await set_phase("complete")
+
+    report = await manager.cleanup(retention=60, now=clock.now + 3600)
+
+    assert report.removed == ("feature-x",)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.errors import StoreError
 from engine.store.database import Database
 
 __all__ = ["MemoryWorkspaceStore", "SqliteWorkspaceStore", "Workspace", "WorkspaceStore"]
@@ -152,12 +153,26 @@ class SqliteWorkspaceStore:
         return [_from_row(r) for r in rows]
 
     async def run_finished_at(self, run_ids: Iterable[str]) -> dict[str, float]:
+        """When each run (``runs.finished_at``) or gated task (phase complete) finished."""
         ids = sorted(set(run_ids))
         if not ids:
             return {}
+        marks = ", ".join("?" * len(ids))
         rows = await self._db.fetchall(
             "SELECT id, finished_at FROM runs WHERE finished_at IS NOT NULL"  # noqa: S608
-            f" AND id IN ({', '.join('?' * len(ids))})",
+            f" AND id IN ({marks})",
             ids,
         )
-        return {r["id"]: float(r["finished_at"]) for r in rows}
+        found = {r["id"]: float(r["finished_at"]) for r in rows}
+        # A gated task (autopilot) is no run: it is finished once its phase is complete.
+        try:
+            tasks = await self._db.fetchall(
+                "SELECT name, updated_at FROM gate_tasks WHERE phase = ?"  # noqa: S608
+                f" AND name IN ({marks})",
+                ["complete", *ids],
+            )
+        except StoreError:
+            tasks = []  # no gates schema in this database
+        for row in tasks:
+            found.setdefault(row["name"], float(row["updated_at"]))
+        return found
