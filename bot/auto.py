@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,10 +82,9 @@ class AutoExtension(Extension):
         assert self.rt.chats is not None
         binding = await self.rt.store.binding(chat.id, thread or 0)
         project = binding.project if binding is not None else "default"
-        workdir = self.rt.chats.workdir_for(project)
-        workdir.mkdir(parents=True, exist_ok=True)
         place = ChatPlace(chat.id, thread)
         try:
+            workdir = await self.rt.chats.workdir_for(project, f"auto-{secrets.token_hex(4)}")
             run = await start_auto_run(
                 self.rt.settings,
                 self.rt.db,

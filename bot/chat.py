@@ -22,16 +22,20 @@ from pathlib import Path
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore
 from engine.agents.base import ProcessAgent
-from engine.errors import ChannelError, TurnError, TurnPreempted
+from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
+from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
 
 __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult", "new_run_id"]
 
 _LOGGER = logging.getLogger(__name__)
 
 AgentFactory = Callable[..., ProcessAgent]
+
+# Folders the workspace manager owns under the workspaces root.
+_RESERVED = frozenset({"cache", "worktrees", "locks"})
 
 
 def new_run_id() -> str:
@@ -193,15 +197,39 @@ class ChatSessions:
 
     # -- binding -----------------------------------------------------------------------
 
-    def workdir_for(self, project: str) -> Path:
-        return (self.settings.workspaces / project).resolve()
+    async def workdir_for(self, project: str, run_key: str) -> Path:
+        """Where a run works: a git worktree of its own for a configured project
+        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a plain folder under the
+        workspaces root.
+
+        Raises:
+            ConfigError: a malformed project setting, a reserved name, or git failed.
+        """
+        manager = WorkspaceManager.from_settings(
+            self.settings, store=SqliteWorkspaceStore(self.store.db)
+        )
+        if project in {p.name for p in manager.projects}:
+            try:
+                workspace = await manager.provision(run_key, project)
+            except WorkspaceError as exc:
+                raise ConfigError(f"cannot check out {project}: {exc}") from exc
+            return workspace.path
+        if project in _RESERVED:
+            raise ConfigError(f"{project!r} is reserved for the workspace manager")
+        path = (self.settings.workspaces / project).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     async def bind(
         self, chat_id: int, thread_id: int, *, agent: str, project: str, user_id: int | None
     ) -> Binding:
-        """Bind the chat to a new agent session (the old one, if any, is closed)."""
-        workdir = self.workdir_for(project)
-        workdir.mkdir(parents=True, exist_ok=True)
+        """Bind the chat to a new agent session (the old one, if any, is closed).
+
+        Raises:
+            ConfigError: the project cannot be used.
+        """
+        session_id = str(uuid.uuid4())
+        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}")
         old = self.active.get((chat_id, thread_id))
         if old is not None:
             old.channel.close()
@@ -213,7 +241,7 @@ class ChatSessions:
             agent=agent,
             project=project,
             workdir=str(workdir),
-            session_id=str(uuid.uuid4()),
+            session_id=session_id,
             user_id=user_id,
         )
 

@@ -26,6 +26,7 @@ from telegram.ext import (
 
 from bot.auth import Action
 from engine.agents.factory import AGENT_NAMES
+from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from bot.app import BotRuntime
@@ -273,9 +274,13 @@ class Handlers:
             )
             return
         thread = _thread(update.effective_message)
-        binding = await self.rt.chats.bind(
-            chat.id, thread, agent=agent, project=project, user_id=user.id
-        )
+        try:
+            binding = await self.rt.chats.bind(
+                chat.id, thread, agent=agent, project=project, user_id=user.id
+            )
+        except ConfigError as exc:
+            await self.reply(update, f"Cannot bind: {exc}")
+            return
         await self.rt.store.audit(
             action="chat",
             outcome="allowed",

@@ -10,12 +10,14 @@ import aiohttp
 import pytest
 
 from engine.gates import Gates
+from tests.automode_support import GIT_ENV, git_workspace
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import (
     ADMIN,
     CHAT,
     OPERATOR,
     STRANGER,
+    agent_log,
     bot_settings,
     running_bot,
     write_script,
@@ -150,3 +152,27 @@ async def test_forum_group_gets_a_topic_per_run(
         assert started.thread_id is not None
         gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
         assert gate.thread_id == started.thread_id
+
+
+async def test_chat_on_a_configured_project_gets_its_own_worktree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    repo = git_workspace(tmp_path / "origin")
+    write_script(tmp_path, {"rules": [{"match": "", "text": "in {prompt}"}]}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, projects=f"web={repo}")
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command web")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="where")
+            await api.wait_for_message(lambda m: m.text == "in where")
+            binding = await rt.store.binding(CHAT, 0)
+            assert binding is not None
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command cache")
+            await api.wait_for_message(lambda m: "reserved" in m.text)
+    workdir = Path(binding.workdir)
+    assert workdir.is_relative_to((tmp_path / "ws").resolve())
+    assert (workdir / "README").exists()
+    assert [e["cwd"] for e in agent_log(tmp_path)] == [str(workdir)]
