@@ -50,6 +50,7 @@ _LOGGER = logging.getLogger(__name__)
 BRANCH_PREFIX: Final = "turnstile/"
 RESCUE_PREFIX: Final = "turnstile/rescue/"
 _SUB_SEP: Final = "--"
+_MAX_COMMITS: Final = 500
 _FETCH_REFSPEC: Final = "+refs/heads/*:refs/remotes/origin/*"
 _ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DEFAULT_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
@@ -141,7 +142,8 @@ class WorkspaceStatus:
         branch: the branch checked out (None when detached).
         dirty: uncommitted changes (tracked or untracked, ignored files aside).
         changed: the paths with uncommitted changes.
-        commits: ``sha subject`` of each commit since the workspace's base, newest first.
+        commits: ``sha subject`` of each commit since the workspace's base, newest first
+            (at most 500).
     """
 
     head: str
@@ -651,7 +653,10 @@ class WorkspaceManager:
             ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=path, check=False
         )
         changed = await self._changed(path)
-        log = await self._git.run(["log", "--format=%H %s", f"{workspace.base}..HEAD"], cwd=path)
+        log = await self._git.run(
+            ["log", f"--max-count={_MAX_COMMITS}", "--format=%H %s", f"{workspace.base}..HEAD"],
+            cwd=path,
+        )
         return WorkspaceStatus(
             head=head,
             branch=branch.stdout.strip() or None,
