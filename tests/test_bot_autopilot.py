@@ -94,3 +94,31 @@ async def test_autopilot_through_every_gate(
     assert "cover the timeout path too" not in test_design[0]
     assert "cover the timeout path too" in test_design[1]
     assert sum("Phase: research (" in p for p in prompts) == 1
+
+
+async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path)
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T2")
+            gate = await _gate_message(api, "research")
+        edits_before = len(api.calls_of("editMessageText"))
+        async with running_bot(api, settings):
+            # the open gate is refreshed in place, not posted again
+            await api.wait_until(
+                lambda: any(
+                    int(c.params.get("message_id", 0)) == gate.message_id
+                    for c in api.calls_of("editMessageText")[edits_before:]
+                )
+            )
+            approve = next(
+                b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve")
+            )
+            api.push_callback(
+                chat_id=CHAT, user_id=APPROVER, data=approve, message_id=gate.message_id
+            )
+            await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T2 · research"))
+            await _gate_message(api, "decomposition")
+        assert sum(_gate("research")(m) for m in api.sent) == 1
+        assert sum(m.filename == "research.md" for m in api.sent) == 1
