@@ -22,6 +22,7 @@ from pathlib import Path
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore
 from engine.agents.base import ProcessAgent
+from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -105,6 +106,7 @@ class ChatChannel(BaseChannel):
         run.publisher.wake()
         run.current = None
         run.turn_started = None
+        run.last_event = None
         run.turns_done += 1
         run.status_wanted.set()
 
@@ -132,6 +134,7 @@ class ChatRun:
     parking: bool = False
     task: asyncio.Task[None] | None = None
     status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    last_event: str | None = None
     channel: ChatChannel = field(init=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +148,16 @@ class ChatRun:
     def busy(self) -> bool:
         return self.current is not None
 
+    def on_agent_event(self, event: AgentEvent) -> None:
+        """The agent's progress (real CLIs): the last tool call shows in the status."""
+        if event.kind is EventKind.TOOL_USE:
+            detail = " ".join(event.text.split())[:80]
+            self.last_event = f"🔧 {event.tool or 'tool'}" + (f": {detail}" if detail else "")
+            self.status_wanted.set()
+        elif event.kind is EventKind.TOOL_RESULT and event.is_error:
+            self.last_event = f"⚠️ {event.tool or 'tool'} failed"
+            self.status_wanted.set()
+
     def status_text(self, final: str | None = None) -> str:
         b = self.binding
         head = f"💬 chat session {self.run_id} · {b.agent} · {b.project}"
@@ -152,9 +165,10 @@ class ChatRun:
             elapsed = format_elapsed(time.time() - self.started)
             return f"{head}\n{final} · {self.turns_done} turn(s) · {elapsed}"
         if self.turn_started is not None:
-            state = (
-                f"⏳ turn {self.turn} running · {format_elapsed(time.time() - self.turn_started)}"
-            )
+            elapsed = format_elapsed(time.time() - self.turn_started)
+            state = f"⏳ turn {self.turn} running · {elapsed}"
+            if self.last_event:
+                state += f"\n{self.last_event}"
         else:
             state = f"✅ idle · {self.turns_done} turn(s) done"
         return f"{head}\n{state}"
@@ -306,6 +320,8 @@ class ChatSessions:
             runs=self.runs,
             publisher=self.publisher,
         )
+        if isinstance(agent, JsonStreamAgent):
+            agent.on_event = run.on_agent_event
         self.active[run.key] = run
         run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
         _LOGGER.info("chat run started", extra={"run_id": run_id, "chat_id": binding.chat_id})
