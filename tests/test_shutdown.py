@@ -62,8 +62,11 @@ class BotProcess:
     def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
-    async def exit_code(self, timeout: float = 30.0) -> int:
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
+    async def exit_code(self, timeout: float = 45.0) -> int:
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no exit within {timeout} s; its log:\n{self.log}") from None
         await self._reader
         return code
 
