@@ -47,6 +47,9 @@ __all__ = ["BotRuntime", "serve"]
 _LOGGER = logging.getLogger(__name__)
 _POLL_TIMEOUT: Final = 25
 _RATE_LIMIT_RETRIES: Final = 8
+# Handled updates and delivered messages are kept this long (duplicates older than this
+# cannot arrive: Telegram keeps undelivered updates for 24 hours).
+_KEEP_SECONDS: Final = 7 * 24 * 3600
 
 
 class ChatOrderedProcessor(BaseUpdateProcessor):
@@ -183,7 +186,7 @@ class BotRuntime:
                 self.app.bot,
                 self.store,
                 edit_interval=self._edit_interval,
-                on_migrate=self.authorizer.follow_migration,
+                on_migrate=self._migrated,
             )
             self.publisher = Publisher(
                 self.store,
@@ -297,6 +300,9 @@ class BotRuntime:
         assert self.publisher is not None
         assert self.chats is not None
         assert self.handlers is not None
+        pruned = await self.store.prune(time.time() - _KEEP_SECONDS)
+        if pruned:
+            _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
         interrupted = await self.runs.mark_interrupted()
         for turn in interrupted:
             try:
@@ -361,6 +367,12 @@ class BotRuntime:
                 # handled: the next updates (handled concurrently) come from the new id.
                 await self.follow_migration(update)
                 await self.app.update_queue.put(update)
+
+    def _migrated(self, old: int, new: int) -> None:
+        """The sender learnt of a migration from Telegram (the store already followed it)."""
+        self.authorizer.follow_migration(old, new)
+        if self.chats is not None:
+            self.chats.follow_migration(old, new)
 
     async def follow_migration(self, update: Update) -> None:
         message = update.message

@@ -256,6 +256,24 @@ class BotStore:
         """
         await asyncio.to_thread(_fsync_wal, self.db.path)
 
+    async def prune(self, before: float) -> int:
+        """Forget handled updates and delivered messages older than ``before``.
+
+        The newest update is always kept: it gives the next polling offset.
+        """
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "DELETE FROM bot_inbound WHERE state != ? AND received_at < ?"
+                " AND update_id < (SELECT MAX(update_id) FROM bot_inbound)",
+                (InboundState.RECEIVED.value, before),
+            )
+            removed = cursor.rowcount
+            cursor = await conn.execute(
+                "DELETE FROM bot_outbox WHERE state != 'pending' AND created_at < ?", (before,)
+            )
+            removed += cursor.rowcount
+        return removed
+
     async def mark_inbound(self, update_id: int, state: InboundState) -> None:
         await self.db.execute(
             "UPDATE bot_inbound SET state = ?, handled_at = ? WHERE update_id = ?",
