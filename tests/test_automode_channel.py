@@ -21,8 +21,10 @@ from engine.automode import (
     AutoStatus,
     Phase,
     prepare_auto_run,
+    prepare_resume,
     resumable,
 )
+from engine.automode.state import owner_token
 from engine.errors import ConfigError, TurnExecError
 from engine.settings import Settings, load_settings
 from engine.sink import GateRequest, StatusUpdate
@@ -597,3 +599,25 @@ async def test_turn_slots_cap_turns_running_at_once_across_runs(
     assert len(spans) == 12
     for (_, end), (start_next, _) in itertools.pairwise(spans):
         assert start_next >= end  # never two agent turns at once
+
+
+async def test_resume_refuses_a_run_another_live_process_drives(
+    settings: Settings, db: Database, workspace: Path
+) -> None:
+    run = await prepare_auto_run(
+        settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+    )
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    try:
+        store = SqliteRunStore(db)
+        state = {**(await store.get_run(run.run_id)).state, "owner": owner_token(other.pid)}
+        await store.update_run(run.run_id, state=state)
+        with pytest.raises(ConfigError, match=f"still driven by process {other.pid}"):
+            await prepare_resume(settings, db, run.run_id)
+    finally:
+        other.kill()
+        await other.wait()
+    resumed = await prepare_resume(settings, db, run.run_id)  # its owner is gone now
+    assert resumed.state.owner == owner_token()

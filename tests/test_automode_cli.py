@@ -354,3 +354,44 @@ async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
     finished = [seq for seq, _, _, state in turns if state == "finished"]
     assert len(finished) == len(set(finished))  # each turn recorded finished once
     assert run_row(tmp_path, run_id)["status"] == "completed"
+
+
+async def test_two_resumes_at_once_one_drives_the_other_is_refused(
+    tmp_path: Path, ws: Path
+) -> None:
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    killer = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "tests.automode_support",
+            "kill-after-turn",
+            "2",
+            str(tmp_path / "turnstile.db"),
+            str(tmp_path / "runs"),
+            str(ws),
+            AGENT_CMD,
+            "create result.txt",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    run_id = killer.stderr.split("RUN ", 1)[1].split()[0]
+    both = await asyncio.gather(
+        asyncio.to_thread(run_cli, tmp_path, env, "auto", "--resume", run_id),
+        asyncio.to_thread(run_cli, tmp_path, env, "auto", "--resume", run_id),
+    )
+    codes = sorted(done.returncode for done in both)
+    assert codes == [0, 2], [d.stderr[-500:] for d in both]
+    loser = next(d for d in both if d.returncode == 2)
+    assert any(
+        text in loser.stderr
+        for text in ("still driven by process", "just resumed by another process", "has ended")
+    )
+    finished = [seq for seq, _, _, state in turns_of(tmp_path, run_id) if state == "finished"]
+    assert finished == [1, 2, 3, 4]

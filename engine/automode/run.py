@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import shlex
@@ -34,7 +35,7 @@ from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
-from engine.store.runs import SqliteRunStore, TurnState
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput, run_session_loop
 
 __all__ = [
@@ -410,6 +411,28 @@ async def prepare_auto_run(
     return run
 
 
+async def _claim(db: Database, run_id: str, seen_owner: str | None, state: AutoModeState) -> None:
+    """Make this process the run's driver, compare-and-set on the owner it saw.
+
+    ``BEGIN IMMEDIATE`` serialises writers across processes, so the read and the write
+    are one atomic step.
+
+    Raises:
+        ConfigError: another process claimed the run in between.
+    """
+    async with db.transaction() as conn:
+        cursor = await conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,))
+        row = await cursor.fetchone()
+        current = json.loads(row[0]).get("owner") if row is not None else None
+        if row is None or current != seen_owner:
+            raise ConfigError(f"run {run_id} was just resumed by another process")
+        await conn.execute(
+            "UPDATE runs SET status = ?, state_json = ?, exit_code = NULL, abort_reason = NULL,"
+            " finished_at = NULL, updated_at = ? WHERE id = ?",
+            (RunStatus.RUNNING.value, json.dumps(state.to_json()), state.updated_at, run_id),
+        )
+
+
 def resumable(state: AutoModeState) -> bool:
     """Not finished: still running (the process died), or stopped by a person."""
     if state.status is AutoStatus.RUNNING:
@@ -451,9 +474,7 @@ async def prepare_resume(
             if state.owner
             else f"run {run_id} is still driven by another process"
         )
-    interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
-    turns = await store.turns(run_id)
-    resume_session = any(t.state is TurnState.FINISHED for t in turns)
+    seen_owner = state.owner
     state = replace(
         state,
         status=AutoStatus.RUNNING,
@@ -464,14 +485,11 @@ async def prepare_resume(
         owner=me,
         updated_at=time.time(),
     )
-    await store.update_run(
-        run_id,
-        status="running",
-        state=state.to_json(),
-        exit_code=None,
-        abort_reason=None,
-        finished_at=None,
-    )
+    # Claim first: of two processes resuming at once, the loser touches nothing.
+    await _claim(db, run_id, seen_owner, state)
+    interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
+    turns = await store.turns(run_id)
+    resume_session = any(t.state is TurnState.FINISHED for t in turns)
     write_state_file(Path(state.log_dir), state)
     _LOGGER.info(
         "Resuming auto run %s at turn %d/%d, phase %s (step %d); %d interrupted turn(s) re-run",
