@@ -79,6 +79,8 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
     # One session, resumed: each later request carries the earlier conversation.
     requests = api.model_requests
     assert len(requests) == 6
+    # The prompt reached the model verbatim: the recorded Clarify prompt is the user turn.
+    assert ("user", turns[0].prompt) in requests[0].conversation()
     last = requests[-1].conversation()
     assert ("assistant", "Goal: hello.txt holds 'hello' and is committed.") in last
     assert api.unscripted == 0
