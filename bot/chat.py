@@ -242,9 +242,14 @@ class ChatSessions:
         Raises:
             ConfigError: the project cannot be used.
         """
+        old = self.active.get((chat_id, thread_id))
+        if old is not None and old.busy:
+            # A handler never waits for a turn: the person decides (/stop or wait).
+            raise ConfigError(
+                f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
+            )
         session_id = str(uuid.uuid4())
         workdir = await self.workdir_for(project, f"chat-{session_id[:8]}")
-        old = self.active.get((chat_id, thread_id))
         if old is not None:
             old.channel.close()
             if old.task is not None:
