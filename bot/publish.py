@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from bot.outbox import OutboxSender
 from bot.render import Rendered, plain, render_markdown
@@ -12,7 +12,10 @@ from bot.store import BotStore, OutboxItem
 from engine.redact import Redactor
 from engine.turn import TurnOutput
 
-__all__ = ["Publisher", "format_elapsed"]
+__all__ = ["MAX_OUTPUT_BYTES", "Publisher", "format_elapsed"]
+
+# Telegram takes documents up to 50 MB from bots; a bigger output is cut (and says so).
+MAX_OUTPUT_BYTES: Final = 20 * 1024 * 1024
 
 
 def format_elapsed(seconds: float) -> str:
@@ -24,6 +27,19 @@ def format_elapsed(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def _bounded_text(out: TurnOutput) -> str:
+    """The turn's output, at most ``MAX_OUTPUT_BYTES`` of it (a note says where the rest is)."""
+    size = out.size if out.size is not None else len(out.text.encode())
+    if out.spill_path is None or size <= MAX_OUTPUT_BYTES:
+        return out.full_text()
+    with open(out.spill_path, "rb") as fh:
+        head = fh.read(MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
+    return (
+        f"{head}\n\n… output cut at {MAX_OUTPUT_BYTES:,} of {size:,} bytes; the whole of it "
+        f"is on the bot's machine in {out.spill_path}"
+    )
 
 
 class Publisher:
@@ -100,7 +116,7 @@ class Publisher:
         reply_to: int | None = None,
     ) -> list[OutboxItem]:
         """The messages for one turn's output (exit code noted when non-zero)."""
-        text = out.full_text()
+        text = _bounded_text(out)
         if out.exit_code not in (None, 0):
             header = f"{header}⚠️ the agent exited with code {out.exit_code}\n"
         rendered = render_markdown(

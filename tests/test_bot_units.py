@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from bot import publish
 from bot.auth import Action, Authorizer
 from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
 from bot.store import BotStore, InboundState, OutboxItem
 from engine.redact import Redactor
 from engine.store.database import Database
 from engine.testing import FakeClock
+from engine.turn import TurnOutput
 
 
 def _u16(text: str) -> int:
@@ -143,3 +145,19 @@ async def test_queue_depth_and_duplicate_updates(tmp_path: Path) -> None:
             2,
         )
         assert await store.queued_count(1, 0) == 2
+
+
+async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publish, "MAX_OUTPUT_BYTES", 100_000)
+    spill = tmp_path / "turn.out"
+    spill.write_bytes(b"y" * 300_000)
+    out = TurnOutput(text="y" * 1000, exit_code=0, spill_path=spill, size=300_000)
+    async with Database(tmp_path / "bot.db") as db:
+        pub = publish.Publisher(BotStore(db), None, redactor=Redactor(), document_threshold=1000)
+        [item] = pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
+    assert item.kind == "document"
+    assert item.body.startswith("y" * 100_000 + "\n")
+    assert "cut at 100,000 of 300,000 bytes" in item.body
+    assert str(spill) in item.body
