@@ -176,3 +176,26 @@ async def test_chat_on_a_configured_project_gets_its_own_worktree(
     assert workdir.is_relative_to((tmp_path / "ws").resolve())
     assert (workdir / "README").exists()
     assert [e["cwd"] for e in agent_log(tmp_path)] == [str(workdir)]
+
+
+async def test_forum_topics_are_separate_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": [{"match": "", "text": "{session}: {prompt}"}]}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        for topic in (7, 8):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat", thread_id=topic)
+            await api.wait_for_message(
+                lambda m, t=topic: "topic is bound" in m.text and m.thread_id == t
+            )
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="in seven", thread_id=7)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="in eight", thread_id=8)
+        seven = await api.wait_for_message(lambda m: m.text.endswith(": in seven"))
+        eight = await api.wait_for_message(lambda m: m.text.endswith(": in eight"))
+        b7, b8 = await rt.store.binding(CHAT, 7), await rt.store.binding(CHAT, 8)
+        assert b7 is not None
+        assert b8 is not None
+        assert b7.session_id != b8.session_id
+    assert (seven.thread_id, eight.thread_id) == (7, 8)
+    assert seven.text.startswith(b7.session_id)
+    assert eight.text.startswith(b8.session_id)
