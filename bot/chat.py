@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore
@@ -35,6 +36,7 @@ _LOGGER = logging.getLogger(__name__)
 
 AgentFactory = Callable[..., ProcessAgent]
 
+_STATUS_DEBOUNCE: Final = 0.05
 # Folders the workspace manager owns under the workspaces root.
 _RESERVED = frozenset({"cache", "worktrees", "locks"})
 
@@ -416,6 +418,8 @@ class ChatSessions:
                 # lands as the event fires, and this task then never ends (shutdown hangs).
                 async with asyncio.timeout(self.status_tick if run.busy else None):
                     await run.status_wanted.wait()
+            # A short pause coalesces bursts and keeps this write off a turn's start-up.
+            await asyncio.sleep(_STATUS_DEBOUNCE)
             run.status_wanted.clear()
             await run.show_status()
 

@@ -419,7 +419,11 @@ class Handlers:
         for ext in self.extensions:
             if await ext.on_text(update, text, thread):
                 return
-        binding = await self.rt.store.binding(chat.id, thread)
+        assert self.rt.chats is not None
+        active = self.rt.chats.active.get((chat.id, thread))
+        binding = active.binding if active is not None else None
+        if binding is None:
+            binding = await self.rt.store.binding(chat.id, thread)
         if binding is None:
             # In a group with privacy mode off, not every message is for us: hint only in
             # a private chat or in answer to one of our messages.

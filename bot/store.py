@@ -226,6 +226,8 @@ class BotStore:
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self._clock = clock
+        # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
+        self._asked: set[tuple[int, int]] | None = None
 
     # -- inbound -----------------------------------------------------------------------
 
@@ -730,6 +732,8 @@ class BotStore:
         return changed > 0
 
     async def ask_reason(self, chat_id: int, user_id: int, gate_id: str) -> None:
+        if self._asked is not None:
+            self._asked.add((chat_id, user_id))
         await self.db.execute(
             "INSERT OR REPLACE INTO bot_reason_requests (chat_id, user_id, gate_id, created_at)"
             " VALUES (?, ?, ?, ?)",
@@ -737,13 +741,13 @@ class BotStore:
         )
 
     async def take_reason_request(self, chat_id: int, user_id: int) -> str | None:
-        # Read first: most messages are not reasons, and a write costs an fsync.
-        pending = await self.db.fetchone(
-            "SELECT 1 FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
-            (chat_id, user_id),
-        )
-        if pending is None:
+        if self._asked is None:
+            rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
+            self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
+        # Most messages are not reasons: answered from memory, off the database.
+        if (chat_id, user_id) not in self._asked:
             return None
+        self._asked.discard((chat_id, user_id))
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
                 "SELECT gate_id FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
