@@ -116,6 +116,13 @@ class OutboxSender:
                 _LOGGER.warning("flood limit: waiting %.1fs", seconds)
                 await self._pause(float(seconds) + 0.1)
                 continue
+            except Exception:
+                # The one sender must outlive anything (a store hiccup, a library bug):
+                # the row stays pending and is tried again.
+                _LOGGER.exception("delivery step failed; retrying in %.1fs", backoff)
+                await self._pause(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
             if progressed:
                 continue
             if due_in is None:
@@ -181,6 +188,14 @@ class OutboxSender:
             message = fallback
         except (Forbidden, InvalidToken) as exc:
             _LOGGER.error("outbox %s cannot be delivered: %s", row.id, exc.message)
+            self.failed += 1
+            await self._store.outbox_failed(row, exc.message)
+            return
+        except (NetworkError, RetryAfter):
+            raise
+        except TelegramError as exc:
+            # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
+            _LOGGER.error("outbox %s refused: %s", row.id, exc.message)
             self.failed += 1
             await self._store.outbox_failed(row, exc.message)
             return
