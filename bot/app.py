@@ -421,12 +421,24 @@ class BotRuntime:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
                 continue
+            except TelegramError as exc:
+                _LOGGER.error("getUpdates refused (%s); retrying in %.0fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+                continue
             if not updates:
                 continue
             # Recorded, then handled at once, while the WAL is synced: only then does the
             # next getUpdates confirm them to Telegram.
-            await self._accept(list(updates))
-            await self.store.sync()
+            try:
+                await self._accept(list(updates))
+                await self.store.sync()
+            except Exception:
+                # Not recorded: the offset stays, Telegram hands them over again.
+                _LOGGER.exception("recording updates failed; retrying in %.0fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+                continue
             offset = updates[-1].update_id + 1
 
     async def _confirm_offset(self) -> None:

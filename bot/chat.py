@@ -351,6 +351,13 @@ class ChatSessions:
         except (TurnError, ChannelError) as exc:
             status, final = RunStatus.ERROR, "⚠️ failed"
             await self._failed(run, exc)
+        except Exception as exc:
+            # A store or library failure ends the run visibly, never silently; the next
+            # message starts a new run (no automatic restart into the same failure).
+            _LOGGER.exception("chat run crashed", extra={"run_id": run.run_id})
+            status, final = RunStatus.CRASHED, "⚠️ crashed"
+            with contextlib.suppress(Exception):
+                await self._failed(run, exc)
         finally:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
