@@ -169,3 +169,22 @@ async def test_queue_depth_is_never_exceeded_silently(
             await api.wait_for_message(lambda m: m.text == "done two")
         assert "done three" not in api.texts()
         assert "done one" in api.texts()
+
+
+async def test_an_agent_that_cannot_start_is_reported_not_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, agent_command="/nonexistent/agent {prompt}")
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+            failed = await api.wait_for_message(lambda m: "failed" in m.text)
+            assert "cannot start" in failed.text
+            assert "not found" in failed.text
+            runs = await rt.runs.list_runs()
+            assert runs[0].status is RunStatus.ERROR
+            turns = await rt.runs.turns(runs[0].id)
+            assert [t.state for t in turns] == [TurnState.FAILED]
