@@ -446,6 +446,7 @@ class BotRuntime:
         assert self.app is not None
         offset = await self.store.next_offset()
         if offset:
+            await self.store.sync()
             with contextlib.suppress(TelegramError):
                 await self.app.bot.get_updates(offset=offset, timeout=0, limit=1)
 
