@@ -198,6 +198,7 @@ class Handlers:
         if update.callback_query is None and message is None:
             raise ApplicationHandlerStop  # edits, channel posts, member updates...
         if chat is None or user is None or user.is_bot:
+            await self._answer(update)  # a button on an inline message: not ours
             raise ApplicationHandlerStop
         if message is not None and (message.migrate_to_chat_id or message.migrate_from_chat_id):
             await self.rt.follow_migration(update)
