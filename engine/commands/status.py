@@ -45,7 +45,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--wave", type=int, help="--init: the sub-task's wave (>= 1)")
     parser.add_argument("--summary", help="--init: one line describing the task")
     parser.add_argument("--by", metavar="USER", help="approver's numeric user id")
-    parser.add_argument("--reason", help="--reject: why (fed back to the agent)")
+    parser.add_argument(
+        "--reason", help="--reject: why (fed back to the agent); --transition: recorded"
+    )
     parser.add_argument(
         "--sha256", metavar="HASH", help="--approve: the artifact hash you reviewed (>= 8 hex)"
     )
@@ -109,7 +111,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if args.validate_folder:
             return await _validate(args, gates)
         if args.transition:
-            task = await gates.store.transition(args.task, args.transition, actor=args.by)
+            task = await gates.store.transition(
+                args.task, args.transition, actor=args.by, reason=args.reason
+            )
             _out(
                 args,
                 {"task": task.name, "phase": task.label, "version": task.version},
