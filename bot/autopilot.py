@@ -286,6 +286,7 @@ class AutopilotExtension(Extension):
                 caption=f"{request.task} · {request.phase} · sha256 {request.short_hash}",
                 thread_id=place.thread_id,
                 run_id=request.run_id,
+                ref=f"gatedoc:{gate_id}",
             )
         await publisher.live(
             f"gate:{gate_id}",
@@ -443,8 +444,9 @@ class AutopilotExtension(Extension):
         gate: GateRecord | None = None
         if reply is not None:
             live = await self.rt.store.live_by_message(chat.id, reply.message_id)
-            if live is not None and live.ref.startswith("gate:"):
-                gate = await self.rt.store.gate(live.ref.removeprefix("gate:"))
+            # A reply to the gate message or to the artifact's document.
+            if live is not None and live.ref.startswith(("gate:", "gatedoc:")):
+                gate = await self.rt.store.gate(live.ref.partition(":")[2])
         if gate is None:
             open_here = [
                 g

@@ -184,6 +184,7 @@ class Publisher:
         caption: str,
         thread_id: int | None = None,
         run_id: str | None = None,
+        ref: str | None = None,
     ) -> None:
         await self.store.enqueue(
             [
@@ -195,6 +196,7 @@ class Publisher:
                     filename=filename,
                     caption=plain(self.redact(caption)).text[:1024],
                     run_id=run_id,
+                    ref=ref,
                 )
             ]
         )

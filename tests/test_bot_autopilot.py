@@ -120,5 +120,20 @@ async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
             )
             await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T2 · research"))
             await _gate_message(api, "decomposition")
-        assert sum(_gate("research")(m) for m in api.sent) == 1
-        assert sum(m.filename == "research.md" for m in api.sent) == 1
+            # with two gates open, a plain APPROVED is ambiguous; a reply is not, and a
+            # reply to the artifact's document counts as a reply to its gate
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T3")
+            await api.wait_until(lambda: any("task T3" in m.text for m in api.sent if _gate("")(m)))
+            api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
+            await api.wait_for_message(lambda m: m.text.startswith("Several gates are open"))
+            doc = next(m for m in api.sent if m.filename == "decomposition.md")
+            api.push_message(
+                chat_id=CHAT, user_id=APPROVER, text="Approved.", reply_to=doc.message_id
+            )
+            await api.wait_for_message(
+                lambda m: m.text.startswith("✅ Approved T2 · decomposition")
+            )
+            assert not any(m.text.startswith("✅ Approved T3") for m in api.sent)
+        t2_research = [m for m in api.sent if _gate("research")(m) and "task T2 " in m.text]
+        assert len(t2_research) == 1
+        assert sum(m.filename == "research.md" for m in api.sent) == 2  # T2 and T3
