@@ -91,6 +91,9 @@ async def test_every_phase_with_cli_approvals_from_another_process(
         passed = [h.from_phase for h in history if h.kind == "transition"]
         assert passed == ALL_PHASES
         assert (read_state(task.folder) or {})["phase"] == "complete"
+        runs = [e.detail for e in await gates.audit_events() if e.event == "audit_run"]
+        assert any("autopilot start (e2e)" in str(d) for d in runs)
+        assert any("task e2e complete" in str(d) for d in runs)
         assert (await gates.audit()).clean
     log = read_log(tmp_path)
     # One agent session for the whole task, one turn per phase, no revision turns.

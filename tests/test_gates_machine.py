@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from engine.gates import AWAITING_APPROVAL, COMPLETE, HUMAN_INTERVENTION, Refusal, load_workflow
+from engine.gates import (
+    AWAITING_APPROVAL,
+    COMPLETE,
+    HUMAN_INTERVENTION,
+    ApprovalOutcome,
+    Gates,
+    Refusal,
+    load_workflow,
+)
 from engine.gates.machine import Facts, Target, check_transition, parse_target
 from engine.gates.refusals import GateRefused
+from tests.gates_support import make_settings, open_gates
 
 WF = load_workflow()
 A = AWAITING_APPROVAL
@@ -147,3 +158,53 @@ def test_exit_codes_are_distinct() -> None:
     codes = [r.exit_code for r in Refusal]
     assert len(set(codes)) == len(codes)
     assert all(10 <= c < 25 for c in codes)
+
+
+# -- approve and reject in every state, on the real store ------------------------------
+
+STORE_STATES = [
+    *[(p, None) for p in WF.names],
+    *[(p, A) for p in WF.approval_phases()],
+    (COMPLETE, None),
+    (HI, None),
+]
+
+
+async def _reach(gates: Gates, state: tuple[str, str | None]) -> None:
+    """Walk a fresh task along the happy path to ``state``."""
+    task = await gates.init_task("t")
+    if state == (HI, None):
+        await gates.store.transition("t", HI)
+        return
+    while (task.phase, task.sub_state) != state:
+        spec = WF.phase(task.phase)
+        (task.folder / spec.artifact).write_text("```subtasks\n```\n")
+        if spec.approval and task.sub_state is None:
+            task = await gates.store.transition("t", f"{spec.name}:{A}")
+            continue
+        if spec.approval:
+            await gates.approve("t", by=42)
+        task = await gates.store.transition("t", spec.next)
+
+
+@pytest.mark.parametrize("state", STORE_STATES, ids=lambda s: f"{s[0]}:{s[1]}")
+@pytest.mark.parametrize("request_", ["approve", "reject"])
+async def test_approve_and_reject_in_every_state(
+    tmp_path: Path, state: tuple[str, str | None], request_: str
+) -> None:
+    async with open_gates(make_settings(tmp_path), track_git=False) as gates:
+        await _reach(gates, state)
+        before = await gates.task("t")
+        if request_ == "approve":
+            result = await gates.approve("t", by=42)
+            expected = ApprovalOutcome.APPROVED
+        else:
+            result = await gates.reject("t", by=42, reason="no")
+            expected = ApprovalOutcome.REJECTED
+        after = await gates.task("t")
+        if state[1] == A:
+            assert result.outcome is expected
+            assert after.version == before.version + 1
+        else:
+            assert result.reason is Refusal.NOT_AWAITING
+            assert after.version == before.version
