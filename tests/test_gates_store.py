@@ -347,3 +347,14 @@ async def test_audit_flags_code_changes_in_research(tmp_path: Path) -> None:
         report = await gates.audit()
         assert [f.kind for f in report.findings] == [FindingKind.CODE_CHANGE]
         assert "research" in report.findings[0].detail
+
+
+async def test_missing_folder_is_a_finding_and_not_recreated(tmp_path: Path) -> None:
+    import shutil
+
+    async with open_gates(make_settings(tmp_path)) as gates:
+        task = await gates.init_task("t")
+        shutil.rmtree(task.folder)
+        report = await gates.audit()
+        assert [f.kind for f in report.findings] == [FindingKind.FOLDER_MISSING]
+        assert not task.folder.exists()

@@ -399,6 +399,9 @@ class TaskStore:
         """
         local = self._locks.setdefault(folder, asyncio.Lock())
         async with local:
+            if not exclusive and not await asyncio.to_thread(folder.is_dir):
+                yield  # a reader must not create a missing folder (it is a finding)
+                return
             await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
             fd = os.open(folder / ".state.lock", os.O_CREAT | os.O_RDWR, 0o644)
             try:
