@@ -35,6 +35,7 @@ from engine.gates import (
     DriveHandle,
     GateRefused,
     Gates,
+    Refusal,
     TaskRecord,
     render_groups,
 )
@@ -265,6 +266,10 @@ class AutopilotExtension(Extension):
             await self.rt.store.touch_live(f"gate:{existing.gate_id}")
             self.rt.publisher_or_fail().wake()
             return
+        # Any older gate of the task is over (approved elsewhere, artifact changed...).
+        for old in await self.rt.store.open_gates_of(request.task):
+            if await self.rt.store.close_gate(old.gate_id, "superseded", None):
+                await self._decide_text(old, "⏭ Superseded: a newer gate follows.")
         gate_id = secrets.token_hex(4)
         await self.rt.store.add_gate(
             gate_id,
@@ -378,6 +383,12 @@ class AutopilotExtension(Extension):
             text = f"↩️ Rejected {what}; the {gate.phase} phase re-runs with your reason."
         else:
             reason = result.reason.value if result.reason is not None else "refused"
+            # Decided elsewhere (the CLI, another chat): this gate message is stale.
+            if result.reason in (
+                Refusal.NOT_AWAITING,
+                Refusal.UNKNOWN_TASK,
+            ) and await self.rt.store.close_gate(gate.gate_id, "stale", None):
+                await self._decide_text(gate, "⏹ No longer waiting for approval.")
             await self.rt.store.audit(
                 action=verb,
                 outcome="refused",

@@ -770,6 +770,13 @@ class BotStore:
         )
         return GateRecord.from_row(row) if row is not None else None
 
+    async def open_gates_of(self, task: str) -> list[GateRecord]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM bot_gates WHERE task = ? AND state = 'open' ORDER BY created_at",
+            (task,),
+        )
+        return [GateRecord.from_row(r) for r in rows]
+
     async def latest_open_gate(self, task: str) -> GateRecord | None:
         row = await self.db.fetchone(
             "SELECT * FROM bot_gates WHERE task = ? AND state = 'open'"

@@ -137,3 +137,32 @@ async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
         t2_research = [m for m in api.sent if _gate("research")(m) and "task T2 " in m.text]
         assert len(t2_research) == 1
         assert sum(m.filename == "research.md" for m in api.sent) == 2  # T2 and T3
+
+
+async def test_a_gate_approved_elsewhere_goes_stale_in_the_chat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T4")
+        gate = await _gate_message(api, "research")
+        sha = gate.text.split("sha256 ")[1].split()[0]
+        # approved from the terminal (another Gates, as another process would)
+        result = await Gates(rt.db, rt.settings).approve("T4", by=APPROVER, expected_sha256=sha)
+        assert result.ok
+        await _gate_message(api, "decomposition")
+        await api.wait_until(lambda: "Superseded" in gate.text)
+        assert not gate.buttons
+        # a press on the old button (a client that still shows it) changes nothing
+        row = await rt.db.fetchone(
+            "SELECT gate_id, state FROM bot_gates WHERE task = 'T4' AND phase = 'research'"
+        )
+        assert row is not None
+        assert row["state"] == "superseded"
+        api.push_callback(
+            chat_id=CHAT, user_id=APPROVER, data=f"ap:{row['gate_id']}", message_id=gate.message_id
+        )
+        await api.wait_until(
+            lambda: any(a.get("text") == "This gate is closed." for a in api.callback_answers)
+        )
+    assert not any(m.text.startswith("✅ Approved T4") for m in api.sent)
