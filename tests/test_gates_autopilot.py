@@ -455,3 +455,26 @@ async def test_a_failing_subtask_drive_does_not_cancel_its_wave(tmp_path: Path) 
         history = await gates.store.history("p")
         assert "p.bad" in str(history[-1].reason)
         assert any("agent binary missing" in t for t in sink.texts)
+
+
+async def test_one_drive_per_task(tmp_path: Path, agent_vars: dict[str, str]) -> None:
+    from engine.gates import GateRefused, Refusal
+
+    settings = make_settings(tmp_path)
+    sink = EventSink()
+    async with open_gates(settings) as gates, open_gates(settings) as other:
+        await gates.init_task("t")
+        first = gates.start_autopilot("t", sink, tool="command", agent_cmd=AGENT_CMD)
+        await asyncio.wait_for(sink.queue.get(), 30)  # parked at the research gate
+        second = other.start_autopilot("t", EventSink(), tool="command", agent_cmd=AGENT_CMD)
+        with pytest.raises(GateRefused) as info:
+            await second.wait()
+        assert info.value.reason is Refusal.CONFLICT
+        assert f"pid {os.getpid()}" in info.value.detail
+        assert not first.done
+        await first.stop()
+        # Released on exit: a new drive may start.
+        third = other.start_autopilot(
+            "t", EventSink(), tool="command", agent_cmd=AGENT_CMD, wait_for_approval=False
+        )
+        assert await third.wait() is DriveOutcome.PARKED

@@ -16,9 +16,12 @@ later drive resumes from the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -274,15 +277,19 @@ class Autopilot:
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
-            if audit_at_start:
-                await self._audit(await self._family(task), f"autopilot start ({name})")
-            await self._note_interrupted(task)
-            if self.worktrees is None:
-                return await self._loop(name)
-            async with self.worktrees.hold(task):
-                return await self._loop(name)
+            with _drive_lock(task):
+                return await self._drive_locked(task, audit_at_start)
         finally:
             remove()
+
+    async def _drive_locked(self, task: TaskRecord, audit_at_start: bool) -> DriveOutcome:
+        if audit_at_start:
+            await self._audit(await self._family(task), f"autopilot start ({task.name})")
+        await self._note_interrupted(task)
+        if self.worktrees is None:
+            return await self._loop(task.name)
+        async with self.worktrees.hold(task):
+            return await self._loop(task.name)
 
     async def _family(self, task: TaskRecord) -> list[str]:
         """The task, its parent and its sub-tasks: what a drive of it can touch."""
@@ -586,3 +593,31 @@ def _head(path: Path, limit: int) -> str:
     except OSError:
         return ""
     return raw.decode("utf-8", errors="replace")[:limit]
+
+
+@contextlib.contextmanager
+def _drive_lock(task: TaskRecord) -> Iterator[None]:
+    """One drive per task across processes (one turn per agent session in flight): an
+    ``flock`` on the folder's ``.drive.lock``, freed by the kernel if the process dies.
+
+    Raises:
+        GateRefused: ``concurrent_change`` when another drive holds it.
+    """
+    task.folder.mkdir(parents=True, exist_ok=True)
+    path = task.folder / ".drive.lock"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise GateRefused(
+                Refusal.CONFLICT,
+                f"task {task.name} is already being driven (pid {holder})",
+                task=task.name,
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
