@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome
-from engine.gates.listing import TaskGroup, group_tasks
+from engine.gates.listing import LIST_QUERY, ListEntry, TaskGroup, group_tasks
 from engine.gates.tasks import (
     ApprovalResult,
     AuditEvent,
@@ -101,8 +101,13 @@ class Gates:
         return await self.store.get(name)
 
     async def list_tasks(self) -> list[TaskGroup]:
-        """Every task grouped by parent and wave; groups awaiting approval first."""
-        return group_tasks(await self.store.list_tasks())
+        """Every task grouped by parent and wave; groups awaiting approval first.
+
+        The groups hold light :class:`ListEntry` rows (name, phase, sub-state, version,
+        parent, wave, gate hash, notes); use :meth:`task` for a whole record.
+        """
+        rows = await self.store.db.fetchall(LIST_QUERY)
+        return group_tasks(ListEntry(*r) for r in rows)
 
     # -- approvals -----------------------------------------------------------------------
 
