@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from engine.gates.audit import AuditReport, Finding, FindingKind, run_audit
     from engine.gates.autopilot import Autopilot, DriveHandle, DriveOutcome, next_step
     from engine.gates.decomposition import SubtaskDecl, parse_decomposition
-    from engine.gates.listing import TaskGroup, group_tasks, render_groups
+    from engine.gates.listing import ListEntry, TaskGroup, group_tasks, render_groups
     from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS, GateRefused, Refusal
     from engine.gates.service import Gates, workflow_from_settings
     from engine.gates.tasks import (
@@ -65,6 +65,7 @@ _EXPORTS = {
     "next_step": "engine.gates.autopilot",
     "SubtaskDecl": "engine.gates.decomposition",
     "parse_decomposition": "engine.gates.decomposition",
+    "ListEntry": "engine.gates.listing",
     "TaskGroup": "engine.gates.listing",
     "group_tasks": "engine.gates.listing",
     "render_groups": "engine.gates.listing",
@@ -120,6 +121,7 @@ __all__ = [
     "GatePolicy",
     "GateRefused",
     "Gates",
+    "ListEntry",
     "PhaseSpec",
     "Refusal",
     "SubtaskDecl",
