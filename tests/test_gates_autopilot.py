@@ -368,7 +368,8 @@ def test_gates_api_is_exported() -> None:
     import engine.gates as api
 
     assert Gates is api.Gates
-    assert sorted(api.__all__) == api.__all__ or len(set(api.__all__)) == len(api.__all__)
+    assert len(set(api.__all__)) == len(api.__all__)
+    assert set(api.__all__) == set(api._EXPORTS)
     for name in api.__all__:
         assert hasattr(api, name), name
 
