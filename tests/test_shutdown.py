@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bot.store import BotStore
@@ -110,7 +111,7 @@ def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
     return env
 
 
-async def _start(root: Path, env: dict[str, str]) -> BotProcess:
+async def _start(root: Path, env: dict[str, str], mode: str = "polling") -> BotProcess:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -123,7 +124,7 @@ async def _start(root: Path, env: dict[str, str]) -> BotProcess:
         stderr=asyncio.subprocess.PIPE,
     )
     bot = BotProcess(proc)
-    await bot.wait_log("running (polling)")
+    await bot.wait_log(f"running ({mode})")
     return bot
 
 
@@ -330,3 +331,65 @@ async def test_first_run_with_only_a_token_tells_a_new_user_their_id(
     assert "Your Telegram user id is 777" in reply.text
     assert api.texts(-1009) == []
     assert _agent_prompts(tmp_path) == []
+
+
+async def _free_port() -> int:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    server.close()
+    await server.wait_closed()
+    return port
+
+
+@pytest.mark.timeout(120)
+async def test_webhook_mode_behind_a_proxy_path_and_sigterm(
+    tmp_path: Path, api: FakeBotApi, gate: Path
+) -> None:
+    """docs/deploy.md: the listener serves the URL's path on LISTEN:PORT, checks the secret."""
+    port = await _free_port()
+    secret = "s3cret-for-the-proxy-0123456789"
+    env = _env(
+        tmp_path,
+        api,
+        TURNSTILE_WEBHOOK_URL="https://bot.example.org/telegram/webhook",
+        TURNSTILE_WEBHOOK_SECRET=secret,
+        TURNSTILE_WEBHOOK_LISTEN="127.0.0.1",
+        TURNSTILE_WEBHOOK_PORT=str(port),
+    )
+    hook = f"http://127.0.0.1:{port}/telegram/webhook"
+    bot = await _start(tmp_path, env, mode="webhook")
+    try:
+        assert api.webhook is not None
+        assert api.webhook["url"] == "https://bot.example.org/telegram/webhook"
+        assert api.webhook["secret_token"] == secret
+        update = {
+            "update_id": 501,
+            "message": api.message_payload(chat_id=CHAT, user_id=OPERATOR, text="/chat"),
+        }
+        async with httpx.AsyncClient() as client:
+            refused = await client.post(hook, json=update)
+            wrong = await client.post(
+                hook, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "nope"}
+            )
+            other_path = await client.post(
+                f"http://127.0.0.1:{port}/",
+                json=update,
+                headers={"X-Telegram-Bot-Api-Secret-Token": secret},
+            )
+            accepted = await client.post(
+                hook, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret}
+            )
+        assert (refused.status_code, wrong.status_code) == (403, 403)
+        assert other_path.status_code == 404
+        assert accepted.status_code == 200
+        await api.wait_for_message(lambda m: "bound to" in m.text)
+        bot.signal()
+        code = await bot.exit_code()
+    finally:
+        await bot.kill()
+    assert code == 0, bot.log
+    assert secret not in bot.log
+    assert api.token not in bot.log
+    with pytest.raises(httpx.ConnectError):  # the listener is gone
+        async with httpx.AsyncClient() as client:
+            await client.post(hook, json={})
