@@ -6,6 +6,7 @@ import asyncio
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from engine.commands.doctor import (
+    Check,
     Status,
     check_agents,
     check_bot_api,
@@ -21,6 +23,7 @@ from engine.commands.doctor import (
     check_paths,
     check_settings,
     render,
+    run_checks,
 )
 from engine.settings import Settings
 from engine.store import Database
@@ -415,3 +418,70 @@ def test_agent_credentials(tmp_path: Path) -> None:
     assert saved.status is Status.OK
     assert "saved login" in saved.detail
     assert check_credentials("copilot", {**base, "GH_TOKEN": "x"}, env_file).status is Status.OK
+
+
+class WebhookInfoServer:
+    """getMe plus getWebhookInfo with a state the test sets."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, object] = {"url": "", "pending_update_count": 0}
+        self.base_url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != TOKEN:
+            return web.json_response({"ok": False, "description": "Unauthorized"}, status=401)
+        if request.match_info["method"] == "getMe":
+            user = {"id": 1, "is_bot": True, "first_name": "F", "username": "fake_bot"}
+            return web.json_response({"ok": True, "result": user})
+        return web.json_response({"ok": True, "result": self.info})
+
+
+@pytest.fixture
+async def webhook_api() -> AsyncIterator[WebhookInfoServer]:
+    fake = WebhookInfoServer()
+    app = web.Application()
+    app.router.add_post("/bot{token}/{method}", fake.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/bot"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+async def test_webhook_delivery_state(tmp_path: Path, webhook_api: WebhookInfoServer) -> None:
+    url = "https://bot.example.org/telegram/webhook"
+    settings = _settings(
+        tmp_path,
+        telegram_base_url=webhook_api.base_url,
+        webhook_url=url,
+        webhook_secret="s3cret-token",
+    )
+
+    async def webhook_line() -> Check:
+        checks = {c.name: c for c in await run_checks(settings)}
+        assert checks["bot api"].status is Status.OK
+        return checks["webhook"]
+
+    assert (await webhook_line()).status is Status.WARN  # not registered yet
+    webhook_api.info = {"url": "https://elsewhere.example.org/x", "pending_update_count": 0}
+    other = await webhook_line()
+    assert other.status is Status.WARN
+    assert "elsewhere.example.org" in other.detail
+    webhook_api.info = {
+        "url": url,
+        "pending_update_count": 7,
+        "last_error_date": int(time.time()) - 120,
+        "last_error_message": "Wrong response from the webhook: 502 Bad Gateway",
+    }
+    failing = await webhook_line()
+    assert failing.status is Status.FAIL
+    assert "2 min ago: Wrong response from the webhook: 502 Bad Gateway" in failing.detail
+    assert "7 update(s) waiting" in failing.detail
+    webhook_api.info["last_error_date"] = int(time.time()) - 7200  # long recovered
+    assert (await webhook_line()).status is Status.OK
+    polling = _settings(tmp_path, telegram_base_url=webhook_api.base_url)
+    assert "webhook" not in {c.name for c in await run_checks(polling)}

@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,7 +31,15 @@ from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store import Database
 
-__all__ = ["Check", "Status", "check_credentials", "register", "render", "run_checks"]
+__all__ = [
+    "Check",
+    "Status",
+    "check_credentials",
+    "check_webhook_delivery",
+    "register",
+    "render",
+    "run_checks",
+]
 
 _TOKEN_SHAPE = re.compile(r"^\d{5,16}:[A-Za-z0-9_-]{30,64}$")
 _SECRET_SHAPE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -140,7 +149,10 @@ async def run_checks(
         *await check_agents(settings),
     ]
     if network:
-        checks.append(await check_bot_api(settings, transport=transport))
+        api = await check_bot_api(settings, transport=transport)
+        checks.append(api)
+        if api.status is Status.OK and settings.webhook_url:
+            checks.append(await check_webhook_delivery(settings, transport=transport))
     return checks
 
 
@@ -589,3 +601,46 @@ async def check_bot_api(
     if not username:
         return _fail(name, f"{host} getMe has no username", "is this a Bot API server?")
     return _ok(name, f"@{username} via {host}")
+
+
+async def check_webhook_delivery(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    now: float | None = None,
+) -> Check:
+    """``getWebhookInfo``: what Telegram has registered and whether its deliveries fail."""
+    name = "webhook"
+    token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
+    redactor = Redactor([token, *_secrets(settings)])
+    try:
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT, transport=transport) as client:
+            response = await client.post(bot_api_url(settings, "getWebhookInfo"))
+        payload = response.json()
+        info = payload["result"]
+        if response.status_code != 200 or not isinstance(info, dict):
+            raise ValueError(response.status_code)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return _warn(name, f"could not read the webhook's state: {redactor(str(exc))}")
+    registered = str(info.get("url") or "")
+    pending = int(info.get("pending_update_count") or 0)
+    if not registered:
+        return _warn(name, "no webhook registered yet", "the bot registers it when it starts")
+    if registered != settings.webhook_url:
+        return _warn(
+            name,
+            f"Telegram delivers to {registered}, not TURNSTILE_WEBHOOK_URL",
+            "the bot registers its own URL when it starts; is another deployment running?",
+        )
+    error = info.get("last_error_message")
+    when = info.get("last_error_date")
+    age = (now if now is not None else time.time()) - float(when) if when else None
+    if error and age is not None and age < 3600:
+        return _fail(
+            name,
+            f"Telegram's last delivery failed {age / 60:.0f} min ago: "
+            f"{redactor(str(error))} ({pending} update(s) waiting)",
+            "check that the proxy serves the URL's path with a valid certificate and "
+            "forwards it to TURNSTILE_WEBHOOK_LISTEN:PORT (docs/deploy.md)",
+        )
+    return _ok(name, f"registered, {pending} update(s) waiting")
