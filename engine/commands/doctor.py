@@ -1,8 +1,8 @@
 """``turnstile doctor``: check the set-up, one line per check, each failure with its fix.
 
 Checks the settings (token shape, allowlists, webhook), the paths (writable), the database
-(reachable, migrated), each agent CLI (found, ``--version``) and the Bot API (``getMe``
-through the configured base URL). Exits 1 when any check fails. The token is never
+(reachable, migrated), each agent CLI (found, ``--version``, a key) and the Bot API
+(``getMe`` through the configured base URL; in webhook mode also ``getWebhookInfo``). Exits 1 when any check fails. The token is never
 printed: every line goes through a redactor that knows it.
 """
 
