@@ -2,8 +2,9 @@
 
 Checks the settings (token shape, allowlists, webhook), the paths (writable), the database
 (reachable, migrated), each agent CLI (found, ``--version``, a key) and the Bot API
-(``getMe`` through the configured base URL; in webhook mode also ``getWebhookInfo``). Exits 1 when any check fails. The token is never
-printed: every line goes through a redactor that knows it.
+(``getMe`` through the configured base URL; in webhook mode also ``getWebhookInfo``).
+Exits 1 when any check fails. The token is never printed: every line goes through a
+redactor that knows it.
 """
 
 from __future__ import annotations
