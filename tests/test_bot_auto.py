@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from tests.fakes.bot_harness import (
     OPERATOR,
     STRANGER,
     agent_log,
+    alive,
     bot_settings,
     running_bot,
+    wait_for_file,
     write_script,
 )
 
@@ -81,3 +85,33 @@ async def test_auto_run_to_completion_with_steering(
     assert "also mention the README" in executes[0]
     assert not any("delete everything" in p for p in prompts)
     assert not any("also mention the README" in p for p in prompts if EXECUTE not in p)
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_stop_by_run_id_preempts_an_auto_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_workspace(tmp_path / "ws" / "default")
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
+    write_script(
+        tmp_path,
+        {"rules": [{"match": CLARIFY, "grandchild": True, "wait_file": str(tmp_path / "never")}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto never ends")
+        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        run_id = started.text.split()[3]
+        agent_pid, child_pid = (int(p) for p in (await wait_for_file(pids)).split())
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text=f"/stop {run_id}")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop nosuchrun")
+        await api.wait_for_message(lambda m: m.text == "No run nosuchrun here.")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+        await api.wait_until(lambda: not alive(agent_pid) and not alive(child_pid), timeout=10)
+        deadline = time.monotonic() + 10
+        while (await rt.runs.get_run(run_id)).status is not RunStatus.STOPPED:
+            assert time.monotonic() < deadline, "the run did not end stopped"
+            await asyncio.sleep(0.02)
+        entries = await rt.store.audit_entries()
+        assert any(e.user_id == STRANGER and e.action == "stop" for e in entries)

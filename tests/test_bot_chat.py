@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tests.fakes.bot_harness import (
     OPERATOR,
     STRANGER,
     agent_log,
+    alive,
     bot_settings,
     running_bot,
     wait_for_file,
@@ -53,19 +53,6 @@ async def test_three_turn_chat_session_resumes_the_same_session(
     assert len(status) == 1
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 async def test_stop_preempts_a_long_turn_and_its_children(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,14 +73,14 @@ async def test_stop_preempts_a_long_turn_and_its_children(
             await api.wait_for_message(lambda m: "Queued" in m.text)
             await wait_for_file(pids)
             agent_pid, child_pid = (int(p) for p in pids.read_text().split())
-            assert _alive(agent_pid)
+            assert alive(agent_pid)
             stopped_at = time.monotonic()
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
             note = await api.wait_for_message(lambda m: "stopped during turn 1" in m.text)
             elapsed = time.monotonic() - stopped_at
             assert "1 queued message(s) were discarded" in note.text
-            assert not _alive(agent_pid)
-            assert not _alive(child_pid)
+            assert not alive(agent_pid)
+            assert not alive(child_pid)
             assert elapsed < 0.5 + 3
             runs = await rt.runs.list_runs()
             assert runs[0].status is RunStatus.STOPPED

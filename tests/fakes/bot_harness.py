@@ -29,6 +29,7 @@ __all__ = [
     "OPERATOR",
     "STRANGER",
     "agent_log",
+    "alive",
     "bot_settings",
     "running_bot",
     "wait_for_file",
@@ -80,6 +81,15 @@ def write_script(root: Path, script: dict[str, Any], monkeypatch: Any) -> dict[s
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
