@@ -28,8 +28,9 @@ class ChatPlace:
 def status_text(update: StatusUpdate, now: float | None = None) -> str:
     """The live status message: mode, run, phase, turn, elapsed, last event."""
     icon = _ICONS.get(update.mode, "▶️")
-    head = f"{icon} {update.mode} {update.run_id}"
-    if update.task:
+    name = update.run_id.removeprefix(f"{update.mode}:")
+    head = f"{icon} {update.mode} {name}"
+    if update.task and update.task != name:
         head += f" · task {update.task}"
     parts = [update.status]
     if update.phase:

@@ -166,3 +166,23 @@ async def test_a_gate_approved_elsewhere_goes_stale_in_the_chat(
             lambda: any(a.get("text") == "This gate is closed." for a in api.callback_answers)
         )
     assert not any(m.text.startswith("✅ Approved T4") for m in api.sent)
+
+
+async def test_stop_task_stops_the_drive_and_autopilot_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    rules = phase_rules()
+    rules[0] = {**rules[0], "wait_file": str(release)}  # research waits
+    write_script(tmp_path, {"rules": rules}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T5")
+        await api.wait_for_message(lambda m: "Autopilot for task T5 started" in m.text)
+        await api.wait_until(lambda: any("running" in m.text for m in api.sent if "T5" in m.text))
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop T5")
+        await api.wait_for_message(lambda m: m.text.startswith("⏹ Autopilot for T5 stopped"))
+        assert (await Gates(rt.db, rt.settings).task("T5")).phase == "research"
+        release.touch()
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T5")
+        await api.wait_for_message(lambda m: "Autopilot for task T5 resumed at research" in m.text)
+        await _gate_message(api, "research")
