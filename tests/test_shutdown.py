@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -200,6 +201,21 @@ async def test_sigterm_finishes_the_running_turn_flushes_and_exits_0(
     bot = await _start(tmp_path, _env(tmp_path, api))
     try:
         await _bind_and_start_turn(api, tmp_path, "slow question")
+        # `turnstile backup` while the bot runs a turn (docs/deploy.md: no need to stop it).
+        backup = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "backup",
+            str(tmp_path / "copy.db"),
+            cwd=tmp_path,
+            env=_env(tmp_path, api),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        backup_out, backup_err = await backup.communicate()
+        assert backup.returncode == 0, backup_err.decode()
+        assert b"integrity check ok" in backup_out
         bot.signal()
         await bot.wait_log("shutdown requested")
         # Taken no more: this message is neither run now nor lost (still unconfirmed).
@@ -216,6 +232,12 @@ async def test_sigterm_finishes_the_running_turn_flushes_and_exits_0(
     assert api.token not in bot.log
     assert api.token.split(":")[1] not in bot.log
     assert "DEBUG" in bot.log  # the grep above looked at real, verbose logs
+    copy = sqlite3.connect(f"{(tmp_path / 'copy.db').as_uri()}?mode=ro", uri=True)
+    try:  # the copy taken mid-turn: the turn is in it, still running
+        assert copy.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert copy.execute("SELECT state FROM turns").fetchall() == [("started",)]
+    finally:
+        copy.close()
 
     # The next start takes the message that arrived during the shutdown.
     bot = await _start(tmp_path, _env(tmp_path, api))
