@@ -105,13 +105,20 @@ async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
             gate = await _gate_message(api, "research")
         edits_before = len(api.calls_of("editMessageText"))
         async with running_bot(api, settings):
-            # the open gate is refreshed in place, not posted again
+            # the open gate is refreshed in place, not posted again; unchanged, Telegram
+            # answers "message is not modified", which counts as success
             await api.wait_until(
                 lambda: any(
                     int(c.params.get("message_id", 0)) == gate.message_id
                     for c in api.calls_of("editMessageText")[edits_before:]
                 )
             )
+            refresh = next(
+                c
+                for c in api.calls_of("editMessageText")[edits_before:]
+                if int(c.params.get("message_id", 0)) == gate.message_id
+            )
+            assert refresh.status == 400
             approve = next(
                 b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve")
             )
