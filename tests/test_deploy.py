@@ -377,3 +377,28 @@ def test_the_wheel_ships_every_data_file(tmp_path: Path) -> None:
     assert any(name.endswith(".sql") for name in data)
     missing = sorted(set(data) - shipped)
     assert not missing, f"not in the wheel (add them to package-data in pyproject.toml): {missing}"
+
+
+# --- the documents that lead there ----------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/deploy.md", "deploy/README.md"])
+def test_relative_links_and_anchors_resolve(doc: str) -> None:
+    path = ROOT / doc
+    text = path.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"^[a-z]+:", link):
+            continue  # https:, mailto:
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.exists(), f"{doc}: {link} -> {file} does not exist"
+        if anchor and file.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.MULTILINE)
+            assert anchor in {_slug(h) for h in headings}, f"{doc}: no heading for #{anchor}"
