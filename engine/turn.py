@@ -23,6 +23,7 @@ from engine.errors import (
     TurnIOError,
     TurnPreempted,
 )
+from engine.logs import log_context
 
 __all__ = [
     "AgentSession",
@@ -192,15 +193,17 @@ async def run_session_loop(session: AgentSession, channel: Channel) -> None:
     ``TurnError`` or ``ChannelError`` propagates unchanged.
     """
     _LOGGER.debug("session loop start channel=%s session=%s", channel.id, session.session_id)
-    while True:
-        match await channel.next_prompt():
-            case Ready(prompt=prompt):
-                out = await session.run_turn(prompt)
-                await channel.publish_output(out)
-            case Idle():
-                await channel.wait_for_inbound()
-            case Closed():
-                _LOGGER.debug("session loop closed channel=%s", channel.id)
-                return
-            case other:  # pragma: no cover - guarded by the type
-                raise ChannelRecvError(f"channel {channel.id} yielded {other!r}")
+    # Every line logged by the turns (process, adapter, channel) carries the session id.
+    with log_context(session_id=session.session_id):
+        while True:
+            match await channel.next_prompt():
+                case Ready(prompt=prompt):
+                    out = await session.run_turn(prompt)
+                    await channel.publish_output(out)
+                case Idle():
+                    await channel.wait_for_inbound()
+                case Closed():
+                    _LOGGER.debug("session loop closed channel=%s", channel.id)
+                    return
+                case other:  # pragma: no cover - guarded by the type
+                    raise ChannelRecvError(f"channel {channel.id} yielded {other!r}")

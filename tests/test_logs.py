@@ -21,6 +21,8 @@ from engine.agents.factory import create_agent
 from engine.logs import current_context, log_context, setup_logging
 from engine.settings import Settings
 from engine.store import Database
+from engine.testing import RecordingChannel, ScriptedSession
+from engine.turn import TurnOutput, run_session_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
@@ -283,3 +285,24 @@ async def test_agents_never_inherit_the_bot_token(
     if agent == "command":
         out = await session.run_turn("hello")
         assert out.text.split()[:3] == ["-", "-", str(tmp_path / "kept.db")]
+
+
+async def test_lines_logged_inside_a_session_loop_carry_its_session_id(
+    restore_logging: None,
+) -> None:
+    stream = io.StringIO()
+    setup_logging(stream=stream, fmt="json")
+    log = logging.getLogger("turnstile.adapter")
+
+    def answer(prompt: str) -> TurnOutput:
+        log.info("turn for %s", prompt)
+        return TurnOutput(text="ok")
+
+    await run_session_loop(
+        ScriptedSession([answer, answer], session_id="s-42"), RecordingChannel(["a", "b"])
+    )
+    log.info("after the loop")
+    records = [json.loads(line) for line in _lines(stream)]
+    turns = [r for r in records if r["msg"].startswith("turn for")]
+    assert [r.get("session_id") for r in turns] == ["s-42", "s-42"]
+    assert "session_id" not in records[-1]
