@@ -3,8 +3,8 @@
 ::
 
     turnstile auto --tool {claude,copilot,codex,command} [--agent-cmd TEMPLATE]
-                   [--max-turns N] [--workdir DIR] [--verify-cmd CMD] [--prompts DIR]
-                   -p PROMPT [-- PASSTHROUGH...]
+                   [--max-turns N] [--workdir DIR | --checkout-repo PROJECT]
+                   [--verify-cmd CMD] [--prompts DIR] -p PROMPT [-- PASSTHROUGH...]
     turnstile auto --resume RUN_OR_SESSION_ID
     turnstile auto --append TEXT [--session RUN_OR_SESSION_ID]
 
@@ -43,6 +43,12 @@ from engine.settings import Settings
 from engine.sink import LogSink
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.workspace.runs import (
+    add_checkout_argument,
+    checkout_for_run,
+    hold_run_workspace,
+    new_run_id,
+)
 
 __all__ = ["register", "resolve_workdir", "split_passthrough"]
 
@@ -76,6 +82,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
     parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
+    add_checkout_argument(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -126,6 +133,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                     ("--verify-cmd", args.verify_cmd),
                     ("--prompts", args.prompts),
                     ("passthrough arguments", args.passthrough or None),
+                    ("--checkout-repo", args.checkout_repo),
                 )
                 if value is not None
             ]
@@ -135,13 +143,32 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 )
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
-            run = await prepare_resume(settings, db, run_id, sink=LogSink())
-        else:
-            run = await _new_run(args, settings, db)
-        return await _drive(run)
+            async with hold_run_workspace(settings, db, run_id):
+                run = await prepare_resume(settings, db, run_id, sink=LogSink())
+                return await _drive(run)
+        if args.checkout_repo is None:
+            run = await _new_run(args, settings, db, resolve_workdir(args, settings))
+            return await _drive(run)
+        # A fresh worktree of the project, removed again if the run cannot be recorded;
+        # its lock is held while the run is driven.
+        run_id = new_run_id("auto")
+        async with checkout_for_run(
+            settings, db, args.checkout_repo, run_id=run_id, workdir=args.workdir
+        ) as workspace:
+            assert workspace is not None
+            run = await _new_run(args, settings, db, workspace.path, run_id=run_id)
+        async with hold_run_workspace(settings, db, run_id):
+            return await _drive(run)
 
 
-async def _new_run(args: argparse.Namespace, settings: Settings, db: Database) -> AutoRun:
+async def _new_run(
+    args: argparse.Namespace,
+    settings: Settings,
+    db: Database,
+    workdir: Path,
+    *,
+    run_id: str | None = None,
+) -> AutoRun:
     inner_prompt, passthrough = split_passthrough(list(args.passthrough))
     if args.prompt is not None and inner_prompt is not None:
         raise ConfigError("the prompt was given twice (-p and after --)")
@@ -155,8 +182,9 @@ async def _new_run(args: argparse.Namespace, settings: Settings, db: Database) -
         db,
         objective=objective,
         tool=args.tool or settings.default_agent,
-        workdir=resolve_workdir(args, settings),
+        workdir=workdir,
         sink=LogSink(),
+        run_id=run_id,
         agent_cmd=args.agent_cmd,
         passthrough=passthrough,
         max_turns=args.max_turns,

@@ -16,6 +16,7 @@ from engine.automode.state import owner_alive
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.workspace.runs import run_worktree_summary
 
 __all__ = ["format_age", "register"]
 
@@ -56,7 +57,9 @@ def _turn(record: RunRecord) -> str:
     return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
 
 
-async def _show(store: SqliteRunStore, run_id: str, as_json: bool) -> int:
+async def _show(
+    store: SqliteRunStore, run_id: str, as_json: bool, worktree: str | None = None
+) -> int:
     record = await store.get_run(run_id)
     turns = await store.turns(run_id)
     if as_json:
@@ -71,6 +74,7 @@ async def _show(store: SqliteRunStore, run_id: str, as_json: bool) -> int:
                     "exit_code": record.exit_code,
                     "abort_reason": record.abort_reason,
                     "log_dir": record.log_dir,
+                    "worktree": worktree,
                     "turns": [
                         {
                             "seq": t.seq,
@@ -95,6 +99,8 @@ async def _show(store: SqliteRunStore, run_id: str, as_json: bool) -> int:
         print(f"  aborted: {record.abort_reason}")
     if record.workdir:
         print(f"  workdir {record.workdir}")
+    if worktree:
+        print(f"  worktree {worktree}")
     if record.log_dir:
         print(f"  log folder {record.log_dir}")
     for t in turns:
@@ -110,7 +116,8 @@ async def _show(store: SqliteRunStore, run_id: str, as_json: bool) -> int:
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
     async with Database(settings.database) as db:
         if args.run is not None:
-            return await _show(SqliteRunStore(db), args.run, args.json)
+            worktree = await run_worktree_summary(settings, db, args.run)
+            return await _show(SqliteRunStore(db), args.run, args.json, worktree)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
     if args.mode:
