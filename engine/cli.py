@@ -38,9 +38,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"turnstile: error: {message}\n")
 
 
-def _registrars() -> list[Callable[[Any], None]]:
+def _requested(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line, if any (skipping global options)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--log-level":
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+        elif arg in ("-h", "--help"):
+            return None
+    return None
+
+
+def _registrars(only: str | None = None) -> list[Callable[[Any], None]]:
     found: list[Callable[[Any], None]] = []
-    for info in sorted(pkgutil.iter_modules(engine.commands.__path__), key=lambda m: m.name):
+    modules = sorted(pkgutil.iter_modules(engine.commands.__path__), key=lambda m: m.name)
+    if only is not None and any(m.name == only and not only.startswith("_") for m in modules):
+        # Start-up time: a known engine command imports only its own module.
+        return [importlib.import_module(f"engine.commands.{only}").register]
+    for info in modules:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"engine.commands.{info.name}")
@@ -50,7 +69,7 @@ def _registrars() -> list[Callable[[Any], None]]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="turnstile",
         description=(
@@ -60,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default=None, help="override TURNSTILE_LOG_LEVEL")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for register in _registrars():
+    for register in _registrars(only):
         register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
-    parser = build_parser()
+    parser = build_parser(_requested(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
