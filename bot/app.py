@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import json
 import logging
@@ -18,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit
@@ -160,10 +162,32 @@ class BotRuntime:
         self._handled_in_tx: set[int] = set()
         self.stopping = False
         self.username = ""
+        self._lock_fd: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    def _lock(self) -> None:
+        """One bot per database: two would drive the same sessions and poll one token."""
+        path = Path(f"{self.settings.database}.bot.lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"another turnstile bot already runs on {self.settings.database}; stop it first",
+                setting="TURNSTILE_DATABASE",
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
     async def __aenter__(self) -> Self:
+        self._lock()
         try:
             await self.db.open()
             builder = (
@@ -251,6 +275,7 @@ class BotRuntime:
             with contextlib.suppress(Exception):
                 await self.app.shutdown()
         await self.db.close()
+        self._unlock()
 
     def publisher_or_fail(self) -> Publisher:
         if self.publisher is None:

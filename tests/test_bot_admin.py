@@ -9,6 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bot.app import BotRuntime
+from engine.errors import ConfigError
 from engine.gates import Gates
 from tests.automode_support import GIT_ENV, git_workspace
 from tests.fakes.bot_api import FakeBotApi
@@ -199,3 +201,17 @@ async def test_forum_topics_are_separate_sessions(
     assert (seven.thread_id, eight.thread_id) == (7, 8)
     assert seven.text.startswith(b7.session_id)
     assert eight.text.startswith(b8.session_id)
+
+
+async def test_one_bot_per_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path)
+        async with running_bot(api, settings):
+            with pytest.raises(ConfigError, match="another turnstile bot already runs"):
+                async with BotRuntime(settings):
+                    pass
+        # released on exit: the next start works
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(lambda m: "No runs in this chat" in m.text)
