@@ -70,6 +70,7 @@ class OutboxSender:
         edit_interval: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         on_migrate: Callable[[int, int], Any] | None = None,
+        first_backoff: float = 0.5,
     ) -> None:
         self._bot = bot
         self._store = store
@@ -80,6 +81,7 @@ class OutboxSender:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._on_migrate = on_migrate
+        self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
         self.sent = 0
         self.failed = 0
@@ -99,13 +101,13 @@ class OutboxSender:
 
     async def run(self) -> None:
         """Deliver until :meth:`stop`; never returns early on a delivery error."""
-        backoff = 0.5
+        backoff = self._first_backoff
         while not self._stopping:
             # Cleared before looking, so a wake-up during the look is never lost.
             self._wake.clear()
             try:
                 progressed, due_in = await self._step()
-                backoff = 0.5
+                backoff = self._first_backoff
             except (TimedOut, NetworkError) as exc:
                 _LOGGER.warning("delivery failed (%s); retrying in %.1fs", exc, backoff)
                 await self._pause(backoff)

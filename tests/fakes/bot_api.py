@@ -99,6 +99,8 @@ class FakeBotApi:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.confirmed_offset = 0
+        self._script: list[int] = []
+        self._script_methods: frozenset[str] = frozenset()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -321,7 +323,9 @@ class FakeBotApi:
         if failure is not None:
             call.status = failure.status
             self._notify()
-            extra = {"retry_after": failure.retry_after} if failure.retry_after else None
+            extra = (
+                {"retry_after": failure.retry_after} if failure.retry_after is not None else None
+            )
             text = "Too Many Requests: retry later" if failure.status == 429 else "Bad Gateway"
             return self._error(failure.status, text, extra)
         handler = getattr(self, f"_m_{method}", None)
@@ -339,7 +343,19 @@ class FakeBotApi:
         self._notify()
         return web.json_response({"ok": True, "result": result})
 
+    def script(self, methods: Iterable[str], statuses: Iterable[int]) -> None:
+        """The next calls of ``methods`` answer these statuses in turn (0: succeed;
+        429 comes with ``retry_after`` 1, the least Telegram sends)."""
+        self._script_methods = frozenset(methods)
+        self._script = list(statuses)
+
     def _injected(self, method: str) -> Failure | None:
+        if method in self._script_methods and self._script:
+            status = self._script.pop(0)
+            if status:
+                return Failure(
+                    frozenset({method}), status, retry_after=0 if status == 429 else None
+                )
         for failure in self.failures:
             if method not in failure.methods:
                 continue
