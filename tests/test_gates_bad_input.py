@@ -211,3 +211,32 @@ async def test_oversized_decomposition_refused(tmp_path: Path) -> None:
             await gates.store.transition("t", f"decomposition:{AWAITING_APPROVAL}")
         assert info.value.reason is Refusal.INVALID_ARTIFACT
         assert "larger than" in info.value.detail
+
+
+async def test_a_phase_removed_from_the_workflow(tmp_path: Path) -> None:
+    """An operator swaps the workflow while a task sits in a phase the new one lacks."""
+    from engine.gates import HUMAN_INTERVENTION, FindingKind
+    from tests.gates_support import EventSink
+
+    settings = make_settings(tmp_path)
+    async with open_gates(settings) as gates:
+        task = await gates.init_task("t")
+        (task.folder / "research.md").write_text("r")
+        await gates.store.transition("t", f"research:{AWAITING_APPROVAL}")
+    small = tmp_path / "wf.toml"
+    small.write_text(
+        '[phases.build]\npersona = "B"\napproval = false\nartifact = "b.md"\nprompt = "b"\n'
+    )
+    async with open_gates(make_settings(tmp_path, workflow_file=small)) as gates:
+        result = await gates.approve("t", by=APPROVER)
+        assert result.reason is Refusal.UNKNOWN_PHASE
+        with pytest.raises(GateRefused) as info:
+            await gates.store.transition("t", "build")
+        assert info.value.reason is Refusal.UNKNOWN_PHASE
+        report = await gates.audit()
+        assert FindingKind.UNKNOWN_PHASE in {f.kind for f in report.findings}
+        assert await gates.pending_gates() == []
+        handle = gates.start_autopilot("t", EventSink(), tool="command")
+        assert (await handle.wait()).value == HUMAN_INTERVENTION
+        moved = await gates.store.transition("t", "build")
+        assert moved.phase == "build"

@@ -25,6 +25,7 @@ class FindingKind(StrEnum):
     FORBIDDEN = "forbidden_artifact"
     STATE_MISMATCH = "state_mismatch"
     FOLDER_MISSING = "folder_missing"
+    UNKNOWN_PHASE = "unknown_phase"
     HISTORY_GAP = "history_gap"
     UNAPPROVED_PASSAGE = "passed_without_approval"
     CODE_CHANGE = "code_change_in_forbidden_phase"

@@ -106,6 +106,8 @@ def next_step(store: TaskStore, task: TaskRecord, approvals: int) -> str:
     if task.phase == HUMAN_INTERVENTION:
         back = task.return_phase or wf.first
         return f"resolve the problem, then `{cmd} --transition {back}` (or an earlier phase)"
+    if not wf.has(task.phase):
+        return f"the workflow has no phase {task.phase!r}: `{cmd} --transition human_intervention`"
     spec = wf.phase(task.phase)
     if task.awaiting_approval:
         if approvals >= store.policy.quorum:
@@ -342,13 +344,13 @@ class Autopilot:
         task, violations = await self.store.validate(task.name)
         if task.phase in (COMPLETE, HUMAN_INTERVENTION) or task.awaiting_approval:
             return None  # changed meanwhile: the loop looks again
-        spec = self.store.workflow.phase(task.phase)
         if violations:
             text = "; ".join(v.detail for v in violations)
             await self.store.record_audit(
                 "validate_folder", "violations", task=task.name, phase=task.phase, detail=text
             )
             return await self._to_human(task, f"folder validation failed: {text}")
+        spec = self.store.workflow.phase(task.phase)
         before_files = set(await asyncio.to_thread(list_artifacts, task.folder))
         before_git = None
         if not spec.code_edits:
@@ -445,6 +447,8 @@ class Autopilot:
 
     async def _gate(self, task: TaskRecord) -> DriveOutcome | None:
         task = await self.store.reopen_if_changed(task)
+        if not self.store.workflow.has(task.phase):
+            return await self._to_human(task, f"the workflow has no phase {task.phase!r}")
         spec = self.store.workflow.phase(task.phase)
         facts = await self.store.facts(task)
         if facts.artifact_sha256 is None:

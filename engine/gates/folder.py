@@ -29,6 +29,7 @@ class ViolationKind(StrEnum):
     FORBIDDEN = "forbidden_artifact"
     STATE_MISMATCH = "state_mismatch"
     FOLDER_MISSING = "folder_missing"
+    UNKNOWN_PHASE = "unknown_phase"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,11 @@ def validate_folder(
         return [Violation(ViolationKind.FOLDER_MISSING, f"task folder {folder} does not exist")]
     rules = effective_phase(phase, return_phase)
     found: list[Violation] = []
-    if rules not in (COMPLETE, HUMAN_INTERVENTION):
+    if rules not in (COMPLETE, HUMAN_INTERVENTION) and not workflow.has(rules):
+        found.append(
+            Violation(ViolationKind.UNKNOWN_PHASE, f"phase {rules!r} is not in the workflow")
+        )
+    elif rules not in (COMPLETE, HUMAN_INTERVENTION):
         facts = inspect_folder(folder, workflow, rules, hash_artifact=False)
         for name, owner in sorted(facts.out_of_order.items()):
             found.append(

@@ -87,6 +87,8 @@ def check_transition(
         return None
     if phase == HUMAN_INTERVENTION:
         origin = facts.return_phase or workflow.first
+        if not workflow.has(origin):
+            origin = workflow.names[-1]  # it left a phase the workflow no longer has
         if (
             target.sub_state is None
             and workflow.has(target.phase)
@@ -96,6 +98,12 @@ def check_transition(
         return (
             Refusal.ILLEGAL_TRANSITION,
             f"from {HUMAN_INTERVENTION} a task goes back to {origin} or an earlier phase",
+        )
+    if not workflow.has(phase):
+        return (
+            Refusal.UNKNOWN_PHASE,
+            f"the task is at {phase!r}, which the workflow no longer has: move it to "
+            f"{HUMAN_INTERVENTION}",
         )
     spec = workflow.phase(phase)
     if target.sub_state == AWAITING_APPROVAL:

@@ -153,6 +153,8 @@ class Gates:
         for task in await self.store.list_tasks():
             if not task.awaiting_approval or task.gate_sha256 is None:
                 continue
+            if not self.workflow.has(task.phase):
+                continue
             spec = self.workflow.phase(task.phase)
             path = task.folder / spec.artifact
             excerpt = await asyncio.to_thread(_excerpt, path)

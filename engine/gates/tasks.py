@@ -576,7 +576,7 @@ class TaskStore:
     async def facts(self, task: TaskRecord) -> Facts:
         """The folder and approval facts the rules need, for the task's current phase."""
         rules = effective_phase(task.phase, task.return_phase)
-        if rules in (COMPLETE, HUMAN_INTERVENTION):
+        if rules in (COMPLETE, HUMAN_INTERVENTION) or not self.workflow.has(rules):
             return Facts(return_phase=task.return_phase, quorum=self.policy.quorum)
         folder = await asyncio.to_thread(
             inspect_folder, task.folder, self.workflow, rules, hash_artifact=False
@@ -836,7 +836,7 @@ class TaskStore:
 
     async def reopen_if_changed(self, task: TaskRecord) -> TaskRecord:
         """Re-open ``task``'s gate if its artifact no longer has the gate's hash."""
-        if not task.awaiting_approval:
+        if not task.awaiting_approval or not self.workflow.has(task.phase):
             return task
         path = task.folder / self.workflow.phase(task.phase).artifact
         digest = await self._cached_hash(path)
@@ -908,6 +908,12 @@ class TaskStore:
                         f"{task.gate_sha256[:12]}",
                         task=name,
                     )
+            if not self.workflow.has(task.phase):
+                raise GateRefused(
+                    Refusal.UNKNOWN_PHASE,
+                    f"{name} is at {task.phase!r}, which the workflow no longer has",
+                    task=name,
+                )
             artifact = task.folder / self.workflow.phase(task.phase).artifact
             digest = await sha256_file_async(artifact)
             if digest is None:
