@@ -358,3 +358,14 @@ async def test_missing_folder_is_a_finding_and_not_recreated(tmp_path: Path) -> 
         report = await gates.audit()
         assert [f.kind for f in report.findings] == [FindingKind.FOLDER_MISSING]
         assert not task.folder.exists()
+
+
+async def test_an_approved_gate_can_no_longer_be_rejected(tmp_path: Path) -> None:
+    async with open_gates(make_settings(tmp_path, approval_quorum=2)) as gates:
+        await _to_gate(gates)
+        await gates.approve("t", by=APPROVER)
+        await gates.approve("t", by=43)  # quorum of 2 reached
+        late = await gates.reject("t", by=44, reason="no")
+        assert late.reason is Refusal.NOT_AWAITING
+        assert "already approved" in late.detail
+        assert (await gates.task("t")).awaiting_approval

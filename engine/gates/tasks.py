@@ -1125,6 +1125,15 @@ class TaskStore:
             text = reason.strip()
             if not text:
                 raise GateRefused(Refusal.ILLEGAL_TRANSITION, "a rejection needs a reason")
+            approvers = {a.approver for a in await self.gate_approvals(task)}
+            if len(approvers) >= self.policy.quorum:
+                # Decided (and, for a decomposition, its sub-tasks exist): too late.
+                raise GateRefused(
+                    Refusal.NOT_AWAITING,
+                    f"the {task.phase} gate of {name} is already approved; move the task to "
+                    f"{HUMAN_INTERVENTION} instead",
+                    task=name,
+                )
             sets = {"sub_state": None, "revision_notes": text[:MAX_REASON]}
             await self._commit(
                 task, sets, "reject", actor, text, task.gate_sha256, None, self.clock()
