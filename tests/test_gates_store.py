@@ -369,3 +369,40 @@ async def test_an_approved_gate_can_no_longer_be_rejected(tmp_path: Path) -> Non
         assert late.reason is Refusal.NOT_AWAITING
         assert "already approved" in late.detail
         assert (await gates.task("t")).awaiting_approval
+
+
+def test_listing_groups_by_parent_and_wave_gates_first() -> None:
+    from engine.gates import ListEntry, group_tasks, render_groups
+
+    def row(
+        name: str,
+        phase: str,
+        parent: str | None = None,
+        wave: int | None = None,
+        sub: str | None = None,
+    ) -> ListEntry:
+        return ListEntry(name, phase, sub, 1, parent, wave, "ab" * 32 if sub else None, None, 0.0)
+
+    rows = [
+        row("b.x2", "design", "b", 2),
+        row("a", "complete"),
+        row("b", "design"),
+        row("b.x1", "design", "b", 1, AWAITING_APPROVAL),
+        row("b.x0", "implement", "b", 2),
+        row("c", "research", sub=AWAITING_APPROVAL),
+        row("orphan.s", "design", "orphan", 1),
+    ]
+    groups = group_tasks(rows)
+    assert [g.name for g in groups] == ["b", "c", "a", "orphan"]
+    assert {w: [t.name for t in ts] for w, ts in groups[0].waves.items()} == {
+        1: ["b.x1"],
+        2: ["b.x0", "b.x2"],
+    }
+    text = render_groups(groups)
+    lines = text.splitlines()
+    assert lines[0].startswith("b ")
+    assert lines[1] == "  wave 1:"
+    assert "b.x1" in lines[2]
+    assert "gate abababababab" in lines[2]
+    assert "orphan (parent not found)" in text
+    assert render_groups([]) == "no tasks"

@@ -79,6 +79,8 @@ class TaskGroup:
 
     task: Listable | None
     waves: dict[int, list[Listable]] = field(default_factory=dict)
+    gate_open: bool = False
+    """Whether the task or one of its sub-tasks awaits approval."""
 
     @property
     def name(self) -> str:
@@ -88,9 +90,7 @@ class TaskGroup:
 
     @property
     def awaiting(self) -> bool:
-        if self.task is not None and self.task.awaiting_approval:
-            return True
-        return any(t.awaiting_approval for ts in self.waves.values() for t in ts)
+        return self.gate_open
 
     def all(self) -> list[Listable]:
         out = [self.task] if self.task is not None else []
@@ -99,19 +99,37 @@ class TaskGroup:
         return out
 
 
+def _by_name(task: Listable) -> str:
+    return task.name
+
+
 def group_tasks(records: Iterable[Listable]) -> list[TaskGroup]:
     """Group tasks under their parents and waves; groups awaiting approval come first."""
     groups: dict[str, TaskGroup] = {}
     for rec in records:
-        if rec.parent is None:
-            group = groups.setdefault(rec.name, TaskGroup(None))
-            group.task = rec
+        parent = rec.parent
+        if parent is None:
+            group = groups.get(rec.name)
+            if group is None:
+                group = groups[rec.name] = TaskGroup(rec)
+            else:
+                group.task = rec
         else:
-            group = groups.setdefault(rec.parent, TaskGroup(None))
-            group.waves.setdefault(rec.wave or 1, []).append(rec)
+            group = groups.get(parent)
+            if group is None:
+                group = groups[parent] = TaskGroup(None)
+            wave = rec.wave or 1
+            members = group.waves.get(wave)
+            if members is None:
+                group.waves[wave] = [rec]
+            else:
+                members.append(rec)
+        if rec.sub_state == "awaiting_approval":
+            group.gate_open = True
     for group in groups.values():
-        group.waves = {w: sorted(group.waves[w], key=lambda t: t.name) for w in sorted(group.waves)}
-    ordered = sorted(groups.items(), key=lambda kv: (not kv[1].awaiting, kv[0]))
+        if group.waves:
+            group.waves = {w: sorted(group.waves[w], key=_by_name) for w in sorted(group.waves)}
+    ordered = sorted(groups.items(), key=lambda kv: (not kv[1].gate_open, kv[0]))
     return [g for _, g in ordered]
 
 
