@@ -146,6 +146,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             async with hold_run_workspace(settings, db, run_id):
                 run = await prepare_resume(settings, db, run_id, sink=LogSink())
                 return await _drive(run)
+        _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(args, settings, db, resolve_workdir(args, settings))
             return await _drive(run)
@@ -161,14 +162,8 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             return await _drive(run)
 
 
-async def _new_run(
-    args: argparse.Namespace,
-    settings: Settings,
-    db: Database,
-    workdir: Path,
-    *,
-    run_id: str | None = None,
-) -> AutoRun:
+def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The objective and the agent passthrough arguments, or a ConfigError."""
     inner_prompt, passthrough = split_passthrough(list(args.passthrough))
     if args.prompt is not None and inner_prompt is not None:
         raise ConfigError("the prompt was given twice (-p and after --)")
@@ -177,6 +172,18 @@ async def _new_run(
         raise ConfigError("give the objective with -p PROMPT")
     if args.max_turns is not None and args.max_turns < 1:
         raise ConfigError(f"--max-turns must be at least 1, got {args.max_turns}")
+    return objective, passthrough
+
+
+async def _new_run(
+    args: argparse.Namespace,
+    settings: Settings,
+    db: Database,
+    workdir: Path,
+    *,
+    run_id: str | None = None,
+) -> AutoRun:
+    objective, passthrough = _objective(args)
     return await prepare_auto_run(
         settings,
         db,
