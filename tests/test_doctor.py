@@ -27,6 +27,7 @@ from engine.commands.doctor import (
 )
 from engine.settings import Settings
 from engine.store import Database
+from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import FakeBotApi
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -485,3 +486,20 @@ async def test_webhook_delivery_state(tmp_path: Path, webhook_api: WebhookInfoSe
     assert (await webhook_line()).status is Status.OK
     polling = _settings(tmp_path, telegram_base_url=webhook_api.base_url)
     assert "webhook" not in {c.name for c in await run_checks(polling)}
+
+
+@pytest.mark.realcli
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("agent", "version_text"),
+    [("claude", "2.1.197 (Claude Code)"), ("copilot", "1.0.102"), ("codex", "codex-cli 0.171.0")],
+)
+async def test_real_agent_clis_are_found_with_their_versions(
+    tmp_path: Path, agent: str, version_text: str
+) -> None:
+    binary = ensure_cli(agent)
+    settings = _settings(tmp_path, default_agent=agent, **{f"{agent}_bin": str(binary)})
+    checks = {c.name: c for c in await check_agents(settings)}
+    assert checks[f"agent {agent}"].status is Status.OK, checks[f"agent {agent}"]
+    assert version_text in checks[f"agent {agent}"].detail
+    assert f"{agent} key" in checks
