@@ -1,0 +1,138 @@
+"""``--checkout-repo`` on ``turnstile auto`` and ``turnstile autopilot``, as subprocesses."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.automode_support import (
+    AGENT_CMD,
+    agent_log,
+    cli_env,
+    happy_rules,
+    turnstile,
+    write_script,
+)
+from tests.test_workspace_git import git, git_test_env, make_remote
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "pw-9f8e7d6c5b4a"
+
+
+def run_cli(tmp: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        turnstile(*args), cwd=tmp, env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, str]]:
+    env_git = git_test_env(tmp_path / "home")
+    for key, value in env_git.items():
+        monkeypatch.setenv(key, value)
+    remote = make_remote(tmp_path)
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    env = cli_env(
+        tmp_path,
+        script,
+        log=tmp_path / "agent.log",
+        extra={
+            **env_git,
+            "TURNSTILE_WORKSPACES": str(tmp_path / "ws"),
+            "TURNSTILE_PROJECTS": f"demo={remote}#main",
+        },
+    )
+    return remote, env
+
+
+def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[str, str]]) -> None:
+    remote, env = setup
+    before = git("rev-parse", "main", cwd=remote)
+
+    done = run_cli(
+        tmp_path,
+        env,
+        "auto",
+        "--checkout-repo",
+        "demo",
+        "--tool",
+        "command",
+        "--agent-cmd",
+        AGENT_CMD,
+        "-p",
+        "create result.txt",
+    )
+
+    assert done.returncode == 0, done.stderr
+    run_id, status, _ = done.stdout.split()
+    assert status == "completed"
+    worktree = tmp_path / "ws" / "worktrees" / "demo" / run_id
+    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
+        (workdir,) = conn.execute("SELECT workdir FROM runs WHERE id = ?", (run_id,)).fetchone()
+    assert Path(workdir) == worktree
+    # Every turn ran in the worktree; the work is on the run's branch only.
+    assert {entry["cwd"] for entry in agent_log(tmp_path / "agent.log")} == {str(worktree)}
+    assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == f"turnstile/{run_id}"
+    assert (worktree / "result.txt").read_text() == "done\n"
+    assert git("rev-parse", "main", cwd=remote) == before
+    assert git("status", "--porcelain", cwd=worktree) == ""
+    # `turnstile runs ID` shows the branch and its disk usage.
+    shown = run_cli(tmp_path, env, "runs", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"  worktree turnstile/{run_id} · " in shown.stdout
+
+
+def test_auto_refuses_bad_projects(tmp_path: Path, setup: tuple[Path, dict[str, str]]) -> None:
+    _, env = setup
+    base = ["auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "-p", "x"]
+
+    unknown = run_cli(tmp_path, env, *base, "--checkout-repo", "nope")
+    assert unknown.returncode == 2
+    assert "unknown project 'nope' (known: demo)" in unknown.stderr
+
+    both = run_cli(tmp_path, env, *base, "--checkout-repo", "demo", "--workdir", str(tmp_path))
+    assert both.returncode == 2
+    assert "exclude each other" in both.stderr
+
+    bad = run_cli(tmp_path, env, *base, "--checkout-repo", "../demo")
+    assert bad.returncode == 2
+    assert "invalid project name" in bad.stderr
+
+    creds = {**env, "TURNSTILE_PROJECTS": f"web=http://bob:{SECRET}@127.0.0.1:1/x.git"}
+    failed = run_cli(tmp_path, creds, *base, "--checkout-repo", "web")
+    assert failed.returncode == 1
+    assert "git clone failed" in failed.stderr
+    assert SECRET not in failed.stderr + failed.stdout
+    assert not (tmp_path / "ws" / "worktrees").exists()
+
+
+def test_autopilot_init_checks_out_a_worktree_for_the_task(
+    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+) -> None:
+    _, env = setup
+    done = run_cli(
+        tmp_path,
+        env,
+        "autopilot",
+        "--task",
+        "feature-x",
+        "--init",
+        "--checkout-repo",
+        "demo",
+        "--folder",
+        str(tmp_path / "tasks" / "feature-x"),
+        "--manual",
+    )
+
+    assert done.returncode == 0, done.stderr
+    worktree = tmp_path / "ws" / "worktrees" / "demo" / "feature-x"
+    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
+        (workdir,) = conn.execute(
+            "SELECT workdir FROM gate_tasks WHERE name = ?", ("feature-x",)
+        ).fetchone()
+    assert Path(workdir) == worktree
+    assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == "turnstile/feature-x"
