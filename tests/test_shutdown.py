@@ -333,16 +333,31 @@ async def test_a_write_cancelled_by_a_shutdown_never_wedges_the_database(tmp_pat
         assert row[0] == 50
 
 
-@pytest.mark.timeout(120)
-async def test_first_run_with_only_a_token_tells_a_new_user_their_id(
-    tmp_path: Path, api: FakeBotApi
+def _dotenv(root: Path, **values: str) -> None:
+    """``cp .env.example .env``, then set ``values`` the way a user edits the file."""
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    for key, value in values.items():
+        name = f"TURNSTILE_{key.upper()}"
+        found = [i for i, line in enumerate(lines) if line.startswith(f"{name}=")]
+        assert found, name
+        lines[found[0]] = f"{name}={value}"
+    (root / ".env").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.timeout(180)
+async def test_readme_quick_start_from_env_example_to_an_answer(
+    tmp_path: Path, api: FakeBotApi, gate: Path
 ) -> None:
-    """The README's quick start: token set, lists empty; the bot tells you your id."""
-    env = _env(tmp_path, api, TURNSTILE_ALLOWED_CHATS="", TURNSTILE_OPERATORS="")
-    env["TURNSTILE_ADMINS"] = ""
+    """The README's quick start, step by step, with only .env edited (no TURNSTILE_ env)."""
+    env = {k: v for k, v in _env(tmp_path, api).items() if not k.startswith("TURNSTILE_")}
+    command = f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+    # Steps 1-3: a token (and, here, the fake server's URL) in .env; the lists stay empty.
+    first = {"telegram_token": api.token, "telegram_base_url": api.base_url}
+    _dotenv(tmp_path, **first)
     bot = await _start(tmp_path, env)
     try:
-        api.push_message(chat_id=-1009, user_id=777, text="/help")  # a group: ignored
+        # Step 4: a private message; the refusal tells the id. A group is ignored.
+        api.push_message(chat_id=-1009, user_id=777, text="/help")
         api.push_message(chat_id=777, user_id=777, text="/help")
         reply = await api.wait_for_message(lambda m: m.chat_id == 777)
         bot.signal()
@@ -352,7 +367,44 @@ async def test_first_run_with_only_a_token_tells_a_new_user_their_id(
     assert code == 0, bot.log
     assert "Your Telegram user id is 777" in reply.text
     assert api.texts(-1009) == []
-    assert _agent_prompts(tmp_path) == []
+
+    # Step 5: allow yourself; step 6: an agent (the scripted fake, as a command agent).
+    _dotenv(
+        tmp_path,
+        **first,
+        admins="777",
+        allowed_chats="777",
+        default_agent="command",
+        agent_command=command,
+    )
+    # Step 7: the doctor passes.
+    doctor = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "doctor",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await doctor.communicate()
+    assert doctor.returncode == 0, out.decode() + err.decode()
+    assert "0 failed" in out.decode()
+    # Step 8: /chat, a question, an answer.
+    bot = await _start(tmp_path, env)
+    try:
+        api.push_message(chat_id=777, user_id=777, text="/chat")
+        await api.wait_for_message(lambda m: "bound to" in m.text)
+        api.push_message(chat_id=777, user_id=777, text="what is this repository?")
+        answer = await api.wait_for_message(lambda m: m.text.startswith("echo: "))
+        bot.signal()
+        code = await bot.exit_code()
+    finally:
+        await bot.kill()
+    assert code == 0, bot.log
+    assert answer.text == "echo: what is this repository?"
+    assert api.token not in bot.log
 
 
 async def _free_port() -> int:
