@@ -295,3 +295,11 @@ def test_no_password_survives_redaction(user: str, tail: str, scheme: str) -> No
     assert project.display_url == f"{scheme}://{shown}@git.example.com/team/repo.git"
     assert secret not in repr(project)
     assert secret not in WorkspaceManager(Path("/nonexistent"), [project]).redact(f"x {url} y")
+
+
+def test_the_package_exports_what_it_lists() -> None:
+    import engine.workspace as package
+
+    assert sorted(package.__all__) == sorted(set(package.__all__))
+    for name in package.__all__:
+        assert getattr(package, name) is not None

@@ -18,6 +18,7 @@ The API (all async; errors in :mod:`engine.workspace.git` and
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     manager.projects                            # configured Project(name, url, branch)
     manager.resolve_project("web")              # ProjectError if unknown or malformed
+    ws = await manager.provision(run_id, "web")  # Workspace(id, path, branch, base, ...)
 
     async with manager.checkout(run_id, "web") as ws:     # provision + exclusive lock
         agent = create_agent(tool, settings, cwd=ws.path)  # cwd pinned to the worktree
@@ -32,6 +33,9 @@ The API (all async; errors in :mod:`engine.workspace.git` and
     await manager.usage(run_id)             # bytes on disk (run + sub-tasks)
     await manager.summary(run_id)           # "turnstile/<run> · 44.2 MB" for /status, runs
     await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
+
+Ids: a run id is 1-128 letters, digits, ``.``, ``_``, ``-`` without ``--`` (that joins a
+parent and a sub-task name, which follows the same rule up to 128 characters).
 
 Commands that start runs use :mod:`engine.workspace.runs` (``add_checkout_argument``,
 ``checkout_for_run``, ``hold_run_workspace``) for ``--checkout-repo``.
