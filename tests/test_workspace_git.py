@@ -614,3 +614,22 @@ async def test_cleanup_counts_a_completed_gated_task_as_finished(
     report = await manager.cleanup(retention=60, now=clock.now + 3600)
 
     assert report.removed == ("feature-x",)
+
+
+async def test_hooks_an_agent_plants_in_the_shared_clone_never_run(
+    manager: WorkspaceManager, tmp_path: Path
+) -> None:
+    first = await manager.provision("run1", "demo")
+    marker = tmp_path / "hook-ran"
+    hooks = manager.cache_path("demo") / "hooks"
+    for hook in ("post-checkout", "pre-merge-commit", "commit-msg", "prepare-commit-msg"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marker}\nexit 1\n")
+        (hooks / hook).chmod(0o755)
+
+    sub = await manager.provision_subtask(first, "a")
+    await manager.provision("run2", "demo")
+    git("-c", "core.hooksPath=/dev/null", "commit", "-q", "--allow-empty", "-m", "x", cwd=sub.path)
+    report = await manager.merge_wave(first, [sub])
+
+    assert report.results[0].outcome is MergeOutcome.MERGED
+    assert not marker.exists()

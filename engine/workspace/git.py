@@ -104,8 +104,9 @@ class GitResult:
 class GitRunner:
     """Runs ``git`` with a non-interactive environment.
 
-    Prompts are disabled (a missing credential fails fast instead of hanging), the
-    locale is fixed so messages can be recognised, and everything shown is redacted.
+    Prompts are disabled (a missing credential fails fast instead of hanging), hooks are
+    off, the locale is fixed so messages can be recognised, and everything shown is
+    redacted.
     """
 
     def __init__(self, *, binary: str = "git", redactor: Redactor | None = None) -> None:
@@ -118,6 +119,13 @@ class GitRunner:
         env["GCM_INTERACTIVE"] = "never"
         env["LC_ALL"] = "C"
         env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+        # No hooks in the engine's own git commands: hooks live in the shared clone, where
+        # any run's agent could have put one that would then run on every checkout and
+        # merge of every other run.
+        count = int(env.get("GIT_CONFIG_COUNT", "0") or "0")
+        env[f"GIT_CONFIG_KEY_{count}"] = "core.hooksPath"
+        env[f"GIT_CONFIG_VALUE_{count}"] = os.devnull
+        env["GIT_CONFIG_COUNT"] = str(count + 1)
         if extra:
             env.update(extra)
         return env
