@@ -94,6 +94,7 @@ class AutoExtension(Extension):
                 sink=self.sink,
                 chat_id=chat.id,
                 thread_id=thread,
+                turn_slots=self.rt.slots,
             )
         except ConfigError as exc:
             await self.h.reply(update, f"Cannot start: {exc}")
@@ -262,7 +263,13 @@ class AutoExtension(Extension):
             place = ChatPlace(record.chat_id, record.thread_id)
             self.sink.register(record.id, place)
             try:
-                run = await resume_auto_run(self.rt.settings, self.rt.db, record.id, sink=self.sink)
+                run = await resume_auto_run(
+                    self.rt.settings,
+                    self.rt.db,
+                    record.id,
+                    sink=self.sink,
+                    turn_slots=self.rt.slots,
+                )
             except TurnstileError as exc:
                 _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})
                 await self.rt.publisher_or_fail().say(

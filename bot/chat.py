@@ -25,6 +25,7 @@ from bot.store import Binding, BotStore
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
+from engine.logs import log_context
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
@@ -330,7 +331,9 @@ class ChatSessions:
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event
         self.active[run.key] = run
-        run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
+        # The task copies the context: every line it logs carries the run and chat ids.
+        with log_context(run_id=run_id, chat_id=binding.chat_id):
+            run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
         _LOGGER.info("chat run started", extra={"run_id": run_id, "chat_id": binding.chat_id})
         return run
 

@@ -212,6 +212,14 @@ class Handlers:
                 update_id=update.update_id,
                 reason="chat not allowed",
             )
+            # The log is where an admin finds a group's id to allow it.
+            _LOGGER.info(
+                "ignored update %s from chat %s (%s) not in TURNSTILE_ALLOWED_CHATS, user %s",
+                update.update_id,
+                chat.id,
+                chat.type,
+                user.id,
+            )
             # A private chat is how a new user learns their id; groups are ignored.
             if chat.type == "private" and self._may_tell(user.id):
                 await self.reply(

@@ -621,3 +621,23 @@ async def test_resume_refuses_a_run_another_live_process_drives(
         await other.wait()
     resumed = await prepare_resume(settings, db, run.run_id)  # its owner is gone now
     assert resumed.state.owner == owner_token()
+
+
+async def test_every_log_line_of_a_run_carries_its_run_id(
+    settings: Settings,
+    db: Database,
+    workspace: Path,
+    env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from engine.logs import ContextFilter
+
+    script(env, monkeypatch, rules=happy_rules())
+    caplog.handler.addFilter(ContextFilter())
+    caplog.set_level(logging.INFO, logger="engine")
+    run = await start(settings, db, workspace)
+    await run.task
+    from_run = [r for r in caplog.records if r.name.startswith("engine.automode")]
+    assert from_run, "the run logged nothing"
+    assert {getattr(r, "run_id", None) for r in from_run} == {run.run_id}

@@ -32,6 +32,7 @@ from engine.automode.stop import until_stopped
 from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
+from engine.logs import log_context
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
@@ -158,7 +159,9 @@ class AutoRun:
     def start(self) -> asyncio.Task[AutoResult]:
         """Start driving the run in a named task (once)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._drive(), name=f"auto-{self.run_id}")
+            # The task copies the context: every line it logs carries the run id.
+            with log_context(run_id=self.run_id):
+                self._task = asyncio.create_task(self._drive(), name=f"auto-{self.run_id}")
         return self._task
 
     async def wait(self) -> AutoResult:

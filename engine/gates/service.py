@@ -19,6 +19,7 @@ from engine.gates.tasks import (
 )
 from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
+from engine.logs import log_context
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.store.database import Database
@@ -211,9 +212,11 @@ class Gates:
             agent_factory=agent_factory,
             worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
         )
-        future: asyncio.Task[DriveOutcome] = asyncio.create_task(
-            pilot.drive(task), name=f"autopilot-{task}"
-        )
+        # The task copies the context: every line it logs carries the task name.
+        with log_context(task=task):
+            future: asyncio.Task[DriveOutcome] = asyncio.create_task(
+                pilot.drive(task), name=f"autopilot-{task}"
+            )
         handle = DriveHandle(task, future)
         self._drives[task] = handle
         return handle
