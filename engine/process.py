@@ -46,6 +46,9 @@ _CHUNK: Final = 64 * 1024
 # group is killed. It bounds clean-up, not the turn: the turn already ended.
 _DRAIN_GRACE: Final = 2.0
 _MAX_LINE: Final = 64 * 1024 * 1024
+# SIGKILL is asynchronous: a stop waits up to this long for the group's other processes
+# (not only the reaped leader) to finish dying, so "stopped" means they are gone.
+_GROUP_GONE_WAIT: Final = 10.0
 
 LineCallback = Callable[[bytes], None]
 
@@ -170,6 +173,37 @@ async def _terminate_group(proc: asyncio.subprocess.Process, grace: float) -> No
     # Descendants may ignore SIGTERM or outlive the leader: the group is killed either way.
     _signal_group(proc, signal.SIGKILL)
     await proc.wait()
+    await _wait_group_gone(proc.pid)
+
+
+async def _wait_group_gone(pgid: int) -> None:
+    """Wait until no running (non-zombie) process is left in process group ``pgid``."""
+    deadline = time.monotonic() + _GROUP_GONE_WAIT
+    while _group_running(pgid):
+        if time.monotonic() >= deadline:
+            _LOGGER.warning("processes of group %s are still running after SIGKILL", pgid)
+            return
+        await asyncio.sleep(0.01)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (False where /proc is unavailable)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:

@@ -198,11 +198,10 @@ async def test_preempt_kills_agent_and_grandchild(tmp_path: Path, ignore_term: b
     assert await handle.stop() is True
     with pytest.raises(TurnPreempted):
         await turn
-    assert time.monotonic() - started < 5
-    for _ in range(200):
-        if not _alive(parent) and not _alive(grandchild):
-            break
-        await asyncio.sleep(0.01)
+    # Well under the agent's own 3600 s: the grace period, SIGKILL, and a margin for a
+    # loaded machine.
+    assert time.monotonic() - started < handle.grace + 10
+    # stop() returns only once the whole group is gone, grandchild included.
     assert not _alive(parent)
     assert not _alive(grandchild)
     assert not Path(f"/proc/{parent}").exists()  # reaped: no zombie left by us
