@@ -29,6 +29,7 @@ from engine.automode import (
 )
 from engine.errors import ConfigError, TurnstileError
 from engine.store.runs import RunStatus
+from engine.workspace.runs import worktree_summaries
 
 if TYPE_CHECKING:
     from bot.app import BotRuntime
@@ -237,16 +238,20 @@ class AutoExtension(Extension):
         return stopped
 
     async def status_lines(self, chat_id: int) -> list[str]:
+        here = [a.run.state for a in self.active.values() if a.place.chat_id == chat_id]
+        # The worktree of a run on a configured project: its branch and disk usage.
+        worktrees = await worktree_summaries(
+            self.rt.settings, self.rt.db, {s.run_id: s.workdir for s in here}
+        )
         lines = []
-        for active in self.active.values():
-            if active.place.chat_id != chat_id:
-                continue
-            s = active.run.state
+        for s in here:
             elapsed = int(time.time() - s.started_at)
             lines.append(
                 f"🤖 auto {s.run_id} · {s.status.value} · phase {s.phase.value} · "
                 f"turn {s.turn}/{s.max_turns} · {elapsed}s"
             )
+            if s.run_id in worktrees:
+                lines.append(f"   🌿 {worktrees[s.run_id]}")
         return lines
 
     # -- start-up and shutdown ---------------------------------------------------------

@@ -41,6 +41,7 @@ from engine.gates import (
 )
 from engine.sink import GateRequest
 from engine.turn import AgentSession, TurnOutput
+from engine.workspace.runs import worktree_summaries
 
 if TYPE_CHECKING:
     from bot.app import BotRuntime
@@ -593,6 +594,12 @@ class AutopilotExtension(Extension):
                 continue
             state = "driving" if handle is not None and not handle.done else "idle"
             lines.append(f"🛂 autopilot {name} · {task.label} · {state}")
+            # A task checked out with --checkout-repo: its branch and disk usage.
+            worktree = await worktree_summaries(
+                self.rt.settings, self.rt.db, {name: str(task.workdir)}
+            )
+            if name in worktree:
+                lines.append(f"   🌿 {worktree[name]}")
         return lines
 
     # -- start-up and shutdown ---------------------------------------------------------

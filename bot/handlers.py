@@ -27,6 +27,7 @@ from telegram.ext import (
 from bot.auth import Action
 from engine.agents.factory import AGENT_NAMES
 from engine.errors import ConfigError
+from engine.workspace.runs import worktree_summaries
 
 if TYPE_CHECKING:
     from bot.app import BotRuntime
@@ -349,11 +350,19 @@ class Handlers:
         if binding is not None:
             queued = await self.rt.store.queued_count(chat.id, thread)
             run = self.rt.chats.active.get((chat.id, thread))
-            state = run.status_text().splitlines()[-1] if run is not None else "idle"
+            # The lines under the head: the running turn and its elapsed time (and the
+            # last tool event), or idle.
+            state = " · ".join(run.status_text().splitlines()[1:]) if run is not None else "idle"
             lines.append(
                 f"💬 chat session · {binding.agent} · {binding.project} · {binding.turns} turn(s)"
                 f" · {state} · queue {queued}"
             )
+            # The session's worktree (a configured project): its branch and disk usage.
+            worktree = await worktree_summaries(
+                self.rt.settings, self.rt.db, {binding.session_id: binding.workdir}
+            )
+            if binding.session_id in worktree:
+                lines.append(f"   🌿 {worktree[binding.session_id]}")
         for ext in self.extensions:
             lines.extend(await ext.status_lines(chat.id))
         await self.reply(update, "\n".join(lines) if lines else "No runs in this chat. /help")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import socket
+import time
 from pathlib import Path
 
 import aiohttp
@@ -12,7 +15,9 @@ import pytest
 from bot.app import BotRuntime
 from engine.errors import ConfigError
 from engine.gates import Gates
-from tests.automode_support import GIT_ENV, git_workspace
+from engine.store.runs import RunStatus
+from engine.workspace.runs import checkout_for_run
+from tests.automode_support import CLARIFY, GIT_ENV, git_workspace
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import (
     ADMIN,
@@ -86,7 +91,7 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
     write_script(
         tmp_path, {"rules": [{"match": "", "text": "ok", "wait_file": str(release)}]}, monkeypatch
     )
-    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         names = [c["command"] for c in api.commands]
         assert names == [
             "help", "chat", "auto", "steer", "autopilot", "approve", "reject",
@@ -100,11 +105,14 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="work")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="more work")
         await api.wait_for_message(lambda m: "Queued" in m.text)
+        # The agent reported a tool call: /status still shows the turn and its elapsed time.
+        assert rt.chats is not None
+        rt.chats.active[(CHAT, 0)].last_event = "🔧 Bash: ls"
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
         status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
         assert "proj-a" in status.text
-        assert "turn 1 running" in status.text
-        assert "queue 1" in status.text
+        assert re.search(r" · ⏳ turn 1 running · \d+s · 🔧 Bash: ls · queue 1$", status.text)
+        assert "🌿" not in status.text  # a plain folder, not a worktree
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat nosuchagent x y")
         await api.wait_for_message(lambda m: m.text.startswith("Usage: /chat"))
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/frobnicate")
@@ -172,12 +180,81 @@ async def test_chat_on_a_configured_project_gets_its_own_worktree(
             await api.wait_for_message(lambda m: m.text == "in where")
             binding = await rt.store.binding(CHAT, 0)
             assert binding is not None
+            # /status shows the session's branch and the worktree's disk usage.
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
+            head, worktree = status.text.splitlines()
+            assert "web" in head
+            assert re.fullmatch(
+                rf"   🌿 turnstile/chat-{binding.session_id[:8]} · \d+(\.\d)? (kB|MB)", worktree
+            ), worktree
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command cache")
             await api.wait_for_message(lambda m: "reserved" in m.text)
     workdir = Path(binding.workdir)
     assert workdir.is_relative_to((tmp_path / "ws").resolve())
     assert (workdir / "README").exists()
     assert [e["cwd"] for e in agent_log(tmp_path)] == [str(workdir)]
+
+
+async def test_status_shows_the_branch_and_disk_usage_of_an_auto_runs_worktree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    repo = git_workspace(tmp_path / "origin")
+    never = tmp_path / "never"
+    write_script(
+        tmp_path, {"rules": [{"match": CLARIFY, "text": "?", "wait_file": str(never)}]},
+        monkeypatch,
+    )  # fmt: skip
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, projects=f"web={repo}")
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command web")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto tidy up")
+            started = await api.wait_for_message(lambda m: "Auto run" in m.text)
+            run_id = started.text.split()[3]
+            try:
+                workdir = (await rt.runs.get_run(run_id)).workdir
+                assert workdir is not None
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+                status = await api.wait_for_message(
+                    lambda m: m.text.startswith("💬 chat session") and f"auto {run_id}" in m.text
+                )
+            finally:  # the turn never ends by itself
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+                deadline = time.monotonic() + 10
+                while (await rt.runs.get_run(run_id)).status is not RunStatus.STOPPED:
+                    assert time.monotonic() < deadline, "the run did not end stopped"
+                    await asyncio.sleep(0.02)
+    lines = status.text.splitlines()
+    auto_line = next(i for i, line in enumerate(lines) if line.startswith(f"🤖 auto {run_id}"))
+    branch = f"turnstile/{Path(workdir).name}"
+    assert branch.startswith("turnstile/auto-")
+    assert re.fullmatch(rf"   🌿 {branch} · \d+(\.\d)? (kB|MB)", lines[auto_line + 1])
+
+
+async def test_status_shows_the_worktree_of_a_checked_out_autopilot_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    repo = git_workspace(tmp_path / "origin")
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, projects=f"web={repo}")
+        async with running_bot(api, settings) as rt:
+            # As `turnstile autopilot --task T5 --init --checkout-repo web` makes it.
+            async with checkout_for_run(settings, rt.db, "web", run_id="T5") as ws:
+                assert ws is not None
+                await Gates(rt.db, rt.settings).init_task("T5", workdir=ws.path)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T5")
+            await api.wait_for_message(lambda m: "Autopilot for task T5" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: m.text.startswith("🛂 autopilot T5 · "))
+    _head, worktree = status.text.splitlines()
+    assert re.fullmatch(r"   🌿 turnstile/T5 · \d+(\.\d)? (kB|MB)", worktree), status.text
 
 
 async def test_forum_topics_are_separate_sessions(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -84,6 +86,26 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
     shown = run_cli(tmp_path, env, "runs", run_id)
     assert shown.returncode == 0, shown.stderr
     assert f"  worktree turnstile/{run_id} · " in shown.stdout
+    # The list shows each run's branch and disk usage too; a run without a worktree "-".
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    other = run_cli(
+        tmp_path, env, "auto", "--workdir", str(plain), "--tool", "command",
+        "--agent-cmd", AGENT_CMD, "-p", "create result.txt",
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    other_id = other.stdout.split()[0]
+    listed = run_cli(tmp_path, env, "runs")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[-1] == "WORKTREE"
+    row = {line.split()[0]: line for line in rows}
+    assert re.search(rf"  turnstile/{run_id} · \d+(\.\d)? (B|kB|MB)$", row[run_id]), row
+    assert row[other_id].endswith("  -")
+    as_json = run_cli(tmp_path, env, "runs", "--json")
+    by_id = {r["id"]: r for r in map(json.loads, as_json.stdout.splitlines())}
+    assert by_id[run_id]["worktree"].startswith(f"turnstile/{run_id} · ")
+    assert by_id[other_id]["worktree"] is None
 
 
 def test_auto_refuses_bad_projects(tmp_path: Path, setup: tuple[Path, dict[str, str]]) -> None:

@@ -1,5 +1,6 @@
-"""``turnstile runs``: list runs with status, phase, turn and age; ``turnstile runs ID``: one
-run and its turns (each attempt, its state, exit code and duration).
+"""``turnstile runs``: list runs with status, phase, turn, age and, for a run that works in
+a git worktree, its branch and disk usage; ``turnstile runs ID``: one run and its turns
+(each attempt, its state, exit code and duration).
 
 A run recorded as running whose driving process is gone is shown as ``running*``:
 it was cut off (a crash, a kill) and can be continued with ``turnstile auto --resume ID``.
@@ -16,7 +17,7 @@ from engine.automode.state import owner_alive
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
-from engine.workspace.runs import run_worktree_summary
+from engine.workspace.runs import run_worktree_summary, worktree_summaries
 
 __all__ = ["format_age", "register"]
 
@@ -120,10 +121,12 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
-    if args.mode:
-        runs = [r for r in runs if r.mode == args.mode]
-    if args.limit > 0:
-        runs = runs[: args.limit]
+        if args.mode:
+            runs = [r for r in runs if r.mode == args.mode]
+        if args.limit > 0:
+            runs = runs[: args.limit]
+        # Disk usage is computed only for the runs that have a worktree.
+        worktrees = await worktree_summaries(settings, db, {r.id: r.workdir for r in runs})
     now = time.time()
     if args.json:
         for r in runs:
@@ -141,6 +144,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                         "exit_code": r.exit_code,
                         "workdir": r.workdir,
                         "log_dir": r.log_dir,
+                        "worktree": worktrees.get(r.id),
                     }
                 )
             )
@@ -148,7 +152,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
     if not runs:
         print("no runs")
         return 0
-    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "AGE", "EXIT")]
+    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "AGE", "EXIT", "WORKTREE")]
     for r in runs:
         rows.append(
             (
@@ -160,6 +164,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 _turn(r),
                 format_age(now - r.created_at),
                 "-" if r.exit_code is None else str(r.exit_code),
+                worktrees.get(r.id, "-"),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "provision_for_run",
     "release_run_workspace",
     "run_worktree_summary",
+    "worktree_summaries",
 ]
 
 
@@ -131,6 +132,45 @@ async def run_worktree_summary(settings: Settings, db: Database, run_id: str) ->
     """``turnstile/<run> · 44.2 MB`` for ``turnstile runs`` and ``/status``, or None."""
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     return await manager.summary(run_id)
+
+
+async def worktree_summaries(
+    settings: Settings, db: Database, runs: Mapping[str, str | Path | None]
+) -> dict[str, str]:
+    """Branch and disk usage (:func:`run_worktree_summary`) of these runs' worktrees.
+
+    ``runs`` maps a run id to its working directory. A run is matched by its id (a run
+    started with ``--checkout-repo``), else by its working directory: a chat session's
+    turns and the runs started from a chat work in a worktree keyed by something else.
+    Returns ``{run id: summary}`` for the runs that have one; runs without a worktree cost
+    one query in all (their disk usage is never computed).
+    """
+    store = SqliteWorkspaceStore(db)
+    live = await store.list()
+    if not live:
+        return {}
+    ids = {w.run_id for w in live}
+    by_path = {_path_key(w.path): w.run_id for w in live}
+    manager = WorkspaceManager(settings.workspaces, (), store=store)
+    out: dict[str, str] = {}
+    cache: dict[str, str | None] = {}
+    for run_id, workdir in runs.items():
+        key = run_id if run_id in ids else None
+        if key is None and workdir:
+            key = by_path.get(_path_key(Path(workdir)))
+        if key is None:
+            continue
+        if key not in cache:
+            cache[key] = await manager.summary(key)
+        summary = cache[key]
+        if summary is not None:
+            out[run_id] = summary
+    return out
+
+
+def _path_key(path: Path) -> str:
+    # Paths are stored absolute; normalise spelling only (no file-system access).
+    return str(Path(path).absolute()).rstrip("/")
 
 
 async def release_run_workspace(settings: Settings, db: Database, run_id: str) -> bool:
