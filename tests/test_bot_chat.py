@@ -81,7 +81,9 @@ async def test_stop_preempts_a_long_turn_and_its_children(
             assert "1 queued message(s) were discarded" in note.text
             assert not alive(agent_pid)
             assert not alive(child_pid)
-            assert elapsed < 0.5 + 3
+            # Nowhere near the agent's 3600 s: the grace period, SIGKILL, and a margin for
+            # the bot's round trips on a loaded machine.
+            assert elapsed < settings.preempt_grace + 10
             runs = await rt.runs.list_runs()
             assert runs[0].status is RunStatus.STOPPED
             turns = await rt.runs.turns(runs[0].id)
