@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 import uuid
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -54,6 +55,9 @@ _LOGGER = logging.getLogger(__name__)
 # group, so a pre-emption also kills every process that inherited the turn's marker.
 TURN_MARKER_VAR = "TURNSTILE_TURN_ID"
 
+# SIGKILL is asynchronous: a stop waits up to this long for the stray processes it
+# killed to finish dying (a loaded machine can take a while to schedule them).
+_STRAY_GONE_WAIT = 10.0
 # How much of a bad line an error message quotes.
 _QUOTE = 200
 # How much of the CLI's own error text our plain-words messages carry.
@@ -407,11 +411,12 @@ class JsonStreamAgent(ProcessAgent):
             self.session_id,
         )
         # SIGKILL is asynchronous: wait (briefly) for the kernel to finish them.
-        for _ in range(200):
-            if not any(_running(pid) for pid in stray):
+        deadline = time.monotonic() + _STRAY_GONE_WAIT
+        while any(_running(pid) for pid in stray):
+            if time.monotonic() >= deadline:
+                _LOGGER.warning("processes %s of a stopped turn are still running", stray)
                 return
             await asyncio.sleep(0.01)
-        _LOGGER.warning("processes %s of a stopped turn are still running", stray)
 
     # -- helpers for compose -------------------------------------------------------------
     def missing_session_output(self, result: ProcessResult, detail: str) -> TurnOutput:
