@@ -29,6 +29,8 @@ from tests.gates_support import APPROVER, REPO, cli_env, make_settings, open_gat
         ("```subtasks\nwave 1: x\x00\n```\n", 2, "control characters"),
         ("```subtasks\nwave 1: dot.name\n```\n", 2, "must be letters"),
         ("```subtasks\nwave 1: " + "a" * 65 + "\n```\n", 2, "at most 64"),
+        # '--' joins a parent and a sub-task in workspace ids and branches (p--a--b).
+        ("```subtasks\nwave 1: a--b\n```\n", 2, "contains '--'"),
     ],
 )
 def test_malformed_blocks_name_the_line(text: str, line: int, problem: str) -> None:
@@ -195,6 +197,21 @@ async def test_cli_reject_needs_reason_and_expiry_code(tmp_path: Path) -> None:
     )
     assert rc == 0
     assert "rejected" in out
+
+
+async def test_sub_task_names_are_checked_when_created_directly(tmp_path: Path) -> None:
+    async with open_gates(make_settings(tmp_path)) as gates:
+        await gates.init_task("p")
+        for name, problem in [
+            ("p.a--b", "sub-task name 'a--b' contains '--'"),
+            ("p.a.b", "sub-task name 'a.b' must be letters"),
+            ("q.a", "must be 'p', '.', then its own name"),
+        ]:
+            with pytest.raises(GateRefused) as info:
+                await gates.store.init_task(name, parent="p", wave=1)
+            assert info.value.reason is Refusal.INVALID_NAME
+            assert problem in str(info.value)
+        assert (await gates.store.init_task("p.a-b", parent="p", wave=1)).parent == "p"
 
 
 async def test_oversized_decomposition_refused(tmp_path: Path) -> None:

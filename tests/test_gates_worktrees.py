@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine.errors import ConfigError
 from engine.gates import DriveOutcome
+from engine.gates.worktrees import TaskWorktrees, workspace_id
+from engine.workspace import subtask_workspace_id
 from engine.workspace.runs import checkout_for_run
 from tests.gates_support import (
     AGENT_CMD,
@@ -126,3 +130,47 @@ async def test_a_merge_conflict_sends_the_parent_to_a_person(
     outcome, _ws, texts = await _drive(tmp_path, monkeypatch, code)
     assert outcome is DriveOutcome.HUMAN_INTERVENTION, "\n".join(texts)
     assert any("did not merge" in t and "shared.txt" in t for t in texts)
+
+
+async def test_a_nested_wave_maps_workspace_ids_down_the_task_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sub-task b of sub-task a of task p (task p.a.b) works in p--a--b, cut from p--a's
+    branch; holding it, and merging it back into p--a, find that same worktree."""
+    for key, value in git_test_env(tmp_path / "home").items():
+        monkeypatch.setenv(key, value)
+    remote = make_remote(tmp_path)
+    settings = make_settings(tmp_path, workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
+    async with open_gates(settings) as gates:
+        db = gates.store.db
+        async with checkout_for_run(settings, db, "demo", run_id="p") as ws:
+            assert ws is not None
+            top = await gates.init_task("p", workdir=ws.path)
+        mid = await gates.store.init_task("p.a", parent="p", wave=1)
+        leaf = await gates.store.init_task("p.a.b", parent="p.a", wave=1)
+        worktrees = TaskWorktrees(settings, db)
+        assert await worktrees.before_wave(top, [mid]) == {"p.a": ws.path.parent / "p--a"}
+        inner = await worktrees.before_wave(mid, [leaf])
+        assert inner == {"p.a.b": ws.path.parent / "p--a--b"}
+        assert await worktrees.workspace_id(leaf) == "p--a--b"
+        leaf_path = inner["p.a.b"]
+        assert git("symbolic-ref", "--short", "HEAD", cwd=leaf_path) == "turnstile/p--a--b"
+        async with worktrees.hold(leaf) as held:
+            assert held is not None
+            assert held.path == leaf_path
+        (leaf_path / "leaf.txt").write_text("from b\n")
+        git("add", "leaf.txt", cwd=leaf_path)
+        git("commit", "-q", "-m", "b", cwd=leaf_path)
+        done = dataclasses.replace(leaf, phase="complete")
+        assert await worktrees.after_wave(mid, [done]) == {}
+    # Merged into p.a's branch, in p.a's worktree; p itself is untouched until its wave ends.
+    assert (ws.path.parent / "p--a" / "leaf.txt").read_text() == "from b\n"
+    assert not (ws.path / "leaf.txt").exists()
+
+
+def test_one_function_joins_workspace_ids() -> None:
+    assert workspace_id("p") == "p"
+    assert workspace_id("p", ["a", "b"]) == subtask_workspace_id("p--a", "b") == "p--a--b"
+    for bad in ("a--b", "a/b", "..", ""):
+        with pytest.raises(ConfigError, match="invalid sub-task name"):
+            workspace_id("p", [bad])

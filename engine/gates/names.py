@@ -43,6 +43,9 @@ def subtask_problem(name: str) -> str | None:
     problem = _describe(name)
     if problem is None and not _SUB.match(name):
         problem = "must be letters, digits, '_' or '-' (at most 64), starting alnum"
+    if problem is None and "--" in name:
+        # '--' joins a parent's and a sub-task's names in workspace ids and branches.
+        problem = "contains '--'"
     return problem
 
 

@@ -28,7 +28,7 @@ from engine.gates.folder import Violation, effective_phase, inspect_folder, vali
 from engine.gates.gitwatch import fingerprint
 from engine.gates.hashing import sha256_file_async
 from engine.gates.machine import Facts, Target, check_transition, parse_target
-from engine.gates.names import check_task_name
+from engine.gates.names import check_subtask_name, check_task_name
 from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.state_file import write_state
 from engine.gates.workflow import (
@@ -525,6 +525,14 @@ class TaskStore:
             raise GateRefused(Refusal.ILLEGAL_TRANSITION, "waves start at 1", task=name)
         phase = self.workflow.first
         if parent is not None:
+            # A sub-task is named PARENT.NAME, NAME by the sub-task rules (as in a plan).
+            if not name.startswith(f"{parent}."):
+                raise GateRefused(
+                    Refusal.INVALID_NAME,
+                    f"sub-task name {name!r} must be {parent!r}, '.', then its own name",
+                    task=name,
+                )
+            check_subtask_name(name[len(parent) + 1 :])
             await self.get(parent)
             phase = self.workflow.subtask_start
         folder = (folder or self.tasks_root / name).absolute()

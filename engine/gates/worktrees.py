@@ -6,6 +6,10 @@ Each sub-task of a wave gets its own worktree and branch (``turnstile/<task>--<n
 from the parent's branch); when a wave ends, the complete sub-tasks' branches are merged
 back into the parent's branch (``--no-ff``); a conflict sends that sub-task to
 human_intervention. Tasks without a worktree are left alone.
+
+Workspace ids follow the task tree, not the task's dotted name: sub-task ``b`` of sub-task
+``a`` of task ``t`` (task ``t.a.b``) works in ``t--a--b``, the id
+:func:`engine.workspace.subtask_workspace_id` gives under its parent's workspace ``t--a``.
 """
 
 from __future__ import annotations
@@ -15,20 +19,34 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.errors import ConfigError
+from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.tasks import TaskRecord
 
 if TYPE_CHECKING:
     from engine.settings import Settings
     from engine.store.database import Database
 
-__all__ = ["TaskWorktrees", "WaveWorkspaces", "workspace_id"]
+__all__ = ["TaskWorktrees", "WaveWorkspaces", "short_name", "workspace_id"]
+
+# Deeper than any real plan; a cycle in the parent column (a damaged database) stops here.
+_MAX_DEPTH = 32
 
 
-def workspace_id(task: TaskRecord) -> str:
-    """The workspace id of a task: its name, or ``PARENT--NAME`` for a sub-task."""
-    if task.parent is None:
-        return task.name
-    return f"{task.parent}--{task.name[len(task.parent) + 1 :]}"
+def short_name(task: TaskRecord) -> str:
+    """A sub-task's own name (``b`` of ``t.a.b``); a top-level task's full name."""
+    return task.name if task.parent is None else task.name[len(task.parent) + 1 :]
+
+
+def workspace_id(root: str, shorts: Sequence[str] = ()) -> str:
+    """The workspace id of task ``root`` or of its sub-task reached through ``shorts``
+    (the short names from the top down): ``root--a--b`` for ``shorts == ("a", "b")``."""
+    from engine.workspace.manager import subtask_workspace_id
+
+    out = root
+    for name in shorts:
+        out = subtask_workspace_id(out, name)
+    return out
 
 
 class WaveWorkspaces(Protocol):
@@ -68,15 +86,35 @@ class TaskWorktrees:
             )
         return self._manager
 
+    async def workspace_id(self, task: TaskRecord) -> str:
+        """The task's workspace id, found up its chain of parents (see the module doc)."""
+        shorts: list[str] = []
+        current, parent = task.name, task.parent
+        while parent is not None:
+            if len(shorts) >= _MAX_DEPTH:
+                raise GateRefused(
+                    Refusal.INVALID_NAME, f"task {task.name!r} is nested too deep", task=task.name
+                )
+            shorts.append(current[len(parent) + 1 :])
+            row = await self._db.fetchone("SELECT parent FROM gate_tasks WHERE name = ?", (parent,))
+            current, parent = parent, (row["parent"] if row is not None else None)
+        try:
+            return workspace_id(current, shorts[::-1])
+        except ConfigError as exc:  # a name from before '--' was refused in sub-task names
+            raise GateRefused(Refusal.INVALID_NAME, str(exc), task=task.name) from exc
+
     async def _find(self, task: TaskRecord) -> Any:
+        try:
+            wanted = await self.workspace_id(task)
+        except GateRefused:
+            return None  # a name no worktree can have: it has none
         # Cheap check first: most tasks have no worktree, and TURNSTILE_PROJECTS may be unset.
         row = await self._db.fetchone(
-            "SELECT id FROM workspaces WHERE id = ? AND removed_at IS NULL",
-            (workspace_id(task),),
+            "SELECT id FROM workspaces WHERE id = ? AND removed_at IS NULL", (wanted,)
         )
         if row is None:
             return None
-        return await self._get_manager().get(workspace_id(task))
+        return await self._get_manager().get(wanted)
 
     @contextlib.asynccontextmanager
     async def hold(self, task: TaskRecord) -> AsyncIterator[Any]:
@@ -96,12 +134,18 @@ class TaskWorktrees:
         manager = self._get_manager()
         out: dict[str, Path] = {}
         for sub in subtasks:
-            short = sub.name[len(parent.name) + 1 :]
-            workspace = await manager.get(workspace_id(sub))
+            workspace = await manager.get(self._sub_id(parent_ws, sub))
             if workspace is None or workspace.removed_at is not None:
-                workspace = await manager.provision_subtask(parent_ws, short)
+                workspace = await manager.provision_subtask(parent_ws, short_name(sub))
             out[sub.name] = Path(workspace.path)
         return out
+
+    @staticmethod
+    def _sub_id(parent_ws: Any, sub: TaskRecord) -> str:
+        try:
+            return workspace_id(parent_ws.id, [short_name(sub)])
+        except ConfigError as exc:
+            raise GateRefused(Refusal.INVALID_NAME, str(exc), task=sub.name) from exc
 
     async def after_wave(
         self, parent: TaskRecord, subtasks: Sequence[TaskRecord]
@@ -111,9 +155,9 @@ class TaskWorktrees:
             return {}
         manager = self._get_manager()
         done = [s for s in subtasks if s.phase == "complete"]
-        workspaces = [await manager.get(workspace_id(s)) for s in done]
+        by_id = {self._sub_id(parent_ws, s): s.name for s in done}
+        workspaces = [await manager.get(i) for i in by_id]
         report = await manager.merge_wave(parent_ws, [w for w in workspaces if w is not None])
-        by_id = {workspace_id(s): s.name for s in done}
         problems: dict[str, str] = {}
         for result in report.results:
             if result.outcome.value in ("merged", "up_to_date"):

@@ -35,7 +35,8 @@ The API (all async; errors in :mod:`engine.workspace.git` and
     await manager.cleanup()                 # CleanupReport(removed, rescued, busy, ...)
 
 Ids: a run id is 1-128 letters, digits, ``.``, ``_``, ``-`` without ``--`` (that joins a
-parent and a sub-task name, which follows the same rule up to 128 characters).
+parent and a sub-task name, which follows the same rule up to 128 characters;
+``subtask_workspace_id(parent_id, name)`` is the one place that joins them).
 
 Commands that start runs use :mod:`engine.workspace.runs` (``add_checkout_argument``,
 ``checkout_for_run``, ``hold_run_workspace``) for ``--checkout-repo``.
@@ -66,6 +67,7 @@ from engine.workspace.manager import (
     WorkspaceStatus,
     disk_usage,
     format_size,
+    subtask_workspace_id,
 )
 from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
 from engine.workspace.runs import (
@@ -115,4 +117,5 @@ __all__ = [
     "redact_url",
     "release_run_workspace",
     "run_worktree_summary",
+    "subtask_workspace_id",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "WorkspaceStatus",
     "disk_usage",
     "format_size",
+    "subtask_workspace_id",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -215,6 +216,17 @@ def _check_id(value: str, what: str) -> str:
     return value
 
 
+def subtask_workspace_id(parent_id: str, name: str) -> str:
+    """The id of sub-task ``name``'s workspace under the workspace ``parent_id``:
+    ``PARENT--NAME`` (its branch is ``turnstile/PARENT--NAME``). A sub-task of a sub-task
+    nests the same way (``run--a--b``). The only place that joins them.
+
+    Raises:
+        ConfigError: ``name`` is not a valid id (``/``, ``..``, ``--``, spaces, ...).
+    """
+    return f"{parent_id}{_SUB_SEP}{_check_id(name, 'sub-task name')}"
+
+
 class WorkspaceManager:
     """Gives each run (and each sub-task of a wave) its own git worktree and branch.
 
@@ -327,11 +339,9 @@ class WorkspaceManager:
 
         Only the parent's commits are in it, not its uncommitted changes.
         """
-        _check_id(name, "sub-task name")
+        workspace_id = subtask_workspace_id(parent.id, name)
         proj = self.resolve_project(parent.project)
-        return await self._provision(
-            f"{parent.id}{_SUB_SEP}{name}", parent.run_id, proj, parent=parent, branch=None
-        )
+        return await self._provision(workspace_id, parent.run_id, proj, parent=parent, branch=None)
 
     @contextlib.asynccontextmanager
     async def checkout(
