@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -197,3 +198,7 @@ GateMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestGateMachine = GateMachine.TestCase
+
+# 30 examples of up to 40 steps on a real SQLite file: ~10 s on an idle machine, several
+# times that on CI's two cores shared with other jobs.
+pytestmark = pytest.mark.timeout(240)
