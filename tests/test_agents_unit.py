@@ -19,7 +19,13 @@ import pytest
 
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions
-from engine.agents.claude import ClaudeAgent, claude_permission_args
+from engine.agents.claude import (
+    ClaudeAgent,
+    claude_config_dir,
+    claude_permission_args,
+    claude_project_slug,
+    claude_transcript_path,
+)
 from engine.agents.codex import CODEX_MAX_PROMPT_CHARS, CodexAgent, codex_sandbox_args
 from engine.agents.copilot import CopilotAgent, copilot_allowlist
 from engine.agents.factory import create_agent
@@ -120,7 +126,14 @@ async def test_claude_first_turn_names_session_later_turns_resume(
     tmp_path: Path, fake_cli: Path
 ) -> None:
     agent = ClaudeAgent(
-        options(tmp_path, fake_cli, [claude_result("hi")], model="opus", passthrough=("--x",)),
+        options(
+            tmp_path,
+            fake_cli,
+            [claude_result("hi")],
+            model="opus",
+            passthrough=("--x",),
+            config_dir=tmp_path / "cfg",
+        ),
         session_id=SID,
     )
     first = await agent.run_turn("-p --help")
@@ -140,10 +153,131 @@ async def test_claude_first_turn_names_session_later_turns_resume(
     assert first.metadata["usage"] == {"input_tokens": 1, "output_tokens": 2}
 
 
+def write_transcript(agent: ClaudeAgent, text: str = '{"type":"user"}\n') -> Path:
+    """Stand in for the transcript the real CLI writes (the fake CLI writes none)."""
+    path = agent.transcript_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def claude_agent(tmp_path: Path, fake_cli: Path, **kwargs: object) -> ClaudeAgent:
+    opts = options(tmp_path, fake_cli, [claude_result()], config_dir=tmp_path / "cfg")
+    return ClaudeAgent(opts, session_id=SID, **kwargs)  # type: ignore[arg-type]
+
+
 async def test_resume_flag_resumes_from_the_first_turn(tmp_path: Path, fake_cli: Path) -> None:
-    agent = ClaudeAgent(options(tmp_path, fake_cli, [claude_result()]), session_id=SID, resume=True)
+    agent = claude_agent(tmp_path, fake_cli, resume=True)
+    write_transcript(agent)
     await agent.run_turn("hello")
     assert records(tmp_path)[0]["argv"][4:6] == ["--resume", SID]
+
+
+async def test_resume_flag_without_transcript_creates_the_session(
+    tmp_path: Path, fake_cli: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The session was recorded, but its first turn never reached the CLI's store.
+    agent = claude_agent(tmp_path, fake_cli, resume=True)
+    with caplog.at_level("INFO", logger="engine.agents.claude"):
+        await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == ["--session-id", SID]
+    [log] = [r for r in caplog.records if r.name == "engine.agents.claude"]
+    assert log.levelname == "INFO"
+    assert SID in log.getMessage()
+    assert "never finished" in log.getMessage()
+
+
+async def test_existing_transcript_is_resumed_even_by_a_new_session_object(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    # A first turn killed after the CLI wrote its transcript, then a restart that did
+    # not pass resume=True: creating it again would fail with "already in use".
+    agent = claude_agent(tmp_path, fake_cli)
+    write_transcript(agent)
+    await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == ["--resume", SID]
+
+
+async def test_empty_transcript_is_removed_and_the_session_created(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    # The CLI resumes only a non-empty transcript and refuses to create over any file.
+    agent = claude_agent(tmp_path, fake_cli, resume=True)
+    path = write_transcript(agent, "")
+    await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == ["--session-id", SID]
+    assert not path.exists()
+
+
+async def test_finished_turn_then_missing_transcript_resumes_to_report_it(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    # A turn finished, so the CLI wrote the transcript: gone now means removed, and
+    # resuming lets the CLI say so (reported as "no longer knows"), never a silent restart.
+    agent = claude_agent(tmp_path, fake_cli)
+    await agent.run_turn("first")
+    assert not agent.transcript_path().exists()
+    await agent.run_turn("second")
+    one, two = records(tmp_path)
+    assert one["argv"][4:6] == ["--session-id", SID]
+    assert two["argv"][4:6] == ["--resume", SID]
+
+
+async def test_caller_that_knows_turns_finished_gets_the_missing_report_path(
+    tmp_path: Path, fake_cli: Path
+) -> None:
+    # After a restart our store says turns finished, but the transcript is gone.
+    agent = claude_agent(tmp_path, fake_cli, resume=True)
+    agent.finished_turn = True
+    await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == ["--resume", SID]
+
+
+# Folder names the real Claude Code 2.1.197 created for these working directories.
+MEASURED_SLUGS = [
+    ("/tmp/slugexp/r1/plain", "-tmp-slugexp-r1-plain"),
+    ("/tmp/slugexp/r1/with space.dot_under-dash", "-tmp-slugexp-r1-with-space-dot-under-dash"),
+    ("/tmp/slugexp/r1/\u00fcn\u00ef c\u00f6d\u00e9", "-tmp-slugexp-r1--n--c-d-"),
+    ("/tmp/slugexp/r2/\u00e9\U0001f600x", "-tmp-slugexp-r2----x"),
+    # Longer than 200: cut, then the base-36 absolute value of the path's 32-bit hash
+    # (negative for the first path, positive for the second).
+    ("/tmp/slugexp/r1/" + "x" * 250, "-tmp-slugexp-r1-" + "x" * 184 + "-a3dkac"),
+    ("/tmp/slugexp/r3/" + "y" * 250, "-tmp-slugexp-r3-" + "y" * 184 + "-y4snsa"),
+]
+
+
+@pytest.mark.parametrize(("cwd", "slug"), MEASURED_SLUGS)
+def test_claude_project_slug_matches_the_cli(cwd: str, slug: str) -> None:
+    assert claude_project_slug(cwd) == slug
+
+
+def test_claude_transcript_path_resolves_the_cwd_and_config_dir(tmp_path: Path) -> None:
+    real = tmp_path / "real dir"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    config = tmp_path / "cfg"
+    expected = config / "projects" / claude_project_slug(str(real)) / f"{SID}.jsonl"
+    assert claude_transcript_path(config, link, SID) == expected
+    home = {"HOME": str(tmp_path / "home")}
+    assert claude_config_dir(home, real) == tmp_path / "home" / ".claude"
+    assert claude_config_dir({**home, "CLAUDE_CONFIG_DIR": str(config)}, real) == config
+    assert claude_config_dir({"CLAUDE_CONFIG_DIR": "rel"}, real) == real / "rel"
+    # NFC, as the CLI normalises it: "e" + combining acute becomes one "\u00e9".
+    decomposed = str(tmp_path / "cfe\u0301")
+    assert claude_config_dir({"CLAUDE_CONFIG_DIR": decomposed}, real) == tmp_path / "cf\u00e9"
+
+
+def test_transcript_path_follows_the_turn_environment(tmp_path: Path, fake_cli: Path) -> None:
+    # extra_env wins over config_dir, as it does in the turn's environment.
+    other = tmp_path / "other"
+    opts = options(
+        tmp_path, fake_cli, config_dir=tmp_path / "cfg", extra_env={"CLAUDE_CONFIG_DIR": str(other)}
+    )
+    agent = ClaudeAgent(opts, session_id=SID)
+    assert agent.transcript_path().is_relative_to(other / "projects")
+    plain = ClaudeAgent(options(tmp_path, fake_cli, config_dir=tmp_path / "cfg"), session_id=SID)
+    assert plain.transcript_path().is_relative_to(tmp_path / "cfg" / "projects")
 
 
 def test_claude_session_ids_are_uuids(tmp_path: Path, fake_cli: Path) -> None:
@@ -633,11 +767,14 @@ async def test_claude_session_already_in_use_is_resumed_next_turn(
     tmp_path: Path, fake_cli: Path
 ) -> None:
     stderr = f"Error: Session ID {SID} is already in use.\n"
-    agent = ClaudeAgent(options(tmp_path, fake_cli, [], exit_code=1, stderr=stderr), session_id=SID)
+    opts = options(tmp_path, fake_cli, [], exit_code=1, stderr=stderr, config_dir=tmp_path / "cfg")
+    agent = ClaudeAgent(opts, session_id=SID)
     out = await agent.run_turn("hi")
     assert out.exit_code == 1
     assert "already has session" in out.text
     assert "is already in use" in out.text
     assert agent.started
+    # Another process created it between our look at the store and the spawn.
+    write_transcript(agent)
     await agent.run_turn("again")
     assert records(tmp_path)[1]["argv"][4:6] == ["--resume", SID]

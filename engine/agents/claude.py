@@ -1,7 +1,12 @@
 """Claude Code (``claude``), one ``claude -p`` process per turn.
 
 First turn ``--session-id <uuid>``, every later turn ``--resume <uuid>``, always from the
-session's pinned cwd (Claude keeps sessions per working directory). Output is
+session's pinned cwd (Claude keeps sessions per working directory). Which flag a turn
+uses is decided before spawning from the CLI's own session store: the session exists
+when its transcript, ``<config dir>/projects/<cwd slug>/<id>.jsonl``, holds anything
+(see :func:`claude_transcript_path`). A first turn killed before the CLI wrote its
+transcript therefore leads to a fresh ``--session-id`` turn, not a failing ``--resume``;
+one killed after leads to ``--resume``, not an "already in use" failure. Output is
 ``--output-format stream-json --verbose``: ``system/init``, ``assistant`` and ``user``
 messages (tool calls and their results) while the turn runs, then one ``result`` record
 with the final text, error flag, model turns, usage and cost.
@@ -10,15 +15,29 @@ with the final text, error flag, model turns, usage and cost.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import unicodedata
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.agents.allowlist import ToolAllowlist
+from engine.agents.base import Invocation
 from engine.agents.stream import EventKind, JsonStreamAgent, text_of
 from engine.process import ProcessResult
 from engine.turn import TurnOutput
 
-__all__ = ["CLAUDE_TOOL_NAMES", "ClaudeAgent", "claude_permission_args"]
+__all__ = [
+    "CLAUDE_TOOL_NAMES",
+    "ClaudeAgent",
+    "claude_config_dir",
+    "claude_permission_args",
+    "claude_project_slug",
+    "claude_transcript_path",
+]
+
+_LOGGER = logging.getLogger(__name__)
 
 # Our allowlist speaks the lower-case names of the Copilot CLI; Claude Code's tools are
 # capitalised and a few differ. Names not listed here pass through unchanged, so a
@@ -41,6 +60,71 @@ CLAUDE_TOOL_NAMES: dict[str, tuple[str, ...]] = {
 
 _MISSING = "No conversation found with session ID"
 _IN_USE = "is already in use"
+
+# Claude Code cuts a project folder name at this many characters and appends a hash.
+_SLUG_LIMIT = 200
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _utf16_units(text: str) -> list[int]:
+    data = text.encode("utf-16-le", errors="surrogatepass")
+    return [int.from_bytes(data[i : i + 2], "little") for i in range(0, len(data), 2)]
+
+
+def _string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` over UTF-16 code units (what Claude Code computes)."""
+    value = 0
+    for unit in _utf16_units(text):
+        value = (value * 31 + unit) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _base36(number: int) -> str:
+    digits = ""
+    while True:
+        number, rest = divmod(number, 36)
+        digits = _BASE36[rest] + digits
+        if number == 0:
+            return digits
+
+
+def claude_project_slug(cwd: str) -> str:
+    """The folder name Claude Code keeps a working directory's sessions under.
+
+    Measured against Claude Code 2.1.197: every UTF-16 code unit of the (already
+    resolved) path that is not an ASCII letter or digit becomes ``-`` (so an emoji gives
+    two); a name longer than 200 characters is cut to 200, then ``-`` and the base-36
+    absolute value of the path's 32-bit Java-style string hash are appended.
+    """
+    slug = "".join(
+        chr(unit) if unit < 128 and chr(unit).isalnum() else "-" for unit in _utf16_units(cwd)
+    )
+    if len(slug) <= _SLUG_LIMIT:
+        return slug
+    return f"{slug[:_SLUG_LIMIT]}-{_base36(abs(_string_hash(cwd)))}"
+
+
+def claude_config_dir(env: Mapping[str, str], cwd: Path) -> Path:
+    """Claude Code's state folder for a process started with ``env`` in ``cwd``.
+
+    ``$CLAUDE_CONFIG_DIR`` (a relative one is taken from the CLI's cwd), else
+    ``$HOME/.claude``; Claude Code NFC-normalises it.
+    """
+    configured = env.get("CLAUDE_CONFIG_DIR")
+    if configured is None:
+        home = env.get("HOME") or str(Path.home())
+        configured = os.path.join(home, ".claude")
+    return cwd / unicodedata.normalize("NFC", configured)
+
+
+def claude_transcript_path(config_dir: Path, cwd: Path, session_id: str) -> Path:
+    """Where Claude Code writes session ``session_id`` started in ``cwd``.
+
+    ``<config_dir>/projects/<slug of the resolved cwd>/<session_id>.jsonl``: the CLI
+    resolves symlinks in its working directory before naming the folder.
+    """
+    resolved = os.path.realpath(cwd)
+    return config_dir / "projects" / claude_project_slug(resolved) / f"{session_id}.jsonl"
 
 
 def _claude_tool(name: str) -> tuple[str, ...]:
@@ -80,9 +164,59 @@ class ClaudeAgent(JsonStreamAgent):
     npm_package: ClassVar[str] = "@anthropic-ai/claude-code"
     binary_setting: ClassVar[str] = "TURNSTILE_CLAUDE_BIN"
 
+    #: Whether a turn of this session finished here (the CLI printed its result record),
+    #: so the CLI has written the transcript: a missing one was removed, not never written.
+    finished_turn: bool = False
+
+    def transcript_path(self) -> Path:
+        """The session's transcript in the CLI's store, for this agent's environment."""
+        env = self.environment(Invocation(argv=[]))
+        config = claude_config_dir(env, self.options.cwd)
+        return claude_transcript_path(config, self.options.cwd, self.session_id)
+
+    def _session_known(self) -> bool:
+        """Whether the next turn resumes (True) or creates (False) the session.
+
+        The CLI resumes only a non-empty transcript and refuses to create a session whose
+        transcript file exists at all, so an empty leftover (a process killed between
+        creating and filling it) is removed: it holds no conversation.
+        """
+        path = self.transcript_path()
+        try:
+            size: int | None = path.stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            size = None
+        except OSError as exc:
+            # The store cannot be read (permissions?): go by what this object saw.
+            _LOGGER.warning(
+                "cannot read Claude Code's transcript of session %s at %s (%s); %s it",
+                self.session_id,
+                path,
+                exc,
+                "resuming" if self.started else "creating",
+            )
+            return self.started
+        if size:
+            return True
+        if self.finished_turn:
+            # Turns finished in this session, yet the transcript is gone: resume anyway,
+            # and the CLI's "no conversation found" becomes the plain-words report.
+            return True
+        if size == 0:
+            path.unlink(missing_ok=True)
+        if self.started:
+            _LOGGER.info(
+                "Claude Code has no transcript of session %s at %s: its first turn never "
+                "finished, so this turn creates the session",
+                self.session_id,
+                path,
+            )
+            self.started = False
+        return False
+
     def turn_argv(self, program: str) -> list[str]:
         argv = [program, "-p", "--output-format", "stream-json", "--verbose"]
-        if self.started:
+        if self._session_known():
             argv += ["--resume", self.session_id]
         else:
             argv += ["--session-id", self.session_id]
@@ -174,6 +308,7 @@ class ClaudeAgent(JsonStreamAgent):
             return self.output(
                 self.failure_text(result), result, {"is_error": True, "num_turns": 0}
             )
+        self.finished_turn = True
         text = record.get("result")
         if not isinstance(text, str):
             text = "; ".join(self.turn.errors) or self.failure_text(result)
