@@ -309,6 +309,7 @@ class ChatSessions:
             cwd=Path(binding.workdir),
             session_id=binding.session_id,
             resume=binding.turns > 0,
+            turns_finished=binding.turns > 0,
         )
         await self.runs.create_run(
             run_id,

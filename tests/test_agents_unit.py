@@ -233,6 +233,30 @@ async def test_caller_that_knows_turns_finished_gets_the_missing_report_path(
     assert records(tmp_path)[0]["argv"][4:6] == ["--resume", SID]
 
 
+@pytest.mark.parametrize(("turns_finished", "flag"), [(True, "--resume"), (False, "--session-id")])
+async def test_factory_passes_what_the_store_knows_about_finished_turns(
+    tmp_path: Path, fake_cli: Path, turns_finished: bool, flag: str
+) -> None:
+    # The bot and auto mode rebuild a session after a restart through the factory; when
+    # their store shows finished turns, a missing transcript must be reported, not replaced.
+    from engine.agents.factory import create_agent
+    from engine.settings import Settings
+
+    settings = Settings(claude_bin=str(fake_cli), _env_file=None)  # type: ignore[call-arg]
+    opts = options(tmp_path, fake_cli, [claude_result()])
+    agent = create_agent(
+        "claude",
+        settings,
+        cwd=opts.cwd,
+        session_id=SID,
+        extra_env={**opts.extra_env, "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg")},
+        resume=True,
+        turns_finished=turns_finished,
+    )
+    await agent.run_turn("hello")
+    assert records(tmp_path)[0]["argv"][4:6] == [flag, SID]
+
+
 # Folder names the real Claude Code 2.1.197 created for these working directories.
 MEASURED_SLUGS = [
     ("/tmp/slugexp/r1/plain", "-tmp-slugexp-r1-plain"),

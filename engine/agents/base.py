@@ -76,6 +76,11 @@ class ProcessAgent(ABC):
     turns and owns pre-emption.
     """
 
+    #: Whether a turn of this session has finished, here or in an earlier process. An
+    #: adapter whose CLI keeps its own session store uses it to tell a session whose files
+    #: were removed (report it) from one whose first turn never finished (create it).
+    finished_turn: bool = False
+
     def __init__(
         self,
         options: AgentOptions,

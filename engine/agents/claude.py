@@ -164,10 +164,6 @@ class ClaudeAgent(JsonStreamAgent):
     npm_package: ClassVar[str] = "@anthropic-ai/claude-code"
     binary_setting: ClassVar[str] = "TURNSTILE_CLAUDE_BIN"
 
-    #: Whether a turn of this session finished here (the CLI printed its result record),
-    #: so the CLI has written the transcript: a missing one was removed, not never written.
-    finished_turn: bool = False
-
     def transcript_path(self) -> Path:
         """The session's transcript in the CLI's store, for this agent's environment."""
         env = self.environment(Invocation(argv=[]))

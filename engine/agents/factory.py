@@ -29,6 +29,7 @@ def create_agent(
     extra_env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     resume: bool = False,
+    turns_finished: bool = False,
     preempt: PreemptHandle | None = None,
 ) -> ProcessAgent:
     """A new session of ``tool`` pinned to ``cwd``.
@@ -36,6 +37,8 @@ def create_agent(
     Args:
         resume: the session already exists (its first turn ran before, maybe in an
             earlier process): the next turn resumes it instead of creating it.
+        turns_finished: a turn of the session is recorded as finished (the store says
+            so), so a CLI that no longer knows the session is reported, not restarted.
 
     Raises:
         ConfigError: unknown tool, missing command template, or a missing cwd.
@@ -62,9 +65,11 @@ def create_agent(
             allowlist=tools,
             spill_limit=settings.spill_limit,
         )
-        return CommandAgent(
+        agent: ProcessAgent = CommandAgent(
             template, cwd=cwd, options=options, session_id=session_id, preempt=preempt
         )
+        agent.finished_turn = turns_finished
+        return agent
     binary = {
         "claude": settings.claude_bin,
         "copilot": settings.copilot_bin,
@@ -84,11 +89,14 @@ def create_agent(
     if tool == "claude":
         from engine.agents.claude import ClaudeAgent
 
-        return ClaudeAgent(options, session_id=session_id, preempt=preempt, resume=resume)
-    if tool == "copilot":
+        agent = ClaudeAgent(options, session_id=session_id, preempt=preempt, resume=resume)
+    elif tool == "copilot":
         from engine.agents.copilot import CopilotAgent
 
-        return CopilotAgent(options, session_id=session_id, preempt=preempt, resume=resume)
-    from engine.agents.codex import CodexAgent
+        agent = CopilotAgent(options, session_id=session_id, preempt=preempt, resume=resume)
+    else:
+        from engine.agents.codex import CodexAgent
 
-    return CodexAgent(options, session_id=session_id, preempt=preempt, resume=resume)
+        agent = CodexAgent(options, session_id=session_id, preempt=preempt, resume=resume)
+    agent.finished_turn = turns_finished
+    return agent

@@ -284,6 +284,7 @@ def _build(
         extra_env=extra_env,
         config_dir=config_dir,
         resume=resume_session,
+        turns_finished=resume_session,
     )
     log_dir = Path(state.log_dir)
     stop = stop_event if stop_event is not None else asyncio.Event()
