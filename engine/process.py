@@ -206,6 +206,26 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
+async def _stop_spawned(
+    spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _ExitAwareProtocol]], grace: float
+) -> None:
+    """Terminate the group of a process whose start was cancelled, once it has started."""
+    try:
+        transport, protocol = await spawn
+    except Exception:  # it never started: nothing to stop
+        return
+    pid = transport.get_pid()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(protocol.exited.wait(), timeout=grace)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    # Our ends of its pipes; the child watcher still reaps the process.
+    transport.close()
+    await _wait_group_gone(pid)
+
+
 def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
@@ -218,11 +238,11 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
         self, exited: asyncio.Event, *, limit: int, loop: asyncio.AbstractEventLoop
     ) -> None:
         super().__init__(limit=limit, loop=loop)
-        self._exited = exited
+        self.exited = exited
 
     def process_exited(self) -> None:
         super().process_exited()
-        self._exited.set()
+        self.exited.set()
 
 
 class _StdoutSink:
@@ -330,8 +350,9 @@ async def run_process(
     def protocol_factory() -> _ExitAwareProtocol:
         return _ExitAwareProtocol(exited, limit=_CHUNK, loop=loop)
 
-    try:
-        transport, protocol = await loop.subprocess_exec(
+    grace = preempt.grace if preempt is not None else 2.0
+    spawn = asyncio.ensure_future(
+        loop.subprocess_exec(
             protocol_factory,
             *spec.argv,
             stdin=asyncio.subprocess.PIPE if spec.stdin is not None else asyncio.subprocess.DEVNULL,
@@ -341,6 +362,16 @@ async def run_process(
             env=dict(spec.env) if spec.env is not None else None,
             start_new_session=True,
         )
+    )
+    try:
+        try:
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Cancelled while the process starts. asyncio's own clean-up would kill only
+            # the leader and can wait forever for pipes its children already hold: let
+            # the spawn finish, then stop the whole group like any cancelled turn.
+            await asyncio.shield(_stop_spawned(spawn, grace))
+            raise
         proc = asyncio.subprocess.Process(transport, protocol, loop)
     except FileNotFoundError as exc:
         missing_cwd = spec.cwd is not None and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
@@ -383,7 +414,6 @@ async def run_process(
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.close()
 
-    grace = preempt.grace if preempt is not None else 2.0
     if preempt is not None:
         preempt._attach(proc)
     tasks = [

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from engine.process import (
 )
 from engine.testing import ScriptedSession
 from tests.conftest import FAKE_AGENT
+from tests.fakes.realcli import MARKER_VAR, marked_processes
 
 PY = sys.executable
 
@@ -176,7 +178,7 @@ def _alive(pid: int) -> bool:
 
 
 async def _wait_pids(path: Path) -> tuple[int, int]:
-    for _ in range(500):
+    for _ in range(3000):  # 30 s at least: python starting on a loaded machine
         if path.exists() and path.read_text().strip():
             parent, child = path.read_text().split()
             return int(parent), int(child)
@@ -193,6 +195,12 @@ async def test_preempt_kills_agent_and_grandchild(tmp_path: Path, ignore_term: b
     spec = ProcessSpec(argv=[PY, str(FAKE_AGENT), "--prompt", "p"], env=env)
     turn = asyncio.create_task(run_process(spec, preempt=handle), name="turn")
     parent, grandchild = await _wait_pids(pids)
+    # On a loaded machine the agent can write its pids before run_process has resumed
+    # from the spawn and attached the handle.
+    for _ in range(1000):
+        if handle.active:
+            break
+        await asyncio.sleep(0.01)
     assert handle.active
     started = time.monotonic()
     assert await handle.stop() is True
@@ -225,6 +233,23 @@ async def test_cancellation_kills_the_process_group(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert not _alive(parent)
     assert not _alive(grandchild)
+
+
+@pytest.mark.parametrize("delay", range(6))
+async def test_cancelled_while_spawning_stops_the_whole_group(delay: int) -> None:
+    # sh starts a child at once, so a cancel landing while asyncio still connects the
+    # pipes finds a child holding them: asyncio alone would SIGKILL only sh and then wait
+    # for those pipes forever, leaving the child running.
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER_VAR: marker}
+    spec = ProcessSpec(argv=["sh", "-c", "sleep 300 & exec sleep 301"], env=env)
+    turn = asyncio.create_task(run_process(spec), name="turn")
+    for _ in range(delay):
+        await asyncio.sleep(0)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(turn, 30)
+    assert marked_processes(marker) == []
 
 
 async def test_no_wall_clock_timeout_on_a_turn(tmp_path: Path) -> None:
