@@ -20,7 +20,14 @@ from engine.errors import TurnPreempted
 from engine.process import PreemptHandle
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
-from tests.fakes.realcli import Sandbox, cmdline, group_alive, marked_processes, parent_of
+from tests.fakes.realcli import (
+    Sandbox,
+    cmdline,
+    group_alive,
+    groups_of,
+    marked_processes,
+    parent_of,
+)
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
@@ -229,9 +236,10 @@ async def test_preempt_while_response_held_kills_cli_and_children(
     await asyncio.wait_for(hold.arrived.wait(), 120)
     pids = marked_processes(sandbox.marker)
     [cli] = [pid for pid in pids if parent_of(pid) == os.getpid()]
-    outside = [pid for pid in pids if os.getpgid(pid) != os.getpgid(cli)]
+    group_of = groups_of(pids)
+    outside = [pid for pid, group in group_of.items() if group != group_of[cli]]
     assert outside, [cmdline(pid) for pid in pids]
-    groups = {os.getpgid(pid) for pid in pids}
+    groups = set(group_of.values())
     assert await agent.preempt.stop()
     with pytest.raises(TurnPreempted):
         await turn

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from engine.errors import TurnPreempted
 from engine.process import PreemptHandle
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
-from tests.fakes.realcli import Sandbox, group_alive, marked_processes
+from tests.fakes.realcli import Sandbox, group_alive, groups_of, marked_processes
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
@@ -210,7 +209,7 @@ async def test_preempt_while_response_held_kills_cli_and_children(
     await asyncio.wait_for(hold.arrived.wait(), 120)
     pids = marked_processes(sandbox.marker)
     assert pids, "the CLI should be running while the response is held"
-    groups = {os.getpgid(pid) for pid in pids}
+    groups = set(groups_of(pids).values())
     assert await agent.preempt.stop()
     with pytest.raises(TurnPreempted):
         await turn

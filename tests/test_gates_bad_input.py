@@ -82,6 +82,7 @@ def test_one_gigabyte_artifact_is_hashed_by_streaming(tmp_path: Path) -> None:
     assert after_kib - before_kib < 16 * 1024  # grew by less than 16 MiB
 
 
+@pytest.mark.timeout(240)
 async def test_one_gigabyte_artifact_through_the_gate(tmp_path: Path) -> None:
     async with open_gates(make_settings(tmp_path)) as gates:
         task = await gates.init_task("big")

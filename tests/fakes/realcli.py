@@ -107,3 +107,14 @@ def parent_of(pid: int) -> int:
     except OSError:
         return 0
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def groups_of(pids: list[int]) -> dict[int, int]:
+    """pid → process group of each pid still running (short-lived helpers may be gone)."""
+    found: dict[int, int] = {}
+    for pid in pids:
+        try:
+            found[pid] = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+    return found
