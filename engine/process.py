@@ -427,7 +427,10 @@ async def run_process(
         # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
         # descendant holding stdout can delay forever; the protocol reports the exit itself.
         await exited.wait()
-        _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+        # Usually the pipes are already at EOF: wait (bounded) only when they are not.
+        pending = {task for task in readers if not task.done()}
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=_DRAIN_GRACE)
         if pending:
             _LOGGER.warning(
                 "pid=%s exited but descendants hold its output open; killing its group", proc.pid
@@ -448,10 +451,14 @@ async def run_process(
         await asyncio.shield(_terminate_group(proc, 0.5))
         raise TurnIOError(f"capturing {program!r} failed: {exc.strerror or exc}") from exc
     finally:
+        unfinished = [task for task in tasks if not task.done()]
+        for task in unfinished:
+            task.cancel()
+        if unfinished:
+            await asyncio.gather(*unfinished, return_exceptions=True)
         for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            if not task.cancelled():
+                task.exception()  # retrieved: an error already raised is not logged twice
         sink.finish()
         if preempt is not None:
             preempt._detach()
@@ -461,7 +468,7 @@ async def run_process(
         stdout=sink.text(),
         stdout_size=sink.size,
         spill_path=sink.spill_path,
-        stderr_tail=tail(bytes(stderr_tail), STDERR_TAIL),
+        stderr_tail=tail(bytes(stderr_tail), STDERR_TAIL) if stderr_tail else "",
         stderr_size=stderr_size,
         pid=proc.pid,
         duration=time.monotonic() - started,
