@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     # Gates
     approval_quorum: int = Field(default=1, ge=1)
     approval_expiry_seconds: float | None = None
+    # Bot: how long a Reject button press waits for the reason (then nothing is rejected)
+    reason_request_seconds: float = Field(default=300.0, gt=0)
     forbid_self_approval: bool = False
     workflow_file: Path | None = None
 
