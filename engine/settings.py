@@ -103,7 +103,7 @@ class Settings(BaseSettings):
         the credential variables (``GH_TOKEN``, ``ANTHROPIC_API_KEY``...) in ``environ``
         (default: this process's environment, which the agents inherit).
         """
-        # Imported here: the workspace package imports the settings.
+        # Imported here: reading settings must not load the workspace package (git, stores).
         from engine.workspace.projects import parse_projects
 
         values: list[str] = []
