@@ -94,7 +94,7 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         names = [c["command"] for c in api.commands]
         assert names == [
-            "help", "chat", "auto", "steer", "autopilot", "approve", "reject",
+            "help", "chat", "auto", "steer", "autopilot", "approve", "reject", "cancel",
             "stop", "status", "tasks", "audit",
         ]  # fmt: skip
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
