@@ -38,14 +38,20 @@ _CREDENTIAL_WORD = (
 _PARTS = r"(?:[_.\-][A-Za-z0-9]{1,24}){0,4}"
 _NAME = re.compile(rf"(?i)^[A-Za-z0-9_.\-]*?{_CREDENTIAL_WORD}{_PARTS}$")
 
+# Markdown markup inside a key ("sk-ant-*abc*", "sk\\-ant") is part of the key in raw
+# text (documents, plain messages): stopping at it would leave the rest visible. A key
+# ends on a letter or digit, so that a closing "`" or "*" stays.
+_MARKUP = r"*`\\~_"
 # Shapes of credentials commonly found in agent output, environment dumps and headers.
 _PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?<![A-Za-z0-9])sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"(?<![A-Za-z0-9])(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"),
-    re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"),
-    re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9\-]{10,}"),
+    re.compile(rf"(?<![A-Za-z0-9])sk\\?-[A-Za-z0-9\-{_MARKUP}]{{7,}}[A-Za-z0-9]"),
+    re.compile(
+        rf"(?<![A-Za-z0-9])(?:ghp|gho|ghu|ghs|ghr)\\?_[A-Za-z0-9{_MARKUP}]{{19,}}[A-Za-z0-9]"
+    ),
+    re.compile(rf"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9{_MARKUP}]{{19,}}[A-Za-z0-9]"),
+    re.compile(rf"(?<![A-Za-z0-9])xox[abprs]\\?-[A-Za-z0-9\-{_MARKUP}]{{9,}}[A-Za-z0-9]"),
     re.compile(r"(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}\b"),
-    re.compile(r"\b\d{6,12}:[A-Za-z0-9_\-]{30,}"),  # Telegram bot tokens
+    re.compile(rf"\b\d{{6,12}}:[A-Za-z0-9\-{_MARKUP}]{{29,}}[A-Za-z0-9_\-]"),  # bot tokens
     re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]+=*"),
     # NAME=value, NAME: value, "name": "value" where NAME is a credential name.
     re.compile(rf"(?i)({_CREDENTIAL_WORD}{_PARTS}[\"']?\s*[=:]\s*)([\"']?)[^\s\"']{{6,}}"),

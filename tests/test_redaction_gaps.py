@@ -89,6 +89,23 @@ def test_a_key_that_markdown_splits_is_redacted_in_the_sent_text(markdown: str) 
     assert [_utf16_slice(text, e) for e in bold] == ["bold"]
 
 
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        f"the key is sk-ant-api03-*{KEY_BODY}* ok",
+        f"the key is sk\\-ant\\-api03\\-{KEY_BODY} ok",
+        f"the key is ghp_*{KEY_BODY}1234* ok",
+    ],
+)
+def test_a_split_key_is_hidden_in_raw_text_too(markdown: str) -> None:
+    """Long outputs go out as the raw Markdown document; plain messages are raw too."""
+    [doc] = render_markdown(markdown, redact=Redactor(), document_threshold=10)
+    assert doc.document is not None
+    assert KEY_BODY[:8] not in doc.document
+    assert KEY_BODY[:8] not in doc.text
+    assert KEY_BODY[:8] not in redact(markdown)
+
+
 def test_entities_follow_redactions_before_them_in_utf16() -> None:
     markdown = f"🎉 **GH_TOKEN**=opaque0987654321 then sk-ant-api03-*{KEY_BODY}* 🎉 *tail*"
     text, entities = _render(markdown)
