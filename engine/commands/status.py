@@ -140,19 +140,13 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from engine.gates.listing import (
-        LIST_QUERY,
-        ListEntry,
-        group_tasks,
-        render_groups,
-        render_groups_json,
-    )
+    from engine.gates.listing import fetch_entries, group_tasks, render_groups, render_groups_json
     from engine.store.database import Database
 
     # Listing needs no workflow and no folders: one query, then render.
     async with Database(settings.database) as db:
-        rows = await db.fetchall(LIST_QUERY)
-    groups = group_tasks(ListEntry(*r) for r in rows)
+        entries = await fetch_entries(db)
+    groups = group_tasks(entries)
     sys.stdout.write((render_groups_json(groups) if args.json else render_groups(groups)) + "\n")
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome
-from engine.gates.listing import LIST_QUERY, ListEntry, TaskGroup, group_tasks
+from engine.gates.listing import TaskGroup, fetch_entries, group_tasks
 from engine.gates.tasks import (
     ApprovalResult,
     AuditEvent,
@@ -107,8 +107,7 @@ class Gates:
         The groups hold light :class:`ListEntry` rows (name, phase, sub-state, version,
         parent, wave, gate hash, notes); use :meth:`task` for a whole record.
         """
-        rows = await self.store.db.fetchall(LIST_QUERY)
-        return group_tasks(ListEntry(*r) for r in rows)
+        return group_tasks(await fetch_entries(self.store.db))
 
     # -- approvals -----------------------------------------------------------------------
 
