@@ -221,7 +221,9 @@ class AutopilotExtension(Extension):
     def _start(self, name: str, place: ChatPlace) -> DriveHandle:
         self.places[name] = place
         self.sink.register(_RUN_PREFIX + name, place, task=name)
-        handle = self.gates.start_autopilot(name, self.sink, agent_factory=self._factory)
+        handle = self.gates.start_autopilot(
+            name, self.sink, agent_factory=self._factory, chat=(place.chat_id, place.thread_id)
+        )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
         return handle
@@ -632,7 +634,7 @@ class AutopilotExtension(Extension):
                 waiter.cancel()
                 done_wait.cancel()
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
         for watcher in list(self.watchers.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -640,7 +642,7 @@ class AutopilotExtension(Extension):
     async def park_all(self) -> None:
         self.closing = True
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
 
 
 def _buttons(gate_id: str) -> dict[str, Any]:

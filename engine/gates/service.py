@@ -193,6 +193,7 @@ class Gates:
         wait_for_approval: bool = True,
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
+        chat: tuple[int, int | None] | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
@@ -210,13 +211,14 @@ class Gates:
             poll_interval=self.poll_interval,
             agent_factory=agent_factory,
             worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
+            chat=chat,
         )
         # The task copies the context: every line it logs carries the task name.
         with log_context(task=task):
             future: asyncio.Task[DriveOutcome] = asyncio.create_task(
                 pilot.drive(task), name=f"autopilot-{task}"
             )
-        handle = DriveHandle(task, future)
+        handle = DriveHandle(task, future, pilot)
         self._drives[task] = handle
         return handle
 
