@@ -37,7 +37,6 @@ from engine.gates import (
     Gates,
     Refusal,
     TaskRecord,
-    render_groups,
 )
 from engine.sink import GateRequest
 from engine.turn import AgentSession, TurnOutput
@@ -526,8 +525,7 @@ class AutopilotExtension(Extension):
         await self._show_tasks(chat.id, thread, str(update.update_id), 0)
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
-        groups = await self.gates.list_tasks()
-        lines = render_groups(groups).splitlines()
+        lines = (await self.gates.listing_text()).splitlines()
         pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
         body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])

@@ -140,14 +140,18 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from engine.gates.listing import fetch_entries, group_tasks, render_groups, render_groups_json
+    from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
+    from engine.gates.listing import fetch_rows as fetch
     from engine.store.database import Database
 
     # Listing needs no workflow and no folders: one query, then render.
     async with Database(settings.database) as db:
-        entries = await fetch_entries(db)
-    groups = group_tasks(entries)
-    sys.stdout.write((render_groups_json(groups) if args.json else render_groups(groups)) + "\n")
+        rows = await fetch(db)
+    if args.json:
+        text = render_groups_json(group_tasks(map(ListEntry._make, rows)))
+    else:
+        text = render_rows(rows)
+    sys.stdout.write(text + "\n")
     return 0
 
 

@@ -16,16 +16,21 @@ __all__ = [
     "Listable",
     "TaskGroup",
     "fetch_entries",
+    "fetch_rows",
     "group_tasks",
     "render_groups",
     "render_groups_json",
+    "render_rows",
 ]
 
-#: The columns a listing needs, nothing more (10,000 rows must list in milliseconds).
-#: Ordered by name so the per-wave sorts in :func:`group_tasks` meet sorted input (linear).
+#: The columns a listing needs, nothing more (10,000 rows must list in milliseconds), in
+#: listing order: each group (a task and its sub-tasks) together, the task first, then its
+#: sub-tasks by wave and name. :func:`render_rows` streams that order into text without
+#: building a row object; :func:`group_tasks` takes rows in any order.
 LIST_QUERY = (
     "SELECT name, phase, sub_state, version, parent, wave, gate_sha256, revision_notes, "
-    "updated_at FROM gate_tasks ORDER BY name"
+    "updated_at FROM gate_tasks "
+    "ORDER BY COALESCE(parent, name), parent IS NOT NULL, COALESCE(wave, 1), name"
 )
 
 
@@ -147,14 +152,31 @@ def group_tasks(records: Iterable[Listable]) -> list[TaskGroup]:
     return gated + [groups[n] for n in names if not groups[n].gate_open]
 
 
-def _line(task: Listable, indent: str) -> str:
-    sub = task.sub_state
-    label = f"{task.phase}:{sub}" if sub else task.phase
-    notes = task.revision_notes
+def _format(
+    indent: str,
+    name: str,
+    phase: str,
+    sub: str | None,
+    version: int,
+    sha: str | None,
+    notes: str | None,
+) -> str:
+    label = f"{phase}:{sub}" if sub else phase
     extra = f"  notes: {notes[:40]!r}" if notes else ""
-    sha = task.gate_sha256
     gate = f"  gate {sha[:12]}" if sha and sub == _AWAITING else ""
-    return f"{indent}{task.name:<40} {label:<36} v{task.version}{gate}{extra}"
+    return f"{indent}{name:<40} {label:<36} v{version}{gate}{extra}"
+
+
+def _line(task: Listable, indent: str) -> str:
+    return _format(
+        indent,
+        task.name,
+        task.phase,
+        task.sub_state,
+        task.version,
+        task.gate_sha256,
+        task.revision_notes,
+    )
 
 
 def render_groups(groups: list[TaskGroup]) -> str:
@@ -174,9 +196,50 @@ def render_groups(groups: list[TaskGroup]) -> str:
     return "\n".join(lines)
 
 
+def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
+    """:func:`render_groups` of :func:`group_tasks`, straight from :data:`LIST_QUERY` rows.
+
+    One pass over the rows in the query's order, no object per row: the listing of
+    10,000 tasks is a hot path (the admin board). The output is the same text.
+    """
+    gated: list[list[str]] = []
+    rest: list[list[str]] = []
+    lines: list[str] = []
+    current: str | None = None
+    wave_seen: int | None = None
+    gate_open = False
+    for name, phase, sub, version, parent, wave, sha, notes, _updated in rows:
+        key = parent or name
+        if key != current:
+            if current is not None:
+                (gated if gate_open else rest).append(lines)
+            current, lines, wave_seen, gate_open = key, [], None, False
+            if parent is not None:
+                lines.append(f"{parent} (parent not found)")
+        if sub == _AWAITING:
+            gate_open = True
+        if parent is None:
+            lines.append(_format("", name, phase, sub, version, sha, notes))
+            continue
+        number = wave or 1
+        if number != wave_seen:
+            lines.append(f"  wave {number}:")
+            wave_seen = number
+        lines.append(_format("    ", name, phase, sub, version, sha, notes))
+    if current is None:
+        return "no tasks"
+    (gated if gate_open else rest).append(lines)
+    return "\n".join([line for group in gated + rest for line in group])
+
+
+async def fetch_rows(db: Database) -> list[tuple[Any, ...]]:
+    """Every task as a :data:`LIST_QUERY` row (plain tuples), in listing order."""
+    return await db.fetch_tuples(LIST_QUERY)
+
+
 async def fetch_entries(db: Database) -> list[ListEntry]:
-    """Every task as a :class:`ListEntry` (one query, plain tuples: no per-row objects)."""
-    return list(map(ListEntry._make, await db.fetch_tuples(LIST_QUERY)))
+    """Every task as a :class:`ListEntry`, in listing order."""
+    return list(map(ListEntry._make, await fetch_rows(db)))
 
 
 def _task_json(task: Listable) -> dict[str, Any]:

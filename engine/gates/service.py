@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome
-from engine.gates.listing import TaskGroup, fetch_entries, group_tasks
+from engine.gates.listing import TaskGroup, fetch_entries, fetch_rows, group_tasks, render_rows
 from engine.gates.tasks import (
     ApprovalResult,
     AuditEvent,
@@ -108,6 +108,10 @@ class Gates:
         parent, wave, gate hash, notes); use :meth:`task` for a whole record.
         """
         return group_tasks(await fetch_entries(self.store.db))
+
+    async def listing_text(self) -> str:
+        """:meth:`list_tasks` rendered as text (streamed from the rows: no object per task)."""
+        return render_rows(await fetch_rows(self.store.db))
 
     # -- approvals -----------------------------------------------------------------------
 
