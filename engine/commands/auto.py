@@ -1,4 +1,4 @@
-"""``turnstile auto``: run an agent autonomously from the terminal (seed 000).
+"""``turnstile auto``: run an agent autonomously from the terminal.
 
 ::
 
