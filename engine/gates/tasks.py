@@ -67,8 +67,9 @@ class GatePolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatePolicy:
+        # An admin holds every role, approving included (self-approval rules still apply).
         return cls(
-            approvers=frozenset(str(i) for i in settings.approvers),
+            approvers=frozenset(str(i) for i in (*settings.approvers, *settings.admins)),
             quorum=settings.approval_quorum,
             expiry_seconds=settings.approval_expiry_seconds,
             forbid_self_approval=settings.forbid_self_approval,
