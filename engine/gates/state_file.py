@@ -59,7 +59,7 @@ def read_state(folder: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except UnsafeFileError as exc:
-        return {"__invalid__": f"refused: {exc.message}"}
+        return {"__invalid__": exc.message.removeprefix(f"{STATE_FILE} is ")}
     except OSError as exc:
         return {"__invalid__": f"unreadable: {exc}"}
     try:
