@@ -231,8 +231,10 @@ async def test_six_pipe_artifacts_do_not_freeze_the_bot(tmp_path: Path) -> None:
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 45)
+        elapsed = time.monotonic() - started
+        print(f"SIGTERM to exit with six pipe artifacts: {elapsed:.2f} s")
         assert code == 0
-        assert time.monotonic() - started < 30  # generous: it takes a second or two
+        assert elapsed < 30  # generous: it takes a second or two
 
 
 # -- item 2: a link out of the task folder is refused, never published -------------------
