@@ -26,7 +26,9 @@ from bot.auth import Action
 from bot.extension import Extension
 from bot.sink import BotSink, ChatPlace
 from bot.store import GateRecord
+from engine import safefile
 from engine.agents.factory import create_agent
+from engine.errors import UnsafeFileError
 from engine.gates import (
     COMPLETE,
     HUMAN_INTERVENTION,
@@ -284,7 +286,18 @@ class AutopilotExtension(Extension):
             run_id=request.run_id,
         )
         publisher = self.rt.publisher_or_fail()
-        content = await asyncio.to_thread(_read_artifact, request.artifact_path)
+        try:
+            content = await asyncio.to_thread(_read_artifact, request.artifact_path)
+        except UnsafeFileError as exc:
+            # Never attach what the gate did not hash (a link out of the task folder, ...).
+            content = None
+            await publisher.say(
+                place.chat_id,
+                f"{request.task} · {request.phase}: {exc.message}. It is not attached, and "
+                "approvals are refused until it is a plain file in the task folder again.",
+                thread_id=place.thread_id,
+                run_id=request.run_id,
+            )
         if content is not None:
             await publisher.document(
                 place.chat_id,
@@ -655,10 +668,17 @@ def _buttons(gate_id: str) -> dict[str, Any]:
 
 
 def _read_artifact(path: Path) -> str | None:
+    """The artifact's text to attach; None when it is gone or too large to attach.
+
+    Raises:
+        UnsafeFileError: it leads outside the task folder or is not a regular file.
+    """
     try:
-        size = path.stat().st_size
+        raw = safefile.read_bytes(path.parent, path.name, limit=_MAX_DOCUMENT)
+    except UnsafeFileError as exc:
+        if exc.reason == safefile.Unsafe.TOO_LARGE:
+            return None
+        raise
     except OSError:
         return None
-    if size > _MAX_DOCUMENT:
-        return None
-    return path.read_bytes().decode("utf-8", errors="replace")
+    return raw.decode("utf-8", errors="replace")

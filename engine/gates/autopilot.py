@@ -28,8 +28,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
+from engine import safefile
 from engine.agents.factory import create_agent
-from engine.errors import ConfigError, TurnstileError
+from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
@@ -531,10 +532,10 @@ class Autopilot:
         problems: list[str] = []
         if facts.blocked:
             problems.append(f"forbidden artifacts present: {', '.join(facts.blocked)}")
-        if facts.artifact_sha256 is None:
-            problems.append(f"{spec.artifact} was not written in {task.folder}")
-        elif facts.artifact_error:
+        if facts.artifact_error:
             problems.append(facts.artifact_error)
+        elif facts.artifact_sha256 is None:
+            problems.append(f"{spec.artifact} was not written in {task.folder}")
         if before_git is not None:
             after = await fingerprint(task.workdir, exclude=task.folder)
             if after != before_git:
@@ -559,7 +560,9 @@ class Autopilot:
         spec = self.store.workflow.phase(task.phase)
         facts = await self.store.facts(task)
         if facts.artifact_sha256 is None:
-            return await self._to_human(task, f"{spec.artifact} disappeared at the gate")
+            return await self._to_human(
+                task, facts.artifact_error or f"{spec.artifact} disappeared at the gate"
+            )
         if facts.approvals >= facts.quorum:
             try:
                 moved = await self.store.transition(
@@ -593,7 +596,7 @@ class Autopilot:
 
     async def _gate_request(self, task: TaskRecord, spec: PhaseSpec) -> GateRequest:
         path = task.folder / spec.artifact
-        excerpt = await asyncio.to_thread(_head, path, EXCERPT)
+        excerpt = await asyncio.to_thread(_head, task.folder, spec.artifact, EXCERPT)
         notes = (
             f"approve: turnstile status --task {task.name} --approve --by USER_ID",
             f"reject: turnstile status --task {task.name} --reject --by USER_ID --reason TEXT",
@@ -697,11 +700,12 @@ class Autopilot:
         return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
 
 
-def _head(path: Path, limit: int) -> str:
+def _head(folder: Path, artifact: str, limit: int) -> str:
+    """The artifact's first ``limit`` characters ("" when it cannot be read safely: the
+    gate message then shows no excerpt)."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(limit * 4)
-    except OSError:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
         return ""
     return raw.decode("utf-8", errors="replace")[:limit]
 

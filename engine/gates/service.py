@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import safefile
+from engine.errors import UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome, next_step
 from engine.gates.folder import Violation
@@ -218,7 +220,7 @@ class Gates:
                 continue
             spec = self.workflow.phase(task.phase)
             path = task.folder / spec.artifact
-            excerpt = await asyncio.to_thread(_excerpt, path)
+            excerpt = await asyncio.to_thread(_excerpt, task.folder, spec.artifact)
             out.append(
                 GateRequest(
                     task=task.name,
@@ -290,9 +292,9 @@ class Gates:
         self._drives.clear()
 
 
-def _excerpt(path: Path, limit: int = 1500) -> str:
+def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
     try:
-        with path.open("rb") as fh:
-            return fh.read(limit * 4).decode("utf-8", errors="replace")[:limit]
-    except OSError:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
         return ""
+    return raw.decode("utf-8", errors="replace")[:limit]
