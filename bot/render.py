@@ -166,6 +166,20 @@ def _misleading(label: str, url: str) -> bool:
     return shown[1] != target[1]  # a bare host name promises the host only
 
 
+_LINK_SCHEMES: Final = frozenset({"http", "https", "tg"})
+
+
+def _sendable_link(url: str | None) -> bool:
+    """Whether Telegram takes ``url`` as a link's target (an absolute http(s) or tg URL)."""
+    if not url:
+        return False
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return False
+    return parts.scheme.lower() in _LINK_SCHEMES and bool(parts.netloc or parts.scheme == "tg")
+
+
 def _plain_targets(
     text: str, entities: list[tgmd.MessageEntity]
 ) -> tuple[str, list[tgmd.MessageEntity]]:
@@ -175,6 +189,10 @@ def _plain_targets(
     kept: list[tgmd.MessageEntity] = []
     end = 0
     for entity in sorted(entities, key=lambda e: e.offset):
+        if entity.type == "text_link" and not _sendable_link(entity.url):
+            # A relative link ("[README.md](README.md)") or an odd scheme: the Bot API
+            # refuses the whole message for it. The label stays, as plain text.
+            continue
         if entity.type == "text_link" and entity.url and entity.offset >= end:
             label = data[2 * entity.offset : 2 * (entity.offset + entity.length)]
             if _misleading(label.decode("utf-16-le", errors="replace"), entity.url):

@@ -351,3 +351,19 @@ async def test_an_agent_printing_its_credentials_reaches_the_chat_redacted(
     everything = repr([c.params for c in api.calls])
     for value in values.values():
         assert value not in everything
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "see [README.md](README.md) now",
+        "see [the file](./docs/a.md) now",
+        "see [mail](mailto:a@b.example) now",
+        "see [run](javascript:alert(1)) now",
+    ],
+)
+def test_a_link_telegram_would_refuse_is_plain_text(markdown: str) -> None:
+    label = markdown[markdown.index("[") + 1 : markdown.index("]")]
+    text, entities = _render(markdown)
+    assert text == f"see {label} now"
+    assert not [e for e in entities if e["type"] == "text_link"]
