@@ -31,6 +31,7 @@ from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store import Database
+from engine.store.database import ENGINE, read_schema_versions
 
 __all__ = [
     "Check",
@@ -236,14 +237,14 @@ def _try_write(folder: Path) -> str | None:
 async def check_database(path: Path, *, migrate: bool = False) -> Check:
     """The database opens and is at the latest schema version (never changed unless asked)."""
     name = "database"
-    latest = Database(path).latest_version
+    latest = Database(path).latest_versions
     if migrate:
         try:
             async with Database(path) as db:
-                version = await db.schema_version()
+                versions = await db.schema_versions()
         except (StoreError, sqlite3.Error, OSError) as exc:
             return _fail(name, f"cannot open {path}: {exc}", "check the path and permissions")
-        return _compare(name, path, version, latest)
+        return _compare(name, path, versions, latest)
     if not await asyncio.to_thread(path.exists):
         return _warn(
             name,
@@ -251,42 +252,41 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
             "it is created on the first start, or now with `turnstile doctor --migrate`",
         )
     try:
-        version = await asyncio.to_thread(_read_version, path)
+        versions = await asyncio.to_thread(read_schema_versions, path)
     except sqlite3.Error as exc:
         return _fail(
             name,
             f"cannot read {path}: {exc}",
             "is it a turnstile database? restore one with your last `turnstile backup` copy",
         )
-    return _compare(name, path, version, latest)
+    return _compare(name, path, versions, latest)
 
 
-def _compare(name: str, path: Path, version: int, latest: int) -> Check:
-    if version == latest:
-        return _ok(name, f"{path} at schema version {version} (latest)")
-    if version < latest:
-        return _fail(
-            name,
-            f"{path} at schema version {version}, this turnstile needs {latest}",
-            "back it up (`turnstile backup FILE`), then `turnstile doctor --migrate` "
-            "(the bot also migrates on start)",
-        )
-    return _fail(
-        name,
-        f"{path} at schema version {version}, newer than this turnstile ({latest})",
-        "upgrade turnstile (`git pull && pip install -e .`) or restore an older backup",
-    )
+def _compare(
+    name: str, path: Path, versions: Mapping[str, int], latest: Mapping[str, int]
+) -> Check:
+    # The engine's version reads as before; a front end's tables have their own numbers.
+    def label(owner: str) -> str:
+        return "" if owner == ENGINE else f"{owner} "
 
-
-def _read_version(path: Path) -> int:
-    # Read-only: the doctor must not create, migrate or lock what the bot is using.
-    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        row = conn.execute("PRAGMA user_version").fetchone()
-        return int(row[0])
-    finally:
-        conn.close()
+    for owner, want in latest.items():
+        version = versions.get(owner, 0)
+        if version < want:
+            return _fail(
+                name,
+                f"{path} at {label(owner)}schema version {version}, this turnstile needs {want}",
+                "back it up (`turnstile backup FILE`), then `turnstile doctor --migrate` "
+                "(the bot also migrates on start)",
+            )
+        if version > want:
+            return _fail(
+                name,
+                f"{path} at {label(owner)}schema version {version}, newer than this "
+                f"turnstile ({want})",
+                "upgrade turnstile (`git pull && pip install -e .`) or restore an older backup",
+            )
+    shown = ", ".join(f"{label(owner)}schema version {latest[owner]}" for owner in latest)
+    return _ok(name, f"{path} at {shown} (latest)")
 
 
 # --- agents --------------------------------------------------------------------------
