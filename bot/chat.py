@@ -29,7 +29,12 @@ from engine.logs import log_context
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
-from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
+from engine.workspace import (
+    RESERVED_FOLDERS,
+    SqliteWorkspaceStore,
+    WorkspaceError,
+    WorkspaceManager,
+)
 
 __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult", "new_run_id"]
 
@@ -38,8 +43,6 @@ _LOGGER = logging.getLogger(__name__)
 AgentFactory = Callable[..., ProcessAgent]
 
 _STATUS_DEBOUNCE: Final = 0.05
-# Folders the workspace manager owns under the workspaces root.
-_RESERVED = frozenset({"cache", "worktrees", "locks"})
 
 
 def new_run_id() -> str:
@@ -231,7 +234,7 @@ class ChatSessions:
             except WorkspaceError as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        if project in _RESERVED:
+        if project in RESERVED_FOLDERS:
             raise ConfigError(f"{project!r} is reserved for the workspace manager")
         path = (self.settings.workspaces / project).resolve()
         path.mkdir(parents=True, exist_ok=True)

@@ -534,9 +534,3 @@ async def test_front_end_checks_are_discovered_not_built_in(tmp_path: Path) -> N
     assert front.network_calls == 1
     await run_checks(settings, network=False, front_ends=[front])
     assert front.network_calls == 1  # --offline skips a front end's network checks
-
-
-def test_engine_doctor_does_not_know_telegram() -> None:
-    source = (ROOT / "engine" / "commands" / "doctor.py").read_text()
-    for word in ("getMe", "getWebhookInfo", "TELEGRAM", "BotFather", "bot.doctor"):
-        assert word not in source

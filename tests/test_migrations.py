@@ -199,14 +199,3 @@ def test_migration_sets_are_validated() -> None:
         MigrationSet("x", (step, step))
     with pytest.raises(StoreError, match="engine's, once"):
         Database(":memory:", migrations=[])
-
-
-def test_the_engine_names_no_bot_table() -> None:
-    # The layer rule as a search over the engine's code and migrations.
-    pattern = re.compile("|".join(sorted(BOT_TABLES)))
-    offenders = [
-        str(path.relative_to(REPO))
-        for path in sorted((REPO / "engine").rglob("*"))
-        if path.suffix in {".py", ".sql"} and pattern.search(path.read_text())
-    ]
-    assert offenders == []

@@ -1,0 +1,47 @@
+"""Layer rules as searches over the source: the engine knows no front end, and the bot
+asks the engine for what the engine owns."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from engine.workspace import RESERVED_FOLDERS
+from tests.conftest import REPO
+from tests.test_migrations import BOT_TABLES
+
+
+def _sources(package: str, suffixes: set[str]) -> dict[Path, str]:
+    return {
+        path: path.read_text()
+        for path in sorted((REPO / package).rglob("*"))
+        if path.suffix in suffixes
+    }
+
+
+def test_the_engine_doctor_does_not_know_telegram() -> None:
+    source = (REPO / "engine" / "commands" / "doctor.py").read_text()
+    for word in ("getMe", "getWebhookInfo", "TELEGRAM", "BotFather", "bot.doctor"):
+        assert word not in source
+
+
+def test_the_engine_names_no_bot_table() -> None:
+    pattern = re.compile("|".join(sorted(BOT_TABLES)))
+    offenders = [
+        str(path.relative_to(REPO))
+        for path, text in _sources("engine", {".py", ".sql"}).items()
+        if pattern.search(text)
+    ]
+    assert offenders == []
+
+
+def test_the_bot_never_spells_the_workspace_layout() -> None:
+    assert {"cache", "worktrees", "locks"} == RESERVED_FOLDERS
+    names = "|".join(sorted(RESERVED_FOLDERS))
+    quoted = re.compile(rf"""["']({names})["'/]|/ ?["']({names})""")
+    offenders = [
+        f"{path.relative_to(REPO)}: {match.group(0)}"
+        for path, text in _sources("bot", {".py"}).items()
+        for match in quoted.finditer(text)
+    ]
+    assert offenders == []
