@@ -28,6 +28,7 @@ from engine.settings import Settings
 from engine.store import Database
 from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import FakeBotApi
+from tests.support import make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
@@ -95,7 +96,7 @@ def _settings(tmp_path: Path, **overrides: object) -> Settings:
         "copilot_bin": str(tmp_path / "missing" / "copilot"),
     }
     values.update(overrides)
-    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+    return make_settings(tmp_path, **values)
 
 
 def _env(tmp_path: Path, base_url: str, token: str = TOKEN) -> dict[str, str]:
