@@ -37,7 +37,6 @@ from engine.gates import (
     Gates,
     Refusal,
     TaskRecord,
-    render_groups,
 )
 from engine.sink import GateRequest
 from engine.turn import AgentSession, TurnOutput
@@ -221,7 +220,9 @@ class AutopilotExtension(Extension):
     def _start(self, name: str, place: ChatPlace) -> DriveHandle:
         self.places[name] = place
         self.sink.register(_RUN_PREFIX + name, place, task=name)
-        handle = self.gates.start_autopilot(name, self.sink, agent_factory=self._factory)
+        handle = self.gates.start_autopilot(
+            name, self.sink, agent_factory=self._factory, chat=(place.chat_id, place.thread_id)
+        )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
         return handle
@@ -524,8 +525,7 @@ class AutopilotExtension(Extension):
         await self._show_tasks(chat.id, thread, str(update.update_id), 0)
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
-        groups = await self.gates.list_tasks()
-        lines = render_groups(groups).splitlines()
+        lines = (await self.gates.listing_text()).splitlines()
         pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
         body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
@@ -632,7 +632,7 @@ class AutopilotExtension(Extension):
                 waiter.cancel()
                 done_wait.cancel()
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
         for watcher in list(self.watchers.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -640,7 +640,7 @@ class AutopilotExtension(Extension):
     async def park_all(self) -> None:
         self.closing = True
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
 
 
 def _buttons(gate_id: str) -> dict[str, Any]:
