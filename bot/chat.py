@@ -29,12 +29,7 @@ from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
-from engine.workspace import (
-    RESERVED_FOLDERS,
-    SqliteWorkspaceStore,
-    WorkspaceError,
-    WorkspaceManager,
-)
+from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
 
 __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
 
@@ -229,9 +224,7 @@ class ChatSessions:
             except WorkspaceError as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        if project in RESERVED_FOLDERS:
-            raise ConfigError(f"{project!r} is reserved for the workspace manager")
-        path = (self.settings.workspaces / project).resolve()
+        path = manager.plain_folder(project)
         path.mkdir(parents=True, exist_ok=True)
         return path
 

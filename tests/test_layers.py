@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from bot.migrations import migrations as bot_migrations
-from engine.workspace import RESERVED_FOLDERS
+from engine.errors import ConfigError
+from engine.workspace import RESERVED_FOLDERS, WorkspaceManager
 from tests.conftest import REPO
 
 
@@ -43,6 +46,10 @@ def test_the_engine_names_no_bot_table() -> None:
 
 
 def test_the_bot_never_spells_the_workspace_layout() -> None:
+    # Nor builds a path under the workspaces root itself: it asks the manager.
+    assert [
+        path for path, text in _sources("bot", {".py"}).items() if "settings.workspaces" in text
+    ] == []
     assert {"cache", "worktrees", "locks"} == RESERVED_FOLDERS
     names = "|".join(sorted(RESERVED_FOLDERS))
     quoted = re.compile(rf"""["']({names})["'/]|/ ?["']({names})""")
@@ -52,3 +59,11 @@ def test_the_bot_never_spells_the_workspace_layout() -> None:
         for match in quoted.finditer(text)
     ]
     assert offenders == []
+
+
+def test_the_manager_gives_plain_folders_and_refuses_its_own(tmp_path: Path) -> None:
+    manager = WorkspaceManager(tmp_path / "ws", ())
+    assert manager.plain_folder("notes") == (tmp_path / "ws" / "notes").resolve()
+    for name in RESERVED_FOLDERS:
+        with pytest.raises(ConfigError, match="reserved for the workspace manager"):
+            manager.plain_folder(name)

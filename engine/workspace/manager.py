@@ -315,6 +315,16 @@ class WorkspaceManager:
         """The bare clone of ``project``."""
         return self.root / CACHE_DIR / f"{project}.git"
 
+    def plain_folder(self, name: str) -> Path:
+        """The folder ``name`` under the root, for a run on no configured project.
+
+        Raises:
+            ConfigError: ``name`` is one of the manager's own folders.
+        """
+        if name in RESERVED_FOLDERS:
+            raise ConfigError(f"{name!r} is reserved for the workspace manager")
+        return (self.root / name).resolve()
+
     def worktree_path(self, project: str, workspace_id: str) -> Path:
         return self.root / WORKTREES_DIR / project / workspace_id
 
