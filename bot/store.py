@@ -18,6 +18,7 @@ from typing import Any
 
 import aiosqlite
 
+from engine.store.audit import AuditLog, SqliteAuditLog
 from engine.store.database import Database
 from engine.store.runs import TurnState
 from engine.turn import TurnOutput
@@ -41,6 +42,16 @@ class InboundState(StrEnum):
     HANDLED = "handled"
     IGNORED = "ignored"
     FAILED = "failed"
+
+
+_AUDIT_ORIGIN = "bot"
+
+
+def _user_id(actor: str | None) -> int | None:
+    try:
+        return int(actor) if actor is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +245,17 @@ def _prompt(row: aiosqlite.Row) -> PromptRow:
 class BotStore:
     """The bot's tables on a :class:`Database`."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Callable[[], float] = time.time,
+        audit_log: AuditLog | None = None,
+    ) -> None:
         self.db = db
         self._clock = clock
+        # The system's one audit log; the bot's entries are those of origin "bot".
+        self._audit = audit_log or SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
         self._asked: set[tuple[int, int]] | None = None
 
@@ -912,23 +931,30 @@ class BotStore:
         update_id: int | None,
         reason: str | None = None,
     ) -> None:
-        await self.db.execute(
-            "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (self._clock(), user_id, chat_id, update_id, action, outcome, reason),
+        await self._audit.record(
+            action,
+            outcome,
+            origin=_AUDIT_ORIGIN,
+            actor=str(user_id) if user_id is not None else None,
+            chat_id=chat_id,
+            update_id=update_id,
+            detail=reason,
         )
 
     async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]:
-        rows = await self.db.fetchall("SELECT * FROM bot_audit ORDER BY id DESC LIMIT ?", (limit,))
+        """The bot's latest audit entries, newest first."""
+        found = await self._audit.entries(origin=_AUDIT_ORIGIN, limit=limit)
         return [
             AuditEntry(
-                at=r["at"],
-                user_id=r["user_id"],
-                chat_id=r["chat_id"],
-                update_id=r["update_id"],
-                action=r["action"],
-                outcome=r["outcome"],
-                reason=r["reason"],
+                at=e.at,
+                user_id=int(e.actor)
+                if e.actor is not None and e.actor.lstrip("-").isdigit()
+                else None,
+                chat_id=e.chat_id,
+                update_id=e.update_id,
+                action=e.event,
+                outcome=e.outcome,
+                reason=e.detail,
             )
-            for r in rows
+            for e in reversed(found)
         ]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.gates import Gates
+from engine.store import SqliteAuditLog
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
 from tests.fakes.bot_harness import write_script as write_bot_script
@@ -37,6 +38,16 @@ async def test_a_gate_opened_from_the_terminal_is_approved_from_the_chat(
             view = await Gates(rt.db, rt.settings).show("t8")
             assert view.approvers == 1
             assert [a.approver for a in view.approvals] == [str(APPROVER)]
+            # one audit log: the chat's refusal and the gate's approval, in order
+            entries = await SqliteAuditLog(rt.db).entries()
+            refused = next(e for e in entries if e.origin == "bot" and e.actor == str(OPERATOR))
+            approved = next(
+                e
+                for e in entries
+                if e.origin == "gates" and e.event == "approve" and e.actor == str(APPROVER)
+            )
+            assert refused.outcome == "refused"
+            assert refused.id < approved.id
 
             # approved: a second /approve says so instead of approving twice
             api.push_message(chat_id=CHAT, user_id=APPROVER, text="/approve t8")
