@@ -190,6 +190,8 @@ class BotRuntime:
         self._lock()
         try:
             await self.db.open()
+            # A read-only database opens fine and fails at the first write: say it now.
+            await self.db.ensure_writable()
             builder = (
                 ApplicationBuilder()
                 .token(self.token)

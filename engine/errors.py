@@ -18,7 +18,8 @@ TurnstileError
 ├── ConfigError                bad settings or bad command-line input
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
-    └── ConflictError          a compare-and-set lost against a concurrent writer
+    ├── ConflictError          a compare-and-set lost against a concurrent writer
+    └── StoreReadOnlyError     the database can be read but not written
 ```
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "InvalidPromptError",
     "NotFoundError",
     "StoreError",
+    "StoreReadOnlyError",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -128,3 +130,13 @@ class ConflictError(StoreError):
     """A compare-and-set lost: somebody else changed the row first."""
 
     retryable = False
+
+
+class StoreReadOnlyError(StoreError):
+    """The database opens but refuses writes (read-only file, folder or mount)."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

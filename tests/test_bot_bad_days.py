@@ -1,0 +1,198 @@
+"""Bad days for the bot (issue 15, item 8): floods of strangers, a read-only database,
+a revoked token, permanent delivery failures and a huge agent output.
+
+The bot is the real one: in-process against the fake Bot API (``running_bot``) where only
+its behaviour matters, or as a child process (``python -m engine.cli bot``) where its exit
+code, its last words on stderr or its memory are what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.store import Database
+from tests.fakes.bot_api import FakeBotApi
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
+CHAT = -1001
+OPERATOR = 11
+ADMIN = 33
+
+
+class BotProcess:
+    """``python -m engine.cli bot`` with its stderr (the logs) read line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._changed = asyncio.Condition()
+        self._reader = asyncio.create_task(self._read(), name="bot-stderr")
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            async with self._changed:
+                self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    async def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        def seen() -> bool:
+            return text in self.log or self._reader.done()
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(seen), timeout)
+        assert text in self.log, f"{text!r} never logged:\n{self.log}"
+
+    async def exit_code(self, timeout: float = 45.0) -> int:
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no exit within {timeout} s; its log:\n{self.log}") from None
+        await self._reader
+        return code
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        await self._reader
+
+
+def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+        TURNSTILE_TELEGRAM_TOKEN=api.token,
+        TURNSTILE_TELEGRAM_BASE_URL=api.base_url,
+        TURNSTILE_TELEGRAM_BASE_FILE_URL=api.file_url,
+        TURNSTILE_DATABASE=str(root / "turnstile.db"),
+        TURNSTILE_WORKSPACES=str(root / "ws"),
+        TURNSTILE_TASKS_ROOT=str(root / "tasks"),
+        TURNSTILE_RUNS_DIR=str(root / "runs"),
+        TURNSTILE_ALLOWED_CHATS=str(CHAT),
+        TURNSTILE_OPERATORS=str(OPERATOR),
+        TURNSTILE_ADMINS=str(ADMIN),
+        TURNSTILE_DEFAULT_AGENT="command",
+        TURNSTILE_AGENT_COMMAND=(
+            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+        ),
+        TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
+        TURNSTILE_SHUTDOWN_FLUSH_SECONDS="5",
+        FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
+        FAKE_AGENT_STATE=str(root / "agent-state"),
+    )
+    env.update(extra)
+    return env
+
+
+async def _spawn(root: Path, env: dict[str, str], *args: str) -> BotProcess:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        *args,
+        cwd=root,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return BotProcess(proc)
+
+
+def _doctor(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", "doctor", "--offline"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotApi]:
+    async with FakeBotApi() as fake:
+        yield fake
+
+
+# --- a read-only database --------------------------------------------------------------
+
+
+def _writable(path: Path) -> bool:
+    try:
+        with open(path, "r+b"):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` refuse writes for real: a file mode for a user, the immutable flag for
+    root (root writes through any file mode)."""
+    mode = path.stat().st_mode
+    path.chmod(0o444)
+    immutable = False
+    try:
+        if _writable(path):
+            chattr = shutil.which("chattr")
+            if chattr is None:
+                pytest.skip("root writes through file modes and chattr is not installed")
+            done = subprocess.run([chattr, "+i", str(path)], capture_output=True, check=False)
+            immutable = done.returncode == 0
+            if not immutable or _writable(path):
+                pytest.skip("cannot make a file read-only for root on this filesystem")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    db_path = tmp_path / "turnstile.db"
+    async with Database(db_path):
+        pass
+    env = _env(tmp_path, api)
+    with _read_only(db_path):
+        doctor = _doctor(tmp_path, env)
+        [line] = [x for x in doctor.stdout.splitlines() if x[6:22].strip() == "database"]
+        assert line.startswith("FAIL"), doctor.stdout
+        assert "not written" in line
+        assert doctor.returncode == 1
+
+        bot = await _spawn(tmp_path, env, "bot")
+        code = await bot.exit_code(timeout=30)
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    last = bot.lines[-1]
+    assert last.startswith("turnstile: "), bot.log
+    assert str(db_path) in last
+    assert "cannot be written" in last
+    # Nothing was attempted against Telegram with a database that cannot record it.
+    assert not api.calls_of("getUpdates")
+    # Writable again: the doctor is content.
+    assert "ok    database " in _doctor(tmp_path, env).stdout
