@@ -5,6 +5,11 @@ time, through the bot's rate limiter (``AIORateLimiter`` with retries honours
 ``RetryAfter``). Network errors, timeouts and 5xx answers are retried with backoff; a
 row is marked sent only after Telegram accepted it, so a restart delivers what was left.
 Live messages (run status, gates) are edited in place, throttled per message.
+
+A refusal Telegram will repeat (a chat that blocked the bot, an unknown chat) marks the
+row failed for good, with an audit entry. A 401/404 is first checked with ``getMe``: when
+the token itself is refused (revoked in BotFather), nothing is marked failed, the sender
+stops and says so through ``on_token_refused`` (the bot then stops with that error).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class OutboxSender:
         edit_interval: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         on_migrate: Callable[[int, int], Any] | None = None,
+        on_token_refused: Callable[[str], Any] | None = None,
         first_backoff: float = 0.5,
     ) -> None:
         self._bot = bot
@@ -81,6 +87,8 @@ class OutboxSender:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._on_migrate = on_migrate
+        self._on_token_refused = on_token_refused
+        self.token_refused: str | None = None
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
         self.sent = 0
@@ -146,6 +154,8 @@ class OutboxSender:
         """Deliver what is pending now, for at most ``seconds`` (shutdown)."""
         deadline = time.monotonic() + seconds
         while True:
+            if self.token_refused is not None:
+                return False
             self.wake()
             try:
                 await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
@@ -188,18 +198,19 @@ class OutboxSender:
             if fallback is None:
                 return
             message = fallback
-        except (Forbidden, InvalidToken) as exc:
-            _LOGGER.error("outbox %s cannot be delivered: %s", row.id, exc.message)
-            self.failed += 1
-            await self._store.outbox_failed(row, exc.message)
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            await self._give_up(row, exc.message)
+            return
+        except Forbidden as exc:
+            await self._give_up(row, exc.message)
             return
         except (NetworkError, RetryAfter):
             raise
         except TelegramError as exc:
             # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
-            _LOGGER.error("outbox %s refused: %s", row.id, exc.message)
-            self.failed += 1
-            await self._store.outbox_failed(row, exc.message)
+            await self._give_up(row, exc.message)
             return
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)
@@ -220,10 +231,39 @@ class OutboxSender:
                 return await self._send(row, reply=False)
         except BadRequest as again:
             exc = again
-        _LOGGER.error("outbox %s refused by Telegram: %s", row.id, exc.message)
-        self.failed += 1
-        await self._store.outbox_failed(row, exc.message)
+        await self._give_up(row, exc.message)
         return None
+
+    async def _give_up(self, row: OutboxRow, error: str) -> None:
+        """A permanent refusal: the row is failed for good, logged and audited."""
+        _LOGGER.error(
+            "message %s to chat %s not delivered: Telegram refused it (%s)",
+            row.id,
+            row.item.chat_id,
+            error,
+        )
+        self.failed += 1
+        await self._store.outbox_failed(row, error)
+
+    async def _token_refused(self, exc: InvalidToken) -> bool:
+        """Whether a 401/404 means the token itself is refused (``getMe`` fails too).
+
+        Telegram answers 404 for an unknown method and 401/404 for a bad token: only a
+        failing ``getMe`` tells a revoked token from one message it will not take. When
+        the token is refused the sender stops; the row stays pending for a new token.
+        """
+        try:
+            await self._bot.get_me()
+        except InvalidToken:
+            pass
+        else:
+            return False
+        self.token_refused = exc.message
+        _LOGGER.error("Telegram refused the bot token (%s); delivery stops", exc.message)
+        self.stop()
+        if self._on_token_refused is not None:
+            self._on_token_refused(exc.message)
+        return True
 
     async def _send(
         self, row: OutboxRow, *, with_entities: bool = True, reply: bool = True
@@ -271,6 +311,10 @@ class OutboxSender:
         except BadRequest as exc:
             if not _not_modified(exc):
                 _LOGGER.warning("edit of %s refused: %s", live.ref, exc.message)
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            _LOGGER.warning("edit of %s failed: %s", live.ref, exc)
         except (Forbidden, TelegramError) as exc:
             if isinstance(exc, NetworkError | RetryAfter):
                 raise

@@ -21,6 +21,8 @@ import pytest
 
 from engine.store import Database
 from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import ADMIN as H_ADMIN
+from tests.fakes.bot_harness import bot_settings, running_bot
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
@@ -96,6 +98,7 @@ def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
         ),
         TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
         TURNSTILE_SHUTDOWN_FLUSH_SECONDS="5",
+        TURNSTILE_LOG_LEVEL="INFO",
         FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
         FAKE_AGENT_STATE=str(root / "agent-state"),
     )
@@ -196,3 +199,59 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
     assert not api.calls_of("getUpdates")
     # Writable again: the doctor is content.
     assert "ok    database " in _doctor(tmp_path, env).stdout
+
+
+# --- the Bot API refuses: a revoked token, permanent failures ---------------------------
+
+
+async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    bot = await _spawn(tmp_path, _env(tmp_path, api), "bot")
+    try:
+        await bot.wait_log("running (polling)")
+        await api.wait_until(lambda: bool(api.calls_of("getUpdates")))
+        api.revoke_token()
+        # The long poll in flight hands this over; the answer meets the revoked token.
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+        code = await bot.exit_code(timeout=30)
+    finally:
+        await bot.kill()
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    last = bot.lines[-1]
+    assert last.startswith("turnstile: Telegram refused the bot token"), bot.log
+    assert "TURNSTILE_TELEGRAM_TOKEN" in last
+    assert api.token not in bot.log
+    # The answer is not failed for good: a new token delivers it.
+    async with Database(tmp_path / "turnstile.db") as db:
+        rows = await db.fetchall("SELECT state, body FROM bot_outbox")
+    assert [r["state"] for r in rows] == ["pending"]
+    assert "turnstile drives coding agents" in rows[0]["body"]
+
+
+@pytest.mark.usefixtures("isolated_env")
+@pytest.mark.parametrize(
+    ("status", "said"), [(403, "bot was blocked"), (404, "Not Found"), (400, "Chat not found")]
+)
+async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
+    tmp_path: Path, status: int, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeBotApi() as fake, running_bot(fake, bot_settings(fake, tmp_path)) as rt:
+        fake.fail(["sendMessage"], status, count=1)
+        fake.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+        await fake.wait_until(lambda: any(c.status == status for c in fake.calls))
+        assert rt.sender is not None
+        await rt.sender.wait_idle()
+        # Still running: the next answer arrives, and /audit names the lost one.
+        fake.push_message(chat_id=CHAT, user_id=H_ADMIN, text="/audit")
+        report = await fake.wait_for_message(lambda m: "Undelivered" in m.text)
+        entries = await rt.store.audit_entries()
+    [failed] = [e for e in entries if e.action == "deliver"]
+    assert failed.outcome == "failed"
+    assert failed.chat_id == CHAT
+    assert failed.reason is not None
+    assert said in failed.reason
+    assert said in report.text
+    assert any("not delivered" in r.getMessage() and said in r.getMessage() for r in caplog.records)
+    assert not [m for m in fake.sent if "turnstile drives coding agents" in m.text]
