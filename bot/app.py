@@ -217,6 +217,7 @@ class BotRuntime:
                 edit_interval=self._edit_interval,
                 on_migrate=self._migrated,
                 on_token_refused=self._token_refused,
+                refusal_backlog=self.settings.refusal_backlog,
             )
             self.publisher = Publisher(
                 self.store,

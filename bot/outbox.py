@@ -6,6 +6,11 @@ time, through the bot's rate limiter (``AIORateLimiter`` with retries honours
 row is marked sent only after Telegram accepted it, so a restart delivers what was left.
 Live messages (run status, gates) are edited in place, throttled per message.
 
+Answers to people who may not use the bot ("not allowed") go through a second, bounded
+lane in memory, sent only when nothing else is waiting: a flood of strangers can never
+delay a real answer, and beyond the bound a refusal is not answered (the handler audits
+that). They are courtesy replies to people without a right: not kept over a restart.
+
 A refusal Telegram will repeat (a chat that blocked the bot, an unknown chat) marks the
 row failed for good, with an audit entry. A 401/404 is first checked with ``getMe``: when
 the token itself is refused (revoked in BotFather), nothing is marked failed, the sender
@@ -19,6 +24,7 @@ import contextlib
 import logging
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -34,7 +40,7 @@ from telegram.error import (
     TimedOut,
 )
 
-from bot.store import BotStore, LiveMessage, OutboxRow
+from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 
 __all__ = ["OutboxSender", "retry_seconds"]
 
@@ -77,6 +83,7 @@ class OutboxSender:
         on_migrate: Callable[[int, int], Any] | None = None,
         on_token_refused: Callable[[str], Any] | None = None,
         first_backoff: float = 0.5,
+        refusal_backlog: int = 20,
     ) -> None:
         self._bot = bot
         self._store = store
@@ -91,12 +98,26 @@ class OutboxSender:
         self.token_refused: str | None = None
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
+        self._refusals: deque[OutboxItem] = deque()
+        self._refusal_backlog = refusal_backlog
         self.sent = 0
         self.failed = 0
 
     def wake(self) -> None:
         self._idle.clear()
         self._wake.set()
+
+    def offer_refusal(self, item: OutboxItem) -> bool:
+        """Queue a "not allowed" answer in the low-priority lane; False when it is full."""
+        if len(self._refusals) >= self._refusal_backlog or self._stopping:
+            return False
+        self._refusals.append(item)
+        self.wake()
+        return True
+
+    @property
+    def waiting_refusals(self) -> int:
+        return len(self._refusals)
 
     def stop(self) -> None:
         self._stopping = True
@@ -180,7 +201,25 @@ class OutboxSender:
                 continue
             await self._edit(live)
             return True, None
+        if self._refusals:
+            await self._deliver_refusal(self._refusals[0])
+            self._refusals.popleft()
+            return True, None
         return False, due_in
+
+    async def _deliver_refusal(self, item: OutboxItem) -> None:
+        """One answer of the refusal lane; a network error or flood limit leaves it first."""
+        try:
+            await self._send(OutboxRow(id=0, item=item, attempts=0))
+        except (NetworkError, RetryAfter):
+            raise
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            _LOGGER.warning("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
+        except TelegramError as exc:
+            # A stranger who blocked the bot: nothing to keep (the refusal is audited).
+            _LOGGER.info("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
 
     async def _deliver(self, row: OutboxRow) -> None:
         item = row.item

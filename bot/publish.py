@@ -175,6 +175,25 @@ class Publisher:
         await self.store.enqueue(items)
         self.wake()
 
+    def refusal(
+        self, chat_id: int, text: str, *, thread_id: int | None, reply_to: int | None
+    ) -> bool:
+        """Offer a "not allowed" answer to the sender's low-priority lane.
+
+        Returns:
+            False when it is not sent: the lane is full (a flood of strangers) or there is
+            no sender. The caller audits the refusal either way and says which.
+        """
+        if self.sender is None:
+            return False
+        item = OutboxItem(
+            chat_id=chat_id,
+            thread_id=thread_id,
+            body=plain(self.redact(text)).text,
+            reply_to=reply_to,
+        )
+        return self.sender.offer_refusal(item)
+
     async def document(
         self,
         chat_id: int,

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -255,3 +255,57 @@ async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
     assert said in report.text
     assert any("not delivered" in r.getMessage() and said in r.getMessage() for r in caplog.records)
     assert not [m for m in fake.sent if "turnstile drives coding agents" in m.text]
+
+
+# --- a flood of strangers ---------------------------------------------------------------
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    """Wait until ``check()`` holds (the bot's database, read between its writes)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"not reached within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -> None:
+    strangers, backlog = 150, 10
+    async with FakeBotApi() as fake:
+        settings = bot_settings(fake, tmp_path, refusal_backlog=backlog)
+        async with running_bot(fake, settings) as rt:
+            # Telegram slow: every answer waits until everything has arrived and been handled.
+            fake.hold(["sendMessage"])
+            for i in range(strangers):
+                uid = 5000 + i
+                if i % 2:
+                    fake.push_message(chat_id=uid, user_id=uid, text="hello")  # a private chat
+                else:
+                    fake.push_message(chat_id=CHAT, user_id=uid, text="/help")  # no role
+            fake.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+
+            async def all_handled() -> bool:
+                refused = await rt.db.fetchone(
+                    "SELECT COUNT(*) FROM bot_audit WHERE outcome = 'refused'"
+                )
+                return bool(refused and refused[0] == strangers) and (
+                    await rt.store.pending_outbox() == 1
+                )
+
+            await _eventually(all_handled)
+            fake.release()
+            answer = await fake.wait_for_message(lambda m: "turnstile drives coding" in m.text)
+            assert rt.sender is not None
+            await rt.sender.wait_idle()
+            entries = await rt.store.audit_entries(limit=1000)
+    refusals = [m for m in fake.sent if m.text.startswith("⛔")]
+    # Only the one refusal already in flight when Telegram slowed down went first.
+    assert fake.sent.index(answer) <= 1
+    # The lane is bounded; every refusal beyond it is in the audit, marked unanswered.
+    assert len(refusals) == backlog
+    unanswered = [
+        e for e in entries if e.outcome == "refused" and "not answered" in (e.reason or "")
+    ]
+    assert len(unanswered) == strangers - backlog
+    assert {m.chat_id for m in refusals} <= {CHAT, *range(5000, 5000 + strangers)}
