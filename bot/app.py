@@ -224,6 +224,7 @@ class BotRuntime:
                 self.sender,
                 redactor=self.redactor,
                 document_threshold=self.settings.document_threshold,
+                documents_dir=self.settings.runs_dir / "documents",
             )
             self.chats = ChatSessions(
                 settings=self.settings,

@@ -22,13 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from telegram import Bot, InlineKeyboardMarkup, Message, MessageEntity, ReplyParameters
+from telegram import (
+    Bot,
+    InlineKeyboardMarkup,
+    InputFile,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+)
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -46,6 +54,8 @@ __all__ = ["OutboxSender", "retry_seconds"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_BACKOFF: Final = 30.0
+# Seconds to upload one document from disk (up to 45 MB on a slow uplink).
+_UPLOAD_TIMEOUT: Final = 300.0
 
 
 def _entities(raw: tuple[dict[str, Any], ...]) -> list[MessageEntity] | None:
@@ -222,9 +232,20 @@ class OutboxSender:
             _LOGGER.info("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
 
     async def _deliver(self, row: OutboxRow) -> None:
+        await self._deliver_row(row)
+        if row.item.kind == "file" and await self._store.outbox_settled(row.id):
+            # Delivered or failed for good: its document is not needed any more.
+            with contextlib.suppress(OSError):
+                os.unlink(row.item.body)
+
+    async def _deliver_row(self, row: OutboxRow) -> None:
         item = row.item
         try:
             message = await self._send(row)
+        except OSError as exc:
+            # The document of a spilled output is gone from disk: nothing can send it.
+            await self._give_up(row, f"the file to send cannot be read ({exc.strerror})")
+            return
         except ChatMigrated as exc:
             new_chat = int(exc.new_chat_id)
             _LOGGER.info("chat %s migrated to %s; following it", item.chat_id, new_chat)
@@ -314,6 +335,21 @@ class OutboxSender:
             if reply and item.reply_to is not None
             else None
         )
+        if item.kind == "file":
+            # A spilled output's redacted document: streamed from disk, never read whole
+            # (httpx rewinds it when the rate limiter sends it again).
+            fh = await asyncio.to_thread(open, item.body, "rb")
+            with fh:
+                return await self._bot.send_document(
+                    chat_id=item.chat_id,
+                    document=InputFile(fh, filename=item.filename, read_file_handle=False),
+                    caption=item.caption,
+                    message_thread_id=item.thread_id,
+                    reply_parameters=reply_params,
+                    reply_markup=_markup(item.markup),
+                    disable_content_type_detection=True,
+                    write_timeout=_UPLOAD_TIMEOUT,
+                )
         if item.kind == "document":
             data = item.body.encode("utf-8")
             return await self._bot.send_document(

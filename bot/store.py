@@ -372,6 +372,11 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
+    async def outbox_settled(self, row_id: int) -> bool:
+        """Whether a row was delivered or failed for good (not pending any more)."""
+        row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
+        return row is None or row["state"] != "pending"
+
     async def outbox_failed(self, row: OutboxRow, error: str) -> None:
         """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
         item = row.item

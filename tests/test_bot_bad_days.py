@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -309,3 +311,66 @@ async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -
     ]
     assert len(unanswered) == strangers - backlog
     assert {m.chat_id for m in refusals} <= {CHAT, *range(5000, 5000 + strangers)}
+
+
+# --- a huge output ----------------------------------------------------------------------
+
+_LINE = "{:08d} the quick brown fox jumps over the lazy dog, again and again\n"
+_HUGE_LINES = 30 * 1024 * 1024 // len(_LINE.format(0))
+
+_PRINTER = f"""
+import sys
+out = sys.stdout
+for i in range({_HUGE_LINES}):
+    out.write({_LINE!r}.format(i))
+out.flush()
+"""
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+async def test_a_30_mb_output_is_streamed_whole_to_the_document(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    printer = tmp_path / "printer.py"
+    printer.write_text(_PRINTER)
+    expected = hashlib.sha256()
+    size = 0
+    for i in range(_HUGE_LINES):
+        line = _LINE.format(i).encode()
+        expected.update(line)
+        size += len(line)
+    # TMPDIR: the spill file stays in this test's folder.
+    env = _env(
+        tmp_path,
+        api,
+        TURNSTILE_AGENT_COMMAND=f"{sys.executable} {printer} {{prompt}}",
+        TMPDIR=str(tmp_path),
+    )
+    bot = await _spawn(tmp_path, env, "bot")
+    try:
+        await bot.wait_log("running (polling)")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="print it all")
+        doc = await api.wait_for_message(lambda m: m.document is not None, timeout=180)
+        peak = _peak_rss_kib(bot.proc.pid)
+        bot.proc.send_signal(signal.SIGTERM)
+        assert await bot.exit_code() == 0, bot.log
+    finally:
+        await bot.kill()
+    assert doc.document is not None
+    assert len(doc.document) == size
+    assert hashlib.sha256(doc.document).hexdigest() == expected.hexdigest()
+    assert "the whole output" in doc.text
+    # The redacted copy is gone once delivered; the spill file stays with the turn.
+    assert not list((tmp_path / "runs" / "documents").iterdir())
+    assert len(list((tmp_path / "turnstile-spill").iterdir())) == 1
+    print(f"peak RSS of the bot: {peak / 1024:.1f} MiB")
+    # The issue's bound: the bot's memory does not grow with the output.
+    assert peak <= 100 * 1024, f"the bot peaked at {peak / 1024:.0f} MiB"
