@@ -371,6 +371,5 @@ async def test_a_30_mb_output_is_streamed_whole_to_the_document(
     # The redacted copy is gone once delivered; the spill file stays with the turn.
     assert not list((tmp_path / "runs" / "documents").iterdir())
     assert len(list((tmp_path / "turnstile-spill").iterdir())) == 1
-    print(f"peak RSS of the bot: {peak / 1024:.1f} MiB")
     # The bound: the bot's memory does not grow with the output.
     assert peak <= 100 * 1024, f"the bot peaked at {peak / 1024:.0f} MiB"
