@@ -239,7 +239,14 @@ class Publisher:
         await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
         target = folder / f"document-{uuid.uuid4().hex}.md"
         total = size if size is not None else (await asyncio.to_thread(spill.stat)).st_size
-        copied = await asyncio.to_thread(_redacted_copy, spill, target, self.redact, total=total)
+        try:
+            copied = await asyncio.to_thread(
+                _redacted_copy, spill, target, self.redact, total=total
+            )
+        except BaseException:
+            # No half-written document left behind (a full disk, a cancelled turn).
+            await asyncio.shield(asyncio.to_thread(target.unlink, missing_ok=True))
+            raise
         note = (
             f"{header}📄 {copied.size:,} bytes, {copied.lines:,} lines: the whole output is "
             f"in {filename}.\n\n{copied.head}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -403,7 +404,8 @@ def _write_problem(path: Path) -> str | None:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             conn.execute(f"PRAGMA user_version = {version}")
         finally:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
     except sqlite3.OperationalError as exc:
         if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
             return None  # somebody is writing to it right now: it takes writes
