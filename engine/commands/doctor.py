@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import re
 import shutil
@@ -306,6 +305,38 @@ def _check_folder(name: str, path: Path, setting: str) -> Check:
     )
 
 
+def _write_problem(path: Path) -> str | None:
+    """Why the database refuses writes, or None when it takes them.
+
+    SQLite opens a file it may not write read-only without a word, and root passes every
+    permission check: only a real write tells. The schema version is rewritten inside a
+    transaction that is rolled back, so nothing changes.
+    """
+    try:
+        conn = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            return None  # somebody is writing to it right now: it takes writes
+        return str(exc)
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+    return None
+
+
 def _try_write(folder: Path) -> str | None:
     # os.access says yes to root on a read-only mount; only a real write tells.
     try:
@@ -383,38 +414,6 @@ def _read_version(path: Path) -> int:
         return int(row[0])
     finally:
         conn.close()
-
-
-def _write_problem(path: Path) -> str | None:
-    """Why the database refuses writes, or None when it takes them.
-
-    SQLite opens a file it may not write read-only without a word, and root passes every
-    permission check: only a real write tells. The schema version is rewritten inside a
-    transaction that is rolled back, so nothing changes.
-    """
-    try:
-        conn = sqlite3.connect(
-            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=5.0, isolation_level=None
-        )
-    except sqlite3.Error as exc:
-        return str(exc)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            conn.execute(f"PRAGMA user_version = {version}")
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-    except sqlite3.OperationalError as exc:
-        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
-            return None  # somebody is writing to it right now: it takes writes
-        return str(exc)
-    except sqlite3.Error as exc:
-        return str(exc)
-    finally:
-        conn.close()
-    return None
 
 
 # --- agents --------------------------------------------------------------------------
