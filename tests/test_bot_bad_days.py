@@ -190,7 +190,10 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
         assert doctor.returncode == 1
 
         bot = await _spawn(tmp_path, env, "bot")
-        code = await bot.exit_code(timeout=30)
+        try:
+            code = await bot.exit_code(timeout=30)
+        finally:
+            await bot.kill()
     assert code != 0
     assert "Traceback" not in bot.log, bot.log
     last = bot.lines[-1]
@@ -230,6 +233,19 @@ async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
         rows = await db.fetchall("SELECT state, body FROM bot_outbox")
     assert [r["state"] for r in rows] == ["pending"]
     assert "turnstile drives coding agents" in rows[0]["body"]
+
+
+async def test_token_refused_at_start_is_one_line(tmp_path: Path, api: FakeBotApi) -> None:
+    env = _env(tmp_path, api)
+    api.revoke_token()
+    bot = await _spawn(tmp_path, env, "bot")
+    try:
+        code = await bot.exit_code(timeout=30)
+    finally:
+        await bot.kill()
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    assert bot.lines[-1].startswith("turnstile: Telegram refused the bot token"), bot.log
 
 
 @pytest.mark.usefixtures("isolated_env")
