@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from engine.store import Database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import ADMIN as H_ADMIN
 from tests.fakes.bot_harness import bot_settings, running_bot
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
@@ -278,15 +279,6 @@ async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
 # --- a flood of strangers ---------------------------------------------------------------
 
 
-async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    """Wait until ``check()`` holds (the bot's database, read between its writes)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"not reached within {timeout}s")
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.usefixtures("isolated_env")
 async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -> None:
     strangers, backlog = 150, 10
@@ -311,7 +303,7 @@ async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -
                     await rt.store.pending_outbox() == 1
                 )
 
-            await _eventually(all_handled)
+            await wait_until(all_handled, timeout=60, what="every update handled")
             fake.release()
             answer = await fake.wait_for_message(lambda m: "turnstile drives coding" in m.text)
             assert rt.sender is not None
