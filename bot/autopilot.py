@@ -754,9 +754,14 @@ class AutopilotExtension(Extension):
         report = await self.gates.audit()
         lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
         lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
-        refusals = [
-            e for e in await self.rt.store.audit_entries(limit=200) if e.outcome == "refused"
-        ]
+        entries = await self.rt.store.audit_entries(limit=200)
+        refusals = [e for e in entries if e.outcome == "refused"]
+        undelivered = [e for e in entries if e.action == "deliver" and e.outcome == "failed"]
+        if undelivered:
+            lines.append(
+                f"Undelivered messages (latest {min(len(undelivered), 10)} of {len(undelivered)}):"
+            )
+            lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
         if refusals:
             lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
             lines.extend(

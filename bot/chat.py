@@ -93,7 +93,7 @@ class ChatChannel(BaseChannel):
         assert run.current is not None
         prompt_id, turn_id, _ = run.current
         b = run.binding
-        items = run.publisher.output_items(
+        items = await run.publisher.output_items(
             out, chat_id=b.chat_id, thread_id=b.thread_id or None, run_id=run.run_id
         )
         await run.store.commit_turn(

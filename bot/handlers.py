@@ -87,6 +87,7 @@ BUTTON_ACTIONS: Final = {
 }
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
+_UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
 
 
 def _thread(message: Message | None) -> int:
@@ -162,25 +163,39 @@ class Handlers:
         decision = self.rt.authorizer.check(user_id, chat.id, action)
         if decision.allowed:
             return True
+        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
+        reason = decision.reason
+        if update.callback_query is None and user_id is not None and self._may_tell(user_id):
+            text = (
+                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
+                f"a role in the bot's settings."
+            )
+            if not self._refuse(update, text):
+                reason += _UNANSWERED
         await self.rt.store.audit(
             action=action.value,
             outcome="refused",
             user_id=user_id,
             chat_id=chat.id,
             update_id=update.update_id,
-            reason=decision.reason,
+            reason=reason,
         )
-        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
         if update.callback_query is not None:
             await self._answer(update, f"Not allowed. Your id: {user_id}")
-            return False
-        if user_id is not None and self._may_tell(user_id):
-            await self.reply(
-                update,
-                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
-                f"a role in the bot's settings.",
-            )
         return False
+
+    def _refuse(self, update: Update, text: str) -> bool:
+        """Answer a refusal through the low-priority lane; False when it was full."""
+        message = update.effective_message
+        chat = update.effective_chat
+        assert chat is not None
+        assert self.rt.publisher is not None
+        return self.rt.publisher.refusal(
+            chat.id,
+            text,
+            thread_id=_thread(message) or None,
+            reply_to=message.message_id if message is not None else None,
+        )
 
     def _may_tell(self, user_id: int) -> bool:
         now = time.monotonic()
@@ -215,14 +230,6 @@ class Handlers:
             await self.rt.follow_migration(update)
             raise ApplicationHandlerStop
         if not self.rt.authorizer.chat_allowed(chat.id):
-            await self.rt.store.audit(
-                action="any",
-                outcome="refused",
-                user_id=user.id,
-                chat_id=chat.id,
-                update_id=update.update_id,
-                reason="chat not allowed",
-            )
             # The log is where an admin finds a group's id to allow it.
             _LOGGER.info(
                 "ignored update %s from chat %s (%s) not in TURNSTILE_ALLOWED_CHATS, user %s",
@@ -231,13 +238,26 @@ class Handlers:
                 chat.type,
                 user.id,
             )
+            reason = "chat not allowed"
             # A private chat is how a new user learns their id; groups are ignored.
-            if chat.type == "private" and self._may_tell(user.id):
-                await self.reply(
+            if (
+                chat.type == "private"
+                and self._may_tell(user.id)
+                and not self._refuse(
                     update,
                     f"⛔ This chat is not allowed. Your Telegram user id is {user.id} "
                     f"(chat id {chat.id}); an admin can add it to the bot's settings.",
                 )
+            ):
+                reason += _UNANSWERED
+            await self.rt.store.audit(
+                action="any",
+                outcome="refused",
+                user_id=user.id,
+                chat_id=chat.id,
+                update_id=update.update_id,
+                reason=reason,
+            )
             if update.callback_query is not None:
                 await self._answer(update)
             raise ApplicationHandlerStop

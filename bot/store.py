@@ -402,12 +402,31 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
+    async def outbox_settled(self, row_id: int) -> bool:
+        """Whether a row was delivered or failed for good (not pending any more)."""
+        row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
+        return row is None or row["state"] != "pending"
+
     async def outbox_failed(self, row: OutboxRow, error: str) -> None:
-        await self.db.execute(
-            "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
-            " WHERE id = ?",
-            (error[:500], row.id),
-        )
+        """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
+        item = row.item
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
+                " WHERE id = ?",
+                (error[:500], row.id),
+            )
+            await conn.execute(
+                "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome,"
+                " reason) VALUES (?, NULL, ?, NULL, 'deliver', 'failed', ?)",
+                (
+                    self._clock(),
+                    item.chat_id,
+                    f"{'a file' if item.kind != 'text' else 'a message'}"
+                    f"{' of run ' + item.run_id if item.run_id else ''} was not delivered:"
+                    f" Telegram answered {error[:300]}",
+                ),
+            )
 
     async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:
         """A group became a supergroup: pending messages follow it."""

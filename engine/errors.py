@@ -20,7 +20,8 @@ TurnstileError
 │                              regular file, or too large
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
-    └── ConflictError          a compare-and-set lost against a concurrent writer
+    ├── ConflictError          a compare-and-set lost against a concurrent writer
+    └── StoreReadOnlyError     the database can be read but not written
 ```
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidPromptError",
     "NotFoundError",
     "StoreError",
+    "StoreReadOnlyError",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -145,3 +147,13 @@ class ConflictError(StoreError):
     """A compare-and-set lost: somebody else changed the row first."""
 
     retryable = False
+
+
+class StoreReadOnlyError(StoreError):
+    """The database opens but refuses writes (read-only file, folder or mount)."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     # Limits owned by channels (operator policy, never turn timeouts)
     max_concurrent_turns: int = Field(default=4, ge=1)
     queue_depth: int = Field(default=10, ge=0)
+    # "Not allowed" answers waiting at once; beyond it a refusal is audited, not answered.
+    refusal_backlog: int = Field(default=20, ge=0)
     max_inbound_chars: int = Field(default=16_000, ge=1)
     document_threshold: int = Field(default=12_000, ge=1)
     preempt_grace: float = Field(default=5.0, ge=0)

@@ -4,8 +4,11 @@ It implements just enough of the Bot API for turnstile's bot: long-polled ``getU
 with offsets, ``sendMessage``, ``editMessageText``, ``editMessageReplyMarkup``,
 ``sendDocument`` (multipart), ``answerCallbackQuery``, ``setMyCommands``,
 ``deleteWebhook``, ``setWebhook``, ``getMe`` (with a username), ``createForumTopic`` and
-``deleteMessage``. Every call is recorded; failures (429 with ``retry_after``, 5xx) can
-be injected per method, once or as a storm.
+``deleteMessage``. Every call is recorded; failures (429 with ``retry_after``, 5xx, and
+the permanent 400/401/403/404 with Telegram's descriptions) can be injected per method,
+once or as a storm; :meth:`FakeBotApi.revoke_token` makes every call answer 401 the way
+Telegram does after a token is revoked; :meth:`FakeBotApi.hold` parks calls until
+released (a slow Telegram, deterministically).
 
 Usage::
 
@@ -32,6 +35,14 @@ __all__ = ["ApiCall", "Failure", "FakeBotApi", "SentMessage"]
 
 TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmn"
 BOT_ID = 123456789
+# What Telegram says with each injected status.
+_DESCRIPTIONS = {
+    400: "Bad Request: chat not found",
+    401: "Unauthorized",
+    403: "Forbidden: bot was blocked by the user",
+    404: "Not Found",
+    429: "Too Many Requests: retry later",
+}
 
 
 @dataclass
@@ -101,6 +112,9 @@ class FakeBotApi:
         self.confirmed_offset = 0
         self._script: list[int] = []
         self._script_methods: frozenset[str] = frozenset()
+        self._held: frozenset[str] = frozenset()
+        self._release = asyncio.Event()
+        self.parked = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -240,6 +254,19 @@ class FakeBotApi:
         self.failures.append(failure)
         return failure
 
+    def revoke_token(self) -> None:
+        """Every later call answers 401 Unauthorized (the token was revoked in BotFather)."""
+        self.token = f"{self.token.split(':', 1)[0]}:revoked"
+
+    def hold(self, methods: Iterable[str]) -> None:
+        """Park every call of ``methods`` (before it is answered) until :meth:`release`."""
+        self._held = frozenset(methods)
+        self._release.clear()
+
+    def release(self) -> None:
+        self._held = frozenset()
+        self._release.set()
+
     # -- waiting -----------------------------------------------------------------------
 
     def _notify(self) -> None:
@@ -317,8 +344,14 @@ class FakeBotApi:
             return self._error(401, "Unauthorized")
         method = request.match_info["method"]
         params = await self._params(request)
+        if method in self._held:
+            self.parked += 1
+            self._notify()
+            await self._release.wait()
         call = ApiCall(method, params, time.time())
         self.calls.append(call)
+        if method == "getUpdates":
+            self._notify()  # a long poll is parked: waiters may want to know it arrived
         failure = self._injected(method)
         if failure is not None:
             call.status = failure.status
@@ -326,7 +359,7 @@ class FakeBotApi:
             extra = (
                 {"retry_after": failure.retry_after} if failure.retry_after is not None else None
             )
-            text = "Too Many Requests: retry later" if failure.status == 429 else "Bad Gateway"
+            text = _DESCRIPTIONS.get(failure.status, "Bad Gateway")
             return self._error(failure.status, text, extra)
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
