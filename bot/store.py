@@ -18,7 +18,7 @@ from typing import Any
 
 import aiosqlite
 
-from engine.store.audit import AuditLog, SqliteAuditLog
+from engine.store.audit import SqliteAuditLog
 from engine.store.database import Database
 from engine.store.runs import TurnState
 from engine.turn import TurnOutput
@@ -250,12 +250,11 @@ class BotStore:
         db: Database,
         *,
         clock: Callable[[], float] = time.time,
-        audit_log: AuditLog | None = None,
     ) -> None:
         self.db = db
         self._clock = clock
         # The system's one audit log; the bot's entries are those of origin "bot".
-        self._audit = audit_log or SqliteAuditLog(db, clock=clock)
+        self._audit = SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
         self._asked: set[tuple[int, int]] | None = None
 
@@ -417,15 +416,15 @@ class BotStore:
                 (error[:500], row.id),
             )
             await conn.execute(
-                "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome,"
-                " reason) VALUES (?, NULL, ?, NULL, 'deliver', 'failed', ?)",
-                (
-                    self._clock(),
-                    item.chat_id,
-                    f"{'a file' if item.kind != 'text' else 'a message'}"
+                *self._audit.insert(
+                    "deliver",
+                    "failed",
+                    origin=_AUDIT_ORIGIN,
+                    chat_id=item.chat_id,
+                    detail=f"{'a file' if item.kind != 'text' else 'a message'}"
                     f"{' of run ' + item.run_id if item.run_id else ''} was not delivered:"
                     f" Telegram answered {error[:300]}",
-                ),
+                )
             )
 
     async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:

@@ -297,7 +297,7 @@ async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -
 
             async def all_handled() -> bool:
                 refused = await rt.db.fetchone(
-                    "SELECT COUNT(*) FROM bot_audit WHERE outcome = 'refused'"
+                    "SELECT COUNT(*) FROM audit_log WHERE origin = 'bot' AND outcome = 'refused'"
                 )
                 return bool(refused and refused[0] == strangers) and (
                     await rt.store.pending_outbox() == 1

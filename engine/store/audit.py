@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from engine.store.database import Database
 
@@ -86,6 +86,36 @@ class SqliteAuditLog:
         detail: str | None = None,
     ) -> None:
         await self._db.execute(
+            *self.insert(
+                event,
+                outcome,
+                origin=origin,
+                task=task,
+                phase=phase,
+                actor=actor,
+                chat_id=chat_id,
+                update_id=update_id,
+                sha256=sha256,
+                detail=detail,
+            )
+        )
+
+    def insert(
+        self,
+        event: str,
+        outcome: str,
+        *,
+        origin: str = "gates",
+        task: str | None = None,
+        phase: str | None = None,
+        actor: str | None = None,
+        chat_id: int | None = None,
+        update_id: int | None = None,
+        sha256: str | None = None,
+        detail: str | None = None,
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The statement and parameters of one entry, for a caller's own transaction."""
+        return (
             "INSERT INTO audit_log (at, task, phase, event, outcome, actor, chat_id, update_id,"
             " sha256, detail, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
