@@ -15,6 +15,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from telegram import Bot, InlineKeyboardMarkup, Message, MessageEntity, ReplyParameters
@@ -29,7 +30,7 @@ from telegram.error import (
     TimedOut,
 )
 
-from bot.store import BotStore, LiveMessage, OutboxRow
+from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 
 __all__ = ["OutboxSender", "retry_seconds"]
 
@@ -53,6 +54,12 @@ def retry_seconds(exc: RetryAfter) -> float:
         warnings.simplefilter("ignore")
         delay: Any = exc.retry_after
     return float(delay.total_seconds() if hasattr(delay, "total_seconds") else delay)
+
+
+def _drop_spool(item: OutboxItem) -> None:
+    if item.kind == "file":
+        with contextlib.suppress(OSError):
+            Path(item.body).unlink()
 
 
 def _not_modified(exc: BadRequest) -> bool:
@@ -192,6 +199,7 @@ class OutboxSender:
             _LOGGER.error("outbox %s cannot be delivered: %s", row.id, exc.message)
             self.failed += 1
             await self._store.outbox_failed(row, exc.message)
+            _drop_spool(item)
             return
         except (NetworkError, RetryAfter):
             raise
@@ -200,9 +208,16 @@ class OutboxSender:
             _LOGGER.error("outbox %s refused: %s", row.id, exc.message)
             self.failed += 1
             await self._store.outbox_failed(row, exc.message)
+            _drop_spool(item)
+            return
+        except FileNotFoundError:
+            _LOGGER.error("outbox %s: the file to send is gone from the spool", row.id)
+            self.failed += 1
+            await self._store.outbox_failed(row, "the file to send is gone")
             return
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)
+        _drop_spool(item)
         if item.ref is not None:
             self._last_edit[item.ref] = self._clock()
 
@@ -223,6 +238,7 @@ class OutboxSender:
         _LOGGER.error("outbox %s refused by Telegram: %s", row.id, exc.message)
         self.failed += 1
         await self._store.outbox_failed(row, exc.message)
+        _drop_spool(item)
         return None
 
     async def _send(
@@ -235,8 +251,13 @@ class OutboxSender:
             if reply and item.reply_to is not None
             else None
         )
-        if item.kind == "document":
-            data = item.body.encode("utf-8")
+        if item.kind in ("document", "file"):
+            # A "file" row names a copy in the bot's spool folder (bot/files.py).
+            data = (
+                await asyncio.to_thread(Path(item.body).read_bytes)
+                if item.kind == "file"
+                else item.body.encode()
+            )
             return await self._bot.send_document(
                 chat_id=item.chat_id,
                 document=data,

@@ -372,6 +372,15 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+        """The run a delivered message belongs to (a reply to it addresses that run)."""
+        row = await self.db.fetchone(
+            "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
+            " AND run_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (chat_id, message_id),
+        )
+        return str(row[0]) if row is not None else None
+
     async def outbox_failed(self, row: OutboxRow, error: str) -> None:
         await self.db.execute(
             "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
