@@ -61,12 +61,12 @@ UNKNOWN_MIME: Final = "application/octet-stream"
 
 
 def human_size(size: int) -> str:
-    """``1,234 bytes``, ``12.3 KB``, ``4.5 MB``: what people read in chat answers."""
+    """``1,234 bytes``, ``12.3 KB``, ``4.5 MB`` (1 MB = 1024 KB, as Telegram counts)."""
     if size < 10_000:
         return f"{size:,} bytes"
-    if size < 10_000_000:
-        return f"{size / 1000:.1f} KB"
-    return f"{size / 1_000_000:.1f} MB"
+    if size < 10 * 1024 * 1024:
+        return f"{size / 1024:.1f} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
 
 
 def clean_mime(value: str | None) -> str:
