@@ -89,6 +89,8 @@ class FakeTranscriptionApi:
         )
         self.received.set()
         if self.status is not None:
-            body: dict[str, Any] = {"error": {"message": "model overloaded", "type": "server"}}
+            # Some services echo what they were sent; the client must never show it.
+            message = f"refused for {request.headers.get('Authorization')}"
+            body: dict[str, Any] = {"error": {"message": message, "type": "server"}}
             return web.json_response(body, status=self.status)
         return web.json_response({"text": self.transcript})
