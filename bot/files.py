@@ -412,7 +412,7 @@ class FileDesk(Extension):
             user_id=user_id,
             chat_id=chat_id,
             reply_to=reply_to,
-            what=f"{len(files)} file(s)",
+            what="a file" if len(files) == 1 else f"{len(files)} files",
         )
 
     async def _hand_over(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from bot.app import BotRuntime
-from tests.automode_support import GIT_ENV, git_workspace
+from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     CHAT,
@@ -469,3 +469,72 @@ async def test_a_voice_note_without_a_service_says_which_setting_enables_it(
         assert "\n" not in reply.text
     assert api.downloads == []
     assert prompts(tmp_path) == []
+
+
+async def test_files_and_voice_notes_steer_a_running_auto_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    workdir = git_workspace(tmp_path / "ws" / "default")
+    release = tmp_path / "release"
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {"match": CLARIFY, "text": "Goal: done.", "wait_file": str(release)},
+                {"match": PLAN, "text": "1. read the uploads"},
+                {
+                    "match": EXECUTE,
+                    "text": "read them",
+                    "files": {"sum.txt": "3\n"},
+                    "run": [["git", "add", "sum.txt"], ["git", "commit", "-q", "-m", "sum"]],
+                },
+                {"match": EVALUATE, "text": "ok\nAUTO-MODE STATUS: COMPLETE\n"},
+            ]
+        },
+        monkeypatch,
+    )
+    async with (
+        FakeTranscriptionApi(transcript="also check the totals") as stt,
+        FakeBotApi() as api,
+    ):
+        settings = bot_settings(api, tmp_path, transcription_url=stt.url)
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto sum the data")
+            started = await answer(api, "started")
+            run_id = started.text.split()[3]
+            api.push_document(
+                chat_id=CHAT,
+                user_id=OPERATOR,
+                data=b"a,b\n1,2\n",
+                file_name="data.csv",
+                mime_type="text/csv",
+                caption="use this data",
+            )
+            await answer(api, f"Noted for run {run_id} (a file)")
+            api.push_voice(chat_id=CHAT, user_id=OPERATOR, data=b"OggS-voice")
+            await answer(api, "🎙 also check the totals")
+            await answer(api, f"Noted for run {run_id} (voice note)")
+            # From a forum topic, as a reply to the run's message: still that run.
+            api.push_photo(
+                chat_id=CHAT,
+                user_id=OPERATOR,
+                data=b"jpeg",
+                caption="and this screen",
+                thread_id=7,
+                reply_to=started.message_id,
+            )
+            await api.wait_until(lambda: sum("Noted for run" in t for t in api.texts()) == 3)
+            release.touch()
+            await answer(api, "Objective achieved")
+    assert (workdir / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
+    executes = [p for p in prompts(tmp_path) if EXECUTE in p]
+    assert len(executes) == 1
+    for needle in ["use this data", "uploads/data.csv (text/csv", "also check the totals"]:
+        assert needle in executes[0]
+    assert "and this screen" in executes[0]
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=workdir, capture_output=True, text=True, check=True
+    )
+    assert status.stdout == ""
