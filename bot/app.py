@@ -239,6 +239,7 @@ class BotRuntime:
             files = FileDesk(self, self.handlers)
             self.handlers.extensions.append(files)
             self.chats.output_files = files.marker_items
+            self.sink.on_files = files.send_marked
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)

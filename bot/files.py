@@ -27,6 +27,7 @@ from telegram.error import BadRequest, TelegramError
 
 from bot.auth import Action
 from bot.extension import Extension
+from bot.sink import ChatPlace
 from bot.store import Binding, OutboxItem
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
@@ -594,33 +595,46 @@ class FileDesk(Extension):
     async def marker_items(
         self, binding: Binding, out: TurnOutput, run_id: str
     ) -> list[OutboxItem]:
-        """The files an agent's ``TURNSTILE-SEND:`` lines ask for (or why each is not sent).
+        """The files a chat turn's ``TURNSTILE-SEND:`` lines ask for (or why each is not
+        sent), committed with the turn's output. Never raises."""
+        paths = send_markers(out.text, limit=_MARKERS_PER_TURN)
+        return await self._marked(
+            Path(binding.workdir), paths, binding.chat_id, binding.thread_id, run_id
+        )
 
-        Never raises: the turn's output is committed whatever happens to its files.
-        """
+    async def send_marked(
+        self, place: ChatPlace, run_id: str, workdir: Path, paths: list[str]
+    ) -> None:
+        """An auto run's ``TURNSTILE-SEND:`` files (through the run sink)."""
+        items = await self._marked(
+            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id or 0, run_id
+        )
+        if items:
+            await self.rt.store.enqueue(items)
+            self.rt.publisher_or_fail().wake()
+
+    async def _marked(
+        self, workdir: Path, paths: list[str], chat_id: int, thread: int, run_id: str
+    ) -> list[OutboxItem]:
         items: list[OutboxItem] = []
-        thread = binding.thread_id
-        for given in send_markers(out.text, limit=_MARKERS_PER_TURN):
+        for given in paths:
             try:
                 items.append(
                     await self._outgoing(
-                        Path(binding.workdir),
-                        given,
-                        chat_id=binding.chat_id,
-                        thread=thread,
-                        run_id=run_id,
+                        workdir, given, chat_id=chat_id, thread=thread, run_id=run_id
                     )
                 )
             except FileRefusedError as exc:
                 items.append(
                     OutboxItem(
-                        chat_id=binding.chat_id,
+                        chat_id=chat_id,
                         thread_id=thread or None,
                         body=self.rt.redactor(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
                         run_id=run_id,
                     )
                 )
             except Exception:
+                # The turn's output goes out whatever happens to its files.
                 _LOGGER.exception("preparing %s for the chat failed", given)
         return items
 

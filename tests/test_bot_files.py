@@ -486,7 +486,7 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
                 {"match": PLAN, "text": "1. read the uploads"},
                 {
                     "match": EXECUTE,
-                    "text": "read them",
+                    "text": "read them\nTURNSTILE-SEND: sum.txt\nTURNSTILE-SEND: ../../x",
                     "files": {"sum.txt": "3\n"},
                     "run": [["git", "add", "sum.txt"], ["git", "commit", "-q", "-m", "sum"]],
                 },
@@ -527,6 +527,10 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
             )
             await api.wait_until(lambda: sum("Noted for run" in t for t in api.texts()) == 3)
             release.touch()
+            # The Execute turn hands over a file: it follows the turn's output.
+            doc = await api.wait_for_message(lambda m: m.filename == "sum.txt")
+            assert doc.document == b"3\n"
+            await answer(api, "Not sent (TURNSTILE-SEND: ../../x)")
             await answer(api, "Objective achieved")
     assert (workdir / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
     executes = [p for p in prompts(tmp_path) if EXECUTE in p]
