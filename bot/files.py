@@ -26,6 +26,7 @@ from telegram import Message, Update
 from telegram.error import BadRequest, TelegramError
 
 from bot.auth import Action
+from bot.auto import AutoExtension
 from bot.extension import Extension
 from bot.sink import ChatPlace
 from bot.store import Binding, OutboxItem
@@ -148,9 +149,8 @@ class FileDesk(Extension):
 
     def _auto_runs(self) -> dict[str, Any]:
         for ext in self.h.extensions:
-            active = getattr(ext, "active", None)
-            if type(ext).__name__ == "AutoExtension" and isinstance(active, dict):
-                return active
+            if isinstance(ext, AutoExtension):
+                return ext.active
         return {}
 
     async def _target(self, message: Message, thread: int) -> _Target | None:

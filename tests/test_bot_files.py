@@ -542,3 +542,24 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
         ["git", "status", "--porcelain"], cwd=workdir, capture_output=True, text=True, check=True
     )
     assert status.stdout == ""
+
+
+async def test_a_file_not_yet_delivered_at_shutdown_goes_out_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    spool = tmp_path / "runs" / "outgoing"
+    async with FakeBotApi() as api:
+        # Telegram is down for documents while the first bot runs.
+        api.fail(["sendDocument"], 502, count=10_000)
+        async with bound_chat(api, tmp_path, shutdown_flush_seconds=0.5) as (_, workdir):
+            (workdir / "notes.md").write_text("# notes\n")
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/get notes.md")
+            await api.wait_until(lambda: len(api.calls_of("sendDocument")) >= 1)
+        assert [p.name.endswith("-notes.md") for p in spool.iterdir()] == [True]
+        api.failures.clear()
+        async with running_bot(api, bot_settings(api, tmp_path)):
+            doc = await api.wait_for_message(lambda m: m.filename == "notes.md")
+            assert doc.document == b"# notes\n"
+        assert sum(m.filename == "notes.md" for m in api.sent) == 1
+    assert list(spool.iterdir()) == []
