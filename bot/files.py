@@ -238,6 +238,22 @@ class FileDesk(Extension):
                 mime,
                 doc.file_size,
             )
+        if message.video is not None:
+            video = message.video
+            return _Incoming(
+                video.file_id,
+                sanitize_name(video.file_name, fallback=f"video-{video.file_unique_id}.mp4"),
+                clean_mime(video.mime_type or "video/mp4"),
+                video.file_size,
+            )
+        if message.video_note is not None:
+            note = message.video_note
+            return _Incoming(
+                note.file_id,
+                sanitize_name(f"video-{note.file_unique_id}.mp4"),
+                "video/mp4",
+                note.file_size,
+            )
         if message.photo:
             # Telegram sends several sizes of a photo; the last is the largest.
             photo = max(message.photo, key=lambda p: p.width * p.height)

@@ -131,7 +131,14 @@ class Handlers:
                 filters.UpdateType.MESSAGE & filters.TEXT & ~filters.COMMAND, self.on_text
             )
         )
-        media = filters.Document.ALL | filters.PHOTO | filters.VOICE | filters.AUDIO
+        media = (
+            filters.Document.ALL
+            | filters.PHOTO
+            | filters.VIDEO
+            | filters.VIDEO_NOTE
+            | filters.VOICE
+            | filters.AUDIO
+        )
         app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & media, self.on_media))
         app.add_handler(CallbackQueryHandler(self.on_button))
         app.add_error_handler(self.on_error)

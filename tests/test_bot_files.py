@@ -91,7 +91,16 @@ async def test_a_document_lands_in_uploads_and_its_caption_is_the_prompt(
         assert [p.read_bytes() for p in saved] == [b"\xff\xd8jpeg-bytes"]
         assert f"uploads/{saved[0].name} (image/jpeg, 12 bytes)" in reply.text
         assert "TURNSTILE-SEND: path/to/file" in reply.text
-    assert len(prompts(tmp_path)) == 2
+        # A video is a file like any other.
+        file_id, unique = api.add_file(b"mp4-bytes", folder="videos")
+        video = {"file_id": file_id, "file_unique_id": unique, "width": 1, "height": 1}
+        video |= {"duration": 1, "file_name": "screen.mp4", "mime_type": "video/mp4"}
+        msg = api.message_payload(chat_id=CHAT, user_id=OPERATOR, text="")
+        del msg["text"]
+        api.push_update({"message": msg | {"video": video, "caption": "the recording"}})
+        reply = await answer(api, "echo: the recording")
+        assert "uploads/screen.mp4 (video/mp4, 9 bytes)" in reply.text
+    assert len(prompts(tmp_path)) == 3
 
 
 async def test_an_album_of_photos_is_one_turn(
