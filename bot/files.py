@@ -383,7 +383,8 @@ class FileDesk(Extension):
     async def _album_later(self, key: tuple[int, int, str]) -> None:
         # Telegram delivers an album as separate messages in quick succession; the turn
         # starts once none has come for a moment.
-        await asyncio.sleep(self.rt.settings.album_wait_seconds)
+        # Once the bot is shutting down, no more parts will come.
+        await asyncio.sleep(0 if self._closing else self.rt.settings.album_wait_seconds)
         await self._flush(key)
 
     async def _flush(self, key: tuple[int, int, str]) -> None:
