@@ -481,8 +481,13 @@ class FileDesk(Extension):
         if not result.queued:
             await say(
                 f"⚠️ Not queued: {result.waiting} message(s) are already waiting for this "
-                f"session (limit {self.rt.settings.queue_depth}). The file(s) are saved; send "
-                "a message about them once the queue has room."
+                f"session (limit {self.rt.settings.queue_depth})."
+                + (
+                    " Send it again once the queue has room."
+                    if what == "voice note"
+                    else " The file(s) are saved; send a message about them once the queue "
+                    "has room."
+                )
             )
         elif result.busy or result.waiting:
             await say(f"⏳ Queued: {result.waiting + 1} message(s) wait for the running turn.")
@@ -555,6 +560,15 @@ class FileDesk(Extension):
         except FileRefusedError as exc:
             await self.h.reply(update, f"⚠️ Not sent: {exc}")
             return
+        user = update.effective_user
+        await self.rt.store.audit(
+            action="get",
+            outcome="allowed",
+            user_id=user.id if user is not None else None,
+            chat_id=message.chat.id,
+            update_id=update.update_id,
+            reason=given[:200],
+        )
         await self.rt.store.enqueue([item])
         self.rt.publisher_or_fail().wake()
 

@@ -317,7 +317,7 @@ async def test_get_sends_a_file_and_a_folder_and_refuses_what_leaves_the_folder(
     secret = tmp_path / "secret.txt"
     secret.write_text("do not send")
     async with FakeBotApi() as api:
-        async with bound_chat(api, tmp_path, send_max_bytes=64 * 1024) as (_rt, workdir):
+        async with bound_chat(api, tmp_path, send_max_bytes=64 * 1024) as (rt, workdir):
             (workdir / "out").mkdir()
             (workdir / "out" / "report.html").write_text("<h1>done</h1>")
             (workdir / "out" / "data.bin").write_bytes(bytes(range(256)))
@@ -367,6 +367,11 @@ async def test_get_sends_a_file_and_a_folder_and_refuses_what_leaves_the_folder(
 
             api.push_message(chat_id=CHAT, user_id=STRANGER, text="/get out/report.html")
             await answer(api, "Not allowed")
+            entries = await rt.store.audit_entries()
+            gets = [(e.user_id, e.reason) for e in entries if e.action == "get"]
+            assert (OPERATOR, "out/report.html") in gets
+            refused = [(e.user_id, e.action) for e in entries if e.outcome == "refused"]
+            assert (STRANGER, "status") in refused
         documents = [m for m in api.sent if m.document is not None]
         assert all(secret.read_bytes() not in (m.document or b"") for m in documents)
         assert len(documents) == 4
