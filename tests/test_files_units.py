@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import unicodedata
 import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given as for_all
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from engine.errors import FileRefusedError, TranscriptionError
@@ -51,6 +54,20 @@ from tests.fakes.transcription_api import FakeTranscriptionApi
 )
 def test_sanitize_name(given: str | None, expected: str) -> None:
     assert sanitize_name(given) == expected
+
+
+@for_all(st.text(max_size=400))
+def test_any_sanitized_name_is_one_plain_visible_name(name: str) -> None:
+    clean = sanitize_name(name)
+    assert clean
+    assert "/" not in clean
+    assert "\\" not in clean
+    assert "\x00" not in clean
+    assert not clean.startswith((".", " "))
+    assert clean not in (".", "..")
+    assert len(clean.encode()) <= 120
+    assert unicodedata.is_normalized("NFC", clean)
+    assert sanitize_name(clean) == clean
 
 
 def test_long_names_are_cut_keeping_the_extension() -> None:
