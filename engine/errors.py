@@ -18,6 +18,8 @@ TurnstileError
 ├── ConfigError                bad settings or bad command-line input
 ├── FileRefusedError           a file from or for a chat is refused (path, size, type)
 ├── TranscriptionError         the speech-to-text service failed or is not configured
+├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
+│                              regular file, or too large
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
     └── ConflictError          a compare-and-set lost against a concurrent writer
@@ -43,6 +45,7 @@ __all__ = [
     "TurnIOError",
     "TurnPreempted",
     "TurnstileError",
+    "UnsafeFileError",
 ]
 
 
@@ -140,6 +143,20 @@ class TranscriptionError(TurnstileError):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+
+
+class UnsafeFileError(TurnstileError):
+    """A file the engine reads on an agent's behalf was refused (see :mod:`engine.safefile`).
+
+    Attributes:
+        path: the file as asked for (inside its folder).
+        reason: why, one of :class:`engine.safefile.Unsafe`'s values.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class StoreError(TurnstileError):
