@@ -331,13 +331,14 @@ def zip_folder(
     *,
     dest: Path,
     max_bytes: int,
+    max_files: int = 10_000,
     redact: Callable[[str], str] | None = None,
 ) -> tuple[int, int]:
     """Zip the folder ``given`` (inside ``root``) into ``dest``; returns (files, bytes).
 
     Symlinks and ``.git`` are left out (nothing outside the folder is ever read); text
     files pass through ``redact``. The zip is cut off, removed and refused once it would
-    pass ``max_bytes``.
+    pass ``max_bytes`` or hold ``max_files``.
 
     Raises:
         FileRefusedError: outside the folder, not a folder, empty, or the zip is too large.
@@ -353,6 +354,12 @@ def zip_folder(
             for folder, dirs, files in os.walk(real, followlinks=False):
                 dirs[:] = sorted(d for d in dirs if d != ".git")
                 for name in sorted(files):
+                    if count >= max_files:
+                        raise FileRefusedError(
+                            f"{shown} has too many files (the limit is {max_files:,}); ask "
+                            "for a smaller folder",
+                            reason="size",
+                        )
                     path = Path(folder) / name
                     arcname = path.relative_to(real).as_posix()
                     try:
@@ -367,15 +374,13 @@ def zip_folder(
                             data = fh.read(max_bytes + 1)
                     finally:
                         os.close(fd)
+                    if len(data) > max_bytes:
+                        raise _too_big(shown, max_bytes)
                     data, _ = _redact_text(data, redact)
                     zf.writestr(arcname, data)
                     count += 1
-                    if raw.tell() > max_bytes or len(data) > max_bytes:
-                        raise FileRefusedError(
-                            f"{shown} zipped is over {human_size(max_bytes)}; ask for a "
-                            "smaller folder or single files",
-                            reason="size",
-                        )
+                    if raw.tell() > max_bytes:
+                        raise _too_big(shown, max_bytes)
         size = dest.stat().st_size
         if count == 0:
             raise FileRefusedError(f"{shown} holds no files to send", reason="empty")
@@ -389,6 +394,13 @@ def zip_folder(
             dest.unlink()
         raise
     return count, size
+
+
+def _too_big(shown: str, max_bytes: int) -> FileRefusedError:
+    return FileRefusedError(
+        f"{shown} zipped is over {human_size(max_bytes)}; ask for a smaller folder or single files",
+        reason="size",
+    )
 
 
 def send_markers(text: str, *, limit: int = 10) -> list[str]:

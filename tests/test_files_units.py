@@ -194,6 +194,11 @@ def test_zip_folder_leaves_out_symlinks_and_git_and_is_capped(tmp_path: Path) ->
         zip_folder(root, "docs", dest=tmp_path / "big.zip", max_bytes=10_000)
     assert caught.value.reason == "size"
     assert not (tmp_path / "big.zip").exists()
+    (root / "docs" / "noise.bin").unlink()
+    assert zip_folder(root, "docs", dest=tmp_path / "two.zip", max_bytes=10_000, max_files=2)
+    with pytest.raises(FileRefusedError, match="too many files"):
+        zip_folder(root, "docs", dest=tmp_path / "many.zip", max_bytes=10_000, max_files=1)
+    assert not (tmp_path / "many.zip").exists()
     (root / "void").mkdir()
     with pytest.raises(FileRefusedError):
         zip_folder(root, "void", dest=tmp_path / "void.zip", max_bytes=10_000)
