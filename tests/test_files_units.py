@@ -262,3 +262,29 @@ async def test_transcriber_errors_are_typed_and_never_show_the_key() -> None:
         await client.transcribe(b"RIFF", filename="a.wav", mime="audio/wav")
     assert "cannot be reached" in str(caught.value)
     assert key not in str(caught.value)
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.files
+
+    root = tmp_path / "run"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "f").write_text("inside")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("secret")
+    checked = engine.files.resolve_inside
+
+    def check_then_swap(base: Path, given: str) -> Path:
+        real = checked(base, given)
+        # The agent wins the race: sub/ becomes a link out between check and open.
+        (root / "sub").rename(root / "sub-old")
+        (root / "sub").symlink_to(outside, target_is_directory=True)
+        return real
+
+    monkeypatch.setattr(engine.files, "resolve_inside", check_then_swap)
+    with pytest.raises(FileRefusedError) as caught:
+        read_for_send(root, "sub/f", max_bytes=1000)
+    assert caught.value.reason == "symlink"
