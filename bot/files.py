@@ -198,7 +198,11 @@ class FileDesk(Extension):
 
     # -- inbound: files, photos, voice -------------------------------------------------
 
-    async def on_media(self, update: Update, context: Any) -> None:
+    async def on_media(self, update: Update, context: Any) -> bool:
+        await self._media(update, context)
+        return True
+
+    async def _media(self, update: Update, context: Any) -> None:
         message = update.message
         user = update.effective_user
         if message is None or user is None:

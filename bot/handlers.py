@@ -412,9 +412,7 @@ class Handlers:
     async def on_media(self, update: Update, context: Context) -> None:
         """Files, photos and voice notes (bot/files.py)."""
         for ext in self.extensions:
-            method = getattr(ext, "on_media", None)
-            if method is not None:
-                await method(update, context)
+            if await ext.on_media(update, context):
                 return
 
     async def _delegate(
