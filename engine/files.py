@@ -32,6 +32,7 @@ from engine.workspace.git import GitRunner
 
 __all__ = [
     "SEND_MARKER",
+    "UNKNOWN_MIME",
     "OutgoingFile",
     "SavedFile",
     "clean_mime",

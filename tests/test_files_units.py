@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import unicodedata
@@ -31,6 +32,13 @@ from engine.settings import Settings
 from engine.transcribe import HttpTranscriber, endpoint_url
 from tests.automode_support import git_workspace
 from tests.fakes.transcription_api import FakeTranscriptionApi
+
+
+@pytest.mark.parametrize("package", ["engine.files", "engine.transcribe", "bot.files"])
+def test_all_lists_real_names(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert hasattr(module, name), f"{package}.{name}"
 
 
 @pytest.mark.parametrize(
