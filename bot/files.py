@@ -29,7 +29,7 @@ from bot.auth import Action
 from bot.auto import AutoExtension
 from bot.extension import Extension
 from bot.sink import ChatPlace
-from bot.store import Binding, OutboxItem
+from bot.store import Binding, InboundState, OutboxItem
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
     SEND_MARKER,
@@ -107,6 +107,7 @@ class _Album:
     reply_to: int
     files: list[SavedFile] = field(default_factory=list)
     captions: list[str] = field(default_factory=list)
+    update_ids: list[int] = field(default_factory=list)
     timer: asyncio.Task[None] | None = None
 
 
@@ -380,6 +381,10 @@ class FileDesk(Extension):
             self._albums[key] = album
         album.files.append(saved)
         album.captions.append(caption)
+        album.update_ids.append(update.update_id)
+        # Not handled until the album's turn is queued: a crash before that replays the
+        # parts on the next start (the files come again, the turn is not lost).
+        self.rt.handled_in_transaction(update.update_id)
         if album.timer is not None:
             album.timer.cancel()
         album.timer = asyncio.create_task(self._album_later(key), name=f"album-{group}")
@@ -410,6 +415,9 @@ class FileDesk(Extension):
             )
         except Exception:
             _LOGGER.exception("an album could not be handed to its run")
+            return
+        for update_id in album.update_ids:
+            await self.rt.store.mark_inbound(update_id, InboundState.HANDLED)
 
     async def _deliver(
         self,

@@ -6,12 +6,16 @@ agent through the command agent, a real SQLite file, a fake speech-to-text serve
 
 from __future__ import annotations
 
+import asyncio
 import io
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
+import sys
+import time
 import wave
 import zipfile
 from collections.abc import AsyncIterator
@@ -26,6 +30,7 @@ from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, gi
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     CHAT,
+    FAKE_AGENT,
     OPERATOR,
     STRANGER,
     agent_log,
@@ -577,3 +582,86 @@ async def test_a_file_not_yet_delivered_at_shutdown_goes_out_after_the_restart(
             assert doc.document == b"# notes\n"
         assert sum(m.filename == "notes.md" for m in api.sent) == 1
     assert list(spool.iterdir()) == []
+
+
+async def _bot_process(api: FakeBotApi, root: Path, **env_extra: str) -> asyncio.subprocess.Process:
+    """The real ``turnstile bot`` as a process (to be killed with SIGKILL)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env |= {
+        "TURNSTILE_TELEGRAM_TOKEN": api.token,
+        "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
+        "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
+        "TURNSTILE_DATABASE": str(root / "turnstile.db"),
+        "TURNSTILE_WORKSPACES": str(root / "ws"),
+        "TURNSTILE_RUNS_DIR": str(root / "runs"),
+        "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
+        "TURNSTILE_ALLOWED_CHATS": str(OPERATOR),
+        "TURNSTILE_OPERATORS": str(OPERATOR),
+        "TURNSTILE_DEFAULT_AGENT": "command",
+        "TURNSTILE_AGENT_COMMAND": (
+            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+        ),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "NO_PROXY": "127.0.0.1,localhost",
+        **env_extra,
+    }
+    before = len(api.calls_of("deleteWebhook"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "bot",
+        cwd=root,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=30)
+    return proc
+
+
+@pytest.mark.timeout(120)
+async def test_an_album_cut_off_by_a_crash_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    uploads = tmp_path / "ws" / "default" / "uploads"
+    async with FakeBotApi() as api:
+        bot = await _bot_process(api, tmp_path, TURNSTILE_ALBUM_WAIT_SECONDS="3600")
+        try:
+            # A private chat: the group flood limit is not under test here.
+            api.push_message(chat_id=OPERATOR, user_id=OPERATOR, text="/chat")
+            await answer(api, "bound")
+            for i in range(2):
+                api.push_photo(
+                    chat_id=OPERATOR,
+                    user_id=OPERATOR,
+                    data=f"p{i}".encode(),
+                    caption="both screens" if i == 0 else None,
+                    media_group_id="album-crash",
+                )
+            await api.wait_until(lambda: len(api.downloads) == 2)
+            deadline = time.monotonic() + 20
+            while not (uploads.is_dir() and len(os.listdir(uploads)) == 2):
+                assert time.monotonic() < deadline, "the album's files were not saved"
+                await asyncio.sleep(0.02)
+            bot.send_signal(signal.SIGKILL)
+            await bot.wait()
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+        assert prompts(tmp_path) == []
+        bot = await _bot_process(api, tmp_path, TURNSTILE_ALBUM_WAIT_SECONDS="0.2")
+        try:
+            reply = await answer(api, "echo: both screens")
+            assert "2 files" in reply.text
+            bot.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(bot.wait(), 30) == 0
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+    # The parts came again after the crash: their files are saved twice, the turn once.
+    assert len(prompts(tmp_path)) == 1
+    assert len(os.listdir(uploads)) == 4
