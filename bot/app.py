@@ -128,6 +128,8 @@ class BotRuntime:
         secrets = [self.token]
         if settings.webhook_secret is not None:
             secrets.append(settings.webhook_secret.get_secret_value())
+        if settings.transcription_key is not None:
+            secrets.append(settings.transcription_key.get_secret_value())
         self.redactor = Redactor(secrets)
         # WAL with synchronous=NORMAL: every commit survives the process being killed;
         # only an OS crash or power loss can lose the last ones, and inbound updates are

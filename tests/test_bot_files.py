@@ -447,7 +447,7 @@ async def test_a_voice_note_is_transcribed_shown_and_becomes_the_prompt(
                 api,
                 tmp_path,
                 transcription_url=stt.url,
-                transcription_key="sk-test-key-0123456789",
+                transcription_key="voicekey-7f3a9c-plain",
                 transcription_model="whisper-large-v3",
             ) as (_, workdir),
         ):
@@ -466,12 +466,12 @@ async def test_a_voice_note_is_transcribed_shown_and_becomes_the_prompt(
             api.push_voice(chat_id=CHAT, user_id=OPERATOR, data=audio)
             failed = await answer(api, "could not be transcribed")
             assert "HTTP 503" in failed.text
-            assert "sk-test-key" not in failed.text
+            assert "voicekey-7f3a9c" not in failed.text
             assert not (workdir / "uploads").exists()
         first = stt.requests[0]
         assert first.audio == audio
         assert first.model == "whisper-large-v3"
-        assert first.authorization == "Bearer sk-test-key-0123456789"
+        assert first.authorization == "Bearer voicekey-7f3a9c-plain"
         assert first.content_type == "audio/wav"
         assert stt.requests[1].filename == "recording.wav"
     assert prompts(tmp_path) == ["please fix the login bug", "second note"]
