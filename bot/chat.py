@@ -40,8 +40,6 @@ AgentFactory = Callable[..., ProcessAgent]
 OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
 _STATUS_DEBOUNCE: Final = 0.05
-# Folders the workspace manager owns under the workspaces root.
-_RESERVED = frozenset({"cache", "worktrees", "locks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +231,7 @@ class ChatSessions:
             except WorkspaceError as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        if project in _RESERVED:
-            raise ConfigError(f"{project!r} is reserved for the workspace manager")
-        path = (self.settings.workspaces / project).resolve()
+        path = manager.plain_folder(project)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
