@@ -32,6 +32,7 @@ from bot.auth import Authorizer
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import AgentFactory, ChatSessions
+from bot.files import FileDesk
 from bot.handlers import COMMANDS, Handlers
 from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
@@ -242,6 +243,10 @@ class BotRuntime:
                 )
             )
             self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
+            files = FileDesk(self, self.handlers)
+            self.handlers.extensions.append(files)
+            self.chats.output_files = files.marker_items
+            self.sink.on_files = files.send_marked
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)

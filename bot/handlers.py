@@ -49,6 +49,7 @@ COMMANDS: Final = [
     BotCommand("cancel", "drop the Reject that waits for your reason"),
     BotCommand("stop", "[RUN] — stop the running turn at once"),
     BotCommand("status", "this chat's runs"),
+    BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
     BotCommand("tasks", "every task's state (admin)"),
     BotCommand("audit", "the audit's findings (admin)"),
 ]
@@ -70,6 +71,11 @@ HELP: Final = "\n".join(
         "/cancel — drop a Reject button press whose reason you have not sent yet.",
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
+        "",
+        "Files",
+        "Send a file or photo (an album is one turn): it is saved in the run's folder under"
+        " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
+        " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
         "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
@@ -124,6 +130,7 @@ class Handlers:
             "cancel": self.cmd_cancel,
             "tasks": self.cmd_tasks,
             "audit": self.cmd_audit,
+            "get": self.cmd_get,
         }
         for name, callback in commands.items():
             app.add_handler(CommandHandler(name, callback, filters=filters.UpdateType.MESSAGE))
@@ -135,6 +142,15 @@ class Handlers:
                 filters.UpdateType.MESSAGE & filters.TEXT & ~filters.COMMAND, self.on_text
             )
         )
+        media = (
+            filters.Document.ALL
+            | filters.PHOTO
+            | filters.VIDEO
+            | filters.VIDEO_NOTE
+            | filters.VOICE
+            | filters.AUDIO
+        )
+        app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & media, self.on_media))
         app.add_handler(CallbackQueryHandler(self.on_button))
         app.add_error_handler(self.on_error)
 
@@ -423,6 +439,15 @@ class Handlers:
 
     async def cmd_audit(self, update: Update, context: Context) -> None:
         await self._delegate(update, context, "audit", Action.AUDIT, None)
+
+    async def cmd_get(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "get", Action.STATUS, None)
+
+    async def on_media(self, update: Update, context: Context) -> None:
+        """Files, photos and voice notes (bot/files.py)."""
+        for ext in self.extensions:
+            if await ext.on_media(update, context):
+                return
 
     async def _delegate(
         self, update: Update, context: Context, verb: str, action: Action, usage: str | None

@@ -27,6 +27,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from telegram import (
@@ -74,6 +75,12 @@ def retry_seconds(exc: RetryAfter) -> float:
         warnings.simplefilter("ignore")
         delay: Any = exc.retry_after
     return float(delay.total_seconds() if hasattr(delay, "total_seconds") else delay)
+
+
+def _drop_spool(item: OutboxItem) -> None:
+    if item.kind == "file":
+        with contextlib.suppress(OSError):
+            Path(item.body).unlink()
 
 
 def _not_modified(exc: BadRequest) -> bool:
@@ -272,8 +279,12 @@ class OutboxSender:
             # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
             await self._give_up(row, exc.message)
             return
+        except FileNotFoundError:
+            await self._give_up(row, "the file to send is gone from the spool")
+            return
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)
+        _drop_spool(item)
         if item.ref is not None:
             self._last_edit[item.ref] = self._clock()
 
@@ -304,6 +315,7 @@ class OutboxSender:
         )
         self.failed += 1
         await self._store.outbox_failed(row, error)
+        _drop_spool(row.item)
 
     async def _token_refused(self, exc: InvalidToken) -> bool:
         """Whether a 401/404 means the token itself is refused (``getMe`` fails too).

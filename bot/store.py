@@ -406,6 +406,15 @@ class BotStore:
         row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
         return row is None or row["state"] != "pending"
 
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+        """The run a delivered message belongs to (a reply to it addresses that run)."""
+        row = await self.db.fetchone(
+            "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
+            " AND run_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (chat_id, message_id),
+        )
+        return str(row[0]) if row is not None else None
+
     async def outbox_failed(self, row: OutboxRow, error: str) -> None:
         """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
         item = row.item

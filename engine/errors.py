@@ -16,6 +16,8 @@ TurnstileError
 │   ├── ChannelPublishError
 │   └── ChannelIOError
 ├── ConfigError                bad settings or bad command-line input
+├── FileRefusedError           a file from or for a chat is refused (path, size, type)
+├── TranscriptionError         the speech-to-text service failed or is not configured
 ├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
 │                              regular file, or too large
 └── StoreError                 persistence failed
@@ -34,10 +36,12 @@ __all__ = [
     "ChannelRecvError",
     "ConfigError",
     "ConflictError",
+    "FileRefusedError",
     "InvalidPromptError",
     "NotFoundError",
     "StoreError",
     "StoreReadOnlyError",
+    "TranscriptionError",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -115,6 +119,32 @@ class ConfigError(TurnstileError):
     def __init__(self, message: str, *, setting: str | None = None) -> None:
         super().__init__(message)
         self.setting = setting
+
+
+class FileRefusedError(TurnstileError):
+    """A file is not taken in or sent out: it leaves the run's folder, is too large, of a
+    refused type, empty, or the folder it would go to is not a plain folder.
+
+    Attributes:
+        reason: a short machine-readable word (``size``, ``symlink``, ``type``, ...).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TranscriptionError(TurnstileError):
+    """A voice note could not be turned into text (no service configured, or it failed).
+
+    Attributes:
+        status: the service's HTTP status, when it answered.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
 
 
 class UnsafeFileError(TurnstileError):
