@@ -37,6 +37,7 @@ from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState
+from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
 from engine.redact import Redactor
@@ -235,6 +236,7 @@ class BotRuntime:
                 )
             )
             self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
+            self.handlers.extensions.append(ToolApprovalExtension(self, self.handlers))
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)

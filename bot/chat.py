@@ -15,15 +15,16 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
+from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.settings import Settings
@@ -209,6 +210,8 @@ class ChatSessions:
         self.slots = slots
         self.status_tick = status_tick
         self.active: dict[tuple[int, int], ChatRun] = {}
+        # Where a new run's tool calls ask a person (set by bot.tool_approvals).
+        self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
 
@@ -303,6 +306,10 @@ class ChatSessions:
 
     async def _start(self, binding: Binding) -> ChatRun:
         run_id = new_run_id()
+        extra: dict[str, Any] = {}
+        route = await self.approvals(run_id, binding) if self.approvals is not None else None
+        if route is not None:
+            extra["approval"] = route
         agent = self.agent_factory(
             binding.agent,
             self.settings,
@@ -310,6 +317,7 @@ class ChatSessions:
             session_id=binding.session_id,
             resume=binding.turns > 0,
             turns_finished=binding.turns > 0,
+            **extra,
         )
         await self.runs.create_run(
             run_id,

@@ -69,6 +69,11 @@ HELP: Final = "\n".join(
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
         "",
+        "Tool approvals ({tool_approval}): with TURNSTILE_TOOL_APPROVAL on, a Claude Code"
+        " chat session asks here before a tool call its allowlist does not cover — Allow"
+        " once, Allow for this session, or Deny; the turn waits. Copilot CLI and Codex"
+        " cannot ask per tool call: their allowlist alone decides.",
+        "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
     ]
@@ -255,7 +260,12 @@ class Handlers:
             return
         user = update.effective_user
         await self.reply(
-            update, HELP.format(agents=", ".join(AGENT_NAMES), user_id=user.id if user else "?")
+            update,
+            HELP.format(
+                agents=", ".join(AGENT_NAMES),
+                user_id=user.id if user else "?",
+                tool_approval=self.rt.settings.tool_approval,
+            ),
         )
 
     async def unknown_command(self, update: Update, context: Context) -> None:
