@@ -93,7 +93,10 @@ def command_prefix(command: str) -> str:
         return "=" + text
     if not words or "=" in words[0]:
         return "=" + text
-    if words[0] in _SUBCOMMAND_TOOLS and len(words) > 1 and not words[1].startswith("-"):
+    if words[0] in _SUBCOMMAND_TOOLS and len(words) > 1:
+        # ``git -C dir push``: options before the subcommand hide it; only exact matches.
+        if words[1].startswith("-"):
+            return "=" + text
         return f"{words[0]} {words[1]}"
     return words[0]
 
