@@ -7,7 +7,11 @@ request the bot posts with buttons; the test presses them like a person would.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import pty
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,7 @@ from tests.fakes.bot_harness import (
     running_bot,
 )
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
-from tests.fakes.realcli import Sandbox, marked_processes
+from tests.fakes.realcli import MARKER_VAR, Sandbox, marked_processes
 
 pytestmark = [
     pytest.mark.realcli,
@@ -217,3 +221,99 @@ async def test_a_restart_while_a_request_waits_runs_the_turn_again_and_asks_agai
             press(api, again, "Allow once", APPROVER)
             await api.wait_for_message(lambda m: m.text == "made after the restart", timeout=60)
         assert (workdir(tmp_path) / "allowed.txt").exists()
+
+
+# -- the terminal front end ------------------------------------------------------------
+
+
+def _terminal_env(root: Path, claude_bin: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.update(
+        {
+            "TURNSTILE_TOOL_APPROVAL": "unlisted",
+            "TURNSTILE_DEFAULT_AGENT": "claude",
+            "TURNSTILE_CLAUDE_BIN": str(claude_bin),
+            "TURNSTILE_DATABASE": str(root / "turnstile.db"),
+            MARKER_VAR: os.environ[MARKER_VAR],
+        }
+    )
+    return env
+
+
+async def test_turnstile_chat_asks_on_the_terminal(
+    tmp_path: Path, claude_bin: Path, model: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    model.enqueue(TOUCH, Text("made from the terminal"))
+    work = tmp_path / "term"
+    work.mkdir()
+    master, slave = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "chat",
+        "--workdir",
+        str(work),
+        stdin=slave,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_terminal_env(tmp_path, claude_bin),
+        cwd=tmp_path,
+    )
+    os.close(slave)
+    try:
+        os.write(master, b"make the file\n")
+        assert proc.stderr is not None
+        seen = b""
+        async with asyncio.timeout(120):
+            while b"Allow? [y] once" not in seen:
+                chunk = await proc.stderr.read(4096)
+                assert chunk, seen
+                seen += chunk
+        assert b"$ touch allowed.txt" in seen
+        assert not (work / "allowed.txt").exists()
+        os.write(master, b"y\n")
+        assert proc.stdout is not None
+        async with asyncio.timeout(120):
+            line = await proc.stdout.readline()
+        assert line == b"made from the terminal\n"
+        assert (work / "allowed.txt").exists()
+        os.write(master, b"\x04")  # Ctrl-D: end of input
+        async with asyncio.timeout(60):
+            assert await proc.wait() == 0
+    finally:
+        os.close(master)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_turnstile_chat_without_a_terminal_denies_and_says_why(
+    tmp_path: Path, claude_bin: Path, model: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    model.enqueue(TOUCH, Text("could not make it"))
+    work = tmp_path / "term"
+    work.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "chat",
+        "--workdir",
+        str(work),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_terminal_env(tmp_path, claude_bin),
+        cwd=tmp_path,
+    )
+    async with asyncio.timeout(180):
+        out, err = await proc.communicate(b"make the file\n")
+    assert proc.returncode == 0, err
+    assert out == b"could not make it\n"
+    assert b"denied \xe2\x80\x94 nobody can answer" in err
+    assert b"TURNSTILE_TOOL_APPROVAL=off" in err
+    assert not (work / "allowed.txt").exists()
+    [result] = tool_results(model)
+    assert result["is_error"] is True
+    assert "stdin is not a TTY" in json.dumps(result)

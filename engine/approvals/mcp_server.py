@@ -57,12 +57,14 @@ def answer_for(request: ToolRequest) -> dict[str, Any]:
     """The permission tool's answer for a decided request."""
     if request.state is Decision.ALLOWED:
         return {"behavior": "allow", "updatedInput": dict(request.input)}
-    if request.state is Decision.DENIED:
-        who = f" (user {request.decided_by})" if request.decided_by is not None else ""
-        message = f"A person denied this {request.tool} call{who}."
+    if request.state is Decision.DENIED and request.decided_by is not None:
+        message = f"A person denied this {request.tool} call (user {request.decided_by})."
         if request.reason:
             message += f" {request.reason}"
         return {"behavior": "deny", "message": message}
+    if request.state is Decision.DENIED:
+        reason = request.reason or "a person said no"
+        return {"behavior": "deny", "message": f"This {request.tool} call was denied: {reason}."}
     reason = request.reason or "the request was withdrawn"
     return {"behavior": "deny", "message": f"Not run: {reason}."}
 
