@@ -153,6 +153,7 @@ class BotRuntime:
         self.chats: ChatSessions | None = None
         self.handlers: Handlers | None = None
         self.sink: BotSink | None = None
+        self.tool_approvals: ToolApprovalExtension | None = None
         self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -229,6 +230,9 @@ class BotRuntime:
             )
             self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
+            # First: its start-up clean-up runs before other extensions resume runs.
+            self.tool_approvals = ToolApprovalExtension(self, self.handlers)
+            self.handlers.extensions.append(self.tool_approvals)
             # Order matters for plain messages: approvals and reasons before steering.
             self.handlers.extensions.append(
                 AutopilotExtension(
@@ -236,7 +240,6 @@ class BotRuntime:
                 )
             )
             self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
-            self.handlers.extensions.append(ToolApprovalExtension(self, self.handlers))
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)

@@ -27,6 +27,7 @@ from engine.automode import (
     resume_auto_run,
     start_auto_run,
 )
+from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, TurnstileError
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
@@ -62,6 +63,16 @@ class AutoExtension(Extension):
         self.active: dict[str, _Active] = {}
         self._closing = False
 
+    def _approvals(self, update: Update | None, tool: str | None = None) -> ApprovalFor | None:
+        """Where the run's tool calls ask (bot.tool_approvals); None when nothing asks."""
+        approvals = self.rt.tool_approvals
+        if approvals is None:
+            return None
+        user = update.effective_user if update is not None else None
+        return approvals.routes_for(
+            tool or self.rt.settings.default_agent, user.id if user is not None else None
+        )
+
     # -- commands ----------------------------------------------------------------------
 
     async def cmd_auto(self, update: Update, args: list[str]) -> None:
@@ -96,6 +107,7 @@ class AutoExtension(Extension):
                 chat_id=chat.id,
                 thread_id=thread,
                 turn_slots=self.rt.slots,
+                approval_for=self._approvals(update),
             )
         except ConfigError as exc:
             await self.h.reply(update, f"Cannot start: {exc}")
@@ -274,6 +286,7 @@ class AutoExtension(Extension):
                     record.id,
                     sink=self.sink,
                     turn_slots=self.rt.slots,
+                    approval_for=self._approvals(None, record.agent),
                 )
             except TurnstileError as exc:
                 _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})

@@ -34,6 +34,7 @@ from engine.approvals import (
     describe_key,
     summarize,
 )
+from engine.automode.run import ApprovalFor
 from engine.errors import NotFoundError
 from engine.store.runs import RunRecord
 
@@ -50,6 +51,8 @@ _CHOICES: Final = {"o": (Decision.ALLOWED, Scope.ONCE), "s": (Decision.ALLOWED, 
 _CHOICES_DENY: Final = {"d": (Decision.DENIED, None)}
 RESTARTED: Final = "the bot restarted while it waited"
 STOPPED: Final = "the turn was stopped"
+PARKED: Final = RESTARTED + "; the turn runs again and asks again"
+SHUTTING_DOWN: Final = "the bot is shutting down; the agent was told no"
 
 
 def _ref(request_id: int) -> str:
@@ -130,6 +133,22 @@ class ToolApprovalExtension(Extension):
             wake=self.watcher.wake_path,
         )
 
+    def routes_for(self, tool: str, starter: int | None) -> ApprovalFor | None:
+        """Routes for the runs of another front end (auto mode), by run id."""
+        if self.policy is ApprovalPolicy.OFF or tool != "claude":
+            return None
+
+        def route_for(run_id: str) -> ApprovalRoute:
+            return ApprovalRoute(
+                database=self.rt.settings.database,
+                run_id=run_id,
+                policy=self.policy,
+                starter=starter,
+                wake=self.watcher.wake_path,
+            )
+
+        return route_for
+
     async def _hold_watcher(self) -> None:
         async with self.watcher:
             self._started.set()
@@ -150,8 +169,7 @@ class ToolApprovalExtension(Extension):
         if run is None or run.chat_id is None:
             return False  # not a bot run: a terminal front end shares the database
         if self._closing:
-            await self._park_run(request.run_id)
-            await self._cancel([request.run_id], RESTARTED + "; the turn runs again and asks again")
+            await self._close_waiting([request.run_id])
             return True
         await self.rt.publisher_or_fail().live(
             _ref(request.id),
@@ -296,24 +314,31 @@ class ToolApprovalExtension(Extension):
             await self._cancel(sorted(set(leftover)), RESTARTED + "; the turn was cut off")
         self.rt.spawn(self._hold_watcher(), name="tool-approvals")
 
-    async def _park_run(self, run_id: str) -> None:
+    async def _park_run(self, run_id: str) -> bool:
+        """Park a chat run's turn (it runs again after the restart); False: not a chat run."""
         chats = self.rt.chats
         run = chats.find(run_id) if chats is not None else None
         if run is None or run.task is None or run.task.done():
-            return
+            return False
         run.parking = True
         run.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({run.task})
+        return True
+
+    async def _close_waiting(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            if await self._park_run(run_id):
+                await self._cancel([run_id], PARKED)
+            else:
+                # Another front end's run (auto mode) finishes its turn, told "no".
+                await self._cancel([run_id], SHUTTING_DOWN)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         """A turn waiting for a person cannot finish while the bot is down: park it."""
         self._closing = True
         waiting = sorted({r.run_id for r in await self.store.pending() if await self._run_of(r)})
-        for run_id in waiting:
-            await self._park_run(run_id)
-        if waiting:
-            await self._cancel(waiting, RESTARTED + "; the turn runs again and asks again")
+        await self._close_waiting(waiting)
 
     def describe(self) -> dict[str, Any]:
         return {"tool_approval": self.policy.value}

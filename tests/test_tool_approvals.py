@@ -314,3 +314,33 @@ async def test_requests_left_by_a_crash_are_reported_at_start(tmp_path: Path) ->
             assert "restarted" in got.reason
             # never posted with buttons: there is nothing left to answer
             assert not any("asks to use" in m.text for m in api.sent)
+
+
+# -- auto mode hands the route to its agent -----------------------------------------
+
+
+async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> None:
+    from engine.automode import prepare_auto_run
+    from tests.automode_support import git_workspace
+
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, database=tmp_path / "t.db", runs_dir=tmp_path / "runs"
+    )
+    asked: list[str] = []
+
+    def route_for(run_id: str) -> ApprovalRoute:
+        asked.append(run_id)
+        return ApprovalRoute(database=settings.database, run_id=run_id, policy=ApprovalPolicy.ALL)
+
+    async with Database(settings.database) as database:
+        run = await prepare_auto_run(
+            settings,
+            database,
+            objective="do it",
+            tool="claude",
+            workdir=git_workspace(tmp_path / "ws"),
+            approval_for=route_for,
+        )
+        agent: Any = run.runner.agent
+        assert agent.options.approval.run_id == run.run_id
+    assert asked == [run.run_id]

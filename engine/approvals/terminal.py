@@ -8,9 +8,11 @@ why, and the terminal says which setting to change.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +24,13 @@ from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.approvals.watcher import ApprovalWatcher
 from engine.store.database import Database
 
-__all__ = ["NO_TERMINAL", "TerminalApprover", "terminal_approvals"]
+__all__ = [
+    "NO_TERMINAL",
+    "TerminalApprover",
+    "stdin_lines",
+    "terminal_approvals",
+    "terminal_run_id",
+]
 
 # Reads one answer line from the person (None: no more input).
 AskLine = Callable[[], Awaitable[str | None]]
@@ -44,18 +52,17 @@ class TerminalApprover:
     def __init__(
         self,
         store: SqliteApprovalStore,
-        run_id: str,
         *,
         ask_line: AskLine | None,
         out: TextIO = sys.stderr,
     ) -> None:
         self.store = store
-        self.run_id = run_id
+        self.run_ids: set[str] = set()
         self.ask_line = ask_line
         self.out = out
 
     async def handle(self, request: ToolRequest) -> bool:
-        if request.run_id != self.run_id:
+        if request.run_id not in self.run_ids:
             return False
         self.out.write(f"\n🔐 The agent asks to use {request.tool}:\n")
         self.out.write(summarize(request.tool, request.input) + "\n")
@@ -88,32 +95,72 @@ class TerminalApprover:
         return True
 
 
+def stdin_lines() -> AskLine | None:
+    """Answers read from stdin when it is a terminal (None otherwise).
+
+    A daemon thread reads the lines, so a question left open never keeps the process
+    alive at exit.
+    """
+    if not sys.stdin.isatty():
+        return None
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    started = False
+
+    def read() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(queue.put_nowait, line)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    async def ask() -> str | None:
+        nonlocal started
+        if not started:
+            started = True
+            threading.Thread(target=read, name="approval-stdin", daemon=True).start()
+        return await queue.get()
+
+    return ask
+
+
+RouteFor = Callable[[str], ApprovalRoute]
+
+
 @asynccontextmanager
 async def terminal_approvals(
     database: Path,
     policy: ApprovalPolicy,
     *,
     ask_line: AskLine | None,
-    run_id: str | None = None,
     out: TextIO = sys.stderr,
-) -> AsyncIterator[ApprovalRoute | None]:
-    """A route for a terminal run's agent, with the approver listening while it is open.
+) -> AsyncIterator[RouteFor | None]:
+    """Routes for a terminal's runs (by run id), with the approver listening while open.
 
     Yields None when the policy is off (nothing asks).
     """
     if policy is ApprovalPolicy.OFF:
         yield None
         return
-    run = run_id or "t" + secrets.token_hex(4)
     async with Database(database, synchronous="NORMAL") as db:
         store = SqliteApprovalStore(db)
-        approver = TerminalApprover(store, run, ask_line=ask_line, out=out)
+        approver = TerminalApprover(store, ask_line=ask_line, out=out)
         async with ApprovalWatcher(store, approver.handle) as watcher:
-            try:
-                yield ApprovalRoute(
-                    database=database, run_id=run, policy=policy, wake=watcher.wake_path
+
+            def route_for(run_id: str) -> ApprovalRoute:
+                approver.run_ids.add(run_id)
+                return ApprovalRoute(
+                    database=database, run_id=run_id, policy=policy, wake=watcher.wake_path
                 )
+
+            try:
+                yield route_for
             finally:
-                # Nothing waits for these any more (the turn ended with the command).
+                # Nothing waits for these any more (the turns ended with the command).
                 with contextlib.suppress(Exception):
-                    await store.cancel_pending("the terminal session ended", run_ids=[run])
+                    await store.cancel_pending(
+                        "the terminal session ended", run_ids=sorted(approver.run_ids)
+                    )
+
+
+def terminal_run_id() -> str:
+    """A run id for a terminal chat session (no run record: the terminal is the channel)."""
+    return "t" + secrets.token_hex(4)

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from engine.agents.factory import AGENT_NAMES, create_agent
 from engine.approvals.policy import ApprovalPolicy
-from engine.approvals.terminal import terminal_approvals
+from engine.approvals.terminal import terminal_approvals, terminal_run_id
 from engine.errors import TurnPreempted
 from engine.settings import Settings
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
@@ -105,14 +105,14 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     tool = args.tool or settings.default_agent
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
     ask = channel.read_answer if sys.stdin.isatty() else None
-    async with terminal_approvals(settings.database, policy, ask_line=ask) as route:
+    async with terminal_approvals(settings.database, policy, ask_line=ask) as route_for:
         agent = create_agent(
             tool,
             settings,
             cwd=args.workdir.resolve(),
             session_id=args.session or str(uuid.uuid4()),
             agent_cmd=args.agent_cmd,
-            approval=route,
+            approval=route_for(terminal_run_id()) if route_for is not None else None,
         )
         _start_stdin_reader(channel, asyncio.get_running_loop())
         try:
