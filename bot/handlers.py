@@ -69,10 +69,10 @@ HELP: Final = "\n".join(
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
         "",
-        "Tool approvals ({tool_approval}): with TURNSTILE_TOOL_APPROVAL on, a Claude Code"
-        " chat session asks here before a tool call its allowlist does not cover — Allow"
-        " once, Allow for this session, or Deny; the turn waits. Copilot CLI and Codex"
-        " cannot ask per tool call: their allowlist alone decides.",
+        "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
+        " before a tool call: Allow once, Allow for this session, or Deny; the turn"
+        " waits. Copilot CLI and Codex cannot ask per tool call: their allowed tools alone"
+        " decide.",
         "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
@@ -83,6 +83,11 @@ HELP: Final = "\n".join(
 BUTTON_ACTIONS: Final = {"ap": Action.APPROVE, "rj": Action.REJECT, "tk": Action.TASKS}
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
+_APPROVAL_HELP: Final = {
+    "off": "off here: only the allowed tools run",
+    "unlisted": "on here for tools outside the allowed list",
+    "all": "on here for every tool call",
+}
 
 
 def _thread(message: Message | None) -> int:
@@ -264,7 +269,7 @@ class Handlers:
             HELP.format(
                 agents=", ".join(AGENT_NAMES),
                 user_id=user.id if user else "?",
-                tool_approval=self.rt.settings.tool_approval,
+                tool_approval=_APPROVAL_HELP[self.rt.settings.tool_approval],
             ),
         )
 

@@ -344,3 +344,14 @@ async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> Non
         agent: Any = run.runner.agent
         assert agent.options.approval.run_id == run.run_id
     assert asked == [run.run_id]
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_help_says_what_asks_and_what_cannot(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, tool_approval="unlisted")
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+            help_text = await api.wait_for_message(lambda m: "Tool approvals" in m.text)
+    assert "on here for tools outside the allowed list" in help_text.text
+    assert "Copilot CLI and Codex cannot ask per tool call" in help_text.text
