@@ -8,10 +8,14 @@ request the bot posts with buttons; the test presses them like a person would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pty
+import signal
+import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -317,3 +321,88 @@ async def test_turnstile_chat_without_a_terminal_denies_and_says_why(
     [result] = tool_results(model)
     assert result["is_error"] is True
     assert "stdin is not a TTY" in json.dumps(result)
+
+
+async def _until_sent(db: Path, ref: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            row = conn.execute("SELECT state FROM bot_outbox WHERE ref = ?", (ref,)).fetchone()
+        if row is not None and row[0] == "sent":
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{ref} was not recorded as sent within {timeout}s")
+
+
+async def test_a_crash_while_a_request_waits_reports_it_after_the_restart(
+    tmp_path: Path, claude_bin: Path, model: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    """The bot is SIGKILLed while a request waits: after the restart the request is
+    reported as not decided (no buttons; a press changes nothing) and the turn is reported
+    cut off, as every turn a crash cut off is."""
+    model.enqueue(TOUCH, Text("the orphan went on"))
+    async with FakeBotApi() as api:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+        env.update(
+            {
+                "TURNSTILE_TELEGRAM_TOKEN": api.token,
+                "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
+                "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
+                "TURNSTILE_DATABASE": str(tmp_path / "bot.db"),
+                "TURNSTILE_WORKSPACES": str(tmp_path / "ws"),
+                "TURNSTILE_RUNS_DIR": str(tmp_path / "runs"),
+                "TURNSTILE_TASKS_ROOT": str(tmp_path / "tasks"),
+                "TURNSTILE_ALLOWED_CHATS": str(CHAT),
+                "TURNSTILE_OPERATORS": str(OPERATOR),
+                "TURNSTILE_APPROVERS": str(APPROVER),
+                "TURNSTILE_DEFAULT_AGENT": "claude",
+                "TURNSTILE_CLAUDE_BIN": str(claude_bin),
+                "TURNSTILE_TOOL_APPROVAL": "unlisted",
+                "TURNSTILE_STATUS_EDIT_INTERVAL": "0.05",
+            }
+        )
+
+        async def start() -> asyncio.subprocess.Process:
+            before = len(api.calls_of("deleteWebhook"))
+            with open(tmp_path / f"bot-{before}.log", "wb") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "engine.cli",
+                    "bot",
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                )
+            await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=60)
+            return proc
+
+        bot = await start()
+        try:
+            ask = await bind_and_ask(api)
+            allow = ask.buttons[0]["callback_data"]
+            # Killed once the bot recorded the message as delivered (a kill between
+            # Telegram's answer and that record sends it again after the restart).
+            await _until_sent(tmp_path / "bot.db", "tool:1")
+            bot.kill()
+            await bot.wait()
+            bot = await start()
+            await api.wait_until(lambda: ask.buttons == [], timeout=60)
+            assert "the bot restarted while it waited; the turn was cut off" in ask.text
+            await api.wait_for_message(lambda m: "was cut off" in m.text and "Turn 1" in m.text)
+            api.push_callback(chat_id=CHAT, user_id=APPROVER, data=allow, message_id=ask.message_id)
+            await api.wait_until(
+                lambda: any("Already decided" in a.get("text", "") for a in api.callback_answers)
+            )
+            bot.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(bot.wait(), 60) == 0
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+            for pid in marked_processes(sandbox.marker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert not (workdir(tmp_path) / "allowed.txt").exists()
+    assert "the orphan went on" not in api.texts()
