@@ -305,6 +305,15 @@ class ToolApprovalExtension(Extension):
             await self._cancel(waiting, f"{STOPPED} by {by}")
         return []
 
+    async def status_lines(self, chat_id: int) -> list[str]:
+        lines = []
+        for request in await self.store.pending():
+            run = await self._run_of(request)
+            if run is not None and run.chat_id == chat_id:
+                first = summarize(request.tool, request.input).splitlines()[0][:80]
+                lines.append(f"🔐 run {run.id} waits for a decision: {request.tool} {first}")
+        return lines
+
     # -- start-up and shutdown ---------------------------------------------------------
 
     async def recover(self) -> None:

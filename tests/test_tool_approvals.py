@@ -194,6 +194,7 @@ def test_claude_flags_per_policy(tmp_path: Path) -> None:
     unlisted = _claude(tmp_path, ApprovalPolicy.UNLISTED, ["bash"])
     assert "--allowedTools=Bash" in unlisted
     assert unlisted[unlisted.index("--permission-prompt-tool") + 1] == PERMISSION_TOOL
+    assert f"--disallowedTools={PERMISSION_TOOL}" in unlisted
     assert "MCP_CONNECTION_NONBLOCKING=0" in unlisted
     assert "MCP_TOOL_TIMEOUT=2147483647" in unlisted
     config = json.loads(unlisted[unlisted.index("--mcp-config") + 1])
@@ -284,6 +285,9 @@ async def test_self_approval_can_be_forbidden(tmp_path: Path) -> None:
             request_id = await _request_in_bot(rt, starter=OPERATOR)
             ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text)
             assert "$ rm -r build" in ask.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: "waits for a decision" in m.text)
+            assert "🔐 run rtest01 waits for a decision: Bash $ rm -r build" in status.text
             data = ask.buttons[0]["callback_data"]
             api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=data, message_id=ask.message_id)
             await api.wait_until(

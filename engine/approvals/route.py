@@ -86,6 +86,9 @@ def claude_approval_args(route: ApprovalRoute) -> tuple[list[str], dict[str, str
         json.dumps(route.mcp_config()),
         "--permission-prompt-tool",
         PERMISSION_TOOL,
+        # The model never calls the permission tool itself (measured: the CLI still uses
+        # it for permission prompts).
+        f"--disallowedTools={PERMISSION_TOOL}",
     ]
     env = {
         "MCP_CONNECTION_NONBLOCKING": "0",
