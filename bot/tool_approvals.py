@@ -35,7 +35,7 @@ from engine.approvals import (
     summarize,
 )
 from engine.automode.run import ApprovalFor
-from engine.errors import NotFoundError
+from engine.errors import ConfigError, NotFoundError
 from engine.store.runs import RunRecord
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class ToolApprovalExtension(Extension):
         self.store = SqliteApprovalStore(runtime.db)
         self.watcher = ApprovalWatcher(self.store, self._show)
         self._started = asyncio.Event()
+        self._failed: Exception | None = None
         self._closing = False
         if runtime.chats is not None:
             runtime.chats.approvals = self.route
@@ -120,6 +121,8 @@ class ToolApprovalExtension(Extension):
         if self.policy is ApprovalPolicy.OFF or binding.agent != "claude":
             return None
         await self._started.wait()
+        if self._failed is not None:
+            raise ConfigError(f"tool approvals cannot start here: {self._failed}")
         row = await self.rt.db.fetchone(
             "SELECT bound_by FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
             (binding.chat_id, binding.thread_id),
@@ -150,10 +153,17 @@ class ToolApprovalExtension(Extension):
         return route_for
 
     async def _hold_watcher(self) -> None:
-        async with self.watcher:
+        try:
+            async with self.watcher:
+                self._started.set()
+                await self.watcher.scan()
+                await asyncio.Event().wait()
+        except Exception as exc:
+            # No silent fallback: runs that would ask refuse to start, saying why.
+            _LOGGER.exception("tool approvals stopped")
+            self._failed = exc
             self._started.set()
-            await self.watcher.scan()
-            await asyncio.Event().wait()
+            raise
 
     # -- showing -----------------------------------------------------------------------
 
