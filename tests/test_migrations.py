@@ -23,6 +23,8 @@ from engine.store.database import load_migrations, read_schema_versions
 from tests.conftest import REPO
 
 MAIN_SCHEMA = REPO / "tests" / "schema_main"
+# The engine's newest migration: main's code stopped at 5; later ones are applied on open.
+ENGINE_LATEST = load_migrations()[-1].version
 _FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 BOOKKEEPING = {"schema_versions", "schema_split"}
 BOT_TABLES = {
@@ -91,17 +93,24 @@ async def test_a_database_from_main_opens_unchanged_and_keeps_its_rows(tmp_path:
     path = tmp_path / "main.db"
     _build_as_main(path, up_to=5)
     before = _schema(path)
+    # Engine migrations added since (e.g. 0006 tool approvals) are applied on open; the
+    # tables main made are kept as they were.
+    latest = ENGINE_LATEST
 
-    # The doctor reads it as up to date without touching it.
+    # The doctor reads it without touching it: up to date, or due the newer migrations.
     assert read_schema_versions(path) == {"engine": 5, "bot": 1}
     check = await check_database(path)
-    assert check.status is Status.OK, check
-    assert "schema version 5, bot schema version 1 (latest)" in check.detail
+    if latest == 5:
+        assert check.status is Status.OK, check
+        assert "schema version 5, bot schema version 1 (latest)" in check.detail
+    else:
+        assert check.status is Status.FAIL, check
+        assert f"needs {latest}" in check.detail
     assert _schema(path) == before
 
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
-        assert await db.schema_version() == 5
+        assert await db.schema_versions() == {"engine": latest, "bot": 1}
+        assert await db.schema_version() == latest
         run = await SqliteRunStore(db).get_run("r-old")
         assert run is not None
         assert run.session_id == "s-old"
@@ -114,16 +123,17 @@ async def test_a_database_from_main_opens_unchanged_and_keeps_its_rows(tmp_path:
         assert old.item.body == "queued before the upgrade"
         await bot.enqueue([OutboxItem(chat_id=-100, kind="text", body="after")])
         assert await bot.pending_outbox() == 2
-    # Nothing was created or changed but the bookkeeping.
-    assert _schema(path) == before
-    assert _schema(path) == _schema(await _open_fresh(tmp_path))
+    # Nothing of main's was changed; only newer engine tables and the bookkeeping appear.
+    after = _schema(path)
+    assert {name: sql for name, sql in after.items() if name in before} == before
+    assert after == _schema(await _open_fresh(tmp_path))
     # And a second open applies nothing.
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == {"engine": latest, "bot": 1}
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("SELECT owner, version FROM schema_versions").fetchall() == [("bot", 1)]
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == latest
     finally:
         conn.close()
 
@@ -134,9 +144,9 @@ async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -
     assert read_schema_versions(path) == {"engine": 3, "bot": 0}
     behind = await check_database(path)
     assert behind.status is Status.FAIL
-    assert "at schema version 3, this turnstile needs 5" in behind.detail
+    assert f"at schema version 3, this turnstile needs {ENGINE_LATEST}" in behind.detail
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == {"engine": ENGINE_LATEST, "bot": 1}
         assert await BotStore(db).bindings() == []
     assert _schema(path) == _schema(await _open_fresh(tmp_path))
 
@@ -144,7 +154,9 @@ async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -
 async def test_a_fresh_database_has_every_owners_tables(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     async with Database(path) as db:
-        assert await db.schema_versions() == db.latest_versions == {"engine": 5, "bot": 1}
+        assert (
+            await db.schema_versions() == db.latest_versions == {"engine": ENGINE_LATEST, "bot": 1}
+        )
     tables = set(_schema(path))
     assert tables >= BOT_TABLES
     assert {"runs", "turns", "gate_tasks", "workspaces"} <= tables
@@ -160,7 +172,7 @@ async def test_the_engine_has_no_bot_tables_and_the_bot_is_discovered(tmp_path: 
     path = tmp_path / "engine-only.db"
     engine_only = [MigrationSet("engine", load_migrations())]
     async with Database(path, migrations=engine_only) as db:
-        assert await db.schema_versions() == {"engine": 5}
+        assert await db.schema_versions() == {"engine": ENGINE_LATEST}
     assert not [t for t in _schema(path) if t.startswith("bot_")]
 
 
@@ -172,13 +184,13 @@ async def test_a_front_end_installed_later_is_adopted_or_migrated(tmp_path: Path
     async with Database(old, migrations=engine_only):
         pass
     async with Database(old) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == {"engine": ENGINE_LATEST, "bot": 1}
     # A new database first made without the bot: the bot's tables are created later.
     new = tmp_path / "new.db"
     async with Database(new, migrations=engine_only):
         pass
     async with Database(new) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == {"engine": ENGINE_LATEST, "bot": 1}
         assert await BotStore(db).bindings() == []
 
 
