@@ -38,6 +38,7 @@ from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState
+from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
 from engine.redact import Redactor
@@ -152,6 +153,7 @@ class BotRuntime:
         self.chats: ChatSessions | None = None
         self.handlers: Handlers | None = None
         self.sink: BotSink | None = None
+        self.tool_approvals: ToolApprovalExtension | None = None
         self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -236,6 +238,9 @@ class BotRuntime:
             )
             self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
+            # First: its start-up clean-up runs before other extensions resume runs.
+            self.tool_approvals = ToolApprovalExtension(self, self.handlers)
+            self.handlers.extensions.append(self.tool_approvals)
             # Order matters for plain messages: approvals and reasons before steering.
             self.handlers.extensions.append(
                 AutopilotExtension(

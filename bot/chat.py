@@ -17,12 +17,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
+from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.runs import RunMode, new_run_id
@@ -209,6 +210,8 @@ class ChatSessions:
         self.status_tick = status_tick
         self.active: dict[tuple[int, int], ChatRun] = {}
         self.output_files: OutputFiles | None = None
+        # Where a new run's tool calls ask a person (set by bot.tool_approvals).
+        self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
 
@@ -301,6 +304,10 @@ class ChatSessions:
 
     async def _start(self, binding: Binding) -> ChatRun:
         run_id = new_run_id(RunMode.CHAT)
+        extra: dict[str, Any] = {}
+        route = await self.approvals(run_id, binding) if self.approvals is not None else None
+        if route is not None:
+            extra["approval"] = route
         agent = self.agent_factory(
             binding.agent,
             self.settings,
@@ -308,6 +315,7 @@ class ChatSessions:
             session_id=binding.session_id,
             resume=binding.turns > 0,
             turns_finished=binding.turns > 0,
+            **extra,
         )
         await self.runs.create_run(
             run_id,

@@ -77,6 +77,11 @@ HELP: Final = "\n".join(
         " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
         " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
         "",
+        "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
+        " before a tool call: Allow once, Allow for this session, or Deny; the turn"
+        " waits. Copilot CLI and Codex cannot ask per tool call: their allowed tools alone"
+        " decide.",
+        "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
     ]
@@ -94,6 +99,11 @@ BUTTON_ACTIONS: Final = {
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
 _UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
+_APPROVAL_HELP: Final = {
+    "off": "off here: only the allowed tools run",
+    "unlisted": "on here for tools outside the allowed list",
+    "all": "on here for every tool call",
+}
 
 
 def _thread(message: Message | None) -> int:
@@ -301,7 +311,12 @@ class Handlers:
             return
         user = update.effective_user
         await self.reply(
-            update, HELP.format(agents=", ".join(AGENT_NAMES), user_id=user.id if user else "?")
+            update,
+            HELP.format(
+                agents=", ".join(AGENT_NAMES),
+                user_id=user.id if user else "?",
+                tool_approval=_APPROVAL_HELP[self.rt.settings.tool_approval],
+            ),
         )
 
     async def unknown_command(self, update: Update, context: Context) -> None:

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     agent_model: str | None = None
     allowed_tools: Annotated[tuple[str, ...], NoDecode] = ()
     dangerous_tools: bool = False
+    # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all
+    tool_approval: Literal["off", "unlisted", "all"] = "off"
 
     # Limits owned by channels (operator policy, never turn timeouts)
     max_concurrent_turns: int = Field(default=4, ge=1)
