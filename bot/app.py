@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import inspect
 import json
 import logging
@@ -19,7 +18,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit
@@ -39,6 +37,7 @@ from bot.sink import BotSink
 from bot.store import BotStore, InboundState
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
+from engine.locks import FileLock
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store.database import Database
@@ -162,32 +161,35 @@ class BotRuntime:
         self._handled_in_tx: set[int] = set()
         self.stopping = False
         self.username = ""
-        self._lock_fd: int | None = None
+        self._bot_lock: FileLock | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _lock(self) -> None:
-        """One bot per database: two would drive the same sessions and poll one token."""
-        path = Path(f"{self.settings.database}.bot.lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"another turnstile bot already runs on {self.settings.database}; stop it first",
-                setting="TURNSTILE_DATABASE",
-            ) from None
-        self._lock_fd = fd
+    async def _lock(self) -> None:
+        """One bot per database: two would drive the same sessions and poll one token.
 
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        The lock sits beside the resolved database file, so a second path to the same
+        file (a symlink, a relative path) finds it taken.
+        """
+        database = self.settings.database.resolve()
+        lock = FileLock(database.with_name(f"{database.name}.bot.lock"))
+        if not await lock.try_acquire():
+            holder = await lock.holder()
+            raise ConfigError(
+                f"another turnstile bot already runs on {database}"
+                + (f" (pid {holder})" if holder else "")
+                + "; stop it first",
+                setting="TURNSTILE_DATABASE",
+            )
+        self._bot_lock = lock
+
+    async def _unlock(self) -> None:
+        if self._bot_lock is not None:
+            await self._bot_lock.release()
+            self._bot_lock = None
 
     async def __aenter__(self) -> Self:
-        self._lock()
+        await self._lock()
         try:
             await self.db.open()
             builder = (
@@ -275,7 +277,7 @@ class BotRuntime:
             with contextlib.suppress(Exception):
                 await self.app.shutdown()
         await self.db.close()
-        self._unlock()
+        await self._unlock()
 
     def publisher_or_fail(self) -> Publisher:
         if self.publisher is None:

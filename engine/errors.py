@@ -32,6 +32,8 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "InvalidPromptError",
+    "LockBusyError",
+    "LockError",
     "NotFoundError",
     "StoreError",
     "TurnError",
@@ -128,3 +130,23 @@ class ConflictError(StoreError):
     """A compare-and-set lost: somebody else changed the row first."""
 
     retryable = False
+
+
+class LockError(TurnstileError):
+    """A lock could not be taken at all (its file cannot be opened or is not a plain file)."""
+
+
+class LockBusyError(LockError):
+    """Somebody else holds the lock.
+
+    Attributes:
+        lock: what the lock guards (a path, a key).
+        holder: the pid of the holder when known.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, lock: str, holder: int | None = None) -> None:
+        super().__init__(message)
+        self.lock = lock
+        self.holder = holder

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from engine.errors import ConfigError
+from engine.locks import FileLock, hold
 from engine.redact import Redactor
 from engine.workspace.git import (
     GitRunner,
@@ -25,7 +26,6 @@ from engine.workspace.git import (
     WorkspaceError,
     WorkspaceStateError,
 )
-from engine.workspace.locks import FileLock, hold
 from engine.workspace.projects import Project, ProjectError, check_unique, is_safe_name
 from engine.workspace.store import MemoryWorkspaceStore, Workspace, WorkspaceStore
 
@@ -374,8 +374,8 @@ class WorkspaceManager:
             yield
             return
         lock = FileLock(self._lock_path("use", workspace.id))
-        if not lock.try_acquire():
-            holder = lock.holder()
+        if not await lock.try_acquire():
+            holder = await lock.holder()
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is in use by another run"
                 + (f" (pid {holder})" if holder else ""),
@@ -386,7 +386,7 @@ class WorkspaceManager:
             yield
         finally:
             del self._held[workspace.id]
-            lock.release()
+            await lock.release()
 
     async def _provision(
         self,
@@ -400,7 +400,7 @@ class WorkspaceManager:
         branch_name = f"{BRANCH_PREFIX}{workspace_id}"
         path = self.worktree_path(project.name, workspace_id)
         cache = self.cache_path(project.name)
-        async with hold(self._lock_path("provision", workspace_id)):
+        async with hold(FileLock(self._lock_path("provision", workspace_id))):
             record = await self._store.get(workspace_id)
             if record is not None and record.project != project.name:
                 raise WorkspaceStateError(
@@ -411,7 +411,7 @@ class WorkspaceManager:
                 found = await self._existing(record, path, cache, workspace_id)
                 if found is not None:
                     return found
-            async with hold(self._lock_path("cache", project.name)):
+            async with hold(FileLock(self._lock_path("cache", project.name))):
                 if parent is None:
                     await self._ensure_cache(project, cache)
                     base_ref, base = await self._resolve_base(project, cache, branch)
@@ -476,7 +476,7 @@ class WorkspaceManager:
                 workspace=workspace_id,
             )
         _LOGGER.warning("removing a half-made worktree of %s left by a crash", workspace_id)
-        async with hold(self._lock_path("cache", path.parent.name)):
+        async with hold(FileLock(self._lock_path("cache", path.parent.name))):
             await self._discard(cache, path)
         return None
 
@@ -875,7 +875,7 @@ class WorkspaceManager:
                     )
                 if await self._changed(workspace.path):
                     rescue = await self._rescue(workspace)
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     # Twice: a worktree an agent locked (`git worktree lock`) goes too; its
                     # changes are on the rescue branch by now.
                     await self._git.run(
@@ -884,7 +884,7 @@ class WorkspaceManager:
                         workspace=workspace.id,
                     )
             elif cache.is_dir():
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     await self._git.run(["worktree", "prune"], cwd=cache)
             current = await self._store.get(workspace.id) or workspace
             updated = dataclasses.replace(
