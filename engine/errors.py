@@ -31,6 +31,8 @@ __all__ = [
     "ChannelRecvError",
     "ConfigError",
     "ConflictError",
+    "DiskFullError",
+    "GitError",
     "InvalidPromptError",
     "LockBusyError",
     "LockError",
@@ -150,3 +152,35 @@ class LockBusyError(LockError):
         super().__init__(message)
         self.lock = lock
         self.holder = holder
+
+
+class GitError(TurnstileError):
+    """git could not be started, or exited non-zero where success was needed.
+
+    Attributes:
+        command: the git subcommand (``clone``, ``worktree``, ...), never the full argv.
+        exit_code: git's exit code; None when git could not be started at all.
+        stderr: the redacted tail of what git wrote to stderr.
+        workspace: the workspace the command worked on, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: str,
+        exit_code: int | None,
+        stderr: str,
+        workspace: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr = stderr
+        self.workspace = workspace
+
+
+class DiskFullError(GitError):
+    """git ran out of disk space; freeing space and retrying can help."""
+
+    retryable = True

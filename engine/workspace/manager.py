@@ -17,15 +17,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, GitError
+from engine.git import GitRunner
 from engine.locks import FileLock, hold
 from engine.redact import Redactor
-from engine.workspace.git import (
-    GitRunner,
-    WorkspaceBusyError,
-    WorkspaceError,
-    WorkspaceStateError,
-)
+from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
 from engine.workspace.projects import Project, ProjectError, check_unique, is_safe_name
 from engine.workspace.store import MemoryWorkspaceStore, Workspace, WorkspaceStore
 
@@ -842,7 +838,7 @@ class WorkspaceManager:
             except WorkspaceBusyError:
                 busy.append(workspace.id)
                 continue
-            except WorkspaceError as exc:
+            except (WorkspaceError, GitError) as exc:
                 errors[workspace.id] = self.redact(exc.message)
                 continue
             removed.append(workspace.id)
