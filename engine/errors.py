@@ -5,7 +5,8 @@ Messages never embed secrets: callers pass text through :func:`engine.redact.red
 before it lands in an error, and output tails are capped.
 
 ```
-TurnstileError
+TurnstileError                 every error turnstile raises on purpose (``retryable``: can
+│                              trying the same thing again help?)
 ├── TurnError                  a turn could not run or finish
 │   ├── TurnExecError          failed to spawn (missing binary, not executable)
 │   ├── TurnIOError            failed to capture or parse what the agent produced
@@ -13,24 +14,34 @@ TurnstileError
 │   └── InvalidPromptError     refused before anything was spawned
 ├── ChannelError               a channel could not feed or publish
 │   ├── ChannelRecvError
-│   ├── ChannelPublishError
-│   └── ChannelIOError
+│   └── ChannelPublishError
 ├── ConfigError                bad settings or bad command-line input
-└── StoreError                 persistence failed
-    ├── NotFoundError          no such run, task, ...
-    └── ConflictError          a compare-and-set lost against a concurrent writer
+│   ├── ProjectError           unknown or badly configured project (engine.workspace.projects)
+│   └── WorkflowError          the workflow file is invalid (engine.gates.workflow)
+├── StoreError                 persistence failed (retryable)
+│   └── NotFoundError          no such run, task, ...
+├── GateRefused                a gated task refused a request; nothing changed
+│                              (engine.gates.refusals: the reason maps to an exit code)
+├── LockError                  a lock cannot be taken at all (its file is a link, a FIFO, ...)
+│   └── LockBusyError          somebody else holds it (retryable)
+├── GitError                   git could not be started, or exited non-zero
+│   └── DiskFullError          ... because the disk is full (retryable)
+└── WorkspaceError             a workspace operation failed (engine.workspace.errors)
+    ├── WorkspaceBusyError     another run or process holds the worktree's lock (retryable)
+    └── WorkspaceStateError    the worktree is not what turnstile left (damaged, dirty parent)
 ```
+
+A class whose line names a module is defined there, beside the code that raises it (its
+children with it); the others are defined here.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ChannelError",
-    "ChannelIOError",
     "ChannelPublishError",
     "ChannelRecvError",
     "ConfigError",
-    "ConflictError",
     "DiskFullError",
     "GitError",
     "InvalidPromptError",
@@ -104,10 +115,6 @@ class ChannelPublishError(ChannelError):
     """Publishing a turn's output failed."""
 
 
-class ChannelIOError(ChannelError):
-    """An underlying I/O error inside a channel."""
-
-
 class ConfigError(TurnstileError):
     """Settings or command-line input are invalid; the message says which and how to fix it."""
 
@@ -124,12 +131,6 @@ class StoreError(TurnstileError):
 
 class NotFoundError(StoreError):
     """The thing asked for does not exist."""
-
-    retryable = False
-
-
-class ConflictError(StoreError):
-    """A compare-and-set lost: somebody else changed the row first."""
 
     retryable = False
 
@@ -161,7 +162,6 @@ class GitError(TurnstileError):
         command: the git subcommand (``clone``, ``worktree``, ...), never the full argv.
         exit_code: git's exit code; None when git could not be started at all.
         stderr: the redacted tail of what git wrote to stderr.
-        workspace: the workspace the command worked on, if any.
     """
 
     def __init__(
@@ -171,13 +171,11 @@ class GitError(TurnstileError):
         command: str,
         exit_code: int | None,
         stderr: str,
-        workspace: str | None = None,
     ) -> None:
         super().__init__(message)
         self.command = command
         self.exit_code = exit_code
         self.stderr = stderr
-        self.workspace = workspace
 
 
 class DiskFullError(GitError):

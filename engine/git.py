@@ -101,12 +101,8 @@ class GitRunner:
         cwd: Path | None = None,
         check: bool = True,
         env: Mapping[str, str] | None = None,
-        workspace: str | None = None,
     ) -> GitResult:
         """Run ``git ARGS`` to completion; cancelling kills its process group.
-
-        Args:
-            workspace: the workspace id to name in errors, if any.
 
         Raises:
             GitError: git could not be started (``exit_code`` None), or it exited non-zero
@@ -126,7 +122,7 @@ class GitRunner:
                 start_new_session=True,
             )
         except OSError as exc:
-            raise self._start_error(command, exc, cwd, workspace) from exc
+            raise self._start_error(command, exc, cwd) from exc
         try:
             out, err = await proc.communicate()
         except asyncio.CancelledError:
@@ -137,10 +133,10 @@ class GitRunner:
         code = proc.returncode if proc.returncode is not None else -1
         result = GitResult(exit_code=code, raw_stdout=out, raw_stderr=err)
         if check and code != 0:
-            raise self.error(command, result, workspace=workspace)
+            raise self.error(command, result)
         return result
 
-    def error(self, command: str, result: GitResult, *, workspace: str | None = None) -> GitError:
+    def error(self, command: str, result: GitResult) -> GitError:
         """The typed, redacted error for a failed git ``command``."""
         stderr = self.redactor(tail(result.stderr, _TAIL)).strip()
         lowered = result.stderr.lower()
@@ -151,19 +147,15 @@ class GitRunner:
                 command=command,
                 exit_code=result.exit_code,
                 stderr=stderr,
-                workspace=workspace,
             )
         return GitError(
             f"git {command} failed (exit {result.exit_code}): {stderr or 'no message'}",
             command=command,
             exit_code=result.exit_code,
             stderr=stderr,
-            workspace=workspace,
         )
 
-    def _start_error(
-        self, command: str, exc: OSError, cwd: Path | None, workspace: str | None
-    ) -> GitError:
+    def _start_error(self, command: str, exc: OSError, cwd: Path | None) -> GitError:
         if cwd is not None and not cwd.is_dir():
             reason = f"the folder {cwd} does not exist"
         elif isinstance(exc, FileNotFoundError):
@@ -175,5 +167,4 @@ class GitRunner:
             command=command,
             exit_code=None,
             stderr="",
-            workspace=workspace,
         )

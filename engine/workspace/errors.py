@@ -10,10 +10,6 @@ __all__ = ["WorkspaceBusyError", "WorkspaceError", "WorkspaceStateError"]
 class WorkspaceError(TurnstileError):
     """A workspace (clone cache, worktree, branch) operation failed."""
 
-    def __init__(self, message: str, *, workspace: str | None = None) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-
 
 class WorkspaceBusyError(WorkspaceError):
     """The worktree is in use by another run (in this process or another)."""

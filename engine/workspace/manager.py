@@ -358,7 +358,6 @@ class WorkspaceManager:
         if workspace.id in self._held:
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is already in use in this process",
-                workspace=workspace.id,
             )
         async with self._guard(workspace):
             yield workspace
@@ -375,7 +374,6 @@ class WorkspaceManager:
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is in use by another run"
                 + (f" (pid {holder})" if holder else ""),
-                workspace=workspace.id,
             )
         self._held[workspace.id] = lock
         try:
@@ -401,7 +399,6 @@ class WorkspaceManager:
             if record is not None and record.project != project.name:
                 raise WorkspaceStateError(
                     f"{workspace_id} already has a workspace on project {record.project!r}",
-                    workspace=workspace_id,
                 )
             if path.exists():
                 found = await self._existing(record, path, cache, workspace_id)
@@ -413,7 +410,7 @@ class WorkspaceManager:
                     base_ref, base = await self._resolve_base(project, cache, branch)
                 else:
                     base_ref = parent.branch
-                    base = await self._rev(cache, f"refs/heads/{parent.branch}", workspace_id)
+                    base = await self._rev(cache, f"refs/heads/{parent.branch}")
                 exists = await self._ref_exists(cache, f"refs/heads/{branch_name}")
                 if exists:
                     # Resuming a run whose folder was removed: its branch carries its work.
@@ -451,7 +448,7 @@ class WorkspaceManager:
             if record is not None and record.removed_at is None:
                 return record
             # Made by a process that died before recording it: adopt it as it is.
-            head = await self._rev(path, "HEAD", workspace_id)
+            head = await self._rev(path, "HEAD")
             adopted = Workspace(
                 id=workspace_id,
                 run_id=record.run_id if record else workspace_id.split(_SUB_SEP)[0],
@@ -469,7 +466,6 @@ class WorkspaceManager:
             raise WorkspaceStateError(
                 f"{path} should be the worktree of {workspace_id} but git does not know it; "
                 "nothing was changed, inspect it by hand",
-                workspace=workspace_id,
             )
         _LOGGER.warning("removing a half-made worktree of %s left by a crash", workspace_id)
         async with hold(FileLock(self._lock_path("cache", path.parent.name))):
@@ -536,7 +532,6 @@ class WorkspaceManager:
         if not await _is_dir(path):
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a folder",
-                project=project.name,
             )
         result = await self._git.run(
             ["rev-parse", "--git-dir"],
@@ -547,7 +542,6 @@ class WorkspaceManager:
         if result.exit_code != 0:
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a git repository",
-                project=project.name,
             )
         return path
 
@@ -571,7 +565,6 @@ class WorkspaceManager:
             have = ", ".join(names[:20]) if names else "the repository has no branches"
             raise ProjectError(
                 f"project {project.name!r} has no branch {name!r} (branches: {have})",
-                project=project.name,
             )
         return f"origin/{name}", found.stdout.strip()
 
@@ -582,7 +575,7 @@ class WorkspaceManager:
         args = ["worktree", "add", "--quiet"]
         args += ["--no-track", "-b", branch, str(path), base] if new else [str(path), branch]
         try:
-            await self._git.run(args, cwd=cache, workspace=path.name)
+            await self._git.run(args, cwd=cache)
         except BaseException:
             await asyncio.shield(self._undo_add(cache, path, branch if new else None))
             raise
@@ -594,12 +587,12 @@ class WorkspaceManager:
                 ["update-ref", "-d", f"refs/heads/{new_branch}"], cwd=cache, check=False
             )
 
-    async def _rev(self, cwd: Path, rev: str, workspace: str | None = None) -> str:
+    async def _rev(self, cwd: Path, rev: str) -> str:
         result = await self._git.run(
             ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=cwd, check=False
         )
         if result.exit_code != 0:
-            raise WorkspaceStateError(f"{rev} does not name a commit", workspace=workspace)
+            raise WorkspaceStateError(f"{rev} does not name a commit")
         return result.stdout.strip()
 
     async def _ref_exists(self, cwd: Path, ref: str) -> bool:
@@ -654,7 +647,7 @@ class WorkspaceManager:
     async def status(self, workspace: Workspace) -> WorkspaceStatus:
         """Head, cleanliness and commits since the base, read from the worktree itself."""
         path = workspace.path
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         branch = await self._git.run(
             ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=path, check=False
         )
@@ -707,9 +700,7 @@ class WorkspaceManager:
         """
         for sub in subtasks:
             if sub.parent_id != parent.id:
-                raise WorkspaceStateError(
-                    f"{sub.id} is not a sub-task of {parent.id}", workspace=sub.id
-                )
+                raise WorkspaceStateError(f"{sub.id} is not a sub-task of {parent.id}")
         results: list[SubtaskMerge] = []
         async with self._guard(parent):
             on = await self._git.run(
@@ -718,18 +709,16 @@ class WorkspaceManager:
             if on.stdout.strip() != parent.branch:
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} is not on {parent.branch}; refusing to merge",
-                    workspace=parent.id,
                 )
             if await self._changed(parent.path):
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} has uncommitted changes; commit them before "
                     "merging the wave",
-                    workspace=parent.id,
                 )
             identity = await self._identity_args(parent.path)
             for sub in subtasks:
                 results.append(await self._merge_one(parent, sub, identity, message))
-            head = await self._rev(parent.path, "HEAD", parent.id)
+            head = await self._rev(parent.path, "HEAD")
         report = MergeReport(
             parent=parent.id, branch=parent.branch, results=tuple(results), head=head
         )
@@ -757,7 +746,7 @@ class WorkspaceManager:
         try:
             async with self._guard(sub):
                 uncommitted = sub.path.is_dir() and bool(await self._changed(sub.path))
-                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}", sub.id)
+                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}")
                 contained = await self._git.run(
                     ["merge-base", "--is-ancestor", tip, "HEAD"], cwd=parent.path, check=False
                 )
@@ -772,7 +761,7 @@ class WorkspaceManager:
                 )
                 if merged.exit_code == 0:
                     await self.release(sub)
-                    head = await self._rev(parent.path, "HEAD", parent.id)
+                    head = await self._rev(parent.path, "HEAD")
                     return result(MergeOutcome.MERGED, commit=head, uncommitted=uncommitted)
                 conflicts = await self._git.run(
                     ["diff", "--name-only", "-z", "--diff-filter=U"], cwd=parent.path, check=False
@@ -796,7 +785,6 @@ class WorkspaceManager:
         if left.exit_code == 0 or await self._changed(parent.path):
             raise WorkspaceStateError(
                 f"could not undo a conflicting merge in the worktree of {parent.id}",
-                workspace=parent.id,
             )
 
     # ---------------------------------------------------------------- cleanup
@@ -867,7 +855,6 @@ class WorkspaceManager:
                 if not await self._is_worktree_of(workspace.path, cache):
                     raise WorkspaceStateError(
                         f"{workspace.path} is not a worktree of {workspace.project}; left in place",
-                        workspace=workspace.id,
                     )
                 if await self._changed(workspace.path):
                     rescue = await self._rescue(workspace)
@@ -877,7 +864,6 @@ class WorkspaceManager:
                     await self._git.run(
                         ["worktree", "remove", "--force", "--force", str(workspace.path)],
                         cwd=cache,
-                        workspace=workspace.id,
                     )
             elif cache.is_dir():
                 async with hold(FileLock(self._lock_path("cache", workspace.project))):
@@ -906,12 +892,12 @@ class WorkspaceManager:
         # A private index: the worktree's own index (maybe mid-merge) stays as it was.
         env = {"GIT_INDEX_FILE": str(index)}
         try:
-            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env, workspace=workspace.id)
-            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env, workspace=workspace.id)
-            tree = await self._git.run(["write-tree"], cwd=path, env=env, workspace=workspace.id)
+            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env)
+            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env)
+            tree = await self._git.run(["write-tree"], cwd=path, env=env)
         finally:
             await asyncio.to_thread(index.unlink, True)
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         identity = await self._identity_args(path)
         commit = await self._git.run(
             [
@@ -924,7 +910,6 @@ class WorkspaceManager:
                 f"turnstile: rescue uncommitted changes of {workspace.id}",
             ],
             cwd=path,
-            workspace=workspace.id,
         )
         sha = commit.stdout.strip()
         name = f"{RESCUE_PREFIX}{workspace.id}"
@@ -933,7 +918,5 @@ class WorkspaceManager:
             attempt += 1
             name = f"{RESCUE_PREFIX}{workspace.id}-{attempt}"
         # Create-only (old value empty): an existing rescue branch is never overwritten.
-        await self._git.run(
-            ["update-ref", f"refs/heads/{name}", sha, ""], cwd=path, workspace=workspace.id
-        )
+        await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name
