@@ -26,7 +26,9 @@ from bot.auth import Action
 from bot.extension import Extension
 from bot.sink import BotSink, ChatPlace
 from bot.store import GateRecord
+from engine import safefile
 from engine.agents.factory import create_agent
+from engine.errors import UnsafeFileError
 from engine.gates import (
     COMPLETE,
     HUMAN_INTERVENTION,
@@ -37,7 +39,6 @@ from engine.gates import (
     Gates,
     Refusal,
     TaskRecord,
-    render_groups,
 )
 from engine.sink import GateRequest
 from engine.turn import AgentSession, TurnOutput
@@ -221,7 +222,9 @@ class AutopilotExtension(Extension):
     def _start(self, name: str, place: ChatPlace) -> DriveHandle:
         self.places[name] = place
         self.sink.register(_RUN_PREFIX + name, place, task=name)
-        handle = self.gates.start_autopilot(name, self.sink, agent_factory=self._factory)
+        handle = self.gates.start_autopilot(
+            name, self.sink, agent_factory=self._factory, chat=(place.chat_id, place.thread_id)
+        )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
         return handle
@@ -283,7 +286,18 @@ class AutopilotExtension(Extension):
             run_id=request.run_id,
         )
         publisher = self.rt.publisher_or_fail()
-        content = await asyncio.to_thread(_read_artifact, request.artifact_path)
+        try:
+            content = await asyncio.to_thread(_read_artifact, request.artifact_path)
+        except UnsafeFileError as exc:
+            # Never attach what the gate did not hash (a link out of the task folder, ...).
+            content = None
+            await publisher.say(
+                place.chat_id,
+                f"{request.task} · {request.phase}: {exc.message}. It is not attached, and "
+                "approvals are refused until it is a plain file in the task folder again.",
+                thread_id=place.thread_id,
+                run_id=request.run_id,
+            )
         if content is not None:
             await publisher.document(
                 place.chat_id,
@@ -524,8 +538,7 @@ class AutopilotExtension(Extension):
         await self._show_tasks(chat.id, thread, str(update.update_id), 0)
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
-        groups = await self.gates.list_tasks()
-        lines = render_groups(groups).splitlines()
+        lines = (await self.gates.listing_text()).splitlines()
         pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
         body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
@@ -632,7 +645,7 @@ class AutopilotExtension(Extension):
                 waiter.cancel()
                 done_wait.cancel()
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
         for watcher in list(self.watchers.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -640,7 +653,7 @@ class AutopilotExtension(Extension):
     async def park_all(self) -> None:
         self.closing = True
         for handle in list(self.drives.values()):
-            await handle.stop()
+            await handle.stop(park=True)
 
 
 def _buttons(gate_id: str) -> dict[str, Any]:
@@ -655,10 +668,17 @@ def _buttons(gate_id: str) -> dict[str, Any]:
 
 
 def _read_artifact(path: Path) -> str | None:
+    """The artifact's text to attach; None when it is gone or too large to attach.
+
+    Raises:
+        UnsafeFileError: it leads outside the task folder or is not a regular file.
+    """
     try:
-        size = path.stat().st_size
+        raw = safefile.read_bytes(path.parent, path.name, limit=_MAX_DOCUMENT)
+    except UnsafeFileError as exc:
+        if exc.reason == safefile.Unsafe.TOO_LARGE:
+            return None
+        raise
     except OSError:
         return None
-    if size > _MAX_DOCUMENT:
-        return None
-    return path.read_bytes().decode("utf-8", errors="replace")
+    return raw.decode("utf-8", errors="replace")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -26,12 +25,13 @@ from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
+from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
 from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
 
-__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult", "new_run_id"]
+__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -40,11 +40,6 @@ AgentFactory = Callable[..., ProcessAgent]
 _STATUS_DEBOUNCE: Final = 0.05
 # Folders the workspace manager owns under the workspaces root.
 _RESERVED = frozenset({"cache", "worktrees", "locks"})
-
-
-def new_run_id() -> str:
-    """A short run id people can type (``/stop r3f9a2c``)."""
-    return "r" + secrets.token_hex(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +297,7 @@ class ChatSessions:
             return await self._start(binding)
 
     async def _start(self, binding: Binding) -> ChatRun:
-        run_id = new_run_id()
+        run_id = new_run_id(RunMode.CHAT)
         agent = self.agent_factory(
             binding.agent,
             self.settings,

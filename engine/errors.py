@@ -18,6 +18,8 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 ├── ConfigError                bad settings or bad command-line input
 │   ├── ProjectError           unknown or badly configured project (engine.workspace.projects)
 │   └── WorkflowError          the workflow file is invalid (engine.gates.workflow)
+├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
+│                              regular file, or too large
 ├── StoreError                 persistence failed (retryable)
 │   └── NotFoundError          no such run, task, ...
 ├── GateRefused                a gated task refused a request; nothing changed
@@ -54,6 +56,7 @@ __all__ = [
     "TurnIOError",
     "TurnPreempted",
     "TurnstileError",
+    "UnsafeFileError",
 ]
 
 
@@ -121,6 +124,20 @@ class ConfigError(TurnstileError):
     def __init__(self, message: str, *, setting: str | None = None) -> None:
         super().__init__(message)
         self.setting = setting
+
+
+class UnsafeFileError(TurnstileError):
+    """A file the engine reads on an agent's behalf was refused (see :mod:`engine.safefile`).
+
+    Attributes:
+        path: the file as asked for (inside its folder).
+        reason: why, one of :class:`engine.safefile.Unsafe`'s values.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class StoreError(TurnstileError):

@@ -101,6 +101,7 @@ async def _init(env: dict[str, str], *extra: str) -> None:
     assert rc == 0, err
 
 
+@pytest.mark.timeout(240)  # a dozen CLI processes: slow on a loaded machine
 async def test_cli_refusals_have_distinct_codes(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, forbid_self_approval=True)
     env = cli_env(settings, {"TURNSTILE_FORBID_SELF_APPROVAL": "true"})

@@ -8,10 +8,13 @@ code).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
 
+from engine import safefile
+from engine.errors import UnsafeFileError
 from engine.git import GitRunner
 
 __all__ = ["fingerprint", "is_git_workdir"]
@@ -66,9 +69,14 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
     # Untracked files' contents matter too (status lists only their names).
     for entry in status.split(b"\0"):
         if entry.startswith(b"?? "):
-            path = workdir / os.fsdecode(entry[3:])
+            relative = os.fsdecode(entry[3:])
             try:
-                digest.update(path.read_bytes()[: 1024 * 1024])
-            except OSError:
+                # An agent's file: no pipe may block this, no link to /dev/zero be read.
+                digest.update(safefile.read_head(workdir, relative, 1024 * 1024))
+            except UnsafeFileError as exc:
+                digest.update(f"!{exc.reason}".encode())
+                with contextlib.suppress(OSError):
+                    digest.update(os.fsencode(os.readlink(workdir / relative)))
+            except (OSError, ValueError):
                 digest.update(b"-")
     return digest.hexdigest()

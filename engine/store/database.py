@@ -190,6 +190,16 @@ class Database:
             raise StoreError(f"query failed: {exc}") from exc
         return list(rows)
 
+    async def fetch_tuples(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """Like :meth:`fetchall` with plain tuples: for listings of thousands of rows."""
+        try:
+            cursor = await self.conn.execute(sql, tuple(params))
+            cursor.row_factory = None
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()  # type: ignore[assignment]
+        except sqlite3.Error as exc:
+            raise StoreError(f"query failed: {exc}") from exc
+        return rows
+
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> aiosqlite.Row | None:
         try:
             cursor = await self.conn.execute(sql, tuple(params))
