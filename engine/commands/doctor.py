@@ -383,7 +383,7 @@ async def check_agents(settings: Settings) -> list[Check]:
     checks: list[Check] = []
     for spec in AGENTS.values():
         if spec.template:
-            if settings.agent_command or settings.default_agent == spec.name:
+            if spec.configured(settings) or settings.default_agent == spec.name:
                 checks.append(await _check_command_agent(spec, settings))
             continue
         check = await _check_cli(spec, settings, required=settings.default_agent == spec.name)
@@ -398,11 +398,14 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
 
     A warning, not a failure: a CLI may have other ways in (a helper, a proxy). The
     classic slip is a key written in ``.env``, which sets turnstile's settings only.
+
+    Raises:
+        ConfigError: ``agent`` is unknown, or has no known place for a key (``command``).
     """
     name = f"{agent} key"
     spec = agent_spec(agent).credentials
     if spec is None:
-        return _ok(name, f"{agent} finds its own key")
+        raise ConfigError(f"turnstile does not know where {agent} keeps its key")
     present = [k for k in spec.variables if environ.get(k)]
     if present:
         return _ok(name, f"{present[0]} is set")
