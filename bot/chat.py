@@ -38,8 +38,6 @@ _LOGGER = logging.getLogger(__name__)
 AgentFactory = Callable[..., ProcessAgent]
 
 _STATUS_DEBOUNCE: Final = 0.05
-# Folders the workspace manager owns under the workspaces root.
-_RESERVED = frozenset({"cache", "worktrees", "locks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,9 +224,7 @@ class ChatSessions:
             except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        if project in _RESERVED:
-            raise ConfigError(f"{project!r} is reserved for the workspace manager")
-        path = (self.settings.workspaces / project).resolve()
+        path = manager.plain_folder(project)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
