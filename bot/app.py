@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import inspect
 import json
 import logging
@@ -19,7 +18,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit
@@ -41,6 +39,7 @@ from bot.store import BotStore, InboundState
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
+from engine.locks import FileLock
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store.database import Database
@@ -164,35 +163,38 @@ class BotRuntime:
         self._handled_in_tx: set[int] = set()
         self.stopping = False
         self.username = ""
-        self._lock_fd: int | None = None
+        self._bot_lock: FileLock | None = None
         # Set when the bot must stop with an error (the token was refused): raised by
         # serve() once the bot has shut down.
         self.fatal: ConfigError | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _lock(self) -> None:
-        """One bot per database: two would drive the same sessions and poll one token."""
-        path = Path(f"{self.settings.database}.bot.lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"another turnstile bot already runs on {self.settings.database}; stop it first",
-                setting="TURNSTILE_DATABASE",
-            ) from None
-        self._lock_fd = fd
+    async def _lock(self) -> None:
+        """One bot per database: two would drive the same sessions and poll one token.
 
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        The lock sits beside the resolved database file, so a second path to the same
+        file (a symlink, a relative path) finds it taken.
+        """
+        database = self.settings.database.resolve()
+        lock = FileLock(database.with_name(f"{database.name}.bot.lock"))
+        if not await lock.try_acquire():
+            holder = await lock.holder()
+            raise ConfigError(
+                f"another turnstile bot already runs on {database}"
+                + (f" (pid {holder})" if holder else "")
+                + "; stop it first",
+                setting="TURNSTILE_DATABASE",
+            )
+        self._bot_lock = lock
+
+    async def _unlock(self) -> None:
+        if self._bot_lock is not None:
+            await self._bot_lock.release()
+            self._bot_lock = None
 
     async def __aenter__(self) -> Self:
-        self._lock()
+        await self._lock()
         try:
             await self.db.open()
             # A read-only database opens fine and fails at the first write: say it now.
@@ -292,7 +294,7 @@ class BotRuntime:
             with contextlib.suppress(Exception):
                 await self.app.shutdown()
         await self.db.close()
-        self._unlock()
+        await self._unlock()
 
     def publisher_or_fail(self) -> Publisher:
         if self.publisher is None:

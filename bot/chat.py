@@ -24,7 +24,7 @@ from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.approvals import ApprovalRoute
-from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
+from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
@@ -231,7 +231,7 @@ class ChatSessions:
         if project in {p.name for p in manager.projects}:
             try:
                 workspace = await manager.provision(run_key, project)
-            except WorkspaceError as exc:
+            except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
         path = manager.plain_folder(project)

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Final
 
 from engine.errors import FileRefusedError
-from engine.workspace.git import GitRunner
+from engine.git import GitRunner
 
 __all__ = [
     "SEND_MARKER",
@@ -425,7 +425,7 @@ async def exclude_in_git(workdir: Path, folder: str, git: GitRunner | None = Non
     folder, or one nested in some other repository, is left alone.
 
     Raises:
-        WorkspaceError: git could not be started.
+        GitError: git could not be started.
     """
     git = git or GitRunner()
     result = await git.run(

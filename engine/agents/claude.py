@@ -163,8 +163,7 @@ class ClaudeAgent(JsonStreamAgent):
     """A Claude Code session, resumed every turn."""
 
     cli_name: ClassVar[str] = "Claude Code"
-    npm_package: ClassVar[str] = "@anthropic-ai/claude-code"
-    binary_setting: ClassVar[str] = "TURNSTILE_CLAUDE_BIN"
+    agent_name: ClassVar[str] = "claude"
 
     def transcript_path(self) -> Path:
         """The session's transcript in the CLI's store, for this agent's environment."""

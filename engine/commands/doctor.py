@@ -27,6 +27,7 @@ from typing import Any, Protocol, TextIO
 import httpx
 
 from engine.agents.command import parse_template
+from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
@@ -336,62 +337,17 @@ def _compare(
 
 async def check_agents(settings: Settings) -> list[Check]:
     """The default agent's CLI must be found; the others are reported when present."""
-    binaries = {
-        "claude": (settings.claude_bin, "TURNSTILE_CLAUDE_BIN", "@anthropic-ai/claude-code"),
-        "copilot": (settings.copilot_bin, "TURNSTILE_COPILOT_BIN", "@github/copilot"),
-        "codex": (settings.codex_bin, "TURNSTILE_CODEX_BIN", "@openai/codex"),
-    }
     checks: list[Check] = []
-    for agent, (binary, setting, package) in binaries.items():
-        required = settings.default_agent == agent
-        check = await _check_cli(
-            f"agent {agent}",
-            binary,
-            required=required,
-            fix=f"`npm install -g {package}` or set {setting} to its path",
-        )
+    for spec in AGENTS.values():
+        if spec.template:
+            if spec.configured(settings) or settings.default_agent == spec.name:
+                checks.append(await _check_command_agent(spec, settings))
+            continue
+        check = await _check_cli(spec, settings, required=settings.default_agent == spec.name)
         checks.append(check)
-        if check.status is Status.OK:
-            checks.append(check_credentials(agent, os.environ, Path(".env")))
-    if settings.agent_command or settings.default_agent == "command":
-        checks.append(await _check_command_agent(settings))
+        if check.status is Status.OK and spec.credentials is not None:
+            checks.append(check_credentials(spec.name, os.environ, Path(".env")))
     return checks
-
-
-@dataclass(frozen=True, slots=True)
-class _Credentials:
-    keys: tuple[str, ...]  # environment variables that carry a key or token
-    files: tuple[tuple[str, str], ...]  # (variable naming a config folder, or "", path in it)
-    default_dir: str  # the config folder under HOME when the variable is unset
-    fix: str
-
-
-_CREDENTIALS: dict[str, _Credentials] = {
-    "claude": _Credentials(
-        (
-            "ANTHROPIC_API_KEY",
-            "CLAUDE_CODE_OAUTH_TOKEN",
-            "ANTHROPIC_AUTH_TOKEN",
-            "CLAUDE_CODE_USE_BEDROCK",
-            "CLAUDE_CODE_USE_VERTEX",
-        ),
-        (("CLAUDE_CONFIG_DIR", ".credentials.json"),),
-        ".claude",
-        "export ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN from `claude setup-token`)",
-    ),
-    "copilot": _Credentials(
-        ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN", "COPILOT_PROVIDER_API_KEY"),
-        (("COPILOT_HOME", "config.json"),),
-        ".copilot",
-        "export COPILOT_GITHUB_TOKEN (a token of an account with Copilot)",
-    ),
-    "codex": _Credentials(
-        ("CODEX_API_KEY", "OPENAI_API_KEY"),
-        (("CODEX_HOME", "auth.json"),),
-        ".codex",
-        "export CODEX_API_KEY, or run `codex login` as the user turnstile runs as",
-    ),
-}
 
 
 def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) -> Check:
@@ -399,10 +355,15 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
 
     A warning, not a failure: a CLI may have other ways in (a helper, a proxy). The
     classic slip is a key written in ``.env``, which sets turnstile's settings only.
+
+    Raises:
+        ConfigError: ``agent`` is unknown, or has no known place for a key (``command``).
     """
     name = f"{agent} key"
-    spec = _CREDENTIALS[agent]
-    present = [k for k in spec.keys if environ.get(k)]
+    spec = agent_spec(agent).credentials
+    if spec is None:
+        raise ConfigError(f"turnstile does not know where {agent} keeps its key")
+    present = [k for k in spec.variables if environ.get(k)]
     if present:
         return _ok(name, f"{present[0]} is set")
     for variable, filename in spec.files:
@@ -410,7 +371,7 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
         path = Path(folder).expanduser() / filename
         if path.is_file():
             return _ok(name, f"saved login in {path}")
-    in_env_file = [k for k in spec.keys if k in _env_file_keys(env_file)]
+    in_env_file = [k for k in spec.variables if k in _env_file_keys(env_file)]
     if in_env_file:
         return _warn(
             name,
@@ -419,7 +380,7 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
             "export it in the environment turnstile runs in (systemd EnvironmentFile, "
             "compose env_file, or your shell)",
         )
-    return _warn(name, f"no {' / '.join(spec.keys[:2])} and no saved login", spec.fix)
+    return _warn(name, f"no {' / '.join(spec.variables[:2])} and no saved login", spec.fix)
 
 
 def _env_file_keys(path: Path) -> set[str]:
@@ -435,64 +396,39 @@ def _env_file_keys(path: Path) -> set[str]:
     return keys
 
 
-async def _check_command_agent(settings: Settings) -> Check:
+async def _check_command_agent(spec: AgentSpec, settings: Settings) -> Check:
     name = "agent command"
-    if not settings.agent_command:
+    template = spec.configured(settings)
+    if not template:
         return _fail(
             name,
-            "TURNSTILE_DEFAULT_AGENT=command but TURNSTILE_AGENT_COMMAND is empty",
-            "set it, e.g. TURNSTILE_AGENT_COMMAND=my-agent --session {session_id} -p {prompt}",
+            f"TURNSTILE_DEFAULT_AGENT={spec.name} but {spec.env_var} is empty",
+            f"set it, e.g. {spec.env_var}=my-agent --session {{session_id}} -p {{prompt}}",
         )
     try:
-        words = parse_template(settings.agent_command)
+        words = parse_template(template)
     except ConfigError as exc:
-        return _fail(name, exc.message, "fix TURNSTILE_AGENT_COMMAND")
+        return _fail(name, exc.message, f"fix {spec.env_var}")
     found = shutil.which(words[0])
     if found is None:
-        return _fail(
-            name,
-            f"{words[0]!r} not found on PATH",
-            "install it or use its full path in TURNSTILE_AGENT_COMMAND",
-        )
+        return _fail(name, f"{words[0]!r} not found on PATH", spec.install_hint())
     # An arbitrary program may not know --version: finding it is the whole check.
     return _ok(name, f"{found}")
 
 
-async def _check_cli(name: str, binary: str, *, required: bool, fix: str) -> Check:
+async def _check_cli(spec: AgentSpec, settings: Settings, *, required: bool) -> Check:
+    name = f"agent {spec.name}"
+    binary = spec.configured(settings)
+    fix = spec.install_hint()
     found = shutil.which(binary)
     if found is None:
         detail = f"{binary!r} not found on PATH"
         if required:
             return _fail(name, detail + " (it is the default agent)", fix)
         return _warn(name, detail + " (needed only if you use it)", fix)
-    version, problem = await _version(found)
+    if spec.version_args is None:
+        return _ok(name, found)
+    version, problem = await ask_version(found, spec.version_args, within=VERSION_TIMEOUT)
     if problem is not None:
-        return _fail(name, f"{found} does not run: {problem}", fix)
-    return _ok(name, f"{found} {version}")
-
-
-async def _version(binary: str) -> tuple[str, str | None]:
-    """``binary --version``'s first line, or the problem that prevented it."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "--version",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return "", exc.strerror or type(exc).__name__
-    try:
-        # Not an agent turn: a --version that hangs (a login prompt, a lock) is the finding.
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), VERSION_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return "", f"`--version` did not answer within {VERSION_TIMEOUT:.0f} s"
-    text = (stdout or stderr).decode("utf-8", errors="replace").strip()
-    first = text.splitlines()[0][:120] if text else ""
-    if proc.returncode != 0:
-        return "", f"`--version` exited {proc.returncode}" + (f": {first}" if first else "")
-    return first or "(no version printed)", None
+        return _fail(name, f"{found}: {problem}", fix)
+    return _ok(name, f"{found} {version or '(no version printed)'}")

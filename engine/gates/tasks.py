@@ -9,10 +9,8 @@ After each commit the folder's ``.state`` mirror is rewritten atomically from th
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -39,6 +37,7 @@ from engine.gates.workflow import (
     HUMAN_INTERVENTION,
     Workflow,
 )
+from engine.locks import FileLock, hold
 from engine.settings import Settings
 from engine.store.audit import AuditLog, AuditRecord, SqliteAuditLog
 from engine.store.database import Database
@@ -383,6 +382,9 @@ class TaskStore:
         mirror is rewritten; readers that compare ``.state`` with the store hold it shared,
         so nobody ever sees a committed change whose mirror is not written yet. One
         coroutine per folder per process waits on the flock (an asyncio lock in front).
+
+        Raises:
+            LockError: the lock file cannot be used (an agent replaced it by a link, ...).
         """
         local = self._locks.setdefault(folder, asyncio.Lock())
         async with local:
@@ -390,13 +392,11 @@ class TaskStore:
                 yield  # a reader must not create a missing folder (it is a finding)
                 return
             await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-            fd = os.open(folder / ".state.lock", os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-                await asyncio.to_thread(fcntl.flock, fd, mode)
+            lock = FileLock(
+                folder / ".state.lock", shared=not exclusive, make_parent=False, mode=0o644
+            )
+            async with hold(lock):
                 yield
-            finally:
-                os.close(fd)
 
     async def _write_mirror(self, name: str) -> None:
         latest = await self.get(name)

@@ -17,15 +17,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, GitError
+from engine.git import GitRunner
+from engine.locks import FileLock, hold
 from engine.redact import Redactor
-from engine.workspace.git import (
-    GitRunner,
-    WorkspaceBusyError,
-    WorkspaceError,
-    WorkspaceStateError,
-)
-from engine.workspace.locks import FileLock, hold
+from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
 from engine.workspace.projects import Project, ProjectError, check_unique, is_safe_name
 from engine.workspace.store import MemoryWorkspaceStore, Workspace, WorkspaceStore
 
@@ -379,7 +375,6 @@ class WorkspaceManager:
         if workspace.id in self._held:
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is already in use in this process",
-                workspace=workspace.id,
             )
         async with self._guard(workspace):
             yield workspace
@@ -391,19 +386,18 @@ class WorkspaceManager:
             yield
             return
         lock = FileLock(self._lock_path("use", workspace.id))
-        if not lock.try_acquire():
-            holder = lock.holder()
+        if not await lock.try_acquire():
+            holder = await lock.holder()
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is in use by another run"
                 + (f" (pid {holder})" if holder else ""),
-                workspace=workspace.id,
             )
         self._held[workspace.id] = lock
         try:
             yield
         finally:
             del self._held[workspace.id]
-            lock.release()
+            await lock.release()
 
     async def _provision(
         self,
@@ -417,24 +411,23 @@ class WorkspaceManager:
         branch_name = f"{BRANCH_PREFIX}{workspace_id}"
         path = self.worktree_path(project.name, workspace_id)
         cache = self.cache_path(project.name)
-        async with hold(self._lock_path("provision", workspace_id)):
+        async with hold(FileLock(self._lock_path("provision", workspace_id))):
             record = await self._store.get(workspace_id)
             if record is not None and record.project != project.name:
                 raise WorkspaceStateError(
                     f"{workspace_id} already has a workspace on project {record.project!r}",
-                    workspace=workspace_id,
                 )
             if path.exists():
                 found = await self._existing(record, path, cache, workspace_id)
                 if found is not None:
                     return found
-            async with hold(self._lock_path("cache", project.name)):
+            async with hold(FileLock(self._lock_path("cache", project.name))):
                 if parent is None:
                     await self._ensure_cache(project, cache)
                     base_ref, base = await self._resolve_base(project, cache, branch)
                 else:
                     base_ref = parent.branch
-                    base = await self._rev(cache, f"refs/heads/{parent.branch}", workspace_id)
+                    base = await self._rev(cache, f"refs/heads/{parent.branch}")
                 exists = await self._ref_exists(cache, f"refs/heads/{branch_name}")
                 if exists:
                     # Resuming a run whose folder was removed: its branch carries its work.
@@ -472,7 +465,7 @@ class WorkspaceManager:
             if record is not None and record.removed_at is None:
                 return record
             # Made by a process that died before recording it: adopt it as it is.
-            head = await self._rev(path, "HEAD", workspace_id)
+            head = await self._rev(path, "HEAD")
             adopted = Workspace(
                 id=workspace_id,
                 run_id=record.run_id if record else workspace_id.split(_SUB_SEP)[0],
@@ -490,10 +483,9 @@ class WorkspaceManager:
             raise WorkspaceStateError(
                 f"{path} should be the worktree of {workspace_id} but git does not know it; "
                 "nothing was changed, inspect it by hand",
-                workspace=workspace_id,
             )
         _LOGGER.warning("removing a half-made worktree of %s left by a crash", workspace_id)
-        async with hold(self._lock_path("cache", path.parent.name)):
+        async with hold(FileLock(self._lock_path("cache", path.parent.name))):
             await self._discard(cache, path)
         return None
 
@@ -557,7 +549,6 @@ class WorkspaceManager:
         if not await _is_dir(path):
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a folder",
-                project=project.name,
             )
         result = await self._git.run(
             ["rev-parse", "--git-dir"],
@@ -568,7 +559,6 @@ class WorkspaceManager:
         if result.exit_code != 0:
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a git repository",
-                project=project.name,
             )
         return path
 
@@ -592,7 +582,6 @@ class WorkspaceManager:
             have = ", ".join(names[:20]) if names else "the repository has no branches"
             raise ProjectError(
                 f"project {project.name!r} has no branch {name!r} (branches: {have})",
-                project=project.name,
             )
         return f"origin/{name}", found.stdout.strip()
 
@@ -603,7 +592,7 @@ class WorkspaceManager:
         args = ["worktree", "add", "--quiet"]
         args += ["--no-track", "-b", branch, str(path), base] if new else [str(path), branch]
         try:
-            await self._git.run(args, cwd=cache, workspace=path.name)
+            await self._git.run(args, cwd=cache)
         except BaseException:
             await asyncio.shield(self._undo_add(cache, path, branch if new else None))
             raise
@@ -615,12 +604,12 @@ class WorkspaceManager:
                 ["update-ref", "-d", f"refs/heads/{new_branch}"], cwd=cache, check=False
             )
 
-    async def _rev(self, cwd: Path, rev: str, workspace: str | None = None) -> str:
+    async def _rev(self, cwd: Path, rev: str) -> str:
         result = await self._git.run(
             ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=cwd, check=False
         )
         if result.exit_code != 0:
-            raise WorkspaceStateError(f"{rev} does not name a commit", workspace=workspace)
+            raise WorkspaceStateError(f"{rev} does not name a commit")
         return result.stdout.strip()
 
     async def _ref_exists(self, cwd: Path, ref: str) -> bool:
@@ -675,7 +664,7 @@ class WorkspaceManager:
     async def status(self, workspace: Workspace) -> WorkspaceStatus:
         """Head, cleanliness and commits since the base, read from the worktree itself."""
         path = workspace.path
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         branch = await self._git.run(
             ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=path, check=False
         )
@@ -728,9 +717,7 @@ class WorkspaceManager:
         """
         for sub in subtasks:
             if sub.parent_id != parent.id:
-                raise WorkspaceStateError(
-                    f"{sub.id} is not a sub-task of {parent.id}", workspace=sub.id
-                )
+                raise WorkspaceStateError(f"{sub.id} is not a sub-task of {parent.id}")
         results: list[SubtaskMerge] = []
         async with self._guard(parent):
             on = await self._git.run(
@@ -739,18 +726,16 @@ class WorkspaceManager:
             if on.stdout.strip() != parent.branch:
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} is not on {parent.branch}; refusing to merge",
-                    workspace=parent.id,
                 )
             if await self._changed(parent.path):
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} has uncommitted changes; commit them before "
                     "merging the wave",
-                    workspace=parent.id,
                 )
             identity = await self._identity_args(parent.path)
             for sub in subtasks:
                 results.append(await self._merge_one(parent, sub, identity, message))
-            head = await self._rev(parent.path, "HEAD", parent.id)
+            head = await self._rev(parent.path, "HEAD")
         report = MergeReport(
             parent=parent.id, branch=parent.branch, results=tuple(results), head=head
         )
@@ -778,7 +763,7 @@ class WorkspaceManager:
         try:
             async with self._guard(sub):
                 uncommitted = sub.path.is_dir() and bool(await self._changed(sub.path))
-                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}", sub.id)
+                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}")
                 contained = await self._git.run(
                     ["merge-base", "--is-ancestor", tip, "HEAD"], cwd=parent.path, check=False
                 )
@@ -793,7 +778,7 @@ class WorkspaceManager:
                 )
                 if merged.exit_code == 0:
                     await self.release(sub)
-                    head = await self._rev(parent.path, "HEAD", parent.id)
+                    head = await self._rev(parent.path, "HEAD")
                     return result(MergeOutcome.MERGED, commit=head, uncommitted=uncommitted)
                 conflicts = await self._git.run(
                     ["diff", "--name-only", "-z", "--diff-filter=U"], cwd=parent.path, check=False
@@ -817,7 +802,6 @@ class WorkspaceManager:
         if left.exit_code == 0 or await self._changed(parent.path):
             raise WorkspaceStateError(
                 f"could not undo a conflicting merge in the worktree of {parent.id}",
-                workspace=parent.id,
             )
 
     # ---------------------------------------------------------------- cleanup
@@ -859,7 +843,7 @@ class WorkspaceManager:
             except WorkspaceBusyError:
                 busy.append(workspace.id)
                 continue
-            except WorkspaceError as exc:
+            except (WorkspaceError, GitError) as exc:
                 errors[workspace.id] = self.redact(exc.message)
                 continue
             removed.append(workspace.id)
@@ -888,20 +872,18 @@ class WorkspaceManager:
                 if not await self._is_worktree_of(workspace.path, cache):
                     raise WorkspaceStateError(
                         f"{workspace.path} is not a worktree of {workspace.project}; left in place",
-                        workspace=workspace.id,
                     )
                 if await self._changed(workspace.path):
                     rescue = await self._rescue(workspace)
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     # Twice: a worktree an agent locked (`git worktree lock`) goes too; its
                     # changes are on the rescue branch by now.
                     await self._git.run(
                         ["worktree", "remove", "--force", "--force", str(workspace.path)],
                         cwd=cache,
-                        workspace=workspace.id,
                     )
             elif cache.is_dir():
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     await self._git.run(["worktree", "prune"], cwd=cache)
             current = await self._store.get(workspace.id) or workspace
             updated = dataclasses.replace(
@@ -927,12 +909,12 @@ class WorkspaceManager:
         # A private index: the worktree's own index (maybe mid-merge) stays as it was.
         env = {"GIT_INDEX_FILE": str(index)}
         try:
-            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env, workspace=workspace.id)
-            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env, workspace=workspace.id)
-            tree = await self._git.run(["write-tree"], cwd=path, env=env, workspace=workspace.id)
+            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env)
+            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env)
+            tree = await self._git.run(["write-tree"], cwd=path, env=env)
         finally:
             await asyncio.to_thread(index.unlink, True)
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         identity = await self._identity_args(path)
         commit = await self._git.run(
             [
@@ -945,7 +927,6 @@ class WorkspaceManager:
                 f"turnstile: rescue uncommitted changes of {workspace.id}",
             ],
             cwd=path,
-            workspace=workspace.id,
         )
         sha = commit.stdout.strip()
         name = f"{RESCUE_PREFIX}{workspace.id}"
@@ -954,7 +935,5 @@ class WorkspaceManager:
             attempt += 1
             name = f"{RESCUE_PREFIX}{workspace.id}-{attempt}"
         # Create-only (old value empty): an existing rescue branch is never overwritten.
-        await self._git.run(
-            ["update-ref", f"refs/heads/{name}", sha, ""], cwd=path, workspace=workspace.id
-        )
+        await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name
