@@ -1,0 +1,313 @@
+"""What is left of a turn: finding its processes and killing them, now or after a crash.
+
+Every turn's environment carries a unique :data:`TURN_MARKER_VAR` value, and its process
+group id is its leader's pid. Agent CLIs start tool commands in sessions of their own and
+a tool may double-fork, so a turn's processes are "its group" plus "every process whose
+environment holds the marker" (``/proc/PID/environ``; a process that replaced its whole
+environment and left the group is out of reach).
+
+Two things outlive a crash of the process that runs turns:
+
+- :class:`Lifeline`, a small watchdog process (one per process that runs turns, started
+  with the first turn). It is told of each turn as it starts and ends over a pipe; when
+  the pipe closes without being told to, the parent died (``kill -9`` included) and the
+  watchdog kills the turns that were in flight. Unlike a parent-death signal it costs
+  nothing per spawn (no ``preexec_fn``, no extra exec) and it reaches the whole turn, not
+  only the leader.
+- :func:`kill_remains`, the start-up reaper: the group id, the leader's start time and
+  the marker are recorded with the turn, and on start-up a cut-off turn's remains are
+  killed, the group only when its leader's start time still matches (a reused pid is
+  never hit).
+
+This module uses the standard library only: the watchdog runs it as a script
+(``python -I -S reaper.py --watch FD``), without importing turnstile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = [
+    "TURN_MARKER_VAR",
+    "Lifeline",
+    "kill_group",
+    "kill_marked",
+    "kill_remains",
+    "marked_pids",
+    "signal_marked",
+    "start_time",
+    "wait_gone",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+TURN_MARKER_VAR: Final = "TURNSTILE_TURN_ID"
+# A process caught mid-fork may leave a child the first scan missed.
+_SCAN_ROUNDS: Final = 5
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat.rsplit(b")", 1)[1].split()
+
+
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started, as ``BOOT_ID/TICKS`` (None if there is no such process).
+
+    Two processes that ever had the same pid on one machine never have the same value:
+    the clock ticks since boot tell them apart, the boot id tells boots (and machines
+    sharing a database) apart.
+    """
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return f"{_boot_id()}/{int(fields[19])}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an orphan may stay one a while)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+def marked_pids(marker: str, *, var: str = TURN_MARKER_VAR) -> list[int]:
+    """Every process of ours (other than this one) whose environment holds ``var=marker``.
+
+    Reads ``/proc`` (Linux); elsewhere there is nothing to read and nothing is found.
+    """
+    needle = f"{var}={marker}".encode()
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\x00") and _running(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def signal_marked(marker: str, sig: int, *, var: str = TURN_MARKER_VAR) -> list[int]:
+    """Send ``sig`` to every process whose environment holds ``var=marker``; the pids hit."""
+    hit: list[int] = []
+    for pid in marked_pids(marker, var=var):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            hit.append(pid)
+    return hit
+
+
+def kill_marked(marker: str, *, var: str = TURN_MARKER_VAR) -> list[int]:
+    """SIGKILL every process of the marked turn, scanning again while a scan finds any.
+
+    Returns:
+        The pids signalled.
+    """
+    killed: list[int] = []
+    for _ in range(_SCAN_ROUNDS):
+        hit = [pid for pid in signal_marked(marker, signal.SIGKILL, var=var) if pid not in killed]
+        if not hit:
+            break
+        killed += hit
+    return killed
+
+
+def kill_group(pgid: int, start: str | None) -> bool:
+    """SIGKILL process group ``pgid`` if its leader still is the process that started then.
+
+    Returns:
+        Whether the group was signalled.
+    """
+    if start is None or start_time(pgid) != start:
+        # Gone, or the pid now belongs to another process: not ours to kill.
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def kill_remains(pgid: int | None, start: str | None, marker: str | None) -> list[int]:
+    """Kill what is left of a cut-off turn: its group (start time checked), then its marker.
+
+    Returns:
+        The pids signalled (the group counts as its id).
+    """
+    killed: list[int] = []
+    if pgid is not None and kill_group(pgid, start):
+        killed.append(pgid)
+    if marker:
+        killed += [pid for pid in kill_marked(marker) if pid not in killed]
+    return killed
+
+
+async def wait_gone(pids: Iterable[int], within: float) -> bool:
+    """Wait (bounded) until none of ``pids`` runs; whether they all went."""
+    import asyncio  # here: the watchdog never needs it, and starts faster without it
+
+    pending = list(pids)
+    deadline = time.monotonic() + within
+    while pending:
+        pending = [pid for pid in pending if _running(pid)]
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+class Lifeline:
+    """The parent's end of the watchdog that kills in-flight turns if this process dies.
+
+    ``begin(marker)`` before a turn's spawn (the marker alone already reaches the leader),
+    ``spawned(marker, pgid, start)`` after it, ``end(marker)`` when the turn is over. The
+    watchdog is started on first use, again after a fork, and again if it died (the turns
+    in flight are told to the new one).
+    """
+
+    def __init__(self) -> None:
+        self._owner = os.getpid()
+        self._fd: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._live: dict[str, bytes] = {}
+        self._warned = False
+
+    @property
+    def watchdog_pid(self) -> int | None:
+        """The watchdog's pid while one runs."""
+        return self._proc.pid if self._proc is not None and self._fd is not None else None
+
+    def begin(self, marker: str) -> None:
+        self._tell(marker, f"+ {marker}\n".encode())
+
+    def spawned(self, marker: str, pgid: int, start: str | None) -> None:
+        self._tell(marker, f"= {marker} {pgid} {start or '-'}\n".encode())
+
+    def end(self, marker: str) -> None:
+        self._tell(marker, f"- {marker}\n".encode(), live=False)
+
+    def close(self) -> None:
+        """Stop the watchdog (it then kills the turns still in flight, if any)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._proc = None
+
+    def _tell(self, marker: str, line: bytes, *, live: bool = True) -> None:
+        if os.getpid() != self._owner:
+            # A forked child: the watchdog and the turns belong to the parent.
+            self._owner = os.getpid()
+            self._fd = None
+            self._proc = None
+            self._live = {}
+        if live:
+            self._live[marker] = line
+        else:
+            self._live.pop(marker, None)
+        if self._fd is not None:
+            try:
+                os.write(self._fd, line)
+                return
+            except OSError as exc:  # it died, or stopped reading: start a new one
+                _LOGGER.warning("the turn watchdog is gone (%s); starting a new one", exc)
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
+                if self._proc is not None:
+                    with contextlib.suppress(OSError):
+                        self._proc.poll()
+        self._start()
+
+    def _start(self) -> None:
+        """Start a watchdog and tell it every turn in flight."""
+        read_end, write_end = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), "--watch", str(read_end)],
+                pass_fds=(read_end,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={},
+                # Its own session: Ctrl-C or a signal to our group does not reach it.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(write_end)
+            if not self._warned:
+                self._warned = True
+                _LOGGER.error(
+                    "cannot start the turn watchdog (%s): if this process is killed, its "
+                    "agents keep running until the next start-up",
+                    exc,
+                )
+            return
+        finally:
+            os.close(read_end)
+        os.set_blocking(write_end, False)
+        self._fd = write_end
+        with contextlib.suppress(OSError):
+            os.write(write_end, b"".join(self._live.values()))
+
+
+def _watch(fd: int) -> None:
+    """The watchdog: follow the turns in flight; when the parent is gone, kill them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    live: dict[str, tuple[int | None, str | None]] = {}
+    pending = b""
+    while chunk := os.read(fd, 65536):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            words = raw.decode("ascii", errors="replace").split()
+            if len(words) == 2 and words[0] == "+":
+                live[words[1]] = (None, None)
+            elif len(words) == 4 and words[0] == "=":
+                live[words[1]] = (int(words[2]), None if words[3] == "-" else words[3])
+            elif len(words) == 2 and words[0] == "-":
+                live.pop(words[1], None)
+    # The pipe closed: the parent exited or was killed with turns in flight.
+    for marker, (pgid, start) in live.items():
+        kill_remains(pgid, start, marker)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
+        _watch(int(sys.argv[2]))
