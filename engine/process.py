@@ -26,6 +26,7 @@ from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPr
 from engine.reaper import (
     TURN_MARKER_VAR,
     Lifeline,
+    TurnProcess,
     kill_marked,
     marked_pids,
     signal_marked,
@@ -80,26 +81,6 @@ def lifeline() -> Lifeline:
     if _LIFELINE is None:
         _LIFELINE = Lifeline()
     return _LIFELINE
-
-
-@dataclass(frozen=True, slots=True)
-class TurnProcess:
-    """What identifies a running turn's processes, recorded so a restart can clean up.
-
-    Attributes:
-        pid: the leader's pid; also the process group id (each turn has its own session).
-        start: the leader's start time (:func:`engine.reaper.start_time`), so that a
-            reused pid is never taken for the leader.
-        marker: the turn's :data:`TURN_MARKER_VAR` value, inherited by its descendants.
-    """
-
-    pid: int
-    start: str | None
-    marker: str
-
-    @property
-    def pgid(self) -> int:
-        return self.pid
 
 
 SpawnCallback = Callable[[TurnProcess], Awaitable[None]]

@@ -34,11 +34,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
     "TURN_MARKER_VAR",
     "Lifeline",
+    "TurnProcess",
     "kill_group",
     "kill_marked",
     "kill_remains",
@@ -53,6 +55,26 @@ _LOGGER = logging.getLogger(__name__)
 TURN_MARKER_VAR: Final = "TURNSTILE_TURN_ID"
 # A process caught mid-fork may leave a child the first scan missed.
 _SCAN_ROUNDS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class TurnProcess:
+    """What identifies a running turn's processes, recorded so a restart can clean up.
+
+    Attributes:
+        pid: the leader's pid; also the process group id (each turn has its own session).
+        start: the leader's start time (:func:`start_time`), so that a
+            reused pid is never taken for the leader.
+        marker: the turn's :data:`TURN_MARKER_VAR` value, inherited by its descendants.
+    """
+
+    pid: int
+    start: str | None
+    marker: str
+
+    @property
+    def pgid(self) -> int:
+        return self.pid
 
 
 @functools.cache
