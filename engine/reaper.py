@@ -55,6 +55,9 @@ _LOGGER = logging.getLogger(__name__)
 TURN_MARKER_VAR: Final = "TURNSTILE_TURN_ID"
 # A process caught mid-fork may leave a child the first scan missed.
 _SCAN_ROUNDS: Final = 5
+# After the parent died, how long the watchdog keeps looking for a turn's processes.
+_LATE_EXEC_WATCH: Final = 1.0
+_GIVE_UP: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,9 +328,18 @@ def _watch(fd: int) -> None:
                 live[words[1]] = (int(words[2]), None if words[3] == "-" else words[3])
             elif len(words) == 2 and words[0] == "-":
                 live.pop(words[1], None)
-    # The pipe closed: the parent exited or was killed with turns in flight.
-    for marker, (pgid, start) in live.items():
-        kill_remains(pgid, start, marker)
+    # The pipe closed: the parent exited or was killed with turns in flight. A leader
+    # caught between fork and exec does not show its marker yet: look again a while.
+    for pgid, start in live.values():
+        if pgid is not None:
+            kill_group(pgid, start)
+    deadline = time.monotonic() + _LATE_EXEC_WATCH
+    give_up = deadline + _GIVE_UP
+    while live and time.monotonic() < give_up:  # a process stuck in the kernel stays
+        found = [kill_marked(marker) for marker in live]
+        if not any(found) and time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
