@@ -418,9 +418,13 @@ async def run_process(
         raise InvalidPromptError("an argument contains a NUL byte")
     # Every descendant inherits the marker, so the turn's processes can be found even
     # after they leave its process group (agent CLIs start tools in sessions of their own).
-    marker = uuid.uuid4().hex
-    env = dict(spec.env) if spec.env is not None else dict(os.environ)
-    env[TURN_MARKER_VAR] = marker
+    marker = os.urandom(16).hex()
+    env: dict[str, str] | dict[bytes, bytes]
+    if spec.env is not None:
+        env = {**spec.env, TURN_MARKER_VAR: marker}
+    else:
+        env = _inherited_env()
+        env[TURN_MARKER_VAR.encode()] = marker.encode()
     guard = lifeline()
     guard.begin(marker)
     try:
@@ -429,9 +433,17 @@ async def run_process(
         guard.end(marker)
 
 
+def _inherited_env() -> dict[bytes, bytes]:
+    """A copy of our environment, as bytes (what the spawn needs, without re-encoding)."""
+    data = getattr(os.environ, "_data", None)  # CPython's own bytes store: a C-speed copy
+    if isinstance(data, dict):
+        return dict(data)
+    return dict(os.environb)
+
+
 async def _run(
     spec: ProcessSpec,
-    env: dict[str, str],
+    env: dict[str, str] | dict[bytes, bytes],
     marker: str,
     preempt: PreemptHandle | None,
     spill_limit: int,
@@ -479,9 +491,11 @@ async def _run(
         raise TurnExecError(f"cannot start {program!r}: {exc.strerror}", binary=program) from exc
 
     turn = _Turn(proc, exited, marker)
-    # Read right after the spawn: the leader cannot have been reaped yet (we reap it).
-    info = TurnProcess(pid=proc.pid, start=start_time(proc.pid), marker=marker)
-    lifeline().spawned(marker, info.pgid, info.start)
+    info: TurnProcess | None = None
+    if preempt is not None and preempt.on_spawn is not None:
+        # Read right after the spawn: the leader cannot have been reaped yet (we reap it).
+        info = TurnProcess(pid=proc.pid, start=start_time(proc.pid), marker=marker)
+    lifeline().spawned(marker, proc.pid)
     sink = _StdoutSink(spill_limit, spill_dir, on_stdout_line)
     stderr_tail = bytearray()
     stderr_size = 0
@@ -525,7 +539,7 @@ async def _run(
     if spec.stdin is not None:
         tasks.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
     try:
-        if preempt is not None and preempt.on_spawn is not None:
+        if preempt is not None and preempt.on_spawn is not None and info is not None:
             try:
                 await preempt.on_spawn(info)
             except Exception:

@@ -9,11 +9,11 @@ environment and left the group is out of reach).
 Two things outlive a crash of the process that runs turns:
 
 - :class:`Lifeline`, a small watchdog process (one per process that runs turns, started
-  with the first turn). It is told of each turn as it starts and ends over a pipe; when
-  the pipe closes without being told to, the parent died (``kill -9`` included) and the
-  watchdog kills the turns that were in flight. Unlike a parent-death signal it costs
-  nothing per spawn (no ``preexec_fn``, no extra exec) and it reaches the whole turn, not
-  only the leader.
+  with the first turn). Turns are noted in a table in shared memory as they start and
+  end; when a pipe whose only writer is the parent closes, the parent died (``kill -9``
+  included) and the watchdog kills the turns the table says were in flight. Unlike a
+  parent-death signal it costs nothing at the spawn itself (no ``preexec_fn``, no extra
+  exec) and it reaches the whole turn, not only the leader.
 - :func:`kill_remains`, the start-up reaper: the group id, the leader's start time and
   the marker are recorded with the turn, and on start-up a cut-off turn's remains are
   killed, the group only when its leader's start time still matches (a reused pid is
@@ -28,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import mmap
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,6 +60,9 @@ _SCAN_ROUNDS: Final = 5
 # After the parent died, how long the watchdog keeps looking for a turn's processes.
 _LATE_EXEC_WATCH: Final = 1.0
 _GIVE_UP: Final = 10.0
+# The watchdog's table: one slot per turn in flight ("MARKER PGID", newline-padded).
+_SLOT: Final = 48
+_FIRST_SLOTS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,75 +223,131 @@ class Lifeline:
     """The parent's end of the watchdog that kills in-flight turns if this process dies.
 
     ``begin(marker)`` before a turn's spawn (the marker alone already reaches the leader),
-    ``spawned(marker, pgid, start)`` after it, ``end(marker)`` when the turn is over. The
-    watchdog is started on first use, again after a fork, and again if it died (the turns
-    in flight are told to the new one).
+    ``spawned(marker, pgid)`` after it, ``end(marker)`` when the turn is over. Each turn
+    in flight holds a slot of a small table in memory shared with the watchdog (a memfd
+    both map), which the watchdog reads only once this process is gone: a turn costs no
+    system call and wakes nobody. The watchdog learns of the death from a pipe whose
+    only writer is this process. It is started on first use, again after a fork, and
+    again if it died.
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._owner = os.getpid()
+        self._table: mmap.mmap | None = None
         self._fd: int | None = None
+        self._pipe: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._live: dict[str, bytes] = {}
+        self._slots: dict[str, int] = {}
+        self._free: list[int] = []
+        self._checked = 0.0
         self._warned = False
 
     @property
     def watchdog_pid(self) -> int | None:
         """The watchdog's pid while one runs."""
-        return self._proc.pid if self._proc is not None and self._fd is not None else None
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
 
     def begin(self, marker: str) -> None:
-        self._tell(marker, f"+ {marker}\n".encode())
+        table = self._ensure()
+        if table is None:
+            return
+        if not self._free:
+            table = self._grow()
+            if table is None:
+                return
+        slot = self._free.pop()
+        self._slots[marker] = slot
+        offset = slot * _SLOT
+        table[offset : offset + _SLOT] = f"{marker} {0:010d}".encode().ljust(_SLOT, b"\n")
 
-    def spawned(self, marker: str, pgid: int, start: str | None) -> None:
-        self._tell(marker, f"= {marker} {pgid} {start or '-'}\n".encode())
+    def spawned(self, marker: str, pgid: int) -> None:
+        slot = self._slots.get(marker)
+        if slot is not None and self._table is not None:
+            offset = slot * _SLOT + len(marker) + 1
+            self._table[offset : offset + 10] = f"{pgid:010d}".encode()
 
     def end(self, marker: str) -> None:
-        self._tell(marker, f"- {marker}\n".encode(), live=False)
+        slot = self._slots.pop(marker, None)
+        if slot is not None and self._table is not None:
+            self._table[slot * _SLOT] = 0
+            self._free.append(slot)
 
     def close(self) -> None:
         """Stop the watchdog (it then kills the turns still in flight, if any)."""
-        if self._fd is not None:
+        if self._pipe is not None:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+                os.close(self._pipe)
+            self._pipe = None
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
             self._proc = None
+        if self._table is not None:
+            self._table.close()
+        if self._fd is not None:
+            os.close(self._fd)
+        self._reset()
 
-    def _tell(self, marker: str, line: bytes, *, live: bool = True) -> None:
+    def _ensure(self) -> mmap.mmap | None:
+        """The table, and a watchdog that runs (checked at most once a second)."""
         if os.getpid() != self._owner:
             # A forked child: the watchdog and the turns belong to the parent.
-            self._owner = os.getpid()
-            self._fd = None
-            self._proc = None
-            self._live = {}
-        if live:
-            self._live[marker] = line
-        else:
-            self._live.pop(marker, None)
-        if self._fd is not None:
-            try:
-                os.write(self._fd, line)
-                return
-            except OSError as exc:  # it died, or stopped reading: start a new one
-                _LOGGER.warning("the turn watchdog is gone (%s); starting a new one", exc)
-                with contextlib.suppress(OSError):
-                    os.close(self._fd)
-                self._fd = None
-                if self._proc is not None:
-                    with contextlib.suppress(OSError):
-                        self._proc.poll()
+            self._reset()
+        if self._table is None and self._grow() is None:
+            return None
+        now = time.monotonic()
+        if self._proc is not None and now < self._checked + 1:
+            return self._table
+        self._checked = now
+        if self._proc is not None and self._proc.poll() is None:
+            return self._table
+        if self._proc is not None:
+            _LOGGER.warning("the turn watchdog exited (%s); starting a new one", self._proc.poll())
         self._start()
+        return self._table
+
+    def _grow(self) -> mmap.mmap | None:
+        """Double the table (or make the first one); None if it cannot be made."""
+        try:
+            if self._fd is None:
+                self._fd = _shared_fd()
+            size = max(_FIRST_SLOTS, 2 * len(self._slots) + len(self._free)) * _SLOT
+            old = self._table.size() if self._table is not None else 0
+            os.ftruncate(self._fd, size)
+            table = mmap.mmap(self._fd, size)
+        except OSError as exc:
+            self._warn(f"cannot make the turn watchdog's table ({exc})")
+            return None
+        if self._table is not None:
+            self._table.close()
+        self._table = table
+        self._free.extend(range(size // _SLOT - 1, old // _SLOT - 1, -1))
+        return table
 
     def _start(self) -> None:
-        """Start a watchdog and tell it every turn in flight."""
+        assert self._fd is not None
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._pipe = None
         read_end, write_end = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), "--watch", str(read_end)],
-                pass_fds=(read_end,),
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    os.path.abspath(__file__),
+                    "--watch",
+                    str(read_end),
+                    str(self._fd),
+                ],
+                pass_fds=(read_end, self._fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 env={},
@@ -295,44 +356,71 @@ class Lifeline:
             )
         except OSError as exc:
             os.close(write_end)
-            if not self._warned:
-                self._warned = True
-                _LOGGER.error(
-                    "cannot start the turn watchdog (%s): if this process is killed, its "
-                    "agents keep running until the next start-up",
-                    exc,
-                )
+            self._proc = None
+            self._warn(f"cannot start the turn watchdog ({exc})")
             return
         finally:
             os.close(read_end)
-        os.set_blocking(write_end, False)
-        self._fd = write_end
-        with contextlib.suppress(OSError):
-            os.write(write_end, b"".join(self._live.values()))
+        self._pipe = write_end
+
+    def _warn(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _LOGGER.error(
+                "%s: if this process is killed, its agents keep running until the next "
+                "start-up kills them",
+                what,
+            )
 
 
-def _watch(fd: int) -> None:
-    """The watchdog: follow the turns in flight; when the parent is gone, kill them."""
+def _shared_fd() -> int:
+    """A file only we and the watchdog hold (in memory where Linux offers that)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("turnstile-turns")
+    fd, path = tempfile.mkstemp(prefix="turnstile-turns-")
+    os.unlink(path)
+    return fd
+
+
+def _start_if_marked(pid: int, marker: str) -> str | None:
+    """The start time of ``pid`` if it carries ``marker`` (so it is the turn's leader)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read()
+    except OSError:
+        return None
+    if f"{TURN_MARKER_VAR}={marker}".encode() not in environ.split(b"\x00"):
+        return None
+    return start_time(pid)
+
+
+def _read_table(fd: int) -> dict[str, tuple[int | None, str | None]]:
+    """The turns in flight the table holds: marker -> (group, leader's start)."""
+    data = bytearray()
+    while chunk := os.pread(fd, 1 << 20, len(data)):
+        data += chunk
+    live: dict[str, tuple[int | None, str | None]] = {}
+    for offset in range(0, len(data) - _SLOT + 1, _SLOT):
+        words = bytes(data[offset : offset + _SLOT]).decode("ascii", errors="replace").split()
+        if len(words) != 2 or not words[1].isdigit() or not words[0].isalnum():
+            continue  # free, or cut mid-write: nothing of ours matches it
+        pgid = int(words[1]) or None
+        live[words[0]] = (pgid, _start_if_marked(pgid, words[0]) if pgid else None)
+    return live
+
+
+def _watch(pipe: int, table: int) -> None:
+    """The watchdog: wait for the parent's death, then kill the turns it left in flight."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    live: dict[str, tuple[int | None, str | None]] = {}
-    pending = b""
-    while chunk := os.read(fd, 65536):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            words = raw.decode("ascii", errors="replace").split()
-            if len(words) == 2 and words[0] == "+":
-                live[words[1]] = (None, None)
-            elif len(words) == 4 and words[0] == "=":
-                live[words[1]] = (int(words[2]), None if words[3] == "-" else words[3])
-            elif len(words) == 2 and words[0] == "-":
-                live.pop(words[1], None)
-    # The pipe closed: the parent exited or was killed with turns in flight. A leader
-    # caught between fork and exec does not show its marker yet: look again a while.
-    for pgid, start in live.values():
-        if pgid is not None:
-            kill_group(pgid, start)
+    while os.read(pipe, 4096):  # nothing is ever written: this returns at end-of-file
+        pass
+    # The parent exited, or was killed, perhaps with turns in flight.
+    live = _read_table(table)
+    for group, began in live.values():
+        if group is not None:
+            kill_group(group, began)
+    # A leader caught between fork and exec does not show its marker yet: look again a while.
     deadline = time.monotonic() + _LATE_EXEC_WATCH
     give_up = deadline + _GIVE_UP
     while live and time.monotonic() < give_up:  # a process stuck in the kernel stays
@@ -343,5 +431,5 @@ def _watch(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
-        _watch(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--watch":
+        _watch(int(sys.argv[2]), int(sys.argv[3]))

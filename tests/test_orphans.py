@@ -20,8 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 from engine.reaper import kill_remains, start_time
 from tests.fakes.realcli import MARKER_VAR, alive, marked_processes
 
@@ -154,20 +152,21 @@ async def test_startup_reaper_kills_marked_processes_whatever_their_group(
                 await proc.wait()
 
 
-@pytest.mark.parametrize("rounds", [3])
-async def test_the_watchdog_is_restarted_if_it_dies(tmp_path: Path, rounds: int) -> None:
+async def test_the_watchdog_is_restarted_if_it_dies(tmp_path: Path) -> None:
     from engine.process import ProcessSpec, lifeline, run_process
 
-    for _ in range(rounds):
+    for _ in range(2):
         await run_process(ProcessSpec(argv=["/bin/true"]))
         pid = lifeline().watchdog_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        # Reaped by the next write's check; the next turn starts a new one.
         await _until(lambda p=pid: not alive(p), 10, "the watchdog did not die")
-    await run_process(ProcessSpec(argv=["/bin/true"]))
-    assert lifeline().watchdog_pid is not None
-    assert alive(lifeline().watchdog_pid or 0)
+        # A later turn notices (it looks at most once a second) and starts a new one.
+        deadline = time.monotonic() + 10
+        while lifeline().watchdog_pid in (None, pid):
+            assert time.monotonic() < deadline, "no new watchdog"
+            await run_process(ProcessSpec(argv=["/bin/true"]))
+        assert alive(lifeline().watchdog_pid or 0)
 
 
 def watchdog_of(pid: int) -> int | None:
@@ -256,3 +255,24 @@ async def test_auto_resume_kills_what_the_cut_off_turn_left(tmp_path: Path) -> N
         for pid in marked_processes(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_watchdog_table_holds_every_turn_in_flight() -> None:
+    # More turns at once than the first table holds: it grows, and what the watchdog
+    # would read at a death is exactly the turns still in flight.
+    from engine.reaper import Lifeline, _read_table
+
+    guard = Lifeline()
+    try:
+        markers = [uuid.uuid4().hex for _ in range(150)]
+        for i, marker in enumerate(markers):
+            guard.begin(marker)
+            guard.spawned(marker, 4_000_000 + i)  # no such process: no start time
+        for marker in markers[::2]:
+            guard.end(marker)
+        assert guard._fd is not None
+        live = _read_table(guard._fd)
+        assert set(live) == set(markers[1::2])
+        assert live[markers[1]] == (4_000_001, None)
+    finally:
+        guard.close()
