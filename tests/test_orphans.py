@@ -276,3 +276,44 @@ def test_the_watchdog_table_holds_every_turn_in_flight() -> None:
         assert live[markers[1]] == (4_000_001, None)
     finally:
         guard.close()
+
+
+async def test_bot_start_up_kills_what_the_cut_off_turn_left(tmp_path: Path) -> None:
+    # The bot and its watchdog both die at once; the next start kills the cut-off turn's
+    # agent and its child from the turn's record, then reports the turn.
+    import json
+
+    from tests.fakes.bot_api import FakeBotApi
+    from tests.test_kill_loop import CHAT, OPERATOR, _env, _start
+
+    marker = uuid.uuid4().hex
+    async with FakeBotApi() as api:
+        env = _env(api, tmp_path, marker)
+        rules = [{"match": "", "grandchild": True, "wait_file": str(tmp_path / "never")}]
+        Path(env["FAKE_AGENT_SCRIPT"]).write_text(json.dumps({"rules": rules}))
+        bot = await _start(api, tmp_path, env)
+        try:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text, timeout=60)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hold on")
+            pids = tmp_path / "pids"
+            await _until(lambda: pids.exists() and pids.read_text().strip(), 30, "no agent")
+            orphans = [int(p) for p in pids.read_text().split()]
+            watchdog = watchdog_of(bot.pid)
+            assert watchdog is not None
+            os.kill(watchdog, signal.SIGKILL)
+            bot.kill()
+            await bot.wait()
+            assert all(alive(pid) for pid in orphans)  # nobody killed them yet
+            bot = await _start(api, tmp_path, env)
+            await api.wait_for_message(lambda m: "was cut off" in m.text, timeout=60)
+            assert not any(alive(pid) for pid in orphans)
+            bot.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(bot.wait(), 60)
+        finally:
+            if bot.returncode is None:
+                bot.kill()
+                await bot.wait()
+            for pid in marked_processes(marker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
