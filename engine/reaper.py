@@ -260,10 +260,13 @@ class Lifeline:
             table = self._grow()
             if table is None:
                 return
+        entry = f"{marker} {0:010d}".encode()
+        if len(entry) > _SLOT or not marker.isalnum():
+            raise ValueError(f"a turn marker is up to {_SLOT - 11} letters and digits")
         slot = self._free.pop()
         self._slots[marker] = slot
         offset = slot * _SLOT
-        table[offset : offset + _SLOT] = f"{marker} {0:010d}".encode().ljust(_SLOT, b"\n")
+        table[offset : offset + _SLOT] = entry.ljust(_SLOT, b"\n")
 
     def spawned(self, marker: str, pgid: int) -> None:
         slot = self._slots.get(marker)
