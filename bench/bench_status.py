@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from engine.gates import HUMAN_INTERVENTION, TaskStore, load_workflow  # noqa: E402
-from engine.gates.listing import LIST_QUERY, ListEntry, group_tasks, render_groups  # noqa: E402
+from engine.gates.listing import fetch_rows, render_rows  # noqa: E402
 from engine.store.database import Database  # noqa: E402
 
 PHASES = ["research", "decomposition", "design", "test_design", "implement", "complete"]
@@ -67,8 +67,7 @@ async def query_and_render(db_path: Path, rounds: int) -> tuple[list[float], lis
         for _ in range(rounds):
             start = time.perf_counter()
             cpu_start = time.process_time()
-            rows = await db.fetchall(LIST_QUERY)
-            text = render_groups(group_tasks(ListEntry(*r) for r in rows))
+            text = render_rows(await fetch_rows(db))
             timings.append(time.perf_counter() - start)
             cpu.append(time.process_time() - cpu_start)
             size = len(text)

@@ -124,10 +124,9 @@ class BotRuntime:
             )
         self.settings = settings
         self.token = settings.telegram_token.get_secret_value()
-        secrets = [self.token]
-        if settings.webhook_secret is not None:
-            secrets.append(settings.webhook_secret.get_secret_value())
-        self.redactor = Redactor(secrets)
+        # Turnstile's own secrets and every credential the agents inherit: an agent that
+        # prints its environment must not put a key in the chat.
+        self.redactor = Redactor(settings.secret_values())
         # WAL with synchronous=NORMAL: every commit survives the process being killed;
         # only an OS crash or power loss can lose the last ones, and inbound updates are
         # synced before they are confirmed to Telegram (so those are replayed, not lost).

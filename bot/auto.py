@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ from engine.automode import (
     start_auto_run,
 )
 from engine.errors import ConfigError, TurnstileError
+from engine.runs import RunMode, new_run_id
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -85,7 +85,9 @@ class AutoExtension(Extension):
         project = binding.project if binding is not None else "default"
         place = ChatPlace(chat.id, thread)
         try:
-            workdir = await self.rt.chats.workdir_for(project, f"auto-{secrets.token_hex(4)}")
+            # The run's id keys its worktree: its branch is turnstile/<run id>.
+            run_id = new_run_id(RunMode.AUTO)
+            workdir = await self.rt.chats.workdir_for(project, run_id)
             run = await start_auto_run(
                 self.rt.settings,
                 self.rt.db,
@@ -96,6 +98,7 @@ class AutoExtension(Extension):
                 chat_id=chat.id,
                 thread_id=thread,
                 turn_slots=self.rt.slots,
+                run_id=run_id,
             )
         except ConfigError as exc:
             await self.h.reply(update, f"Cannot start: {exc}")

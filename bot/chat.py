@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -27,25 +26,19 @@ from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.process import TurnProcess
+from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
 from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
 
-__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult", "new_run_id"]
+__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
 
 _LOGGER = logging.getLogger(__name__)
 
 AgentFactory = Callable[..., ProcessAgent]
 
 _STATUS_DEBOUNCE: Final = 0.05
-# Folders the workspace manager owns under the workspaces root.
-_RESERVED = frozenset({"cache", "worktrees", "locks"})
-
-
-def new_run_id() -> str:
-    """A short run id people can type (``/stop r3f9a2c``)."""
-    return "r" + secrets.token_hex(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +230,7 @@ class ChatSessions:
             except WorkspaceError as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        if project in _RESERVED:
-            raise ConfigError(f"{project!r} is reserved for the workspace manager")
-        path = (self.settings.workspaces / project).resolve()
+        path = manager.plain_folder(project)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -308,7 +299,7 @@ class ChatSessions:
             return await self._start(binding)
 
     async def _start(self, binding: Binding) -> ChatRun:
-        run_id = new_run_id()
+        run_id = new_run_id(RunMode.CHAT)
         agent = self.agent_factory(
             binding.agent,
             self.settings,

@@ -46,6 +46,7 @@ COMMANDS: Final = [
     BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
     BotCommand("approve", "[TASK] — approve the open gate"),
     BotCommand("reject", "TASK REASON — reject the open gate with a reason"),
+    BotCommand("cancel", "drop the Reject that waits for your reason"),
     BotCommand("stop", "[RUN] — stop the running turn at once"),
     BotCommand("status", "this chat's runs"),
     BotCommand("tasks", "every task's state (admin)"),
@@ -66,6 +67,7 @@ HELP: Final = "\n".join(
         "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
         " Approve / Reject buttons.",
         "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
+        "/cancel — drop a Reject button press whose reason you have not sent yet.",
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
         "",
@@ -75,7 +77,14 @@ HELP: Final = "\n".join(
 )
 
 # Button data is "<verb>:<id>"; the verb says which right the presser needs.
-BUTTON_ACTIONS: Final = {"ap": Action.APPROVE, "rj": Action.REJECT, "tk": Action.TASKS}
+# rc: cancel a pending reason; ry: reject with a reason that read like an approval.
+BUTTON_ACTIONS: Final = {
+    "ap": Action.APPROVE,
+    "rj": Action.REJECT,
+    "rc": Action.REJECT,
+    "ry": Action.REJECT,
+    "tk": Action.TASKS,
+}
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
 
@@ -111,6 +120,7 @@ class Handlers:
             "autopilot": self.cmd_autopilot,
             "approve": self.cmd_approve,
             "reject": self.cmd_reject,
+            "cancel": self.cmd_cancel,
             "tasks": self.cmd_tasks,
             "audit": self.cmd_audit,
         }
@@ -383,6 +393,10 @@ class Handlers:
 
     async def cmd_reject(self, update: Update, context: Context) -> None:
         await self._delegate(update, context, "reject", Action.REJECT, "Usage: /reject TASK REASON")
+
+    async def cmd_cancel(self, update: Update, context: Context) -> None:
+        # Anyone with a role may ask; only a pending Reject of theirs is cancelled.
+        await self._delegate(update, context, "cancel", Action.HELP, None)
 
     async def cmd_tasks(self, update: Update, context: Context) -> None:
         await self._delegate(update, context, "tasks", Action.TASKS, None)

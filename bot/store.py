@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "OutboxItem",
     "OutboxRow",
     "PromptRow",
+    "ReasonRequest",
 ]
 
 
@@ -153,6 +154,16 @@ class PromptRow:
     state: str
     run_id: str | None
     turn_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonRequest:
+    """The bot asked a person for a rejection reason (after a Reject button press)."""
+
+    gate_id: str
+    prompt_ref: str | None
+    created_at: float
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,36 +742,75 @@ class BotStore:
         )
         return changed > 0
 
-    async def ask_reason(self, chat_id: int, user_id: int, gate_id: str) -> None:
+    async def ask_reason(
+        self, chat_id: int, user_id: int, gate_id: str, *, prompt_ref: str | None = None
+    ) -> None:
+        """Wait for ``user_id``'s rejection reason in ``chat_id`` (one request per pair:
+        a new one replaces the old); ``prompt_ref`` is the live message that asked."""
         if self._asked is not None:
             self._asked.add((chat_id, user_id))
         await self.db.execute(
-            "INSERT OR REPLACE INTO bot_reason_requests (chat_id, user_id, gate_id, created_at)"
-            " VALUES (?, ?, ?, ?)",
-            (chat_id, user_id, gate_id, self._clock()),
+            "INSERT OR REPLACE INTO bot_reason_requests"
+            " (chat_id, user_id, gate_id, prompt_message_ref, created_at) VALUES (?, ?, ?, ?, ?)",
+            (chat_id, user_id, gate_id, prompt_ref, self._clock()),
         )
 
-    async def take_reason_request(self, chat_id: int, user_id: int) -> str | None:
+    async def reason_request(
+        self, chat_id: int, user_id: int, *, max_age: float | None = None
+    ) -> ReasonRequest | None:
+        """The pending reason request of ``user_id`` in ``chat_id``, left in place.
+
+        A request older than ``max_age`` seconds is expired: it is dropped, and returned
+        once with ``expired`` set (so the question can say so).
+        """
         if self._asked is None:
             rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
             self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
         # Most messages are not reasons: answered from memory, off the database.
         if (chat_id, user_id) not in self._asked:
             return None
-        self._asked.discard((chat_id, user_id))
-        async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "SELECT gate_id FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
-                (chat_id, user_id),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                return None
-            await conn.execute(
-                "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
-                (chat_id, user_id),
-            )
-            return str(row["gate_id"])
+        row = await self.db.fetchone(
+            "SELECT gate_id, prompt_message_ref, created_at FROM bot_reason_requests"
+            " WHERE chat_id = ? AND user_id = ?",
+            (chat_id, user_id),
+        )
+        if row is None:
+            self._asked.discard((chat_id, user_id))
+            return None
+        request = ReasonRequest(
+            gate_id=str(row["gate_id"]),
+            prompt_ref=row["prompt_message_ref"],
+            created_at=float(row["created_at"]),
+        )
+        if max_age is not None and self._clock() - request.created_at > max_age:
+            await self.drop_reason_request(chat_id, user_id, gate_id=request.gate_id)
+            return replace(request, expired=True)
+        return request
+
+    async def drop_reason_request(
+        self, chat_id: int, user_id: int, *, gate_id: str | None = None
+    ) -> bool:
+        """Forget the pending request (only if it is for ``gate_id``, when given)."""
+        sql = "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?"
+        params: tuple[object, ...] = (chat_id, user_id)
+        if gate_id is not None:
+            sql += " AND gate_id = ?"
+            params = (*params, gate_id)
+        changed = await self.db.execute(sql, params)
+        if self._asked is not None and (changed or gate_id is None):
+            self._asked.discard((chat_id, user_id))
+        return changed > 0
+
+    async def take_reason_request(
+        self, chat_id: int, user_id: int, *, max_age: float | None = None
+    ) -> str | None:
+        """The gate a pending, unexpired request is for; the request is used up."""
+        request = await self.reason_request(chat_id, user_id, max_age=max_age)
+        if request is None or request.expired:
+            return None
+        if not await self.drop_reason_request(chat_id, user_id, gate_id=request.gate_id):
+            return None
+        return request.gate_id
 
     async def open_gate_for(self, task: str, phase: str, sha256: str) -> GateRecord | None:
         row = await self.db.fetchone(

@@ -16,6 +16,8 @@ TurnstileError
 │   ├── ChannelPublishError
 │   └── ChannelIOError
 ├── ConfigError                bad settings or bad command-line input
+├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
+│                              regular file, or too large
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
     └── ConflictError          a compare-and-set lost against a concurrent writer
@@ -39,6 +41,7 @@ __all__ = [
     "TurnIOError",
     "TurnPreempted",
     "TurnstileError",
+    "UnsafeFileError",
 ]
 
 
@@ -110,6 +113,20 @@ class ConfigError(TurnstileError):
     def __init__(self, message: str, *, setting: str | None = None) -> None:
         super().__init__(message)
         self.setting = setting
+
+
+class UnsafeFileError(TurnstileError):
+    """A file the engine reads on an agent's behalf was refused (see :mod:`engine.safefile`).
+
+    Attributes:
+        path: the file as asked for (inside its folder).
+        reason: why, one of :class:`engine.safefile.Unsafe`'s values.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class StoreError(TurnstileError):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.errors import ConfigError
+from engine.redact import credential_values
 
-__all__ = ["AgentName", "Settings", "load_settings"]
+__all__ = ["SECRET_SETTINGS", "AgentName", "Settings", "load_settings"]
 
 AgentName = Literal["claude", "copilot", "codex", "command"]
 IdList = Annotated[tuple[int, ...], NoDecode]
@@ -79,6 +82,8 @@ class Settings(BaseSettings):
     # Gates
     approval_quorum: int = Field(default=1, ge=1)
     approval_expiry_seconds: float | None = None
+    # Bot: how long a Reject button press waits for the reason (then nothing is rejected)
+    reason_request_seconds: float = Field(default=300.0, gt=0)
     forbid_self_approval: bool = False
     workflow_file: Path | None = None
 
@@ -90,6 +95,31 @@ class Settings(BaseSettings):
     # Logs
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+
+    def secret_values(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """Every value never to print, for a :class:`~engine.redact.Redactor`.
+
+        The secret settings, the credential parts of the project URLs, and the values of
+        the credential variables (``GH_TOKEN``, ``ANTHROPIC_API_KEY``...) in ``environ``
+        (default: this process's environment, which the agents inherit).
+        """
+        # Imported here: reading settings must not load the workspace package (git, stores).
+        from engine.workspace.projects import parse_projects
+
+        values: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr) and value.get_secret_value():
+                values.append(value.get_secret_value())
+        if self.projects is not None:
+            try:
+                projects = parse_projects(self.projects.get_secret_value())
+            except ConfigError:
+                projects = ()  # reported where the projects are used; the whole text is above
+            # A short part ("git", "user") would blank out a common word in every message.
+            values.extend(s for p in projects for s in p.secrets() if len(s) >= 8)
+        values.extend(credential_values(os.environ if environ is None else environ))
+        return tuple(dict.fromkeys(values))
 
     @field_validator("allowed_chats", "admins", "approvers", "operators", mode="before")
     @classmethod
@@ -116,6 +146,18 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(p.strip() for p in value.split(",") if p.strip())
         return value
+
+
+def _is_secret(annotation: object) -> bool:
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+# The environment names of the secret settings (never passed on to an agent).
+SECRET_SETTINGS: frozenset[str] = frozenset(
+    "TURNSTILE_" + name.upper()
+    for name, info in Settings.model_fields.items()
+    if _is_secret(info.annotation)
+)
 
 
 def load_settings(**overrides: object) -> Settings:

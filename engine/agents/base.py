@@ -19,17 +19,30 @@ from engine.process import (
     run_process,
     validate_prompt,
 )
+from engine.redact import is_credential_name, redact
+from engine.settings import SECRET_SETTINGS
 from engine.turn import TurnOutput
 
 __all__ = ["AgentOptions", "Invocation", "ProcessAgent", "inherited_environment"]
 
-# turnstile's own secrets never reach an agent: it may run shell commands and print env.
-WITHHELD_ENV = ("TURNSTILE_TELEGRAM_TOKEN", "TURNSTILE_WEBHOOK_SECRET")
+# An agent may run shell commands and print its environment, so turnstile's secrets never
+# reach it: the secret settings (bot token, webhook secret, project URLs that may hold
+# credentials), any TURNSTILE_ variable named like a credential, and any whose value holds
+# one (a database URL with a password). The rest stays: an agent may run `turnstile
+# status`, which needs the database and folders. The per-turn marker is set per turn.
+_PREFIX = "TURNSTILE_"
+
+
+def _withheld(name: str, value: str) -> bool:
+    upper = name.upper()
+    if not upper.startswith(_PREFIX):
+        return False
+    return upper in SECRET_SETTINGS or is_credential_name(upper) or redact(value) != value
 
 
 def inherited_environment() -> dict[str, str]:
-    """This process's environment, less turnstile's own secrets."""
-    return {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
+    """This process's environment, less turnstile's secrets."""
+    return {k: v for k, v in os.environ.items() if not _withheld(k, v)}
 
 
 @dataclass(frozen=True, slots=True)

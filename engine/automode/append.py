@@ -20,14 +20,14 @@ import logging
 import os
 import re
 import secrets
-import stat
 import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from engine.errors import ConfigError
+from engine import safefile
+from engine.errors import ConfigError, UnsafeFileError
 
 __all__ = [
     "MAX_INSTRUCTION_BYTES",
@@ -228,9 +228,13 @@ class InstructionInbox:
         used = 0
         prefix = f"{seq:06d}-"
         with contextlib.suppress(FileNotFoundError):
-            for claimed in sorted(p for p in self.appended_dir.iterdir() if p.is_file()):
+            for claimed in sorted(self.appended_dir.iterdir()):
                 if claimed.name.startswith(prefix):
-                    raw = claimed.read_bytes()
+                    raw = self._read(claimed)
+                    if isinstance(raw, str):
+                        # Only files this inbox read and renamed belong here.
+                        _LOGGER.warning("claimed instruction %s skipped: %s", claimed.name, raw)
+                        continue
                     text, hits = sanitize_instruction(raw.decode("utf-8", errors="replace"))
                     intake.instructions.append(Instruction(claimed.name, text, hits))
                     used += len(text.encode())
@@ -283,19 +287,13 @@ class InstructionInbox:
 
     def _read(self, path: Path) -> bytes | str:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            return safefile.read_bytes(path.parent, path.name, limit=self.max_bytes)
+        except UnsafeFileError as exc:
+            if exc.reason == safefile.Unsafe.TOO_LARGE:
+                return f"oversized (more than {self.max_bytes} bytes)"
+            return exc.message.removeprefix(f"{path.name} ")
         except OSError as exc:
             return f"cannot be opened ({exc.strerror or exc})"
-        with os.fdopen(fd, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return "not a regular file"
-            if info.st_size > self.max_bytes:
-                return f"oversized ({info.st_size} bytes > {self.max_bytes})"
-            data = fh.read(self.max_bytes + 1)
-        if len(data) > self.max_bytes:
-            return f"oversized (more than {self.max_bytes} bytes)"
-        return data
 
     def _refuse(self, intake: Intake, path: Path, reason: str) -> None:
         target = self.refused_dir / f"{intake.seq:06d}-{_SAFE_NAME.sub('_', path.name)}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import shlex
 import shutil
 import time
@@ -33,6 +32,7 @@ from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
+from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
@@ -210,10 +210,6 @@ class AutoRun:
         return self.result()
 
 
-def _new_run_id() -> str:
-    return f"auto-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
 def _verify_argv(verify_cmd: str | None, workdir: Path) -> list[str] | None:
     if verify_cmd is None or not verify_cmd.strip():
         return None
@@ -346,7 +342,7 @@ async def prepare_auto_run(
     """
     turns = settings.max_turns if max_turns is None else max_turns
     workdir, prompts = _validate(objective, tool, turns, workdir, prompts_dir, verify_cmd)
-    run_id = run_id or _new_run_id()
+    run_id = run_id or new_run_id(RunMode.AUTO)
     log_dir = settings.runs_dir.resolve() / run_id
     log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     now = time.time()
@@ -547,6 +543,7 @@ async def start_auto_run(
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
+    run_id: str | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
@@ -567,6 +564,7 @@ async def start_auto_run(
         config_dir=config_dir,
         stop_event=stop_event,
         turn_slots=turn_slots,
+        run_id=run_id,
     )
     run.start()
     return run

@@ -1,4 +1,4 @@
-"""``turnstile auto``: run an agent autonomously from the terminal (seed 000).
+"""``turnstile auto``: run an agent autonomously from the terminal.
 
 ::
 
@@ -39,6 +39,7 @@ from engine.automode import (
 )
 from engine.automode.state import AutoModeState, owner_alive
 from engine.errors import ConfigError
+from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink
 from engine.store.database import Database
@@ -47,7 +48,6 @@ from engine.workspace.runs import (
     add_checkout_argument,
     checkout_for_run,
     hold_run_workspace,
-    new_run_id,
 )
 
 __all__ = ["register", "resolve_workdir", "split_passthrough"]
@@ -152,7 +152,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             return await _drive(run)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
-        run_id = new_run_id("auto")
+        run_id = new_run_id(RunMode.AUTO)
         async with checkout_for_run(
             settings, db, args.checkout_repo, run_id=run_id, workdir=args.workdir
         ) as workspace:

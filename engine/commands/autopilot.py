@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "autopilot",
         help="drive a gated task phase by phase (approval gates pause it)",
-        description="Runs the gate-check loop of seed 003 on one agent session per task. "
+        description="Drives a task through its phases on one agent session, stopping at each "
+        "gate that needs a person's approval. "
         "Approve gates with `turnstile status --task T --approve --by USER_ID` from any "
         "terminal; the driver notices within --poll seconds.",
     )

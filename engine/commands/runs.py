@@ -17,7 +17,7 @@ from engine.automode.state import owner_alive
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
-from engine.workspace.runs import run_worktree_summary, worktree_summaries
+from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
 __all__ = ["format_age", "register"]
 
@@ -126,7 +126,9 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         if args.limit > 0:
             runs = runs[: args.limit]
         # Disk usage is computed only for the runs that have a worktree.
-        worktrees = await worktree_summaries(settings, db, {r.id: r.workdir for r in runs})
+        workdirs = {r.id: r.workdir for r in runs}
+        worktrees = await worktree_summaries(settings, db, workdirs)
+        checkouts = await match_worktrees(db, workdirs) if args.json else {}
     now = time.time()
     if args.json:
         for r in runs:
@@ -145,6 +147,12 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                         "workdir": r.workdir,
                         "log_dir": r.log_dir,
                         "worktree": worktrees.get(r.id),
+                        "project": checkouts[r.id].project if r.id in checkouts else None,
+                        "branch": checkouts[r.id].branch if r.id in checkouts else None,
+                        "task": r.task,
+                        "chat": None
+                        if r.chat_id is None
+                        else {"id": r.chat_id, "topic": r.thread_id},
                     }
                 )
             )

@@ -1,4 +1,6 @@
-"""``turnstile status``: the seed's status.py verbs over the gated-task store.
+"""``turnstile status``: list, create, show, check and move gated tasks; approve and reject.
+
+Everything goes through the :class:`engine.gates.Gates` facade.
 
 Exit codes: 0 done; 2 usage; 10-24 a refusal (see :class:`engine.gates.refusals.Refusal`
 and docs/gates.md); 25 ``--validate-folder`` found violations; 26 ``--audit`` found
@@ -11,9 +13,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.settings import Settings
+
+if TYPE_CHECKING:
+    from engine.gates.service import Gates
 
 __all__ = ["register"]
 
@@ -22,8 +27,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "status",
         help="gated tasks: list, init, show, validate, transition, approve, reject, audit",
-        description="Phase gates of tasks (seed 003). Refusals exit with a code per reason; "
-        "see docs/gates.md.",
+        description="Phase gates of tasks: each phase writes an artifact, and the phases that "
+        "need approval wait for a person. Refusals exit with a code per reason; see "
+        "docs/gates.md.",
     )
     parser.add_argument("--task", "-t", metavar="T", help="the task to act on")
     verbs = parser.add_mutually_exclusive_group()
@@ -34,7 +40,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="out-of-order or forbidden artifacts, and a .state that disagrees with the store",
     )
-    verbs.add_argument("--transition", metavar="PHASE[:awaiting_approval]")
+    verbs.add_argument(
+        "--transition",
+        metavar="PHASE[:awaiting_approval]",
+        help="move the task to PHASE by hand (PHASE:awaiting_approval opens its gate); "
+        "only moves the workflow allows",
+    )
     verbs.add_argument("--approve", action="store_true", help="approve the open gate")
     verbs.add_argument("--reject", action="store_true", help="reject the open gate")
     verbs.add_argument("--audit", action="store_true", help="check every task")
@@ -68,9 +79,11 @@ async def run_status(args: argparse.Namespace, settings: Settings) -> int:
     try:
         return await _dispatch(args, settings)
     except GateRefused as exc:
+        # Once: JSON on stdout with --json, else one line on stderr.
         if args.json:
             print(json.dumps({"refused": exc.reason.value, "detail": exc.detail, "line": exc.line}))
-        print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)
+        else:
+            print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)
         return exc.reason.exit_code
 
 
@@ -111,7 +124,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if args.validate_folder:
             return await _validate(args, gates)
         if args.transition:
-            task = await gates.store.transition(
+            task = await gates.transition(
                 args.task, args.transition, actor=args.by, reason=args.reason
             )
             _out(
@@ -126,10 +139,13 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 result = await gates.reject(args.task, by=args.by, reason=args.reason)
             if result.reason is not None:
-                _out(args, result.as_dict(), f"refused: {result.reason.value}: {result.detail}")
-                print(
-                    f"turnstile: refused: {result.reason.value}: {result.detail}", file=sys.stderr
-                )
+                if args.json:
+                    _out(args, result.as_dict(), "")
+                else:
+                    print(
+                        f"turnstile: refused: {result.reason.value}: {result.detail}",
+                        file=sys.stderr,
+                    )
                 return result.reason.exit_code
             text = f"{result.task}: {result.outcome.value} ({result.detail})"
             if result.subtasks_created:
@@ -140,37 +156,31 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from engine.gates.listing import (
-        LIST_QUERY,
-        ListEntry,
-        group_tasks,
-        render_groups,
-        render_groups_json,
-    )
+    from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
+    from engine.gates.listing import fetch_rows as fetch
     from engine.store.database import Database
 
     # Listing needs no workflow and no folders: one query, then render.
     async with Database(settings.database) as db:
-        rows = await db.fetchall(LIST_QUERY)
-    groups = group_tasks(ListEntry(*r) for r in rows)
-    sys.stdout.write((render_groups_json(groups) if args.json else render_groups(groups)) + "\n")
+        rows = await fetch(db)
+    if args.json:
+        text = render_groups_json(group_tasks(map(ListEntry._make, rows)))
+    else:
+        text = render_rows(rows)
+    sys.stdout.write(text + "\n")
     return 0
 
 
-async def _show(args: argparse.Namespace, gates: Any) -> int:
-    from engine.gates.autopilot import next_step
-
-    task = await gates.task(args.task)
-    approvals = await gates.store.gate_approvals(task)
-    history = await gates.store.history(task.name)
-    step = next_step(gates.store, task, len({a.approver for a in approvals}))
+async def _show(args: argparse.Namespace, gates: Gates) -> int:
+    view = await gates.show(args.task)
+    task = view.task
     payload = {
-        **gates.store.snapshot(task, approvals),
+        **view.snapshot,
         "folder": str(task.folder),
         "workdir": str(task.workdir),
         "return_phase": task.return_phase,
         "revision_notes": task.revision_notes,
-        "next_step": step,
+        "next_step": view.next_step,
         "history": [
             {
                 "version": h.version,
@@ -182,7 +192,7 @@ async def _show(args: argparse.Namespace, gates: Any) -> int:
                 "sha256": h.sha256,
                 "at": h.at,
             }
-            for h in history
+            for h in view.history
         ],
     }
     lines = [
@@ -193,12 +203,11 @@ async def _show(args: argparse.Namespace, gates: Any) -> int:
     ]
     if task.awaiting_approval:
         lines.append(
-            f"gate      {str(task.gate_sha256)[:12]}  approvals "
-            f"{len({a.approver for a in approvals})}/{gates.store.policy.quorum}"
+            f"gate      {str(task.gate_sha256)[:12]}  approvals {view.approvers}/{view.quorum}"
         )
     if task.revision_notes:
         lines.append(f"notes     {task.revision_notes[:200]!r}")
-    lines.append(f"next      {step}")
+    lines.append(f"next      {view.next_step}")
     for row in payload["history"][-10:]:
         lines.append(
             f"  v{row['version']:<4} {row['kind']:<10} {row['to']}"
@@ -209,17 +218,10 @@ async def _show(args: argparse.Namespace, gates: Any) -> int:
     return 0
 
 
-async def _validate(args: argparse.Namespace, gates: Any) -> int:
+async def _validate(args: argparse.Namespace, gates: Gates) -> int:
     from engine.gates.refusals import EXIT_VIOLATIONS
 
-    task, violations = await gates.store.validate(args.task)
-    await gates.store.record_audit(
-        "validate_folder",
-        "clean" if not violations else "violations",
-        task=task.name,
-        phase=task.label,
-        detail="; ".join(v.detail for v in violations) or None,
-    )
+    task, violations = await gates.validate_folder(args.task)
     text = (
         f"{task.name}: folder OK at {task.label}"
         if not violations
@@ -229,7 +231,7 @@ async def _validate(args: argparse.Namespace, gates: Any) -> int:
     return EXIT_VIOLATIONS if violations else 0
 
 
-async def _audit(args: argparse.Namespace, gates: Any) -> int:
+async def _audit(args: argparse.Namespace, gates: Gates) -> int:
     from engine.gates.refusals import EXIT_AUDIT_FINDINGS
 
     report = await gates.audit([args.task] if args.task else None)

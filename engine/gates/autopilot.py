@@ -20,14 +20,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Final
 
+from engine import safefile
 from engine.agents.factory import create_agent
-from engine.errors import ConfigError, TurnstileError
+from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
@@ -41,8 +44,10 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
+from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
+from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 
 __all__ = [
@@ -68,6 +73,14 @@ class DriveOutcome(StrEnum):
     """Waiting at an approval gate and told not to wait (the process may exit)."""
 
 
+#: How a drive's run is recorded when the drive ends with this outcome.
+_RUN_STATUS: Final = {
+    DriveOutcome.COMPLETE: RunStatus.COMPLETED,
+    DriveOutcome.HUMAN_INTERVENTION: RunStatus.PARKED,
+    DriveOutcome.PARKED: RunStatus.PARKED,
+}
+
+
 @dataclass
 class DriveHandle:
     """A running drive: await :meth:`wait` for its outcome, :meth:`stop` to cancel it.
@@ -78,6 +91,7 @@ class DriveHandle:
 
     task: str
     future: asyncio.Task[DriveOutcome]
+    pilot: Autopilot | None = None
 
     @property
     def done(self) -> bool:
@@ -86,7 +100,10 @@ class DriveHandle:
     async def wait(self) -> DriveOutcome:
         return await self.future
 
-    async def stop(self) -> None:
+    async def stop(self, *, park: bool = False) -> None:
+        """Cancel the drive; its run is recorded stopped, or parked (resumed on restart)."""
+        if self.pilot is not None:
+            self.pilot.cancelled_as = RunStatus.PARKED if park else RunStatus.STOPPED
         if not self.future.done():
             self.future.cancel()
         try:
@@ -139,6 +156,9 @@ class Autopilot:
         agent_factory: builds a task's agent session (default: :func:`create_agent`).
         worktrees: git worktrees of tasks checked out from a project (hold while driving,
             one per wave sub-task, merge a wave back); None: tasks work where they are.
+        runs: where each drive (and each sub-task's) is recorded as a run with its turns
+            (default: the runs store of the task store's database).
+        chat: the chat (id, topic) the drive reports to, recorded with its runs.
     """
 
     def __init__(
@@ -153,9 +173,15 @@ class Autopilot:
         poll_interval: float = 1.0,
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
+        runs: RunStore | None = None,
+        chat: tuple[int, int | None] | None = None,
     ) -> None:
         self.store = store
         self.worktrees = worktrees
+        self.runs: RunStore = runs if runs is not None else SqliteRunStore(store.db)
+        self.chat = chat
+        self.cancelled_as = RunStatus.STOPPED
+        self._run_ids: dict[str, str] = {}
         self.settings = settings
         self.sink = sink
         self.tool = tool
@@ -219,6 +245,9 @@ class Autopilot:
                 )
             session_id, started = record.session_id, record.started
         agent = self._factory(task, session_id, started)
+        run_id = self._run_ids.get(task.name)
+        if run_id is not None:
+            await self.runs.update_run(run_id, session_id=session_id)
         if not started:
             # Recorded before the first turn runs: after a crash the session is resumed.
             await self.store.save_session(task.name, self.tool, session_id, True)
@@ -232,7 +261,11 @@ class Autopilot:
         )
         await self._status(task, "running", f"{kind} turn")
         self.turns += 1
-        out = await agent.run_turn(prompt)
+        run_id = self._run_ids.get(task.name)
+        if run_id is None:
+            out = await agent.run_turn(prompt)
+        else:
+            out = await self._recorded_turn(run_id, task, agent, prompt)
         await self.store.record_audit(
             "turn",
             "finished",
@@ -244,6 +277,71 @@ class Autopilot:
         code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
         await self._say(task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}")
         return out
+
+    async def _recorded_turn(
+        self, run_id: str, task: TaskRecord, agent: AgentSession, prompt: str
+    ) -> TurnOutput:
+        record = await self.runs.get_run(run_id)
+        seq = record.turn + 1
+        turn_id = await self.runs.start_turn(run_id, seq, prompt, task.phase)
+        try:
+            out = await agent.run_turn(prompt)
+        except asyncio.CancelledError:
+            await asyncio.shield(
+                self.runs.fail_turn(turn_id, TurnState.INTERRUPTED, "the drive was stopped")
+            )
+            raise
+        except TurnstileError as exc:
+            await self.runs.fail_turn(turn_id, TurnState.FAILED, str(exc)[:500])
+            raise
+        await self.runs.finish_turn(turn_id, out)
+        await self.runs.update_run(run_id, turn=seq, phase=task.phase, exit_code=out.exit_code)
+        return out
+
+    async def _open_run(self, task: TaskRecord) -> str:
+        """This drive's run of ``task``: the one a crash or shutdown parked, else a new one."""
+        last = await self.runs.latest_task_run(RunMode.AUTOPILOT, task.name)
+        place = self.chat
+        if place is None and last is not None:
+            place = (last.chat_id, last.thread_id) if last.chat_id is not None else None
+        chat_id, thread_id = place if place is not None else (None, None)
+        if last is not None and last.status in (RunStatus.RUNNING, RunStatus.PARKED):
+            run_id = last.id
+            await self.runs.update_run(
+                run_id,
+                status=RunStatus.RUNNING,
+                phase=task.phase,
+                workdir=str(task.workdir),
+                chat_id=chat_id,
+                thread_id=thread_id,
+                finished_at=None,
+            )
+        else:
+            session = await self.store.get_session(task.name)
+            run_id = new_run_id(RunMode.AUTOPILOT)
+            await self.runs.create_run(
+                run_id,
+                mode=RunMode.AUTOPILOT.value,
+                agent=self.tool,
+                session_id=session.session_id if session is not None else "",
+                objective=task.summary,
+                workdir=str(task.workdir),
+                chat_id=chat_id,
+                thread_id=thread_id,
+                task=task.name,
+                phase=task.phase,
+            )
+        self._run_ids[task.name] = run_id
+        return run_id
+
+    async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
+        finished = time.time() if status is not RunStatus.PARKED else None
+        try:
+            phase = (await self.store.get(name)).phase
+            await self.runs.update_run(run_id, status=status, phase=phase, finished_at=finished)
+        except TurnstileError as exc:
+            # The drive's own outcome (or error) matters more than this bookkeeping.
+            _LOGGER.warning("could not record the end of run %s: %s", run_id, exc)
 
     async def _to_human(self, task: TaskRecord, reason: str) -> DriveOutcome:
         await self._say(task, f"[{task.name}] needs a person: {reason}")
@@ -280,7 +378,17 @@ class Autopilot:
         try:
             task = await self.store.get(name)
             with _drive_lock(task):
-                return await self._drive_locked(task, audit_at_start)
+                run_id = await self._open_run(task)
+                status = RunStatus.ERROR
+                try:
+                    outcome = await self._drive_locked(task, audit_at_start)
+                    status = _RUN_STATUS[outcome]
+                    return outcome
+                except asyncio.CancelledError:
+                    status = self.cancelled_as
+                    raise
+                finally:
+                    await asyncio.shield(self._close_run(run_id, name, status))
         finally:
             remove()
 
@@ -424,10 +532,10 @@ class Autopilot:
         problems: list[str] = []
         if facts.blocked:
             problems.append(f"forbidden artifacts present: {', '.join(facts.blocked)}")
-        if facts.artifact_sha256 is None:
-            problems.append(f"{spec.artifact} was not written in {task.folder}")
-        elif facts.artifact_error:
+        if facts.artifact_error:
             problems.append(facts.artifact_error)
+        elif facts.artifact_sha256 is None:
+            problems.append(f"{spec.artifact} was not written in {task.folder}")
         if before_git is not None:
             after = await fingerprint(task.workdir, exclude=task.folder)
             if after != before_git:
@@ -452,7 +560,9 @@ class Autopilot:
         spec = self.store.workflow.phase(task.phase)
         facts = await self.store.facts(task)
         if facts.artifact_sha256 is None:
-            return await self._to_human(task, f"{spec.artifact} disappeared at the gate")
+            return await self._to_human(
+                task, facts.artifact_error or f"{spec.artifact} disappeared at the gate"
+            )
         if facts.approvals >= facts.quorum:
             try:
                 moved = await self.store.transition(
@@ -486,7 +596,7 @@ class Autopilot:
 
     async def _gate_request(self, task: TaskRecord, spec: PhaseSpec) -> GateRequest:
         path = task.folder / spec.artifact
-        excerpt = await asyncio.to_thread(_head, path, EXCERPT)
+        excerpt = await asyncio.to_thread(_head, task.folder, spec.artifact, EXCERPT)
         notes = (
             f"approve: turnstile status --task {task.name} --approve --by USER_ID",
             f"reject: turnstile status --task {task.name} --reject --by USER_ID --reason TEXT",
@@ -590,11 +700,12 @@ class Autopilot:
         return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
 
 
-def _head(path: Path, limit: int) -> str:
+def _head(folder: Path, artifact: str, limit: int) -> str:
+    """The artifact's first ``limit`` characters ("" when it cannot be read safely: the
+    gate message then shows no excerpt)."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(limit * 4)
-    except OSError:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
         return ""
     return raw.decode("utf-8", errors="replace")[:limit]
 

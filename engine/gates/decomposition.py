@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import safefile
+from engine.errors import UnsafeFileError
 from engine.gates.names import subtask_problem
 from engine.gates.refusals import GateRefused, Refusal
 
@@ -110,12 +112,11 @@ def read_decomposition(path: Path) -> tuple[SubtaskDecl, ...]:
         GateRefused: ``missing_artifact`` or ``invalid_artifact``.
     """
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(_MAX_BYTES + 1)
+        raw = safefile.read_bytes(path.parent, path.name, limit=_MAX_BYTES)
     except FileNotFoundError as exc:
         raise GateRefused(Refusal.MISSING_ARTIFACT, f"{path.name} does not exist") from exc
-    if len(raw) > _MAX_BYTES:
-        raise _fail(f"{path.name} is larger than {_MAX_BYTES} bytes", 1)
+    except UnsafeFileError as exc:
+        raise _fail(exc.message, 1) from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

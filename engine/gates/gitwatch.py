@@ -7,9 +7,13 @@ tree diff and untracked files, excluding the task folder (artifacts are not code
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from pathlib import Path
+
+from engine import safefile
+from engine.errors import UnsafeFileError
 
 __all__ = ["fingerprint", "is_git_workdir"]
 
@@ -67,9 +71,14 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
     # Untracked files' contents matter too (status lists only their names).
     for entry in status.split(b"\0"):
         if entry.startswith(b"?? "):
-            path = workdir / os.fsdecode(entry[3:])
+            relative = os.fsdecode(entry[3:])
             try:
-                digest.update(path.read_bytes()[: 1024 * 1024])
-            except OSError:
+                # An agent's file: no pipe may block this, no link to /dev/zero be read.
+                digest.update(safefile.read_head(workdir, relative, 1024 * 1024))
+            except UnsafeFileError as exc:
+                digest.update(f"!{exc.reason}".encode())
+                with contextlib.suppress(OSError):
+                    digest.update(os.fsencode(os.readlink(workdir / relative)))
+            except (OSError, ValueError):
                 digest.update(b"-")
     return digest.hexdigest()

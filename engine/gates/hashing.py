@@ -1,33 +1,35 @@
-"""Streaming SHA-256 of artifacts: constant memory whatever the file size."""
+"""Streaming SHA-256 of artifacts: constant memory whatever the file size, read through
+:mod:`engine.safefile` (no link out of the task folder, regular files only, capped)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
+
+from engine import safefile
 
 __all__ = ["CHUNK", "sha256_file", "sha256_file_async"]
 
-CHUNK = 1024 * 1024
+CHUNK = safefile.CHUNK
 
 
-def sha256_file(path: Path) -> str | None:
-    """The hex SHA-256 of ``path`` read in 1 MiB chunks, or None when it is not a file."""
-    digest = hashlib.sha256()
+def sha256_file(path: Path, *, root: Path | None = None) -> str | None:
+    """The hex SHA-256 of ``path`` read in 1 MiB chunks, or None when it does not exist.
+
+    Args:
+        root: the folder ``path`` must stay inside (default: its own folder).
+
+    Raises:
+        UnsafeFileError: ``path`` leads outside ``root``, is not a regular file, or is
+            larger than :data:`engine.safefile.MAX_HASH_BYTES`.
+    """
+    base = root if root is not None else path.parent
     try:
-        with path.open("rb") as fh:
-            buffer = bytearray(CHUNK)
-            view = memoryview(buffer)
-            while True:
-                n = fh.readinto(buffer)
-                if not n:
-                    break
-                digest.update(view[:n])
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return safefile.sha256(base, path.relative_to(base))
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return digest.hexdigest()
 
 
-async def sha256_file_async(path: Path) -> str | None:
+async def sha256_file_async(path: Path, *, root: Path | None = None) -> str | None:
     """:func:`sha256_file` off the event loop (a big artifact must not stall other runs)."""
-    return await asyncio.to_thread(sha256_file, path)
+    return await asyncio.to_thread(sha256_file, path, root=root)

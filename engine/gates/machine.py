@@ -40,7 +40,8 @@ class Facts:
         approvals: distinct approvals of the open gate bound to ``gate_sha256``.
         quorum: approvals needed.
         return_phase: the phase a task in human_intervention came from.
-        artifact_error: why the artifact is unacceptable (e.g. a parse error), if it is.
+        artifact_error: why the artifact is unacceptable (a parse error; or it was refused
+            unread, ``artifact_sha256`` then None), if it is.
     """
 
     artifact_sha256: str | None = None
@@ -148,8 +149,10 @@ def _artifact_checks(artifact: str, phase: str, facts: Facts) -> tuple[Refusal, 
             Refusal.FORBIDDEN_ARTIFACTS,
             f"forbidden in {phase}: {', '.join(facts.blocked)}",
         )
-    if facts.artifact_sha256 is None:
-        return Refusal.MISSING_ARTIFACT, f"{phase} must produce {artifact}"
+    # Before "missing": an artifact that was refused unread (a link out of the folder, a
+    # pipe) has no hash but must be named as what it is.
     if facts.artifact_error is not None:
         return Refusal.INVALID_ARTIFACT, facts.artifact_error
+    if facts.artifact_sha256 is None:
+        return Refusal.MISSING_ARTIFACT, f"{phase} must produce {artifact}"
     return None

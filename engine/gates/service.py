@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from engine import safefile
+from engine.errors import UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
-from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome
-from engine.gates.listing import LIST_QUERY, ListEntry, TaskGroup, group_tasks
+from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome, next_step
+from engine.gates.folder import Violation
+from engine.gates.listing import TaskGroup, fetch_entries, fetch_rows, group_tasks, render_rows
 from engine.gates.tasks import (
+    ApprovalRecord,
     ApprovalResult,
     AuditEvent,
     GatePolicy,
     TaskRecord,
     TaskStore,
+    TransitionRecord,
 )
 from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
@@ -24,7 +31,22 @@ from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.store.database import Database
 
-__all__ = ["Gates", "workflow_from_settings"]
+__all__ = ["Gates", "TaskView", "workflow_from_settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """What ``turnstile status --task T`` shows of a task (see :meth:`Gates.show`)."""
+
+    task: TaskRecord
+    approvals: tuple[ApprovalRecord, ...]
+    approvers: int
+    """Distinct approvers of the open gate."""
+    quorum: int
+    history: tuple[TransitionRecord, ...]
+    next_step: str
+    snapshot: Mapping[str, Any]
+    """The task as the ``.state`` mirror holds it."""
 
 
 def workflow_from_settings(settings: Settings) -> Workflow:
@@ -107,8 +129,48 @@ class Gates:
         The groups hold light :class:`ListEntry` rows (name, phase, sub-state, version,
         parent, wave, gate hash, notes); use :meth:`task` for a whole record.
         """
-        rows = await self.store.db.fetchall(LIST_QUERY)
-        return group_tasks(ListEntry(*r) for r in rows)
+        return group_tasks(await fetch_entries(self.store.db))
+
+    async def listing_text(self) -> str:
+        """:meth:`list_tasks` rendered as text (streamed from the rows: no object per task)."""
+        return render_rows(await fetch_rows(self.store.db))
+
+    async def transition(
+        self, task: str, target: str, *, actor: str | None = None, reason: str | None = None
+    ) -> TaskRecord:
+        """Move ``task`` to ``target`` (``PHASE`` or ``PHASE:awaiting_approval``) by hand.
+
+        Raises:
+            GateRefused: the rules refuse it (the reason says why).
+        """
+        return await self.store.transition(task, target, actor=actor, reason=reason)
+
+    async def show(self, task: str) -> TaskView:
+        """A task with its gate's approvals, its history and what a person does next."""
+        record = await self.store.get(task)
+        approvals = await self.store.gate_approvals(record)
+        approvers = len({a.approver for a in approvals})
+        return TaskView(
+            task=record,
+            approvals=tuple(approvals),
+            approvers=approvers,
+            quorum=self.store.policy.quorum,
+            history=tuple(await self.store.history(record.name)),
+            next_step=next_step(self.store, record, approvers),
+            snapshot=self.store.snapshot(record, approvals),
+        )
+
+    async def validate_folder(self, task: str) -> tuple[TaskRecord, list[Violation]]:
+        """Check the task's folder against its phase; the check is audited."""
+        record, violations = await self.store.validate(task)
+        await self.store.record_audit(
+            "validate_folder",
+            "clean" if not violations else "violations",
+            task=record.name,
+            phase=record.label,
+            detail="; ".join(v.detail for v in violations) or None,
+        )
+        return record, violations
 
     # -- approvals -----------------------------------------------------------------------
 
@@ -158,7 +220,7 @@ class Gates:
                 continue
             spec = self.workflow.phase(task.phase)
             path = task.folder / spec.artifact
-            excerpt = await asyncio.to_thread(_excerpt, path)
+            excerpt = await asyncio.to_thread(_excerpt, task.folder, spec.artifact)
             out.append(
                 GateRequest(
                     task=task.name,
@@ -194,6 +256,7 @@ class Gates:
         wait_for_approval: bool = True,
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
+        chat: tuple[int, int | None] | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
@@ -211,13 +274,14 @@ class Gates:
             poll_interval=self.poll_interval,
             agent_factory=agent_factory,
             worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
+            chat=chat,
         )
         # The task copies the context: every line it logs carries the task name.
         with log_context(task=task):
             future: asyncio.Task[DriveOutcome] = asyncio.create_task(
                 pilot.drive(task), name=f"autopilot-{task}"
             )
-        handle = DriveHandle(task, future)
+        handle = DriveHandle(task, future, pilot)
         self._drives[task] = handle
         return handle
 
@@ -228,9 +292,9 @@ class Gates:
         self._drives.clear()
 
 
-def _excerpt(path: Path, limit: int = 1500) -> str:
+def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
     try:
-        with path.open("rb") as fh:
-            return fh.read(limit * 4).decode("utf-8", errors="replace")[:limit]
-    except OSError:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
         return ""
+    return raw.decode("utf-8", errors="replace")[:limit]

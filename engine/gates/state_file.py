@@ -14,9 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine import safefile
+from engine.errors import UnsafeFileError
+
 __all__ = ["STATE_FILE", "compare_state", "read_state", "write_atomic", "write_state"]
 
 STATE_FILE = ".state"
+#: A real ``.state`` is a few hundred bytes; anything this large was not written by us.
+MAX_STATE_BYTES = 256 * 1024
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -49,11 +54,12 @@ def write_state(folder: Path, snapshot: Mapping[str, Any]) -> None:
 
 def read_state(folder: Path) -> dict[str, Any] | None:
     """The parsed ``.state``, or None when missing; ``{"__invalid__": why}`` when unreadable."""
-    path = folder / STATE_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = safefile.read_bytes(folder, STATE_FILE, limit=MAX_STATE_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except UnsafeFileError as exc:
+        return {"__invalid__": exc.message.removeprefix(f"{STATE_FILE} is ")}
     except OSError as exc:
         return {"__invalid__": f"unreadable: {exc}"}
     try:

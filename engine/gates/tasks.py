@@ -23,6 +23,8 @@ from typing import Any
 
 import aiosqlite
 
+from engine import safefile
+from engine.errors import UnsafeFileError
 from engine.gates.decomposition import SubtaskDecl, parse_decomposition
 from engine.gates.folder import Violation, effective_phase, inspect_folder, validate_folder
 from engine.gates.gitwatch import fingerprint
@@ -67,8 +69,9 @@ class GatePolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatePolicy:
+        # An admin holds every role, approving included (self-approval rules still apply).
         return cls(
-            approvers=frozenset(str(i) for i in settings.approvers),
+            approvers=frozenset(str(i) for i in (*settings.approvers, *settings.admins)),
             quorum=settings.approval_quorum,
             expiry_seconds=settings.approval_expiry_seconds,
             forbid_self_approval=settings.forbid_self_approval,
@@ -590,11 +593,16 @@ class TaskStore:
             inspect_folder, task.folder, self.workflow, rules, hash_artifact=False
         )
         spec = self.workflow.phase(rules)
-        digest = await sha256_file_async(task.folder / spec.artifact)
         artifact_error = None
+        try:
+            digest = await sha256_file_async(task.folder / spec.artifact, root=task.folder)
+        except UnsafeFileError as exc:
+            digest = None
+            artifact_error = await self._unsafe_artifact(task, exc, "check")
         if digest is not None and rules == self.workflow.decomposition:
             try:
-                await asyncio.to_thread(self._decls, task, digest)
+                decls = await asyncio.to_thread(self._decls, task, digest)
+                artifact_error = await self._subtask_clash(task, decls)
             except GateRefused as exc:
                 artifact_error = exc.detail
         approvals = len({a.approver for a in await self.gate_approvals(task)})
@@ -608,20 +616,36 @@ class TaskStore:
             artifact_error=artifact_error,
         )
 
+    async def _unsafe_artifact(self, task: TaskRecord, exc: UnsafeFileError, when: str) -> str:
+        """Audit a refused artifact (a link out of the folder, a pipe, ...); the text to
+        show: the gate does not open on it."""
+        await self.record_audit(
+            "unsafe_artifact",
+            f"refused:{exc.reason}",
+            task=task.name,
+            phase=task.label,
+            detail=f"{when}: {exc.message}",
+        )
+        _LOGGER.warning("task %s: %s", task.name, exc.message, extra={"task": task.name})
+        return f"{exc.message}: it was not read; write {exc.path} as a plain file in the folder"
+
     def _decls(self, task: TaskRecord, expected_sha256: str) -> tuple[SubtaskDecl, ...]:
         """Parse the decomposition artifact, checking it is the content with that hash."""
         assert self.workflow.decomposition is not None
-        path = task.folder / self.workflow.phase(self.workflow.decomposition).artifact
-        limit = 1024 * 1024
-        with path.open("rb") as fh:
-            raw = fh.read(limit + 1)
-        if len(raw) > limit:
+        artifact = self.workflow.phase(self.workflow.decomposition).artifact
+        path = task.folder / artifact
+        try:
+            raw = safefile.read_bytes(task.folder, artifact, limit=1024 * 1024)
+        except (FileNotFoundError, NotADirectoryError) as exc:
             raise GateRefused(
-                Refusal.INVALID_ARTIFACT,
-                f"{path.name} is larger than {limit} bytes",
+                Refusal.MISSING_ARTIFACT,
+                f"{path.name} disappeared while it was read",
                 task=task.name,
-                line=1,
-            )
+            ) from exc
+        except UnsafeFileError as exc:
+            raise GateRefused(
+                Refusal.INVALID_ARTIFACT, exc.message, task=task.name, line=1
+            ) from exc
         if hashlib.sha256(raw).hexdigest() != expected_sha256:
             raise GateRefused(
                 Refusal.STALE_APPROVAL, f"{path.name} changed while it was read", task=task.name
@@ -633,6 +657,37 @@ class TaskStore:
                 Refusal.INVALID_ARTIFACT, f"{path.name} is not UTF-8", task=task.name, line=1
             ) from exc
         return parse_decomposition(text)
+
+    async def _subtask_clash(self, task: TaskRecord, decls: Sequence[SubtaskDecl]) -> str | None:
+        """Why the declared sub-tasks cannot be created, if a task already has one's name."""
+        for decl in decls:
+            existing = await self.find(f"{task.name}.{decl.name}")
+            if existing is not None:
+                problem = self._clash(task, decl, existing)
+                if problem is not None:
+                    return problem
+        return None
+
+    def _clash(self, task: TaskRecord, decl: SubtaskDecl, existing: TaskRecord) -> str | None:
+        """None when ``existing`` may stand for ``decl`` (it is an untouched sub-task of
+        ``task`` in the same wave); otherwise the clash, naming the line and the task.
+
+        Anything else is refused rather than adopted: a task someone started by hand under
+        that name (``/autopilot c1.x``) is not the sub-task the decomposition plans.
+        """
+        where = f"decomposition block, line {decl.line}: sub-task {decl.name!r}"
+        if existing.parent != task.name:
+            return (
+                f"{where} clashes with the existing task {existing.name!r}, which is not a "
+                f"sub-task of {task.name}: rename the sub-task"
+            )
+        untouched = existing.version == 1 and existing.phase == self.workflow.subtask_start
+        if not untouched or existing.wave != decl.wave:
+            return (
+                f"{where} clashes with the existing sub-task {existing.name!r} (wave "
+                f"{existing.wave}, at {existing.label}): rename the sub-task"
+            )
+        return None
 
     # -- transitions -------------------------------------------------------------------------
 
@@ -847,24 +902,31 @@ class TaskStore:
         if not task.awaiting_approval or not self.workflow.has(task.phase):
             return task
         path = task.folder / self.workflow.phase(task.phase).artifact
-        digest = await self._cached_hash(path)
+        try:
+            digest = await self._cached_hash(path, task.folder)
+        except UnsafeFileError:
+            # Not hashed, not re-opened on: an approval re-checks it and is refused.
+            return task
         if digest is not None and digest != task.gate_sha256:
             await self._reopen(task, digest, None)
             return await self.get(task.name)
         return task
 
-    async def _cached_hash(self, path: Path) -> str | None:
+    async def _cached_hash(self, path: Path, folder: Path) -> str | None:
         """The artifact's hash, re-read only when its size, mtime or inode changed (a parked
         driver polls this; a 1 GB artifact must not be re-hashed every second)."""
         try:
             st = await asyncio.to_thread(path.stat)
         except FileNotFoundError:
             return None
+        except OSError:
+            # A link that loops and the like: hashing says why it is refused.
+            return await sha256_file_async(path, root=folder)
         key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         cached = self._hashes.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        digest = await sha256_file_async(path)
+        digest = await sha256_file_async(path, root=folder)
         if digest is not None:
             self._hashes[path] = (key, digest)
         return digest
@@ -923,7 +985,11 @@ class TaskStore:
                     task=name,
                 )
             artifact = task.folder / self.workflow.phase(task.phase).artifact
-            digest = await sha256_file_async(artifact)
+            try:
+                digest = await sha256_file_async(artifact, root=task.folder)
+            except UnsafeFileError as exc:
+                text = await self._unsafe_artifact(task, exc, f"approval by {actor}")
+                raise GateRefused(Refusal.INVALID_ARTIFACT, text, task=name) from exc
             if digest is None:
                 raise GateRefused(
                     Refusal.MISSING_ARTIFACT, f"{artifact.name} has disappeared", task=name
@@ -940,6 +1006,9 @@ class TaskStore:
             decls: tuple[SubtaskDecl, ...] = ()
             if task.phase == self.workflow.decomposition:
                 decls = await asyncio.to_thread(self._decls, task, digest)
+                clash = await self._subtask_clash(task, decls)
+                if clash is not None:
+                    raise GateRefused(Refusal.INVALID_ARTIFACT, clash, task=name)
             result = await self._record_approval(task, actor, digest, chat_id, update_id, decls)
         except GateRefused as exc:
             await self.record_audit(
@@ -1100,6 +1169,14 @@ class TaskStore:
                             now,
                         ):
                             created.append(sub)
+                            continue
+                        # Someone took the name since the check: refuse, approval and all.
+                        cursor = await conn.execute(_SELECT_TASK, (sub,))
+                        taken = await cursor.fetchone()
+                        assert taken is not None
+                        clash = self._clash(task, decl, TaskRecord.from_row(taken))
+                        if clash is not None:
+                            raise GateRefused(Refusal.INVALID_ARTIFACT, clash, task=task.name)
         return ApprovalResult(
             outcome,
             task.name,

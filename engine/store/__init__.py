@@ -1,6 +1,12 @@
 """Persistence behind interfaces; SQLite (aiosqlite, WAL) by default."""
 
-from engine.store.database import Database, Migration, load_migrations
+from engine.store.database import (
+    Database,
+    Migration,
+    MigrationSet,
+    discover_migrations,
+    load_migrations,
+)
 from engine.store.runs import (
     RunRecord,
     RunStatus,
@@ -13,11 +19,13 @@ from engine.store.runs import (
 __all__ = [
     "Database",
     "Migration",
+    "MigrationSet",
     "RunRecord",
     "RunStatus",
     "RunStore",
     "SqliteRunStore",
     "TurnRecord",
     "TurnState",
+    "discover_migrations",
     "load_migrations",
 ]

@@ -160,6 +160,8 @@ class RunStore(Protocol):
 
     async def list_runs(self, *, status: RunStatus | None = None) -> list[RunRecord]: ...
 
+    async def latest_task_run(self, mode: str, task: str) -> RunRecord | None: ...
+
     async def update_run(self, run_id: str, **fields: Any) -> RunRecord: ...
 
     async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int: ...
@@ -257,6 +259,15 @@ class SqliteRunStore:
                 "SELECT * FROM runs WHERE status = ? ORDER BY created_at DESC", (status.value,)
             )
         return [RunRecord.from_row(r) for r in rows]
+
+    async def latest_task_run(self, mode: str, task: str) -> RunRecord | None:
+        """The newest run of ``mode`` on ``task`` (an autopilot drive of it), if any."""
+        row = await self._db.fetchone(
+            "SELECT * FROM runs WHERE mode = ? AND task = ? ORDER BY created_at DESC, id DESC"
+            " LIMIT 1",
+            (mode, task),
+        )
+        return RunRecord.from_row(row) if row is not None else None
 
     def _run_update(self, run_id: str, fields: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         unknown = set(fields) - _RUN_FIELDS

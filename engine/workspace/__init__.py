@@ -3,7 +3,8 @@
 Agents edit real repositories, several at once; each run gets its own worktree on its
 own branch so that no two runs write into the same tree.
 
-Layout under ``settings.workspaces`` (the manager's ``root``)::
+Layout under ``settings.workspaces`` (the manager's ``root``; front ends that put folders
+of their own there ask :data:`RESERVED_FOLDERS` which names are taken)::
 
     cache/<project>.git          one bare clone per project (fetched by later runs)
     worktrees/<project>/<id>/    one worktree per run (id = run id) or sub-task
@@ -59,6 +60,7 @@ from engine.workspace.git import (
 from engine.workspace.manager import (
     BRANCH_PREFIX,
     RESCUE_PREFIX,
+    RESERVED_FOLDERS,
     CleanupReport,
     MergeOutcome,
     MergeReport,
@@ -74,7 +76,6 @@ from engine.workspace.runs import (
     add_checkout_argument,
     checkout_for_run,
     hold_run_workspace,
-    new_run_id,
     provision_for_run,
     release_run_workspace,
     run_worktree_summary,
@@ -89,6 +90,7 @@ from engine.workspace.store import (
 __all__ = [
     "BRANCH_PREFIX",
     "RESCUE_PREFIX",
+    "RESERVED_FOLDERS",
     "CleanupReport",
     "DiskFullError",
     "GitError",
@@ -111,7 +113,6 @@ __all__ = [
     "disk_usage",
     "format_size",
     "hold_run_workspace",
-    "new_run_id",
     "parse_projects",
     "provision_for_run",
     "redact_url",

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import secrets
-import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
+from engine.runs import new_run_id
 from engine.workspace.manager import WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
@@ -35,7 +34,7 @@ __all__ = [
     "add_checkout_argument",
     "checkout_for_run",
     "hold_run_workspace",
-    "new_run_id",
+    "match_worktrees",
     "provision_for_run",
     "release_run_workspace",
     "run_worktree_summary",
@@ -52,11 +51,6 @@ def add_checkout_argument(parser: argparse.ArgumentParser | Any) -> None:
         help="work in a fresh git worktree of this project (TURNSTILE_PROJECTS) on branch "
         "turnstile/<run-id>; see `turnstile projects`",
     )
-
-
-def new_run_id(prefix: str) -> str:
-    """A run id in the engine's usual shape: ``PREFIX-YYYYmmdd-HHMMSS-xxxxxx``."""
-    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 async def provision_for_run(
@@ -79,7 +73,7 @@ async def checkout_for_run(
     project: str | None,
     *,
     run_id: str | None = None,
-    prefix: str = "run",
+    prefix: str = "auto",
     workdir: Path | None = None,
 ) -> AsyncIterator[Workspace | None]:
     """The new run's worktree of ``project`` for the body, or None without a project.
@@ -146,25 +140,49 @@ async def worktree_summaries(
     one query in all (their disk usage is never computed).
     """
     store = SqliteWorkspaceStore(db)
-    live = await store.list()
-    if not live:
+    matched = await match_worktrees(db, runs, store=store)
+    if not matched:
         return {}
-    ids = {w.run_id for w in live}
-    by_path = {_path_key(w.path): w.run_id for w in live}
     manager = WorkspaceManager(settings.workspaces, (), store=store)
     out: dict[str, str] = {}
     cache: dict[str, str | None] = {}
-    for run_id, workdir in runs.items():
-        key = run_id if run_id in ids else None
-        if key is None and workdir:
-            key = by_path.get(_path_key(Path(workdir)))
-        if key is None:
-            continue
+    for run_id, workspace in matched.items():
+        key = workspace.run_id
         if key not in cache:
             cache[key] = await manager.summary(key)
         summary = cache[key]
         if summary is not None:
             out[run_id] = summary
+    return out
+
+
+async def match_worktrees(
+    db: Database,
+    runs: Mapping[str, str | Path | None],
+    *,
+    store: SqliteWorkspaceStore | None = None,
+) -> dict[str, Workspace]:
+    """The live worktree of each of these runs (by run id, else by working directory).
+
+    ``runs`` maps a run id to its working directory, as for :func:`worktree_summaries`.
+    One query in all; nothing is read from disk.
+    """
+    live = await (store or SqliteWorkspaceStore(db)).list()
+    if not live:
+        return {}
+    by_id: dict[str, Workspace] = {}
+    for w in live:
+        # A run's own worktree wins over its sub-tasks' (which share its run id).
+        if w.id == w.run_id or w.run_id not in by_id:
+            by_id[w.run_id] = w
+    by_path = {_path_key(w.path): w for w in live}
+    out: dict[str, Workspace] = {}
+    for run_id, workdir in runs.items():
+        workspace = by_id.get(run_id)
+        if workspace is None and workdir:
+            workspace = by_path.get(_path_key(Path(workdir)))
+        if workspace is not None:
+            out[run_id] = workspace
     return out
 
 

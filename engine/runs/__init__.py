@@ -1,0 +1,9 @@
+"""The run model: every chat session, auto run and autopilot drive is a run.
+
+One id format for all of them (:func:`new_run_id`): ``MODE-YYYYmmdd-HHMMSS-xxxxxx``. A
+run's id is its worktree key, so its branch is ``turnstile/<run-id>``.
+"""
+
+from engine.runs.ids import RUN_ID_PATTERN, RunMode, new_run_id
+
+__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id"]

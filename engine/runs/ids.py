@@ -1,0 +1,30 @@
+"""Run ids: one format for every mode."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from enum import StrEnum
+from typing import Final
+
+__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id"]
+
+
+class RunMode(StrEnum):
+    """How a run is driven."""
+
+    CHAT = "chat"
+    AUTO = "auto"
+    AUTOPILOT = "autopilot"
+
+
+#: ``MODE-YYYYmmdd-HHMMSS-xxxxxx``: safe as a folder name, a git branch part and in a
+#: Telegram button (well under 64 bytes).
+RUN_ID_PATTERN: Final = re.compile(r"^(chat|auto|autopilot)-\d{8}-\d{6}-[0-9a-f]{6}$")
+
+
+def new_run_id(mode: RunMode | str, *, clock: float | None = None) -> str:
+    """A new run id for ``mode`` (local time, so people read it as they read a clock)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock))
+    return f"{RunMode(mode).value}-{stamp}-{secrets.token_hex(3)}"
