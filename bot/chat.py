@@ -14,13 +14,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
 from bot.publish import Publisher, format_elapsed
-from bot.store import Binding, BotStore
+from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
@@ -37,6 +37,8 @@ __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResu
 _LOGGER = logging.getLogger(__name__)
 
 AgentFactory = Callable[..., ProcessAgent]
+# The outbox messages for files an agent's output asks to send (bot/files.py).
+OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
 _STATUS_DEBOUNCE: Final = 0.05
 
@@ -94,9 +96,12 @@ class ChatChannel(BaseChannel):
         assert run.current is not None
         prompt_id, turn_id, _ = run.current
         b = run.binding
-        items = run.publisher.output_items(
+        items = await run.publisher.output_items(
             out, chat_id=b.chat_id, thread_id=b.thread_id or None, run_id=run.run_id
         )
+        if run.output_files is not None:
+            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer.
+            items += await run.output_files(b, out, run.run_id)
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
         )
@@ -132,6 +137,7 @@ class ChatRun:
     task: asyncio.Task[None] | None = None
     status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     last_event: str | None = None
+    output_files: OutputFiles | None = None
     channel: ChatChannel = field(init=False)
 
     async def record_process(self, process: TurnProcess) -> None:
@@ -208,6 +214,7 @@ class ChatSessions:
         self.slots = slots
         self.status_tick = status_tick
         self.active: dict[tuple[int, int], ChatRun] = {}
+        self.output_files: OutputFiles | None = None
         self._closing = False
         self._lock = asyncio.Lock()
 
@@ -325,6 +332,7 @@ class ChatSessions:
             store=self.store,
             runs=self.runs,
             publisher=self.publisher,
+            output_files=self.output_files,
         )
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event

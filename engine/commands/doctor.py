@@ -221,6 +221,38 @@ def _check_folder(name: str, path: Path, setting: str) -> Check:
     )
 
 
+def _write_problem(path: Path) -> str | None:
+    """Why the database refuses writes, or None when it takes them.
+
+    SQLite opens a file it may not write read-only without a word, and root passes every
+    permission check: only a real write tells. The schema version is rewritten inside a
+    transaction that is rolled back, so nothing changes.
+    """
+    try:
+        conn = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            return None  # somebody is writing to it right now: it takes writes
+        return str(exc)
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+    return None
+
+
 def _try_write(folder: Path) -> str | None:
     # os.access says yes to root on a read-only mount; only a real write tells.
     try:
@@ -241,6 +273,7 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
     if migrate:
         try:
             async with Database(path) as db:
+                await db.ensure_writable()
                 versions = await db.schema_versions()
         except (StoreError, sqlite3.Error, OSError) as exc:
             return _fail(name, f"cannot open {path}: {exc}", "check the path and permissions")
@@ -258,6 +291,15 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
             name,
             f"cannot read {path}: {exc}",
             "is it a turnstile database? restore one with your last `turnstile backup` copy",
+        )
+    problem = await asyncio.to_thread(_write_problem, path)
+    if problem is not None:
+        return _fail(
+            name,
+            f"{path} can be read but not written ({problem})",
+            "make the file (and its folder, for the -wal and -shm files) writable for the "
+            "user running turnstile: `chmod`/`chown` it, `chattr -i` it, or remount it "
+            "read-write",
         )
     return _compare(name, path, versions, latest)
 
