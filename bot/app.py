@@ -348,6 +348,11 @@ class BotRuntime:
         if pruned:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
         interrupted = await self.runs.mark_interrupted()
+        # What a cut-off turn left running dies first (the watchdog of the process that
+        # ran it normally did that already, unless it was killed too).
+        for turn in interrupted:
+            if turn.kill_remains():
+                _LOGGER.info("killed what was left of turn %d of run %s", turn.seq, turn.run_id)
         for turn in interrupted:
             try:
                 run = await self.runs.get_run(turn.run_id)
