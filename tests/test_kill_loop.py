@@ -52,9 +52,8 @@ class Report:
     lost_with_notice: int = 0
     lost_silently: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
-    # The one message Telegram may have taken when the kill landed, sent again after the
-    # restart (the outbox cannot ask Telegram whether it arrived).
-    resent_in_flight: list[str] = field(default_factory=list)
+    # Messages in flight when a kill landed: never sent again, the chat is told instead.
+    in_flight_noticed: int = 0
     survivors: list[int] = field(default_factory=list)
     slowest_death: float = 0.0  # seconds from a kill until its agents were all gone
 
@@ -63,8 +62,8 @@ class Report:
             f"{self.rounds} kills, {self.messages} messages: {self.answered} answered, "
             f"{self.lost_with_notice} lost with notice, {len(self.lost_silently)} lost "
             f"silently {self.lost_silently}, {len(self.duplicated)} duplicated "
-            f"{self.duplicated}, {len(self.resent_in_flight)} in flight at a kill and sent "
-            f"again {self.resent_in_flight}, agent processes surviving a kill: {self.survivors} "
+            f"{self.duplicated} ({self.in_flight_noticed} in flight at a kill: noticed, not "
+            f"sent again), agent processes surviving a kill: {self.survivors} "
             f"(all gone within {self.slowest_death:.2f} s of a kill)"
         )
 
@@ -137,8 +136,13 @@ def _pid_lines(root: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _notice(text: str) -> bool:
+    """The bot's word that a turn was cut off, or that a message may be missing."""
+    return "was cut off" in text or "may be missing" in text
+
+
 def _answer_parts(api: FakeBotApi) -> list[str]:
-    return [m.text for m in api.sent if " line " in m.text]
+    return [m.text for m in api.sent if " line " in m.text and not _notice(m.text)]
 
 
 async def kill_loop(root: Path, rounds: int = 10) -> Report:
@@ -152,7 +156,6 @@ async def kill_loop(root: Path, rounds: int = 10) -> Report:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
             await api.wait_for_message(lambda m: "bound" in m.text, timeout=60)
             sent = 0
-            kills: list[int] = []
             for r in range(rounds):
                 started_agents = _pid_lines(root)
                 delivered = len(_answer_parts(api))
@@ -166,7 +169,6 @@ async def kill_loop(root: Path, rounds: int = 10) -> Report:
                     # An answer is being delivered, part by part.
                     await api.wait_until(lambda n=delivered: len(_answer_parts(api)) > n, 60)
                 bot.send_signal(signal.SIGKILL)
-                kills.append(len(api.sent))
                 killed = time.monotonic()
                 await bot.wait()
                 # Nothing the killed bot ran may live on (its watchdog kills it at once).
@@ -182,10 +184,11 @@ async def kill_loop(root: Path, rounds: int = 10) -> Report:
 
             def settled() -> bool:
                 parts = _answer_parts(api)
-                notices = " ".join(m.text for m in api.sent if "was cut off" in m.text)
+                notices = " ".join(m.text for m in api.sent if _notice(m.text))
                 return all(
                     len({p for p in parts if p.startswith(t)}) >= CHUNKS
                     or f"Prompt was: {t}" in notices
+                    or f"«{t}" in notices
                     for t in tags
                 )
 
@@ -201,26 +204,18 @@ async def kill_loop(root: Path, rounds: int = 10) -> Report:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         parts = _answer_parts(api)
-        notices = [m.text for m in api.sent if "was cut off" in m.text]
-        sent_texts = [m.text for m in api.sent]
-        answer_at = [i for i, m in enumerate(sent_texts) if " line " in m]
+        notices = [m.text for m in api.sent if _notice(m.text)]
     for text, count in Counter(parts).items():
-        if count == 1:
-            continue
-        name = " ".join(text.split()[:3])
-        at = [i for i, m in enumerate(sent_texts) if m == text]
-        # In flight: the last message sent before a kill, and sent once more after it.
-        last_before = [max((i for i in answer_at if i < k), default=-1) for k in kills]
-        if count == 2 and at[0] in last_before:
-            report.resent_in_flight.append(name)
-        else:
-            report.duplicated.append(name)
+        if count > 1:
+            report.duplicated.append(" ".join(text.split()[:3]))
+    report.in_flight_noticed = sum("may be missing" in n for n in notices)
     for t in tags:
         mine = {p for p in parts if p.startswith(t)}
-        noticed = any(f"Prompt was: {t}" in n for n in notices)
+        noticed = any(f"Prompt was: {t}" in n or f"«{t}" in n for n in notices)
         if len(mine) >= CHUNKS:
             report.answered += 1
-        elif noticed and not mine:
+        elif noticed:
+            # Cut off (its turn), or a part of its answer was in flight at a kill.
             report.lost_with_notice += 1
         else:
             report.lost_silently.append(t)
@@ -235,6 +230,6 @@ async def test_ten_kills_lose_nothing_silently_and_duplicate_nothing(tmp_path: P
     assert report.lost_silently == [], report.line()
     assert report.survivors == [], report.line()
     assert report.answered + report.lost_with_notice == report.messages, report.line()
-    assert report.lost_with_notice <= report.rounds, report.line()
+    # at most one cut-off turn and one message in flight per kill
+    assert report.lost_with_notice <= 2 * report.rounds, report.line()
     assert report.duplicated == [], report.line()
-    assert len(report.resent_in_flight) <= report.rounds, report.line()
