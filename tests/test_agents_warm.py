@@ -7,6 +7,7 @@ behaves in a way the real one will not (exiting on its own): that one is a small
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -457,6 +458,8 @@ def stub_cli(tmp_path: Path, *, exit_after: int = 0, ignore_interrupt: bool = Fa
         sid = sys.argv[sys.argv.index("--resume" if "--resume" in sys.argv else "--session-id") + 1]
         cost = 0.0
         turns = 0
+        with open("argv.log", "a") as log:
+            log.write(json.dumps(sys.argv[1:]) + "\\n")
         def out(obj):
             sys.stdout.write(json.dumps(obj) + "\\n")
             sys.stdout.flush()
@@ -507,6 +510,14 @@ async def test_a_cli_that_exits_on_its_own_is_restarted_with_resume(
     assert second.metadata["process_started"] is True
     assert second.metadata["cost_usd"] == 0.5
     assert agent.spawns == 2
+    first_argv, second_argv = (
+        json.loads(line) for line in (sandbox.workspace / "argv.log").read_text().splitlines()
+    )
+    assert "--session-id" in first_argv
+    assert second_argv[second_argv.index("--resume") + 1] == agent.session_id
+    async with asyncio.timeout(30):
+        while agent.resident:
+            await asyncio.sleep(0.02)
     assert len(pool) == 0  # it left again after its turn
 
 

@@ -45,7 +45,14 @@ from typing import Any, ClassVar, Final, Protocol
 
 from engine.agents.base import AgentOptions
 from engine.agents.claude import ClaudeAgent
-from engine.agents.stream import EventCallback, EventKind, JsonLines, find_binary
+from engine.agents.stream import (
+    TURN_MARKER_VAR,
+    EventCallback,
+    EventKind,
+    JsonLines,
+    _running,
+    find_binary,
+)
 from engine.errors import TurnExecError, TurnIOError, TurnPreempted
 from engine.process import (
     STDERR_TAIL,
@@ -77,6 +84,7 @@ _HELP_TIMEOUT: Final = 60.0
 # The CLI saves its transcript some milliseconds after printing the result.
 _TRANSCRIPT_WAIT: Final = 2.0
 _TRANSCRIPT_POLL: Final = 0.005
+_TOOLS_GONE_WAIT: Final = 10.0
 
 
 class WarmPreemptHandle(PreemptHandle):
@@ -359,7 +367,7 @@ class WarmClaudeAgent(ClaudeAgent):
             options, session_id=session_id, preempt=preempt, resume=resume, on_event=on_event
         )
         self._handle: WarmPreemptHandle = preempt
-        self.pool = pool or WarmPool(max_sessions=1)
+        self.pool = pool if pool is not None else WarmPool(max_sessions=1)
         self.spawns = 0
         self.last_used = self.pool.clock()
         self._proc: asyncio.subprocess.Process | None = None
@@ -754,6 +762,12 @@ class WarmClaudeAgent(ClaudeAgent):
         if turn.steers:
             # Messages the CLI had not taken up yet would run as a turn nobody waits for.
             await self._kill("steering messages were still queued when the turn stopped")
+            return
+        # The CLI stops its tools itself, yet a tool command lives in a session of its
+        # own and may take a moment to go: "stopped" means they are gone.
+        proc = self._proc
+        if proc is not None and self._marker is not None:
+            await _kill_tools(self._marker, proc.pid)
 
     async def _kill(self, why: str) -> None:
         """SIGKILL the process group and every process that carries its marker."""
@@ -809,6 +823,38 @@ class WarmClaudeAgent(ClaudeAgent):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _tool_processes(marker: str, cli_group: int) -> list[int]:
+    """Running processes that carry the session's marker outside the CLI's own group."""
+    needle = f"{TURN_MARKER_VAR}={marker}".encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+            group = os.getpgid(pid)
+        except OSError:
+            continue
+        if group != cli_group and needle in environ.split(b"\x00") and _running(pid):
+            found.append(pid)
+    return found
+
+
+async def _kill_tools(marker: str, cli_group: int) -> None:
+    """SIGKILL the stopped turn's tool processes and wait (bounded) until they are gone."""
+    deadline = time.monotonic() + _TOOLS_GONE_WAIT
+    while pids := _tool_processes(marker, cli_group):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            _LOGGER.warning("tool processes %s of a stopped turn are still running", pids)
+            return
+        await asyncio.sleep(0.01)
 
 
 async def close_agent(agent: object) -> None:
