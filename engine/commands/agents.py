@@ -14,6 +14,7 @@ from engine.agents.claude import ClaudeAgent
 from engine.agents.codex import CodexAgent
 from engine.agents.command import parse_template
 from engine.agents.copilot import CopilotAgent
+from engine.agents.factory import AGENT_NAMES, turn_mode
 from engine.agents.stream import JsonStreamAgent, find_binary
 from engine.errors import ConfigError
 from engine.settings import Settings
@@ -58,6 +59,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(asdict(status)))
     else:
         print(_table(statuses))
+        print(turn_modes_text(settings))
     default = next(s for s in statuses if s.default)
     return 0 if default.path is not None else 1
 
@@ -134,6 +136,15 @@ async def _version(binary: str) -> tuple[str | None, str | None]:
     if proc.returncode != 0:
         return None, f"--version exited with code {proc.returncode}: {first}"
     return first or None, None
+
+
+def turn_modes_text(settings: Settings) -> str:
+    """One line per agent: does it keep a resident process (warm) or start one per turn, why."""
+    lines = ["turns (TURNSTILE_WARM_SESSIONS):"]
+    for name in AGENT_NAMES:
+        mode = turn_mode(name, settings)
+        lines.append(f"  {name}: {mode.label} - {mode.reason}")
+    return "\n".join(lines)
 
 
 def _table(statuses: list[AgentStatus]) -> str:

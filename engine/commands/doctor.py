@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import httpx
 
 from engine.agents.command import parse_template
+from engine.agents.factory import turn_mode
 from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
@@ -398,6 +399,20 @@ async def check_agents(settings: Settings) -> list[Check]:
             checks.append(check_credentials(agent, os.environ, Path(".env")))
     if settings.agent_command or settings.default_agent == "command":
         checks.append(await _check_command_agent(settings))
+    checks += check_turn_modes(settings)
+    return checks
+
+
+def check_turn_modes(settings: Settings) -> list[Check]:
+    """For each agent ``TURNSTILE_WARM_SESSIONS`` names: warm, or why it runs per turn."""
+    checks: list[Check] = []
+    for agent in settings.warm_sessions:
+        mode = turn_mode(agent, settings)
+        name = f"{agent} turns"
+        if mode.warm:
+            checks.append(_ok(name, f"warm: {mode.reason}"))
+        else:
+            checks.append(_warn(name, f"one process per turn: {mode.reason}"))
     return checks
 
 
