@@ -161,6 +161,8 @@ class ChatRun:
     def status_text(self, final: str | None = None) -> str:
         b = self.binding
         head = f"💬 chat session {self.run_id} · {b.agent} · {b.project}"
+        if getattr(self.agent, "resident", False):
+            head += " · warm (agent process kept between turns)"
         if final is not None:
             elapsed = format_elapsed(time.time() - self.started)
             return f"{head}\n{final} · {self.turns_done} turn(s) · {elapsed}"
