@@ -448,9 +448,9 @@ class WarmClaudeAgent(ClaudeAgent):
             turn = await self._deliver(prompt)
         proc = self._proc
         assert proc is not None
-        saved = await self._await_transcript(turn)
         if self._handle.requested:
             raise TurnPreempted(session_id=self.session_id)
+        saved = await self._await_transcript(turn)
         if turn.failure is not None:
             raise turn.failure
         code = turn.exit_code
