@@ -106,6 +106,13 @@ async def wait_gone(pid: int) -> None:
             await asyncio.sleep(0.02)
 
 
+async def wait_in_transcript(agent: WarmClaudeAgent, text: str) -> None:
+    path = agent.transcript_path()
+    async with asyncio.timeout(60):
+        while not (path.exists() and text in path.read_text()):
+            await asyncio.sleep(0.02)
+
+
 def test_the_pinned_cli_is_detected_as_warm_capable(claude_bin: Path) -> None:
     support = claude_warm_support(str(claude_bin))
     assert support.supported, support.reason
@@ -296,8 +303,9 @@ async def test_steering_while_a_tool_runs_reaches_the_model_in_the_same_turn(
     turn = asyncio.create_task(agent.run_turn("start the tool"))
     await asyncio.wait_for(tool_started.wait(), 60)
     steer = asyncio.create_task(agent.steer("also mention bananas"))
-    # The CLI takes the message up once the tool is done: release it.
-    await asyncio.sleep(0)
+    # The CLI notes a message it read in its transcript at once and takes it up once the
+    # tool is done: release the tool only after that.
+    await wait_in_transcript(agent, "also mention bananas")
     gate.touch()
     assert await steer is True
     out = await turn
@@ -321,7 +329,7 @@ async def test_steering_while_the_model_answers_runs_as_a_follow_on_in_the_turn(
     turn = asyncio.create_task(agent.run_turn("start"))
     await asyncio.wait_for(hold.arrived.wait(), 60)
     steer = asyncio.create_task(agent.steer("and then this"))
-    await asyncio.sleep(0)
+    await wait_in_transcript(agent, "and then this")
     hold.release.set()
     assert await steer is True
     out = await turn

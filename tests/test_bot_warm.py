@@ -77,8 +77,15 @@ async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
                 ):
                     await asyncio.sleep(0.02)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention bananas")
-            # The CLI takes the message up after the running tool: let the tool finish.
-            await asyncio.sleep(0)
+            # The CLI notes the message in its transcript when it reads it, and takes it
+            # up after the running tool: only then let the tool finish.
+            assert isinstance(run.agent, WarmClaudeAgent)
+            transcript = run.agent.transcript_path()
+            async with asyncio.timeout(60):
+                while not (
+                    transcript.exists() and "also mention bananas" in transcript.read_text()
+                ):
+                    await asyncio.sleep(0.02)
             gate.touch()
             await api.wait_for_message(lambda m: "Sent to the running turn" in m.text)
             await api.wait_for_message(lambda m: m.text == "done, with bananas")
