@@ -543,3 +543,18 @@ async def test_a_cli_that_exits_mid_turn_without_a_result_is_a_failed_turn(
     assert out.exit_code == -signal.SIGTERM
     assert out.metadata["is_error"] is True
     assert "exited with code" in out.text
+
+
+async def test_the_pool_closes_idle_processes_on_its_own(
+    tmp_path: Path, api: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    cli = stub_cli(tmp_path)
+    async with WarmPool(max_sessions=2, idle_seconds=0.2) as pool:
+        agent = make_agent(cli, api, sandbox, pool)
+        assert (await agent.run_turn("one")).text == "answer to one"
+        pid = resident_cli(sandbox)
+        # No sweep called: the pool's own task notices the idle time and closes it.
+        await wait_gone(pid)
+        assert not agent.resident
+        assert pool.expired == 1
+        assert len(pool) == 0
