@@ -6,6 +6,11 @@ short hash, excerpt, and Approve / Reject buttons. People approve with the butto
 ``/approve [TASK]``, a reply "APPROVED" to the gate message or a plain "APPROVED" (when
 privacy mode lets the bot see it); they reject with the button (the bot asks for a
 reason) or ``/reject TASK REASON``. Every approval names the hash the person saw.
+
+A Reject button press waits for the reason for ``TURNSTILE_REASON_REQUEST_SECONDS``, and
+can be cancelled (``/cancel`` or the button on the question). A "reason" that is just an
+approval word ("APPROVED") is a person who pressed Reject by mistake more often than a
+reason: the bot asks before rejecting with it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from telegram.error import TelegramError
 from bot.auth import Action
 from bot.extension import Extension
 from bot.sink import BotSink, ChatPlace
-from bot.store import GateRecord
+from bot.store import GateRecord, ReasonRequest
 from engine import safefile
 from engine.agents.factory import create_agent
 from engine.errors import UnsafeFileError
@@ -53,6 +58,12 @@ __all__ = ["AutopilotExtension"]
 _LOGGER = logging.getLogger(__name__)
 
 _APPROVED: Final = re.compile(r"^\s*approved\s*[.!]*\s*$", re.IGNORECASE)
+# A rejection "reason" that reads like an approval: asked about before it rejects anything.
+_APPROVAL_WORD: Final = re.compile(
+    r"^\s*(?:approved?|lgtm|ok(?:ay)?|yes|👍|✅)\s*[.!]*\s*$", re.IGNORECASE
+)
+# callback_data holds at most 64 bytes: "ry:" + gate id + ":" leaves this much for the reason.
+_CONFIRM_REASON_BYTES: Final = 48
 _TASK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_DOCUMENT: Final = 20 * 1024 * 1024
 _EXCERPT: Final = 700
@@ -415,15 +426,42 @@ class AutopilotExtension(Extension):
             text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
         await self.h.reply(update, text.strip())
 
+    async def _is_open(self, gate: GateRecord) -> bool:
+        """Whether the gate this message shows still waits: asked of the gate store."""
+        task = await self.gates.open_gate(gate.task)
+        return task is not None and task.phase == gate.phase and task.gate_sha256 == gate.sha256
+
     async def _gate_for_task(self, update: Update, task: str | None) -> GateRecord | None:
         chat = update.effective_chat
+        message = update.effective_message
         assert chat is not None
         if task is not None:
-            gate = await self.rt.store.latest_open_gate(task)
-            if gate is None:
+            record = await self.gates.open_gate(task)
+            if record is None or record.gate_sha256 is None:
                 await self.h.reply(update, f"No open gate for task {task}.")
+                return None
+            gate = await self.rt.store.open_gate_for(task, record.phase, record.gate_sha256)
+            if gate is None:
+                # Opened elsewhere (the terminal, another process): decided here all the
+                # same; the record says which chat decided it.
+                thread = message.message_thread_id if message and message.is_topic_message else None
+                gate_id = secrets.token_hex(4)
+                spec = self.gates.workflow.phase(record.phase)
+                await self.rt.store.add_gate(
+                    gate_id,
+                    task=task,
+                    phase=record.phase,
+                    sha256=record.gate_sha256,
+                    artifact_name=spec.artifact,
+                    chat_id=chat.id,
+                    thread_id=thread,
+                    run_id=_RUN_PREFIX + task,
+                )
+                gate = await self.rt.store.gate(gate_id)
             return gate
-        gates = await self.rt.store.open_gates(chat_id=chat.id)
+        gates = [
+            g for g in await self.rt.store.open_gates(chat_id=chat.id) if await self._is_open(g)
+        ]
         if len(gates) == 1:
             return gates[0]
         if not gates:
@@ -457,13 +495,8 @@ class AutopilotExtension(Extension):
         assert user is not None
         assert message is not None
         # A reason the bot asked for after a Reject button press.
-        asked = await self.rt.store.take_reason_request(chat.id, user.id)
-        if asked is not None:
-            rejected = await self.rt.store.gate(asked)
-            if rejected is not None and rejected.state == "open":
-                if await self.h.authorize(update, Action.REJECT):
-                    await self._reject(update, rejected, text.strip())
-                return True
+        if await self._reason_given(update, text):
+            return True
         if not _APPROVED.fullmatch(text):
             return False
         reply = message.reply_to_message
@@ -477,7 +510,7 @@ class AutopilotExtension(Extension):
             open_here = [
                 g
                 for g in await self.rt.store.open_gates(chat_id=chat.id)
-                if (g.thread_id or 0) == thread
+                if (g.thread_id or 0) == thread and await self._is_open(g)
             ]
             if not open_here:
                 return False
@@ -490,8 +523,10 @@ class AutopilotExtension(Extension):
             gate = open_here[0]
         if not await self.h.authorize(update, Action.APPROVE):
             return True
-        if gate.state != "open":
-            await self.h.reply(update, f"That gate ({gate.task} · {gate.phase}) is {gate.state}.")
+        if not await self._is_open(gate):
+            await self.h.reply(
+                update, f"That gate ({gate.task} · {gate.phase}) no longer waits for approval."
+            )
             return True
         await self._approve(update, gate)
         return True
@@ -506,7 +541,7 @@ class AutopilotExtension(Extension):
         assert user is not None
         if verb in ("ap", "rj"):
             gate = await self.rt.store.gate(rest)
-            if gate is None or gate.state != "open":
+            if gate is None or not await self._is_open(gate):
                 await self.h._answer(update, "This gate is closed.")
                 return True
             if verb == "ap":
@@ -514,12 +549,16 @@ class AutopilotExtension(Extension):
                 await self._approve(update, gate)
             else:
                 await self.h._answer(update, "Reply with your reason")
-                await self.rt.store.ask_reason(chat.id, user.id, gate.gate_id)
-                await self.h.reply(
-                    update,
-                    f"Why reject {gate.task} · {gate.phase}? Your next message here is the "
-                    "reason; it goes back to the agent as revision notes.",
-                )
+                await self._ask_reason(update, gate)
+            return True
+        if verb == "rc":
+            await self.h._answer(update)
+            await self._cancel_reason(update, gate_id=rest)
+            return True
+        if verb == "ry":
+            gate_id, _, reason = rest.partition(":")
+            await self.h._answer(update)
+            await self._confirmed_reason(update, gate_id, reason)
             return True
         if verb == "tk":
             ref, _, page = rest.rpartition(":")
@@ -527,6 +566,159 @@ class AutopilotExtension(Extension):
             await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
             return True
         return False
+
+    # -- reasons for a Reject button press ---------------------------------------------
+
+    @property
+    def _reason_ttl(self) -> float:
+        return float(self.rt.settings.reason_request_seconds)
+
+    async def _ask_reason(self, update: Update, gate: GateRecord) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        store = self.rt.store
+        previous = await store.reason_request(chat.id, user.id)
+        if previous is not None and previous.gate_id != gate.gate_id:
+            await self._close_prompt(previous, "⏭ Replaced by a newer Reject.")
+        ref = f"reason:{gate.gate_id}:{user.id}:{update.update_id}"
+        await store.ask_reason(chat.id, user.id, gate.gate_id, prompt_ref=ref)
+        await self.h.reply(
+            update,
+            f"Why reject {gate.task} · {gate.phase}? Your next message here is the reason; "
+            "it goes back to the agent as revision notes. Pressed Reject by mistake? /cancel "
+            f"or the button below (after {_duration(self._reason_ttl)} without a reason, "
+            "nothing is rejected).",
+            markup=_cancel_button(gate.gate_id),
+            ref=ref,
+        )
+
+    async def _reason_given(self, update: Update, text: str) -> bool:
+        """Handle ``text`` as the reason the bot waits for; False when it is not one."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        store = self.rt.store
+        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        if asked is None:
+            return False
+        if asked.expired:
+            await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
+            return False
+        gate = await store.gate(asked.gate_id)
+        if gate is None or not await self._is_open(gate):
+            await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+            await self._close_prompt(asked, "⏹ That gate is closed; nothing was rejected.")
+            return False
+        if not await self.h.authorize(update, Action.REJECT):
+            await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+            return True
+        reason = text.strip()
+        if _APPROVAL_WORD.fullmatch(reason):
+            # Kept waiting: the buttons decide, or another message is the reason.
+            await self.h.reply(
+                update,
+                f"“{reason}” reads like an approval, not a reason. Reject {gate.task} · "
+                f"{gate.phase} with the reason “{reason}”? Cancel rejects nothing (then "
+                "approve with the gate's button). Or send the real reason.",
+                markup=_confirm_buttons(gate.gate_id, reason),
+                ref=f"reasonok:{gate.gate_id}:{user.id}:{update.update_id}",
+            )
+            return True
+        if await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id):
+            await self._close_prompt(asked, "✍️ Reason received.")
+            await self._reject(update, gate, reason)
+        return True
+
+    async def _confirmed_reason(self, update: Update, gate_id: str, reason: str) -> None:
+        """The "reject with this reason" button under a reason that read like an approval."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        store = self.rt.store
+        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        if asked is None or asked.gate_id != gate_id or asked.expired:
+            if asked is not None and asked.expired:
+                await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
+            await self._retire_pressed(update, "⏹ Nothing is waiting for this any more.")
+            await self.h.reply(
+                update, "Nothing is waiting for your reason any more; press Reject again."
+            )
+            return
+        gate = await store.gate(gate_id)
+        await store.drop_reason_request(chat.id, user.id, gate_id=gate_id)
+        await self._close_prompt(asked, "✍️ Reason received.")
+        if gate is None or not await self._is_open(gate):
+            await self._retire_pressed(update, "⏹ That gate is closed.")
+            await self.h.reply(update, "That gate is closed; nothing was rejected.")
+            return
+        await self._retire_pressed(update, f"❌ Rejecting with “{reason}”.")
+        await self._reject(update, gate, reason)
+
+    async def _cancel_reason(self, update: Update, *, gate_id: str | None = None) -> None:
+        """``/cancel`` or the Cancel button: the pending Reject is dropped."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        store = self.rt.store
+        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        if asked is not None and asked.expired:
+            await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
+            asked = None
+        if asked is None or (gate_id is not None and asked.gate_id != gate_id):
+            await self._retire_pressed(update, "⏹ Nothing to cancel any more.")
+            await self.h.reply(update, "Nothing to cancel: no Reject is waiting for your reason.")
+            return
+        await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+        await self._close_prompt(asked, "✖ Cancelled; nothing was rejected.")
+        await self._retire_pressed(update, "✖ Cancelled; nothing was rejected.")
+        await store.audit(
+            action="reject",
+            outcome="cancelled",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=f"gate {asked.gate_id}",
+        )
+        gate = await store.gate(asked.gate_id)
+        what = f"{gate.task} · {gate.phase}" if gate is not None else "the gate"
+        still = (
+            " still waits for approval" if gate is not None and await self._is_open(gate) else ""
+        )
+        await self.h.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
+
+    async def cmd_cancel(self, update: Update, args: list[str]) -> None:
+        await self._cancel_reason(update)
+
+    async def _close_prompt(self, asked: ReasonRequest, note: str) -> None:
+        """The question that asked for a reason loses its button and says why."""
+        if asked.prompt_ref is not None:
+            await self._retire(asked.prompt_ref, note)
+
+    async def _retire_pressed(self, update: Update, note: str) -> None:
+        """The message whose button was pressed (if any) loses its buttons."""
+        query = update.callback_query
+        chat = update.effective_chat
+        user = update.effective_user
+        if query is None or query.message is None or chat is None or user is None:
+            return
+        live = await self.rt.store.live_by_message(chat.id, query.message.message_id)
+        # Refs are "reason…:GATE:USER:UPDATE": only the person asked retires the question.
+        if live is not None and live.ref.split(":")[2:3] == [str(user.id)]:
+            await self._retire(live.ref, note)
+
+    async def _retire(self, ref: str, note: str) -> None:
+        live = await self.rt.store.get_live(ref)
+        if live is None or live.markup is None:
+            return
+        await self.rt.store.set_live(
+            ref, chat_id=live.chat_id, thread_id=live.thread_id, body=f"{live.body}\n{note}"
+        )
+        self.rt.publisher_or_fail().wake()
 
     # -- /tasks, /audit, /stop, /status ------------------------------------------------
 
@@ -562,9 +754,14 @@ class AutopilotExtension(Extension):
         report = await self.gates.audit()
         lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
         lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
-        refusals = [
-            e for e in await self.rt.store.audit_entries(limit=200) if e.outcome == "refused"
-        ]
+        entries = await self.rt.store.audit_entries(limit=200)
+        refusals = [e for e in entries if e.outcome == "refused"]
+        undelivered = [e for e in entries if e.action == "deliver" and e.outcome == "failed"]
+        if undelivered:
+            lines.append(
+                f"Undelivered messages (latest {min(len(undelivered), 10)} of {len(undelivered)}):"
+            )
+            lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
         if refusals:
             lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
             lines.extend(
@@ -665,6 +862,28 @@ def _buttons(gate_id: str) -> dict[str, Any]:
             ]
         ]
     }
+
+
+def _cancel_button(gate_id: str) -> dict[str, Any]:
+    return {"inline_keyboard": [[{"text": "✖ Cancel", "callback_data": f"rc:{gate_id}"}]]}
+
+
+def _confirm_buttons(gate_id: str, reason: str) -> dict[str, Any]:
+    kept = reason.encode()[:_CONFIRM_REASON_BYTES].decode(errors="ignore")
+    return {
+        "inline_keyboard": [
+            [
+                {"text": "❌ Reject with this reason", "callback_data": f"ry:{gate_id}:{kept}"},
+                {"text": "✖ Cancel", "callback_data": f"rc:{gate_id}"},
+            ]
+        ]
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds:.0f} seconds" if seconds >= 2 else f"{seconds:g} seconds"
 
 
 def _read_artifact(path: Path) -> str | None:

@@ -11,13 +11,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
+from engine.store.audit import SqliteAuditLog
 from engine.store.database import Database
 from engine.store.runs import TurnState
 from engine.turn import TurnOutput
@@ -32,6 +33,7 @@ __all__ = [
     "OutboxItem",
     "OutboxRow",
     "PromptRow",
+    "ReasonRequest",
 ]
 
 
@@ -40,6 +42,16 @@ class InboundState(StrEnum):
     HANDLED = "handled"
     IGNORED = "ignored"
     FAILED = "failed"
+
+
+_AUDIT_ORIGIN = "bot"
+
+
+def _user_id(actor: str | None) -> int | None:
+    try:
+        return int(actor) if actor is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +168,16 @@ class PromptRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasonRequest:
+    """The bot asked a person for a rejection reason (after a Reject button press)."""
+
+    gate_id: str
+    prompt_ref: str | None
+    created_at: float
+    expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class GateRecord:
     gate_id: str
     task: str
@@ -223,9 +245,16 @@ def _prompt(row: aiosqlite.Row) -> PromptRow:
 class BotStore:
     """The bot's tables on a :class:`Database`."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.db = db
         self._clock = clock
+        # The system's one audit log; the bot's entries are those of origin "bot".
+        self._audit = SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
         self._asked: set[tuple[int, int]] | None = None
 
@@ -372,12 +401,40 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
-    async def outbox_failed(self, row: OutboxRow, error: str) -> None:
-        await self.db.execute(
-            "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
-            " WHERE id = ?",
-            (error[:500], row.id),
+    async def outbox_settled(self, row_id: int) -> bool:
+        """Whether a row was delivered or failed for good (not pending any more)."""
+        row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
+        return row is None or row["state"] != "pending"
+
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+        """The run a delivered message belongs to (a reply to it addresses that run)."""
+        row = await self.db.fetchone(
+            "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
+            " AND run_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (chat_id, message_id),
         )
+        return str(row[0]) if row is not None else None
+
+    async def outbox_failed(self, row: OutboxRow, error: str) -> None:
+        """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
+        item = row.item
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
+                " WHERE id = ?",
+                (error[:500], row.id),
+            )
+            await conn.execute(
+                *self._audit.insert(
+                    "deliver",
+                    "failed",
+                    origin=_AUDIT_ORIGIN,
+                    chat_id=item.chat_id,
+                    detail=f"{'a file' if item.kind != 'text' else 'a message'}"
+                    f"{' of run ' + item.run_id if item.run_id else ''} was not delivered:"
+                    f" Telegram answered {error[:300]}",
+                )
+            )
 
     async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:
         """A group became a supergroup: pending messages follow it."""
@@ -769,36 +826,75 @@ class BotStore:
         )
         return changed > 0
 
-    async def ask_reason(self, chat_id: int, user_id: int, gate_id: str) -> None:
+    async def ask_reason(
+        self, chat_id: int, user_id: int, gate_id: str, *, prompt_ref: str | None = None
+    ) -> None:
+        """Wait for ``user_id``'s rejection reason in ``chat_id`` (one request per pair:
+        a new one replaces the old); ``prompt_ref`` is the live message that asked."""
         if self._asked is not None:
             self._asked.add((chat_id, user_id))
         await self.db.execute(
-            "INSERT OR REPLACE INTO bot_reason_requests (chat_id, user_id, gate_id, created_at)"
-            " VALUES (?, ?, ?, ?)",
-            (chat_id, user_id, gate_id, self._clock()),
+            "INSERT OR REPLACE INTO bot_reason_requests"
+            " (chat_id, user_id, gate_id, prompt_message_ref, created_at) VALUES (?, ?, ?, ?, ?)",
+            (chat_id, user_id, gate_id, prompt_ref, self._clock()),
         )
 
-    async def take_reason_request(self, chat_id: int, user_id: int) -> str | None:
+    async def reason_request(
+        self, chat_id: int, user_id: int, *, max_age: float | None = None
+    ) -> ReasonRequest | None:
+        """The pending reason request of ``user_id`` in ``chat_id``, left in place.
+
+        A request older than ``max_age`` seconds is expired: it is dropped, and returned
+        once with ``expired`` set (so the question can say so).
+        """
         if self._asked is None:
             rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
             self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
         # Most messages are not reasons: answered from memory, off the database.
         if (chat_id, user_id) not in self._asked:
             return None
-        self._asked.discard((chat_id, user_id))
-        async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "SELECT gate_id FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
-                (chat_id, user_id),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                return None
-            await conn.execute(
-                "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?",
-                (chat_id, user_id),
-            )
-            return str(row["gate_id"])
+        row = await self.db.fetchone(
+            "SELECT gate_id, prompt_message_ref, created_at FROM bot_reason_requests"
+            " WHERE chat_id = ? AND user_id = ?",
+            (chat_id, user_id),
+        )
+        if row is None:
+            self._asked.discard((chat_id, user_id))
+            return None
+        request = ReasonRequest(
+            gate_id=str(row["gate_id"]),
+            prompt_ref=row["prompt_message_ref"],
+            created_at=float(row["created_at"]),
+        )
+        if max_age is not None and self._clock() - request.created_at > max_age:
+            await self.drop_reason_request(chat_id, user_id, gate_id=request.gate_id)
+            return replace(request, expired=True)
+        return request
+
+    async def drop_reason_request(
+        self, chat_id: int, user_id: int, *, gate_id: str | None = None
+    ) -> bool:
+        """Forget the pending request (only if it is for ``gate_id``, when given)."""
+        sql = "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?"
+        params: tuple[object, ...] = (chat_id, user_id)
+        if gate_id is not None:
+            sql += " AND gate_id = ?"
+            params = (*params, gate_id)
+        changed = await self.db.execute(sql, params)
+        if self._asked is not None and (changed or gate_id is None):
+            self._asked.discard((chat_id, user_id))
+        return changed > 0
+
+    async def take_reason_request(
+        self, chat_id: int, user_id: int, *, max_age: float | None = None
+    ) -> str | None:
+        """The gate a pending, unexpired request is for; the request is used up."""
+        request = await self.reason_request(chat_id, user_id, max_age=max_age)
+        if request is None or request.expired:
+            return None
+        if not await self.drop_reason_request(chat_id, user_id, gate_id=request.gate_id):
+            return None
+        return request.gate_id
 
     async def open_gate_for(self, task: str, phase: str, sha256: str) -> GateRecord | None:
         row = await self.db.fetchone(
@@ -900,23 +996,30 @@ class BotStore:
         update_id: int | None,
         reason: str | None = None,
     ) -> None:
-        await self.db.execute(
-            "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (self._clock(), user_id, chat_id, update_id, action, outcome, reason),
+        await self._audit.record(
+            action,
+            outcome,
+            origin=_AUDIT_ORIGIN,
+            actor=str(user_id) if user_id is not None else None,
+            chat_id=chat_id,
+            update_id=update_id,
+            detail=reason,
         )
 
     async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]:
-        rows = await self.db.fetchall("SELECT * FROM bot_audit ORDER BY id DESC LIMIT ?", (limit,))
+        """The bot's latest audit entries, newest first."""
+        found = await self._audit.entries(origin=_AUDIT_ORIGIN, limit=limit)
         return [
             AuditEntry(
-                at=r["at"],
-                user_id=r["user_id"],
-                chat_id=r["chat_id"],
-                update_id=r["update_id"],
-                action=r["action"],
-                outcome=r["outcome"],
-                reason=r["reason"],
+                at=e.at,
+                user_id=int(e.actor)
+                if e.actor is not None and e.actor.lstrip("-").isdigit()
+                else None,
+                chat_id=e.chat_id,
+                update_id=e.update_id,
+                action=e.event,
+                outcome=e.outcome,
+                reason=e.detail,
             )
-            for r in rows
+            for e in reversed(found)
         ]

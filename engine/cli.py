@@ -97,13 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    secrets = tuple(
-        s.get_secret_value()
-        for s in (settings.telegram_token, settings.webhook_secret)
-        if s is not None
-    )
     setup_logging(
-        level=args.log_level or settings.log_level, fmt=settings.log_format, secrets=secrets
+        level=args.log_level or settings.log_level,
+        fmt=settings.log_format,
+        secrets=settings.secret_values(),
     )
     try:
         return asyncio.run(handler(args, settings))

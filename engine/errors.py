@@ -16,11 +16,14 @@ TurnstileError
 │   ├── ChannelPublishError
 │   └── ChannelIOError
 ├── ConfigError                bad settings or bad command-line input
+├── FileRefusedError           a file from or for a chat is refused (path, size, type)
+├── TranscriptionError         the speech-to-text service failed or is not configured
 ├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
 │                              regular file, or too large
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
-    └── ConflictError          a compare-and-set lost against a concurrent writer
+    ├── ConflictError          a compare-and-set lost against a concurrent writer
+    └── StoreReadOnlyError     the database can be read but not written
 ```
 """
 
@@ -33,9 +36,12 @@ __all__ = [
     "ChannelRecvError",
     "ConfigError",
     "ConflictError",
+    "FileRefusedError",
     "InvalidPromptError",
     "NotFoundError",
     "StoreError",
+    "StoreReadOnlyError",
+    "TranscriptionError",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -115,6 +121,32 @@ class ConfigError(TurnstileError):
         self.setting = setting
 
 
+class FileRefusedError(TurnstileError):
+    """A file is not taken in or sent out: it leaves the run's folder, is too large, of a
+    refused type, empty, or the folder it would go to is not a plain folder.
+
+    Attributes:
+        reason: a short machine-readable word (``size``, ``symlink``, ``type``, ...).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TranscriptionError(TurnstileError):
+    """A voice note could not be turned into text (no service configured, or it failed).
+
+    Attributes:
+        status: the service's HTTP status, when it answered.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
 class UnsafeFileError(TurnstileError):
     """A file the engine reads on an agent's behalf was refused (see :mod:`engine.safefile`).
 
@@ -145,3 +177,13 @@ class ConflictError(StoreError):
     """A compare-and-set lost: somebody else changed the row first."""
 
     retryable = False
+
+
+class StoreReadOnlyError(StoreError):
+    """The database opens but refuses writes (read-only file, folder or mount)."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

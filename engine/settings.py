@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.errors import ConfigError
+from engine.redact import credential_values
 
-__all__ = ["AgentName", "Settings", "load_settings"]
+__all__ = ["SECRET_SETTINGS", "AgentName", "Settings", "load_settings"]
 
 AgentName = Literal["claude", "copilot", "codex", "command"]
 IdList = Annotated[tuple[int, ...], NoDecode]
@@ -63,10 +66,14 @@ class Settings(BaseSettings):
     agent_model: str | None = None
     allowed_tools: Annotated[tuple[str, ...], NoDecode] = ()
     dangerous_tools: bool = False
+    # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all
+    tool_approval: Literal["off", "unlisted", "all"] = "off"
 
     # Limits owned by channels (operator policy, never turn timeouts)
     max_concurrent_turns: int = Field(default=4, ge=1)
     queue_depth: int = Field(default=10, ge=0)
+    # "Not allowed" answers waiting at once; beyond it a refusal is audited, not answered.
+    refusal_backlog: int = Field(default=20, ge=0)
     max_inbound_chars: int = Field(default=16_000, ge=1)
     document_threshold: int = Field(default=12_000, ge=1)
     preempt_grace: float = Field(default=5.0, ge=0)
@@ -81,9 +88,33 @@ class Settings(BaseSettings):
     shutdown_turns: Literal["finish", "park"] = "finish"
     shutdown_flush_seconds: float = Field(default=30.0, ge=0)
 
+    # Files and voice notes from and to chats (docs/telegram.md)
+    uploads_dir: str = "uploads"
+    upload_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    upload_refused_types: Annotated[tuple[str, ...], NoDecode] = (
+        "application/x-msdownload",
+        "application/x-dosexec",
+        "application/vnd.microsoft.portable-executable",
+        ".exe",
+        ".dll",
+        ".scr",
+        ".msi",
+        ".bat",
+        ".cmd",
+    )
+    album_wait_seconds: float = Field(default=1.5, ge=0)
+    send_max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    transcription_url: str | None = None
+    transcription_key: SecretStr | None = None
+    transcription_model: str = "whisper-1"
+    transcription_language: str | None = None
+    transcription_timeout: float = Field(default=120.0, gt=0)
+
     # Gates
     approval_quorum: int = Field(default=1, ge=1)
     approval_expiry_seconds: float | None = None
+    # Bot: how long a Reject button press waits for the reason (then nothing is rejected)
+    reason_request_seconds: float = Field(default=300.0, gt=0)
     forbid_self_approval: bool = False
     workflow_file: Path | None = None
 
@@ -95,6 +126,31 @@ class Settings(BaseSettings):
     # Logs
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+
+    def secret_values(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """Every value never to print, for a :class:`~engine.redact.Redactor`.
+
+        The secret settings, the credential parts of the project URLs, and the values of
+        the credential variables (``GH_TOKEN``, ``ANTHROPIC_API_KEY``...) in ``environ``
+        (default: this process's environment, which the agents inherit).
+        """
+        # Imported here: reading settings must not load the workspace package (git, stores).
+        from engine.workspace.projects import parse_projects
+
+        values: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr) and value.get_secret_value():
+                values.append(value.get_secret_value())
+        if self.projects is not None:
+            try:
+                projects = parse_projects(self.projects.get_secret_value())
+            except ConfigError:
+                projects = ()  # reported where the projects are used; the whole text is above
+            # A short part ("git", "user") would blank out a common word in every message.
+            values.extend(s for p in projects for s in p.secrets() if len(s) >= 8)
+        values.extend(credential_values(os.environ if environ is None else environ))
+        return tuple(dict.fromkeys(values))
 
     @field_validator("allowed_chats", "admins", "approvers", "operators", mode="before")
     @classmethod
@@ -115,7 +171,15 @@ class Settings(BaseSettings):
         # An empty line copied from .env.example means "not set", not the current folder.
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("allowed_tools", mode="before")
+    @field_validator("uploads_dir")
+    @classmethod
+    def _relative_folder(cls, value: str) -> str:
+        parts = value.strip().strip("/").split("/")
+        if value.strip().startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError("a folder name inside the run's folder, such as uploads")
+        return "/".join(parts)
+
+    @field_validator("allowed_tools", "upload_refused_types", mode="before")
     @classmethod
     def _split_tools(cls, value: object) -> object:
         if isinstance(value, str):
@@ -145,6 +209,18 @@ def _parse_warm(value: object) -> object:
             f"expected off, on or agent names ({', '.join(_WARM_AGENTS)}); got {', '.join(unknown)}"
         )
     return tuple(parts)
+
+
+def _is_secret(annotation: object) -> bool:
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+# The environment names of the secret settings (never passed on to an agent).
+SECRET_SETTINGS: frozenset[str] = frozenset(
+    "TURNSTILE_" + name.upper()
+    for name, info in Settings.model_fields.items()
+    if _is_secret(info.annotation)
+)
 
 
 def load_settings(**overrides: object) -> Settings:

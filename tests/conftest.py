@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.model_api import FakeModelAPI
+from tests.fakes.realcli import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -30,3 +34,16 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+async def model_api() -> AsyncIterator[FakeModelAPI]:
+    """The fake model API a real agent CLI talks to (realcli tests)."""
+    async with FakeModelAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    """A real agent CLI's workspace and config folder, its processes marked (realcli tests)."""
+    return Sandbox(tmp_path)

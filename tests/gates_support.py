@@ -15,6 +15,7 @@ from engine.gates import Gates
 from engine.settings import Settings
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.database import Database
+from tests import support
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -27,14 +28,13 @@ DECOMPOSITION_EMPTY = "# Decomposition\n\nNo split.\n\n```subtasks\n```\n"
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database": tmp_path / "gates.db",
-        "tasks_root": tmp_path / "tasks",
         "approvers": (APPROVER, 43, 44),
         "agent_command": AGENT_CMD,
         "default_agent": "command",
         "wave_concurrency": 3,
     }
     values.update(overrides)
-    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+    return support.make_settings(tmp_path, **values)
 
 
 @asynccontextmanager
@@ -158,8 +158,7 @@ async def _race(db_path: str, root: str, name: str, target: str, ready: str, go:
         task = await store.get(name)
         Path(ready + ".tmp").write_text(str(task.version))
         os.replace(ready + ".tmp", ready)  # the test must never see an empty file
-        while not Path(go).exists():
-            await asyncio.sleep(0.005)
+        await support.wait_until(lambda: Path(go).exists(), interval=0.005)
         try:
             await store.transition(name, target, expected_version=task.version)
         except GateRefused as exc:

@@ -3,7 +3,6 @@ model writes and commits a file, reports COMPLETE, and the verifier accepts it."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,10 @@ def claude_bin() -> Path:
     return ensure_cli("claude")
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[FakeModelAPI]:
-    async with FakeModelAPI() as server:
-        yield server
-
-
 async def test_auto_run_with_claude_code_commits_and_is_verified(
-    claude_bin: Path, api: FakeModelAPI, isolated_env: Path
+    claude_bin: Path, model_api: FakeModelAPI, isolated_env: Path
 ) -> None:
+    api = model_api
     sandbox = Sandbox(isolated_env / "sandbox")
     workspace = git_workspace(sandbox.workspace)
     target = workspace / "hello.txt"

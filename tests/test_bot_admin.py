@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
-import time
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +25,7 @@ from tests.fakes.bot_harness import (
     agent_log,
     bot_settings,
     running_bot,
+    wait_for_run_status,
     write_script,
 )
 from tests.gates_support import phase_rules
@@ -94,8 +93,8 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         names = [c["command"] for c in api.commands]
         assert names == [
-            "help", "chat", "auto", "steer", "autopilot", "approve", "reject",
-            "stop", "status", "tasks", "audit",
+            "help", "chat", "auto", "steer", "autopilot", "approve", "reject", "cancel",
+            "stop", "status", "get", "tasks", "audit",
         ]  # fmt: skip
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
         help_text = await api.wait_for_message(lambda m: "/chat [agent] [project]" in m.text)
@@ -224,10 +223,7 @@ async def test_status_shows_the_branch_and_disk_usage_of_an_auto_runs_worktree(
                 )
             finally:  # the turn never ends by itself
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
-                deadline = time.monotonic() + 10
-                while (await rt.runs.get_run(run_id)).status is not RunStatus.STOPPED:
-                    assert time.monotonic() < deadline, "the run did not end stopped"
-                    await asyncio.sleep(0.02)
+                await wait_for_run_status(rt, run_id, RunStatus.STOPPED, timeout=10)
     lines = status.text.splitlines()
     auto_line = next(i for i, line in enumerate(lines) if line.startswith(f"🤖 auto {run_id}"))
     branch = f"turnstile/{Path(workdir).name}"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from tests.fakes.bot_harness import (
     bot_settings,
     running_bot,
     wait_for_file,
+    wait_for_run_status,
     write_script,
 )
 
@@ -111,9 +110,6 @@ async def test_stop_by_run_id_preempts_an_auto_run(
         # Gone within the harness's 1 s grace period plus a generous margin for the bot's
         # round trips on a loaded machine (the agent would wait forever).
         await api.wait_until(lambda: not alive(agent_pid) and not alive(child_pid), timeout=20)
-        deadline = time.monotonic() + 20
-        while (await rt.runs.get_run(run_id)).status is not RunStatus.STOPPED:
-            assert time.monotonic() < deadline, "the run did not end stopped"
-            await asyncio.sleep(0.02)
+        await wait_for_run_status(rt, run_id, RunStatus.STOPPED)
         entries = await rt.store.audit_entries()
         assert any(e.user_id == STRANGER and e.action == "stop" for e in entries)

@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from bot.doctor import check_bot_api, check_settings
 from engine.commands.doctor import (
     Check,
     Status,
     check_agents,
-    check_bot_api,
     check_credentials,
     check_database,
     check_paths,
-    check_settings,
     render,
     run_checks,
 )
@@ -29,6 +28,7 @@ from engine.settings import Settings
 from engine.store import Database
 from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import FakeBotApi
+from tests.support import make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
@@ -96,7 +96,7 @@ def _settings(tmp_path: Path, **overrides: object) -> Settings:
         "copilot_bin": str(tmp_path / "missing" / "copilot"),
     }
     values.update(overrides)
-    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+    return make_settings(tmp_path, **values)
 
 
 def _env(tmp_path: Path, base_url: str, token: str = TOKEN) -> dict[str, str]:
@@ -503,3 +503,35 @@ async def test_real_agent_clis_are_found_with_their_versions(
     assert checks[f"agent {agent}"].status is Status.OK, checks[f"agent {agent}"]
     assert version_text in checks[f"agent {agent}"].detail
     assert f"{agent} key" in checks
+
+
+class _RecordingFront:
+    """A front end of the test's own: one settings check and one network check."""
+
+    def __init__(self) -> None:
+        self.network_calls = 0
+
+    def settings_checks(self, settings: Settings) -> list[Check]:
+        return [Check("front setting", Status.OK, "fine")]
+
+    async def network_checks(self, settings: Settings, *, transport: object = None) -> list[Check]:
+        self.network_calls += 1
+        return [Check("front network", Status.WARN, "slow")]
+
+
+async def test_front_end_checks_are_discovered_not_built_in(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    # Registered through the entry point: the bot's checks, found without the engine naming it.
+    names = [c.name for c in await run_checks(settings, network=False)]
+    assert names[:4] == ["bot token", "allowed chats", "people", "mode"]
+    # Without a front end the engine's doctor has no Telegram check at all.
+    bare = [c.name for c in await run_checks(settings, network=True, front_ends=[])]
+    assert bare[0] == "database folder"
+    assert not {"bot token", "allowed chats", "people", "mode", "bot api"} & set(bare)
+    front = _RecordingFront()
+    ordered = [c.name for c in await run_checks(settings, network=True, front_ends=[front])]
+    assert ordered[0] == "front setting"
+    assert ordered[-1] == "front network"
+    assert front.network_calls == 1
+    await run_checks(settings, network=False, front_ends=[front])
+    assert front.network_calls == 1  # --offline skips a front end's network checks

@@ -28,6 +28,7 @@ from tests.gates_support import (
     run_cli,
     write_script,
 )
+from tests.support import wait_for_file
 
 ALL_PHASES = [
     "research",
@@ -318,8 +319,7 @@ async def test_sigkill_during_a_phase_turn_then_resume(tmp_path: Path) -> None:
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        while not pids.exists() or not pids.read_text().strip():
-            await asyncio.sleep(0.05)  # polling another process's file
+        await wait_for_file(pids)  # another process's file
         os.kill(proc.pid, signal.SIGKILL)
         assert await proc.wait() == -signal.SIGKILL
     finally:

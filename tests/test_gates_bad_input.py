@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from engine.gates import AWAITING_APPROVAL, GateRefused, Refusal, parse_decomposition
 from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS
 from tests.gates_support import APPROVER, REPO, cli_env, make_settings, open_gates, run_cli
+from tests.support import wait_until
 
 
 @pytest.mark.parametrize(
@@ -188,10 +189,12 @@ async def test_cli_reject_needs_reason_and_expiry_code(tmp_path: Path) -> None:
         "status", "--task", "t", "--transition", f"research:{AWAITING_APPROVAL}", env=env
     )
     assert rc == 0
+    opened_by = time.time()  # the gate opened before the command returned
     rc, _, err = await run_cli("status", "--task", "t", "--reject", "--by", "42", env=env)
     assert rc == 2
     assert "--reason" in err
-    await asyncio.sleep(0.05)  # past the 10 ms expiry (wall clock: a real process)
+    # Past the 10 ms expiry on the wall clock the other process reads.
+    await wait_until(lambda: time.time() > opened_by + 0.05, interval=0.005)
     rc, _, err = await run_cli("status", "--task", "t", "--approve", "--by", "42", env=env)
     assert rc == Refusal.EXPIRED.exit_code
     rc, out, _ = await run_cli(

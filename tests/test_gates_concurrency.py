@@ -10,6 +10,7 @@ import pytest
 
 from engine.gates import AWAITING_APPROVAL, Refusal
 from tests.gates_support import REPO, cli_env, make_settings, open_gates, run_cli
+from tests.support import wait_until
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
@@ -45,8 +46,8 @@ async def test_compare_and_set_across_processes(tmp_path: Path, round_: int) -> 
                 str(go),
             )
         )
-    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
-        await asyncio.sleep(0.01)  # another process's file
+    # Another process's files.
+    await wait_until(lambda: all((tmp_path / f"ready{i}").exists() for i in range(2)))
     # Both read version 1 before either writes.
     assert {(tmp_path / f"ready{i}").read_text() for i in range(2)} == {"1"}
     go.write_text("go")

@@ -24,6 +24,7 @@ from engine.process import (
 from engine.testing import ScriptedSession
 from tests.conftest import FAKE_AGENT
 from tests.fakes.realcli import MARKER_VAR, marked_processes
+from tests.support import alive, wait_for_file, wait_until
 
 PY = sys.executable
 
@@ -169,21 +170,10 @@ async def test_line_callback_sees_each_line_and_can_fail_the_turn(tmp_path: Path
         await run_process(spec, on_stdout_line=reject)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 async def _wait_pids(path: Path) -> tuple[int, int]:
-    for _ in range(3000):  # 30 s at least: python starting on a loaded machine
-        if path.exists() and path.read_text().strip():
-            parent, child = path.read_text().split()
-            return int(parent), int(child)
-        await asyncio.sleep(0.01)
-    raise AssertionError("fake agent never reported its pids")
+    # 30 s: python starting on a loaded machine.
+    parent, child = (await wait_for_file(path, timeout=30)).split()
+    return int(parent), int(child)
 
 
 @pytest.mark.parametrize("ignore_term", [False, True])
@@ -197,11 +187,7 @@ async def test_preempt_kills_agent_and_grandchild(tmp_path: Path, ignore_term: b
     parent, grandchild = await _wait_pids(pids)
     # On a loaded machine the agent can write its pids before run_process has resumed
     # from the spawn and attached the handle.
-    for _ in range(1000):
-        if handle.active:
-            break
-        await asyncio.sleep(0.01)
-    assert handle.active
+    await wait_until(lambda: handle.active, timeout=10, what="the handle attached")
     started = time.monotonic()
     assert await handle.stop() is True
     with pytest.raises(TurnPreempted):
@@ -210,8 +196,8 @@ async def test_preempt_kills_agent_and_grandchild(tmp_path: Path, ignore_term: b
     # loaded machine.
     assert time.monotonic() - started < handle.grace + 10
     # stop() returns only once the whole group is gone, grandchild included.
-    assert not _alive(parent)
-    assert not _alive(grandchild)
+    assert not alive(parent)
+    assert not alive(grandchild)
     assert not Path(f"/proc/{parent}").exists()  # reaped: no zombie left by us
     assert not handle.active
     assert await handle.stop() is False
@@ -227,12 +213,9 @@ async def test_cancellation_kills_the_process_group(tmp_path: Path) -> None:
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await turn
-    for _ in range(300):
-        if not _alive(parent) and not _alive(grandchild):
-            break
-        await asyncio.sleep(0.01)
-    assert not _alive(parent)
-    assert not _alive(grandchild)
+    await wait_until(lambda: not alive(parent) and not alive(grandchild), timeout=10)
+    assert not alive(parent)
+    assert not alive(grandchild)
 
 
 @pytest.mark.parametrize("delay", range(6))

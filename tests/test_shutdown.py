@@ -24,6 +24,7 @@ import pytest
 from bot.store import BotStore
 from engine.store import Database, SqliteRunStore
 from tests.fakes.bot_api import FakeBotApi
+from tests.support import alive, wait_for_file, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
@@ -157,30 +158,13 @@ def _agent_prompts(root: Path) -> list[str]:
     return [json.loads(line)["prompt"] for line in log.read_text().splitlines()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
-
-
-async def _wait_file(path: Path, timeout: float = 20.0) -> None:
-    # The agent is another process: a file it writes is the only signal it can give.
-    async with asyncio.timeout(timeout):
-        while not path.exists() or not path.stat().st_size:
-            await asyncio.sleep(0.02)
-
-
 async def _bind_and_start_turn(api: FakeBotApi, root: Path, text: str) -> None:
     api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
     await api.wait_for_message(lambda m: "bound to" in m.text)
     api.push_message(chat_id=CHAT, user_id=OPERATOR, text=text)
     await api.wait_for_message(lambda m: "turn 1 running" in m.text)
     # The agent process has started its turn once it counted it.
-    async with asyncio.timeout(20):
-        while not any((root / "agent-state").glob("*.turns")):
-            await asyncio.sleep(0.02)
+    await wait_until(lambda: any((root / "agent-state").glob("*.turns")), interval=0.02)
 
 
 async def _pending_outbox(root: Path) -> int:
@@ -259,9 +243,10 @@ async def test_second_sigterm_preempts_a_long_turn(
     bot = await _start(tmp_path, _env(tmp_path, api))
     try:
         await _bind_and_start_turn(api, tmp_path, "forever and ever")
-        await _wait_file(tmp_path / "agent-pids")
+        # The agent is another process: a file it writes is the only signal it can give.
+        await wait_for_file(tmp_path / "agent-pids")
         pids = [int(p) for p in (tmp_path / "agent-pids").read_text().split()]
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         bot.signal()
         await bot.wait_log("shutdown requested")
         assert bot.proc.returncode is None  # the turn keeps running: it may take hours
@@ -271,7 +256,7 @@ async def test_second_sigterm_preempts_a_long_turn(
     finally:
         await bot.kill()
     assert code == 0, bot.log
-    assert not any(_alive(p) for p in pids)  # the agent and its grandchild are gone
+    assert not any(alive(p) for p in pids)  # the agent and its grandchild are gone
     assert await _turn_states(tmp_path) == ["interrupted"]
     assert await _pending_outbox(tmp_path) == 0
     status = next(m for m in api.sent if m.text.startswith("💬 chat session"))

@@ -21,6 +21,7 @@ from engine.turn import (
     TurnOutput,
     run_session_loop,
 )
+from tests.support import wait_until
 
 
 def test_public_names_match_all() -> None:
@@ -141,7 +142,11 @@ async def test_idle_waits_without_spinning_and_wakes_at_once() -> None:
 async def test_idle_wait_has_no_timeout() -> None:
     channel = QueueChannel()
     loop_task = asyncio.create_task(run_session_loop(ScriptedSession(), channel), name="loop")
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: channel.idle_polls == 1, timeout=5, interval=0)
+    # Waiting for the loop to end, which it must not: an idle wait with a timeout would
+    # end it or poll again within this span.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(loop_task), 0.3)
     assert not loop_task.done()
     assert channel.polls == 1
     channel.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.agents.allowlist import ToolAllowlist
+from engine.approvals.route import ApprovalRoute
 from engine.process import (
     DEFAULT_SPILL_LIMIT,
     PreemptHandle,
@@ -19,17 +20,30 @@ from engine.process import (
     run_process,
     validate_prompt,
 )
+from engine.redact import is_credential_name, redact
+from engine.settings import SECRET_SETTINGS
 from engine.turn import TurnOutput
 
 __all__ = ["AgentOptions", "Invocation", "ProcessAgent", "inherited_environment"]
 
-# turnstile's own secrets never reach an agent: it may run shell commands and print env.
-WITHHELD_ENV = ("TURNSTILE_TELEGRAM_TOKEN", "TURNSTILE_WEBHOOK_SECRET")
+# An agent may run shell commands and print its environment, so turnstile's secrets never
+# reach it: the secret settings (bot token, webhook secret, project URLs that may hold
+# credentials), any TURNSTILE_ variable named like a credential, and any whose value holds
+# one (a database URL with a password). The rest stays: an agent may run `turnstile
+# status`, which needs the database and folders. The per-turn marker is set per turn.
+_PREFIX = "TURNSTILE_"
+
+
+def _withheld(name: str, value: str) -> bool:
+    upper = name.upper()
+    if not upper.startswith(_PREFIX):
+        return False
+    return upper in SECRET_SETTINGS or is_credential_name(upper) or redact(value) != value
 
 
 def inherited_environment() -> dict[str, str]:
-    """This process's environment, less turnstile's own secrets."""
-    return {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
+    """This process's environment, less turnstile's secrets."""
+    return {k: v for k, v in os.environ.items() if not _withheld(k, v)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +60,7 @@ class AgentOptions:
         allowlist: which tools the agent may run.
         spill_limit: stdout bytes kept in memory before spilling to a file.
         spill_dir: where spilled outputs go.
+        approval: where tool calls outside the allowlist ask a person (CLIs that can ask).
     """
 
     binary: str
@@ -57,6 +72,7 @@ class AgentOptions:
     allowlist: ToolAllowlist = field(default_factory=ToolAllowlist.read_only_default)
     spill_limit: int = DEFAULT_SPILL_LIMIT
     spill_dir: Path | None = None
+    approval: ApprovalRoute | None = None
 
 
 @dataclass(frozen=True, slots=True)

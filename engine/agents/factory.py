@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions, ProcessAgent
 from engine.agents.command import CommandAgent
+from engine.approvals.route import ApprovalRoute
 from engine.errors import ConfigError
 from engine.process import PreemptHandle
 from engine.settings import Settings
@@ -83,6 +84,7 @@ def create_agent(
     resume: bool = False,
     turns_finished: bool = False,
     preempt: PreemptHandle | None = None,
+    approval: ApprovalRoute | None = None,
     warm_pool: WarmPool | None = None,
 ) -> ProcessAgent:
     """A new session of ``tool`` pinned to ``cwd``.
@@ -92,6 +94,8 @@ def create_agent(
             earlier process): the next turn resumes it instead of creating it.
         turns_finished: a turn of the session is recorded as finished (the store says
             so), so a CLI that no longer knows the session is reported, not restarted.
+        approval: where tool calls ask a person (``TURNSTILE_TOOL_APPROVAL``); only
+            Claude Code can ask, the other CLIs keep their allowlist (docs/agents.md).
         warm_pool: where a warm session's resident process is counted (see
             :func:`turn_mode`); without one, a warm session gets a pool of its own.
 
@@ -144,6 +148,7 @@ def create_agent(
         passthrough=passthrough,
         allowlist=tools,
         spill_limit=settings.spill_limit,
+        approval=approval if tool == "claude" else None,
     )
     # Imported here so that a broken or absent adapter never blocks the others.
     if warm:

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from engine.agents.factory import AGENT_NAMES
+from engine.approvals.policy import ApprovalPolicy
+from engine.approvals.terminal import RouteFor, stdin_lines, terminal_approvals
 from engine.automode import (
     AutoRun,
     AutoStatus,
@@ -120,6 +122,13 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
+    # Tool requests are asked on this terminal (or denied without one).
+    policy = ApprovalPolicy(settings.tool_approval)
+    async with terminal_approvals(settings.database, policy, ask_line=stdin_lines()) as route_for:
+        return await _run(args, settings, route_for)
+
+
+async def _run(args: argparse.Namespace, settings: Settings, route_for: RouteFor | None) -> int:
     async with Database(settings.database) as db:
         if args.resume is not None:
             given = [
@@ -144,11 +153,15 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
             async with hold_run_workspace(settings, db, run_id):
-                run = await prepare_resume(settings, db, run_id, sink=LogSink())
+                run = await prepare_resume(
+                    settings, db, run_id, sink=LogSink(), approval_for=route_for
+                )
                 return await _drive(run)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
-            run = await _new_run(args, settings, db, resolve_workdir(args, settings))
+            run = await _new_run(
+                args, settings, db, resolve_workdir(args, settings), approval_for=route_for
+            )
             return await _drive(run)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
@@ -157,7 +170,9 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             settings, db, args.checkout_repo, run_id=run_id, workdir=args.workdir
         ) as workspace:
             assert workspace is not None
-            run = await _new_run(args, settings, db, workspace.path, run_id=run_id)
+            run = await _new_run(
+                args, settings, db, workspace.path, run_id=run_id, approval_for=route_for
+            )
         async with hold_run_workspace(settings, db, run_id):
             return await _drive(run)
 
@@ -182,6 +197,7 @@ async def _new_run(
     workdir: Path,
     *,
     run_id: str | None = None,
+    approval_for: RouteFor | None = None,
 ) -> AutoRun:
     objective, passthrough = _objective(args)
     return await prepare_auto_run(
@@ -197,6 +213,7 @@ async def _new_run(
         max_turns=args.max_turns,
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
+        approval_for=approval_for,
     )
 
 

@@ -1,10 +1,11 @@
 """``turnstile doctor``: check the set-up, one line per check, each failure with its fix.
 
-Checks the settings (token shape, allowlists, webhook), the paths (writable), the database
-(reachable, migrated), each agent CLI (found, ``--version``, a key) and the Bot API
-(``getMe`` through the configured base URL; in webhook mode also ``getWebhookInfo``).
-Exits 1 when any check fails. The token is never printed: every line goes through a
-redactor that knows it.
+Checks the paths (writable), the database (reachable, migrated) and each agent CLI (found,
+``--version``, a key). A front end adds its own checks through the ``turnstile.doctor``
+entry-point group (the bot adds its settings and the Bot API that way, so the engine never
+knows Telegram): its settings checks come first, its network checks last (skipped with
+``--offline``). Exits 1 when any check fails. Secrets are never printed: every line goes
+through a redactor that knows them.
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import sqlite3
 import sys
 import tempfile
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import httpx
 
@@ -32,22 +32,21 @@ from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store import Database
+from engine.store.database import ENGINE, read_schema_versions
 
 __all__ = [
     "Check",
+    "FrontEndChecks",
     "Status",
     "check_credentials",
-    "check_webhook_delivery",
+    "front_end_checks",
     "register",
     "render",
     "run_checks",
 ]
 
-_TOKEN_SHAPE = re.compile(r"^\d{5,16}:[A-Za-z0-9_-]{30,64}$")
-_SECRET_SHAPE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 VERSION_TIMEOUT = 20.0
-HTTP_TIMEOUT = 10.0
-_FIX_ENV = "put it in .env (copy .env.example) or the service's environment"
+ENTRY_POINT_GROUP = "turnstile.doctor"
 
 
 class Status(StrEnum):
@@ -64,6 +63,26 @@ class Check:
     status: Status
     detail: str
     fix: str | None = None
+
+
+class FrontEndChecks(Protocol):
+    """What a front end adds to the doctor (registered under ``turnstile.doctor``)."""
+
+    def settings_checks(self, settings: Settings) -> list[Check]:
+        """Its settings, offline; reported before everything else."""
+        ...
+
+    async def network_checks(
+        self, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> list[Check]:
+        """What it reaches over the network; reported last, skipped with ``--offline``."""
+        ...
+
+
+def front_end_checks() -> list[FrontEndChecks]:
+    """Every front end's checks, in the order of their entry-point names."""
+    points = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name)
+    return [point.load()() for point in points]
 
 
 def _ok(name: str, detail: str) -> Check:
@@ -142,128 +161,25 @@ async def run_checks(
     network: bool = True,
     migrate: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
+    front_ends: Sequence[FrontEndChecks] | None = None,
 ) -> list[Check]:
-    """Run every check in a fixed order and return their outcomes."""
+    """Run every check in a fixed order and return their outcomes.
+
+    Args:
+        front_ends: the front ends' checks; by default those registered under
+            ``turnstile.doctor``.
+    """
+    fronts = front_end_checks() if front_ends is None else front_ends
     checks = [
-        *check_settings(settings),
+        *(check for front in fronts for check in front.settings_checks(settings)),
         *check_paths(settings),
         await check_database(settings.database, migrate=migrate),
         *await check_agents(settings),
     ]
     if network:
-        api = await check_bot_api(settings, transport=transport)
-        checks.append(api)
-        if api.status is Status.OK and settings.webhook_url:
-            checks.append(await check_webhook_delivery(settings, transport=transport))
+        for front in fronts:
+            checks.extend(await front.network_checks(settings, transport=transport))
     return checks
-
-
-# --- settings ------------------------------------------------------------------------
-
-
-def check_settings(settings: Settings) -> list[Check]:
-    """Token shape, allowlists and webhook settings; nothing leaves the process."""
-    checks: list[Check] = []
-    token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
-    if not token:
-        where = "" if Path(".env").is_file() else f" (and there is no .env in {Path.cwd()})"
-        checks.append(
-            _fail(
-                "bot token",
-                "TURNSTILE_TELEGRAM_TOKEN is not set" + where,
-                "create a bot with @BotFather (/newbot) and " + _FIX_ENV,
-            )
-        )
-    elif not _TOKEN_SHAPE.match(token.strip()):
-        checks.append(
-            _fail(
-                "bot token",
-                "TURNSTILE_TELEGRAM_TOKEN does not look like a bot token "
-                "(digits, a colon, then 35 or so letters)",
-                "copy it again from @BotFather (/mybots -> API Token), without quotes or spaces",
-            )
-        )
-    else:
-        checks.append(_ok("bot token", "set, looks like a bot token"))
-
-    if settings.allowed_chats:
-        checks.append(_ok("allowed chats", f"{len(settings.allowed_chats)} chat(s)"))
-    else:
-        checks.append(
-            _fail(
-                "allowed chats",
-                "TURNSTILE_ALLOWED_CHATS is empty: the bot ignores every chat",
-                "add your group's id (negative, e.g. -1001234567890) or your own user id "
-                "for a private chat, comma separated",
-            )
-        )
-    people = set(settings.admins) | set(settings.operators)
-    if people:
-        checks.append(
-            _ok(
-                "people",
-                f"{len(settings.admins)} admin(s), {len(settings.operators)} operator(s), "
-                f"{len(settings.approvers)} approver(s)",
-            )
-        )
-    else:
-        checks.append(
-            _fail(
-                "people",
-                "TURNSTILE_ADMINS and TURNSTILE_OPERATORS are empty: nobody may use the bot",
-                "add your numeric user id to TURNSTILE_ADMINS (the bot's refusal message "
-                "tells it, so does @userinfobot)",
-            )
-        )
-    if people and not (set(settings.admins) | set(settings.approvers)):
-        checks.append(
-            _warn(
-                "approvers",
-                "no admin or approver: nobody can approve a gate",
-                "add a user id to TURNSTILE_APPROVERS or TURNSTILE_ADMINS",
-            )
-        )
-    checks.append(_check_webhook(settings))
-    return checks
-
-
-def _check_webhook(settings: Settings) -> Check:
-    if not settings.webhook_url:
-        if "api.telegram.org" not in settings.telegram_base_url:
-            return _ok("mode", f"long polling via a custom Bot API server ({_host(settings)})")
-        return _ok("mode", "long polling (no public URL needed)")
-    url = httpx.URL(settings.webhook_url)
-    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
-    if url.scheme != "https":
-        return _fail(
-            "mode",
-            "webhook: TURNSTILE_WEBHOOK_URL must be an https:// URL",
-            "put a reverse proxy with a certificate in front (docs/deploy.md)",
-        )
-    if not secret:
-        return _fail(
-            "mode",
-            "webhook: TURNSTILE_WEBHOOK_SECRET is not set",
-            "set 1-256 characters of A-Z a-z 0-9 _ - (e.g. `openssl rand -hex 32`)",
-        )
-    if not _SECRET_SHAPE.match(secret):
-        return _fail(
-            "mode",
-            "webhook: TURNSTILE_WEBHOOK_SECRET may hold only A-Z a-z 0-9 _ - (1-256 chars)",
-            "generate one with `openssl rand -hex 32`",
-        )
-    return _ok(
-        "mode",
-        f"webhook at {url.host}{url.path}, listening on "
-        f"{settings.webhook_listen}:{settings.webhook_port}",
-    )
-
-
-def _host(settings: Settings) -> str:
-    try:
-        return httpx.URL(settings.telegram_base_url).host or settings.telegram_base_url
-    except httpx.InvalidURL:
-        return "an invalid URL"
 
 
 # --- paths ---------------------------------------------------------------------------
@@ -306,6 +222,38 @@ def _check_folder(name: str, path: Path, setting: str) -> Check:
     )
 
 
+def _write_problem(path: Path) -> str | None:
+    """Why the database refuses writes, or None when it takes them.
+
+    SQLite opens a file it may not write read-only without a word, and root passes every
+    permission check: only a real write tells. The schema version is rewritten inside a
+    transaction that is rolled back, so nothing changes.
+    """
+    try:
+        conn = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            return None  # somebody is writing to it right now: it takes writes
+        return str(exc)
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+    return None
+
+
 def _try_write(folder: Path) -> str | None:
     # os.access says yes to root on a read-only mount; only a real write tells.
     try:
@@ -322,14 +270,15 @@ def _try_write(folder: Path) -> str | None:
 async def check_database(path: Path, *, migrate: bool = False) -> Check:
     """The database opens and is at the latest schema version (never changed unless asked)."""
     name = "database"
-    latest = Database(path).latest_version
+    latest = Database(path).latest_versions
     if migrate:
         try:
             async with Database(path) as db:
-                version = await db.schema_version()
+                await db.ensure_writable()
+                versions = await db.schema_versions()
         except (StoreError, sqlite3.Error, OSError) as exc:
             return _fail(name, f"cannot open {path}: {exc}", "check the path and permissions")
-        return _compare(name, path, version, latest)
+        return _compare(name, path, versions, latest)
     if not await asyncio.to_thread(path.exists):
         return _warn(
             name,
@@ -337,42 +286,50 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
             "it is created on the first start, or now with `turnstile doctor --migrate`",
         )
     try:
-        version = await asyncio.to_thread(_read_version, path)
+        versions = await asyncio.to_thread(read_schema_versions, path)
     except sqlite3.Error as exc:
         return _fail(
             name,
             f"cannot read {path}: {exc}",
             "is it a turnstile database? restore one with your last `turnstile backup` copy",
         )
-    return _compare(name, path, version, latest)
-
-
-def _compare(name: str, path: Path, version: int, latest: int) -> Check:
-    if version == latest:
-        return _ok(name, f"{path} at schema version {version} (latest)")
-    if version < latest:
+    problem = await asyncio.to_thread(_write_problem, path)
+    if problem is not None:
         return _fail(
             name,
-            f"{path} at schema version {version}, this turnstile needs {latest}",
-            "back it up (`turnstile backup FILE`), then `turnstile doctor --migrate` "
-            "(the bot also migrates on start)",
+            f"{path} can be read but not written ({problem})",
+            "make the file (and its folder, for the -wal and -shm files) writable for the "
+            "user running turnstile: `chmod`/`chown` it, `chattr -i` it, or remount it "
+            "read-write",
         )
-    return _fail(
-        name,
-        f"{path} at schema version {version}, newer than this turnstile ({latest})",
-        "upgrade turnstile (`git pull && pip install -e .`) or restore an older backup",
-    )
+    return _compare(name, path, versions, latest)
 
 
-def _read_version(path: Path) -> int:
-    # Read-only: the doctor must not create, migrate or lock what the bot is using.
-    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        row = conn.execute("PRAGMA user_version").fetchone()
-        return int(row[0])
-    finally:
-        conn.close()
+def _compare(
+    name: str, path: Path, versions: Mapping[str, int], latest: Mapping[str, int]
+) -> Check:
+    # The engine's version reads as before; a front end's tables have their own numbers.
+    def label(owner: str) -> str:
+        return "" if owner == ENGINE else f"{owner} "
+
+    for owner, want in latest.items():
+        version = versions.get(owner, 0)
+        if version < want:
+            return _fail(
+                name,
+                f"{path} at {label(owner)}schema version {version}, this turnstile needs {want}",
+                "back it up (`turnstile backup FILE`), then `turnstile doctor --migrate` "
+                "(the bot also migrates on start)",
+            )
+        if version > want:
+            return _fail(
+                name,
+                f"{path} at {label(owner)}schema version {version}, newer than this "
+                f"turnstile ({want})",
+                "upgrade turnstile (`git pull && pip install -e .`) or restore an older backup",
+            )
+    shown = ", ".join(f"{label(owner)}schema version {latest[owner]}" for owner in latest)
+    return _ok(name, f"{path} at {shown} (latest)")
 
 
 # --- agents --------------------------------------------------------------------------
@@ -554,109 +511,3 @@ async def _version(binary: str) -> tuple[str, str | None]:
     if proc.returncode != 0:
         return "", f"`--version` exited {proc.returncode}" + (f": {first}" if first else "")
     return first or "(no version printed)", None
-
-
-# --- Bot API -------------------------------------------------------------------------
-
-
-def bot_api_url(settings: Settings, method: str) -> str:
-    """The URL python-telegram-bot would call: ``{base}{token}/{method}``, or ``{token}``
-    substituted when the base URL contains it."""
-    token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
-    base = settings.telegram_base_url
-    if "{token}" in base:
-        return base.replace("{token}", token) + f"/{method}"
-    return f"{base}{token}/{method}"
-
-
-async def check_bot_api(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
-) -> Check:
-    """``getMe`` through the configured base URL: proves the token and the network path."""
-    name = "bot api"
-    token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
-    if not token:
-        return _fail(name, "skipped: no token", "set TURNSTILE_TELEGRAM_TOKEN first")
-    redactor = Redactor([token])
-    host = _host(settings)
-    try:
-        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT, transport=transport) as client:
-            response = await client.post(bot_api_url(settings, "getMe"))
-    except httpx.InvalidURL:
-        return _fail(
-            name, "TURNSTILE_TELEGRAM_BASE_URL is not a valid URL", "fix it or remove the line"
-        )
-    except httpx.HTTPError as exc:
-        reason = redactor(str(exc)) or type(exc).__name__
-        return _fail(
-            name,
-            f"cannot reach {host}: {reason}",
-            "check the network, HTTPS_PROXY and TURNSTILE_TELEGRAM_BASE_URL",
-        )
-    if response.status_code in (401, 404):
-        return _fail(
-            name,
-            f"{host} rejected the token ({response.status_code})",
-            "the token is wrong or was revoked: copy the current one from @BotFather "
-            "(/mybots -> API Token)",
-        )
-    try:
-        payload = response.json()
-    except ValueError:
-        payload = None
-    if response.status_code != 200 or not isinstance(payload, dict) or not payload.get("ok"):
-        description = payload.get("description") if isinstance(payload, dict) else None
-        return _fail(
-            name,
-            f"{host} answered getMe with {response.status_code}"
-            + (f": {redactor(str(description))}" if description else ""),
-            "is TURNSTILE_TELEGRAM_BASE_URL a Bot API server (ending in /bot)?",
-        )
-    me = payload.get("result") or {}
-    username = me.get("username") if isinstance(me, dict) else None
-    if not username:
-        return _fail(name, f"{host} getMe has no username", "is this a Bot API server?")
-    return _ok(name, f"@{username} via {host}")
-
-
-async def check_webhook_delivery(
-    settings: Settings,
-    *,
-    transport: httpx.AsyncBaseTransport | None = None,
-    now: float | None = None,
-) -> Check:
-    """``getWebhookInfo``: what Telegram has registered and whether its deliveries fail."""
-    name = "webhook"
-    token = settings.telegram_token.get_secret_value() if settings.telegram_token else ""
-    redactor = Redactor([token, *_secrets(settings)])
-    try:
-        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT, transport=transport) as client:
-            response = await client.post(bot_api_url(settings, "getWebhookInfo"))
-        payload = response.json()
-        info = payload["result"]
-        if response.status_code != 200 or not isinstance(info, dict):
-            raise ValueError(response.status_code)
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        return _warn(name, f"could not read the webhook's state: {redactor(str(exc))}")
-    registered = str(info.get("url") or "")
-    pending = int(info.get("pending_update_count") or 0)
-    if not registered:
-        return _warn(name, "no webhook registered yet", "the bot registers it when it starts")
-    if registered != settings.webhook_url:
-        return _warn(
-            name,
-            f"Telegram delivers to {registered}, not TURNSTILE_WEBHOOK_URL",
-            "the bot registers its own URL when it starts; is another deployment running?",
-        )
-    error = info.get("last_error_message")
-    when = info.get("last_error_date")
-    age = (now if now is not None else time.time()) - float(when) if when else None
-    if error and age is not None and age < 3600:
-        return _fail(
-            name,
-            f"Telegram's last delivery failed {age / 60:.0f} min ago: "
-            f"{redactor(str(error))} ({pending} update(s) waiting)",
-            "check that the proxy serves the URL's path with a valid certificate and "
-            "forwards it to TURNSTILE_WEBHOOK_LISTEN:PORT (docs/deploy.md)",
-        )
-    return _ok(name, f"registered, {pending} update(s) waiting")

@@ -40,6 +40,7 @@ from engine.gates.workflow import (
     Workflow,
 )
 from engine.settings import Settings
+from engine.store.audit import AuditLog, AuditRecord, SqliteAuditLog
 from engine.store.database import Database
 
 __all__ = [
@@ -163,19 +164,8 @@ class ApprovalRecord:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
-    id: int
-    at: float
-    task: str | None
-    phase: str | None
-    event: str
-    outcome: str
-    actor: str | None
-    chat_id: int | None
-    update_id: int | None
-    sha256: str | None
-    detail: str | None
+#: One entry of the audit log (the gates' events are in the system's one log).
+AuditEvent = AuditRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +273,10 @@ class TaskStore:
         policy: GatePolicy | None = None,
         clock: Callable[[], float] = time.time,
         track_git: bool = True,
+        audit_log: AuditLog | None = None,
     ) -> None:
         self.db = db
+        self.audit_log: AuditLog = audit_log or SqliteAuditLog(db, clock=clock)
         self.workflow = workflow
         self.tasks_root = tasks_root
         self.policy = policy or GatePolicy()
@@ -359,16 +351,8 @@ class TaskStore:
         return [ApprovalRecord(*tuple(r)) for r in rows]
 
     async def audit_events(self, task: str | None = None, limit: int = 1000) -> list[AuditEvent]:
-        if task is None:
-            rows = await self.db.fetchall(
-                "SELECT * FROM gate_audit ORDER BY id DESC LIMIT ?", (int(limit),)
-            )
-        else:
-            rows = await self.db.fetchall(
-                "SELECT * FROM gate_audit WHERE task = ? ORDER BY id DESC LIMIT ?",
-                (task, int(limit)),
-            )
-        return [AuditEvent(*tuple(r)) for r in reversed(rows)]
+        """The latest audit entries (of ``task``), oldest first; every origin's."""
+        return await self.audit_log.entries(task=task, limit=limit)
 
     # -- the .state mirror -----------------------------------------------------------------
 
@@ -457,21 +441,16 @@ class TaskStore:
         detail: str | None = None,
     ) -> None:
         """Append one audit event (append-only: no statement here updates or deletes)."""
-        await self.db.execute(
-            "INSERT INTO gate_audit (at, task, phase, event, outcome, actor, chat_id, update_id, "
-            "sha256, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self.clock(),
-                task,
-                phase,
-                event,
-                outcome,
-                actor,
-                chat_id,
-                update_id,
-                sha256,
-                detail[:MAX_REASON] if detail else detail,
-            ),
+        await self.audit_log.record(
+            event,
+            outcome,
+            task=task,
+            phase=phase,
+            actor=actor,
+            chat_id=chat_id,
+            update_id=update_id,
+            sha256=sha256,
+            detail=detail,
         )
 
     async def set_workdir(self, name: str, workdir: Path) -> None:

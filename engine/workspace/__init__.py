@@ -3,7 +3,8 @@
 Agents edit real repositories, several at once; each run gets its own worktree on its
 own branch so that no two runs write into the same tree.
 
-Layout under ``settings.workspaces`` (the manager's ``root``)::
+Layout under ``settings.workspaces`` (the manager's ``root``; front ends that put folders
+of their own there ask :data:`RESERVED_FOLDERS` which names are taken)::
 
     cache/<project>.git          one bare clone per project (fetched by later runs)
     worktrees/<project>/<id>/    one worktree per run (id = run id) or sub-task
@@ -59,6 +60,7 @@ from engine.workspace.git import (
 from engine.workspace.manager import (
     BRANCH_PREFIX,
     RESCUE_PREFIX,
+    RESERVED_FOLDERS,
     CleanupReport,
     MergeOutcome,
     MergeReport,
@@ -88,6 +90,7 @@ from engine.workspace.store import (
 __all__ = [
     "BRANCH_PREFIX",
     "RESCUE_PREFIX",
+    "RESERVED_FOLDERS",
     "CleanupReport",
     "DiskFullError",
     "GitError",

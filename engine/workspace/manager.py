@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BRANCH_PREFIX",
     "RESCUE_PREFIX",
+    "RESERVED_FOLDERS",
     "CleanupReport",
     "MergeOutcome",
     "MergeReport",
@@ -50,6 +51,12 @@ _LOGGER = logging.getLogger(__name__)
 
 BRANCH_PREFIX: Final = "turnstile/"
 RESCUE_PREFIX: Final = "turnstile/rescue/"
+# The layout under the workspaces root (see the package docstring): the only place the
+# folder names are spelled. Front ends ask RESERVED_FOLDERS before using a name of theirs.
+CACHE_DIR: Final = "cache"
+WORKTREES_DIR: Final = "worktrees"
+LOCKS_DIR: Final = "locks"
+RESERVED_FOLDERS: Final = frozenset({CACHE_DIR, WORKTREES_DIR, LOCKS_DIR})
 _SUB_SEP: Final = "--"
 _MAX_COMMITS: Final = 500
 _FETCH_REFSPEC: Final = "+refs/heads/*:refs/remotes/origin/*"
@@ -306,13 +313,23 @@ class WorkspaceManager:
 
     def cache_path(self, project: str) -> Path:
         """The bare clone of ``project``."""
-        return self.root / "cache" / f"{project}.git"
+        return self.root / CACHE_DIR / f"{project}.git"
+
+    def plain_folder(self, name: str) -> Path:
+        """The folder ``name`` under the root, for a run on no configured project.
+
+        Raises:
+            ConfigError: ``name`` is one of the manager's own folders.
+        """
+        if name in RESERVED_FOLDERS:
+            raise ConfigError(f"{name!r} is reserved for the workspace manager")
+        return (self.root / name).resolve()
 
     def worktree_path(self, project: str, workspace_id: str) -> Path:
-        return self.root / "worktrees" / project / workspace_id
+        return self.root / WORKTREES_DIR / project / workspace_id
 
     def _lock_path(self, kind: str, key: str) -> Path:
-        return self.root / "locks" / f"{key}.{kind}.lock"
+        return self.root / LOCKS_DIR / f"{key}.{kind}.lock"
 
     # -------------------------------------------------------------- provisioning
 

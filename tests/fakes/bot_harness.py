@@ -6,10 +6,8 @@ through the command agent, the database is a real SQLite file.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +17,9 @@ from telegram.ext import AIORateLimiter
 
 from bot.app import BotRuntime
 from engine.settings import Settings
+from engine.store.runs import RunStatus
 from tests.fakes.bot_api import FakeBotApi
+from tests.support import alive, make_settings, wait_for_file, wait_until
 
 __all__ = [
     "ADMIN",
@@ -33,6 +33,7 @@ __all__ = [
     "bot_settings",
     "running_bot",
     "wait_for_file",
+    "wait_for_run_status",
     "write_script",
 ]
 
@@ -49,10 +50,6 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
         "telegram_token": api.token,
         "telegram_base_url": api.base_url,
         "telegram_base_file_url": api.file_url,
-        "database": root / "turnstile.db",
-        "workspaces": root / "ws",
-        "tasks_root": root / "tasks",
-        "runs_dir": root / "runs",
         "allowed_chats": (CHAT,),
         "operators": (OPERATOR,),
         "approvers": (APPROVER,),
@@ -66,7 +63,7 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
         "shutdown_flush_seconds": 5.0,
     }
     values.update(overrides)
-    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+    return make_settings(root, **values)
 
 
 def write_script(root: Path, script: dict[str, Any], monkeypatch: Any) -> dict[str, str]:
@@ -83,23 +80,16 @@ def write_script(root: Path, script: dict[str, Any], monkeypatch: Any) -> dict[s
     return env
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+async def wait_for_run_status(
+    rt: BotRuntime, run_id: str, status: RunStatus, timeout: float = 20.0
+) -> None:
+    """Wait until the bot recorded ``status`` for run ``run_id``."""
 
+    async def reached() -> bool:
+        run = await rt.runs.get_run(run_id)
+        return run is not None and run.status is status
 
-async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
-    """Wait until another process wrote ``path`` (non-empty); returns its text."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()).strip():
-            return text
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{path} was not written within {timeout}s")
+    await wait_until(reached, timeout=timeout, what=f"run {run_id} {status.value}")
 
 
 def agent_log(root: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support import alive
+
 __all__ = [
     "MARKER_VAR",
     "Sandbox",
@@ -64,16 +66,6 @@ def marked_processes(marker: str) -> list[int]:
         if needle in environ.split(b"\x00") and alive(int(entry)):
             found.append(int(entry))
     return found
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
 
 
 def group_alive(pgid: int) -> bool:

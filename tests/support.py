@@ -1,0 +1,82 @@
+"""Helpers every kind of test uses: settings, a process's liveness, waiting for a condition.
+
+The one way to wait for something another process (or a background task that offers no
+event) does: :func:`wait_until` checks a condition until it holds or a deadline passes.
+A bare ``sleep`` is never a synchronization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from engine.settings import Settings
+
+__all__ = ["alive", "make_settings", "wait_for_file", "wait_until"]
+
+T = TypeVar("T")
+
+# A loaded machine (2 cores, several sessions) can be slow to start a python; a deadline
+# is a bound on a hang, never a timing target.
+DEFAULT_TIMEOUT = 20.0
+
+
+def make_settings(root: Path, **overrides: Any) -> Settings:
+    """Settings that read no ``.env`` and keep every path under ``root``; ``overrides`` win."""
+    values: dict[str, Any] = {
+        "database": root / "turnstile.db",
+        "tasks_root": root / "tasks",
+        "workspaces": root / "ws",
+        "runs_dir": root / "runs",
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+async def wait_until(
+    condition: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    interval: float = 0.01,
+    what: str | None = None,
+) -> T:
+    """Check ``condition`` (a function, or a coroutine function) until it is truthy.
+
+    Returns:
+        The truthy value it returned.
+
+    Raises:
+        TimeoutError: it did not hold within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what or 'the condition'} did not hold within {timeout:g} s")
+        await asyncio.sleep(interval)
+
+
+async def wait_for_file(path: Path, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Wait until another process wrote ``path`` (non-empty); returns its text."""
+
+    def written() -> str:
+        return path.read_text() if path.exists() and path.read_text().strip() else ""
+
+    return await wait_until(written, timeout=timeout, interval=0.02, what=f"{path} written")

@@ -1,0 +1,239 @@
+"""A Reject button press waits for a reason: it expires, can be cancelled (/cancel or the
+button), and a "reason" that is just an approval word asks before rejecting anything.
+
+The attack run's case: Reject pressed by mistake, then "APPROVED" typed, and the gate was
+rejected with the reason "APPROVED"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.store import BotStore
+from engine.gates import Gates
+from engine.store import Database
+from tests.fakes.bot_api import FakeBotApi, SentMessage
+from tests.fakes.bot_harness import (
+    ADMIN,
+    APPROVER,
+    CHAT,
+    OPERATOR,
+    agent_log,
+    bot_settings,
+    running_bot,
+    write_script,
+)
+from tests.gates_support import phase_rules
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+
+
+def _button(message: SentMessage, ending: str) -> str:
+    return next(b["callback_data"] for b in message.buttons if b["text"].endswith(ending))
+
+
+async def _research_gate(api: FakeBotApi, task: str) -> SentMessage:
+    api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/autopilot {task}")
+    return await api.wait_for_message(
+        lambda m: m.text.startswith("🛂 Gate:") and f"task {task} · phase research" in m.text,
+        timeout=30,
+    )
+
+
+async def _press_reject(api: FakeBotApi, gate: SentMessage) -> SentMessage:
+    seen = {m.message_id for m in api.sent if m.text.startswith("Why reject")}
+    api.push_callback(
+        chat_id=CHAT, user_id=APPROVER, data=_button(gate, "Reject"), message_id=gate.message_id
+    )
+    return await api.wait_for_message(
+        lambda m: m.text.startswith("Why reject") and m.message_id not in seen
+    )
+
+
+def _rejections(api: FakeBotApi) -> list[str]:
+    return [m.text for m in api.sent if m.text.startswith("↩️ Rejected")]
+
+
+async def _still_awaiting(rt: Any, task: str) -> bool:
+    record = await Gates(rt.db, rt.settings).task(task)
+    return bool(record.awaiting_approval) and record.phase == "research"
+
+
+async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        gate = await _research_gate(api, "T1")
+        prompt = await _press_reject(api, gate)
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
+        confirm = await api.wait_for_message(
+            lambda m: "reads like an approval" in m.text or m.text.startswith("↩️ Rejected")
+        )
+        assert _rejections(api) == []
+        assert [b["text"] for b in confirm.buttons] == ["❌ Reject with this reason", "✖ Cancel"]
+        assert await _still_awaiting(rt, "T1")
+        # the question offered a way out
+        assert [b["callback_data"][:3] for b in prompt.buttons] == ["rc:"]
+        assert "/cancel" in prompt.text
+
+        # Cancel: nothing rejected, the confirmation loses its buttons
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=APPROVER,
+            data=_button(confirm, "Cancel"),
+            message_id=confirm.message_id,
+        )
+        await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
+        await api.wait_until(
+            lambda: not next(m for m in api.sent if m.message_id == confirm.message_id).buttons
+        )
+        await api.wait_until(
+            lambda: not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
+        )
+        # the request is gone: "APPROVED" now approves, as the person meant
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
+        assert _rejections(api) == []
+        audit = await rt.store.audit_entries(limit=50)
+        assert any(e.action == "reject" and e.outcome == "cancelled" for e in audit)
+    assert not any("APPROVED" in e["prompt"] for e in agent_log(tmp_path))
+
+
+async def test_confirming_rejects_with_the_approval_word_as_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+        gate = await _research_gate(api, "T2")
+        await _press_reject(api, gate)
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="Approved!")
+        confirm = await api.wait_for_message(lambda m: "reads like an approval" in m.text)
+        # someone else with the right cannot confirm this person's rejection
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=ADMIN,
+            data=_button(confirm, "Reject with this reason"),
+            message_id=confirm.message_id,
+        )
+        await api.wait_for_message(lambda m: m.text.startswith("Nothing is waiting for your"))
+        assert next(m for m in api.sent if m.message_id == confirm.message_id).buttons
+        assert _rejections(api) == []
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=APPROVER,
+            data=_button(confirm, "Reject with this reason"),
+            message_id=confirm.message_id,
+        )
+        await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected T2 · research"))
+        await api.wait_for_message(
+            lambda m: (
+                m.text.startswith("🛂 Gate:")
+                and "task T2 · phase research" in m.text
+                and m.message_id != gate.message_id
+            ),
+            timeout=30,
+        )
+        assert len(_rejections(api)) == 1
+    reruns = [e["prompt"] for e in agent_log(tmp_path) if "Phase: research (" in e["prompt"]]
+    assert len(reruns) == 2
+    assert "Approved!" in reruns[1]
+
+
+async def test_cancel_command_drops_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        gate = await _research_gate(api, "T3")
+        prompt = await _press_reject(api, gate)
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
+        await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
+        await api.wait_until(
+            lambda: not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
+        )
+        assert await _still_awaiting(rt, "T3")
+        # nothing left to cancel, said plainly
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
+        await api.wait_for_message(lambda m: m.text.startswith("Nothing to cancel"))
+        # the Cancel button on the question of a second press works the same way
+        prompt = await _press_reject(api, gate)
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=APPROVER,
+            data=_button(prompt, "Cancel"),
+            message_id=prompt.message_id,
+        )
+        await api.wait_until(
+            lambda: sum(m.text.startswith("✖ Cancelled: nothing") for m in api.sent) == 2
+        )
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="approved")
+        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T3 · research"))
+        assert _rejections(api) == []
+
+
+async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, reason_request_seconds=90)
+        async with running_bot(api, settings) as rt:
+            gate = await _research_gate(api, "T4")
+            prompt = await _press_reject(api, gate)
+            # 91 seconds pass: the request is aged in the database instead of waited for
+            await rt.db.execute(
+                "UPDATE bot_reason_requests SET created_at = created_at - 91 WHERE user_id = ?",
+                (APPROVER,),
+            )
+            api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
+            await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T4 · research"))
+            assert _rejections(api) == []
+            assert not any("reads like an approval" in m.text for m in api.sent)
+            # the question says it lapsed and lost its button
+            await api.wait_until(
+                lambda: (
+                    "nothing was rejected"
+                    in next(m for m in api.sent if m.message_id == prompt.message_id).text
+                )
+            )
+            assert not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
+            assert await rt.store.reason_request(CHAT, APPROVER) is None
+            assert "after 90 seconds without a reason" in prompt.text
+
+
+async def test_the_store_expires_requests_by_its_clock(tmp_path: Path) -> None:
+    now = [1000.0]
+    async with Database(tmp_path / "t.db") as db:
+        store = BotStore(db, clock=lambda: now[0])
+        await store.ask_reason(CHAT, APPROVER, "g1", prompt_ref="reason:g1:22:7")
+        pending = await store.reason_request(CHAT, APPROVER, max_age=60)
+        assert pending is not None
+        assert (pending.gate_id, pending.prompt_ref, pending.expired) == (
+            "g1",
+            "reason:g1:22:7",
+            False,
+        )
+        now[0] += 61
+        lapsed = await store.reason_request(CHAT, APPROVER, max_age=60)
+        assert lapsed is not None
+        assert lapsed.expired
+        assert await store.reason_request(CHAT, APPROVER, max_age=60) is None
+        # a fresh request is used up once; an expired one is never taken
+        await store.ask_reason(CHAT, APPROVER, "g2")
+        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) == "g2"
+        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+        await store.ask_reason(CHAT, APPROVER, "g3")
+        now[0] += 61
+        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+        # dropping names the gate: a request for another gate stays
+        await store.ask_reason(CHAT, APPROVER, "g4")
+        assert not await store.drop_reason_request(CHAT, APPROVER, gate_id="g1")
+        assert await store.drop_reason_request(CHAT, APPROVER, gate_id="g4")
+        await store.ask_reason(CHAT, APPROVER, "g5")
+    # a restart keeps a pending request
+    async with Database(tmp_path / "t.db") as db:
+        store = BotStore(db, clock=lambda: now[0])
+        pending = await store.reason_request(CHAT, APPROVER, max_age=60)
+        assert pending is not None
+        assert pending.gate_id == "g5"
