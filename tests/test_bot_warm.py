@@ -14,6 +14,7 @@ from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
+from tests.fakes.realcli import Sandbox, marked_processes
 
 pytestmark = [
     pytest.mark.realcli,
@@ -99,3 +100,35 @@ async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
             assert run.turns_done == 2
             assert len(model.model_requests) == 3
         assert not run.agent.resident
+
+
+async def test_per_tool_approval_works_on_a_warm_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_tool_approvals_realcli import TOUCH, bind_and_ask, press, workdir
+
+    box = Sandbox(tmp_path / "claude")
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in box.env(model.claude_env(box.config)).items():
+            monkeypatch.setenv(key, value)
+        model.enqueue(TOUCH, Text("file made"), Text("still warm"))
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="claude",
+            claude_bin=str(ensure_cli("claude")),
+            tool_approval="unlisted",
+            warm_sessions="claude",
+        )
+        async with running_bot(api, settings) as rt:
+            ask = await bind_and_ask(api)
+            press(api, ask, "Allow once", OPERATOR)
+            await api.wait_for_message(lambda m: m.text == "file made", timeout=60)
+            assert (workdir(tmp_path) / "allowed.txt").exists()
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="and now?")
+            await api.wait_for_message(lambda m: m.text == "still warm", timeout=60)
+            assert rt.chats is not None
+            agent = rt.chats.active[(CHAT, 0)].agent
+            assert isinstance(agent, WarmClaudeAgent)
+            assert agent.spawns == 1
+    assert marked_processes(box.marker) == []
