@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -37,7 +38,7 @@ from bot.publish import Publisher
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState, OutboxRow
 from bot.tool_approvals import ToolApprovalExtension
-from engine.agents.factory import create_agent
+from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
 from engine.locks import FileLock
 from engine.redact import Redactor
@@ -140,6 +141,10 @@ class BotRuntime:
             operators=settings.operators,
             allowed_chats=settings.allowed_chats,
         )
+        # Resident agent processes (warm sessions) are bounded across every chat and run.
+        self.warm_pool = new_warm_pool(settings)
+        if agent_factory is create_agent:
+            agent_factory = functools.partial(create_agent, warm_pool=self.warm_pool)
         self._agent_factory = agent_factory
         # Telegram's limits: ~30 messages/s overall, 20/min per group; a 429 is retried.
         self._rate_limiter = rate_limiter or AIORateLimiter(max_retries=_RATE_LIMIT_RETRIES)
@@ -284,6 +289,8 @@ class BotRuntime:
             runs = [r.task for r in self.chats.active.values() if r.task is not None]
             if runs:
                 await asyncio.wait(runs)
+        with contextlib.suppress(Exception):
+            await self.warm_pool.aclose()
         if self._webhook is not None:
             with contextlib.suppress(Exception):
                 await self._webhook.cleanup()

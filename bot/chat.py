@@ -23,6 +23,7 @@ from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
+from engine.agents.warm import close_agent
 from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
@@ -49,6 +50,7 @@ class SubmitResult:
     queued: bool
     waiting: int
     busy: bool
+    steered: bool = False
 
 
 class _Slotted:
@@ -170,6 +172,8 @@ class ChatRun:
     def status_text(self, final: str | None = None) -> str:
         b = self.binding
         head = f"💬 chat session {self.run_id} · {b.agent} · {b.project}"
+        if getattr(self.agent, "resident", False):
+            head += " · warm (agent process kept between turns)"
         if final is not None:
             elapsed = format_elapsed(time.time() - self.started)
             return f"{head}\n{final} · {self.turns_done} turn(s) · {elapsed}"
@@ -279,7 +283,14 @@ class ChatSessions:
     async def submit(
         self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, text: str
     ) -> SubmitResult:
-        """Queue one message as the next turn; start the chat's run when needed."""
+        """Queue one message as the next turn; start the chat's run when needed.
+
+        A message arriving while a warm session's turn runs goes to that turn instead
+        (``steered``), when the agent takes it up.
+        """
+        steered = await self._steer(chat_id, thread_id, update_id, user_id, text)
+        if steered is not None:
+            return steered
         queued, waiting = await self.store.queue_prompt(
             chat_id,
             thread_id,
@@ -293,6 +304,27 @@ class ChatSessions:
         if queued:
             await self.ensure_running(chat_id, thread_id)
         return SubmitResult(queued=queued, waiting=waiting, busy=busy)
+
+    async def _steer(
+        self, chat_id: int, thread_id: int, update_id: int | None, user_id: int | None, text: str
+    ) -> SubmitResult | None:
+        run = self.active.get((chat_id, thread_id))
+        steer = getattr(run.agent, "steer", None) if run is not None and run.busy else None
+        if run is None or steer is None or not run.agent.preempt.active:
+            return None
+        prompt_id = await self.store.hold_for_steering(
+            chat_id, thread_id, update_id=update_id, user_id=user_id, body=text
+        )
+        if prompt_id is None:
+            return SubmitResult(queued=True, waiting=0, busy=True)
+        delivered = bool(await steer(text))
+        await self.store.steering_done(prompt_id, delivered=delivered)
+        if not delivered:
+            # The turn ended first: the message waits for the next turn as usual.
+            run.channel.notify_inbound()
+            return SubmitResult(queued=True, waiting=0, busy=run.busy)
+        _LOGGER.info("message delivered to the running turn", extra={"run_id": run.run_id})
+        return SubmitResult(queued=False, waiting=0, busy=True, steered=True)
 
     async def ensure_running(self, chat_id: int, thread_id: int) -> ChatRun | None:
         """Wake the chat's run, or start one for its binding."""
@@ -381,6 +413,9 @@ class ChatSessions:
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
             self.active.pop(run.key, None)
+            # A warm session's resident process ends with its run.
+            with contextlib.suppress(Exception):
+                await close_agent(run.agent)
             with contextlib.suppress(Exception):
                 await self.runs.update_run(run.run_id, status=status, finished_at=time.time())
                 await self.store.set_binding_run(run.binding.chat_id, run.binding.thread_id, None)

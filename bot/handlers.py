@@ -536,7 +536,9 @@ class Handlers:
             chat.id, thread, update_id=update.update_id, user_id=user.id, text=text
         )
         self.rt.handled_in_transaction(update.update_id)
-        if not result.queued:
+        if result.steered:
+            await self.reply(update, "↪️ Sent to the running turn: the agent has it now.")
+        elif not result.queued:
             await self.reply(
                 update,
                 f"⚠️ Not queued: {result.waiting} message(s) are already waiting for this "

@@ -643,6 +643,44 @@ class BotStore:
                 )
         return True, waiting
 
+    async def hold_for_steering(
+        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, body: str
+    ) -> int | None:
+        """Record a message meant for the running turn (not queued for the next one).
+
+        Returns:
+            The prompt's id, or None when the update was recorded before (a replay).
+        """
+        async with self.db.transaction() as conn:
+            if update_id is not None:
+                cursor = await conn.execute(
+                    "SELECT 1 FROM bot_prompts WHERE update_id = ?", (update_id,)
+                )
+                if await cursor.fetchone() is not None:
+                    return None
+            cursor = await conn.execute(
+                "INSERT INTO bot_prompts (chat_id, thread_id, update_id, user_id, body, state,"
+                " created_at) VALUES (?, ?, ?, ?, ?, 'steering', ?)",
+                (chat_id, thread_id, update_id, user_id, body, self._clock()),
+            )
+            prompt_id = cursor.lastrowid
+            assert prompt_id is not None
+            if update_id is not None:
+                await conn.execute(
+                    "UPDATE bot_inbound SET state = ?, handled_at = ? WHERE update_id = ?",
+                    (InboundState.HANDLED.value, self._clock(), update_id),
+                )
+        return prompt_id
+
+    async def steering_done(self, prompt_id: int, *, delivered: bool) -> None:
+        """The running turn took the message (``steered``), or it waits for the next turn."""
+        if delivered:
+            await self.end_prompt(prompt_id, "steered")
+        else:
+            await self.db.execute(
+                "UPDATE bot_prompts SET state = 'queued' WHERE id = ?", (prompt_id,)
+            )
+
     async def queued_count(self, chat_id: int, thread_id: int) -> int:
         row = await self.db.fetchone(
             "SELECT COUNT(*) FROM bot_prompts WHERE chat_id = ? AND thread_id = ?"

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     document_threshold: int = Field(default=12_000, ge=1)
     preempt_grace: float = Field(default=5.0, ge=0)
     wave_concurrency: int = Field(default=3, ge=1)
+    # Warm sessions: keep one agent process per active session between turns (a memory
+    # policy: "off", "on" or a comma list of agents; never a turn deadline)
+    warm_sessions: Annotated[tuple[str, ...], NoDecode] = ()
+    max_warm_sessions: int = Field(default=4, ge=1)
+    warm_idle_minutes: float = Field(default=15.0, gt=0)
     # Bot: seconds between edits of one live (status) message, and shutdown behaviour
     status_edit_interval: float = Field(default=10.0, ge=0)
     shutdown_turns: Literal["finish", "park"] = "finish"
@@ -180,6 +185,30 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(p.strip() for p in value.split(",") if p.strip())
         return value
+
+    @field_validator("warm_sessions", mode="before")
+    @classmethod
+    def _split_warm(cls, value: object) -> object:
+        return _parse_warm(value)
+
+
+_WARM_AGENTS = ("claude", "copilot", "codex", "command")
+
+
+def _parse_warm(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    parts = [p.strip().lower() for p in value.split(",") if p.strip()]
+    if parts in ([], ["off"], ["false"], ["no"], ["0"]):
+        return ()
+    if parts in (["on"], ["true"], ["yes"], ["1"], ["all"]):
+        return _WARM_AGENTS
+    unknown = [p for p in parts if p not in _WARM_AGENTS]
+    if unknown:
+        raise ValueError(
+            f"expected off, on or agent names ({', '.join(_WARM_AGENTS)}); got {', '.join(unknown)}"
+        )
+    return tuple(parts)
 
 
 def _is_secret(annotation: object) -> bool:

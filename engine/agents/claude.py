@@ -211,8 +211,12 @@ class ClaudeAgent(JsonStreamAgent):
             self.started = False
         return False
 
+    def io_args(self) -> list[str]:
+        """How the prompt goes in and the records come out (a resident session differs)."""
+        return ["-p", "--output-format", "stream-json", "--verbose"]
+
     def turn_argv(self, program: str) -> list[str]:
-        argv = [program, "-p", "--output-format", "stream-json", "--verbose"]
+        argv = [program, *self.io_args()]
         if self._session_known():
             argv += ["--resume", self.session_id]
         else:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions, ProcessAgent
@@ -16,7 +18,57 @@ from engine.errors import ConfigError
 from engine.process import PreemptHandle
 from engine.settings import Settings
 
-__all__ = ["AGENT_NAMES", "create_agent"]
+if TYPE_CHECKING:
+    from engine.agents.warm import WarmPool
+
+__all__ = ["AGENT_NAMES", "TurnMode", "create_agent", "new_warm_pool", "turn_mode"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMode:
+    """How an agent's turns run here: a resident (warm) process or one process per turn."""
+
+    warm: bool
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return "warm" if self.warm else "per turn"
+
+
+def _binary(tool: str, settings: Settings) -> str:
+    return {
+        "claude": settings.claude_bin,
+        "copilot": settings.copilot_bin,
+        "codex": settings.codex_bin,
+    }.get(tool, settings.agent_command.split()[0] if settings.agent_command else "")
+
+
+def turn_mode(tool: str, settings: Settings, *, path: str | None = None) -> TurnMode:
+    """Which mode ``tool`` gets from ``TURNSTILE_WARM_SESSIONS`` and the installed CLI.
+
+    Detected, not assumed: a Claude Code whose ``--help`` lacks stream-json input runs
+    one process per turn (the answer is cached per binary file).
+    """
+    if tool not in settings.warm_sessions:
+        return TurnMode(False, f"TURNSTILE_WARM_SESSIONS does not include {tool}")
+    if tool == "claude":
+        from engine.agents.warm import claude_warm_support
+
+        support = claude_warm_support(_binary(tool, settings), path=path)
+        return TurnMode(support.supported, support.reason)
+    if tool == "codex":
+        return TurnMode(False, "resident Codex (its experimental app-server) is not supported yet")
+    return TurnMode(False, "this CLI cannot stay resident between turns")
+
+
+def new_warm_pool(settings: Settings) -> WarmPool:
+    """The pool that bounds resident agent processes, from the settings."""
+    from engine.agents.warm import WarmPool
+
+    return WarmPool(
+        max_sessions=settings.max_warm_sessions, idle_seconds=settings.warm_idle_minutes * 60
+    )
 
 
 def create_agent(
@@ -34,6 +86,7 @@ def create_agent(
     turns_finished: bool = False,
     preempt: PreemptHandle | None = None,
     approval: ApprovalRoute | None = None,
+    warm_pool: WarmPool | None = None,
 ) -> ProcessAgent:
     """A new session of ``tool`` pinned to ``cwd``.
 
@@ -44,6 +97,8 @@ def create_agent(
             so), so a CLI that no longer knows the session is reported, not restarted.
         approval: where tool calls ask a person (``TURNSTILE_TOOL_APPROVAL``); only
             Claude Code can ask, the other CLIs keep their allowlist (docs/agents.md).
+        warm_pool: where a warm session's resident process is counted (see
+            :func:`turn_mode`); without one, a warm session gets a pool of its own.
 
     Raises:
         ConfigError: unknown tool, missing command template, or a missing cwd.
@@ -52,6 +107,11 @@ def create_agent(
     if not cwd.is_dir():
         raise ConfigError(f"working directory {cwd} does not exist")
     tools = allowlist or ToolAllowlist.from_flags(settings.allowed_tools, settings.dangerous_tools)
+    warm = tool == "claude" and preempt is None and turn_mode(tool, settings).warm
+    if warm:
+        from engine.agents.warm import WarmPreemptHandle
+
+        preempt = WarmPreemptHandle(grace=settings.preempt_grace, session_id=session_id)
     preempt = preempt or PreemptHandle(grace=settings.preempt_grace, session_id=session_id)
     if spec.template:
         template = agent_cmd or spec.configured(settings)
@@ -85,9 +145,21 @@ def create_agent(
         spill_limit=settings.spill_limit,
         approval=approval if tool == "claude" else None,
     )
-    adapter = spec.load()
-    if not issubclass(adapter, JsonStreamAgent):
-        raise ConfigError(f"agent {tool!r} has no CLI adapter ({spec.adapter})")
-    agent = adapter(options, session_id=session_id, preempt=preempt, resume=resume)
+    if warm:
+        # Imported here: the warm adapter is only loaded when a session is warm.
+        from engine.agents.warm import WarmClaudeAgent
+
+        agent = WarmClaudeAgent(
+            options,
+            session_id=session_id,
+            preempt=preempt,
+            resume=resume,
+            pool=warm_pool if warm_pool is not None else new_warm_pool(settings),
+        )
+    else:
+        adapter = spec.load()
+        if not issubclass(adapter, JsonStreamAgent):
+            raise ConfigError(f"agent {tool!r} has no CLI adapter ({spec.adapter})")
+        agent = adapter(options, session_id=session_id, preempt=preempt, resume=resume)
     agent.finished_turn = turns_finished
     return agent

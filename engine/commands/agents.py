@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from engine.agents.command import parse_template
-from engine.agents.registry import AGENTS, AgentSpec, ask_version
+from engine.agents.factory import turn_mode
+from engine.agents.registry import AGENT_NAMES, AGENTS, AgentSpec, ask_version
 from engine.agents.stream import find_binary
 from engine.errors import ConfigError
 from engine.settings import Settings
@@ -49,6 +50,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(asdict(status)))
     else:
         print(_table(statuses))
+        print(turn_modes_text(settings))
     default = next(s for s in statuses if s.default)
     return 0 if default.path is not None else 1
 
@@ -80,6 +82,15 @@ async def _probe(spec: AgentSpec, settings: Settings, path: str | None) -> Agent
         return AgentStatus(spec.name, binary, spec.env_var, default, found, None, None)
     version, trouble = await ask_version(found, spec.version_args, within=VERSION_TIMEOUT)
     return AgentStatus(spec.name, binary, spec.env_var, default, found, version, trouble)
+
+
+def turn_modes_text(settings: Settings) -> str:
+    """One line per agent: does it keep a resident process (warm) or start one per turn, why."""
+    lines = ["turns (TURNSTILE_WARM_SESSIONS):"]
+    for name in AGENT_NAMES:
+        mode = turn_mode(name, settings)
+        lines.append(f"  {name}: {mode.label} - {mode.reason}")
+    return "\n".join(lines)
 
 
 def _table(statuses: list[AgentStatus]) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TextIO
 import httpx
 
 from engine.agents.command import parse_template
+from engine.agents.factory import turn_mode
 from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
@@ -347,6 +348,20 @@ async def check_agents(settings: Settings) -> list[Check]:
         checks.append(check)
         if check.status is Status.OK and spec.credentials is not None:
             checks.append(check_credentials(spec.name, os.environ, Path(".env")))
+    checks += check_turn_modes(settings)
+    return checks
+
+
+def check_turn_modes(settings: Settings) -> list[Check]:
+    """For each agent ``TURNSTILE_WARM_SESSIONS`` names: warm, or why it runs per turn."""
+    checks: list[Check] = []
+    for agent in settings.warm_sessions:
+        mode = turn_mode(agent, settings)
+        name = f"{agent} turns"
+        if mode.warm:
+            checks.append(_ok(name, f"warm: {mode.reason}"))
+        else:
+            checks.append(_warn(name, f"one process per turn: {mode.reason}"))
     return checks
 
 

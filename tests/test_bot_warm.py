@@ -1,0 +1,134 @@
+"""A warm chat session in the real bot: the fake Bot API, the real ``claude``, the fake model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine.agents.factory import create_agent, turn_mode
+from engine.agents.warm import WarmClaudeAgent
+from engine.settings import Settings
+from tests.agent_clis import ensure_cli
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
+from tests.fakes.realcli import Sandbox, marked_processes
+
+pytestmark = [
+    pytest.mark.realcli,
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("isolated_env"),
+]
+
+
+def test_the_setting_and_the_cli_choose_the_mode(tmp_path: Path) -> None:
+    claude = str(ensure_cli("claude"))
+    off = Settings(_env_file=None, claude_bin=claude)  # type: ignore[call-arg]
+    on = Settings(_env_file=None, claude_bin=claude, warm_sessions="claude")  # type: ignore[call-arg]
+    old_cli = tmp_path / "old-claude"
+    old_cli.write_text("#!/bin/sh\necho 'Usage: claude [options] --print'\n")
+    old_cli.chmod(0o755)
+    old = Settings(_env_file=None, claude_bin=str(old_cli), warm_sessions="on")  # type: ignore[call-arg]
+    assert not turn_mode("claude", off).warm
+    assert turn_mode("claude", on).warm
+    assert not turn_mode("claude", old).warm
+    assert "--input-format" in turn_mode("claude", old).reason
+    assert not turn_mode("copilot", old).warm
+    assert not isinstance(create_agent("claude", off, cwd=tmp_path), WarmClaudeAgent)
+    assert isinstance(create_agent("claude", on, cwd=tmp_path), WarmClaudeAgent)
+    assert not isinstance(create_agent("claude", old, cwd=tmp_path), WarmClaudeAgent)
+
+
+async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "claude-config"
+    config.mkdir()
+    gate = tmp_path / "go"
+    waiting = f"while [ ! -e {gate} ]; do sleep 0.05; done; echo tool-done"
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in model.claude_env(config).items():
+            monkeypatch.setenv(key, value)
+        model.enqueue(
+            ToolCall("Bash", {"command": waiting, "description": "wait"}),
+            Text("done, with bananas"),
+            Text("second turn"),
+        )
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="claude",
+            claude_bin=str(ensure_cli("claude")),
+            warm_sessions="claude",
+            allowed_tools=("bash",),
+        )
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="run the tool")
+            await model.wait_for_model_requests(1)
+            assert rt.chats is not None
+            async with asyncio.timeout(60):
+                while not (
+                    (run := rt.chats.active.get((CHAT, 0))) is not None
+                    and run.agent.preempt.active
+                    and run.agent.turn.tool_calls
+                ):
+                    await asyncio.sleep(0.02)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention bananas")
+            # The CLI notes the message in its transcript when it reads it, and takes it
+            # up after the running tool: only then let the tool finish.
+            assert isinstance(run.agent, WarmClaudeAgent)
+            transcript = run.agent.transcript_path()
+            async with asyncio.timeout(60):
+                while not (
+                    transcript.exists() and "also mention bananas" in transcript.read_text()
+                ):
+                    await asyncio.sleep(0.02)
+            gate.touch()
+            await api.wait_for_message(lambda m: "Sent to the running turn" in m.text)
+            await api.wait_for_message(lambda m: m.text == "done, with bananas")
+            assert "also mention bananas" in model.model_requests[1].all_text()
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="and now?")
+            await api.wait_for_message(lambda m: m.text == "second turn")
+            run = rt.chats.active[(CHAT, 0)]
+            assert isinstance(run.agent, WarmClaudeAgent)
+            assert run.agent.spawns == 1
+            # Two turns, the steering message in the first, none queued as a turn of its own.
+            assert run.turns_done == 2
+            assert len(model.model_requests) == 3
+        assert not run.agent.resident
+
+
+async def test_per_tool_approval_works_on_a_warm_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_tool_approvals_realcli import TOUCH, bind_and_ask, press, workdir
+
+    box = Sandbox(tmp_path / "claude")
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in box.env(model.claude_env(box.config)).items():
+            monkeypatch.setenv(key, value)
+        model.enqueue(TOUCH, Text("file made"), Text("still warm"))
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="claude",
+            claude_bin=str(ensure_cli("claude")),
+            tool_approval="unlisted",
+            warm_sessions="claude",
+        )
+        async with running_bot(api, settings) as rt:
+            ask = await bind_and_ask(api)
+            press(api, ask, "Allow once", OPERATOR)
+            await api.wait_for_message(lambda m: m.text == "file made", timeout=60)
+            assert (workdir(tmp_path) / "allowed.txt").exists()
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="and now?")
+            await api.wait_for_message(lambda m: m.text == "still warm", timeout=60)
+            assert rt.chats is not None
+            agent = rt.chats.active[(CHAT, 0)].agent
+            assert isinstance(agent, WarmClaudeAgent)
+            assert agent.spawns == 1
+    assert marked_processes(box.marker) == []
