@@ -15,6 +15,7 @@ from tests.automode_support import (
     agent_log,
     cli_env,
     happy_rules,
+    report_head,
     turnstile,
     write_script,
 )
@@ -70,7 +71,7 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
     )
 
     assert done.returncode == 0, done.stderr
-    run_id, status, _ = done.stdout.split()
+    run_id, status = report_head(done.stdout)
     assert status == "completed"
     worktree = tmp_path / "ws" / "worktrees" / "demo" / run_id
     with sqlite3.connect(tmp_path / "turnstile.db") as conn:
@@ -94,7 +95,7 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
         "--agent-cmd", AGENT_CMD, "-p", "create result.txt",
     )  # fmt: skip
     assert other.returncode == 0, other.stderr
-    other_id = other.stdout.split()[0]
+    other_id = report_head(other.stdout)[0]
     listed = run_cli(tmp_path, env, "runs")
     assert listed.returncode == 0, listed.stderr
     header, *rows = listed.stdout.splitlines()
