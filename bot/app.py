@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import inspect
 import json
 import logging
@@ -19,7 +18,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit
@@ -32,13 +30,16 @@ from bot.auth import Authorizer
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import AgentFactory, ChatSessions
+from bot.files import FileDesk
 from bot.handlers import COMMANDS, Handlers
 from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState
+from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
+from engine.locks import FileLock
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store.database import Database
@@ -151,6 +152,7 @@ class BotRuntime:
         self.chats: ChatSessions | None = None
         self.handlers: Handlers | None = None
         self.sink: BotSink | None = None
+        self.tool_approvals: ToolApprovalExtension | None = None
         self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -161,34 +163,42 @@ class BotRuntime:
         self._handled_in_tx: set[int] = set()
         self.stopping = False
         self.username = ""
-        self._lock_fd: int | None = None
+        self._bot_lock: FileLock | None = None
+        # Set when the bot must stop with an error (the token was refused): raised by
+        # serve() once the bot has shut down.
+        self.fatal: ConfigError | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _lock(self) -> None:
-        """One bot per database: two would drive the same sessions and poll one token."""
-        path = Path(f"{self.settings.database}.bot.lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"another turnstile bot already runs on {self.settings.database}; stop it first",
-                setting="TURNSTILE_DATABASE",
-            ) from None
-        self._lock_fd = fd
+    async def _lock(self) -> None:
+        """One bot per database: two would drive the same sessions and poll one token.
 
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        The lock sits beside the resolved database file, so a second path to the same
+        file (a symlink, a relative path) finds it taken.
+        """
+        database = self.settings.database.resolve()
+        lock = FileLock(database.with_name(f"{database.name}.bot.lock"))
+        if not await lock.try_acquire():
+            holder = await lock.holder()
+            raise ConfigError(
+                f"another turnstile bot already runs on {database}"
+                + (f" (pid {holder})" if holder else "")
+                + "; stop it first",
+                setting="TURNSTILE_DATABASE",
+            )
+        self._bot_lock = lock
+
+    async def _unlock(self) -> None:
+        if self._bot_lock is not None:
+            await self._bot_lock.release()
+            self._bot_lock = None
 
     async def __aenter__(self) -> Self:
-        self._lock()
+        await self._lock()
         try:
             await self.db.open()
+            # A read-only database opens fine and fails at the first write: say it now.
+            await self.db.ensure_writable()
             builder = (
                 ApplicationBuilder()
                 .token(self.token)
@@ -210,12 +220,15 @@ class BotRuntime:
                 self.store,
                 edit_interval=self._edit_interval,
                 on_migrate=self._migrated,
+                on_token_refused=self._token_refused,
+                refusal_backlog=self.settings.refusal_backlog,
             )
             self.publisher = Publisher(
                 self.store,
                 self.sender,
                 redactor=self.redactor,
                 document_threshold=self.settings.document_threshold,
+                documents_dir=self.settings.runs_dir / "documents",
             )
             self.chats = ChatSessions(
                 settings=self.settings,
@@ -227,6 +240,9 @@ class BotRuntime:
             )
             self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
+            # First: its start-up clean-up runs before other extensions resume runs.
+            self.tool_approvals = ToolApprovalExtension(self, self.handlers)
+            self.handlers.extensions.append(self.tool_approvals)
             # Order matters for plain messages: approvals and reasons before steering.
             self.handlers.extensions.append(
                 AutopilotExtension(
@@ -234,6 +250,10 @@ class BotRuntime:
                 )
             )
             self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
+            files = FileDesk(self, self.handlers)
+            self.handlers.extensions.append(files)
+            self.chats.output_files = files.marker_items
+            self.sink.on_files = files.send_marked
             self.handlers.register(self.app)
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)
@@ -274,7 +294,7 @@ class BotRuntime:
             with contextlib.suppress(Exception):
                 await self.app.shutdown()
         await self.db.close()
-        self._unlock()
+        await self._unlock()
 
     def publisher_or_fail(self) -> Publisher:
         if self.publisher is None:
@@ -392,6 +412,13 @@ class BotRuntime:
                 await self.follow_migration(update)
                 await self.app.update_queue.put(update)
 
+    def _token_refused(self, detail: str) -> None:
+        """Telegram refused the token (revoked or wrong): stop, and exit with that error."""
+        if self.fatal is None:
+            self.fatal = _token_error(detail)
+            _LOGGER.error("%s", self.fatal)
+        self.request_shutdown()
+
     def _migrated(self, old: int, new: int) -> None:
         """The sender learnt of a migration from Telegram (the store already followed it)."""
         self.authorizer.follow_migration(old, new)
@@ -428,9 +455,8 @@ class BotRuntime:
                     offset=offset or None, timeout=_POLL_TIMEOUT, allowed_updates=Update.ALL_TYPES
                 )
                 backoff = 1.0
-            except InvalidToken:
-                _LOGGER.error("Telegram refused the token: check TURNSTILE_TELEGRAM_TOKEN")
-                self.request_shutdown()
+            except InvalidToken as exc:
+                self._token_refused(exc.message)
                 return
             except Conflict:
                 _LOGGER.error("another process polls this bot token (409 Conflict); retrying")
@@ -581,16 +607,37 @@ class BotRuntime:
             await self.handlers.park_all()
 
 
+def _token_error(detail: str) -> ConfigError:
+    return ConfigError(
+        f"Telegram refused the bot token ({detail}): it was revoked or is wrong; put the "
+        "current token from @BotFather in TURNSTILE_TELEGRAM_TOKEN and start the bot again "
+        "(undelivered messages are kept and go out then)",
+        setting="TURNSTILE_TELEGRAM_TOKEN",
+    )
+
+
 async def serve(settings: Settings) -> int:
-    """Run the bot until SIGTERM or SIGINT; returns the process exit code."""
+    """Run the bot until SIGTERM or SIGINT; returns the process exit code.
+
+    Raises:
+        ConfigError: the settings are wrong, or Telegram refused the token (at start or
+            while running: the bot shuts down first).
+    """
     loop = asyncio.get_running_loop()
-    async with BotRuntime(settings) as runtime:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runtime.request_shutdown)
-        try:
-            await runtime.start()
-            await runtime.wait()
-            return await runtime.shutdown()
-        finally:
+    try:
+        async with BotRuntime(settings) as runtime:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+                loop.add_signal_handler(sig, runtime.request_shutdown)
+            try:
+                await runtime.start()
+                await runtime.wait()
+                code = await runtime.shutdown()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            if runtime.fatal is not None:
+                raise runtime.fatal
+            return code
+    except InvalidToken as exc:
+        # Refused at start-up (getMe, deleteWebhook): nothing ran yet.
+        raise _token_error(exc.message) from exc

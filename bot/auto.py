@@ -26,6 +26,7 @@ from engine.automode import (
     resume_auto_run,
     start_auto_run,
 )
+from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
 from engine.store.runs import RunStatus
@@ -61,6 +62,16 @@ class AutoExtension(Extension):
         self.sink = sink
         self.active: dict[str, _Active] = {}
         self._closing = False
+
+    def _approvals(self, update: Update | None, tool: str | None = None) -> ApprovalFor | None:
+        """Where the run's tool calls ask (bot.tool_approvals); None when nothing asks."""
+        approvals = self.rt.tool_approvals
+        if approvals is None:
+            return None
+        user = update.effective_user if update is not None else None
+        return approvals.routes_for(
+            tool or self.rt.settings.default_agent, user.id if user is not None else None
+        )
 
     # -- commands ----------------------------------------------------------------------
 
@@ -99,6 +110,7 @@ class AutoExtension(Extension):
                 thread_id=thread,
                 turn_slots=self.rt.slots,
                 run_id=run_id,
+                approval_for=self._approvals(update),
             )
         except ConfigError as exc:
             await self.h.reply(update, f"Cannot start: {exc}")
@@ -277,6 +289,7 @@ class AutoExtension(Extension):
                     record.id,
                     sink=self.sink,
                     turn_slots=self.rt.slots,
+                    approval_for=self._approvals(None, record.agent),
                 )
             except TurnstileError as exc:
                 _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})

@@ -426,15 +426,42 @@ class AutopilotExtension(Extension):
             text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
         await self.h.reply(update, text.strip())
 
+    async def _is_open(self, gate: GateRecord) -> bool:
+        """Whether the gate this message shows still waits: asked of the gate store."""
+        task = await self.gates.open_gate(gate.task)
+        return task is not None and task.phase == gate.phase and task.gate_sha256 == gate.sha256
+
     async def _gate_for_task(self, update: Update, task: str | None) -> GateRecord | None:
         chat = update.effective_chat
+        message = update.effective_message
         assert chat is not None
         if task is not None:
-            gate = await self.rt.store.latest_open_gate(task)
-            if gate is None:
+            record = await self.gates.open_gate(task)
+            if record is None or record.gate_sha256 is None:
                 await self.h.reply(update, f"No open gate for task {task}.")
+                return None
+            gate = await self.rt.store.open_gate_for(task, record.phase, record.gate_sha256)
+            if gate is None:
+                # Opened elsewhere (the terminal, another process): decided here all the
+                # same; the record says which chat decided it.
+                thread = message.message_thread_id if message and message.is_topic_message else None
+                gate_id = secrets.token_hex(4)
+                spec = self.gates.workflow.phase(record.phase)
+                await self.rt.store.add_gate(
+                    gate_id,
+                    task=task,
+                    phase=record.phase,
+                    sha256=record.gate_sha256,
+                    artifact_name=spec.artifact,
+                    chat_id=chat.id,
+                    thread_id=thread,
+                    run_id=_RUN_PREFIX + task,
+                )
+                gate = await self.rt.store.gate(gate_id)
             return gate
-        gates = await self.rt.store.open_gates(chat_id=chat.id)
+        gates = [
+            g for g in await self.rt.store.open_gates(chat_id=chat.id) if await self._is_open(g)
+        ]
         if len(gates) == 1:
             return gates[0]
         if not gates:
@@ -483,7 +510,7 @@ class AutopilotExtension(Extension):
             open_here = [
                 g
                 for g in await self.rt.store.open_gates(chat_id=chat.id)
-                if (g.thread_id or 0) == thread
+                if (g.thread_id or 0) == thread and await self._is_open(g)
             ]
             if not open_here:
                 return False
@@ -496,8 +523,10 @@ class AutopilotExtension(Extension):
             gate = open_here[0]
         if not await self.h.authorize(update, Action.APPROVE):
             return True
-        if gate.state != "open":
-            await self.h.reply(update, f"That gate ({gate.task} · {gate.phase}) is {gate.state}.")
+        if not await self._is_open(gate):
+            await self.h.reply(
+                update, f"That gate ({gate.task} · {gate.phase}) no longer waits for approval."
+            )
             return True
         await self._approve(update, gate)
         return True
@@ -512,7 +541,7 @@ class AutopilotExtension(Extension):
         assert user is not None
         if verb in ("ap", "rj"):
             gate = await self.rt.store.gate(rest)
-            if gate is None or gate.state != "open":
+            if gate is None or not await self._is_open(gate):
                 await self.h._answer(update, "This gate is closed.")
                 return True
             if verb == "ap":
@@ -579,7 +608,7 @@ class AutopilotExtension(Extension):
             await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
             return False
         gate = await store.gate(asked.gate_id)
-        if gate is None or gate.state != "open":
+        if gate is None or not await self._is_open(gate):
             await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
             await self._close_prompt(asked, "⏹ That gate is closed; nothing was rejected.")
             return False
@@ -622,7 +651,7 @@ class AutopilotExtension(Extension):
         gate = await store.gate(gate_id)
         await store.drop_reason_request(chat.id, user.id, gate_id=gate_id)
         await self._close_prompt(asked, "✍️ Reason received.")
-        if gate is None or gate.state != "open":
+        if gate is None or not await self._is_open(gate):
             await self._retire_pressed(update, "⏹ That gate is closed.")
             await self.h.reply(update, "That gate is closed; nothing was rejected.")
             return
@@ -657,7 +686,9 @@ class AutopilotExtension(Extension):
         )
         gate = await store.gate(asked.gate_id)
         what = f"{gate.task} · {gate.phase}" if gate is not None else "the gate"
-        still = " still waits for approval" if gate is not None and gate.state == "open" else ""
+        still = (
+            " still waits for approval" if gate is not None and await self._is_open(gate) else ""
+        )
         await self.h.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
 
     async def cmd_cancel(self, update: Update, args: list[str]) -> None:
@@ -723,9 +754,14 @@ class AutopilotExtension(Extension):
         report = await self.gates.audit()
         lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
         lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
-        refusals = [
-            e for e in await self.rt.store.audit_entries(limit=200) if e.outcome == "refused"
-        ]
+        entries = await self.rt.store.audit_entries(limit=200)
+        refusals = [e for e in entries if e.outcome == "refused"]
+        undelivered = [e for e in entries if e.action == "deliver" and e.outcome == "failed"]
+        if undelivered:
+            lines.append(
+                f"Undelivered messages (latest {min(len(undelivered), 10)} of {len(undelivered)}):"
+            )
+            lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
         if refusals:
             lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
             lines.extend(

@@ -14,16 +14,17 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from bot.publish import Publisher, format_elapsed
-from bot.store import Binding, BotStore
+from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
-from engine.errors import ChannelError, ConfigError, TurnError, TurnPreempted
+from engine.approvals import ApprovalRoute
+from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
@@ -36,6 +37,8 @@ __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResu
 _LOGGER = logging.getLogger(__name__)
 
 AgentFactory = Callable[..., ProcessAgent]
+# The outbox messages for files an agent's output asks to send (bot/files.py).
+OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
 _STATUS_DEBOUNCE: Final = 0.05
 
@@ -93,9 +96,12 @@ class ChatChannel(BaseChannel):
         assert run.current is not None
         prompt_id, turn_id, _ = run.current
         b = run.binding
-        items = run.publisher.output_items(
+        items = await run.publisher.output_items(
             out, chat_id=b.chat_id, thread_id=b.thread_id or None, run_id=run.run_id
         )
+        if run.output_files is not None:
+            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer.
+            items += await run.output_files(b, out, run.run_id)
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
         )
@@ -131,6 +137,7 @@ class ChatRun:
     task: asyncio.Task[None] | None = None
     status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     last_event: str | None = None
+    output_files: OutputFiles | None = None
     channel: ChatChannel = field(init=False)
 
     def __post_init__(self) -> None:
@@ -202,6 +209,9 @@ class ChatSessions:
         self.slots = slots
         self.status_tick = status_tick
         self.active: dict[tuple[int, int], ChatRun] = {}
+        self.output_files: OutputFiles | None = None
+        # Where a new run's tool calls ask a person (set by bot.tool_approvals).
+        self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
 
@@ -221,7 +231,7 @@ class ChatSessions:
         if project in {p.name for p in manager.projects}:
             try:
                 workspace = await manager.provision(run_key, project)
-            except WorkspaceError as exc:
+            except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
         path = manager.plain_folder(project)
@@ -294,6 +304,10 @@ class ChatSessions:
 
     async def _start(self, binding: Binding) -> ChatRun:
         run_id = new_run_id(RunMode.CHAT)
+        extra: dict[str, Any] = {}
+        route = await self.approvals(run_id, binding) if self.approvals is not None else None
+        if route is not None:
+            extra["approval"] = route
         agent = self.agent_factory(
             binding.agent,
             self.settings,
@@ -301,6 +315,7 @@ class ChatSessions:
             session_id=binding.session_id,
             resume=binding.turns > 0,
             turns_finished=binding.turns > 0,
+            **extra,
         )
         await self.runs.create_run(
             run_id,
@@ -319,6 +334,7 @@ class ChatSessions:
             store=self.store,
             runs=self.runs,
             publisher=self.publisher,
+            output_files=self.output_files,
         )
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event

@@ -20,6 +20,10 @@ class Extension:
         """A plain message; True when it was consumed."""
         return False
 
+    async def on_media(self, update: Update, context: Any) -> bool:
+        """A file, photo, video or voice note; True when it was consumed."""
+        return False
+
     async def on_button(self, update: Update, data: str) -> bool:
         """A button press; True when the data was ours (and the query answered)."""
         return False

@@ -49,6 +49,7 @@ COMMANDS: Final = [
     BotCommand("cancel", "drop the Reject that waits for your reason"),
     BotCommand("stop", "[RUN] — stop the running turn at once"),
     BotCommand("status", "this chat's runs"),
+    BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
     BotCommand("tasks", "every task's state (admin)"),
     BotCommand("audit", "the audit's findings (admin)"),
 ]
@@ -71,6 +72,16 @@ HELP: Final = "\n".join(
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
         "",
+        "Files",
+        "Send a file or photo (an album is one turn): it is saved in the run's folder under"
+        " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
+        " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
+        "",
+        "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
+        " before a tool call: Allow once, Allow for this session, or Deny; the turn"
+        " waits. Copilot CLI and Codex cannot ask per tool call: their allowed tools alone"
+        " decide.",
+        "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
     ]
@@ -87,6 +98,12 @@ BUTTON_ACTIONS: Final = {
 }
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
 _REFUSAL_EVERY: Final = 60.0
+_UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
+_APPROVAL_HELP: Final = {
+    "off": "off here: only the allowed tools run",
+    "unlisted": "on here for tools outside the allowed list",
+    "all": "on here for every tool call",
+}
 
 
 def _thread(message: Message | None) -> int:
@@ -123,6 +140,7 @@ class Handlers:
             "cancel": self.cmd_cancel,
             "tasks": self.cmd_tasks,
             "audit": self.cmd_audit,
+            "get": self.cmd_get,
         }
         for name, callback in commands.items():
             app.add_handler(CommandHandler(name, callback, filters=filters.UpdateType.MESSAGE))
@@ -134,6 +152,15 @@ class Handlers:
                 filters.UpdateType.MESSAGE & filters.TEXT & ~filters.COMMAND, self.on_text
             )
         )
+        media = (
+            filters.Document.ALL
+            | filters.PHOTO
+            | filters.VIDEO
+            | filters.VIDEO_NOTE
+            | filters.VOICE
+            | filters.AUDIO
+        )
+        app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & media, self.on_media))
         app.add_handler(CallbackQueryHandler(self.on_button))
         app.add_error_handler(self.on_error)
 
@@ -162,25 +189,39 @@ class Handlers:
         decision = self.rt.authorizer.check(user_id, chat.id, action)
         if decision.allowed:
             return True
+        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
+        reason = decision.reason
+        if update.callback_query is None and user_id is not None and self._may_tell(user_id):
+            text = (
+                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
+                f"a role in the bot's settings."
+            )
+            if not self._refuse(update, text):
+                reason += _UNANSWERED
         await self.rt.store.audit(
             action=action.value,
             outcome="refused",
             user_id=user_id,
             chat_id=chat.id,
             update_id=update.update_id,
-            reason=decision.reason,
+            reason=reason,
         )
-        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
         if update.callback_query is not None:
             await self._answer(update, f"Not allowed. Your id: {user_id}")
-            return False
-        if user_id is not None and self._may_tell(user_id):
-            await self.reply(
-                update,
-                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
-                f"a role in the bot's settings.",
-            )
         return False
+
+    def _refuse(self, update: Update, text: str) -> bool:
+        """Answer a refusal through the low-priority lane; False when it was full."""
+        message = update.effective_message
+        chat = update.effective_chat
+        assert chat is not None
+        assert self.rt.publisher is not None
+        return self.rt.publisher.refusal(
+            chat.id,
+            text,
+            thread_id=_thread(message) or None,
+            reply_to=message.message_id if message is not None else None,
+        )
 
     def _may_tell(self, user_id: int) -> bool:
         now = time.monotonic()
@@ -215,14 +256,6 @@ class Handlers:
             await self.rt.follow_migration(update)
             raise ApplicationHandlerStop
         if not self.rt.authorizer.chat_allowed(chat.id):
-            await self.rt.store.audit(
-                action="any",
-                outcome="refused",
-                user_id=user.id,
-                chat_id=chat.id,
-                update_id=update.update_id,
-                reason="chat not allowed",
-            )
             # The log is where an admin finds a group's id to allow it.
             _LOGGER.info(
                 "ignored update %s from chat %s (%s) not in TURNSTILE_ALLOWED_CHATS, user %s",
@@ -231,13 +264,26 @@ class Handlers:
                 chat.type,
                 user.id,
             )
+            reason = "chat not allowed"
             # A private chat is how a new user learns their id; groups are ignored.
-            if chat.type == "private" and self._may_tell(user.id):
-                await self.reply(
+            if (
+                chat.type == "private"
+                and self._may_tell(user.id)
+                and not self._refuse(
                     update,
                     f"⛔ This chat is not allowed. Your Telegram user id is {user.id} "
                     f"(chat id {chat.id}); an admin can add it to the bot's settings.",
                 )
+            ):
+                reason += _UNANSWERED
+            await self.rt.store.audit(
+                action="any",
+                outcome="refused",
+                user_id=user.id,
+                chat_id=chat.id,
+                update_id=update.update_id,
+                reason=reason,
+            )
             if update.callback_query is not None:
                 await self._answer(update)
             raise ApplicationHandlerStop
@@ -265,7 +311,12 @@ class Handlers:
             return
         user = update.effective_user
         await self.reply(
-            update, HELP.format(agents=", ".join(AGENT_NAMES), user_id=user.id if user else "?")
+            update,
+            HELP.format(
+                agents=", ".join(AGENT_NAMES),
+                user_id=user.id if user else "?",
+                tool_approval=_APPROVAL_HELP[self.rt.settings.tool_approval],
+            ),
         )
 
     async def unknown_command(self, update: Update, context: Context) -> None:
@@ -403,6 +454,15 @@ class Handlers:
 
     async def cmd_audit(self, update: Update, context: Context) -> None:
         await self._delegate(update, context, "audit", Action.AUDIT, None)
+
+    async def cmd_get(self, update: Update, context: Context) -> None:
+        await self._delegate(update, context, "get", Action.STATUS, None)
+
+    async def on_media(self, update: Update, context: Context) -> None:
+        """Files, photos and voice notes (bot/files.py)."""
+        for ext in self.extensions:
+            if await ext.on_media(update, context):
+                return
 
     async def _delegate(
         self, update: Update, context: Context, verb: str, action: Action, usage: str | None

@@ -5,6 +5,16 @@ time, through the bot's rate limiter (``AIORateLimiter`` with retries honours
 ``RetryAfter``). Network errors, timeouts and 5xx answers are retried with backoff; a
 row is marked sent only after Telegram accepted it, so a restart delivers what was left.
 Live messages (run status, gates) are edited in place, throttled per message.
+
+Answers to people who may not use the bot ("not allowed") go through a second, bounded
+lane in memory, sent only when nothing else is waiting: a flood of strangers can never
+delay a real answer, and beyond the bound a refusal is not answered (the handler audits
+that). They are courtesy replies to people without a right: not kept over a restart.
+
+A refusal Telegram will repeat (a chat that blocked the bot, an unknown chat) marks the
+row failed for good, with an audit entry. A 401/404 is first checked with ``getMe``: when
+the token itself is refused (revoked in BotFather), nothing is marked failed, the sender
+stops and says so through ``on_token_refused`` (the bot then stops with that error).
 """
 
 from __future__ import annotations
@@ -12,12 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
-from telegram import Bot, InlineKeyboardMarkup, Message, MessageEntity, ReplyParameters
+from telegram import (
+    Bot,
+    InlineKeyboardMarkup,
+    InputFile,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+)
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -29,12 +49,14 @@ from telegram.error import (
     TimedOut,
 )
 
-from bot.store import BotStore, LiveMessage, OutboxRow
+from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 
 __all__ = ["OutboxSender", "retry_seconds"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_BACKOFF: Final = 30.0
+# Seconds to upload one document from disk (up to 45 MB on a slow uplink).
+_UPLOAD_TIMEOUT: Final = 300.0
 
 
 def _entities(raw: tuple[dict[str, Any], ...]) -> list[MessageEntity] | None:
@@ -55,6 +77,12 @@ def retry_seconds(exc: RetryAfter) -> float:
     return float(delay.total_seconds() if hasattr(delay, "total_seconds") else delay)
 
 
+def _drop_spool(item: OutboxItem) -> None:
+    if item.kind == "file":
+        with contextlib.suppress(OSError):
+            Path(item.body).unlink()
+
+
 def _not_modified(exc: BadRequest) -> bool:
     return "message is not modified" in exc.message.lower()
 
@@ -70,7 +98,9 @@ class OutboxSender:
         edit_interval: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         on_migrate: Callable[[int, int], Any] | None = None,
+        on_token_refused: Callable[[str], Any] | None = None,
         first_backoff: float = 0.5,
+        refusal_backlog: int = 20,
     ) -> None:
         self._bot = bot
         self._store = store
@@ -81,14 +111,30 @@ class OutboxSender:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._on_migrate = on_migrate
+        self._on_token_refused = on_token_refused
+        self.token_refused: str | None = None
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
+        self._refusals: deque[OutboxItem] = deque()
+        self._refusal_backlog = refusal_backlog
         self.sent = 0
         self.failed = 0
 
     def wake(self) -> None:
         self._idle.clear()
         self._wake.set()
+
+    def offer_refusal(self, item: OutboxItem) -> bool:
+        """Queue a "not allowed" answer in the low-priority lane; False when it is full."""
+        if len(self._refusals) >= self._refusal_backlog or self._stopping:
+            return False
+        self._refusals.append(item)
+        self.wake()
+        return True
+
+    @property
+    def waiting_refusals(self) -> int:
+        return len(self._refusals)
 
     def stop(self) -> None:
         self._stopping = True
@@ -146,6 +192,8 @@ class OutboxSender:
         """Deliver what is pending now, for at most ``seconds`` (shutdown)."""
         deadline = time.monotonic() + seconds
         while True:
+            if self.token_refused is not None:
+                return False
             self.wake()
             try:
                 await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
@@ -170,12 +218,41 @@ class OutboxSender:
                 continue
             await self._edit(live)
             return True, None
+        if self._refusals:
+            await self._deliver_refusal(self._refusals[0])
+            self._refusals.popleft()
+            return True, None
         return False, due_in
 
+    async def _deliver_refusal(self, item: OutboxItem) -> None:
+        """One answer of the refusal lane; a network error or flood limit leaves it first."""
+        try:
+            await self._send(OutboxRow(id=0, item=item, attempts=0))
+        except (NetworkError, RetryAfter):
+            raise
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            _LOGGER.warning("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
+        except TelegramError as exc:
+            # A stranger who blocked the bot: nothing to keep (the refusal is audited).
+            _LOGGER.info("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
+
     async def _deliver(self, row: OutboxRow) -> None:
+        await self._deliver_row(row)
+        if row.item.kind == "file" and await self._store.outbox_settled(row.id):
+            # Delivered or failed for good: its document is not needed any more.
+            with contextlib.suppress(OSError):
+                os.unlink(row.item.body)
+
+    async def _deliver_row(self, row: OutboxRow) -> None:
         item = row.item
         try:
             message = await self._send(row)
+        except OSError as exc:
+            # The document of a spilled output is gone from disk: nothing can send it.
+            await self._give_up(row, f"the file to send cannot be read ({exc.strerror})")
+            return
         except ChatMigrated as exc:
             new_chat = int(exc.new_chat_id)
             _LOGGER.info("chat %s migrated to %s; following it", item.chat_id, new_chat)
@@ -188,21 +265,26 @@ class OutboxSender:
             if fallback is None:
                 return
             message = fallback
-        except (Forbidden, InvalidToken) as exc:
-            _LOGGER.error("outbox %s cannot be delivered: %s", row.id, exc.message)
-            self.failed += 1
-            await self._store.outbox_failed(row, exc.message)
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            await self._give_up(row, exc.message)
+            return
+        except Forbidden as exc:
+            await self._give_up(row, exc.message)
             return
         except (NetworkError, RetryAfter):
             raise
         except TelegramError as exc:
             # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
-            _LOGGER.error("outbox %s refused: %s", row.id, exc.message)
-            self.failed += 1
-            await self._store.outbox_failed(row, exc.message)
+            await self._give_up(row, exc.message)
+            return
+        except FileNotFoundError:
+            await self._give_up(row, "the file to send is gone from the spool")
             return
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)
+        _drop_spool(item)
         if item.ref is not None:
             self._last_edit[item.ref] = self._clock()
 
@@ -220,10 +302,40 @@ class OutboxSender:
                 return await self._send(row, reply=False)
         except BadRequest as again:
             exc = again
-        _LOGGER.error("outbox %s refused by Telegram: %s", row.id, exc.message)
-        self.failed += 1
-        await self._store.outbox_failed(row, exc.message)
+        await self._give_up(row, exc.message)
         return None
+
+    async def _give_up(self, row: OutboxRow, error: str) -> None:
+        """A permanent refusal: the row is failed for good, logged and audited."""
+        _LOGGER.error(
+            "message %s to chat %s not delivered: Telegram refused it (%s)",
+            row.id,
+            row.item.chat_id,
+            error,
+        )
+        self.failed += 1
+        await self._store.outbox_failed(row, error)
+        _drop_spool(row.item)
+
+    async def _token_refused(self, exc: InvalidToken) -> bool:
+        """Whether a 401/404 means the token itself is refused (``getMe`` fails too).
+
+        Telegram answers 404 for an unknown method and 401/404 for a bad token: only a
+        failing ``getMe`` tells a revoked token from one message it will not take. When
+        the token is refused the sender stops; the row stays pending for a new token.
+        """
+        try:
+            await self._bot.get_me()
+        except InvalidToken:
+            pass
+        else:
+            return False
+        self.token_refused = exc.message
+        _LOGGER.error("Telegram refused the bot token (%s); delivery stops", exc.message)
+        self.stop()
+        if self._on_token_refused is not None:
+            self._on_token_refused(exc.message)
+        return True
 
     async def _send(
         self, row: OutboxRow, *, with_entities: bool = True, reply: bool = True
@@ -235,6 +347,21 @@ class OutboxSender:
             if reply and item.reply_to is not None
             else None
         )
+        if item.kind == "file":
+            # A spilled output's redacted document: streamed from disk, never read whole
+            # (httpx rewinds it when the rate limiter sends it again).
+            fh = await asyncio.to_thread(open, item.body, "rb")
+            with fh:
+                return await self._bot.send_document(
+                    chat_id=item.chat_id,
+                    document=InputFile(fh, filename=item.filename, read_file_handle=False),
+                    caption=item.caption,
+                    message_thread_id=item.thread_id,
+                    reply_parameters=reply_params,
+                    reply_markup=_markup(item.markup),
+                    disable_content_type_detection=True,
+                    write_timeout=_UPLOAD_TIMEOUT,
+                )
         if item.kind == "document":
             data = item.body.encode("utf-8")
             return await self._bot.send_document(
@@ -271,6 +398,10 @@ class OutboxSender:
         except BadRequest as exc:
             if not _not_modified(exc):
                 _LOGGER.warning("edit of %s refused: %s", live.ref, exc.message)
+        except InvalidToken as exc:
+            if await self._token_refused(exc):
+                return
+            _LOGGER.warning("edit of %s failed: %s", live.ref, exc)
         except (Forbidden, TelegramError) as exc:
             if isinstance(exc, NetworkError | RetryAfter):
                 raise

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import codecs
+import os
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from bot.outbox import OutboxSender
-from bot.render import Rendered, plain, render_markdown
+from bot.render import MAX_CAPTION, Rendered, plain, render_markdown
 from bot.store import BotStore, OutboxItem
 from engine.redact import Redactor
 from engine.turn import TurnOutput
@@ -15,7 +21,11 @@ from engine.turn import TurnOutput
 __all__ = ["MAX_OUTPUT_BYTES", "Publisher", "format_elapsed"]
 
 # Telegram takes documents up to 50 MB from bots; a bigger output is cut (and says so).
-MAX_OUTPUT_BYTES: Final = 20 * 1024 * 1024
+MAX_OUTPUT_BYTES: Final = 45 * 1024 * 1024
+# A spilled output is redacted into its document this much at a time (memory stays flat).
+_CHUNK: Final = 1024 * 1024
+_HEAD_LINES: Final = 12
+_HEAD_CHARS: Final = 600
 
 
 def format_elapsed(seconds: float) -> str:
@@ -29,17 +39,74 @@ def format_elapsed(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def _bounded_text(out: TurnOutput) -> str:
-    """The turn's output, at most ``MAX_OUTPUT_BYTES`` of it (a note says where the rest is)."""
-    size = out.size if out.size is not None else len(out.text.encode())
-    if out.spill_path is None or size <= MAX_OUTPUT_BYTES:
-        return out.full_text()
-    with open(out.spill_path, "rb") as fh:
-        head = fh.read(MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
-    return (
-        f"{head}\n\n… output cut at {MAX_OUTPUT_BYTES:,} of {size:,} bytes; the whole of it "
-        f"is on the bot's machine in {out.spill_path}"
-    )
+@dataclass(frozen=True, slots=True)
+class _Copied:
+    size: int
+    lines: int
+    head: str
+
+
+def _redacted_copy(
+    source: Path, target: Path, redact: Callable[[str], str], *, total: int
+) -> _Copied:
+    """Stream ``source`` into ``target`` redacted, at most ``MAX_OUTPUT_BYTES`` of it.
+
+    Redaction runs on whole lines (a secret never straddles two pieces); only a line longer
+    than four chunks is cut, at its last space. Memory stays at a few chunks for any size.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    size = lines = 0
+    head: list[str] = []
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+        ends_line = True
+
+        def emit(text: str) -> None:
+            nonlocal size, lines, ends_line
+            safe = redact(text)
+            if len(head) < _HEAD_LINES:
+                head.extend(safe.splitlines()[: _HEAD_LINES - len(head)])
+            data = safe.encode("utf-8")
+            dst.write(data)
+            size += len(data)
+            lines += text.count("\n")
+            ends_line = text.endswith("\n")
+
+        left = MAX_OUTPUT_BYTES
+        while left > 0:
+            chunk = src.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            pending += decoder.decode(chunk)
+            cut = pending.rfind("\n") + 1
+            if not cut and len(pending) > 4 * _CHUNK:
+                cut = pending.rfind(" ") + 1 or len(pending)
+            if cut:
+                emit(pending[:cut])
+                pending = pending[cut:]
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            emit(pending)
+        if not ends_line:
+            lines += 1  # the last line has no newline
+        if left <= 0 and total > MAX_OUTPUT_BYTES:
+            emit(
+                f"\n\n… output cut at {MAX_OUTPUT_BYTES:,} of {total:,} bytes; the whole of "
+                f"it is on the bot's machine in {source}"
+            )
+    return _Copied(size=size, lines=lines, head="\n".join(head)[:_HEAD_CHARS])
+
+
+def _caption(text: str) -> str:
+    """At most Telegram's caption limit (counted in UTF-16 units, as Telegram does)."""
+    if len(text.encode("utf-16-le")) // 2 <= MAX_CAPTION:
+        return text
+    out = text[: MAX_CAPTION - 1]
+    while len(out.encode("utf-16-le")) // 2 > MAX_CAPTION - 1:
+        out = out[:-1]
+    return out + "…"
 
 
 class Publisher:
@@ -52,12 +119,16 @@ class Publisher:
         *,
         redactor: Redactor,
         document_threshold: int,
+        documents_dir: Path | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.sender = sender
         self.redact = redactor
         self.document_threshold = document_threshold
+        # Where the redacted documents of spilled outputs wait for their upload (by default
+        # beside the spill file).
+        self.documents_dir = documents_dir
         self.clock = clock
 
     def wake(self) -> None:
@@ -105,7 +176,7 @@ class Publisher:
                 )
         return items
 
-    def output_items(
+    async def output_items(
         self,
         out: TurnOutput,
         *,
@@ -115,19 +186,82 @@ class Publisher:
         header: str = "",
         reply_to: int | None = None,
     ) -> list[OutboxItem]:
-        """The messages for one turn's output (exit code noted when non-zero)."""
-        text = _bounded_text(out)
+        """The messages for one turn's output (exit code noted when non-zero).
+
+        An output spilled to a file (bigger than the in-memory cap) never enters memory
+        whole: it is redacted into a document file, streamed, and the outbox row names
+        the file; the sender uploads it from disk.
+        """
         if out.exit_code not in (None, 0):
             header = f"{header}⚠️ the agent exited with code {out.exit_code}\n"
+        filename = f"output-{run_id or 'run'}.md"
+        text = out.text
+        if out.spill_path is not None and (out.size or 0) <= self.document_threshold:
+            # Spilled under a tiny in-memory cap, yet short enough for messages.
+            text = await asyncio.to_thread(out.full_text)
+        elif out.spill_path is not None:
+            return [
+                await self._file_item(
+                    out.spill_path,
+                    out.size,
+                    chat_id=chat_id,
+                    thread_id=thread_id,
+                    run_id=run_id,
+                    header=header,
+                    reply_to=reply_to,
+                    filename=filename,
+                )
+            ]
         rendered = render_markdown(
             text,
             redact=self.redact,
             document_threshold=self.document_threshold,
             header=header,
-            filename=f"output-{run_id or 'run'}.md",
+            filename=filename,
         )
         return self.items_for(
             rendered, chat_id=chat_id, thread_id=thread_id, run_id=run_id, reply_to=reply_to
+        )
+
+    async def _file_item(
+        self,
+        spill: Path,
+        size: int | None,
+        *,
+        chat_id: int,
+        thread_id: int | None,
+        run_id: str | None,
+        header: str,
+        reply_to: int | None,
+        filename: str,
+    ) -> OutboxItem:
+        folder = self.documents_dir or spill.parent
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+        target = folder / f"document-{uuid.uuid4().hex}.md"
+        total = size if size is not None else (await asyncio.to_thread(spill.stat)).st_size
+        try:
+            copied = await asyncio.to_thread(
+                _redacted_copy, spill, target, self.redact, total=total
+            )
+        except BaseException:
+            # No half-written document left behind (a full disk, a cancelled turn).
+            await asyncio.shield(asyncio.to_thread(target.unlink, missing_ok=True))
+            raise
+        note = (
+            f"{header}📄 {copied.size:,} bytes, {copied.lines:,} lines: the whole output is "
+            f"in {filename}.\n\n{copied.head}"
+        )
+        if copied.lines > _HEAD_LINES or len(copied.head) < copied.size:
+            note += "\n…"
+        return OutboxItem(
+            chat_id=chat_id,
+            thread_id=thread_id,
+            kind="file",
+            body=str(target),
+            filename=filename,
+            caption=_caption(self.redact(note)),
+            run_id=run_id,
+            reply_to=reply_to,
         )
 
     async def say(
@@ -174,6 +308,25 @@ class Publisher:
             )
         await self.store.enqueue(items)
         self.wake()
+
+    def refusal(
+        self, chat_id: int, text: str, *, thread_id: int | None, reply_to: int | None
+    ) -> bool:
+        """Offer a "not allowed" answer to the sender's low-priority lane.
+
+        Returns:
+            False when it is not sent: the lane is full (a flood of strangers) or there is
+            no sender. The caller audits the refusal either way and says which.
+        """
+        if self.sender is None:
+            return False
+        item = OutboxItem(
+            chat_id=chat_id,
+            thread_id=thread_id,
+            body=plain(self.redact(text)).text,
+            reply_to=reply_to,
+        )
+        return self.sender.offer_refusal(item)
 
     async def document(
         self,

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from bot.publish import Publisher, format_elapsed
 from engine.errors import NotFoundError
@@ -49,6 +50,8 @@ def status_text(update: StatusUpdate, now: float | None = None) -> str:
 
 
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
+# Sends files of a run's folder to its chat: (place, run id, workdir, paths).
+FilesHandler = Callable[[ChatPlace, str, Path, list[str]], Awaitable[None]]
 
 
 class BotSink:
@@ -66,6 +69,7 @@ class BotSink:
         self._places: dict[str, ChatPlace] = {}
         self._tasks: dict[str, ChatPlace] = {}
         self.on_gate = on_gate
+        self.on_files: FilesHandler | None = None
         self.resolve: Callable[[str], Awaitable[ChatPlace | None]] | None = None
 
     def register(self, run_id: str, place: ChatPlace, *, task: str | None = None) -> None:
@@ -103,6 +107,13 @@ class BotSink:
         await self._publisher.say(
             place.chat_id, text, thread_id=place.thread_id, markdown=True, run_id=run_id
         )
+
+    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        place = await self.place(run_id)
+        if place is None or self.on_files is None:
+            _LOGGER.info("files %s of run %s have no chat to go to", paths, run_id)
+            return
+        await self.on_files(place, run_id, workdir, paths)
 
     async def update_status(self, update: StatusUpdate) -> None:
         place = await self.place(update.run_id)

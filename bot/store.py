@@ -18,6 +18,7 @@ from typing import Any
 
 import aiosqlite
 
+from engine.store.audit import SqliteAuditLog
 from engine.store.database import Database
 from engine.store.runs import TurnState
 from engine.turn import TurnOutput
@@ -41,6 +42,16 @@ class InboundState(StrEnum):
     HANDLED = "handled"
     IGNORED = "ignored"
     FAILED = "failed"
+
+
+_AUDIT_ORIGIN = "bot"
+
+
+def _user_id(actor: str | None) -> int | None:
+    try:
+        return int(actor) if actor is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +245,16 @@ def _prompt(row: aiosqlite.Row) -> PromptRow:
 class BotStore:
     """The bot's tables on a :class:`Database`."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.db = db
         self._clock = clock
+        # The system's one audit log; the bot's entries are those of origin "bot".
+        self._audit = SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
         self._asked: set[tuple[int, int]] | None = None
 
@@ -383,12 +401,40 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
-    async def outbox_failed(self, row: OutboxRow, error: str) -> None:
-        await self.db.execute(
-            "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
-            " WHERE id = ?",
-            (error[:500], row.id),
+    async def outbox_settled(self, row_id: int) -> bool:
+        """Whether a row was delivered or failed for good (not pending any more)."""
+        row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
+        return row is None or row["state"] != "pending"
+
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+        """The run a delivered message belongs to (a reply to it addresses that run)."""
+        row = await self.db.fetchone(
+            "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
+            " AND run_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (chat_id, message_id),
         )
+        return str(row[0]) if row is not None else None
+
+    async def outbox_failed(self, row: OutboxRow, error: str) -> None:
+        """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
+        item = row.item
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
+                " WHERE id = ?",
+                (error[:500], row.id),
+            )
+            await conn.execute(
+                *self._audit.insert(
+                    "deliver",
+                    "failed",
+                    origin=_AUDIT_ORIGIN,
+                    chat_id=item.chat_id,
+                    detail=f"{'a file' if item.kind != 'text' else 'a message'}"
+                    f"{' of run ' + item.run_id if item.run_id else ''} was not delivered:"
+                    f" Telegram answered {error[:300]}",
+                )
+            )
 
     async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:
         """A group became a supergroup: pending messages follow it."""
@@ -912,23 +958,30 @@ class BotStore:
         update_id: int | None,
         reason: str | None = None,
     ) -> None:
-        await self.db.execute(
-            "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (self._clock(), user_id, chat_id, update_id, action, outcome, reason),
+        await self._audit.record(
+            action,
+            outcome,
+            origin=_AUDIT_ORIGIN,
+            actor=str(user_id) if user_id is not None else None,
+            chat_id=chat_id,
+            update_id=update_id,
+            detail=reason,
         )
 
     async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]:
-        rows = await self.db.fetchall("SELECT * FROM bot_audit ORDER BY id DESC LIMIT ?", (limit,))
+        """The bot's latest audit entries, newest first."""
+        found = await self._audit.entries(origin=_AUDIT_ORIGIN, limit=limit)
         return [
             AuditEntry(
-                at=r["at"],
-                user_id=r["user_id"],
-                chat_id=r["chat_id"],
-                update_id=r["update_id"],
-                action=r["action"],
-                outcome=r["outcome"],
-                reason=r["reason"],
+                at=e.at,
+                user_id=int(e.actor)
+                if e.actor is not None and e.actor.lstrip("-").isdigit()
+                else None,
+                chat_id=e.chat_id,
+                update_id=e.update_id,
+                action=e.event,
+                outcome=e.outcome,
+                reason=e.detail,
             )
-            for r in rows
+            for e in reversed(found)
         ]

@@ -5,7 +5,8 @@ Messages never embed secrets: callers pass text through :func:`engine.redact.red
 before it lands in an error, and output tails are capped.
 
 ```
-TurnstileError
+TurnstileError                 every error turnstile raises on purpose (``retryable``: can
+│                              trying the same thing again help?)
 ├── TurnError                  a turn could not run or finish
 │   ├── TurnExecError          failed to spawn (missing binary, not executable)
 │   ├── TurnIOError            failed to capture or parse what the agent produced
@@ -13,29 +14,49 @@ TurnstileError
 │   └── InvalidPromptError     refused before anything was spawned
 ├── ChannelError               a channel could not feed or publish
 │   ├── ChannelRecvError
-│   ├── ChannelPublishError
-│   └── ChannelIOError
+│   └── ChannelPublishError
 ├── ConfigError                bad settings or bad command-line input
+│   ├── ProjectError           unknown or badly configured project (engine.workspace.projects)
+│   └── WorkflowError          the workflow file is invalid (engine.gates.workflow)
+├── FileRefusedError           a file from or for a chat is refused (path, size, type)
+├── TranscriptionError         the speech-to-text service failed or is not configured
 ├── UnsafeFileError            a file read for an agent is a link out of its folder, not a
 │                              regular file, or too large
-└── StoreError                 persistence failed
-    ├── NotFoundError          no such run, task, ...
-    └── ConflictError          a compare-and-set lost against a concurrent writer
+├── StoreError                 persistence failed (retryable)
+│   ├── NotFoundError          no such run, task, ...
+│   └── StoreReadOnlyError     the database can be read but not written
+├── GateRefused                a gated task refused a request; nothing changed
+│                              (engine.gates.refusals: the reason maps to an exit code)
+├── LockError                  a lock cannot be taken at all (its file is a link, a FIFO, ...)
+│   └── LockBusyError          somebody else holds it (retryable)
+├── GitError                   git could not be started, or exited non-zero
+│   └── DiskFullError          ... because the disk is full (retryable)
+└── WorkspaceError             a workspace operation failed (engine.workspace.errors)
+    ├── WorkspaceBusyError     another run or process holds the worktree's lock (retryable)
+    └── WorkspaceStateError    the worktree is not what turnstile left (damaged, dirty parent)
 ```
+
+A class whose line names a module is defined there, beside the code that raises it (its
+children with it); the others are defined here.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ChannelError",
-    "ChannelIOError",
     "ChannelPublishError",
     "ChannelRecvError",
     "ConfigError",
-    "ConflictError",
+    "DiskFullError",
+    "FileRefusedError",
+    "GitError",
     "InvalidPromptError",
+    "LockBusyError",
+    "LockError",
     "NotFoundError",
     "StoreError",
+    "StoreReadOnlyError",
+    "TranscriptionError",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -103,16 +124,38 @@ class ChannelPublishError(ChannelError):
     """Publishing a turn's output failed."""
 
 
-class ChannelIOError(ChannelError):
-    """An underlying I/O error inside a channel."""
-
-
 class ConfigError(TurnstileError):
     """Settings or command-line input are invalid; the message says which and how to fix it."""
 
     def __init__(self, message: str, *, setting: str | None = None) -> None:
         super().__init__(message)
         self.setting = setting
+
+
+class FileRefusedError(TurnstileError):
+    """A file is not taken in or sent out: it leaves the run's folder, is too large, of a
+    refused type, empty, or the folder it would go to is not a plain folder.
+
+    Attributes:
+        reason: a short machine-readable word (``size``, ``symlink``, ``type``, ...).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TranscriptionError(TurnstileError):
+    """A voice note could not be turned into text (no service configured, or it failed).
+
+    Attributes:
+        status: the service's HTTP status, when it answered.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
 
 
 class UnsafeFileError(TurnstileError):
@@ -141,7 +184,60 @@ class NotFoundError(StoreError):
     retryable = False
 
 
-class ConflictError(StoreError):
-    """A compare-and-set lost: somebody else changed the row first."""
+class LockError(TurnstileError):
+    """A lock could not be taken at all (its file cannot be opened or is not a plain file)."""
+
+
+class LockBusyError(LockError):
+    """Somebody else holds the lock.
+
+    Attributes:
+        lock: what the lock guards (a path, a key).
+        holder: the pid of the holder when known.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, lock: str, holder: int | None = None) -> None:
+        super().__init__(message)
+        self.lock = lock
+        self.holder = holder
+
+
+class GitError(TurnstileError):
+    """git could not be started, or exited non-zero where success was needed.
+
+    Attributes:
+        command: the git subcommand (``clone``, ``worktree``, ...), never the full argv.
+        exit_code: git's exit code; None when git could not be started at all.
+        stderr: the redacted tail of what git wrote to stderr.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: str,
+        exit_code: int | None,
+        stderr: str,
+    ) -> None:
+        super().__init__(message)
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class DiskFullError(GitError):
+    """git ran out of disk space; freeing space and retrying can help."""
+
+    retryable = True
+
+
+class StoreReadOnlyError(StoreError):
+    """The database opens but refuses writes (read-only file, folder or mount)."""
 
     retryable = False
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

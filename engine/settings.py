@@ -66,10 +66,14 @@ class Settings(BaseSettings):
     agent_model: str | None = None
     allowed_tools: Annotated[tuple[str, ...], NoDecode] = ()
     dangerous_tools: bool = False
+    # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all
+    tool_approval: Literal["off", "unlisted", "all"] = "off"
 
     # Limits owned by channels (operator policy, never turn timeouts)
     max_concurrent_turns: int = Field(default=4, ge=1)
     queue_depth: int = Field(default=10, ge=0)
+    # "Not allowed" answers waiting at once; beyond it a refusal is audited, not answered.
+    refusal_backlog: int = Field(default=20, ge=0)
     max_inbound_chars: int = Field(default=16_000, ge=1)
     document_threshold: int = Field(default=12_000, ge=1)
     preempt_grace: float = Field(default=5.0, ge=0)
@@ -78,6 +82,28 @@ class Settings(BaseSettings):
     status_edit_interval: float = Field(default=10.0, ge=0)
     shutdown_turns: Literal["finish", "park"] = "finish"
     shutdown_flush_seconds: float = Field(default=30.0, ge=0)
+
+    # Files and voice notes from and to chats (docs/telegram.md)
+    uploads_dir: str = "uploads"
+    upload_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    upload_refused_types: Annotated[tuple[str, ...], NoDecode] = (
+        "application/x-msdownload",
+        "application/x-dosexec",
+        "application/vnd.microsoft.portable-executable",
+        ".exe",
+        ".dll",
+        ".scr",
+        ".msi",
+        ".bat",
+        ".cmd",
+    )
+    album_wait_seconds: float = Field(default=1.5, ge=0)
+    send_max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    transcription_url: str | None = None
+    transcription_key: SecretStr | None = None
+    transcription_model: str = "whisper-1"
+    transcription_language: str | None = None
+    transcription_timeout: float = Field(default=120.0, gt=0)
 
     # Gates
     approval_quorum: int = Field(default=1, ge=1)
@@ -140,7 +166,15 @@ class Settings(BaseSettings):
         # An empty line copied from .env.example means "not set", not the current folder.
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("allowed_tools", mode="before")
+    @field_validator("uploads_dir")
+    @classmethod
+    def _relative_folder(cls, value: str) -> str:
+        parts = value.strip().strip("/").split("/")
+        if value.strip().startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError("a folder name inside the run's folder, such as uploads")
+        return "/".join(parts)
+
+    @field_validator("allowed_tools", "upload_refused_types", mode="before")
     @classmethod
     def _split_tools(cls, value: object) -> object:
         if isinstance(value, str):

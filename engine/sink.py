@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["GateRequest", "LogSink", "NullSink", "RunSink", "StatusUpdate"]
+__all__ = ["FileSink", "GateRequest", "LogSink", "NullSink", "RunSink", "StatusUpdate"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -65,6 +65,16 @@ class RunSink(Protocol):
         ...
 
 
+@runtime_checkable
+class FileSink(Protocol):
+    """A sink that can hand files of the run's folder to the people following the run
+    (the agent's ``TURNSTILE-SEND: path`` lines)."""
+
+    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        """Send ``paths`` (relative to ``workdir``, untrusted: checked by the sink)."""
+        ...
+
+
 class NullSink:
     """Discards everything."""
 
@@ -80,6 +90,10 @@ class NullSink:
 
 class LogSink:
     """The terminal's sink: everything goes to the log."""
+
+    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        for path in paths:
+            _LOGGER.info("the agent hands over %s (in %s)", path, workdir, extra={"run_id": run_id})
 
     async def publish_text(self, run_id: str, text: str) -> None:
         _LOGGER.info("%s", text, extra={"run_id": run_id})

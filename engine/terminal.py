@@ -10,18 +10,21 @@ It is the terminal's :class:`~engine.sink.RunSink` for auto runs, and the progre
 of ``turnstile chat``. Agent progress arrives from :meth:`on_agent_event` (the JSON-stream
 agents) or :meth:`on_output_line` (the command agent's stdout lines).
 
-Anything that asks the person a question while the line is live wraps the question in
-:meth:`pause`, so the prompt is not overdrawn by the next refresh.
+Anything that asks the person a question while the line is live (a tool approval) writes
+it to :meth:`TerminalView.question_stream` and reads the answer through
+:meth:`TerminalView.asking`: the live line is hidden from the first character of the
+question until the answer is in, so the next refresh never overdraws the prompt.
+:meth:`TerminalView.pause` does the same for a block of code.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Final
+from typing import Final, TextIO, cast
 
 from rich.console import Console, RenderableType
 from rich.live import Live
@@ -32,7 +35,10 @@ from engine.agents.stream import AgentEvent, EventKind
 from engine.redact import redact
 from engine.sink import GateRequest, StatusUpdate
 
-__all__ = ["TerminalView", "format_elapsed"]
+__all__ = ["AskLine", "TerminalView", "format_elapsed"]
+
+# Reads one answer line from the person (None: no more input).
+AskLine = Callable[[], Awaitable[str | None]]
 
 # A turn's published output starts with this header (engine.automode.channel).
 _TURN_HEADER: Final = re.compile(r"^\[turn (\d+)/(\d+) ([^,\]]+), exit (-?\d+)\]\n?")
@@ -91,6 +97,7 @@ class TerminalView:
         self._max_turns: int | None = None
         self._plain_key: tuple[object, ...] | None = None
         self._ended = False
+        self._held = False
         self.report: str | None = None
 
     @property
@@ -113,7 +120,7 @@ class TerminalView:
         self._stop_live()
 
     def _start_live(self) -> None:
-        if self._live is not None or not self.live or not self._entered:
+        if self._live is not None or not self.live or not self._entered or self._held:
             return
         self._live = Live(
             console=self.console,
@@ -133,13 +140,41 @@ class TerminalView:
     @contextmanager
     def pause(self) -> Iterator[None]:
         """Hide the live line while the caller asks the person something."""
-        was_live = self._live is not None
-        self._stop_live()
+        self.hold()
         try:
             yield
         finally:
-            if was_live:
-                self._start_live()
+            self.release()
+
+    def hold(self) -> None:
+        """Hide the live line until :meth:`release` (a question is being asked)."""
+        self._held = True
+        self._stop_live()
+
+    def release(self) -> None:
+        """Show the live line again if something is still running."""
+        self._held = False
+        if self._activity is not None:
+            self._start_live()
+
+    def question_stream(self) -> TextIO:
+        """A stream for a question asked mid-run: writing hides the live line first."""
+        return cast(TextIO, _QuestionStream(self))
+
+    def asking(self, ask: AskLine | None) -> AskLine | None:
+        """``ask`` with the live line hidden until the answer is in (None stays None)."""
+        if ask is None:
+            return None
+        inner = ask
+
+        async def answer() -> str | None:
+            self.hold()
+            try:
+                return await inner()
+            finally:
+                self.release()
+
+        return answer
 
     # -- what is shown ------------------------------------------------------------------
     def _render(self) -> RenderableType:
@@ -240,3 +275,23 @@ class TerminalView:
             f"{request.artifact_name} ({request.short_hash}); approve with "
             f"`turnstile status --task {request.task} --approve --by USER_ID`"
         )
+
+
+class _QuestionStream:
+    """Writes go to the view's console stream once the live line is hidden; a flush after
+    a complete line shows it again (a prompt left open keeps it hidden for the answer)."""
+
+    def __init__(self, view: TerminalView) -> None:
+        self._view = view
+        self._open = False
+
+    def write(self, text: str) -> int:
+        self._view.hold()
+        if text:
+            self._open = not text.endswith("\n")
+        return self._view.console.file.write(text)
+
+    def flush(self) -> None:
+        self._view.console.file.flush()
+        if not self._open:
+            self._view.release()

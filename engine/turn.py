@@ -14,7 +14,6 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from engine.errors import (
     ChannelError,
-    ChannelIOError,
     ChannelPublishError,
     ChannelRecvError,
     InvalidPromptError,
@@ -30,7 +29,6 @@ __all__ = [
     "BaseChannel",
     "Channel",
     "ChannelError",
-    "ChannelIOError",
     "ChannelId",
     "ChannelPublishError",
     "ChannelRecvError",

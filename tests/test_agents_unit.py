@@ -29,6 +29,7 @@ from engine.agents.claude import (
 from engine.agents.codex import CODEX_MAX_PROMPT_CHARS, CodexAgent, codex_sandbox_args
 from engine.agents.copilot import CopilotAgent, copilot_allowlist
 from engine.agents.factory import create_agent
+from engine.agents.registry import AGENTS
 from engine.agents.stream import (
     TURN_MARKER_VAR,
     AgentEvent,
@@ -440,7 +441,7 @@ async def test_missing_binary_says_how_to_install(tmp_path: Path) -> None:
         with pytest.raises(TurnExecError, match=f"npm install -g {package}") as caught:
             await agent.run_turn("hi")
         assert caught.value.binary == "no-such-agent-cli-xyz"
-        assert cls.binary_setting in str(caught.value)
+        assert AGENTS[cls.agent_name].env_var in str(caught.value)
 
 
 def test_find_binary(tmp_path: Path, fake_cli: Path) -> None:

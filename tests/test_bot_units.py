@@ -155,9 +155,47 @@ async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
     spill.write_bytes(b"y" * 300_000)
     out = TurnOutput(text="y" * 1000, exit_code=0, spill_path=spill, size=300_000)
     async with Database(tmp_path / "bot.db") as db:
-        pub = publish.Publisher(BotStore(db), None, redactor=Redactor(), document_threshold=1000)
-        [item] = pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
-    assert item.kind == "document"
-    assert item.body.startswith("y" * 100_000 + "\n")
-    assert "cut at 100,000 of 300,000 bytes" in item.body
-    assert str(spill) in item.body
+        pub = publish.Publisher(
+            BotStore(db),
+            None,
+            redactor=Redactor(),
+            document_threshold=1000,
+            documents_dir=tmp_path / "documents",
+        )
+        [item] = await pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
+    # Streamed from the spill file into a document file the sender uploads from disk.
+    assert item.kind == "file"
+    body = Path(item.body).read_text()
+    assert Path(item.body).parent == tmp_path / "documents"
+    assert body.startswith("y" * 100_000 + "\n")
+    assert "cut at 100,000 of 300,000 bytes" in body
+    assert str(spill) in body
+
+
+async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reads of 40 bytes: most lines (and secrets) straddle two of them.
+    monkeypatch.setattr(publish, "_CHUNK", 40)
+    secret = "s3cr3t-value-of-the-bot"
+    lines = [f"line {i} {secret} end" for i in range(200)] + ["é" * 50]
+    spill = tmp_path / "turn.out"
+    spill.write_text("\n".join(lines))
+    out = TurnOutput(text="head", exit_code=0, spill_path=spill, size=spill.stat().st_size)
+    async with Database(tmp_path / "bot.db") as db:
+        pub = publish.Publisher(
+            BotStore(db),
+            None,
+            redactor=Redactor([secret]),
+            document_threshold=1000,
+            documents_dir=tmp_path / "documents",
+        )
+        [item] = await pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
+    body = Path(item.body).read_text()
+    assert secret not in body
+    assert body.splitlines()[0].startswith("line 0 ")
+    assert body.endswith("é" * 50)
+    assert len(body.splitlines()) == 201
+    assert item.caption is not None
+    assert "201 lines" in item.caption
+    assert secret not in item.caption

@@ -350,7 +350,7 @@ async def test_agent_cli_found_missing_or_broken(tmp_path: Path) -> None:
     assert checks["agent claude"].status is Status.FAIL  # the default agent is missing
     assert "npm install" in (checks["agent claude"].fix or "")
     assert checks["agent copilot"].status is Status.FAIL
-    assert "exited 3: needs login" in checks["agent copilot"].detail
+    assert "--version exited with code 3: needs login" in checks["agent copilot"].detail
     assert checks["agent codex"].status is Status.OK
     assert "codex-cli 0.171.0" in checks["agent codex"].detail
     assert checks["agent command"].status is Status.FAIL

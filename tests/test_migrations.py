@@ -18,7 +18,13 @@ from bot.migrations import migrations as bot_migrations
 from bot.store import BotStore, OutboxItem
 from engine.commands.doctor import Status, check_database
 from engine.errors import StoreError
-from engine.store import Database, MigrationSet, SqliteRunStore, discover_migrations
+from engine.store import (
+    Database,
+    MigrationSet,
+    SqliteAuditLog,
+    SqliteRunStore,
+    discover_migrations,
+)
 from engine.store.database import load_migrations, read_schema_versions
 from tests.conftest import REPO
 
@@ -34,9 +40,12 @@ BOT_TABLES = {
     "bot_gates",
     "bot_reason_requests",
     "bot_chat_migrations",
-    "bot_audit",
     "bot_tasks",
 }
+# The latest versions this code ships (main's database is at engine 5, bot 1).
+ENGINE_LATEST = load_migrations()[-1].version
+BOT_LATEST = bot_migrations().latest
+LATEST = {"engine": ENGINE_LATEST, "bot": BOT_LATEST}
 
 
 def _build_as_main(path: Path, *, up_to: int) -> None:
@@ -64,6 +73,15 @@ def _build_as_main(path: Path, *, up_to: int) -> None:
                 "INSERT INTO bot_outbox (chat_id, kind, body, state, created_at)"
                 " VALUES (-100, 'text', 'queued before the upgrade', 'pending', 1.0)"
             )
+            conn.execute(
+                "INSERT INTO bot_audit (at, user_id, chat_id, update_id, action, outcome,"
+                " reason) VALUES (3.0, 42, -100, 7, 'approve', 'refused', 'not an approver')"
+            )
+        if up_to >= 3:
+            conn.execute(
+                "INSERT INTO gate_audit (at, task, phase, event, outcome, actor)"
+                " VALUES (4.0, 't', 'research', 'approve', 'approved', '43')"
+            )
         conn.commit()
     finally:
         conn.close()
@@ -87,21 +105,21 @@ async def _open_fresh(tmp_path: Path) -> Path:
     return path
 
 
-async def test_a_database_from_main_opens_unchanged_and_keeps_its_rows(tmp_path: Path) -> None:
+async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "main.db"
     _build_as_main(path, up_to=5)
     before = _schema(path)
 
-    # The doctor reads it as up to date without touching it.
+    # The doctor reads it as behind without touching it.
     assert read_schema_versions(path) == {"engine": 5, "bot": 1}
     check = await check_database(path)
-    assert check.status is Status.OK, check
-    assert "schema version 5, bot schema version 1 (latest)" in check.detail
+    assert check.status is Status.FAIL, check
+    assert f"at schema version 5, this turnstile needs {ENGINE_LATEST}" in check.detail
     assert _schema(path) == before
 
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
-        assert await db.schema_version() == 5
+        assert await db.schema_versions() == LATEST
+        assert await db.schema_version() == ENGINE_LATEST
         run = await SqliteRunStore(db).get_run("r-old")
         assert run is not None
         assert run.session_id == "s-old"
@@ -114,16 +132,30 @@ async def test_a_database_from_main_opens_unchanged_and_keeps_its_rows(tmp_path:
         assert old.item.body == "queued before the upgrade"
         await bot.enqueue([OutboxItem(chat_id=-100, kind="text", body="after")])
         assert await bot.pending_outbox() == 2
-    # Nothing was created or changed but the bookkeeping.
-    assert _schema(path) == before
+        # Both audit trails are now the one log, each entry with its origin.
+        [refusal] = await bot.audit_entries()
+        assert (refusal.user_id, refusal.action, refusal.reason) == (
+            42,
+            "approve",
+            "not an approver",
+        )
+        entries = await SqliteAuditLog(db).entries()
+        assert [(e.origin, e.event, e.outcome) for e in entries] == [
+            ("gates", "approve", "approved"),
+            ("bot", "approve", "refused"),  # copied in after the gates' own entries
+        ]
+    # It now has what a fresh database has.
     assert _schema(path) == _schema(await _open_fresh(tmp_path))
+    assert (await check_database(path)).status is Status.OK
     # And a second open applies nothing.
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == LATEST
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT owner, version FROM schema_versions").fetchall() == [("bot", 1)]
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert conn.execute("SELECT owner, version FROM schema_versions").fetchall() == [
+            ("bot", BOT_LATEST)
+        ]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == ENGINE_LATEST
     finally:
         conn.close()
 
@@ -134,9 +166,9 @@ async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -
     assert read_schema_versions(path) == {"engine": 3, "bot": 0}
     behind = await check_database(path)
     assert behind.status is Status.FAIL
-    assert "at schema version 3, this turnstile needs 5" in behind.detail
+    assert f"at schema version 3, this turnstile needs {ENGINE_LATEST}" in behind.detail
     async with Database(path) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == LATEST
         assert await BotStore(db).bindings() == []
     assert _schema(path) == _schema(await _open_fresh(tmp_path))
 
@@ -144,7 +176,7 @@ async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -
 async def test_a_fresh_database_has_every_owners_tables(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     async with Database(path) as db:
-        assert await db.schema_versions() == db.latest_versions == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == db.latest_versions == LATEST
     tables = set(_schema(path))
     assert tables >= BOT_TABLES
     assert {"runs", "turns", "gate_tasks", "workspaces"} <= tables
@@ -156,11 +188,11 @@ async def test_the_engine_has_no_bot_tables_and_the_bot_is_discovered(tmp_path: 
     assert "bot_" not in engine_sql
     owners = [s.owner for s in discover_migrations()]
     assert owners == ["engine", "bot"]  # the bot through its entry point
-    assert bot_migrations().latest == 1
+    assert BOT_LATEST >= 2  # 1: its tables; 2: its audit joins the one log
     path = tmp_path / "engine-only.db"
     engine_only = [MigrationSet("engine", load_migrations())]
     async with Database(path, migrations=engine_only) as db:
-        assert await db.schema_versions() == {"engine": 5}
+        assert await db.schema_versions() == {"engine": ENGINE_LATEST}
     assert not [t for t in _schema(path) if t.startswith("bot_")]
 
 
@@ -172,13 +204,13 @@ async def test_a_front_end_installed_later_is_adopted_or_migrated(tmp_path: Path
     async with Database(old, migrations=engine_only):
         pass
     async with Database(old) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == LATEST
     # A new database first made without the bot: the bot's tables are created later.
     new = tmp_path / "new.db"
     async with Database(new, migrations=engine_only):
         pass
     async with Database(new) as db:
-        assert await db.schema_versions() == {"engine": 5, "bot": 1}
+        assert await db.schema_versions() == LATEST
         assert await BotStore(db).bindings() == []
 
 
@@ -188,7 +220,7 @@ async def test_a_newer_front_end_schema_is_reported(tmp_path: Path) -> None:
         await db.execute("UPDATE schema_versions SET version = 7 WHERE owner = 'bot'")
     check = await check_database(path)
     assert check.status is Status.FAIL
-    assert "bot schema version 7, newer than this turnstile (1)" in check.detail
+    assert f"bot schema version 7, newer than this turnstile ({BOT_LATEST})" in check.detail
 
 
 def test_migration_sets_are_validated() -> None:

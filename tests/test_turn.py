@@ -28,7 +28,7 @@ def test_public_names_match_all() -> None:
     expected = {
         "AgentSession", "Channel", "BaseChannel", "ChannelId", "NextPrompt", "Ready", "Idle",
         "Closed", "TurnOutput", "TurnError", "TurnExecError", "TurnIOError", "TurnPreempted",
-        "ChannelError", "ChannelRecvError", "ChannelPublishError", "ChannelIOError",
+        "ChannelError", "ChannelRecvError", "ChannelPublishError",
         "run_session_loop",
     }  # fmt: skip
     assert expected <= set(turn.__all__)

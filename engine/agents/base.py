@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.agents.allowlist import ToolAllowlist
+from engine.approvals.route import ApprovalRoute
 from engine.process import (
     DEFAULT_SPILL_LIMIT,
     PreemptHandle,
@@ -59,6 +60,7 @@ class AgentOptions:
         allowlist: which tools the agent may run.
         spill_limit: stdout bytes kept in memory before spilling to a file.
         spill_dir: where spilled outputs go.
+        approval: where tool calls outside the allowlist ask a person (CLIs that can ask).
     """
 
     binary: str
@@ -70,6 +72,7 @@ class AgentOptions:
     allowlist: ToolAllowlist = field(default_factory=ToolAllowlist.read_only_default)
     spill_limit: int = DEFAULT_SPILL_LIMIT
     spill_dir: Path | None = None
+    approval: ApprovalRoute | None = None
 
 
 @dataclass(frozen=True, slots=True)

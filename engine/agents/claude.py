@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import Invocation
 from engine.agents.stream import EventKind, JsonStreamAgent, text_of
+from engine.approvals.policy import ApprovalPolicy
+from engine.approvals.route import claude_approval_args
 from engine.process import ProcessResult
 from engine.turn import TurnOutput
 
@@ -161,8 +163,7 @@ class ClaudeAgent(JsonStreamAgent):
     """A Claude Code session, resumed every turn."""
 
     cli_name: ClassVar[str] = "Claude Code"
-    npm_package: ClassVar[str] = "@anthropic-ai/claude-code"
-    binary_setting: ClassVar[str] = "TURNSTILE_CLAUDE_BIN"
+    agent_name: ClassVar[str] = "claude"
 
     def transcript_path(self) -> Path:
         """The session's transcript in the CLI's store, for this agent's environment."""
@@ -218,7 +219,7 @@ class ClaudeAgent(JsonStreamAgent):
             argv += ["--session-id", self.session_id]
         if self.options.model:
             argv += ["--model", self.options.model]
-        argv += claude_permission_args(self.options.allowlist)[0]
+        argv += self._permission_args()[0]
         argv += list(self.options.passthrough)
         return argv
 
@@ -231,7 +232,21 @@ class ClaudeAgent(JsonStreamAgent):
         return {"CLAUDE_CONFIG_DIR": str(self.options.config_dir)}
 
     def turn_env(self) -> dict[str, str]:
-        return claude_permission_args(self.options.allowlist)[1]
+        return self._permission_args()[1]
+
+    def _permission_args(self) -> tuple[list[str], dict[str, str]]:
+        """The allowlist's flags, plus the permission prompt tool when a person decides.
+
+        ``all``: the allowlist is not passed, so every tool call the CLI gates asks.
+        """
+        route = self.options.approval
+        if route is None:
+            return claude_permission_args(self.options.allowlist)
+        argv, env = claude_approval_args(route)
+        if route.policy is ApprovalPolicy.ALL:
+            return argv, env
+        listed, listed_env = claude_permission_args(self.options.allowlist)
+        return [*listed, *argv], {**listed_env, **env}
 
     def handle(self, record: dict[str, Any]) -> None:
         kind = record.get("type")

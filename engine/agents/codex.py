@@ -50,8 +50,7 @@ class CodexAgent(JsonStreamAgent):
     """A Codex thread, resumed every turn."""
 
     cli_name: ClassVar[str] = "Codex"
-    npm_package: ClassVar[str] = "@openai/codex"
-    binary_setting: ClassVar[str] = "TURNSTILE_CODEX_BIN"
+    agent_name: ClassVar[str] = "codex"
     requires_uuid: ClassVar[bool] = False
 
     def check_prompt(self, prompt: str) -> None:

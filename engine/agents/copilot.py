@@ -48,8 +48,7 @@ class CopilotAgent(JsonStreamAgent):
     """A GitHub Copilot CLI session, resumed every turn."""
 
     cli_name: ClassVar[str] = "Copilot CLI"
-    npm_package: ClassVar[str] = "@github/copilot"
-    binary_setting: ClassVar[str] = "TURNSTILE_COPILOT_BIN"
+    agent_name: ClassVar[str] = "copilot"
 
     def turn_argv(self, program: str) -> list[str]:
         argv = [program, "-s", "--no-color", "--output-format", "json"]

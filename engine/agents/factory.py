@@ -1,4 +1,5 @@
-"""Build an agent session by name from settings: the one place that maps a tool to a class."""
+"""Build an agent session by name from settings (the agents themselves are described in
+:mod:`engine.agents.registry`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from pathlib import Path
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions, ProcessAgent
 from engine.agents.command import CommandAgent
+from engine.agents.registry import AGENT_NAMES, agent_spec
+from engine.agents.stream import JsonStreamAgent
+from engine.approvals.route import ApprovalRoute
 from engine.errors import ConfigError
 from engine.process import PreemptHandle
 from engine.settings import Settings
 
 __all__ = ["AGENT_NAMES", "create_agent"]
-
-AGENT_NAMES = ("claude", "copilot", "codex", "command")
 
 
 def create_agent(
@@ -31,6 +33,7 @@ def create_agent(
     resume: bool = False,
     turns_finished: bool = False,
     preempt: PreemptHandle | None = None,
+    approval: ApprovalRoute | None = None,
 ) -> ProcessAgent:
     """A new session of ``tool`` pinned to ``cwd``.
 
@@ -39,23 +42,24 @@ def create_agent(
             earlier process): the next turn resumes it instead of creating it.
         turns_finished: a turn of the session is recorded as finished (the store says
             so), so a CLI that no longer knows the session is reported, not restarted.
+        approval: where tool calls ask a person (``TURNSTILE_TOOL_APPROVAL``); only
+            Claude Code can ask, the other CLIs keep their allowlist (docs/agents.md).
 
     Raises:
         ConfigError: unknown tool, missing command template, or a missing cwd.
     """
-    if tool not in AGENT_NAMES:
-        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
+    spec = agent_spec(tool)
     if not cwd.is_dir():
         raise ConfigError(f"working directory {cwd} does not exist")
     tools = allowlist or ToolAllowlist.from_flags(settings.allowed_tools, settings.dangerous_tools)
     preempt = preempt or PreemptHandle(grace=settings.preempt_grace, session_id=session_id)
-    if tool == "command":
-        template = agent_cmd or settings.agent_command
+    if spec.template:
+        template = agent_cmd or spec.configured(settings)
         if not template:
             raise ConfigError(
-                "the command agent needs a template: set TURNSTILE_AGENT_COMMAND or pass "
+                f"the command agent needs a template: set {spec.env_var} or pass "
                 "--agent-cmd, e.g. 'my-agent --session {session_id} -p {prompt}'",
-                setting="TURNSTILE_AGENT_COMMAND",
+                setting=spec.env_var,
             )
         options = AgentOptions(
             binary=template.split()[0],
@@ -70,13 +74,8 @@ def create_agent(
         )
         agent.finished_turn = turns_finished
         return agent
-    binary = {
-        "claude": settings.claude_bin,
-        "copilot": settings.copilot_bin,
-        "codex": settings.codex_bin,
-    }[tool]
     options = AgentOptions(
-        binary=binary,
+        binary=spec.configured(settings),
         cwd=cwd,
         extra_env=dict(extra_env or {}),
         config_dir=config_dir,
@@ -84,19 +83,11 @@ def create_agent(
         passthrough=passthrough,
         allowlist=tools,
         spill_limit=settings.spill_limit,
+        approval=approval if tool == "claude" else None,
     )
-    # Imported here so that a broken or absent adapter never blocks the others.
-    if tool == "claude":
-        from engine.agents.claude import ClaudeAgent
-
-        agent = ClaudeAgent(options, session_id=session_id, preempt=preempt, resume=resume)
-    elif tool == "copilot":
-        from engine.agents.copilot import CopilotAgent
-
-        agent = CopilotAgent(options, session_id=session_id, preempt=preempt, resume=resume)
-    else:
-        from engine.agents.codex import CodexAgent
-
-        agent = CodexAgent(options, session_id=session_id, preempt=preempt, resume=resume)
+    adapter = spec.load()
+    if not issubclass(adapter, JsonStreamAgent):
+        raise ConfigError(f"agent {tool!r} has no CLI adapter ({spec.adapter})")
+    agent = adapter(options, session_id=session_id, preempt=preempt, resume=resume)
     agent.finished_turn = turns_finished
     return agent

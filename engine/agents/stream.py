@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.agents.base import AgentOptions, Invocation, ProcessAgent, inherited_environment
+from engine.agents.registry import AGENTS
 from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
 from engine.redact import redact, tail
@@ -255,8 +256,7 @@ class JsonStreamAgent(ProcessAgent):
     """
 
     cli_name: ClassVar[str]
-    npm_package: ClassVar[str]
-    binary_setting: ClassVar[str]
+    agent_name: ClassVar[str]  # its entry in engine.agents.registry.AGENTS
     requires_uuid: ClassVar[bool] = True
 
     def __init__(
@@ -357,11 +357,12 @@ class JsonStreamAgent(ProcessAgent):
         path = self.options.extra_env.get("PATH", os.environ.get("PATH"))
         program = find_binary(self.options.binary, path)
         if program is None:
+            spec = AGENTS[self.agent_name]
             raise TurnExecError(
                 f"{self.cli_name} CLI {self.options.binary!r} was not found or is not "
-                f"executable. Install it with `npm install -g {self.npm_package}` (or into a "
-                f"folder with `npm install --prefix DIR {self.npm_package}`) and set "
-                f"{self.binary_setting} to the binary's path if it is not on PATH.",
+                f"executable. Install it with `npm install -g {spec.npm_package}` (or into a "
+                f"folder with `npm install --prefix DIR {spec.npm_package}`) and set "
+                f"{spec.env_var} to the binary's path if it is not on PATH.",
                 binary=self.options.binary,
             )
         self._parser = JsonLines(self.cli_name)

@@ -35,7 +35,8 @@ from engine.automode.state import (
 from engine.automode.summary import WorkSummary, WorkSummaryGenerator
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
 from engine.errors import ChannelPublishError
-from engine.sink import NullSink, RunSink, StatusUpdate
+from engine.files import send_markers
+from engine.sink import FileSink, NullSink, RunSink, StatusUpdate
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
@@ -408,6 +409,10 @@ class AutoModeChannel(BaseChannel):
         await self._safe_publish(
             f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}"
         )
+        # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
+        paths = send_markers(out.text)
+        if paths and isinstance(self._sink, FileSink):
+            await self._sink_call(self._sink.send_files(state.run_id, Path(state.workdir), paths))
         if state.terminal:
             await self._status(state.message or state.status.value)
             await self._safe_publish(report or self._final_report(state))

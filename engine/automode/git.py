@@ -1,58 +1,39 @@
-"""The few git facts auto mode measures in a workspace (argv only, never a shell)."""
+"""The few git facts auto mode measures in a workspace (through :class:`engine.git.GitRunner`)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import TurnExecError
-from engine.process import PreemptHandle, ProcessSpec, run_process
+from engine.git import GitResult, GitRunner
 
-__all__ = ["Git", "GitResult"]
+__all__ = ["Git"]
 
 # The id of git's empty tree: "everything" when the repository had no commit at the start.
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-_ENV_OVERRIDES = {
-    # The agent may be running git in the same tree: never take its locks.
-    "GIT_OPTIONAL_LOCKS": "0",
-    "GIT_TERMINAL_PROMPT": "0",
-    "LC_ALL": "C",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class GitResult:
-    code: int
-    out: str
 
 
 class Git:
-    """Runs git in one working directory."""
+    """Reads git facts of one working directory.
 
-    def __init__(self, workdir: Path, *, binary: str = "git") -> None:
+    A git that exits non-zero answers "no" (not a repository, no commit); a git that
+    cannot be started raises :class:`~engine.errors.GitError`.
+    """
+
+    def __init__(self, workdir: Path, *, runner: GitRunner | None = None) -> None:
         self.workdir = workdir
-        self.binary = binary
+        # The agent may be running git in the same tree: never take its locks.
+        self.runner = runner or GitRunner(optional_locks=False)
 
-    async def run(self, *args: str, preempt: PreemptHandle | None = None) -> GitResult:
-        env = dict(os.environ)
-        env.update(_ENV_OVERRIDES)
-        try:
-            result = await run_process(
-                ProcessSpec(argv=[self.binary, *args], cwd=self.workdir, env=env),
-                preempt=preempt,
-            )
-        except TurnExecError:
-            return GitResult(127, "")
-        return GitResult(result.exit_code, result.stdout)
+    async def run(self, *args: str) -> GitResult:
+        return await self.runner.run(args, cwd=self.workdir, check=False)
 
     async def is_repo(self) -> bool:
         result = await self.run("rev-parse", "--is-inside-work-tree")
-        return result.code == 0 and result.out.strip() == "true"
+        return result.ok and result.stdout.strip() == "true"
 
     async def head(self) -> str | None:
         result = await self.run("rev-parse", "--verify", "--quiet", "HEAD")
-        return result.out.strip() or None if result.code == 0 else None
+        return result.stdout.strip() or None if result.ok else None
 
     async def commits_since(self, base: str | None) -> list[str]:
         """``sha subject`` of each commit in HEAD and not in ``base``, newest first."""
@@ -61,9 +42,9 @@ class Git:
         args = ["log", "--format=%h %s"]
         args.append(f"{base}..HEAD" if base else "HEAD")
         result = await self.run(*args)
-        if result.code != 0:
+        if not result.ok:
             return []
-        return [line for line in result.out.splitlines() if line.strip()]
+        return [line for line in result.stdout.splitlines() if line.strip()]
 
     async def dirty_paths(self, exclude: list[Path]) -> list[str] | None:
         """Uncommitted and untracked paths (None when the status cannot be read)."""
@@ -73,9 +54,9 @@ class Git:
             if rel is not None:
                 pathspec.append(f":(exclude){rel}")
         result = await self.run("status", "--porcelain=v1", "--untracked-files=all", *pathspec)
-        if result.code != 0:
+        if not result.ok:
             return None
-        return [line[3:] for line in result.out.splitlines() if line.strip()]
+        return [line[3:] for line in result.stdout.splitlines() if line.strip()]
 
     async def diff_stat(self, base: str | None) -> tuple[int, int, int]:
         """(files changed, insertions, deletions) between ``base`` and HEAD."""
@@ -83,7 +64,7 @@ class Git:
             return (0, 0, 0)
         result = await self.run("diff", "--numstat", base or _EMPTY_TREE, "HEAD")
         files = ins = dels = 0
-        for line in result.out.splitlines():
+        for line in result.stdout.splitlines():
             parts = line.split("\t")
             if len(parts) < 3:
                 continue
@@ -94,7 +75,7 @@ class Git:
 
     async def has_remote(self) -> bool:
         result = await self.run("remote")
-        return result.code == 0 and bool(result.out.strip())
+        return result.ok and bool(result.stdout.strip())
 
 
 def _relative(path: Path, root: Path) -> str | None:

@@ -9,12 +9,13 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.approvals.route import ApprovalRoute
 from engine.automode.append import InstructionInbox
 from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
 from engine.automode.git import Git
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
+# Where a run's tool calls ask a person, given its run id (TURNSTILE_TOOL_APPROVAL).
+ApprovalFor = Callable[[str], ApprovalRoute | None]
 
 MAX_OBJECTIVE_BYTES: Final = 16 * 1024
 INTERRUPTED_ERROR: Final = "the process stopped while this turn ran"
@@ -265,6 +268,7 @@ def _build(
     config_dir: Path | None,
     stop_event: asyncio.Event | None,
     turn_slots: asyncio.Semaphore | None,
+    approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     cfg = state.config
     workdir = Path(state.workdir)
@@ -281,6 +285,7 @@ def _build(
         config_dir=config_dir,
         resume=resume_session,
         turns_finished=resume_session,
+        approval=approval_for(state.run_id) if approval_for is not None else None,
     )
     log_dir = Path(state.log_dir)
     stop = stop_event if stop_event is not None else asyncio.Event()
@@ -333,6 +338,7 @@ async def prepare_auto_run(
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
+    approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
 
@@ -378,6 +384,7 @@ async def prepare_auto_run(
             config_dir=config_dir,
             stop_event=stop_event,
             turn_slots=turn_slots,
+            approval_for=approval_for,
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
@@ -450,6 +457,7 @@ async def prepare_resume(
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
+    approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Reload a run from the store to continue from its recorded phase and turn.
 
@@ -511,6 +519,7 @@ async def prepare_resume(
         config_dir=config_dir,
         stop_event=stop_event,
         turn_slots=turn_slots,
+        approval_for=approval_for,
     )
 
 
@@ -534,6 +543,7 @@ async def start_auto_run(
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
     run_id: str | None = None,
+    approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
@@ -555,6 +565,7 @@ async def start_auto_run(
         stop_event=stop_event,
         turn_slots=turn_slots,
         run_id=run_id,
+        approval_for=approval_for,
     )
     run.start()
     return run
@@ -570,6 +581,7 @@ async def resume_auto_run(
     config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
+    approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
     run = await prepare_resume(
@@ -581,6 +593,7 @@ async def resume_auto_run(
         config_dir=config_dir,
         stop_event=stop_event,
         turn_slots=turn_slots,
+        approval_for=approval_for,
     )
     run.start()
     return run

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from engine.agents.claude import ClaudeAgent
-from engine.agents.codex import CodexAgent
 from engine.agents.command import parse_template
-from engine.agents.copilot import CopilotAgent
-from engine.agents.stream import JsonStreamAgent, find_binary
+from engine.agents.registry import AGENTS, AgentSpec, ask_version
+from engine.agents.stream import find_binary
 from engine.errors import ConfigError
 from engine.settings import Settings
 
@@ -22,12 +19,6 @@ __all__ = ["AgentStatus", "agent_statuses", "register"]
 
 # A status command may give up on a hung ``--version``; turns never time out.
 VERSION_TIMEOUT: Final = 30.0
-
-_ADAPTERS: Final[dict[str, type[JsonStreamAgent]]] = {
-    "claude": ClaudeAgent,
-    "copilot": CopilotAgent,
-    "codex": CodexAgent,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,75 +56,30 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
 async def agent_statuses(settings: Settings) -> list[AgentStatus]:
     """Every agent turnstile knows, the default one marked, versions asked concurrently."""
     path = os.environ.get("PATH")
-    jobs = []
-    for name, cls in _ADAPTERS.items():
-        binary = {
-            "claude": settings.claude_bin,
-            "copilot": settings.copilot_bin,
-            "codex": settings.codex_bin,
-        }[name]
-        jobs.append(_probe(name, binary, cls.binary_setting, settings, path, cls.npm_package))
-    jobs.append(_probe_command(settings, path))
-    return list(await asyncio.gather(*jobs))
+    return list(await asyncio.gather(*(_probe(spec, settings, path) for spec in AGENTS.values())))
 
 
-async def _probe(
-    name: str,
-    binary: str,
-    setting: str,
-    settings: Settings,
-    path: str | None,
-    package: str,
-) -> AgentStatus:
+async def _probe(spec: AgentSpec, settings: Settings, path: str | None) -> AgentStatus:
+    default = settings.default_agent == spec.name
+    binary = spec.configured(settings)
+    if spec.template:
+        if not binary:
+            return AgentStatus(spec.name, "", spec.env_var, default, None, None, "no template set")
+        try:
+            binary = parse_template(binary)[0]
+        except ConfigError as exc:
+            return AgentStatus(spec.name, "", spec.env_var, default, None, None, exc.message)
     found = find_binary(binary, path)
-    default = settings.default_agent == name
-    problem: str | None
     if found is None:
-        problem = f"not found; install with `npm install -g {package}` or set {setting}"
-        return AgentStatus(name, binary, setting, default, None, None, problem)
-    version, problem = await _version(found)
-    return AgentStatus(name, binary, setting, default, found, version, problem)
-
-
-async def _probe_command(settings: Settings, path: str | None) -> AgentStatus:
-    setting = "TURNSTILE_AGENT_COMMAND"
-    default = settings.default_agent == "command"
-    if not settings.agent_command:
-        return AgentStatus("command", "", setting, default, None, None, "no template set")
-    try:
-        words = parse_template(settings.agent_command)
-    except ConfigError as exc:
-        return AgentStatus("command", "", setting, default, None, None, exc.message)
-    found = find_binary(words[0], path)
-    problem = None if found else "not found"
-    # Any program may be configured: it may not know --version, so none is asked.
-    return AgentStatus("command", words[0], setting, default, found, None, problem)
-
-
-async def _version(binary: str) -> tuple[str | None, str | None]:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "--version",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return None, f"cannot run: {exc.strerror or exc}"
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), VERSION_TIMEOUT)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        return None, f"--version did not answer within {VERSION_TIMEOUT:.0f} s"
-    text = (out or err).decode("utf-8", errors="replace").strip()
-    first = text.splitlines()[0] if text else ""
-    if proc.returncode != 0:
-        return None, f"--version exited with code {proc.returncode}: {first}"
-    return first or None, None
+        problem = "not found"
+        if spec.npm_package is not None:
+            problem += f"; install with `npm install -g {spec.npm_package}` or set {spec.env_var}"
+        return AgentStatus(spec.name, binary, spec.env_var, default, None, None, problem)
+    if spec.version_args is None:
+        # Any program may be configured: it may not know --version, so none is asked.
+        return AgentStatus(spec.name, binary, spec.env_var, default, found, None, None)
+    version, trouble = await ask_version(found, spec.version_args, within=VERSION_TIMEOUT)
+    return AgentStatus(spec.name, binary, spec.env_var, default, found, version, trouble)
 
 
 def _table(statuses: list[AgentStatus]) -> str:

@@ -31,6 +31,8 @@ from typing import Any, Literal, overload
 from engine.agents.command import CommandAgent
 from engine.agents.factory import AGENT_NAMES
 from engine.agents.stream import JsonStreamAgent
+from engine.approvals.policy import ApprovalPolicy
+from engine.approvals.terminal import RouteFor, stdin_lines, terminal_approvals
 from engine.automode import (
     AutoRun,
     AutoStatus,
@@ -123,6 +125,22 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
+    # Tool requests are asked on this terminal (or denied without one), the live status
+    # line hidden from the question until the answer.
+    view = TerminalView()
+    policy = ApprovalPolicy(settings.tool_approval)
+    async with terminal_approvals(
+        settings.database,
+        policy,
+        ask_line=view.asking(stdin_lines()),
+        out=view.question_stream(),
+    ) as route_for:
+        return await _run(args, settings, route_for, view)
+
+
+async def _run(
+    args: argparse.Namespace, settings: Settings, route_for: RouteFor | None, view: TerminalView
+) -> int:
     async with Database(settings.database) as db:
         if args.resume is not None:
             given = [
@@ -146,14 +164,14 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 )
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
-            view = TerminalView()
             async with hold_run_workspace(settings, db, run_id):
-                run = await prepare_resume(settings, db, run_id, sink=view)
+                run = await prepare_resume(settings, db, run_id, sink=view, approval_for=route_for)
                 return await _drive(run, view, resumed=True)
         _objective(args)  # bad input is refused before anything is checked out
-        view = TerminalView()
         if args.checkout_repo is None:
-            run = await _new_run(args, settings, db, resolve_workdir(args, settings), view)
+            run = await _new_run(
+                args, settings, db, resolve_workdir(args, settings), view, approval_for=route_for
+            )
             return await _drive(run, view)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
@@ -162,7 +180,9 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             settings, db, args.checkout_repo, run_id=run_id, workdir=args.workdir
         ) as workspace:
             assert workspace is not None
-            run = await _new_run(args, settings, db, workspace.path, view, run_id=run_id)
+            run = await _new_run(
+                args, settings, db, workspace.path, view, run_id=run_id, approval_for=route_for
+            )
         async with hold_run_workspace(settings, db, run_id):
             return await _drive(run, view)
 
@@ -188,6 +208,7 @@ async def _new_run(
     view: TerminalView,
     *,
     run_id: str | None = None,
+    approval_for: RouteFor | None = None,
 ) -> AutoRun:
     objective, passthrough = _objective(args)
     return await prepare_auto_run(
@@ -203,6 +224,7 @@ async def _new_run(
         max_turns=args.max_turns,
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
+        approval_for=approval_for,
     )
 
 

@@ -5,7 +5,9 @@ turn of the same resumed session; its output is written to stdout. On a terminal
 command shows a banner, a prompt, and a live line while a turn runs (elapsed time, the
 tool being run or the agent's last line). Ctrl-C stops the running turn and the prompt
 returns; Ctrl-C at the prompt (or a second one while a turn is being stopped) quits, as
-does end of input (after the running turn finishes).
+does end of input (after the running turn finishes). With ``TURNSTILE_TOOL_APPROVAL`` on,
+the agent's tool requests are asked here: while one is open, the next line typed answers
+it instead of becoming a turn (the live line is hidden meanwhile).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from engine.agents.base import ProcessAgent
 from engine.agents.command import CommandAgent
 from engine.agents.factory import AGENT_NAMES, create_agent
 from engine.agents.stream import JsonStreamAgent
+from engine.approvals.policy import ApprovalPolicy
+from engine.approvals.terminal import terminal_approvals, terminal_run_id
 from engine.errors import TurnPreempted
 from engine.settings import Settings
 from engine.terminal import TerminalView, format_elapsed
@@ -42,15 +46,31 @@ class TerminalChannel(BaseChannel):
         self._lines: deque[str] = deque()
         self._eof = False
         self._out = out
+        self._answer: asyncio.Future[str | None] | None = None
 
     def push_line(self, line: str) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(line.rstrip("\n"))
+            return
         if line.strip():
             self._lines.append(line.rstrip("\n"))
             self.notify_inbound()
 
     def end(self) -> None:
         self._eof = True
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(None)
         self.notify_inbound()
+
+    async def read_answer(self) -> str | None:
+        """The next line typed (a tool request's answer); None at end of input."""
+        if self._eof:
+            return None
+        self._answer = asyncio.get_running_loop().create_future()
+        try:
+            return await self._answer
+        finally:
+            self._answer = None
 
     @property
     def pending(self) -> bool:
@@ -193,10 +213,33 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     tool = args.tool or settings.default_agent
     cwd = args.workdir.resolve()
     session = args.session or str(uuid.uuid4())
-    agent = create_agent(tool, settings, cwd=cwd, session_id=session, agent_cmd=args.agent_cmd)
     view = TerminalView()
-    _watch(agent, view)
     channel = TerminalChannel(sys.stdout)
+    policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
+    ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
+    async with terminal_approvals(
+        settings.database, policy, ask_line=ask, out=view.question_stream()
+    ) as route_for:
+        agent = create_agent(
+            tool,
+            settings,
+            cwd=cwd,
+            session_id=session,
+            agent_cmd=args.agent_cmd,
+            approval=route_for(terminal_run_id()) if route_for is not None else None,
+        )
+        return await _converse(agent, channel, view, tool, session, cwd)
+
+
+async def _converse(
+    agent: ProcessAgent,
+    channel: TerminalChannel,
+    view: TerminalView,
+    tool: str,
+    session: str,
+    cwd: Path,
+) -> int:
+    _watch(agent, view)
     chat = _ChatLoop(agent, channel, view, tool)
     if chat.interactive:
         _banner(view, tool, session, cwd)

@@ -28,6 +28,9 @@ from typing import Any, Protocol, TextIO
 import httpx
 
 from engine.agents.command import parse_template
+from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
+from engine.agents.stream import TURN_MARKER_VAR
+from engine.approvals import route as approval_route
 from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
@@ -187,11 +190,17 @@ async def run_checks(
 # --- setting names ---------------------------------------------------------------------
 
 PREFIX = "TURNSTILE_"
-# TURNSTILE_ variables that are not settings but are ours all the same.
+# TURNSTILE_ variables that are not settings but are ours all the same: set by turnstile
+# for the processes it starts (an agent turn, the tool-approval server), and the test
+# suite's cache of real agent CLIs.
 _NOT_SETTINGS = frozenset(
     {
-        "TURNSTILE_TURN_ID",  # set by turnstile in every agent turn's environment
-        "TURNSTILE_CLI_CACHE",  # the test suite's cache of real agent CLIs
+        TURN_MARKER_VAR,
+        approval_route.ENV_DATABASE,
+        approval_route.ENV_RUN,
+        approval_route.ENV_STARTER,
+        approval_route.ENV_WAKE,
+        "TURNSTILE_CLI_CACHE",
     }
 )
 
@@ -291,6 +300,38 @@ def _check_folder(name: str, path: Path, setting: str) -> Check:
     )
 
 
+def _write_problem(path: Path) -> str | None:
+    """Why the database refuses writes, or None when it takes them.
+
+    SQLite opens a file it may not write read-only without a word, and root passes every
+    permission check: only a real write tells. The schema version is rewritten inside a
+    transaction that is rolled back, so nothing changes.
+    """
+    try:
+        conn = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            return None  # somebody is writing to it right now: it takes writes
+        return str(exc)
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+    return None
+
+
 def _try_write(folder: Path) -> str | None:
     # os.access says yes to root on a read-only mount; only a real write tells.
     try:
@@ -311,6 +352,7 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
     if migrate:
         try:
             async with Database(path) as db:
+                await db.ensure_writable()
                 versions = await db.schema_versions()
         except (StoreError, sqlite3.Error, OSError) as exc:
             return _fail(name, f"cannot open {path}: {exc}", "check the path and permissions")
@@ -328,6 +370,15 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
             name,
             f"cannot read {path}: {exc}",
             "is it a turnstile database? restore one with your last `turnstile backup` copy",
+        )
+    problem = await asyncio.to_thread(_write_problem, path)
+    if problem is not None:
+        return _fail(
+            name,
+            f"{path} can be read but not written ({problem})",
+            "make the file (and its folder, for the -wal and -shm files) writable for the "
+            "user running turnstile: `chmod`/`chown` it, `chattr -i` it, or remount it "
+            "read-write",
         )
     return _compare(name, path, versions, latest)
 
@@ -364,62 +415,17 @@ def _compare(
 
 async def check_agents(settings: Settings) -> list[Check]:
     """The default agent's CLI must be found; the others are reported when present."""
-    binaries = {
-        "claude": (settings.claude_bin, "TURNSTILE_CLAUDE_BIN", "@anthropic-ai/claude-code"),
-        "copilot": (settings.copilot_bin, "TURNSTILE_COPILOT_BIN", "@github/copilot"),
-        "codex": (settings.codex_bin, "TURNSTILE_CODEX_BIN", "@openai/codex"),
-    }
     checks: list[Check] = []
-    for agent, (binary, setting, package) in binaries.items():
-        required = settings.default_agent == agent
-        check = await _check_cli(
-            f"agent {agent}",
-            binary,
-            required=required,
-            fix=f"`npm install -g {package}` or set {setting} to its path",
-        )
+    for spec in AGENTS.values():
+        if spec.template:
+            if spec.configured(settings) or settings.default_agent == spec.name:
+                checks.append(await _check_command_agent(spec, settings))
+            continue
+        check = await _check_cli(spec, settings, required=settings.default_agent == spec.name)
         checks.append(check)
-        if check.status is Status.OK:
-            checks.append(check_credentials(agent, os.environ, Path(".env")))
-    if settings.agent_command or settings.default_agent == "command":
-        checks.append(await _check_command_agent(settings))
+        if check.status is Status.OK and spec.credentials is not None:
+            checks.append(check_credentials(spec.name, os.environ, Path(".env")))
     return checks
-
-
-@dataclass(frozen=True, slots=True)
-class _Credentials:
-    keys: tuple[str, ...]  # environment variables that carry a key or token
-    files: tuple[tuple[str, str], ...]  # (variable naming a config folder, or "", path in it)
-    default_dir: str  # the config folder under HOME when the variable is unset
-    fix: str
-
-
-_CREDENTIALS: dict[str, _Credentials] = {
-    "claude": _Credentials(
-        (
-            "ANTHROPIC_API_KEY",
-            "CLAUDE_CODE_OAUTH_TOKEN",
-            "ANTHROPIC_AUTH_TOKEN",
-            "CLAUDE_CODE_USE_BEDROCK",
-            "CLAUDE_CODE_USE_VERTEX",
-        ),
-        (("CLAUDE_CONFIG_DIR", ".credentials.json"),),
-        ".claude",
-        "export ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN from `claude setup-token`)",
-    ),
-    "copilot": _Credentials(
-        ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN", "COPILOT_PROVIDER_API_KEY"),
-        (("COPILOT_HOME", "config.json"),),
-        ".copilot",
-        "export COPILOT_GITHUB_TOKEN (a token of an account with Copilot)",
-    ),
-    "codex": _Credentials(
-        ("CODEX_API_KEY", "OPENAI_API_KEY"),
-        (("CODEX_HOME", "auth.json"),),
-        ".codex",
-        "export CODEX_API_KEY, or run `codex login` as the user turnstile runs as",
-    ),
-}
 
 
 def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) -> Check:
@@ -427,10 +433,15 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
 
     A warning, not a failure: a CLI may have other ways in (a helper, a proxy). The
     classic slip is a key written in ``.env``, which sets turnstile's settings only.
+
+    Raises:
+        ConfigError: ``agent`` is unknown, or has no known place for a key (``command``).
     """
     name = f"{agent} key"
-    spec = _CREDENTIALS[agent]
-    present = [k for k in spec.keys if environ.get(k)]
+    spec = agent_spec(agent).credentials
+    if spec is None:
+        raise ConfigError(f"turnstile does not know where {agent} keeps its key")
+    present = [k for k in spec.variables if environ.get(k)]
     if present:
         return _ok(name, f"{present[0]} is set")
     for variable, filename in spec.files:
@@ -438,7 +449,7 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
         path = Path(folder).expanduser() / filename
         if path.is_file():
             return _ok(name, f"saved login in {path}")
-    in_env_file = [k for k in spec.keys if k in _env_file_keys(env_file)]
+    in_env_file = [k for k in spec.variables if k in _env_file_keys(env_file)]
     if in_env_file:
         return _warn(
             name,
@@ -447,7 +458,7 @@ def check_credentials(agent: str, environ: Mapping[str, str], env_file: Path) ->
             "export it in the environment turnstile runs in (systemd EnvironmentFile, "
             "compose env_file, or your shell)",
         )
-    return _warn(name, f"no {' / '.join(spec.keys[:2])} and no saved login", spec.fix)
+    return _warn(name, f"no {' / '.join(spec.variables[:2])} and no saved login", spec.fix)
 
 
 def _env_file_keys(path: Path) -> set[str]:
@@ -463,64 +474,39 @@ def _env_file_keys(path: Path) -> set[str]:
     return keys
 
 
-async def _check_command_agent(settings: Settings) -> Check:
+async def _check_command_agent(spec: AgentSpec, settings: Settings) -> Check:
     name = "agent command"
-    if not settings.agent_command:
+    template = spec.configured(settings)
+    if not template:
         return _fail(
             name,
-            "TURNSTILE_DEFAULT_AGENT=command but TURNSTILE_AGENT_COMMAND is empty",
-            "set it, e.g. TURNSTILE_AGENT_COMMAND=my-agent --session {session_id} -p {prompt}",
+            f"TURNSTILE_DEFAULT_AGENT={spec.name} but {spec.env_var} is empty",
+            f"set it, e.g. {spec.env_var}=my-agent --session {{session_id}} -p {{prompt}}",
         )
     try:
-        words = parse_template(settings.agent_command)
+        words = parse_template(template)
     except ConfigError as exc:
-        return _fail(name, exc.message, "fix TURNSTILE_AGENT_COMMAND")
+        return _fail(name, exc.message, f"fix {spec.env_var}")
     found = shutil.which(words[0])
     if found is None:
-        return _fail(
-            name,
-            f"{words[0]!r} not found on PATH",
-            "install it or use its full path in TURNSTILE_AGENT_COMMAND",
-        )
+        return _fail(name, f"{words[0]!r} not found on PATH", spec.install_hint())
     # An arbitrary program may not know --version: finding it is the whole check.
     return _ok(name, f"{found}")
 
 
-async def _check_cli(name: str, binary: str, *, required: bool, fix: str) -> Check:
+async def _check_cli(spec: AgentSpec, settings: Settings, *, required: bool) -> Check:
+    name = f"agent {spec.name}"
+    binary = spec.configured(settings)
+    fix = spec.install_hint()
     found = shutil.which(binary)
     if found is None:
         detail = f"{binary!r} not found on PATH"
         if required:
             return _fail(name, detail + " (it is the default agent)", fix)
         return _warn(name, detail + " (needed only if you use it)", fix)
-    version, problem = await _version(found)
+    if spec.version_args is None:
+        return _ok(name, found)
+    version, problem = await ask_version(found, spec.version_args, within=VERSION_TIMEOUT)
     if problem is not None:
-        return _fail(name, f"{found} does not run: {problem}", fix)
-    return _ok(name, f"{found} {version}")
-
-
-async def _version(binary: str) -> tuple[str, str | None]:
-    """``binary --version``'s first line, or the problem that prevented it."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "--version",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return "", exc.strerror or type(exc).__name__
-    try:
-        # Not an agent turn: a --version that hangs (a login prompt, a lock) is the finding.
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), VERSION_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return "", f"`--version` did not answer within {VERSION_TIMEOUT:.0f} s"
-    text = (stdout or stderr).decode("utf-8", errors="replace").strip()
-    first = text.splitlines()[0][:120] if text else ""
-    if proc.returncode != 0:
-        return "", f"`--version` exited {proc.returncode}" + (f": {first}" if first else "")
-    return first or "(no version printed)", None
+        return _fail(name, f"{found}: {problem}", fix)
+    return _ok(name, f"{found} {version or '(no version printed)'}")

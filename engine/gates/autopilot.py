@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -44,6 +42,7 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
+from engine.locks import FileLock
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
@@ -377,7 +376,7 @@ class Autopilot:
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
-            with _drive_lock(task):
+            async with _drive_lock(task):
                 run_id = await self._open_run(task)
                 status = RunStatus.ERROR
                 try:
@@ -710,29 +709,23 @@ def _head(folder: Path, artifact: str, limit: int) -> str:
     return raw.decode("utf-8", errors="replace")[:limit]
 
 
-@contextlib.contextmanager
-def _drive_lock(task: TaskRecord) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def _drive_lock(task: TaskRecord) -> AsyncIterator[None]:
     """One drive per task across processes (one turn per agent session in flight): an
     ``flock`` on the folder's ``.drive.lock``, freed by the kernel if the process dies.
 
     Raises:
         GateRefused: ``concurrent_change`` when another drive holds it.
     """
-    task.folder.mkdir(parents=True, exist_ok=True)
-    path = task.folder / ".drive.lock"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    lock = FileLock(task.folder / ".drive.lock", mode=0o644)
+    if not await lock.try_acquire():
+        holder = await lock.holder()
+        raise GateRefused(
+            Refusal.CONFLICT,
+            f"task {task.name} is already being driven (pid {holder or '?'})",
+            task=task.name,
+        )
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise GateRefused(
-                Refusal.CONFLICT,
-                f"task {task.name} is already being driven (pid {holder})",
-                task=task.name,
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        os.close(fd)
+        await lock.release()

@@ -1,12 +1,13 @@
 """A fingerprint of a git workspace's code, to notice edits made in phases that forbid them.
 
-Plain ``git`` subprocesses (argv only). The fingerprint covers HEAD, the index, the working
-tree diff and untracked files, excluding the task folder (artifacts are not code).
+git runs through :class:`engine.git.GitRunner` (argv only, hooks off, no optional locks:
+the agent may be running git in the same tree). The fingerprint covers HEAD, the index,
+the working tree diff and untracked files, excluding the task folder (artifacts are not
+code).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from engine import safefile
 from engine.errors import UnsafeFileError
+from engine.git import GitRunner
 
 __all__ = ["fingerprint", "is_git_workdir"]
 
@@ -23,19 +25,9 @@ def is_git_workdir(workdir: Path) -> bool:
     return (workdir / ".git").exists()
 
 
-async def _git(workdir: Path, *args: str) -> bytes | None:
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(workdir),
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"},
-    )
-    out, _ = await proc.communicate()
-    return out if proc.returncode == 0 else None
+async def _git(runner: GitRunner, workdir: Path, *args: str) -> bytes | None:
+    result = await runner.run(args, cwd=workdir, check=False)
+    return result.raw_stdout if result.ok else None
 
 
 def _pathspec(workdir: Path, exclude: Path | None) -> list[str]:
@@ -55,13 +47,19 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
 
     Args:
         exclude: a folder inside ``workdir`` left out (the task folder).
+
+    Raises:
+        GitError: git could not be started.
     """
     if not is_git_workdir(workdir):
         return None
+    git = GitRunner(optional_locks=False)
     spec = _pathspec(workdir, exclude)
-    head = await _git(workdir, "rev-parse", "--verify", "-q", "HEAD")
-    status = await _git(workdir, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec)
-    diff = await _git(workdir, "diff", "HEAD", "--binary", *spec) if head else b""
+    head = await _git(git, workdir, "rev-parse", "--verify", "-q", "HEAD")
+    status = await _git(
+        git, workdir, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec
+    )
+    diff = await _git(git, workdir, "diff", "HEAD", "--binary", *spec) if head else b""
     if status is None:
         return None
     digest = hashlib.sha256()

@@ -123,6 +123,16 @@ class Gates:
         """One task (raises GateRefused(unknown_task))."""
         return await self.store.get(name)
 
+    async def open_gate(self, task: str) -> TaskRecord | None:
+        """The task if its gate is open (awaiting approval of a hashed artifact), else None.
+
+        The gate store is the one place a gate's state lives: every front end asks it.
+        """
+        record = await self.store.find(task)
+        if record is None or not record.awaiting_approval or record.gate_sha256 is None:
+            return None
+        return record
+
     async def list_tasks(self) -> list[TaskGroup]:
         """Every task grouped by parent and wave; groups awaiting approval first.
 

@@ -9,10 +9,8 @@ After each commit the folder's ``.state`` mirror is rewritten atomically from th
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -39,7 +37,9 @@ from engine.gates.workflow import (
     HUMAN_INTERVENTION,
     Workflow,
 )
+from engine.locks import FileLock, hold
 from engine.settings import Settings
+from engine.store.audit import AuditLog, AuditRecord, SqliteAuditLog
 from engine.store.database import Database
 
 __all__ = [
@@ -163,19 +163,8 @@ class ApprovalRecord:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
-    id: int
-    at: float
-    task: str | None
-    phase: str | None
-    event: str
-    outcome: str
-    actor: str | None
-    chat_id: int | None
-    update_id: int | None
-    sha256: str | None
-    detail: str | None
+#: One entry of the audit log (the gates' events are in the system's one log).
+AuditEvent = AuditRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +272,10 @@ class TaskStore:
         policy: GatePolicy | None = None,
         clock: Callable[[], float] = time.time,
         track_git: bool = True,
+        audit_log: AuditLog | None = None,
     ) -> None:
         self.db = db
+        self.audit_log: AuditLog = audit_log or SqliteAuditLog(db, clock=clock)
         self.workflow = workflow
         self.tasks_root = tasks_root
         self.policy = policy or GatePolicy()
@@ -359,16 +350,8 @@ class TaskStore:
         return [ApprovalRecord(*tuple(r)) for r in rows]
 
     async def audit_events(self, task: str | None = None, limit: int = 1000) -> list[AuditEvent]:
-        if task is None:
-            rows = await self.db.fetchall(
-                "SELECT * FROM gate_audit ORDER BY id DESC LIMIT ?", (int(limit),)
-            )
-        else:
-            rows = await self.db.fetchall(
-                "SELECT * FROM gate_audit WHERE task = ? ORDER BY id DESC LIMIT ?",
-                (task, int(limit)),
-            )
-        return [AuditEvent(*tuple(r)) for r in reversed(rows)]
+        """The latest audit entries (of ``task``), oldest first; every origin's."""
+        return await self.audit_log.entries(task=task, limit=limit)
 
     # -- the .state mirror -----------------------------------------------------------------
 
@@ -399,6 +382,9 @@ class TaskStore:
         mirror is rewritten; readers that compare ``.state`` with the store hold it shared,
         so nobody ever sees a committed change whose mirror is not written yet. One
         coroutine per folder per process waits on the flock (an asyncio lock in front).
+
+        Raises:
+            LockError: the lock file cannot be used (an agent replaced it by a link, ...).
         """
         local = self._locks.setdefault(folder, asyncio.Lock())
         async with local:
@@ -406,13 +392,11 @@ class TaskStore:
                 yield  # a reader must not create a missing folder (it is a finding)
                 return
             await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-            fd = os.open(folder / ".state.lock", os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-                await asyncio.to_thread(fcntl.flock, fd, mode)
+            lock = FileLock(
+                folder / ".state.lock", shared=not exclusive, make_parent=False, mode=0o644
+            )
+            async with hold(lock):
                 yield
-            finally:
-                os.close(fd)
 
     async def _write_mirror(self, name: str) -> None:
         latest = await self.get(name)
@@ -457,21 +441,16 @@ class TaskStore:
         detail: str | None = None,
     ) -> None:
         """Append one audit event (append-only: no statement here updates or deletes)."""
-        await self.db.execute(
-            "INSERT INTO gate_audit (at, task, phase, event, outcome, actor, chat_id, update_id, "
-            "sha256, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self.clock(),
-                task,
-                phase,
-                event,
-                outcome,
-                actor,
-                chat_id,
-                update_id,
-                sha256,
-                detail[:MAX_REASON] if detail else detail,
-            ),
+        await self.audit_log.record(
+            event,
+            outcome,
+            task=task,
+            phase=phase,
+            actor=actor,
+            chat_id=chat_id,
+            update_id=update_id,
+            sha256=sha256,
+            detail=detail,
         )
 
     async def set_workdir(self, name: str, workdir: Path) -> None:

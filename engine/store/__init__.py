@@ -1,5 +1,6 @@
 """Persistence behind interfaces; SQLite (aiosqlite, WAL) by default."""
 
+from engine.store.audit import AuditLog, AuditRecord, SqliteAuditLog
 from engine.store.database import (
     Database,
     Migration,
@@ -17,12 +18,15 @@ from engine.store.runs import (
 )
 
 __all__ = [
+    "AuditLog",
+    "AuditRecord",
     "Database",
     "Migration",
     "MigrationSet",
     "RunRecord",
     "RunStatus",
     "RunStore",
+    "SqliteAuditLog",
     "SqliteRunStore",
     "TurnRecord",
     "TurnState",

@@ -35,7 +35,7 @@ from typing import Any, Self
 
 import aiosqlite
 
-from engine.errors import StoreError
+from engine.errors import StoreError, StoreReadOnlyError
 
 __all__ = [
     "ENGINE",
@@ -253,6 +253,10 @@ class Database:
             await conn.execute("PRAGMA foreign_keys = ON")
             self._conn = conn
             await self._migrate()
+        except sqlite3.Error as exc:
+            self._conn = None
+            await conn.close()
+            raise StoreError(f"cannot open database {self.path}: {exc}") from exc
         except BaseException:
             self._conn = None
             await conn.close()
@@ -401,6 +405,35 @@ class Database:
             return await cursor.fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"query failed: {exc}") from exc
+
+    async def ensure_writable(self) -> None:
+        """Fail now, with one clear error, when the database cannot be written.
+
+        SQLite opens a file it may not write read-only without a word (a file mode, an
+        immutable flag, a read-only mount) and only the first write fails. The probe
+        rewrites the schema version inside a transaction it rolls back: nothing changes.
+
+        Raises:
+            StoreReadOnlyError: the database (or its folder, for the WAL files) refuses writes.
+        """
+        conn = self.conn
+        async with self._write_lock:
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor = await conn.execute("PRAGMA user_version")
+                    row = await cursor.fetchone()
+                    await conn.execute(f"PRAGMA user_version = {int(row[0]) if row else 0}")
+                finally:
+                    with contextlib.suppress(sqlite3.Error):
+                        await asyncio.shield(conn.execute("ROLLBACK"))
+            except sqlite3.Error as exc:
+                raise StoreReadOnlyError(
+                    f"the database {self.path} cannot be written ({exc}): make the file and "
+                    "its folder writable for the user running turnstile, or point "
+                    "TURNSTILE_DATABASE elsewhere",
+                    path=str(self.path),
+                ) from exc
 
     async def backup(self, target: Path) -> None:
         """A consistent copy of the database while it is in use (SQLite online backup)."""

@@ -13,8 +13,8 @@ of their own there ask :data:`RESERVED_FOLDERS` which names are taken)::
 Branches: ``turnstile/<run-id>`` for a run, ``turnstile/<run-id>--<name>`` for a wave's
 sub-task, ``turnstile/rescue/<id>`` for uncommitted changes saved before a removal.
 
-The API (all async; errors in :mod:`engine.workspace.git` and
-:class:`~engine.workspace.projects.ProjectError`)::
+The API (all async; errors in :mod:`engine.workspace.errors`, git's own failures as
+:class:`~engine.errors.GitError`, and :class:`~engine.workspace.projects.ProjectError`)::
 
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     manager.projects                            # configured Project(name, url, branch)
@@ -50,13 +50,8 @@ two runs starting at once clone once. Credentials in project URLs never appear i
 errors (:attr:`Project.display_url`, :attr:`WorkspaceManager.redact`).
 """
 
-from engine.workspace.git import (
-    DiskFullError,
-    GitError,
-    WorkspaceBusyError,
-    WorkspaceError,
-    WorkspaceStateError,
-)
+from engine.errors import DiskFullError, GitError
+from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
 from engine.workspace.manager import (
     BRANCH_PREFIX,
     RESCUE_PREFIX,

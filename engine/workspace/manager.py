@@ -17,15 +17,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, GitError
+from engine.git import GitRunner
+from engine.locks import FileLock, hold
 from engine.redact import Redactor
-from engine.workspace.git import (
-    GitRunner,
-    WorkspaceBusyError,
-    WorkspaceError,
-    WorkspaceStateError,
-)
-from engine.workspace.locks import FileLock, hold
+from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
 from engine.workspace.projects import (
     Project,
     ProjectError,
@@ -363,13 +359,12 @@ class WorkspaceManager:
                 f"{project.display_url} would be named {project.name!r}, but project "
                 f"{project.name!r} is {taken.display_url}: use --checkout-repo "
                 f"{project.name} for that one, or configure this repository under another "
-                "name in TURNSTILE_PROJECTS",
-                project=project.name,
+                "name in TURNSTILE_PROJECTS"
             )
         self._projects[project.name] = project
         self._unconfigured.add(project.name)
         self.redact = self.redact.with_secrets(project.secrets())
-        self._git = GitRunner(binary=self._git.binary, redactor=self.redact)
+        self._git.redactor = self.redact
         return project
 
     def cache_path(self, project: str) -> Path:
@@ -446,7 +441,6 @@ class WorkspaceManager:
         if workspace.id in self._held:
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is already in use in this process",
-                workspace=workspace.id,
             )
         async with self._guard(workspace):
             yield workspace
@@ -458,19 +452,18 @@ class WorkspaceManager:
             yield
             return
         lock = FileLock(self._lock_path("use", workspace.id))
-        if not lock.try_acquire():
-            holder = lock.holder()
+        if not await lock.try_acquire():
+            holder = await lock.holder()
             raise WorkspaceBusyError(
                 f"workspace {workspace.id} is in use by another run"
                 + (f" (pid {holder})" if holder else ""),
-                workspace=workspace.id,
             )
         self._held[workspace.id] = lock
         try:
             yield
         finally:
             del self._held[workspace.id]
-            lock.release()
+            await lock.release()
 
     async def _provision(
         self,
@@ -484,24 +477,23 @@ class WorkspaceManager:
         branch_name = f"{BRANCH_PREFIX}{workspace_id}"
         path = self.worktree_path(project.name, workspace_id)
         cache = self.cache_path(project.name)
-        async with hold(self._lock_path("provision", workspace_id)):
+        async with hold(FileLock(self._lock_path("provision", workspace_id))):
             record = await self._store.get(workspace_id)
             if record is not None and record.project != project.name:
                 raise WorkspaceStateError(
                     f"{workspace_id} already has a workspace on project {record.project!r}",
-                    workspace=workspace_id,
                 )
             if path.exists():
                 found = await self._existing(record, path, cache, workspace_id)
                 if found is not None:
                     return found
-            async with hold(self._lock_path("cache", project.name)):
+            async with hold(FileLock(self._lock_path("cache", project.name))):
                 if parent is None:
                     await self._ensure_cache(project, cache)
                     base_ref, base = await self._resolve_base(project, cache, branch)
                 else:
                     base_ref = parent.branch
-                    base = await self._rev(cache, f"refs/heads/{parent.branch}", workspace_id)
+                    base = await self._rev(cache, f"refs/heads/{parent.branch}")
                 exists = await self._ref_exists(cache, f"refs/heads/{branch_name}")
                 if exists:
                     # Resuming a run whose folder was removed: its branch carries its work.
@@ -539,7 +531,7 @@ class WorkspaceManager:
             if record is not None and record.removed_at is None:
                 return record
             # Made by a process that died before recording it: adopt it as it is.
-            head = await self._rev(path, "HEAD", workspace_id)
+            head = await self._rev(path, "HEAD")
             adopted = Workspace(
                 id=workspace_id,
                 run_id=record.run_id if record else workspace_id.split(_SUB_SEP)[0],
@@ -557,10 +549,9 @@ class WorkspaceManager:
             raise WorkspaceStateError(
                 f"{path} should be the worktree of {workspace_id} but git does not know it; "
                 "nothing was changed, inspect it by hand",
-                workspace=workspace_id,
             )
         _LOGGER.warning("removing a half-made worktree of %s left by a crash", workspace_id)
-        async with hold(self._lock_path("cache", path.parent.name)):
+        async with hold(FileLock(self._lock_path("cache", path.parent.name))):
             await self._discard(cache, path)
         return None
 
@@ -632,8 +623,7 @@ class WorkspaceManager:
             raise ProjectError(
                 f"another repository was checked out as {project.name!r} before "
                 f"({self.redact(redact_url(found.stdout.strip()))}); configure "
-                f"{project.display_url} under another name in TURNSTILE_PROJECTS",
-                project=project.name,
+                f"{project.display_url} under another name in TURNSTILE_PROJECTS"
             )
 
     async def _check_local_repo(self, project: Project, local: Path) -> Path:
@@ -641,7 +631,6 @@ class WorkspaceManager:
         if not await _is_dir(path):
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a folder",
-                project=project.name,
             )
         result = await self._git.run(
             ["rev-parse", "--git-dir"],
@@ -652,7 +641,6 @@ class WorkspaceManager:
         if result.exit_code != 0:
             raise ProjectError(
                 f"project {project.name!r}: {self.redact(str(local))} is not a git repository",
-                project=project.name,
             )
         return path
 
@@ -676,7 +664,6 @@ class WorkspaceManager:
             have = ", ".join(names[:20]) if names else "the repository has no branches"
             raise ProjectError(
                 f"project {project.name!r} has no branch {name!r} (branches: {have})",
-                project=project.name,
             )
         return f"origin/{name}", found.stdout.strip()
 
@@ -687,7 +674,7 @@ class WorkspaceManager:
         args = ["worktree", "add", "--quiet"]
         args += ["--no-track", "-b", branch, str(path), base] if new else [str(path), branch]
         try:
-            await self._git.run(args, cwd=cache, workspace=path.name)
+            await self._git.run(args, cwd=cache)
         except BaseException:
             await asyncio.shield(self._undo_add(cache, path, branch if new else None))
             raise
@@ -699,12 +686,12 @@ class WorkspaceManager:
                 ["update-ref", "-d", f"refs/heads/{new_branch}"], cwd=cache, check=False
             )
 
-    async def _rev(self, cwd: Path, rev: str, workspace: str | None = None) -> str:
+    async def _rev(self, cwd: Path, rev: str) -> str:
         result = await self._git.run(
             ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=cwd, check=False
         )
         if result.exit_code != 0:
-            raise WorkspaceStateError(f"{rev} does not name a commit", workspace=workspace)
+            raise WorkspaceStateError(f"{rev} does not name a commit")
         return result.stdout.strip()
 
     async def _ref_exists(self, cwd: Path, ref: str) -> bool:
@@ -759,7 +746,7 @@ class WorkspaceManager:
     async def status(self, workspace: Workspace) -> WorkspaceStatus:
         """Head, cleanliness and commits since the base, read from the worktree itself."""
         path = workspace.path
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         branch = await self._git.run(
             ["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=path, check=False
         )
@@ -812,9 +799,7 @@ class WorkspaceManager:
         """
         for sub in subtasks:
             if sub.parent_id != parent.id:
-                raise WorkspaceStateError(
-                    f"{sub.id} is not a sub-task of {parent.id}", workspace=sub.id
-                )
+                raise WorkspaceStateError(f"{sub.id} is not a sub-task of {parent.id}")
         results: list[SubtaskMerge] = []
         async with self._guard(parent):
             on = await self._git.run(
@@ -823,18 +808,16 @@ class WorkspaceManager:
             if on.stdout.strip() != parent.branch:
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} is not on {parent.branch}; refusing to merge",
-                    workspace=parent.id,
                 )
             if await self._changed(parent.path):
                 raise WorkspaceStateError(
                     f"the worktree of {parent.id} has uncommitted changes; commit them before "
                     "merging the wave",
-                    workspace=parent.id,
                 )
             identity = await self._identity_args(parent.path)
             for sub in subtasks:
                 results.append(await self._merge_one(parent, sub, identity, message))
-            head = await self._rev(parent.path, "HEAD", parent.id)
+            head = await self._rev(parent.path, "HEAD")
         report = MergeReport(
             parent=parent.id, branch=parent.branch, results=tuple(results), head=head
         )
@@ -862,7 +845,7 @@ class WorkspaceManager:
         try:
             async with self._guard(sub):
                 uncommitted = sub.path.is_dir() and bool(await self._changed(sub.path))
-                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}", sub.id)
+                tip = await self._rev(parent.path, f"refs/heads/{sub.branch}")
                 contained = await self._git.run(
                     ["merge-base", "--is-ancestor", tip, "HEAD"], cwd=parent.path, check=False
                 )
@@ -877,7 +860,7 @@ class WorkspaceManager:
                 )
                 if merged.exit_code == 0:
                     await self.release(sub)
-                    head = await self._rev(parent.path, "HEAD", parent.id)
+                    head = await self._rev(parent.path, "HEAD")
                     return result(MergeOutcome.MERGED, commit=head, uncommitted=uncommitted)
                 conflicts = await self._git.run(
                     ["diff", "--name-only", "-z", "--diff-filter=U"], cwd=parent.path, check=False
@@ -901,7 +884,6 @@ class WorkspaceManager:
         if left.exit_code == 0 or await self._changed(parent.path):
             raise WorkspaceStateError(
                 f"could not undo a conflicting merge in the worktree of {parent.id}",
-                workspace=parent.id,
             )
 
     # ---------------------------------------------------------------- cleanup
@@ -943,7 +925,7 @@ class WorkspaceManager:
             except WorkspaceBusyError:
                 busy.append(workspace.id)
                 continue
-            except WorkspaceError as exc:
+            except (WorkspaceError, GitError) as exc:
                 errors[workspace.id] = self.redact(exc.message)
                 continue
             removed.append(workspace.id)
@@ -972,20 +954,18 @@ class WorkspaceManager:
                 if not await self._is_worktree_of(workspace.path, cache):
                     raise WorkspaceStateError(
                         f"{workspace.path} is not a worktree of {workspace.project}; left in place",
-                        workspace=workspace.id,
                     )
                 if await self._changed(workspace.path):
                     rescue = await self._rescue(workspace)
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     # Twice: a worktree an agent locked (`git worktree lock`) goes too; its
                     # changes are on the rescue branch by now.
                     await self._git.run(
                         ["worktree", "remove", "--force", "--force", str(workspace.path)],
                         cwd=cache,
-                        workspace=workspace.id,
                     )
             elif cache.is_dir():
-                async with hold(self._lock_path("cache", workspace.project)):
+                async with hold(FileLock(self._lock_path("cache", workspace.project))):
                     await self._git.run(["worktree", "prune"], cwd=cache)
             current = await self._store.get(workspace.id) or workspace
             updated = dataclasses.replace(
@@ -1011,12 +991,12 @@ class WorkspaceManager:
         # A private index: the worktree's own index (maybe mid-merge) stays as it was.
         env = {"GIT_INDEX_FILE": str(index)}
         try:
-            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env, workspace=workspace.id)
-            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env, workspace=workspace.id)
-            tree = await self._git.run(["write-tree"], cwd=path, env=env, workspace=workspace.id)
+            await self._git.run(["read-tree", "HEAD"], cwd=path, env=env)
+            await self._git.run(["add", "-A", "--", "."], cwd=path, env=env)
+            tree = await self._git.run(["write-tree"], cwd=path, env=env)
         finally:
             await asyncio.to_thread(index.unlink, True)
-        head = await self._rev(path, "HEAD", workspace.id)
+        head = await self._rev(path, "HEAD")
         identity = await self._identity_args(path)
         commit = await self._git.run(
             [
@@ -1029,7 +1009,6 @@ class WorkspaceManager:
                 f"turnstile: rescue uncommitted changes of {workspace.id}",
             ],
             cwd=path,
-            workspace=workspace.id,
         )
         sha = commit.stdout.strip()
         name = f"{RESCUE_PREFIX}{workspace.id}"
@@ -1038,7 +1017,5 @@ class WorkspaceManager:
             attempt += 1
             name = f"{RESCUE_PREFIX}{workspace.id}-{attempt}"
         # Create-only (old value empty): an existing rescue branch is never overwritten.
-        await self._git.run(
-            ["update-ref", f"refs/heads/{name}", sha, ""], cwd=path, workspace=workspace.id
-        )
+        await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name

@@ -49,9 +49,8 @@ _HTTP_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
 class ProjectError(ConfigError):
     """A project is unknown or badly configured; the message never shows credentials."""
 
-    def __init__(self, message: str, *, project: str | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message, setting=SETTING)
-        self.project = project
 
 
 def is_safe_name(name: object) -> bool:
@@ -74,7 +73,6 @@ def validate_name(name: str, *, what: str = "project name") -> str:
         raise ProjectError(
             f"invalid {what} {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with "
             "a letter or digit (no '/', '..' or spaces)",
-            project=name if what == "project name" and isinstance(name, str) else None,
         )
     if name.endswith(".lock"):
         raise ProjectError(f"invalid {what} {name!r}: it must not end with '.lock'")
@@ -94,9 +92,7 @@ def validate_branch_name(branch: str, *, project: str) -> str:
         or branch.endswith(("/", ".", ".lock"))
         or "/." in branch
     ):
-        raise ProjectError(
-            f"project {project!r}: {branch!r} is not a valid branch name", project=project
-        )
+        raise ProjectError(f"project {project!r}: {branch!r} is not a valid branch name")
     return branch
 
 
@@ -212,7 +208,7 @@ class Project:
     def __post_init__(self) -> None:
         validate_name(self.name)
         if not self.url or not self.url.strip():
-            raise ProjectError(f"project {self.name!r} has no URL or path", project=self.name)
+            raise ProjectError(f"project {self.name!r} has no URL or path")
         if "\x00" in self.url or "\n" in self.url:
             raise ProjectError(f"project {self.name!r}: the URL holds control characters")
         if self.url.startswith("-"):
@@ -253,11 +249,9 @@ def _entry(name: object, value: object) -> Project:
         branch = value.get("branch")
         unknown = set(value) - {"url", "path", "branch", "name"}
         if unknown:
-            raise ProjectError(
-                f"{SETTING}: project {name!r} has unknown keys {sorted(unknown)}", project=name
-            )
+            raise ProjectError(f"{SETTING}: project {name!r} has unknown keys {sorted(unknown)}")
         if not isinstance(url, str):
-            raise ProjectError(f"{SETTING}: project {name!r} needs a 'url' string", project=name)
+            raise ProjectError(f"{SETTING}: project {name!r} needs a 'url' string")
         if branch is not None and not isinstance(branch, str):
             raise ProjectError(f"{SETTING}: project {name!r}: 'branch' must be a string")
         return Project(name=name, url=url, branch=branch or None)

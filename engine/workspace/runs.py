@@ -61,7 +61,8 @@ async def provision_for_run(
 
     Raises:
         ProjectError: unknown or misconfigured project (a ``ConfigError``).
-        WorkspaceError: git failed, or the worktree is damaged.
+        GitError: git failed.
+        WorkspaceError: the worktree is damaged.
     """
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     return await manager.provision(run_id, project)
@@ -87,7 +88,7 @@ async def checkout_for_run(
 
     Raises:
         ConfigError: both a project and an explicit ``workdir``; ``ProjectError``.
-        WorkspaceError: git failed.
+        GitError: git failed.
     """
     if project is None:
         yield None

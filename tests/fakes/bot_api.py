@@ -3,9 +3,15 @@
 It implements just enough of the Bot API for turnstile's bot: long-polled ``getUpdates``
 with offsets, ``sendMessage``, ``editMessageText``, ``editMessageReplyMarkup``,
 ``sendDocument`` (multipart), ``answerCallbackQuery``, ``setMyCommands``,
-``deleteWebhook``, ``setWebhook``, ``getMe`` (with a username), ``createForumTopic`` and
-``deleteMessage``. Every call is recorded; failures (429 with ``retry_after``, 5xx) can
-be injected per method, once or as a storm.
+``deleteWebhook``, ``setWebhook``, ``getMe`` (with a username), ``createForumTopic``,
+``deleteMessage``, ``getFile`` and file downloads (``GET /file/bot<token>/<path>``, refused
+over Telegram's 20 MB the way Telegram refuses them). Files, photos (albums with
+``media_group_id``), voice notes and audio can be pushed as updates. Every call is
+recorded; failures (429 with ``retry_after``, 5xx, and the permanent 400/401/403/404 with
+Telegram's descriptions) can be injected per method, once or as a storm;
+:meth:`FakeBotApi.revoke_token` makes every call answer 401 the way Telegram does after a
+token is revoked; :meth:`FakeBotApi.hold` parks calls until released (a slow Telegram,
+deterministically).
 
 Usage::
 
@@ -32,6 +38,14 @@ __all__ = ["ApiCall", "Failure", "FakeBotApi", "SentMessage"]
 
 TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmn"
 BOT_ID = 123456789
+# What Telegram says with each injected status.
+_DESCRIPTIONS = {
+    400: "Bad Request: chat not found",
+    401: "Unauthorized",
+    403: "Forbidden: bot was blocked by the user",
+    404: "Not Found",
+    429: "Too Many Requests: retry later",
+}
 
 
 @dataclass
@@ -101,6 +115,12 @@ class FakeBotApi:
         self.confirmed_offset = 0
         self._script: list[int] = []
         self._script_methods: frozenset[str] = frozenset()
+        self._held: frozenset[str] = frozenset()
+        self._release = asyncio.Event()
+        self.parked = 0
+        self.files: dict[str, tuple[str, bytes]] = {}
+        self.downloads: list[str] = []
+        self._file_ids = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -115,6 +135,7 @@ class FakeBotApi:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/bot{token}/{method}", self._handle)
         app.router.add_get("/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         self._runner = web.AppRunner(app, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -202,6 +223,143 @@ class FakeBotApi:
             {"message": self.message_payload(chat_id=chat_id, user_id=user_id, text=text, **kw)}
         )
 
+    # -- files -------------------------------------------------------------------------
+
+    def add_file(self, data: bytes, *, folder: str = "documents") -> tuple[str, str]:
+        """Hold ``data`` as a file the bot can fetch; returns (file_id, file_unique_id)."""
+        n = next(self._file_ids)
+        file_id = f"BQACAgfile{n:04d}"
+        self.files[file_id] = (f"{folder}/file_{n}_{time.monotonic_ns()}", data)
+        return file_id, f"uniq{n:04d}"
+
+    def _media(
+        self, *, chat_id: int, user_id: int, caption: str | None, **kw: Any
+    ) -> dict[str, Any]:
+        msg = self.message_payload(chat_id=chat_id, user_id=user_id, text="", **kw)
+        msg.pop("text", None)
+        msg.pop("entities", None)
+        if caption is not None:
+            msg["caption"] = caption
+        return msg
+
+    def push_document(
+        self,
+        *,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        file_name: str | None = "file.bin",
+        mime_type: str | None = "application/octet-stream",
+        caption: str | None = None,
+        media_group_id: str | None = None,
+        size: int | bool | None = True,
+        **kw: Any,
+    ) -> int:
+        """A document message; ``size`` True declares the real size, an int another one,
+        None none at all."""
+        file_id, unique = self.add_file(data)
+        doc: dict[str, Any] = {"file_id": file_id, "file_unique_id": unique}
+        if file_name is not None:
+            doc["file_name"] = file_name
+        if mime_type is not None:
+            doc["mime_type"] = mime_type
+        if size is True:
+            doc["file_size"] = len(data)
+        elif isinstance(size, int) and not isinstance(size, bool):
+            doc["file_size"] = size
+        msg = self._media(chat_id=chat_id, user_id=user_id, caption=caption, **kw)
+        msg["document"] = doc
+        if media_group_id is not None:
+            msg["media_group_id"] = media_group_id
+        return self.push_update({"message": msg})
+
+    def push_photo(
+        self,
+        *,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        caption: str | None = None,
+        media_group_id: str | None = None,
+        **kw: Any,
+    ) -> int:
+        """A photo message: a small thumbnail size and the full size (``data``)."""
+        thumb_id, thumb_unique = self.add_file(b"thumbnail", folder="photos")
+        file_id, unique = self.add_file(data, folder="photos")
+        msg = self._media(chat_id=chat_id, user_id=user_id, caption=caption, **kw)
+        msg["photo"] = [
+            {
+                "file_id": thumb_id,
+                "file_unique_id": thumb_unique,
+                "width": 90,
+                "height": 60,
+                "file_size": 9,
+            },
+            {
+                "file_id": file_id,
+                "file_unique_id": unique,
+                "width": 1280,
+                "height": 853,
+                "file_size": len(data),
+            },
+        ]
+        if media_group_id is not None:
+            msg["media_group_id"] = media_group_id
+        return self.push_update({"message": msg})
+
+    def push_voice(
+        self,
+        *,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        mime_type: str = "audio/ogg",
+        audio: bool = False,
+        caption: str | None = None,
+        **kw: Any,
+    ) -> int:
+        """A voice note (or, with ``audio``, an audio file message)."""
+        file_id, unique = self.add_file(data, folder="voice" if not audio else "music")
+        item: dict[str, Any] = {
+            "file_id": file_id,
+            "file_unique_id": unique,
+            "duration": 2,
+            "mime_type": mime_type,
+            "file_size": len(data),
+        }
+        msg = self._media(chat_id=chat_id, user_id=user_id, caption=caption, **kw)
+        if audio:
+            item["file_name"] = "recording.wav"
+            msg["audio"] = item
+        else:
+            msg["voice"] = item
+        return self.push_update({"message": msg})
+
+    def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any]:
+        file_id = str(params.get("file_id", ""))
+        if file_id not in self.files:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        path, data = self.files[file_id]
+        if len(data) > 20 * 1024 * 1024:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {
+            "file_id": file_id,
+            "file_unique_id": "u" + file_id,
+            "file_size": len(data),
+            "file_path": path,
+        }
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["token"] != self.token:
+            return self._error(401, "Unauthorized")
+        path = request.match_info["path"]
+        self.downloads.append(path)
+        self._notify()
+        for stored, data in self.files.values():
+            if stored == path:
+                return web.Response(body=data, content_type="application/octet-stream")
+        return self._error(404, "Not Found")
+
     def push_callback(
         self, *, chat_id: int, user_id: int, data: str, message_id: int, query_id: str | None = None
     ) -> int:
@@ -239,6 +397,19 @@ class FakeBotApi:
         failure = Failure(frozenset(methods), status, count, retry_after, every)
         self.failures.append(failure)
         return failure
+
+    def revoke_token(self) -> None:
+        """Every later call answers 401 Unauthorized (the token was revoked in BotFather)."""
+        self.token = f"{self.token.split(':', 1)[0]}:revoked"
+
+    def hold(self, methods: Iterable[str]) -> None:
+        """Park every call of ``methods`` (before it is answered) until :meth:`release`."""
+        self._held = frozenset(methods)
+        self._release.clear()
+
+    def release(self) -> None:
+        self._held = frozenset()
+        self._release.set()
 
     # -- waiting -----------------------------------------------------------------------
 
@@ -317,8 +488,14 @@ class FakeBotApi:
             return self._error(401, "Unauthorized")
         method = request.match_info["method"]
         params = await self._params(request)
+        if method in self._held:
+            self.parked += 1
+            self._notify()
+            await self._release.wait()
         call = ApiCall(method, params, time.time())
         self.calls.append(call)
+        if method == "getUpdates":
+            self._notify()  # a long poll is parked: waiters may want to know it arrived
         failure = self._injected(method)
         if failure is not None:
             call.status = failure.status
@@ -326,7 +503,7 @@ class FakeBotApi:
             extra = (
                 {"retry_after": failure.retry_after} if failure.retry_after is not None else None
             )
-            text = "Too Many Requests: retry later" if failure.status == 429 else "Bad Gateway"
+            text = _DESCRIPTIONS.get(failure.status, "Bad Gateway")
             return self._error(failure.status, text, extra)
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:

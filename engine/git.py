@@ -1,15 +1,9 @@
-"""Running git: argv only, output captured, errors typed and redacted.
+"""Running git: the one runner every git call of the engine goes through.
 
-```
-TurnstileError
-├── WorkspaceError            a workspace operation failed
-│   ├── GitError              git exited non-zero (subcommand, exit code, redacted stderr)
-│   │   └── DiskFullError     ... because the disk is full (retrying after freeing space helps)
-│   ├── WorkspaceBusyError    another run or process holds the worktree's lock
-│   └── WorkspaceStateError   the worktree is not what turnstile left (damaged, dirty parent)
-└── ConfigError
-    └── ProjectError          unknown or badly configured project (engine.workspace.projects)
-```
+Argv only (never a shell), no prompts, hooks off, a fixed locale, output captured into one
+:class:`GitResult`, errors typed and redacted. A git that exits non-zero is a result (or a
+:class:`~engine.errors.GitError` when the caller asks for ``check``); a git that cannot be
+started at all is always a :class:`~engine.errors.GitError`, never a made-up exit code.
 """
 
 from __future__ import annotations
@@ -23,81 +17,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from engine.errors import TurnstileError
+from engine.errors import DiskFullError, GitError
 from engine.redact import Redactor, tail
 
-__all__ = [
-    "DiskFullError",
-    "GitError",
-    "GitResult",
-    "GitRunner",
-    "WorkspaceBusyError",
-    "WorkspaceError",
-    "WorkspaceStateError",
-]
+__all__ = ["GitResult", "GitRunner"]
 
 _TAIL: Final = 1500
 _DISK_FULL = ("no space left on device", "disk quota exceeded", "file too large")
 
 
-class WorkspaceError(TurnstileError):
-    """A workspace (clone cache, worktree, branch) operation failed."""
-
-    def __init__(self, message: str, *, workspace: str | None = None) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-
-
-class GitError(WorkspaceError):
-    """git exited non-zero.
-
-    Attributes:
-        command: the git subcommand (``clone``, ``worktree``, ...), never the full argv.
-        exit_code: git's exit code.
-        stderr: the redacted tail of what git wrote to stderr.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        command: str,
-        exit_code: int,
-        stderr: str,
-        workspace: str | None = None,
-    ) -> None:
-        super().__init__(message, workspace=workspace)
-        self.command = command
-        self.exit_code = exit_code
-        self.stderr = stderr
-
-
-class DiskFullError(GitError):
-    """git ran out of disk space; freeing space and retrying can help."""
-
-    retryable = True
-
-
-class WorkspaceBusyError(WorkspaceError):
-    """The worktree is in use by another run (in this process or another)."""
-
-    retryable = True
-
-
-class WorkspaceStateError(WorkspaceError):
-    """The worktree is not in the state the operation needs."""
-
-
 @dataclass(frozen=True, slots=True)
 class GitResult:
-    """What a finished git process left behind."""
+    """What a finished git process left behind (its output as bytes, decoded on demand)."""
 
     exit_code: int
-    stdout: str
-    stderr: str
+    raw_stdout: bytes = b""
+    raw_stderr: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout(self) -> str:
+        return self.raw_stdout.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.raw_stderr.decode("utf-8", errors="replace")
 
     @property
     def lines(self) -> list[str]:
+        """The non-empty lines of stdout."""
         return [line for line in self.stdout.splitlines() if line]
 
 
@@ -107,11 +58,22 @@ class GitRunner:
     Prompts are disabled (a missing credential fails fast instead of hanging), hooks are
     off, the locale is fixed so messages can be recognised, and everything shown is
     redacted.
+
+    Args:
+        optional_locks: let git take its optional locks (index refresh); off for reading
+            a tree an agent may be running git in at the same moment.
     """
 
-    def __init__(self, *, binary: str = "git", redactor: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        binary: str = "git",
+        redactor: Redactor | None = None,
+        optional_locks: bool = True,
+    ) -> None:
         self.binary = binary
         self.redactor = redactor or Redactor()
+        self.optional_locks = optional_locks
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -119,6 +81,8 @@ class GitRunner:
         env["GCM_INTERACTIVE"] = "never"
         env["LC_ALL"] = "C"
         env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+        if not self.optional_locks:
+            env["GIT_OPTIONAL_LOCKS"] = "0"
         # No hooks in the engine's own git commands: hooks live in the shared clone, where
         # any run's agent could have put one that would then run on every checkout and
         # merge of every other run.
@@ -137,13 +101,12 @@ class GitRunner:
         cwd: Path | None = None,
         check: bool = True,
         env: Mapping[str, str] | None = None,
-        workspace: str | None = None,
     ) -> GitResult:
-        """Run ``git ARGS`` to completion.
+        """Run ``git ARGS`` to completion; cancelling kills its process group.
 
         Raises:
-            WorkspaceError: git could not be started.
-            GitError: git exited non-zero and ``check`` is set.
+            GitError: git could not be started (``exit_code`` None), or it exited non-zero
+                and ``check`` is set.
             DiskFullError: ... and its message says the disk is full.
         """
         command = next((a for a in args if not a.startswith("-")), "git")
@@ -158,12 +121,8 @@ class GitRunner:
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
-        except FileNotFoundError as exc:
-            raise WorkspaceError(
-                f"cannot run {self.binary!r}: not found (is git installed?)"
-            ) from exc
         except OSError as exc:
-            raise WorkspaceError(f"cannot run {self.binary!r}: {exc.strerror}") from exc
+            raise self._start_error(command, exc, cwd) from exc
         try:
             out, err = await proc.communicate()
         except asyncio.CancelledError:
@@ -172,16 +131,12 @@ class GitRunner:
             await asyncio.shield(proc.wait())
             raise
         code = proc.returncode if proc.returncode is not None else -1
-        result = GitResult(
-            exit_code=code,
-            stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"),
-        )
+        result = GitResult(exit_code=code, raw_stdout=out, raw_stderr=err)
         if check and code != 0:
-            raise self.error(command, result, workspace=workspace)
+            raise self.error(command, result)
         return result
 
-    def error(self, command: str, result: GitResult, *, workspace: str | None = None) -> GitError:
+    def error(self, command: str, result: GitResult) -> GitError:
         """The typed, redacted error for a failed git ``command``."""
         stderr = self.redactor(tail(result.stderr, _TAIL)).strip()
         lowered = result.stderr.lower()
@@ -192,12 +147,24 @@ class GitRunner:
                 command=command,
                 exit_code=result.exit_code,
                 stderr=stderr,
-                workspace=workspace,
             )
         return GitError(
             f"git {command} failed (exit {result.exit_code}): {stderr or 'no message'}",
             command=command,
             exit_code=result.exit_code,
             stderr=stderr,
-            workspace=workspace,
+        )
+
+    def _start_error(self, command: str, exc: OSError, cwd: Path | None) -> GitError:
+        if cwd is not None and not cwd.is_dir():
+            reason = f"the folder {cwd} does not exist"
+        elif isinstance(exc, FileNotFoundError):
+            reason = "not found (is git installed?)"
+        else:
+            reason = exc.strerror or type(exc).__name__
+        return GitError(
+            f"cannot run {self.binary!r}: {reason}",
+            command=command,
+            exit_code=None,
+            stderr="",
         )

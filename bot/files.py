@@ -1,0 +1,699 @@
+"""Files, photos and voice notes from the phone; files back with ``/get`` and agent markers.
+
+- A document or photo in a chat bound to a session (or sent to a running auto run: in its
+  topic or as a reply to one of its messages) is downloaded into the run's folder under
+  ``uploads/`` and becomes a turn (or a steering note): the caption is the prompt and the
+  prompt says which file arrived. An album (photos sharing ``media_group_id``) is one turn.
+- A voice note or audio message is transcribed (:mod:`engine.transcribe`), shown
+  ("🎙 …") and becomes the prompt (or the steering note).
+- ``/get PATH`` sends a file (a folder as a zip) of the run's folder; a line
+  ``TURNSTILE-SEND: path`` in an agent's output sends that file after the turn.
+
+Outgoing files are copied into a spool folder first and queued in the outbox like every
+other message (kind ``file``), so a restart still delivers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from telegram import Message, Update
+from telegram.error import BadRequest, TelegramError
+
+from bot.auth import Action
+from bot.auto import AutoExtension
+from bot.extension import Extension
+from bot.sink import ChatPlace
+from bot.store import Binding, InboundState, OutboxItem
+from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
+from engine.files import (
+    SEND_MARKER,
+    SavedFile,
+    clean_mime,
+    exclude_in_git,
+    human_size,
+    read_for_send,
+    resolve_inside,
+    sanitize_name,
+    save_upload,
+    send_markers,
+    type_refused,
+    zip_folder,
+)
+from engine.transcribe import HttpTranscriber, Transcriber
+from engine.turn import TurnOutput
+
+if TYPE_CHECKING:
+    from bot.app import BotRuntime
+    from bot.handlers import Handlers
+
+__all__ = ["FileDesk", "upload_prompt"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# Telegram's own limit on what a bot may download through getFile.
+_TELEGRAM_DOWNLOAD_LIMIT: Final = 20 * 1024 * 1024
+_MARKERS_PER_TURN: Final = 10
+
+
+def _thread(message: Message) -> int:
+    if message.is_topic_message and message.message_thread_id is not None:
+        return int(message.message_thread_id)
+    return 0
+
+
+def upload_prompt(files: list[SavedFile], captions: list[str]) -> str:
+    """The prompt for files that arrived: the caption(s), then which files and where."""
+    lines = [f"- {f.relative} ({f.mime}, {human_size(f.size)})" for f in files]
+    what = "a file" if len(files) == 1 else f"{len(files)} files"
+    text = "\n".join(c for c in captions if c.strip())
+    note = (
+        f"[Sent from the chat with this message: {what}, saved in your working folder]"
+        if text
+        else f"[Sent from the chat without a message: {what}, saved in your working folder]"
+    )
+    hint = (
+        f"(To hand a file back to the chat, put a line `{SEND_MARKER} path/to/file` in your "
+        "answer.)"
+    )
+    return "\n".join(filter(None, [text, "" if text else None, note, *lines, hint]))
+
+
+@dataclass
+class _Target:
+    """Where a file or voice note goes: a chat session or a running auto run."""
+
+    workdir: Path
+    chat: Binding | None = None
+    auto: Any = None  # bot.auto._Active
+
+    @property
+    def action(self) -> Action:
+        return Action.PROMPT if self.chat is not None else Action.STEER
+
+
+@dataclass
+class _Album:
+    target: _Target
+    chat_id: int
+    thread: int
+    update_id: int
+    user_id: int
+    reply_to: int
+    files: list[SavedFile] = field(default_factory=list)
+    captions: list[str] = field(default_factory=list)
+    update_ids: list[int] = field(default_factory=list)
+    timer: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Incoming:
+    file_id: str
+    name: str
+    mime: str
+    size: int | None
+
+
+class FileDesk(Extension):
+    """Files in and out of runs' folders, and voice notes, for the bot's handlers."""
+
+    def __init__(
+        self,
+        runtime: BotRuntime,
+        handlers: Handlers,
+        *,
+        transcriber: Transcriber | None = None,
+    ) -> None:
+        self.rt = runtime
+        self.h = handlers
+        settings = runtime.settings
+        if transcriber is None and settings.transcription_url:
+            transcriber = HttpTranscriber(
+                url=settings.transcription_url,
+                model=settings.transcription_model,
+                key=settings.transcription_key,
+                timeout=settings.transcription_timeout,
+                language=settings.transcription_language,
+            )
+        self.transcriber = transcriber
+        self.spool = settings.runs_dir / "outgoing"
+        self._albums: dict[tuple[int, int, str], _Album] = {}
+        self._excluded: set[Path] = set()
+        self._closing = False
+
+    # -- where things go ---------------------------------------------------------------
+
+    def _auto_runs(self) -> dict[str, Any]:
+        for ext in self.h.extensions:
+            if isinstance(ext, AutoExtension):
+                return ext.active
+        return {}
+
+    async def _target(self, message: Message, thread: int) -> _Target | None:
+        chat_id = message.chat.id
+        autos = self._auto_runs()
+        reply = message.reply_to_message
+        if reply is not None:
+            run_id = await self.rt.store.run_of_message(chat_id, reply.message_id)
+            if run_id is not None and run_id in autos:
+                active = autos[run_id]
+                return _Target(Path(active.run.state.workdir), auto=active)
+        here = [
+            a
+            for a in autos.values()
+            if a.place.chat_id == chat_id and (a.place.thread_id or 0) == thread
+        ]
+        if here:
+            return _Target(Path(here[-1].run.state.workdir), auto=here[-1])
+        assert self.rt.chats is not None
+        active_chat = self.rt.chats.active.get((chat_id, thread))
+        binding = (
+            active_chat.binding
+            if active_chat is not None
+            else await self.rt.store.binding(chat_id, thread)
+        )
+        if binding is None:
+            return None
+        return _Target(Path(binding.workdir), chat=binding)
+
+    async def _not_bound(self, update: Update, message: Message, bot_id: int) -> None:
+        user = update.effective_user
+        to_us = message.chat.type == "private" or (
+            message.reply_to_message is not None
+            and message.reply_to_message.from_user is not None
+            and message.reply_to_message.from_user.id == bot_id
+        )
+        if (
+            to_us
+            and user is not None
+            and self.rt.authorizer.check(user.id, message.chat.id, Action.PROMPT).allowed
+        ):
+            await self.h.reply(
+                update, "This chat is not bound to an agent session yet: send /chat first."
+            )
+
+    # -- inbound: files, photos, voice -------------------------------------------------
+
+    async def on_media(self, update: Update, context: Any) -> bool:
+        await self._media(update, context)
+        return True
+
+    async def _media(self, update: Update, context: Any) -> None:
+        message = update.message
+        user = update.effective_user
+        if message is None or user is None:
+            return
+        thread = _thread(message)
+        target = await self._target(message, thread)
+        if target is None:
+            await self._not_bound(update, message, context.bot.id)
+            return
+        if not await self.h.authorize(update, target.action):
+            return
+        if message.voice is not None or message.audio is not None:
+            await self._voice(update, message, target, thread)
+            return
+        incoming = self._describe(message)
+        if incoming is None:
+            return
+        try:
+            saved = await self._download_and_save(incoming, target)
+        except FileRefusedError as exc:
+            await self.h.reply(update, f"⚠️ Not saved: {exc}")
+            return
+        caption = message.caption or ""
+        group = message.media_group_id
+        if group is not None:
+            self._add_to_album(update, message, target, thread, saved, caption, str(group))
+            return
+        await self._deliver(update, target, thread, [saved], [caption], update.update_id)
+
+    def _describe(self, message: Message) -> _Incoming | None:
+        if message.document is not None:
+            doc = message.document
+            mime = clean_mime(doc.mime_type)
+            return _Incoming(
+                doc.file_id,
+                sanitize_name(doc.file_name, fallback=f"file-{doc.file_unique_id}"),
+                mime,
+                doc.file_size,
+            )
+        if message.video is not None:
+            video = message.video
+            return _Incoming(
+                video.file_id,
+                sanitize_name(video.file_name, fallback=f"video-{video.file_unique_id}.mp4"),
+                clean_mime(video.mime_type or "video/mp4"),
+                video.file_size,
+            )
+        if message.video_note is not None:
+            note = message.video_note
+            return _Incoming(
+                note.file_id,
+                sanitize_name(f"video-{note.file_unique_id}.mp4"),
+                "video/mp4",
+                note.file_size,
+            )
+        if message.photo:
+            # Telegram sends several sizes of a photo; the last is the largest.
+            photo = max(message.photo, key=lambda p: p.width * p.height)
+            return _Incoming(
+                photo.file_id,
+                sanitize_name(f"photo-{photo.file_unique_id}.jpg"),
+                "image/jpeg",
+                photo.file_size,
+            )
+        return None
+
+    async def _download(self, file_id: str, declared: int | None, what: str) -> bytes:
+        """The bytes of a chat file, refused when over the limit or empty.
+
+        Raises:
+            FileRefusedError: too large (declared or actual), empty, or Telegram refused.
+        """
+        limit = self.rt.settings.upload_max_bytes
+        if declared is not None and declared > limit:
+            raise FileRefusedError(
+                f"{what} is {human_size(declared)}; the limit is {human_size(limit)}"
+                + (
+                    " (Telegram lets bots download up to 20 MB)"
+                    if limit >= _TELEGRAM_DOWNLOAD_LIMIT
+                    else ""
+                ),
+                reason="size",
+            )
+        if declared == 0:
+            raise FileRefusedError(f"{what} is empty; nothing to save", reason="empty")
+        try:
+            tg_file = await self.rt.app_bot().get_file(file_id)
+            if tg_file.file_size is not None and tg_file.file_size > limit:
+                raise FileRefusedError(
+                    f"{what} is {human_size(tg_file.file_size)}; the limit is {human_size(limit)}",
+                    reason="size",
+                )
+            data = bytes(await tg_file.download_as_bytearray())
+        except BadRequest as exc:
+            if "too big" in exc.message.lower():
+                raise FileRefusedError(
+                    f"{what} is too big for Telegram to hand to a bot (over 20 MB)",
+                    reason="size",
+                ) from exc
+            raise FileRefusedError(
+                f"Telegram refused to hand over {what}: {exc.message}", reason="telegram"
+            ) from exc
+        except TelegramError as exc:
+            raise FileRefusedError(
+                f"downloading {what} failed ({exc.message}); send it again", reason="network"
+            ) from exc
+        if len(data) > limit:
+            raise FileRefusedError(
+                f"{what} is {human_size(len(data))}; the limit is {human_size(limit)}",
+                reason="size",
+            )
+        if not data:
+            raise FileRefusedError(f"{what} is empty; nothing to save", reason="empty")
+        return data
+
+    async def _download_and_save(self, incoming: _Incoming, target: _Target) -> SavedFile:
+        settings = self.rt.settings
+        refused = type_refused(incoming.name, incoming.mime, settings.upload_refused_types)
+        if refused is not None:
+            raise FileRefusedError(
+                f"{incoming.name} ({incoming.mime}) is a type this bot does not take "
+                f"({refused}, see TURNSTILE_UPLOAD_REFUSED_TYPES)",
+                reason="type",
+            )
+        data = await self._download(incoming.file_id, incoming.size, incoming.name)
+        try:
+            saved = await asyncio.to_thread(
+                save_upload,
+                target.workdir,
+                settings.uploads_dir,
+                incoming.name,
+                data,
+                mime=incoming.mime,
+            )
+        except OSError as exc:
+            raise FileRefusedError(
+                f"{incoming.name} could not be written: {exc.strerror}", reason="write"
+            ) from exc
+        _LOGGER.info("upload saved as %s (%d bytes)", saved.relative, saved.size)
+        await self._exclude(target.workdir)
+        return saved
+
+    async def _exclude(self, workdir: Path) -> None:
+        if workdir in self._excluded:
+            return
+        try:
+            await exclude_in_git(workdir, self.rt.settings.uploads_dir)
+        except (TurnstileError, OSError) as exc:
+            _LOGGER.warning("could not add the uploads folder to info/exclude: %s", exc)
+            return
+        self._excluded.add(workdir)
+
+    def _add_to_album(
+        self,
+        update: Update,
+        message: Message,
+        target: _Target,
+        thread: int,
+        saved: SavedFile,
+        caption: str,
+        group: str,
+    ) -> None:
+        key = (message.chat.id, thread, group)
+        album = self._albums.get(key)
+        if album is None:
+            assert update.effective_user is not None
+            album = _Album(
+                target,
+                message.chat.id,
+                thread,
+                update.update_id,
+                update.effective_user.id,
+                message.message_id,
+            )
+            self._albums[key] = album
+        album.files.append(saved)
+        album.captions.append(caption)
+        album.update_ids.append(update.update_id)
+        # Not handled until the album's turn is queued: a crash before that replays the
+        # parts on the next start (the files come again, the turn is not lost).
+        self.rt.handled_in_transaction(update.update_id)
+        if album.timer is not None:
+            album.timer.cancel()
+        album.timer = asyncio.create_task(self._album_later(key), name=f"album-{group}")
+
+    async def _album_later(self, key: tuple[int, int, str]) -> None:
+        # Telegram delivers an album as separate messages in quick succession; the turn
+        # starts once none has come for a moment.
+        # Once the bot is shutting down, no more parts will come.
+        await asyncio.sleep(0 if self._closing else self.rt.settings.album_wait_seconds)
+        await self._flush(key)
+
+    async def _flush(self, key: tuple[int, int, str]) -> None:
+        album = self._albums.pop(key, None)
+        if album is None:
+            return
+        album.timer = None
+        try:
+            await self._deliver(
+                None,
+                album.target,
+                album.thread,
+                album.files,
+                album.captions,
+                album.update_id,
+                user_id=album.user_id,
+                chat_id=album.chat_id,
+                reply_to=album.reply_to,
+            )
+        except Exception:
+            _LOGGER.exception("an album could not be handed to its run")
+            return
+        for update_id in album.update_ids:
+            await self.rt.store.mark_inbound(update_id, InboundState.HANDLED)
+
+    async def _deliver(
+        self,
+        update: Update | None,
+        target: _Target,
+        thread: int,
+        files: list[SavedFile],
+        captions: list[str],
+        update_id: int,
+        *,
+        user_id: int | None = None,
+        chat_id: int | None = None,
+        reply_to: int | None = None,
+    ) -> None:
+        text = upload_prompt(files, captions)
+        await self._hand_over(
+            update,
+            target,
+            thread,
+            text,
+            update_id,
+            user_id=user_id,
+            chat_id=chat_id,
+            reply_to=reply_to,
+            what="a file" if len(files) == 1 else f"{len(files)} files",
+        )
+
+    async def _hand_over(
+        self,
+        update: Update | None,
+        target: _Target,
+        thread: int,
+        text: str,
+        update_id: int,
+        *,
+        what: str,
+        user_id: int | None = None,
+        chat_id: int | None = None,
+        reply_to: int | None = None,
+    ) -> None:
+        """Queue ``text`` as the chat session's next turn, or note it for the auto run."""
+        if update is not None:
+            assert update.effective_chat is not None
+            assert update.effective_user is not None
+            assert update.effective_message is not None
+            chat_id = update.effective_chat.id
+            user_id = update.effective_user.id
+            reply_to = update.effective_message.message_id
+        assert chat_id is not None
+
+        async def say(line: str) -> None:
+            await self.rt.publisher_or_fail().say(
+                chat_id, line, thread_id=thread or None, reply_to=reply_to
+            )
+
+        if target.auto is not None:
+            try:
+                target.auto.run.append_instruction(text)
+            except ConfigError as exc:
+                await say(f"Instruction refused: {exc}")
+                return
+            await say(
+                f"📝 Noted for run {target.auto.run.run_id} ({what}): it goes into the next "
+                "Execute turn."
+            )
+            return
+        assert self.rt.chats is not None
+        result = await self.rt.chats.submit(
+            chat_id, thread, update_id=update_id, user_id=user_id, text=text
+        )
+        if update is not None:
+            self.rt.handled_in_transaction(update_id)
+        if not result.queued:
+            await say(
+                f"⚠️ Not queued: {result.waiting} message(s) are already waiting for this "
+                f"session (limit {self.rt.settings.queue_depth})."
+                + (
+                    " Send it again once the queue has room."
+                    if what == "voice note"
+                    else " The file(s) are saved; send a message about them once the queue "
+                    "has room."
+                )
+            )
+        elif result.busy or result.waiting:
+            await say(f"⏳ Queued: {result.waiting + 1} message(s) wait for the running turn.")
+
+    async def _voice(self, update: Update, message: Message, target: _Target, thread: int) -> None:
+        if self.transcriber is None:
+            await self.h.reply(
+                update,
+                "🎙 Voice notes are not transcribed here: set TURNSTILE_TRANSCRIPTION_URL "
+                "(a speech-to-text service) to enable them.",
+            )
+            return
+        if message.voice is not None:
+            file_id, size = message.voice.file_id, message.voice.file_size
+            mime = clean_mime(message.voice.mime_type or "audio/ogg")
+            name = "voice.ogg"
+        else:
+            assert message.audio is not None
+            file_id, size = message.audio.file_id, message.audio.file_size
+            mime = clean_mime(message.audio.mime_type)
+            name = sanitize_name(message.audio.file_name, fallback="audio")
+        try:
+            audio = await self._download(file_id, size, "the voice note")
+            transcript = await self.transcriber.transcribe(audio, filename=name, mime=mime)
+        except FileRefusedError as exc:
+            await self.h.reply(update, f"⚠️ Not transcribed: {exc}")
+            return
+        except TranscriptionError as exc:
+            await self.h.reply(update, f"⚠️ The voice note could not be transcribed: {exc}")
+            return
+        if not transcript.strip():
+            await self.h.reply(update, "🎙 Nothing recognisable was said; no turn started.")
+            return
+        limit = self.rt.settings.max_inbound_chars
+        if len(transcript) > limit:
+            await self.h.reply(
+                update,
+                f"🎙 The transcript is {len(transcript):,} characters; the limit is {limit:,}. "
+                "Send a shorter voice note.",
+            )
+            return
+        await self.h.reply(update, f"🎙 {transcript}")
+        caption = (message.caption or "").strip()
+        text = f"{caption}\n\n{transcript}" if caption else transcript
+        await self._hand_over(update, target, thread, text, update.update_id, what="voice note")
+
+    # -- outbound: /get and markers ----------------------------------------------------
+
+    async def cmd_get(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        assert message is not None
+        parts = (message.text or "").split(maxsplit=1)
+        given = parts[1].strip() if len(parts) > 1 else ""
+        if not given:
+            await self.h.reply(update, "Usage: /get PATH (a file or folder of this chat's run)")
+            return
+        thread = _thread(message)
+        target = await self._target(message, thread)
+        if target is None:
+            await self.h.reply(update, "No run here to take files from: send /chat first.")
+            return
+        try:
+            item = await self._outgoing(
+                target.workdir,
+                given,
+                chat_id=message.chat.id,
+                thread=thread,
+                reply_to=message.message_id,
+            )
+        except FileRefusedError as exc:
+            await self.h.reply(update, f"⚠️ Not sent: {exc}")
+            return
+        user = update.effective_user
+        await self.rt.store.audit(
+            action="get",
+            outcome="allowed",
+            user_id=user.id if user is not None else None,
+            chat_id=message.chat.id,
+            update_id=update.update_id,
+            reason=given[:200],
+        )
+        await self.rt.store.enqueue([item])
+        self.rt.publisher_or_fail().wake()
+
+    async def _outgoing(
+        self,
+        workdir: Path,
+        given: str,
+        *,
+        chat_id: int,
+        thread: int,
+        reply_to: int | None = None,
+        run_id: str | None = None,
+    ) -> OutboxItem:
+        """Check, copy into the spool and describe one file (a folder: a zip) to send.
+
+        Raises:
+            FileRefusedError: the path is refused, too large, empty or unreadable.
+        """
+        limit = self.rt.settings.send_max_bytes
+        redact = self.rt.redactor
+        await asyncio.to_thread(self.spool.mkdir, parents=True, exist_ok=True)
+        tag = secrets.token_hex(6)
+        shown = given.strip()
+        try:
+            if await asyncio.to_thread(_is_dir, workdir, shown):
+                name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
+                dest = self.spool / f"{tag}-{name}"
+                count, size = await asyncio.to_thread(
+                    zip_folder, workdir, shown, dest=dest, max_bytes=limit, redact=redact
+                )
+                caption = f"📦 {shown} · {count} file(s) zipped · {human_size(size)}"
+            else:
+                out = await asyncio.to_thread(
+                    read_for_send, workdir, shown, max_bytes=limit, redact=redact
+                )
+                name = sanitize_name(out.name)
+                dest = self.spool / f"{tag}-{name}"
+                await asyncio.to_thread(dest.write_bytes, out.data)
+                caption = f"📎 {shown} · {human_size(len(out.data))}"
+                if out.redacted:
+                    caption += " · secrets in it were hidden"
+        except OSError as exc:
+            raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
+        return OutboxItem(
+            chat_id=chat_id,
+            thread_id=thread or None,
+            kind="file",
+            body=str(dest),
+            filename=name,
+            caption=caption[:1024],
+            reply_to=reply_to,
+            run_id=run_id,
+        )
+
+    async def marker_items(
+        self, binding: Binding, out: TurnOutput, run_id: str
+    ) -> list[OutboxItem]:
+        """The files a chat turn's ``TURNSTILE-SEND:`` lines ask for (or why each is not
+        sent), committed with the turn's output. Never raises."""
+        paths = send_markers(out.text, limit=_MARKERS_PER_TURN)
+        return await self._marked(
+            Path(binding.workdir), paths, binding.chat_id, binding.thread_id, run_id
+        )
+
+    async def send_marked(
+        self, place: ChatPlace, run_id: str, workdir: Path, paths: list[str]
+    ) -> None:
+        """An auto run's ``TURNSTILE-SEND:`` files (through the run sink)."""
+        items = await self._marked(
+            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id or 0, run_id
+        )
+        if items:
+            await self.rt.store.enqueue(items)
+            self.rt.publisher_or_fail().wake()
+
+    async def _marked(
+        self, workdir: Path, paths: list[str], chat_id: int, thread: int, run_id: str
+    ) -> list[OutboxItem]:
+        items: list[OutboxItem] = []
+        for given in paths:
+            try:
+                items.append(
+                    await self._outgoing(
+                        workdir, given, chat_id=chat_id, thread=thread, run_id=run_id
+                    )
+                )
+            except FileRefusedError as exc:
+                items.append(
+                    OutboxItem(
+                        chat_id=chat_id,
+                        thread_id=thread or None,
+                        body=self.rt.redactor(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
+                        run_id=run_id,
+                    )
+                )
+            except Exception:
+                # The turn's output goes out whatever happens to its files.
+                _LOGGER.exception("preparing %s for the chat failed", given)
+        return items
+
+    # -- shutdown --------------------------------------------------------------------
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        """Albums still gathering are handed to their runs now."""
+        self._closing = True
+        for key, album in list(self._albums.items()):
+            if album.timer is not None:
+                album.timer.cancel()
+            await self._flush(key)
+
+
+def _is_dir(root: Path, given: str) -> bool:
+    try:
+        return resolve_inside(root, given).is_dir()
+    except FileRefusedError:
+        return False

@@ -1,0 +1,363 @@
+"""Tool approvals in the chat: one message per request, Allow once · for this session · Deny.
+
+With ``TURNSTILE_TOOL_APPROVAL`` on, a chat session's Claude Code asks turnstile's
+permission server before a tool call its allowlist does not cover; the request lands in
+the store, this extension posts it to the run's chat, and the press decides it. Who may
+decide: approvers (and admins), and the operator who bound the session unless
+``TURNSTILE_FORBID_SELF_APPROVAL``. Every decision and every refused press is audited.
+
+``/stop`` ends the turn (the permission server dies with the CLI) and the request's
+buttons go. A bot shutdown while a request waits parks that turn: it runs again after the
+restart and asks again; a request left over from a crash is reported, not answerable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+from telegram import Update
+
+from bot.auth import Action
+from bot.extension import Extension
+from bot.store import Binding
+from engine.approvals import (
+    ApprovalPolicy,
+    ApprovalRoute,
+    ApprovalWatcher,
+    Decision,
+    Scope,
+    SqliteApprovalStore,
+    ToolRequest,
+    describe_key,
+    summarize,
+)
+from engine.automode.run import ApprovalFor
+from engine.errors import ConfigError, NotFoundError
+from engine.store.runs import RunRecord
+
+if TYPE_CHECKING:
+    from bot.app import BotRuntime
+    from bot.handlers import Handlers
+
+__all__ = ["ToolApprovalExtension", "request_text"]
+
+_LOGGER = logging.getLogger(__name__)
+
+PREFIX: Final = "tq"
+_CHOICES: Final = {"o": (Decision.ALLOWED, Scope.ONCE), "s": (Decision.ALLOWED, Scope.SESSION)}
+_CHOICES_DENY: Final = {"d": (Decision.DENIED, None)}
+RESTARTED: Final = "the bot restarted while it waited"
+STOPPED: Final = "the turn was stopped"
+PARKED: Final = RESTARTED + "; the turn runs again and asks again"
+SHUTTING_DOWN: Final = "the bot is shutting down; the agent was told no"
+
+
+def _ref(request_id: int) -> str:
+    return f"tool:{request_id}"
+
+
+def _buttons(request_id: int) -> dict[str, Any]:
+    return {
+        "inline_keyboard": [
+            [
+                {"text": "✅ Allow once", "callback_data": f"{PREFIX}:{request_id}:o"},
+                {"text": "♾ Allow for this session", "callback_data": f"{PREFIX}:{request_id}:s"},
+            ],
+            [{"text": "⛔ Deny", "callback_data": f"{PREFIX}:{request_id}:d"}],
+        ]
+    }
+
+
+def request_text(request: ToolRequest, outcome: str | None = None) -> str:
+    """The request as people read it; ``outcome`` replaces the footer once decided."""
+    lines = [
+        f"🔐 Run {request.run_id} asks to use {request.tool}:",
+        summarize(request.tool, request.input),
+        "",
+    ]
+    if outcome is None:
+        lines.append(
+            "Allow once, allow for this session "
+            f"({describe_key(request.tool, request.key)}), or deny. The turn waits."
+        )
+    else:
+        lines.append(outcome)
+    return "\n".join(lines)
+
+
+def outcome_text(request: ToolRequest) -> str:
+    who = f" by {request.decided_by}" if request.decided_by is not None else ""
+    if request.state is Decision.ALLOWED and request.scope is Scope.SESSION:
+        return f"✅ Allowed for this session{who}: {describe_key(request.tool, request.key)}."
+    if request.state is Decision.ALLOWED:
+        return f"✅ Allowed once{who}."
+    if request.state is Decision.DENIED:
+        return f"⛔ Denied{who}; the agent was told."
+    return f"⏹ Not decided: {request.reason or 'withdrawn'}."
+
+
+class ToolApprovalExtension(Extension):
+    """Posts tool requests of the bot's runs and takes the decisions."""
+
+    def __init__(self, runtime: BotRuntime, handlers: Handlers) -> None:
+        self.rt = runtime
+        self.h = handlers
+        self.policy = ApprovalPolicy(runtime.settings.tool_approval)
+        self.store = SqliteApprovalStore(runtime.db)
+        self.watcher = ApprovalWatcher(self.store, self._show)
+        self._started = asyncio.Event()
+        self._failed: Exception | None = None
+        self._closing = False
+        if runtime.chats is not None:
+            runtime.chats.approvals = self.route
+
+    # -- wiring runs -------------------------------------------------------------------
+
+    async def route(self, run_id: str, binding: Binding) -> ApprovalRoute | None:
+        """Where a new chat run's permission requests go (None: the policy is off)."""
+        if self.policy is ApprovalPolicy.OFF or binding.agent != "claude":
+            return None
+        await self._started.wait()
+        if self._failed is not None:
+            raise ConfigError(f"tool approvals cannot start here: {self._failed}")
+        row = await self.rt.db.fetchone(
+            "SELECT bound_by FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
+            (binding.chat_id, binding.thread_id),
+        )
+        starter = row["bound_by"] if row is not None else None
+        return ApprovalRoute(
+            database=self.rt.settings.database,
+            run_id=run_id,
+            policy=self.policy,
+            starter=int(starter) if starter is not None else None,
+            wake=self.watcher.wake_path,
+        )
+
+    def routes_for(self, tool: str, starter: int | None) -> ApprovalFor | None:
+        """Routes for the runs of another front end (auto mode), by run id."""
+        if self.policy is ApprovalPolicy.OFF or tool != "claude":
+            return None
+
+        def route_for(run_id: str) -> ApprovalRoute:
+            return ApprovalRoute(
+                database=self.rt.settings.database,
+                run_id=run_id,
+                policy=self.policy,
+                starter=starter,
+                wake=self.watcher.wake_path,
+            )
+
+        return route_for
+
+    async def _hold_watcher(self) -> None:
+        try:
+            async with self.watcher:
+                self._started.set()
+                await self.watcher.scan()
+                await asyncio.Event().wait()
+        except Exception as exc:
+            # No silent fallback: runs that would ask refuse to start, saying why.
+            _LOGGER.exception("tool approvals stopped")
+            self._failed = exc
+            self._started.set()
+            raise
+
+    # -- showing -----------------------------------------------------------------------
+
+    async def _run_of(self, request: ToolRequest) -> RunRecord | None:
+        try:
+            run = await self.rt.runs.get_run(request.run_id)
+        except NotFoundError:
+            return None
+        return run if run.chat_id is not None else None
+
+    async def _show(self, request: ToolRequest) -> bool:
+        run = await self._run_of(request)
+        if run is None or run.chat_id is None:
+            return False  # not a bot run: a terminal front end shares the database
+        if self._closing:
+            await self._close_waiting([request.run_id])
+            return True
+        await self.rt.publisher_or_fail().live(
+            _ref(request.id),
+            request_text(request),
+            chat_id=run.chat_id,
+            thread_id=run.thread_id,
+            markup=_buttons(request.id),
+            run_id=run.id,
+        )
+        _LOGGER.info("tool request %s of run %s posted", request.id, run.id)
+        return True
+
+    async def _refresh(self, request: ToolRequest) -> None:
+        live = await self.rt.store.get_live(_ref(request.id))
+        if live is None:
+            return
+        await self.rt.publisher_or_fail().live(
+            _ref(request.id),
+            request_text(request, outcome_text(request)),
+            chat_id=live.chat_id,
+            thread_id=live.thread_id,
+            markup=None,
+            run_id=request.run_id,
+        )
+
+    # -- deciding ----------------------------------------------------------------------
+
+    async def on_button(self, update: Update, data: str) -> bool:
+        parts = data.split(":")
+        if len(parts) != 3 or parts[0] != PREFIX or not parts[1].isdigit():
+            return False
+        choice = {**_CHOICES, **_CHOICES_DENY}.get(parts[2])
+        if choice is None:
+            return False
+        user = update.effective_user
+        chat = update.effective_chat
+        assert user is not None
+        assert chat is not None
+        try:
+            request = await self.store.get(int(parts[1]))
+        except NotFoundError:
+            await self.h._answer(update, "This request is unknown.")
+            return True
+        refusal = self._refusal(user.id, chat.id, request)
+        if refusal is not None:
+            await self.rt.store.audit(
+                action="tool_approval",
+                outcome="refused",
+                user_id=user.id,
+                chat_id=chat.id,
+                update_id=update.update_id,
+                reason=f"request {request.id} ({request.tool}): {refusal}",
+            )
+            _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
+            await self.h._answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
+            return True
+        decision, scope = choice
+        result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
+        if not result.changed:
+            await self.h._answer(update, f"Already decided: {outcome_text(result.request)}")
+            await self._refresh(result.request)
+            return True
+        decided = result.request
+        await self.rt.store.audit(
+            action="tool_approval",
+            outcome=decided.state.value,
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=(
+                f"request {decided.id} of run {decided.run_id}: {decided.tool} "
+                f"{summarize(decided.tool, decided.input).splitlines()[0]}"
+                + (f" ({scope.value})" if scope is not None else "")
+            )[:300],
+        )
+        await self.h._answer(update, outcome_text(decided))
+        await self._refresh(decided)
+        if scope is Scope.SESSION:
+            await self._apply_grant(decided)
+        return True
+
+    def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
+        """Why ``user_id`` may not decide ``request`` (None: they may)."""
+        auth = self.rt.authorizer
+        is_starter = request.starter_id is not None and user_id == request.starter_id
+        if is_starter and self.rt.settings.forbid_self_approval:
+            return "you started this run, and self-approval is forbidden here"
+        if auth.check(user_id, chat_id, Action.APPROVE).allowed:
+            return None
+        if is_starter and auth.check(user_id, chat_id, Action.PROMPT).allowed:
+            return None
+        return "only approvers and the operator who started the run decide"
+
+    async def _apply_grant(self, granted: ToolRequest) -> None:
+        """Other waiting calls of the run the new grant covers are allowed with it."""
+        for other in await self.store.pending(run_id=granted.run_id):
+            if other.tool == granted.tool and other.key == granted.key:
+                result = await self.store.decide(
+                    other.id,
+                    Decision.ALLOWED,
+                    scope=Scope.GRANT,
+                    by=granted.decided_by,
+                    reason="allowed for this session",
+                )
+                if result.changed:
+                    await self._refresh(result.request)
+
+    # -- cancelling --------------------------------------------------------------------
+
+    async def _cancel(self, run_ids: list[str] | None, reason: str) -> None:
+        for request in await self.store.cancel_pending(reason, run_ids=run_ids):
+            _LOGGER.info("tool request %s cancelled: %s", request.id, reason)
+            await self._refresh(request)
+
+    async def _runs_waiting(self, chat_id: int, thread: int | None) -> list[str]:
+        found: dict[str, None] = {}
+        for request in await self.store.pending():
+            run = await self._run_of(request)
+            if run is None or run.chat_id != chat_id:
+                continue
+            if thread is None or (run.thread_id or 0) == thread:
+                found.setdefault(run.id, None)
+        return list(found)
+
+    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+        if run_id in await self._runs_waiting(chat_id, None):
+            await self._cancel([run_id], f"{STOPPED} by {by}")
+        return False  # the run itself belongs to the chat sessions or another extension
+
+    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+        waiting = await self._runs_waiting(chat_id, thread)
+        if waiting:
+            await self._cancel(waiting, f"{STOPPED} by {by}")
+        return []
+
+    async def status_lines(self, chat_id: int) -> list[str]:
+        lines = []
+        for request in await self.store.pending():
+            run = await self._run_of(request)
+            if run is not None and run.chat_id == chat_id:
+                first = summarize(request.tool, request.input).splitlines()[0][:80]
+                lines.append(f"🔐 run {run.id} waits for a decision: {request.tool} {first}")
+        return lines
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Requests of bot runs left from before the restart are reported, then listen."""
+        leftover = [r.run_id for r in await self.store.pending() if await self._run_of(r)]
+        if leftover:
+            await self._cancel(sorted(set(leftover)), RESTARTED + "; the turn was cut off")
+        self.rt.spawn(self._hold_watcher(), name="tool-approvals")
+
+    async def _park_run(self, run_id: str) -> bool:
+        """Park a chat run's turn (it runs again after the restart); False: not a chat run."""
+        chats = self.rt.chats
+        run = chats.find(run_id) if chats is not None else None
+        if run is None or run.task is None or run.task.done():
+            return False
+        run.parking = True
+        run.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({run.task})
+        return True
+
+    async def _close_waiting(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            if await self._park_run(run_id):
+                await self._cancel([run_id], PARKED)
+            else:
+                # Another front end's run (auto mode) finishes its turn, told "no".
+                await self._cancel([run_id], SHUTTING_DOWN)
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        """A turn waiting for a person cannot finish while the bot is down: park it."""
+        self._closing = True
+        waiting = sorted({r.run_id for r in await self.store.pending() if await self._run_of(r)})
+        await self._close_waiting(waiting)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tool_approval": self.policy.value}

@@ -1,0 +1,253 @@
+"""Tool requests and session grants: the store the permission server and front ends share.
+
+The MCP permission server (a child of the agent CLI) writes a request and waits for its
+decision; a front end (the bot, the terminal) shows it and records who decided. Every
+decision is a compare-and-set from ``pending``, so two presses (or a press racing a
+``/stop``) decide once. The rows are the audit trail: who, when, which scope, why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiosqlite
+
+from engine.approvals.policy import Decision, Scope, grant_key
+from engine.errors import NotFoundError
+from engine.store.database import Database
+
+__all__ = ["ApprovalStore", "DecideResult", "SqliteApprovalStore", "ToolRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """One permission request of an agent's tool call."""
+
+    id: int
+    run_id: str
+    tool: str
+    input: Mapping[str, Any]
+    tool_use_id: str | None
+    starter_id: int | None
+    state: Decision
+    scope: Scope | None
+    decided_by: int | None
+    reason: str | None
+    posted_at: float | None
+    created_at: float
+    decided_at: float | None
+
+    @classmethod
+    def from_row(cls, row: aiosqlite.Row) -> ToolRequest:
+        return cls(
+            id=row["id"],
+            run_id=row["run_id"],
+            tool=row["tool"],
+            input=json.loads(row["input_json"]),
+            tool_use_id=row["tool_use_id"],
+            starter_id=row["starter_id"],
+            state=Decision(row["state"]),
+            scope=Scope(row["scope"]) if row["scope"] else None,
+            decided_by=row["decided_by"],
+            reason=row["reason"],
+            posted_at=row["posted_at"],
+            created_at=row["created_at"],
+            decided_at=row["decided_at"],
+        )
+
+    @property
+    def key(self) -> str:
+        return grant_key(self.tool, self.input)
+
+
+@dataclass(frozen=True, slots=True)
+class DecideResult:
+    """``changed`` is False when the request was decided already (``request`` says how)."""
+
+    changed: bool
+    request: ToolRequest
+
+
+class ApprovalStore(Protocol):
+    async def open_request(
+        self,
+        run_id: str,
+        tool: str,
+        tool_input: Mapping[str, Any],
+        *,
+        tool_use_id: str | None = None,
+        starter_id: int | None = None,
+    ) -> ToolRequest: ...
+
+    async def get(self, request_id: int) -> ToolRequest: ...
+
+    async def unposted(self) -> list[ToolRequest]: ...
+
+    async def mark_posted(self, request_id: int) -> None: ...
+
+    async def pending(self, *, run_id: str | None = None) -> list[ToolRequest]: ...
+
+    async def decide(
+        self,
+        request_id: int,
+        decision: Decision,
+        *,
+        scope: Scope | None = None,
+        by: int | None = None,
+        reason: str | None = None,
+    ) -> DecideResult: ...
+
+    async def cancel_pending(
+        self, reason: str, *, run_ids: list[str] | None = None
+    ) -> list[ToolRequest]: ...
+
+    async def history(self, run_id: str) -> list[ToolRequest]: ...
+
+
+class SqliteApprovalStore:
+    """:class:`ApprovalStore` on the shared :class:`~engine.store.database.Database`."""
+
+    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self._clock = clock
+
+    async def open_request(
+        self,
+        run_id: str,
+        tool: str,
+        tool_input: Mapping[str, Any],
+        *,
+        tool_use_id: str | None = None,
+        starter_id: int | None = None,
+    ) -> ToolRequest:
+        """Record a request; one a session grant covers is allowed at once (and says so)."""
+        key = grant_key(tool, tool_input)
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT granted_by FROM tool_grants WHERE run_id = ? AND tool = ? AND prefix = ?",
+                (run_id, tool, key),
+            )
+            grant = await cursor.fetchone()
+            if grant is None:
+                cursor = await conn.execute(
+                    "INSERT INTO tool_requests (run_id, tool, input_json, tool_use_id,"
+                    " starter_id, state, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)"
+                    " RETURNING id",
+                    (run_id, tool, json.dumps(dict(tool_input)), tool_use_id, starter_id, now),
+                )
+            else:
+                cursor = await conn.execute(
+                    "INSERT INTO tool_requests (run_id, tool, input_json, tool_use_id,"
+                    " starter_id, state, scope, decided_by, reason, created_at, decided_at)"
+                    " VALUES (?, ?, ?, ?, ?, 'allowed', 'grant', ?, ?, ?, ?) RETURNING id",
+                    (
+                        run_id,
+                        tool,
+                        json.dumps(dict(tool_input)),
+                        tool_use_id,
+                        starter_id,
+                        grant["granted_by"],
+                        "allowed for this session earlier",
+                        now,
+                        now,
+                    ),
+                )
+            row = await cursor.fetchone()
+            assert row is not None
+            request_id = int(row[0])
+        return await self.get(request_id)
+
+    async def get(self, request_id: int) -> ToolRequest:
+        row = await self.db.fetchone("SELECT * FROM tool_requests WHERE id = ?", (request_id,))
+        if row is None:
+            raise NotFoundError(f"no tool request {request_id}")
+        return ToolRequest.from_row(row)
+
+    async def unposted(self) -> list[ToolRequest]:
+        """Pending requests no front end has shown yet, oldest first."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM tool_requests WHERE state = 'pending' AND posted_at IS NULL ORDER BY id"
+        )
+        return [ToolRequest.from_row(r) for r in rows]
+
+    async def mark_posted(self, request_id: int) -> None:
+        await self.db.execute(
+            "UPDATE tool_requests SET posted_at = ? WHERE id = ?", (self._clock(), request_id)
+        )
+
+    async def pending(self, *, run_id: str | None = None) -> list[ToolRequest]:
+        if run_id is None:
+            rows = await self.db.fetchall(
+                "SELECT * FROM tool_requests WHERE state = 'pending' ORDER BY id"
+            )
+        else:
+            rows = await self.db.fetchall(
+                "SELECT * FROM tool_requests WHERE state = 'pending' AND run_id = ? ORDER BY id",
+                (run_id,),
+            )
+        return [ToolRequest.from_row(r) for r in rows]
+
+    async def decide(
+        self,
+        request_id: int,
+        decision: Decision,
+        *,
+        scope: Scope | None = None,
+        by: int | None = None,
+        reason: str | None = None,
+    ) -> DecideResult:
+        """Decide a pending request (compare-and-set); an allow for the session adds a grant."""
+        if decision is Decision.PENDING:
+            raise ValueError("a decision cannot be 'pending'")
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE tool_requests SET state = ?, scope = ?, decided_by = ?, reason = ?,"
+                " decided_at = ? WHERE id = ? AND state = 'pending'",
+                (decision.value, scope.value if scope else None, by, reason, now, request_id),
+            )
+            changed = cursor.rowcount == 1
+            if changed and decision is Decision.ALLOWED and scope is Scope.SESSION:
+                cursor = await conn.execute(
+                    "SELECT run_id, tool, input_json FROM tool_requests WHERE id = ?",
+                    (request_id,),
+                )
+                row = await cursor.fetchone()
+                assert row is not None
+                key = grant_key(row["tool"], json.loads(row["input_json"]))
+                await conn.execute(
+                    "INSERT INTO tool_grants (run_id, tool, prefix, granted_by, request_id,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (run_id, tool, prefix) DO NOTHING",
+                    (row["run_id"], row["tool"], key, by, request_id, now),
+                )
+        return DecideResult(changed, await self.get(request_id))
+
+    async def cancel_pending(
+        self, reason: str, *, run_ids: list[str] | None = None
+    ) -> list[ToolRequest]:
+        """Cancel pending requests (of ``run_ids``, or all); returns the ones cancelled."""
+        if run_ids is not None and not run_ids:
+            return []
+        now = self._clock()
+        ids: list[int] = []
+        async with self.db.transaction() as conn:
+            for run_id in run_ids if run_ids is not None else [None]:
+                cursor = await conn.execute(
+                    "UPDATE tool_requests SET state = 'cancelled', reason = ?, decided_at = ?"
+                    " WHERE state = 'pending' AND (? IS NULL OR run_id = ?) RETURNING id",
+                    (reason, now, run_id, run_id),
+                )
+                ids += [int(r[0]) for r in await cursor.fetchall()]
+        return [await self.get(i) for i in ids]
+
+    async def history(self, run_id: str) -> list[ToolRequest]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM tool_requests WHERE run_id = ? ORDER BY id", (run_id,)
+        )
+        return [ToolRequest.from_row(r) for r in rows]

@@ -1,0 +1,456 @@
+"""Files in and out of a run's folder: uploads from a chat, files handed back to it.
+
+Everything here treats names and paths from a chat or an agent as hostile:
+
+- :func:`sanitize_name` turns a sender's file name into one plain name (no folders, no
+  leading dots, Unicode NFC, no control characters, bounded length).
+- :func:`save_upload` writes bytes below ``root/uploads`` without ever following a
+  symlink (each folder opened with ``O_NOFOLLOW`` relative to its parent, the file created
+  with ``O_CREAT | O_EXCL``) and without overwriting (a ``-1``, ``-2`` … suffix).
+- :func:`resolve_inside` resolves a path given by a person or an agent inside the run's
+  folder: absolute paths, ``..`` and symlinks that leave the folder are refused.
+- :func:`read_for_send` / :func:`zip_folder` produce what is sent to the chat, capped.
+- :func:`send_markers` finds ``TURNSTILE-SEND: path`` lines in an agent's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+import unicodedata
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Final
+
+from engine.errors import FileRefusedError
+from engine.git import GitRunner
+
+__all__ = [
+    "SEND_MARKER",
+    "UNKNOWN_MIME",
+    "OutgoingFile",
+    "SavedFile",
+    "clean_mime",
+    "exclude_in_git",
+    "human_size",
+    "read_for_send",
+    "resolve_inside",
+    "sanitize_name",
+    "save_upload",
+    "send_markers",
+    "type_refused",
+    "zip_folder",
+]
+
+SEND_MARKER: Final = "TURNSTILE-SEND:"
+_MARKER_LINE = re.compile(
+    r"^[ \t>*-]*`?TURNSTILE-SEND:[ \t]*(?P<path>[^`\r\n]+?)[ \t]*`?[ \t]*$", re.MULTILINE
+)
+# Names are cut to this many bytes (most file systems allow 255).
+_NAME_BYTES: Final = 120
+_MAX_SUFFIX: Final = 1000
+_UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\:*?"<>|]')
+_MIME = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}$")
+# O_NONBLOCK: a FIFO planted in the folder must not hang the bot on open.
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+UNKNOWN_MIME: Final = "application/octet-stream"
+
+
+def human_size(size: int) -> str:
+    """``1,234 bytes``, ``12.3 KB``, ``4.5 MB`` (1 MB = 1024 KB, as Telegram counts)."""
+    if size < 10_000:
+        return f"{size:,} bytes"
+    if size < 10 * 1024 * 1024:
+        return f"{size / 1024:.1f} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def clean_mime(value: str | None) -> str:
+    """A MIME type from a chat, lower-cased; anything malformed or missing is unknown."""
+    mime = (value or "").strip().lower().split(";", 1)[0].strip()
+    return mime if _MIME.fullmatch(mime) else UNKNOWN_MIME
+
+
+def type_refused(name: str, mime: str, refused: tuple[str, ...]) -> str | None:
+    """The entry of ``refused`` that matches the file (a MIME type, ``type/*`` or an
+    extension such as ``.exe``), or None when the file is accepted."""
+    lowered = name.lower()
+    for entry in refused:
+        rule = entry.strip().lower()
+        if not rule:
+            continue
+        if rule.startswith("."):
+            if lowered.endswith(rule):
+                return entry
+        elif rule.endswith("/*"):
+            if mime.startswith(rule[:-1]):
+                return entry
+        elif mime == rule:
+            return entry
+    return None
+
+
+def sanitize_name(name: str | None, *, fallback: str = "file") -> str:
+    """One safe file name from what a sender called the file.
+
+    Folders are dropped (``../x`` and ``a\\b`` keep only the last part), Unicode is
+    normalized to NFC, control and reserved characters become ``_``, leading dots and
+    spaces go (no hidden files, no ``..``), and the name is cut to 120 bytes keeping its
+    extension. An empty result becomes ``fallback``.
+    """
+    text = unicodedata.normalize("NFC", name or "")
+    text = re.split(r"[/\\]", text)[-1]
+    text = _UNSAFE.sub("_", text)
+    text = text.strip().lstrip(". ").rstrip(". ")
+    if not text or set(text) <= {"_"}:
+        text = fallback
+    return _cut(text, _NAME_BYTES)
+
+
+def _cut(name: str, limit: int) -> str:
+    if len(name.encode()) <= limit:
+        return name
+    stem, dot, ext = name.rpartition(".")
+    if not dot or len(ext.encode()) > 16:
+        stem, ext = name, ""
+    room = limit - (len(ext.encode()) + 1 if ext else 0)
+    cut = stem.encode()[:room].decode("utf-8", errors="ignore").rstrip(". ")
+    return f"{cut}.{ext}" if ext else cut
+
+
+def _candidates(name: str) -> Iterator[str]:
+    yield name
+    stem, dot, ext = name.rpartition(".")
+    if not stem:
+        stem, dot, ext = name, "", ""
+    for n in range(1, _MAX_SUFFIX):
+        yield _cut(f"{stem}-{n}", _NAME_BYTES - len(dot + ext)) + dot + ext
+
+
+@dataclass(frozen=True, slots=True)
+class SavedFile:
+    """An upload written into a run's folder."""
+
+    path: Path
+    relative: str
+    size: int
+    mime: str
+
+
+def _open_dir(parent_fd: int, name: str, *, create: bool) -> int:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        return os.open(name, flags, dir_fd=parent_fd)
+
+
+def _upload_parts(uploads: str) -> list[str]:
+    parts = PurePosixPath(uploads).parts
+    if not parts or PurePosixPath(uploads).is_absolute() or any(p in ("..", ".") for p in parts):
+        raise FileRefusedError(
+            f"the uploads folder {uploads!r} must be a relative path inside the run's folder",
+            reason="setting",
+        )
+    return list(parts)
+
+
+def save_upload(root: Path, uploads: str, name: str, data: bytes, *, mime: str) -> SavedFile:
+    """Write ``data`` as ``root/uploads/name`` (or ``name-1`` … when taken).
+
+    No symlink is ever followed below ``root``: a planted ``uploads`` symlink is refused,
+    a planted file symlink is skipped like any taken name.
+
+    Raises:
+        FileRefusedError: the uploads folder is not a plain folder, or no free name.
+        OSError: writing failed (the partial file is removed).
+    """
+    parts = _upload_parts(uploads)
+    fds: list[int] = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts:
+            try:
+                fds.append(_open_dir(fds[-1], part, create=True))
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise FileRefusedError(
+                        f"{'/'.join(parts)} in the run's folder is not a plain folder (a "
+                        "symlink or a file); nothing was saved",
+                        reason="symlink",
+                    ) from exc
+                raise
+        folder = fds[-1]
+        for candidate in _candidates(name):
+            try:
+                fd = os.open(
+                    candidate,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o644,
+                    dir_fd=folder,
+                )
+            except FileExistsError:
+                continue
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(candidate, dir_fd=folder)
+                raise
+            os.close(fd)
+            relative = "/".join([*parts, candidate])
+            return SavedFile(root / relative, relative, len(data), mime)
+        raise FileRefusedError(f"no free name for {name} in {'/'.join(parts)}", reason="taken")
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def resolve_inside(root: Path, given: str) -> Path:
+    """The real path of ``given`` (relative to ``root``), refused unless inside ``root``.
+
+    Raises:
+        FileRefusedError: empty, absolute, ``..``, a ``.git`` part, missing, or a symlink
+            that leads out of ``root``.
+    """
+    text = given.strip()
+    if not text or "\x00" in text:
+        raise FileRefusedError("give a path inside the run's folder", reason="empty")
+    path = PurePosixPath(text)
+    if path.is_absolute() or text.startswith("~"):
+        raise FileRefusedError(
+            f"{text} is an absolute path; give a path inside the run's folder", reason="absolute"
+        )
+    if ".." in path.parts:
+        raise FileRefusedError(f"{text} leaves the run's folder (..)", reason="parent")
+    if ".git" in path.parts:
+        raise FileRefusedError(f"{text} is inside git's own data; not sent", reason="git")
+    base = root.resolve(strict=True)
+    try:
+        real = (base / path).resolve(strict=True)
+    except FileNotFoundError:
+        raise FileRefusedError(
+            f"{text} does not exist in the run's folder", reason="missing"
+        ) from None
+    except (OSError, RuntimeError) as exc:
+        raise FileRefusedError(f"{text} cannot be resolved: {exc}", reason="missing") from exc
+    if real != base and not real.is_relative_to(base):
+        raise FileRefusedError(
+            f"{text} is a symlink that leads out of the run's folder; not sent", reason="symlink"
+        )
+    return real
+
+
+def _opened_inside(fd: int, base: Path, shown: str) -> None:
+    """The file actually opened is inside ``base`` (a symlink swapped in after the check
+    is caught here)."""
+    link = Path(f"/proc/self/fd/{fd}")
+    if not link.exists():  # pragma: no cover - not Linux
+        return
+    real = Path(os.readlink(link))
+    if not real.is_relative_to(base):
+        raise FileRefusedError(f"{shown} leads out of the run's folder; not sent", reason="symlink")
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingFile:
+    """A file to send: its name in the chat and its (possibly redacted) content."""
+
+    name: str
+    data: bytes
+    redacted: bool = False
+
+
+def _redact_text(data: bytes, redact: Callable[[str], str] | None) -> tuple[bytes, bool]:
+    if redact is None:
+        return data, False
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data, False
+    clean = redact(text)
+    return (clean.encode("utf-8"), True) if clean != text else (data, False)
+
+
+def read_for_send(
+    root: Path, given: str, *, max_bytes: int, redact: Callable[[str], str] | None = None
+) -> OutgoingFile:
+    """The content of one regular file inside ``root``, at most ``max_bytes``.
+
+    Text files pass through ``redact`` (secrets never leave for a chat).
+
+    Raises:
+        FileRefusedError: outside the folder, not a regular file, empty or too large.
+    """
+    real = resolve_inside(root, given)
+    base = root.resolve()
+    shown = given.strip()
+    try:
+        fd = os.open(real, _READ_FLAGS)
+    except OSError as exc:
+        raise FileRefusedError(f"{shown} cannot be opened: {exc.strerror}", reason="open") from exc
+    try:
+        _opened_inside(fd, base, shown)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise FileRefusedError(f"{shown} is a folder", reason="folder")
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefusedError(f"{shown} is not a regular file; not sent", reason="special")
+        if info.st_size > max_bytes:
+            raise FileRefusedError(
+                f"{shown} is {human_size(info.st_size)}; Telegram takes files up to "
+                f"{human_size(max_bytes)} from a bot",
+                reason="size",
+            )
+        if info.st_size == 0:
+            raise FileRefusedError(f"{shown} is empty; nothing to send", reason="empty")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise FileRefusedError(f"{shown} grew past {human_size(max_bytes)}", reason="size")
+    data, redacted = _redact_text(data, redact)
+    return OutgoingFile(real.name, data, redacted)
+
+
+def zip_folder(
+    root: Path,
+    given: str,
+    *,
+    dest: Path,
+    max_bytes: int,
+    max_files: int = 10_000,
+    redact: Callable[[str], str] | None = None,
+) -> tuple[int, int]:
+    """Zip the folder ``given`` (inside ``root``) into ``dest``; returns (files, bytes).
+
+    Symlinks and ``.git`` are left out (nothing outside the folder is ever read); text
+    files pass through ``redact``. The zip is cut off, removed and refused once it would
+    pass ``max_bytes`` or hold ``max_files``.
+
+    Raises:
+        FileRefusedError: outside the folder, not a folder, empty, or the zip is too large.
+    """
+    real = resolve_inside(root, given)
+    base = root.resolve()
+    shown = given.strip() or "."
+    if not real.is_dir():
+        raise FileRefusedError(f"{shown} is not a folder", reason="not-folder")
+    count = 0
+    try:
+        with open(dest, "xb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
+            for folder, dirs, files in os.walk(real, followlinks=False):
+                dirs[:] = sorted(d for d in dirs if d != ".git")
+                for name in sorted(files):
+                    if count >= max_files:
+                        raise FileRefusedError(
+                            f"{shown} has too many files (the limit is {max_files:,}); ask "
+                            "for a smaller folder",
+                            reason="size",
+                        )
+                    path = Path(folder) / name
+                    arcname = path.relative_to(real).as_posix()
+                    try:
+                        fd = os.open(path, _READ_FLAGS)
+                    except OSError:
+                        continue  # a symlink (ELOOP) or gone: left out
+                    try:
+                        if not stat.S_ISREG(os.fstat(fd).st_mode):
+                            continue
+                        _opened_inside(fd, base, arcname)
+                        with os.fdopen(os.dup(fd), "rb") as fh:
+                            data = fh.read(max_bytes + 1)
+                    finally:
+                        os.close(fd)
+                    if len(data) > max_bytes:
+                        raise _too_big(shown, max_bytes)
+                    data, _ = _redact_text(data, redact)
+                    zf.writestr(arcname, data)
+                    count += 1
+                    if raw.tell() > max_bytes:
+                        raise _too_big(shown, max_bytes)
+        size = dest.stat().st_size
+        if count == 0:
+            raise FileRefusedError(f"{shown} holds no files to send", reason="empty")
+        if size > max_bytes:
+            raise FileRefusedError(
+                f"{shown} zipped is {human_size(size)}, over {human_size(max_bytes)}",
+                reason="size",
+            )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            dest.unlink()
+        raise
+    return count, size
+
+
+def _too_big(shown: str, max_bytes: int) -> FileRefusedError:
+    return FileRefusedError(
+        f"{shown} zipped is over {human_size(max_bytes)}; ask for a smaller folder or single files",
+        reason="size",
+    )
+
+
+def send_markers(text: str, *, limit: int = 10) -> list[str]:
+    """Paths of the ``TURNSTILE-SEND: path`` lines in an agent's output (at most ``limit``,
+    each once, in order)."""
+    seen: list[str] = []
+    for match in _MARKER_LINE.finditer(text):
+        path = match.group("path").strip().strip("\"'")
+        if path and path not in seen:
+            seen.append(path)
+        if len(seen) >= limit:
+            break
+    return seen
+
+
+async def exclude_in_git(workdir: Path, folder: str, git: GitRunner | None = None) -> bool:
+    """Add ``/folder/`` to the repository's ``info/exclude`` unless it is there, so uploads
+    are not committed by accident; returns whether the file changed.
+
+    Only a folder that is the top of a git work tree (a run's worktree) is touched; a plain
+    folder, or one nested in some other repository, is left alone.
+
+    Raises:
+        GitError: git could not be started.
+    """
+    git = git or GitRunner()
+    result = await git.run(
+        ["rev-parse", "--show-toplevel", "--git-path", "info/exclude"], cwd=workdir, check=False
+    )
+    lines = result.lines
+    if result.exit_code != 0 or len(lines) != 2:
+        return False
+    return _append_exclude(workdir, Path(lines[0]), Path(lines[1]), folder)
+
+
+def _append_exclude(workdir: Path, top: Path, exclude_path: Path, folder: str) -> bool:
+    if top.resolve() != workdir.resolve():
+        return False
+    exclude = exclude_path if exclude_path.is_absolute() else workdir / exclude_path
+    pattern = "/" + PurePosixPath(folder).as_posix().strip("/") + "/"
+    try:
+        current = exclude.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        current = ""
+    if pattern in {line.strip() for line in current.splitlines()}:
+        return False
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a", encoding="utf-8") as fh:
+        if current and not current.endswith("\n"):
+            fh.write("\n")
+        fh.write(f"# files sent from the chat (turnstile)\n{pattern}\n")
+    return True

@@ -1,0 +1,383 @@
+"""Bad days for the bot (issue 15, item 8): floods of strangers, a read-only database,
+a revoked token, permanent delivery failures and a huge agent output.
+
+The bot is the real one: in-process against the fake Bot API (``running_bot``) where only
+its behaviour matters, or as a child process (``python -m engine.cli bot``) where its exit
+code, its last words on stderr or its memory are what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.store import Database
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import ADMIN as H_ADMIN
+from tests.fakes.bot_harness import bot_settings, running_bot
+from tests.support import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
+CHAT = -1001
+OPERATOR = 11
+ADMIN = 33
+
+
+class BotProcess:
+    """``python -m engine.cli bot`` with its stderr (the logs) read line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._changed = asyncio.Condition()
+        self._reader = asyncio.create_task(self._read(), name="bot-stderr")
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            async with self._changed:
+                self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    async def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        def seen() -> bool:
+            return text in self.log or self._reader.done()
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(seen), timeout)
+        assert text in self.log, f"{text!r} never logged:\n{self.log}"
+
+    async def exit_code(self, timeout: float = 45.0) -> int:
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no exit within {timeout} s; its log:\n{self.log}") from None
+        await self._reader
+        return code
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        await self._reader
+
+
+def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+        TURNSTILE_TELEGRAM_TOKEN=api.token,
+        TURNSTILE_TELEGRAM_BASE_URL=api.base_url,
+        TURNSTILE_TELEGRAM_BASE_FILE_URL=api.file_url,
+        TURNSTILE_DATABASE=str(root / "turnstile.db"),
+        TURNSTILE_WORKSPACES=str(root / "ws"),
+        TURNSTILE_TASKS_ROOT=str(root / "tasks"),
+        TURNSTILE_RUNS_DIR=str(root / "runs"),
+        TURNSTILE_ALLOWED_CHATS=str(CHAT),
+        TURNSTILE_OPERATORS=str(OPERATOR),
+        TURNSTILE_ADMINS=str(ADMIN),
+        TURNSTILE_DEFAULT_AGENT="command",
+        TURNSTILE_AGENT_COMMAND=(
+            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
+        ),
+        TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
+        TURNSTILE_SHUTDOWN_FLUSH_SECONDS="5",
+        TURNSTILE_LOG_LEVEL="INFO",
+        FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
+        FAKE_AGENT_STATE=str(root / "agent-state"),
+    )
+    env.update(extra)
+    return env
+
+
+async def _spawn(root: Path, env: dict[str, str], *args: str) -> BotProcess:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        *args,
+        cwd=root,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return BotProcess(proc)
+
+
+def _doctor(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", "doctor", "--offline"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotApi]:
+    async with FakeBotApi() as fake:
+        yield fake
+
+
+# --- a read-only database --------------------------------------------------------------
+
+
+def _writable(path: Path) -> bool:
+    try:
+        with open(path, "r+b"):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` refuse writes for real: a file mode for a user, the immutable flag for
+    root (root writes through any file mode)."""
+    mode = path.stat().st_mode
+    path.chmod(0o444)
+    immutable = False
+    try:
+        if _writable(path):
+            chattr = shutil.which("chattr")
+            if chattr is None:
+                pytest.skip("root writes through file modes and chattr is not installed")
+            done = subprocess.run([chattr, "+i", str(path)], capture_output=True, check=False)
+            immutable = done.returncode == 0
+            if not immutable or _writable(path):
+                pytest.skip("cannot make a file read-only for root on this filesystem")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    db_path = tmp_path / "turnstile.db"
+    async with Database(db_path):
+        pass
+    env = _env(tmp_path, api)
+    with _read_only(db_path):
+        doctor = _doctor(tmp_path, env)
+        [line] = [x for x in doctor.stdout.splitlines() if x[6:22].strip() == "database"]
+        assert line.startswith("FAIL"), doctor.stdout
+        assert "not written" in line
+        assert doctor.returncode == 1
+
+        bot = await _spawn(tmp_path, env, "bot")
+        try:
+            code = await bot.exit_code(timeout=30)
+        finally:
+            await bot.kill()
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    last = bot.lines[-1]
+    assert last.startswith("turnstile: "), bot.log
+    assert str(db_path) in last
+    assert "cannot be written" in last
+    # Nothing was attempted against Telegram with a database that cannot record it.
+    assert not api.calls_of("getUpdates")
+    # Writable again: the doctor is content.
+    assert "ok    database " in _doctor(tmp_path, env).stdout
+
+
+# --- the Bot API refuses: a revoked token, permanent failures ---------------------------
+
+
+async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    bot = await _spawn(tmp_path, _env(tmp_path, api), "bot")
+    try:
+        await bot.wait_log("running (polling)")
+        await api.wait_until(lambda: bool(api.calls_of("getUpdates")))
+        api.revoke_token()
+        # The long poll in flight hands this over; the answer meets the revoked token.
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+        code = await bot.exit_code(timeout=30)
+    finally:
+        await bot.kill()
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    last = bot.lines[-1]
+    assert last.startswith("turnstile: Telegram refused the bot token"), bot.log
+    assert "TURNSTILE_TELEGRAM_TOKEN" in last
+    assert api.token not in bot.log
+    # The answer is not failed for good: a new token delivers it.
+    async with Database(tmp_path / "turnstile.db") as db:
+        rows = await db.fetchall("SELECT state, body FROM bot_outbox")
+    assert [r["state"] for r in rows] == ["pending"]
+    assert "turnstile drives coding agents" in rows[0]["body"]
+
+
+async def test_token_refused_at_start_is_one_line(tmp_path: Path, api: FakeBotApi) -> None:
+    env = _env(tmp_path, api)
+    api.revoke_token()
+    bot = await _spawn(tmp_path, env, "bot")
+    try:
+        code = await bot.exit_code(timeout=30)
+    finally:
+        await bot.kill()
+    assert code != 0
+    assert "Traceback" not in bot.log, bot.log
+    assert bot.lines[-1].startswith("turnstile: Telegram refused the bot token"), bot.log
+
+
+@pytest.mark.usefixtures("isolated_env")
+@pytest.mark.parametrize(
+    ("status", "said"), [(403, "bot was blocked"), (404, "Not Found"), (400, "Chat not found")]
+)
+async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
+    tmp_path: Path, status: int, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeBotApi() as fake, running_bot(fake, bot_settings(fake, tmp_path)) as rt:
+        fake.fail(["sendMessage"], status, count=1)
+        fake.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+        await fake.wait_until(lambda: any(c.status == status for c in fake.calls))
+        assert rt.sender is not None
+        await rt.sender.wait_idle()
+        # Still running: the next answer arrives, and /audit names the lost one.
+        fake.push_message(chat_id=CHAT, user_id=H_ADMIN, text="/audit")
+        report = await fake.wait_for_message(lambda m: "Undelivered" in m.text)
+        entries = await rt.store.audit_entries()
+    [failed] = [e for e in entries if e.action == "deliver"]
+    assert failed.outcome == "failed"
+    assert failed.chat_id == CHAT
+    assert failed.reason is not None
+    assert said in failed.reason
+    assert said in report.text
+    assert any("not delivered" in r.getMessage() and said in r.getMessage() for r in caplog.records)
+    assert not [m for m in fake.sent if "turnstile drives coding agents" in m.text]
+
+
+# --- a flood of strangers ---------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -> None:
+    strangers, backlog = 150, 10
+    async with FakeBotApi() as fake:
+        settings = bot_settings(fake, tmp_path, refusal_backlog=backlog)
+        async with running_bot(fake, settings) as rt:
+            # Telegram slow: every answer waits until everything has arrived and been handled.
+            fake.hold(["sendMessage"])
+            for i in range(strangers):
+                uid = 5000 + i
+                if i % 2:
+                    fake.push_message(chat_id=uid, user_id=uid, text="hello")  # a private chat
+                else:
+                    fake.push_message(chat_id=CHAT, user_id=uid, text="/help")  # no role
+            fake.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+
+            async def all_handled() -> bool:
+                refused = await rt.db.fetchone(
+                    "SELECT COUNT(*) FROM audit_log WHERE origin = 'bot' AND outcome = 'refused'"
+                )
+                return bool(refused and refused[0] == strangers) and (
+                    await rt.store.pending_outbox() == 1
+                )
+
+            await wait_until(all_handled, timeout=60, what="every update handled")
+            fake.release()
+            answer = await fake.wait_for_message(lambda m: "turnstile drives coding" in m.text)
+            assert rt.sender is not None
+            await rt.sender.wait_idle()
+            entries = await rt.store.audit_entries(limit=1000)
+    refusals = [m for m in fake.sent if m.text.startswith("⛔")]
+    # Only the one refusal already in flight when Telegram slowed down went first.
+    assert fake.sent.index(answer) <= 1
+    # The lane is bounded; every refusal beyond it is in the audit, marked unanswered.
+    assert len(refusals) == backlog
+    unanswered = [
+        e for e in entries if e.outcome == "refused" and "not answered" in (e.reason or "")
+    ]
+    assert len(unanswered) == strangers - backlog
+    assert {m.chat_id for m in refusals} <= {CHAT, *range(5000, 5000 + strangers)}
+
+
+# --- a huge output ----------------------------------------------------------------------
+
+_LINE = "{:08d} the quick brown fox jumps over the lazy dog, again and again\n"
+_HUGE_LINES = 30 * 1024 * 1024 // len(_LINE.format(0))
+
+_PRINTER = f"""
+import sys
+out = sys.stdout
+for i in range({_HUGE_LINES}):
+    out.write({_LINE!r}.format(i))
+out.flush()
+"""
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+async def test_a_30_mb_output_is_streamed_whole_to_the_document(
+    tmp_path: Path, api: FakeBotApi
+) -> None:
+    printer = tmp_path / "printer.py"
+    printer.write_text(_PRINTER)
+    expected = hashlib.sha256()
+    size = 0
+    for i in range(_HUGE_LINES):
+        line = _LINE.format(i).encode()
+        expected.update(line)
+        size += len(line)
+    # TMPDIR: the spill file stays in this test's folder.
+    env = _env(
+        tmp_path,
+        api,
+        TURNSTILE_AGENT_COMMAND=f"{sys.executable} {printer} {{prompt}}",
+        TMPDIR=str(tmp_path),
+    )
+    bot = await _spawn(tmp_path, env, "bot")
+    try:
+        await bot.wait_log("running (polling)")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="print it all")
+        doc = await api.wait_for_message(lambda m: m.document is not None, timeout=180)
+        peak = _peak_rss_kib(bot.proc.pid)
+        bot.proc.send_signal(signal.SIGTERM)
+        assert await bot.exit_code() == 0, bot.log
+    finally:
+        await bot.kill()
+    assert doc.document is not None
+    assert len(doc.document) == size
+    assert hashlib.sha256(doc.document).hexdigest() == expected.hexdigest()
+    assert "the whole output" in doc.text
+    # The redacted copy is gone once delivered; the spill file stays with the turn.
+    assert not list((tmp_path / "runs" / "documents").iterdir())
+    assert len(list((tmp_path / "turnstile-spill").iterdir())) == 1
+    # The issue's bound: the bot's memory does not grow with the output.
+    assert peak <= 100 * 1024, f"the bot peaked at {peak / 1024:.0f} MiB"

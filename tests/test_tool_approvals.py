@@ -1,0 +1,361 @@
+"""Tool approvals without an agent CLI: policy, store, the MCP server over stdio, the bot.
+
+The MCP permission server runs as a real subprocess and is called through the MCP SDK's
+own stdio client, the way Claude Code calls it; the store is a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.agents.allowlist import ToolAllowlist
+from engine.agents.base import AgentOptions
+from engine.agents.claude import ClaudeAgent
+from engine.agents.factory import create_agent
+from engine.approvals import (
+    PERMISSION_TOOL,
+    ApprovalPolicy,
+    ApprovalRoute,
+    Decision,
+    Scope,
+    SqliteApprovalStore,
+    command_prefix,
+    grant_key,
+    summarize,
+)
+from engine.approvals.mcp_server import answer_for
+from engine.settings import Settings
+from engine.store.database import Database
+from engine.store.runs import SqliteRunStore
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
+
+
+@pytest.mark.parametrize(
+    ("command", "prefix"),
+    [
+        ("touch allowed.txt", "touch"),
+        ("  ls -la src ", "ls"),
+        ("git status -s", "git status"),
+        ("npm run test", "npm run"),
+        ("git -C elsewhere push", "=git -C elsewhere push"),
+        ("touch a && rm -rf /", "=touch a && rm -rf /"),
+        ("cat x | sh", "=cat x | sh"),
+        ("echo $(id)", "=echo $(id)"),
+        ("rm *", "=rm *"),
+        ("FOO=1 make", "=FOO=1 make"),
+        ("echo 'unclosed", "=echo 'unclosed"),
+        ("printf hi > out", "=printf hi > out"),
+        ("", "="),
+    ],
+)
+def test_command_prefix(command: str, prefix: str) -> None:
+    assert command_prefix(command) == prefix
+
+
+def test_grant_keys_are_per_command_for_bash_and_per_tool_otherwise() -> None:
+    assert grant_key("Bash", {"command": "touch x"}) == "touch"
+    assert grant_key("Write", {"file_path": "/x", "content": "y"}) == ""
+
+
+def test_summaries_show_the_command_and_a_diff_excerpt_for_edits() -> None:
+    assert summarize("Bash", {"command": "touch a", "description": "make a"}) == (
+        "$ touch a\n(make a)"
+    )
+    edit = summarize(
+        "Edit", {"file_path": "/repo/app.py", "old_string": "x = 1\n", "new_string": "x = 2\n"}
+    )
+    assert edit.splitlines()[0] == "/repo/app.py"
+    assert "-x = 1" in edit
+    assert "+x = 2" in edit
+    write = summarize("Write", {"file_path": "/repo/n.txt", "content": "a\n" * 100})
+    assert "(200 bytes)" in write
+    assert "more lines" in write
+    assert len(summarize("Other", {"blob": "z" * 10_000})) <= 1500
+
+
+def test_answers_have_the_shape_claude_code_expects() -> None:
+    from engine.approvals.store import ToolRequest
+
+    base: dict[str, Any] = {
+        "id": 1,
+        "run_id": "r1",
+        "tool": "Bash",
+        "input": {"command": "ls"},
+        "tool_use_id": None,
+        "starter_id": None,
+        "scope": None,
+        "reason": None,
+        "posted_at": None,
+        "created_at": 0.0,
+        "decided_at": 0.0,
+    }
+    allowed = ToolRequest(**base, state=Decision.ALLOWED, decided_by=5)
+    denied = ToolRequest(**base, state=Decision.DENIED, decided_by=5)
+    cancelled = ToolRequest(
+        **{**base, "reason": "the turn was stopped"}, state=Decision.CANCELLED, decided_by=None
+    )
+    assert answer_for(allowed) == {"behavior": "allow", "updatedInput": {"command": "ls"}}
+    assert answer_for(denied) == {
+        "behavior": "deny",
+        "message": "A person denied this Bash call (user 5).",
+    }
+    assert answer_for(cancelled) == {
+        "behavior": "deny",
+        "message": "Not run: the turn was stopped.",
+    }
+
+
+# -- the store ------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with Database(tmp_path / "t.db") as database:
+        yield database
+
+
+async def test_a_decision_is_made_once(db: Database) -> None:
+    store = SqliteApprovalStore(db)
+    request = await store.open_request("r1", "Bash", {"command": "touch a"}, starter_id=7)
+    assert request.state is Decision.PENDING
+    first = await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=1)
+    second = await store.decide(request.id, Decision.DENIED, by=2)
+    assert first.changed
+    assert not second.changed
+    assert second.request.state is Decision.ALLOWED
+    assert second.request.decided_by == 1
+
+
+async def test_a_session_grant_covers_its_run_tool_and_prefix_only(db: Database) -> None:
+    store = SqliteApprovalStore(db)
+    request = await store.open_request("r1", "Bash", {"command": "touch a"})
+    await store.decide(request.id, Decision.ALLOWED, scope=Scope.SESSION, by=1)
+    covered = await store.open_request("r1", "Bash", {"command": "touch b c"})
+    assert (covered.state, covered.scope, covered.decided_by) == (Decision.ALLOWED, Scope.GRANT, 1)
+    for run, command in [
+        ("r1", "rm a"),
+        ("r1", "touch a; rm -rf /"),
+        ("r2", "touch a"),
+    ]:
+        other = await store.open_request(run, "Bash", {"command": command})
+        assert other.state is Decision.PENDING, (run, command)
+    write = await store.open_request("r1", "Write", {"file_path": "/x", "content": ""})
+    assert write.state is Decision.PENDING
+
+
+async def test_a_once_allow_grants_nothing(db: Database) -> None:
+    store = SqliteApprovalStore(db)
+    request = await store.open_request("r1", "Bash", {"command": "touch a"})
+    await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=1)
+    again = await store.open_request("r1", "Bash", {"command": "touch a"})
+    assert again.state is Decision.PENDING
+
+
+async def test_cancel_pending_by_run(db: Database) -> None:
+    store = SqliteApprovalStore(db)
+    a = await store.open_request("r1", "Bash", {"command": "ls"})
+    b = await store.open_request("r2", "Bash", {"command": "ls"})
+    [cancelled] = await store.cancel_pending("the turn was stopped", run_ids=["r1"])
+    assert cancelled.id == a.id
+    assert cancelled.state is Decision.CANCELLED
+    assert [r.id for r in await store.pending()] == [b.id]
+    assert await store.cancel_pending("x", run_ids=[]) == []
+
+
+# -- flags ----------------------------------------------------------------------------
+
+
+def _claude(tmp_path: Path, policy: ApprovalPolicy | None, allow: list[str]) -> list[str]:
+    route = (
+        ApprovalRoute(database=tmp_path / "t.db", run_id="r1", policy=policy) if policy else None
+    )
+    options = AgentOptions(
+        binary="claude",
+        cwd=tmp_path,
+        allowlist=ToolAllowlist.from_flags(allow),
+        approval=route,
+    )
+    agent = ClaudeAgent(options)
+    return agent.turn_argv("claude") + [f"{k}={v}" for k, v in agent.turn_env().items()]
+
+
+def test_claude_flags_per_policy(tmp_path: Path) -> None:
+    off = _claude(tmp_path, None, ["bash"])
+    assert "--allowedTools=Bash" in off
+    assert "--permission-prompt-tool" not in off
+    unlisted = _claude(tmp_path, ApprovalPolicy.UNLISTED, ["bash"])
+    assert "--allowedTools=Bash" in unlisted
+    assert unlisted[unlisted.index("--permission-prompt-tool") + 1] == PERMISSION_TOOL
+    assert f"--disallowedTools={PERMISSION_TOOL}" in unlisted
+    assert "MCP_CONNECTION_NONBLOCKING=0" in unlisted
+    assert "MCP_TOOL_TIMEOUT=2147483647" in unlisted
+    config = json.loads(unlisted[unlisted.index("--mcp-config") + 1])
+    server = config["mcpServers"]["turnstile"]
+    assert server["args"] == ["-P", "-m", "engine.approvals.mcp_server"]
+    assert server["env"]["TURNSTILE_APPROVAL_RUN"] == "r1"
+    every = _claude(tmp_path, ApprovalPolicy.ALL, ["bash"])
+    assert not any(a.startswith("--allowedTools") for a in every)
+    assert "--permission-prompt-tool" in every
+
+
+def test_only_claude_gets_a_route(tmp_path: Path) -> None:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    route = ApprovalRoute(database=tmp_path / "t.db", run_id="r1", policy=ApprovalPolicy.ALL)
+    claude = create_agent("claude", settings, cwd=tmp_path, approval=route)
+    copilot = create_agent("copilot", settings, cwd=tmp_path, approval=route)
+    assert claude.options.approval == route
+    assert copilot.options.approval is None
+
+
+# -- the MCP server, spoken to over stdio ---------------------------------------------
+
+
+async def _call_server(db_path: Path, run_id: str, arguments: dict[str, Any]) -> Any:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    route = ApprovalRoute(database=db_path, run_id=run_id, policy=ApprovalPolicy.UNLISTED)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-P", "-m", "engine.approvals.mcp_server"],
+        env=route.server_env(),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        tools = await session.list_tools()
+        assert [t.name for t in tools.tools] == ["approve"]
+        return await session.call_tool("approve", arguments)
+
+
+@pytest.mark.timeout(120)
+async def test_the_server_waits_for_the_decision_and_answers_in_one_text_block(
+    db: Database, tmp_path: Path
+) -> None:
+    store = SqliteApprovalStore(db)
+    arguments = {"tool_name": "Bash", "input": {"command": "touch x"}, "tool_use_id": "toolu_1"}
+    call = asyncio.create_task(_call_server(db.path, "r9", arguments))
+    while not (pending := await store.pending(run_id="r9")):
+        assert not call.done(), call
+        await asyncio.sleep(0.05)
+    [request] = pending
+    assert (request.tool, dict(request.input), request.tool_use_id) == (
+        "Bash",
+        {"command": "touch x"},
+        "toolu_1",
+    )
+    assert not call.done()
+    await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=3)
+    result = await asyncio.wait_for(call, 60)
+    [block] = result.content
+    assert block.type == "text"
+    assert json.loads(block.text) == {"behavior": "allow", "updatedInput": {"command": "touch x"}}
+
+
+# -- the bot, with requests written to the store directly ----------------------------
+
+
+async def _request_in_bot(rt: Any, starter: int) -> int:
+    run_id = "rtest01"
+    await SqliteRunStore(rt.db).create_run(
+        run_id, mode="chat", agent="claude", session_id="s", workdir="/tmp", chat_id=CHAT
+    )
+    store = SqliteApprovalStore(rt.db)
+    request = await store.open_request(
+        run_id, "Bash", {"command": "rm -r build"}, starter_id=starter
+    )
+    ext = next(e for e in rt.handlers.extensions if type(e).__name__ == "ToolApprovalExtension")
+    await ext._started.wait()
+    ext.watcher.poke()
+    return request.id
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_self_approval_can_be_forbidden(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, tool_approval="unlisted", forbid_self_approval=True)
+        async with running_bot(api, settings) as rt:
+            request_id = await _request_in_bot(rt, starter=OPERATOR)
+            ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text)
+            assert "$ rm -r build" in ask.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: "waits for a decision" in m.text)
+            assert "🔐 run rtest01 waits for a decision: Bash $ rm -r build" in status.text
+            data = ask.buttons[0]["callback_data"]
+            api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=data, message_id=ask.message_id)
+            await api.wait_until(
+                lambda: any("self-approval" in a.get("text", "") for a in api.callback_answers)
+            )
+            store = SqliteApprovalStore(rt.db)
+            assert (await store.get(request_id)).state is Decision.PENDING
+            api.push_callback(chat_id=CHAT, user_id=APPROVER, data=data, message_id=ask.message_id)
+            await api.wait_until(lambda: "Allowed once by 22" in ask.text)
+            assert (await store.get(request_id)).state is Decision.ALLOWED
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_requests_left_by_a_crash_are_reported_at_start(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, tool_approval="unlisted")
+        async with Database(settings.database) as db:
+            await SqliteRunStore(db).create_run(
+                "rgone01", mode="chat", agent="claude", session_id="s", workdir="/tmp", chat_id=CHAT
+            )
+            request = await SqliteApprovalStore(db).open_request(
+                "rgone01", "Bash", {"command": "ls"}
+            )
+        async with running_bot(api, settings) as rt:
+            got = await SqliteApprovalStore(rt.db).get(request.id)
+            assert got.state is Decision.CANCELLED
+            assert got.reason is not None
+            assert "restarted" in got.reason
+            # never posted with buttons: there is nothing left to answer
+            assert not any("asks to use" in m.text for m in api.sent)
+
+
+# -- auto mode hands the route to its agent -----------------------------------------
+
+
+async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> None:
+    from engine.automode import prepare_auto_run
+    from tests.automode_support import git_workspace
+
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, database=tmp_path / "t.db", runs_dir=tmp_path / "runs"
+    )
+    asked: list[str] = []
+
+    def route_for(run_id: str) -> ApprovalRoute:
+        asked.append(run_id)
+        return ApprovalRoute(database=settings.database, run_id=run_id, policy=ApprovalPolicy.ALL)
+
+    async with Database(settings.database) as database:
+        run = await prepare_auto_run(
+            settings,
+            database,
+            objective="do it",
+            tool="claude",
+            workdir=git_workspace(tmp_path / "ws"),
+            approval_for=route_for,
+        )
+        agent: Any = run.runner.agent
+        assert agent.options.approval.run_id == run.run_id
+    assert asked == [run.run_id]
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_help_says_what_asks_and_what_cannot(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, tool_approval="unlisted")
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+            help_text = await api.wait_for_message(lambda m: "Tool approvals" in m.text)
+    assert "on here for tools outside the allowed list" in help_text.text
+    assert "Copilot CLI and Codex cannot ask per tool call" in help_text.text
