@@ -101,6 +101,11 @@ class TerminalView:
         self.report: str | None = None
 
     @property
+    def showing(self) -> bool:
+        """Whether the live line is on the screen now."""
+        return self._live is not None
+
+    @property
     def live(self) -> bool:
         """Whether the output is a terminal (a live line) rather than a pipe or file."""
         return self.console.is_terminal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 from rich.console import Console
@@ -70,3 +71,35 @@ def test_agent_progress_shows_the_tool_or_the_last_text_redacted() -> None:
     assert "ghp_abcdefghijklmnopqrstuvwxyz0123456789AB" not in view.status_line().plain
     view.on_agent_event(AgentEvent(EventKind.RESULT, "s", text="ignored"))
     assert "ignored" not in view.status_line().plain
+
+
+async def test_a_question_hides_the_live_line_until_it_is_answered() -> None:
+    out = io.StringIO()
+    view = TerminalView(Console(file=out, force_terminal=True, width=80))
+    answered = asyncio.Event()
+
+    async def read() -> str | None:
+        assert not view.showing  # hidden while the person types
+        await answered.wait()
+        return "y"
+
+    with view:
+        view.begin("Execute", turn=3, max_turns=10)
+        assert view.showing
+        stream = view.question_stream()
+        stream.write("\n🔐 The agent asks to use Bash:\n$ ls\n")
+        assert not view.showing
+        stream.write("Allow? [y] once · [n] deny: ")
+        stream.flush()  # an open prompt keeps the line hidden
+        assert not view.showing
+        ask = view.asking(read)
+        assert ask is not None
+        answered.set()
+        assert await ask() == "y"
+        stream.write("turnstile: Bash allowed\n")
+        stream.flush()
+        assert view.showing  # back for the rest of the turn
+        view.end()
+        assert not view.showing
+    assert "Allow? [y] once · [n] deny: " in out.getvalue()
+    assert view.asking(None) is None
