@@ -35,7 +35,7 @@ from bot.handlers import COMMANDS, Handlers
 from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.sink import BotSink
-from bot.store import BotStore, InboundState
+from bot.store import BotStore, InboundState, OutboxRow
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError
@@ -322,8 +322,10 @@ class BotRuntime:
         assert self.app is not None
         assert self.sender is not None
         assert self.chats is not None
+        # Before the sender starts: what was in flight at a crash is not sent again.
+        uncertain = await self.store.outbox_uncertain()
         self._sender_task = asyncio.create_task(self.sender.run(), name="outbox-sender")
-        await self._recover()
+        await self._recover(uncertain)
         await self.app.start()
         with contextlib.suppress(TelegramError):
             await self.app.bot.set_my_commands(COMMANDS)
@@ -339,7 +341,7 @@ class BotRuntime:
             "webhook" if self.settings.webhook_url else "polling",
         )
 
-    async def _recover(self) -> None:
+    async def _recover(self, uncertain: list[OutboxRow]) -> None:
         """Report turns a crash cut off, close crashed runs, resume queues, refresh gates."""
         assert self.publisher is not None
         assert self.chats is not None
@@ -348,6 +350,11 @@ class BotRuntime:
         if pruned:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
         interrupted = await self.runs.mark_interrupted()
+        # What a cut-off turn left running dies first (the watchdog of the process that
+        # ran it normally did that already, unless it was killed too).
+        for turn in interrupted:
+            if turn.kill_remains():
+                _LOGGER.info("killed what was left of turn %d of run %s", turn.seq, turn.run_id)
         for turn in interrupted:
             try:
                 run = await self.runs.get_run(turn.run_id)
@@ -362,6 +369,22 @@ class BotRuntime:
                 f"unexpectedly; its output is lost. Prompt was: {excerpt}",
                 thread_id=run.thread_id,
                 run_id=run.id,
+            )
+        for row in uncertain:
+            # Its send began before the crash: it may have arrived. Sent again it could be
+            # a duplicate, so the chat is told instead (the output is kept with the turn).
+            item = row.item
+            what = "a file" if item.kind != "text" else "a message"
+            began = item.caption if item.kind != "text" else item.body
+            excerpt = " ".join((began or item.filename or "").split())[:120]
+            where = f" of run {item.run_id}" if item.run_id else ""
+            await self.publisher.say(
+                item.chat_id,
+                f"⚠️ The bot stopped while sending {what}{where} here, so it may be missing "
+                f"(it began: «{excerpt}»). It is not sent again, so nothing arrives twice"
+                + (f"; turnstile runs {item.run_id} keeps the output." if item.run_id else "."),
+                thread_id=item.thread_id,
+                run_id=item.run_id,
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")

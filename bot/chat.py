@@ -26,6 +26,7 @@ from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
+from engine.process import TurnProcess
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -139,6 +140,11 @@ class ChatRun:
     last_event: str | None = None
     output_files: OutputFiles | None = None
     channel: ChatChannel = field(init=False)
+
+    async def record_process(self, process: TurnProcess) -> None:
+        """Record the running turn's processes with it (a start-up after a crash kills them)."""
+        if self.current is not None:
+            await self.runs.record_turn_process(self.current[1], process)
 
     def __post_init__(self) -> None:
         self.channel = ChatChannel(self)
@@ -338,6 +344,7 @@ class ChatSessions:
         )
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event
+        agent.preempt.on_spawn = run.record_process
         self.active[run.key] = run
         # The task copies the context: every line it logs carries the run and chat ids.
         with log_context(run_id=run_id, chat_id=binding.chat_id):

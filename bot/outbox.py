@@ -247,6 +247,7 @@ class OutboxSender:
 
     async def _deliver_row(self, row: OutboxRow) -> None:
         item = row.item
+        await self._store.outbox_sending(row.id)
         try:
             message = await self._send(row)
         except OSError as exc:
@@ -256,6 +257,7 @@ class OutboxSender:
         except ChatMigrated as exc:
             new_chat = int(exc.new_chat_id)
             _LOGGER.info("chat %s migrated to %s; following it", item.chat_id, new_chat)
+            await self._store.outbox_not_sent(row.id)
             await self._store.migrate_chat(item.chat_id, new_chat)
             if self._on_migrate is not None:
                 self._on_migrate(item.chat_id, new_chat)
@@ -274,13 +276,13 @@ class OutboxSender:
             await self._give_up(row, exc.message)
             return
         except (NetworkError, RetryAfter):
+            # Retried later (BadRequest, a NetworkError too, was handled above). A send that
+            # timed out may still have arrived: docs/telegram.md says so.
+            await self._store.outbox_not_sent(row.id)
             raise
         except TelegramError as exc:
             # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
             await self._give_up(row, exc.message)
-            return
-        except FileNotFoundError:
-            await self._give_up(row, "the file to send is gone from the spool")
             return
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)

@@ -359,6 +359,34 @@ class BotStore:
         )
         return OutboxRow.from_row(row) if row is not None else None
 
+    async def outbox_sending(self, row_id: int) -> None:
+        """Note that a row's send begins (see :meth:`outbox_uncertain`)."""
+        await self.db.execute(
+            "UPDATE bot_outbox SET sending_since = ? WHERE id = ?", (self._clock(), row_id)
+        )
+
+    async def outbox_not_sent(self, row_id: int) -> None:
+        """The send failed in a way that will be retried: it did not reach Telegram."""
+        await self.db.execute("UPDATE bot_outbox SET sending_since = NULL WHERE id = ?", (row_id,))
+
+    async def outbox_uncertain(self) -> list[OutboxRow]:
+        """On start-up: rows whose send began but was never recorded as done (a crash).
+
+        They may or may not have reached the chat; they are marked ``uncertain`` and not
+        sent again, so nothing is delivered twice.
+        """
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT * FROM bot_outbox WHERE state = 'pending' AND sending_since IS NOT NULL"
+                " ORDER BY id"
+            )
+            rows = [OutboxRow.from_row(r) for r in await cursor.fetchall()]
+            for row in rows:
+                await conn.execute(
+                    "UPDATE bot_outbox SET state = 'uncertain' WHERE id = ?", (row.id,)
+                )
+        return rows
+
     async def pending_outbox(self) -> int:
         row = await self.db.fetchone("SELECT COUNT(*) FROM bot_outbox WHERE state = 'pending'")
         return int(row[0]) if row is not None else 0

@@ -17,22 +17,35 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
+from engine.reaper import (
+    TURN_MARKER_VAR,
+    Lifeline,
+    TurnProcess,
+    kill_marked,
+    marked_pids,
+    signal_marked,
+    start_time,
+    wait_gone,
+)
 from engine.redact import tail
 from engine.turn import AgentSession, TurnOutput
 
 __all__ = [
     "DEFAULT_SPILL_LIMIT",
+    "TURN_MARKER_VAR",
     "PreemptHandle",
     "ProcessResult",
     "ProcessSpec",
     "SerialTurnDriver",
+    "TurnProcess",
     "default_spill_dir",
+    "lifeline",
     "run_process",
     "validate_prompt",
 ]
@@ -49,8 +62,28 @@ _MAX_LINE: Final = 64 * 1024 * 1024
 # SIGKILL is asynchronous: a stop waits up to this long for the group's other processes
 # (not only the reaped leader) to finish dying, so "stopped" means they are gone.
 _GROUP_GONE_WAIT: Final = 10.0
+# Once the leader is gone and every process of the turn we can find is killed, the pipes
+# get this long to reach end-of-file; then we stop reading (whoever still holds them is
+# out of reach: it left the group and replaced its environment).
+_EOF_WAIT: Final = 0.5
 
 LineCallback = Callable[[bytes], None]
+
+_LIFELINE: Lifeline | None = None
+
+
+def lifeline() -> Lifeline:
+    """This process's turn watchdog (see :mod:`engine.reaper`), made on first use.
+
+    One per process by nature: it watches this process's own death.
+    """
+    global _LIFELINE
+    if _LIFELINE is None:
+        _LIFELINE = Lifeline()
+    return _LIFELINE
+
+
+SpawnCallback = Callable[[TurnProcess], Awaitable[None]]
 
 
 def default_spill_dir() -> Path:
@@ -115,14 +148,22 @@ class ProcessResult:
 class PreemptHandle:
     """Stops the turn in flight for one session, bound to the owned child, not a PID number.
 
-    ``stop()`` sends SIGTERM to the child's process group, waits ``grace`` seconds,
-    then SIGKILLs the group; the running turn raises :class:`TurnPreempted`.
+    ``stop()`` sends SIGTERM to the child's process group and to every process carrying
+    the turn's marker, waits up to ``grace`` seconds for the child to exit, then SIGKILLs
+    them all; the running turn raises :class:`TurnPreempted` without waiting for pipes a
+    stray process may still hold.
+
+    Attributes:
+        on_spawn: awaited with the :class:`TurnProcess` of each turn once it runs (to
+            record it with the turn, so that a restart after a crash can kill what is left).
     """
 
     def __init__(self, *, grace: float = 5.0, session_id: str | None = None) -> None:
         self.grace = grace
         self.session_id = session_id
+        self.on_spawn: SpawnCallback | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._turn: _Turn | None = None
         self._requested = False
         self._gone = asyncio.Event()
         self._gone.set()
@@ -146,34 +187,59 @@ class PreemptHandle:
 
     def _detach(self) -> None:
         self._proc = None
+        self._turn = None
         self._gone.set()
 
     async def stop(self) -> bool:
-        """Pre-empt the running turn and wait until its process group is gone.
+        """Pre-empt the running turn and wait until its processes are gone.
 
         Returns:
             True if a turn was running, False if there was nothing to stop.
         """
-        proc = self._proc
-        if proc is None:
+        turn = self._turn
+        if self._proc is None or turn is None:
             return False
         if not self._requested:
             self._requested = True
-            _LOGGER.info("pre-empting pid=%s", proc.pid, extra={"session_id": self.session_id})
-            await asyncio.shield(_terminate_group(proc, self.grace))
+            _LOGGER.info("pre-empting pid=%s", turn.proc.pid, extra={"session_id": self.session_id})
+            await asyncio.shield(turn.terminate(self.grace))
         await self._gone.wait()
         return True
 
 
-async def _terminate_group(proc: asyncio.subprocess.Process, grace: float) -> None:
-    """SIGTERM the process group, wait ``grace``, then SIGKILL it; reap the leader."""
-    _signal_group(proc, signal.SIGTERM)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), timeout=grace)
-    # Descendants may ignore SIGTERM or outlive the leader: the group is killed either way.
-    _signal_group(proc, signal.SIGKILL)
-    await proc.wait()
-    await _wait_group_gone(proc.pid)
+class _Turn:
+    """The processes of one running turn: the leader, its group, its marked descendants."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, exited: asyncio.Event, marker: str):
+        self.proc = proc
+        self.exited = exited
+        self.marker = marker
+
+    def kill(self) -> None:
+        """SIGKILL the group and every process that carries the marker, wherever it went."""
+        _signal_group(self.proc, signal.SIGKILL)
+        killed = kill_marked(self.marker)
+        if killed:
+            _LOGGER.info("killed %d process(es) of pid=%s's turn", len(killed), self.proc.pid)
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM everything, wait ``grace`` for the leader, SIGKILL everything, wait."""
+        _signal_group(self.proc, signal.SIGTERM)
+        signal_marked(self.marker, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            # The exit itself, not proc.wait(): that one also waits for the pipes.
+            await asyncio.wait_for(self.exited.wait(), timeout=grace)
+        # Descendants may ignore SIGTERM or outlive the leader: they are killed either way.
+        self.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.exited.wait(), timeout=_GROUP_GONE_WAIT)
+        await self.wait_gone()
+
+    async def wait_gone(self) -> None:
+        """Wait (bounded) until nothing of the turn runs any more."""
+        await _wait_group_gone(self.proc.pid)
+        if not await wait_gone(marked_pids(self.marker), _GROUP_GONE_WAIT):
+            _LOGGER.warning("processes of pid=%s's turn still run after SIGKILL", self.proc.pid)
 
 
 async def _wait_group_gone(pgid: int) -> None:
@@ -207,7 +273,9 @@ def _group_running(pgid: int) -> bool:
 
 
 async def _stop_spawned(
-    spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _ExitAwareProtocol]], grace: float
+    spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _ExitAwareProtocol]],
+    grace: float,
+    marker: str,
 ) -> None:
     """Terminate the group of a process whose start was cancelled, once it has started."""
     try:
@@ -217,13 +285,16 @@ async def _stop_spawned(
     pid = transport.get_pid()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
+    signal_marked(marker, signal.SIGTERM)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(protocol.exited.wait(), timeout=grace)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    kill_marked(marker)
     # Our ends of its pipes; the child watcher still reaps the process.
     transport.close()
     await _wait_group_gone(pid)
+    await wait_gone(marked_pids(marker), _GROUP_GONE_WAIT)
 
 
 def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
@@ -332,6 +403,9 @@ async def run_process(
 ) -> ProcessResult:
     """Run one process to natural completion.
 
+    The process gets a fresh :data:`TURN_MARKER_VAR` value in its environment, and the
+    process-wide :func:`lifeline` kills what is left of the turn if this process dies.
+
     Raises:
         InvalidPromptError: an argv element holds a NUL byte.
         TurnExecError: the program could not be spawned.
@@ -340,9 +414,43 @@ async def run_process(
     """
     if not spec.argv:
         raise TurnExecError("no program to run")
-    program = spec.argv[0]
     if any("\x00" in arg for arg in spec.argv):
         raise InvalidPromptError("an argument contains a NUL byte")
+    # Every descendant inherits the marker, so the turn's processes can be found even
+    # after they leave its process group (agent CLIs start tools in sessions of their own).
+    marker = os.urandom(16).hex()
+    env: dict[str, str] | dict[bytes, bytes]
+    if spec.env is not None:
+        env = {**spec.env, TURN_MARKER_VAR: marker}
+    else:
+        env = _inherited_env()
+        env[TURN_MARKER_VAR.encode()] = marker.encode()
+    guard = lifeline()
+    guard.begin(marker)
+    try:
+        return await _run(spec, env, marker, preempt, spill_limit, spill_dir, on_stdout_line)
+    finally:
+        guard.end(marker)
+
+
+def _inherited_env() -> dict[bytes, bytes]:
+    """A copy of our environment, as bytes (what the spawn needs, without re-encoding)."""
+    data = getattr(os.environ, "_data", None)  # CPython's own bytes store: a C-speed copy
+    if isinstance(data, dict):
+        return dict(data)
+    return dict(os.environb)
+
+
+async def _run(
+    spec: ProcessSpec,
+    env: dict[str, str] | dict[bytes, bytes],
+    marker: str,
+    preempt: PreemptHandle | None,
+    spill_limit: int,
+    spill_dir: Path | None,
+    on_stdout_line: LineCallback | None,
+) -> ProcessResult:
+    program = spec.argv[0]
     started = time.monotonic()
     loop = asyncio.get_running_loop()
     exited = asyncio.Event()
@@ -359,7 +467,7 @@ async def run_process(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=spec.cwd,
-            env=dict(spec.env) if spec.env is not None else None,
+            env=env,
             start_new_session=True,
         )
     )
@@ -370,7 +478,7 @@ async def run_process(
             # Cancelled while the process starts. asyncio's own clean-up would kill only
             # the leader and can wait forever for pipes its children already hold: let
             # the spawn finish, then stop the whole group like any cancelled turn.
-            await asyncio.shield(_stop_spawned(spawn, grace))
+            await asyncio.shield(_stop_spawned(spawn, grace, marker))
             raise
         proc = asyncio.subprocess.Process(transport, protocol, loop)
     except FileNotFoundError as exc:
@@ -382,6 +490,12 @@ async def run_process(
     except OSError as exc:
         raise TurnExecError(f"cannot start {program!r}: {exc.strerror}", binary=program) from exc
 
+    turn = _Turn(proc, exited, marker)
+    info: TurnProcess | None = None
+    if preempt is not None and preempt.on_spawn is not None:
+        # Read right after the spawn: the leader cannot have been reaped yet (we reap it).
+        info = TurnProcess(pid=proc.pid, start=start_time(proc.pid), marker=marker)
+    lifeline().spawned(marker, proc.pid)
     sink = _StdoutSink(spill_limit, spill_dir, on_stdout_line)
     stderr_tail = bytearray()
     stderr_size = 0
@@ -393,7 +507,7 @@ async def run_process(
                 sink.feed(chunk)
         except BaseException:
             # Output we cannot take (a line callback refused it) ends the turn at once.
-            _signal_group(proc, signal.SIGKILL)
+            turn.kill()
             raise
 
     async def drain_stderr() -> None:
@@ -415,6 +529,7 @@ async def run_process(
             proc.stdin.close()
 
     if preempt is not None:
+        preempt._turn = turn
         preempt._attach(proc)
     tasks = [
         asyncio.create_task(drain_stdout(), name=f"stdout-{proc.pid}"),
@@ -424,18 +539,35 @@ async def run_process(
     if spec.stdin is not None:
         tasks.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
     try:
+        if preempt is not None and preempt.on_spawn is not None and info is not None:
+            try:
+                await preempt.on_spawn(info)
+            except Exception:
+                # The turn runs on; only a clean-up after a crash would miss it.
+                _LOGGER.exception("recording pid=%s of the turn failed", proc.pid)
         # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
         # descendant holding stdout can delay forever; the protocol reports the exit itself.
         await exited.wait()
         # Usually the pipes are already at EOF: wait (bounded) only when they are not.
         pending = {task for task in readers if not task.done()}
-        if pending:
+        stopping = preempt is not None and preempt.requested
+        if pending and not stopping:
             _, pending = await asyncio.wait(pending, timeout=_DRAIN_GRACE)
+            if pending:
+                _LOGGER.warning(
+                    "pid=%s exited but descendants hold its output open; killing them",
+                    proc.pid,
+                )
+        if pending:
+            # A stopped turn does not wait for pipes: the leader is gone, so is the rest.
+            turn.kill()
+            _, pending = await asyncio.wait(pending, timeout=_EOF_WAIT)
         if pending:
             _LOGGER.warning(
-                "pid=%s exited but descendants hold its output open; killing its group", proc.pid
+                "pid=%s: a process out of reach holds the turn's output; no longer reading it",
+                proc.pid,
             )
-            _signal_group(proc, signal.SIGKILL)
+            transport.close()  # our ends of the pipes: the readers see end-of-file
             await asyncio.wait(readers)
         await proc.wait()
         if preempt is not None and preempt.requested:
@@ -445,10 +577,10 @@ async def run_process(
             if failure is not None:
                 raise failure
     except asyncio.CancelledError:
-        await asyncio.shield(_terminate_group(proc, grace))
+        await asyncio.shield(turn.terminate(grace))
         raise
     except OSError as exc:
-        await asyncio.shield(_terminate_group(proc, 0.5))
+        await asyncio.shield(turn.terminate(0.5))
         raise TurnIOError(f"capturing {program!r} failed: {exc.strerror or exc}") from exc
     finally:
         unfinished = [task for task in tasks if not task.done()]
@@ -459,6 +591,8 @@ async def run_process(
         for task in tasks:
             if not task.cancelled():
                 task.exception()  # retrieved: an error already raised is not logged twice
+        # Pipes a stray process still holds are closed (a no-op when they reached EOF).
+        transport.close()
         sink.finish()
         if preempt is not None:
             preempt._detach()

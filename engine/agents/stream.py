@@ -15,13 +15,10 @@ prompt starts with ``-``, and the prompt stays out of ``ps`` listings.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import time
 import uuid
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -32,8 +29,9 @@ from typing import Any, ClassVar
 
 from engine.agents.base import AgentOptions, Invocation, ProcessAgent, inherited_environment
 from engine.agents.registry import AGENTS
-from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
+from engine.errors import ConfigError, TurnExecError, TurnIOError
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
+from engine.reaper import TURN_MARKER_VAR, kill_marked
 from engine.redact import redact, tail
 from engine.turn import TurnOutput
 
@@ -51,14 +49,6 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-# Every turn's environment carries a unique value of this variable. Claude Code and the
-# Copilot CLI start tool commands in a session of their own, outside the turn's process
-# group, so a pre-emption also kills every process that inherited the turn's marker.
-TURN_MARKER_VAR = "TURNSTILE_TURN_ID"
-
-# SIGKILL is asynchronous: a stop waits up to this long for the stray processes it
-# killed to finish dying (a loaded machine can take a while to schedule them).
-_STRAY_GONE_WAIT = 10.0
 # How much of a bad line an error message quotes.
 _QUOTE = 200
 # How much of the CLI's own error text our plain-words messages carry.
@@ -174,46 +164,6 @@ def _quote(raw: bytes) -> str:
     return repr(redact(shown)) + more
 
 
-def kill_marked(marker: str, *, var: str = TURN_MARKER_VAR) -> list[int]:
-    """SIGKILL every process of ours whose environment holds ``var=marker``.
-
-    Reads ``/proc`` (Linux); elsewhere there is nothing to read and nothing is killed.
-
-    Returns:
-        The pids signalled.
-    """
-    needle = f"{var}={marker}".encode()
-    killed: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return killed
-    me = os.getpid()
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\x00"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
-    return killed
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (a reparented orphan may stay one)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-
-
 def find_binary(binary: str, path: str | None) -> str | None:
     """The program's full path, or None when it cannot be run.
 
@@ -282,7 +232,6 @@ class JsonStreamAgent(ProcessAgent):
         self.started = resume
         self._parser = JsonLines(self.cli_name)
         self.turn = TurnState()
-        self._marker: str | None = None
 
     # -- what subclasses provide --------------------------------------------------------
     @abstractmethod
@@ -367,11 +316,12 @@ class JsonStreamAgent(ProcessAgent):
             )
         self._parser = JsonLines(self.cli_name)
         self.turn = TurnState()
-        self._marker = uuid.uuid4().hex
+        # engine.process gives the turn its TURN_MARKER_VAR: Claude Code and the Copilot
+        # CLI start tools in sessions of their own, and a stop finds them through it.
         return Invocation(
             argv=self.turn_argv(program),
             stdin=prompt.encode("utf-8"),
-            env={**self.turn_env(), TURN_MARKER_VAR: self._marker},
+            env=self.turn_env(),
         )
 
     def on_stdout_line(self, line: bytes) -> None:
@@ -387,37 +337,8 @@ class JsonStreamAgent(ProcessAgent):
     async def run_turn(self, prompt: str) -> TurnOutput:
         try:
             return await super().run_turn(prompt)
-        except (TurnPreempted, asyncio.CancelledError):
-            # The process group is gone; tool commands that left it are not.
-            if self._marker is not None:
-                await asyncio.shield(self._kill_strays(self._marker))
-            raise
         finally:
             self.emit(EventKind.TURN_END)
-
-    async def _kill_strays(self, marker: str) -> None:
-        """Kill the stopped turn's processes outside its group and wait until they are gone."""
-        stray: list[int] = []
-        # A process caught mid-fork may leave a child the first scan missed.
-        for _ in range(5):
-            killed = kill_marked(marker)
-            if not killed:
-                break
-            stray += killed
-        if not stray:
-            return
-        _LOGGER.info(
-            "killed %d process(es) of the stopped turn outside its group session=%s",
-            len(stray),
-            self.session_id,
-        )
-        # SIGKILL is asynchronous: wait (briefly) for the kernel to finish them.
-        deadline = time.monotonic() + _STRAY_GONE_WAIT
-        while any(_running(pid) for pid in stray):
-            if time.monotonic() >= deadline:
-                _LOGGER.warning("processes %s of a stopped turn are still running", stray)
-                return
-            await asyncio.sleep(0.01)
 
     # -- helpers for compose -------------------------------------------------------------
     def missing_session_output(self, result: ProcessResult, detail: str) -> TurnOutput:

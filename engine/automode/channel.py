@@ -36,6 +36,7 @@ from engine.automode.summary import WorkSummary, WorkSummaryGenerator
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
 from engine.errors import ChannelPublishError
 from engine.files import send_markers
+from engine.reaper import TurnProcess
 from engine.sink import FileSink, NullSink, RunSink, StatusUpdate
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
@@ -61,6 +62,8 @@ class AutoRunStore(Protocol):
     ) -> None: ...
 
     async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None: ...
+
+    async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None: ...
 
     async def update_run(self, run_id: str, **fields: Any) -> Any: ...
 
@@ -125,6 +128,11 @@ class AutoModeChannel(BaseChannel):
         self.last_summary: WorkSummary | None = None
         self.report: str | None = None
         self._extra = {"run_id": state.run_id}
+
+    async def record_process(self, process: TurnProcess) -> None:
+        """Record the running turn's processes with it (a start-up after a crash kills them)."""
+        if self._in_flight is not None:
+            await self._store.record_turn_process(self._in_flight.turn_id, process)
 
     # -- readable results ------------------------------------------------------------
     @property

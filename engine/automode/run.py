@@ -309,6 +309,7 @@ def _build(
         inbox=inbox,
         sink=sink if sink is not None else LogSink(),
     )
+    agent.preempt.on_spawn = channel.record_process
     return AutoRun(
         channel=channel,
         runner=AutoModeRunner(agent),
@@ -495,6 +496,15 @@ async def prepare_resume(
     )
     # Claim first: of two processes resuming at once, the loser touches nothing.
     await _claim(db, run_id, seen_owner, state)
+    # What the cut-off turn left running dies before the turn runs again.
+    for turn in await store.turns(run_id):
+        if turn.state is TurnState.STARTED and turn.kill_remains():
+            _LOGGER.info(
+                "killed what was left of turn %d of run %s",
+                turn.seq,
+                run_id,
+                extra={"run_id": run_id},
+            )
     interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
     turns = await store.turns(run_id)
     resume_session = any(t.state is TurnState.FINISHED for t in turns)

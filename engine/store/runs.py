@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import aiosqlite
 
 from engine.errors import NotFoundError
+from engine.reaper import TurnProcess, kill_remains
 from engine.store.database import Database
 from engine.turn import TurnOutput
 
@@ -97,6 +98,10 @@ class TurnRecord:
     error: str | None
     started_at: float
     finished_at: float | None
+    # The turn's processes, once it ran (see engine.process.TurnProcess).
+    proc_pgid: int | None = None
+    proc_start: str | None = None
+    proc_marker: str | None = None
 
     @classmethod
     def from_row(cls, row: aiosqlite.Row) -> TurnRecord:
@@ -115,7 +120,20 @@ class TurnRecord:
             error=row["error"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            proc_pgid=row["proc_pgid"],
+            proc_start=row["proc_start"],
+            proc_marker=row["proc_marker"],
         )
+
+    def kill_remains(self) -> list[int]:
+        """Kill what is left of this (cut-off) turn's processes; the pids signalled.
+
+        The group only if its leader's start time still matches the record, so a pid
+        reused since is never hit; then every process that carries the turn's marker.
+        """
+        if self.proc_pgid is None and self.proc_marker is None:
+            return []
+        return kill_remains(self.proc_pgid, self.proc_start, self.proc_marker)
 
 
 class RunStore(Protocol):
@@ -147,6 +165,8 @@ class RunStore(Protocol):
     async def update_run(self, run_id: str, **fields: Any) -> RunRecord: ...
 
     async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int: ...
+
+    async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None: ...
 
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None: ...
 
@@ -338,6 +358,13 @@ class SqliteRunStore:
             turn_id = cursor.lastrowid
         assert turn_id is not None
         return turn_id
+
+    async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None:
+        """Record the running turn's processes (what a start-up after a crash kills)."""
+        await self._db.execute(
+            "UPDATE turns SET proc_pgid = ?, proc_start = ?, proc_marker = ? WHERE id = ?",
+            (process.pgid, process.start, process.marker, turn_id),
+        )
 
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None:
         await self._db.execute(
