@@ -27,7 +27,11 @@ __all__ = [
     "check_webhook_delivery",
 ]
 
-_TOKEN_SHAPE = re.compile(r"^\d{5,16}:[A-Za-z0-9_-]{30,64}$")
+# What the Bot API routes as a token (`/bot<id>:<secret>/<method>`): a numeric bot id, a
+# colon, URL-safe characters. Anything else can never work; a secret of an unusual length
+# may still (test servers, local Bot API servers), so only the network check judges it.
+_TOKEN_SHAPE = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
+_USUAL_SECRET = range(30, 65)
 _SECRET_SHAPE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 HTTP_TIMEOUT = 10.0
 _FIX_ENV = "put it in .env (copy .env.example) or the service's environment"
@@ -84,6 +88,15 @@ def check_settings(settings: Settings) -> list[Check]:
                 "TURNSTILE_TELEGRAM_TOKEN does not look like a bot token "
                 "(digits, a colon, then 35 or so letters)",
                 "copy it again from @BotFather (/mybots -> API Token), without quotes or spaces",
+            )
+        )
+    elif len(token.strip().partition(":")[2]) not in _USUAL_SECRET:
+        checks.append(
+            _warn(
+                "bot token",
+                "set, but shorter or longer than the tokens @BotFather issues "
+                "(the bot api check tells whether it works)",
+                "if the bot api check fails, copy it again from @BotFather",
             )
         )
     else:

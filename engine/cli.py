@@ -77,7 +77,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             "from Telegram or this terminal, with human approval gates."
         ),
     )
-    parser.add_argument("--log-level", default=None, help="override TURNSTILE_LOG_LEVEL")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="log records at this level on stderr (default TURNSTILE_LOG_LEVEL; "
+        "`auto` and `chat` show only warnings unless this is given)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for register in _registrars(only):
         register(subparsers)
@@ -97,9 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # The terminal views (auto, chat) are for a person: warnings only, in plain words,
+    # unless log records were asked for.
+    human = bool(getattr(args, "terminal_view", False)) and args.log_level is None
     setup_logging(
-        level=args.log_level or settings.log_level,
-        fmt=settings.log_format,
+        level="WARNING" if human else args.log_level or settings.log_level,
+        fmt="human" if human else settings.log_format,
         secrets=settings.secret_values(),
     )
     try:

@@ -125,6 +125,27 @@ class _TextFormatter(logging.Formatter):
         return line
 
 
+class _HumanFormatter(logging.Formatter):
+    """A terminal's view of a record: ``turnstile: warning: message``, no stamp or module."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"turnstile: {record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_text:
+            line += "\n" + record.exc_text
+        return line
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time, so a live terminal display that
+    redirects it (rich's ``Live``) prints log lines above its status line."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         payload: dict[str, object] = {
@@ -144,7 +165,7 @@ class _JsonFormatter(logging.Formatter):
 def setup_logging(
     *,
     level: str = "INFO",
-    fmt: Literal["text", "json"] = "text",
+    fmt: Literal["text", "json", "human"] = "text",
     secrets: tuple[str, ...] = (),
     stream: TextIO | None = None,
     capture_uncaught: bool = True,
@@ -153,12 +174,15 @@ def setup_logging(
 
     Args:
         secrets: exact values (the bot token, the webhook secret) never to print.
+        fmt: ``text`` (stamp, level, module, context), ``json``, or ``human`` (what a
+            person at a terminal reads: level and message only).
         stream: where lines go (default stderr: journald and ``docker logs`` collect it).
         capture_uncaught: route uncaught exceptions (main thread and others) through
             logging, so their tracebacks are redacted as well.
     """
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    handler: logging.Handler = logging.StreamHandler(stream or _CurrentStderr())
+    formatters = {"json": _JsonFormatter, "human": _HumanFormatter, "text": _TextFormatter}
+    handler.setFormatter(formatters[fmt]())
     handler.addFilter(ContextFilter())
     handler.addFilter(RedactingFilter(Redactor(secrets)))
     root = logging.getLogger()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,15 @@ def cli_env(
         env["FAKE_AGENT_LOG"] = str(log)
     env.update(dict(extra))
     return env
+
+
+def report_head(stdout: str) -> tuple[str, str]:
+    """The run id and status from the first line of ``turnstile auto``'s final report
+    (``Auto run ID: STATUS`` or ``Auto run ID: STATUS (exit N)``)."""
+    first = stdout.splitlines()[0]
+    match = re.fullmatch(r"Auto run (\S+): (\w+)(?: \(exit -?\d+\))?", first)
+    assert match is not None, stdout
+    return match.group(1), match.group(2)
 
 
 def turnstile(*args: str) -> list[str]:

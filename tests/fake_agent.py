@@ -11,6 +11,7 @@ Behaviour comes from a JSON script named by ``FAKE_AGENT_SCRIPT`` (no script: re
 
 - ``text``: printed to stdout (``{prompt}``, ``{session}`` and ``{turn}`` substituted);
 - ``exit``: exit code (default 0);
+- ``progress``: printed to stdout (flushed) at once, before any wait: a line in flight;
 - ``sleep``: seconds to sleep before answering (``wait_file``: wait until a file exists);
 - ``stdout_bytes`` / ``stderr_bytes``: extra bytes written to stdout / stderr;
 - ``stderr``: text written to stderr;
@@ -100,6 +101,9 @@ def main() -> int:
         if pids:
             with open(pids, "a") as fh:
                 fh.write(f"{os.getpid()} {child.pid}\n")
+    if step.get("progress"):
+        sys.stdout.write(str(step["progress"]))
+        sys.stdout.flush()
     wait_file = step.get("wait_file")
     if wait_file:
         while not Path(str(wait_file)).exists():

@@ -25,6 +25,7 @@ from tests.automode_support import (
     evaluation,
     git_workspace,
     happy_rules,
+    report_head,
     turnstile,
     write_script,
 )
@@ -38,11 +39,16 @@ def ws(tmp_path: Path) -> Path:
     return git_workspace(tmp_path / "ws")
 
 
+def logged(args: tuple[str, ...]) -> list[str]:
+    """``auto`` with its log records on stderr: these tests read the run's log lines."""
+    return ["--log-level", "INFO", *args] if args and args[0] == "auto" else list(args)
+
+
 def run_cli(
     tmp: Path, env: dict[str, str], *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        turnstile(*args),
+        turnstile(*logged(args)),
         cwd=tmp,
         env=env,
         input=stdin,
@@ -82,7 +88,7 @@ class Cli:
     @classmethod
     async def start(cls, tmp: Path, env: dict[str, str], *args: str) -> Cli:
         proc = await asyncio.create_subprocess_exec(
-            *turnstile(*args),
+            *turnstile(*logged(args)),
             cwd=tmp,
             env=env,
             stdout=asyncio.subprocess.PIPE,
@@ -115,8 +121,8 @@ def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path) -> None:
     env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
     done = run_cli(tmp_path, env, *auto_args(ws, "-p", "create result.txt"))
     assert done.returncode == 0, done.stderr
-    run_id, status, code = done.stdout.split()
-    assert (status, code) == ("completed", "exit=0")
+    run_id, status = report_head(done.stdout)
+    assert status == "completed"
     for line in (
         "Turn 1/10: Clarifying objective",
         "Turn 2/10: Creating plan",
@@ -143,7 +149,7 @@ def test_prompt_and_passthrough_after_double_dash(tmp_path: Path, ws: Path) -> N
     env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
     done = run_cli(tmp_path, env, *auto_args(ws, "--max-turns", "2", "--", "-p", "goal", "xtra"))
     assert done.returncode == 0, done.stderr
-    run_id = done.stdout.split()[0]
+    run_id = report_head(done.stdout)[0]
     state = json.loads(run_row(tmp_path, run_id)["state_json"])
     assert state["objective"] == "goal"
     assert state["config"]["passthrough"] == ["xtra"]
@@ -162,7 +168,7 @@ def test_exit_codes_follow_the_contract(
     script = write_script(tmp_path / "fake", rules=rules)
     done = run_cli(tmp_path, cli_env(tmp_path, script), *auto_args(ws, "-p", "x"))
     assert done.returncode == code
-    run_id = done.stdout.split()[0]
+    run_id = report_head(done.stdout)[0]
     row = run_row(tmp_path, run_id)
     assert row["status"] == status
     assert row["exit_code"] == code
@@ -199,7 +205,7 @@ def test_resume_refuses_unknown_and_finished_runs(tmp_path: Path, ws: Path) -> N
     env = cli_env(tmp_path, script)
     done = run_cli(tmp_path, env, *auto_args(ws, "-p", "x"))
     assert done.returncode == 0
-    again = run_cli(tmp_path, env, "auto", "--resume", done.stdout.split()[0])
+    again = run_cli(tmp_path, env, "auto", "--resume", report_head(done.stdout)[0])
     assert again.returncode == 2
     assert "cannot be resumed" in again.stderr
     flags = run_cli(tmp_path, env, "auto", "--resume", "x", "--max-turns", "3", "-p", "y")
@@ -259,7 +265,7 @@ async def test_ctrl_c_stops_the_run_and_the_agent(
     cli.proc.send_signal(sig)
     code, out, err = await cli.finish()
     assert code == expected, err
-    assert out.split()[1:] == ["stopped", f"exit={expected}"]
+    assert report_head(out) == (run_id_from(started), "stopped")
     run_id = run_id_from(started)
     assert [t[3] for t in turns_of(tmp_path, run_id)] == ["finished", "finished", "interrupted"]
     assert run_row(tmp_path, run_id)["status"] == "stopped"
@@ -288,7 +294,7 @@ async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert "Resuming auto run" in resumed.stderr
     assert "1 interrupted turn(s) re-run" in resumed.stderr
-    assert resumed.stdout.split()[1] == "completed"
+    assert report_head(resumed.stdout)[1] == "completed"
     assert turns_of(tmp_path, run_id) == [
         (1, 1, "clarify", "finished"),
         (2, 1, "plan", "finished"),

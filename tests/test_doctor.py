@@ -21,12 +21,14 @@ from engine.commands.doctor import (
     check_credentials,
     check_database,
     check_paths,
+    check_setting_names,
     render,
     run_checks,
 )
 from engine.settings import Settings
 from engine.store import Database
 from tests.agent_clis import ensure_cli
+from tests.fakes.bot_api import TOKEN as FAKE_API_TOKEN
 from tests.fakes.bot_api import FakeBotApi
 from tests.support import make_settings
 
@@ -253,7 +255,9 @@ async def test_missing_env_file_is_named(tmp_path: Path) -> None:
         (TOKEN, Status.OK),
         ("123456789", Status.FAIL),
         ("bot123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc", Status.FAIL),
-        ("123456789:short", Status.FAIL),
+        ("123456789:short", Status.WARN),  # odd length: the Bot API check judges it
+        (FAKE_API_TOKEN, Status.OK),
+        ("123456789:with space_abcdefghijklmnopqrstuvwxyz", Status.FAIL),
         ('"123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"', Status.FAIL),
     ],
 )
@@ -526,7 +530,8 @@ async def test_front_end_checks_are_discovered_not_built_in(tmp_path: Path) -> N
     assert names[:4] == ["bot token", "allowed chats", "people", "mode"]
     # Without a front end the engine's doctor has no Telegram check at all.
     bare = [c.name for c in await run_checks(settings, network=True, front_ends=[])]
-    assert bare[0] == "database folder"
+    assert bare[0] in ("setting names", "unknown setting")  # the engine's own first check
+    assert "database folder" in bare
     assert not {"bot token", "allowed chats", "people", "mode", "bot api"} & set(bare)
     front = _RecordingFront()
     ordered = [c.name for c in await run_checks(settings, network=True, front_ends=[front])]
@@ -535,3 +540,43 @@ async def test_front_end_checks_are_discovered_not_built_in(tmp_path: Path) -> N
     assert front.network_calls == 1
     await run_checks(settings, network=False, front_ends=[front])
     assert front.network_calls == 1  # --offline skips a front end's network checks
+
+
+@pytest.mark.parametrize("token", [FAKE_API_TOKEN, "123456:test-token"])
+async def test_token_shape_agrees_with_the_bot_api(tmp_path: Path, token: str) -> None:
+    async with FakeBotApi(token=token, username="fake_bot") as api:
+        code, out, err = await _doctor(tmp_path, _env(tmp_path, api.base_url, token=token))
+    assert _line(out, "bot api").startswith("ok"), out
+    assert not _line(out, "bot token").startswith("FAIL"), out
+    assert code == 0, out + err
+    assert token not in out + err
+
+
+async def test_misspelled_settings_are_named_with_the_closest_name(tmp_path: Path) -> None:
+    env = _env(tmp_path, "http://127.0.0.1:9/bot")
+    env["TURNSTILE_ALLOWED_CHAT"] = "-1001"
+    env["TURNSTILE_WHATEVER_ZZZ"] = "1"
+    (tmp_path / ".env").write_text("# comment\nTURNSTILE_DEFAULT_AGNET=codex\nOTHER=1\n")
+    code, out, _ = await _doctor(tmp_path, env, "--offline")
+    unknown = [line for line in out.splitlines() if line[6:].startswith("unknown setting ")]
+    assert len(unknown) == 3, out
+    by_name = {next(w for w in x.split() if w.startswith("TURNSTILE_")): x for x in unknown}
+    assert "(in the environment)" in by_name["TURNSTILE_ALLOWED_CHAT"]
+    assert "did you mean TURNSTILE_ALLOWED_CHATS?" in by_name["TURNSTILE_ALLOWED_CHAT"]
+    assert "(in the .env)" in by_name["TURNSTILE_DEFAULT_AGNET"]
+    assert "did you mean TURNSTILE_DEFAULT_AGENT?" in by_name["TURNSTILE_DEFAULT_AGNET"]
+    assert "no setting has a similar name" in by_name["TURNSTILE_WHATEVER_ZZZ"]
+    assert all(line.startswith("warn") for line in unknown)
+    assert code == 0  # a hint, not a failure
+
+
+def test_known_and_internal_names_are_not_reported(tmp_path: Path) -> None:
+    environ = {
+        "TURNSTILE_ALLOWED_CHATS": "1",
+        "turnstile_admins": "2",  # settings names are matched regardless of case
+        "TURNSTILE_TURN_ID": "x",
+        "PATH": "/bin",
+    }
+    (checks,) = check_setting_names(environ, tmp_path / "missing.env")
+    assert checks.status is Status.OK
+    assert checks.detail == "all 3 TURNSTILE_ variables are settings"

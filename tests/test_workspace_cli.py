@@ -15,6 +15,7 @@ from tests.automode_support import (
     agent_log,
     cli_env,
     happy_rules,
+    report_head,
     turnstile,
     write_script,
 )
@@ -70,7 +71,7 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
     )
 
     assert done.returncode == 0, done.stderr
-    run_id, status, _ = done.stdout.split()
+    run_id, status = report_head(done.stdout)
     assert status == "completed"
     worktree = tmp_path / "ws" / "worktrees" / "demo" / run_id
     with sqlite3.connect(tmp_path / "turnstile.db") as conn:
@@ -94,7 +95,7 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
         "--agent-cmd", AGENT_CMD, "-p", "create result.txt",
     )  # fmt: skip
     assert other.returncode == 0, other.stderr
-    other_id = other.stdout.split()[0]
+    other_id = report_head(other.stdout)[0]
     listed = run_cli(tmp_path, env, "runs")
     assert listed.returncode == 0, listed.stderr
     header, *rows = listed.stdout.splitlines()
@@ -122,7 +123,7 @@ def test_auto_refuses_bad_projects(tmp_path: Path, setup: tuple[Path, dict[str, 
 
     bad = run_cli(tmp_path, env, *base, "--checkout-repo", "../demo")
     assert bad.returncode == 2
-    assert "invalid project name" in bad.stderr
+    assert f"{tmp_path.parent / 'demo'} is not a folder" in bad.stderr
 
     creds = {**env, "TURNSTILE_PROJECTS": f"web=http://bob:{SECRET}@127.0.0.1:1/x.git"}
     failed = run_cli(tmp_path, creds, *base, "--checkout-repo", "web")
@@ -158,3 +159,84 @@ def test_autopilot_init_checks_out_a_worktree_for_the_task(
         ).fetchone()
     assert Path(workdir) == worktree
     assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == "turnstile/feature-x"
+
+
+def _auto(tmp: Path, env: dict[str, str], repo: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(
+        tmp, env, "auto", "--checkout-repo", repo, "--tool", "command", "--agent-cmd",
+        AGENT_CMD, "-p", "create result.txt",
+    )  # fmt: skip
+
+
+def test_checkout_repo_takes_a_file_url_or_a_path(
+    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+) -> None:
+    _, env = setup
+    env = {k: v for k, v in env.items() if k != "TURNSTILE_PROJECTS"}
+    other = make_remote(tmp_path, name="widgets")
+    before = git("rev-parse", "main", cwd=other)
+
+    by_url = _auto(tmp_path, env, other.as_uri())
+    assert by_url.returncode == 0, by_url.stderr
+    run_id, status = report_head(by_url.stdout)
+    assert status == "completed"
+    # Named after the repository: its clone and worktree live under that name.
+    worktree = tmp_path / "ws" / "worktrees" / "widgets" / run_id
+    assert (worktree / "result.txt").read_text() == "done\n"
+    assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == f"turnstile/{run_id}"
+    assert (tmp_path / "ws" / "cache" / "widgets.git").is_dir()
+
+    # A relative path to the same repository reuses its clone.
+    by_path = _auto(tmp_path, env, "./widgets.git")
+    assert by_path.returncode == 0, by_path.stderr
+    second, _ = report_head(by_path.stdout)
+    assert (tmp_path / "ws" / "worktrees" / "widgets" / second / "result.txt").exists()
+    assert git("rev-parse", "main", cwd=other) == before  # work stays on the run branches
+    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
+        projects = {p for (p,) in conn.execute("SELECT project FROM workspaces")}
+    assert projects == {"widgets"}
+
+
+def test_checkout_repo_refuses_bad_paths_clearly(
+    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+) -> None:
+    remote, env = setup
+    missing = _auto(tmp_path, env, str(tmp_path / "nowhere"))
+    assert missing.returncode == 2
+    assert f"{tmp_path / 'nowhere'} is not a folder" in missing.stderr
+    plain = tmp_path / "notgit"
+    plain.mkdir()
+    not_git = _auto(tmp_path, env, "./notgit")
+    assert not_git.returncode == 2
+    assert f"{plain} is not a git repository" in not_git.stderr
+    # Another repository that would take a configured project's name is refused.
+    clash = tmp_path / "elsewhere"
+    clash.mkdir()
+    impostor = make_remote(clash, name="demo")
+    taken = _auto(tmp_path, env, str(impostor))
+    assert taken.returncode == 2
+    assert "would be named 'demo', but project 'demo' is" in taken.stderr
+    # The configured project's own repository, given by path, is that project.
+    same = _auto(tmp_path, env, str(remote))
+    assert same.returncode == 0, same.stderr
+    run_id, _ = report_head(same.stdout)
+    assert (tmp_path / "ws" / "worktrees" / "demo" / run_id).is_dir()
+    assert not (tmp_path / "ws" / "worktrees").joinpath("notgit").exists()
+
+
+def test_checkout_repo_url_credentials_are_never_printed(
+    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+) -> None:
+    _, env = setup
+    url = f"http://bob:{SECRET}@127.0.0.1:1/team/site.git"
+    failed = _auto(tmp_path, env, url)
+    assert failed.returncode == 1
+    assert "git clone failed" in failed.stderr
+    assert SECRET not in failed.stderr + failed.stdout
+    logged = run_cli(
+        tmp_path, env, "--log-level", "DEBUG", "auto", "--checkout-repo", url, "--tool",
+        "command", "--agent-cmd", AGENT_CMD, "-p", "x",
+    )  # fmt: skip
+    assert "cloning project site from http://" in logged.stderr
+    assert SECRET not in logged.stderr + logged.stdout
+    assert not (tmp_path / "ws" / "worktrees").exists()

@@ -20,6 +20,7 @@ from engine.workspace import (
     parse_projects,
     redact_url,
 )
+from engine.workspace.projects import is_repository_reference, is_safe_name, repository_name
 from tests.test_workspace_git import git, git_test_env, make_remote
 
 SECRET = "hunter2-s3cret-value"
@@ -303,3 +304,48 @@ def test_the_package_exports_what_it_lists() -> None:
     assert sorted(package.__all__) == sorted(set(package.__all__))
     for name in package.__all__:
         assert getattr(package, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("reference", "name"),
+    [
+        ("https://bob:pw@example.invalid/acme/web.git", "web"),
+        ("git@github.com:acme/api.git", "api"),
+        ("ssh://git@host:22/srv/tools/", "tools"),
+        ("file:///srv/git/remote.git/", "remote"),
+        ("/srv/git/my repo", "my-repo"),
+        ("/srv/git/..weird..name.lock", "weird.name"),
+        ("https://example.invalid/", "repo"),
+    ],
+)
+def test_repository_names(reference: str, name: str) -> None:
+    assert is_repository_reference(reference)
+    assert repository_name(reference) == name
+
+
+def test_a_plain_name_is_not_a_repository_reference() -> None:
+    assert not is_repository_reference("demo")
+    assert is_repository_reference("./demo")
+
+
+@given(st.text(min_size=1, max_size=80))
+def test_repository_name_is_always_safe(raw: str) -> None:
+    assert is_safe_name(repository_name("/srv/" + raw))
+
+
+async def test_project_for_registers_the_repository_and_redacts_its_credentials(
+    tmp_path: Path, git_env: dict[str, str]
+) -> None:
+    remote = make_remote(tmp_path, name="gadgets")
+    manager = WorkspaceManager(tmp_path / "ws", [Project("demo", str(remote))])
+    assert manager.project_for("demo").name == "demo"
+    assert manager.project_for(str(remote)).name == "demo"  # configured already
+    with pytest.raises(ProjectError, match="unknown project 'nope'"):
+        manager.project_for("nope")
+    url = f"http://bob:{SECRET}@127.0.0.1:1/x/site.git"
+    site = manager.project_for(url)
+    assert site.name == "site"
+    assert SECRET not in manager.redact(f"fatal: unable to access '{url}'")
+    with pytest.raises(GitError) as failed:
+        await manager.provision("run-1", site)
+    assert SECRET not in str(failed.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.agents.base import AgentOptions, Invocation, ProcessAgent
@@ -49,7 +50,14 @@ def parse_template(template: str) -> list[str]:
 
 
 class CommandAgent(ProcessAgent):
-    """Runs any agent CLI from an argv template, one process per turn."""
+    """Runs any agent CLI from an argv template, one process per turn.
+
+    Attributes:
+        on_line: called with each stdout line (decoded) while a turn runs: the only
+            progress an arbitrary CLI gives. It must not raise.
+    """
+
+    on_line: Callable[[str], None] | None = None
 
     def __init__(
         self,
@@ -63,6 +71,10 @@ class CommandAgent(ProcessAgent):
         self.template = parse_template(template)
         base = options or AgentOptions(binary=self.template[0], cwd=cwd)
         super().__init__(base, session_id=session_id, preempt=preempt)
+
+    def on_stdout_line(self, line: bytes) -> None:
+        if self.on_line is not None:
+            self.on_line(line.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     def build_invocation(self, prompt: str) -> Invocation:
         values = {

@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from engine.agents.command import CommandAgent
 from engine.agents.factory import AGENT_NAMES
+from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import RouteFor, stdin_lines, terminal_approvals
 from engine.automode import (
@@ -39,13 +41,14 @@ from engine.automode import (
     prepare_resume,
     resumable,
 )
+from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
 from engine.errors import ConfigError
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
-from engine.sink import LogSink
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.terminal import TerminalView
 from engine.workspace.runs import (
     add_checkout_argument,
     checkout_for_run,
@@ -85,7 +88,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
     parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
     add_checkout_argument(parser)
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, terminal_view=True)
 
 
 def resolve_workdir(args: argparse.Namespace, settings: Settings) -> Path:
@@ -122,13 +125,22 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
-    # Tool requests are asked on this terminal (or denied without one).
+    # Tool requests are asked on this terminal (or denied without one), the live status
+    # line hidden from the question until the answer.
+    view = TerminalView()
     policy = ApprovalPolicy(settings.tool_approval)
-    async with terminal_approvals(settings.database, policy, ask_line=stdin_lines()) as route_for:
-        return await _run(args, settings, route_for)
+    async with terminal_approvals(
+        settings.database,
+        policy,
+        ask_line=view.asking(stdin_lines()),
+        out=view.question_stream(),
+    ) as route_for:
+        return await _run(args, settings, route_for, view)
 
 
-async def _run(args: argparse.Namespace, settings: Settings, route_for: RouteFor | None) -> int:
+async def _run(
+    args: argparse.Namespace, settings: Settings, route_for: RouteFor | None, view: TerminalView
+) -> int:
     async with Database(settings.database) as db:
         if args.resume is not None:
             given = [
@@ -153,16 +165,14 @@ async def _run(args: argparse.Namespace, settings: Settings, route_for: RouteFor
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
             async with hold_run_workspace(settings, db, run_id):
-                run = await prepare_resume(
-                    settings, db, run_id, sink=LogSink(), approval_for=route_for
-                )
-                return await _drive(run)
+                run = await prepare_resume(settings, db, run_id, sink=view, approval_for=route_for)
+                return await _drive(run, view, resumed=True)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(
-                args, settings, db, resolve_workdir(args, settings), approval_for=route_for
+                args, settings, db, resolve_workdir(args, settings), view, approval_for=route_for
             )
-            return await _drive(run)
+            return await _drive(run, view)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
         run_id = new_run_id(RunMode.AUTO)
@@ -171,10 +181,10 @@ async def _run(args: argparse.Namespace, settings: Settings, route_for: RouteFor
         ) as workspace:
             assert workspace is not None
             run = await _new_run(
-                args, settings, db, workspace.path, run_id=run_id, approval_for=route_for
+                args, settings, db, workspace.path, view, run_id=run_id, approval_for=route_for
             )
         async with hold_run_workspace(settings, db, run_id):
-            return await _drive(run)
+            return await _drive(run, view)
 
 
 def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -195,6 +205,7 @@ async def _new_run(
     settings: Settings,
     db: Database,
     workdir: Path,
+    view: TerminalView,
     *,
     run_id: str | None = None,
     approval_for: RouteFor | None = None,
@@ -206,7 +217,7 @@ async def _new_run(
         objective=objective,
         tool=args.tool or settings.default_agent,
         workdir=workdir,
-        sink=LogSink(),
+        sink=view,
         run_id=run_id,
         agent_cmd=args.agent_cmd,
         passthrough=passthrough,
@@ -217,7 +228,28 @@ async def _new_run(
     )
 
 
-async def _drive(run: AutoRun) -> int:
+def _watch_agent(run: AutoRun, view: TerminalView) -> None:
+    """Feed the agent's progress (events, or stdout lines) to the live status line."""
+    runner = run.runner
+    agent = runner.agent if isinstance(runner, AutoModeRunner) else None
+    if isinstance(agent, JsonStreamAgent):
+        agent.on_event = view.on_agent_event
+    elif isinstance(agent, CommandAgent):
+        agent.on_line = view.on_output_line
+
+
+def _header(run: AutoRun, view: TerminalView, *, resumed: bool) -> None:
+    state = run.state
+    verb = "Resuming" if resumed else "Auto run"
+    where = f"turn {state.turn}/{state.max_turns}, " if resumed else ""
+    view.say(f"{verb} {run.run_id} · {state.tool} · {where}in {state.workdir}", style="bold")
+    view.say(f"Objective: {' '.join(state.objective.split())[:200]}")
+    view.say(f"Log folder: {state.log_dir}", style="dim")
+    if view.live:
+        view.say("Ctrl-C stops the run (it can be resumed with --resume).", style="dim")
+
+
+async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> int:
     loop = asyncio.get_running_loop()
     stoppers: set[asyncio.Task[None]] = set()
     received: int | None = None
@@ -227,12 +259,8 @@ async def _drive(run: AutoRun) -> int:
         if received is not None:
             return
         received = signum
-        _LOGGER.warning(
-            "%s: stopping run %s",
-            signal.Signals(signum).name,
-            run.run_id,
-            extra={"run_id": run.run_id},
-        )
+        _LOGGER.info("%s: stopping run %s", signal.Signals(signum).name, run.run_id)
+        view.say("Stopping the run: the running turn is pre-empted…", style="yellow")
         task = asyncio.create_task(run.stop(), name=f"stop-{run.run_id}")
         stoppers.add(task)
         task.add_done_callback(stoppers.discard)
@@ -244,8 +272,11 @@ async def _drive(run: AutoRun) -> int:
             installed.append(sig)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - not on POSIX main thread
             pass
+    _watch_agent(run, view)
+    _header(run, view, resumed=resumed)
     try:
-        result = await run.wait()
+        with view:
+            result = await run.wait()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
@@ -254,7 +285,8 @@ async def _drive(run: AutoRun) -> int:
     code = result.exit_code
     if received is not None and result.status is AutoStatus.STOPPED and code == 130:
         code = 128 + received  # 130 for Ctrl-C, 143 for SIGTERM
-    print(f"{result.run_id} {result.status.value} exit={code}")
+    report = result.report or view.report or f"Auto run {result.run_id}: {result.status.value}"
+    print(report, flush=True)
     if result.abort is not None:
         print(f"turnstile: run aborted: {result.abort}", file=sys.stderr)
     return code

@@ -1,16 +1,20 @@
 """``turnstile chat``: one agent session driven from this terminal, a line per turn.
 
 The terminal is one more :class:`~engine.turn.Channel`: each line read from stdin is a
-turn of the same resumed session; its output is written to stdout. End of input closes
-the channel after the running turn finishes; Ctrl-C pre-empts the running turn. With
-``TURNSTILE_TOOL_APPROVAL`` on, the agent's tool requests are asked here: while one is
-open, the next line typed answers it instead of becoming a turn.
+turn of the same resumed session; its output is written to stdout. On a terminal the
+command shows a banner, a prompt, and a live line while a turn runs (elapsed time, the
+tool being run or the agent's last line). Ctrl-C stops the running turn and the prompt
+returns; Ctrl-C at the prompt (or a second one while a turn is being stopped) quits, as
+does end of input (after the running turn finishes). With ``TURNSTILE_TOOL_APPROVAL`` on,
+the agent's tool requests are asked here: while one is open, the next line typed answers
+it instead of becoming a turn (the live line is hidden meanwhile).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import threading
 import uuid
@@ -18,14 +22,20 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
+from engine.agents.base import ProcessAgent
+from engine.agents.command import CommandAgent
 from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals, terminal_run_id
 from engine.errors import TurnPreempted
 from engine.settings import Settings
-from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
+from engine.terminal import TerminalView, format_elapsed
+from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput
 
 __all__ = ["TerminalChannel", "register"]
+
+EXIT_INTERRUPTED = 130
 
 
 class TerminalChannel(BaseChannel):
@@ -62,6 +72,11 @@ class TerminalChannel(BaseChannel):
         finally:
             self._answer = None
 
+    @property
+    def pending(self) -> bool:
+        """Whether a line is waiting to be run (no prompt is shown then)."""
+        return bool(self._lines)
+
     async def next_prompt(self) -> NextPrompt:
         if self._lines:
             return Ready(self._lines.popleft())
@@ -87,7 +102,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--agent-cmd", default=None, help="argv template of the command agent")
     parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="the session's cwd")
     parser.add_argument("--session", default=None, help="session id (default: a new one)")
-    parser.set_defaults(handler=run_chat)
+    parser.set_defaults(handler=run_chat, terminal_view=True)
 
 
 def _start_stdin_reader(channel: TerminalChannel, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,24 +115,152 @@ def _start_stdin_reader(channel: TerminalChannel, loop: asyncio.AbstractEventLoo
     threading.Thread(target=read, name="terminal-stdin", daemon=True).start()
 
 
+def _watch(agent: ProcessAgent, view: TerminalView) -> None:
+    if isinstance(agent, JsonStreamAgent):
+        agent.on_event = view.on_agent_event
+    elif isinstance(agent, CommandAgent):
+        agent.on_line = view.on_output_line
+
+
+class _ChatLoop:
+    """The session loop of ``turnstile chat``: like :func:`~engine.turn.run_session_loop`,
+    except that a turn a person stopped ends that turn, not the session."""
+
+    def __init__(
+        self, agent: ProcessAgent, channel: TerminalChannel, view: TerminalView, tool: str
+    ) -> None:
+        self.agent = agent
+        self.channel = channel
+        self.view = view
+        self.tool = tool
+        self.interactive = view.live and sys.stdin.isatty()
+        self.quit = asyncio.Event()
+        self._turn: asyncio.Task[TurnOutput] | None = None
+        self._stopping = False
+        self._stoppers: set[asyncio.Task[bool]] = set()
+
+    def on_interrupt(self) -> None:
+        """Ctrl-C: stop the running turn; at the prompt, or a second time, quit."""
+        turn = self._turn
+        if turn is None or turn.done() or self._stopping:
+            self.quit.set()
+            return
+        self._stopping = True
+        self.view.say("Stopping the turn… (Ctrl-C again quits)", style="yellow")
+        if self.agent.preempt.active:
+            task = asyncio.create_task(self.agent.preempt.stop(), name="chat-stop-turn")
+            self._stoppers.add(task)
+            task.add_done_callback(self._stoppers.discard)
+        else:  # not spawned yet: nothing to pre-empt but the turn itself
+            turn.cancel()
+
+    def _prompt(self) -> None:
+        if self.interactive and not self.channel.pending:
+            self.view.console.print("[bold cyan]›[/] ", end="")
+
+    async def run(self) -> None:
+        prompted = False
+        while True:
+            if not prompted:
+                self._prompt()
+                prompted = True
+            match await self.channel.next_prompt():
+                case Ready(prompt=prompt):
+                    prompted = False
+                    await self._one_turn(prompt)
+                case Idle():
+                    await self.channel.wait_for_inbound()
+                case Closed():
+                    if self.interactive:
+                        self.view.console.print()
+                    return
+
+    async def _one_turn(self, prompt: str) -> None:
+        self.view.begin(f"{self.tool} is working")
+        self._stopping = False
+        self._turn = asyncio.create_task(self.agent.run_turn(prompt), name="chat-turn")
+        try:
+            out = await self._turn
+        except (TurnPreempted, asyncio.CancelledError) as exc:
+            current = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (
+                current is None or current.cancelling()
+            ):
+                raise  # the whole chat is quitting, not just this turn
+            elapsed = self.view.end()
+            self.view.say(f"Turn stopped after {format_elapsed(elapsed)}.", style="yellow")
+            return
+        finally:
+            self._turn = None
+        elapsed = self.view.end()
+        await self.channel.publish_output(out)
+        if self.interactive:
+            code = out.exit_code if out.exit_code is not None else 0
+            self.view.say(f"(exit {code} · {format_elapsed(elapsed)})", style="dim")
+
+
+def _banner(view: TerminalView, tool: str, session: str, cwd: Path) -> None:
+    view.say(f"turnstile chat · {tool} · session {session}", style="bold")
+    view.say(f"Folder: {cwd}", style="dim")
+    view.say(
+        "Type a message and press Enter. Ctrl-C stops a running turn; "
+        "Ctrl-C at the prompt or Ctrl-D quits.",
+        style="dim",
+    )
+
+
 async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
-    channel = TerminalChannel(sys.stdout)
     tool = args.tool or settings.default_agent
+    cwd = args.workdir.resolve()
+    session = args.session or str(uuid.uuid4())
+    view = TerminalView()
+    channel = TerminalChannel(sys.stdout)
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
-    ask = channel.read_answer if sys.stdin.isatty() else None
-    async with terminal_approvals(settings.database, policy, ask_line=ask) as route_for:
+    ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
+    async with terminal_approvals(
+        settings.database, policy, ask_line=ask, out=view.question_stream()
+    ) as route_for:
         agent = create_agent(
             tool,
             settings,
-            cwd=args.workdir.resolve(),
-            session_id=args.session or str(uuid.uuid4()),
+            cwd=cwd,
+            session_id=session,
             agent_cmd=args.agent_cmd,
             approval=route_for(terminal_run_id()) if route_for is not None else None,
         )
-        _start_stdin_reader(channel, asyncio.get_running_loop())
-        try:
-            await run_session_loop(agent, channel)
-        except TurnPreempted:
-            print("turnstile: turn stopped", file=sys.stderr)
-            return 130
-    return 0
+        return await _converse(agent, channel, view, tool, session, cwd)
+
+
+async def _converse(
+    agent: ProcessAgent,
+    channel: TerminalChannel,
+    view: TerminalView,
+    tool: str,
+    session: str,
+    cwd: Path,
+) -> int:
+    _watch(agent, view)
+    chat = _ChatLoop(agent, channel, view, tool)
+    if chat.interactive:
+        _banner(view, tool, session, cwd)
+    loop = asyncio.get_running_loop()
+    _start_stdin_reader(channel, loop)
+    loop.add_signal_handler(signal.SIGINT, chat.on_interrupt)
+    driver = asyncio.create_task(chat.run(), name="chat-loop")
+    quitting = asyncio.create_task(chat.quit.wait(), name="chat-quit")
+    try:
+        with view:
+            await asyncio.wait({driver, quitting}, return_when=asyncio.FIRST_COMPLETED)
+            if not driver.done():
+                if chat.interactive:
+                    view.console.print()
+                driver.cancel()  # a turn still running is pre-empted by the cancellation
+                await asyncio.gather(driver, return_exceptions=True)
+                return EXIT_INTERRUPTED
+            driver.result()
+            return 0
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        quitting.cancel()
+        if chat._stoppers:
+            await asyncio.gather(*chat._stoppers, return_exceptions=True)

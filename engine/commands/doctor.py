@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import os
 import shutil
 import sqlite3
@@ -29,6 +30,8 @@ import httpx
 from engine.agents.command import parse_template
 from engine.agents.factory import turn_mode
 from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
+from engine.agents.stream import TURN_MARKER_VAR
+from engine.approvals import route as approval_route
 from engine.errors import ConfigError, StoreError
 from engine.redact import Redactor
 from engine.settings import Settings
@@ -40,6 +43,7 @@ __all__ = [
     "FrontEndChecks",
     "Status",
     "check_credentials",
+    "check_setting_names",
     "front_end_checks",
     "register",
     "render",
@@ -173,6 +177,7 @@ async def run_checks(
     fronts = front_end_checks() if front_ends is None else front_ends
     checks = [
         *(check for front in fronts for check in front.settings_checks(settings)),
+        *check_setting_names(os.environ, Path(".env")),
         *check_paths(settings),
         await check_database(settings.database, migrate=migrate),
         *await check_agents(settings),
@@ -181,6 +186,79 @@ async def run_checks(
         for front in fronts:
             checks.extend(await front.network_checks(settings, transport=transport))
     return checks
+
+
+# --- setting names ---------------------------------------------------------------------
+
+PREFIX = "TURNSTILE_"
+# TURNSTILE_ variables that are not settings but are ours all the same: set by turnstile
+# for the processes it starts (an agent turn, the tool-approval server), and the test
+# suite's cache of real agent CLIs.
+_NOT_SETTINGS = frozenset(
+    {
+        TURN_MARKER_VAR,
+        approval_route.ENV_DATABASE,
+        approval_route.ENV_RUN,
+        approval_route.ENV_STARTER,
+        approval_route.ENV_WAKE,
+        "TURNSTILE_CLI_CACHE",
+    }
+)
+
+
+def known_setting_names() -> list[str]:
+    """Every ``TURNSTILE_`` variable turnstile reads as a setting."""
+    return sorted(PREFIX + name.upper() for name in Settings.model_fields)
+
+
+def check_setting_names(environ: Mapping[str, str], env_file: Path) -> list[Check]:
+    """``TURNSTILE_`` variables that no setting reads (a typo is otherwise silently
+    ignored), from the environment and the ``.env`` file, each with the closest name."""
+    known = known_setting_names()
+    allowed = {*known, *_NOT_SETTINGS}
+    found: dict[str, str] = {}
+    for key in _env_file_names(env_file):
+        found.setdefault(key, ".env")
+    for key in environ:
+        found[key] = "environment" if key not in found else "environment and .env"
+    checks = []
+    for key, where in sorted(found.items()):
+        # Settings names are matched without regard to case, as pydantic-settings does.
+        if not key.upper().startswith(PREFIX) or key.upper() in allowed:
+            continue
+        # Compared without the prefix, which every name shares.
+        stems = [name.removeprefix(PREFIX) for name in known]
+        close = [
+            PREFIX + stem
+            for stem in difflib.get_close_matches(
+                key.upper().removeprefix(PREFIX), stems, n=1, cutoff=0.6
+            )
+        ]
+        hint = f"did you mean {close[0]}?" if close else "no setting has a similar name"
+        checks.append(
+            _warn(
+                "unknown setting",
+                f"{key} (in the {where}) is not a turnstile setting and is ignored; {hint}",
+                f"rename it to {close[0]}" if close else "remove it (see .env.example)",
+            )
+        )
+    if not checks:
+        count = sum(1 for key in found if key.upper().startswith(PREFIX))
+        checks.append(_ok("setting names", f"all {count} TURNSTILE_ variables are settings"))
+    return checks
+
+
+def _env_file_names(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    names = []
+    for line in lines:
+        key, sep, _ = line.strip().removeprefix("export ").partition("=")
+        if sep and key.strip() and not key.startswith("#"):
+            names.append(key.strip())
+    return names
 
 
 # --- paths ---------------------------------------------------------------------------

@@ -329,7 +329,7 @@ class Database:
                 for migration in schema.migrations:
                     if migration.version <= done:
                         continue
-                    _LOGGER.info(
+                    _LOGGER.debug(
                         "applying migration %s %04d_%s",
                         schema.owner,
                         migration.version,

@@ -22,7 +22,15 @@ from engine.git import GitRunner
 from engine.locks import FileLock, hold
 from engine.redact import Redactor
 from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
-from engine.workspace.projects import Project, ProjectError, check_unique, is_safe_name
+from engine.workspace.projects import (
+    Project,
+    ProjectError,
+    check_unique,
+    is_repository_reference,
+    is_safe_name,
+    redact_url,
+    repository_project,
+)
 from engine.workspace.store import MemoryWorkspaceStore, Workspace, WorkspaceStore
 
 if TYPE_CHECKING:
@@ -193,6 +201,19 @@ async def _is_dir(path: Path) -> bool:
     return await asyncio.to_thread(path.is_dir)
 
 
+def _same_source(a: Project, b: Project) -> bool:
+    """Whether two projects point at the same repository (same URL, or same folder)."""
+    if a.url == b.url:
+        return True
+    pa, pb = a.local_path, b.local_path
+    if pa is None or pb is None:
+        return False
+    try:
+        return pa.resolve() == pb.resolve()
+    except OSError:
+        return False
+
+
 def format_size(size: int) -> str:
     """Bytes as a short human figure (``44.2 MB``)."""
     value = float(size)
@@ -264,6 +285,8 @@ class WorkspaceManager:
         self._clock = clock
         self._held: dict[str, FileLock] = {}
         self._identity: tuple[str, ...] | None = None
+        # Repositories given by URL or path rather than configured (see project_for).
+        self._unconfigured: set[str] = set()
 
     @classmethod
     def from_settings(
@@ -306,6 +329,43 @@ class WorkspaceManager:
         except KeyError:
             known = ", ".join(sorted(self._projects)) or "none configured; set TURNSTILE_PROJECTS"
             raise ProjectError(f"unknown project {name!r} (known: {known})") from None
+
+    def project_for(self, reference: str, *, cwd: Path | None = None) -> Project:
+        """The project ``reference`` names: a configured project's name, or a repository
+        given by git URL or path, registered with this manager under the repository's name
+        (its credentials join the redactor, so git errors never show them).
+
+        A repository that a configured project already points at is that project.
+
+        Raises:
+            ProjectError: an unknown name; a path that is not a folder; a repository whose
+                name a configured project (or an earlier, different repository) holds.
+        """
+        if not is_repository_reference(reference):
+            if reference in self._projects:
+                return self._projects[reference]
+            known = ", ".join(sorted(self._projects)) or "none configured"
+            raise ProjectError(
+                f"unknown project {reference!r} (known: {known}); a repository that is not "
+                "configured can be given by its git URL or path (e.g. ./" + reference + ")"
+            )
+        project = repository_project(reference, cwd=cwd)
+        for configured in self._projects.values():
+            if _same_source(configured, project):
+                return configured
+        taken = self._projects.get(project.name)
+        if taken is not None:
+            raise ProjectError(
+                f"{project.display_url} would be named {project.name!r}, but project "
+                f"{project.name!r} is {taken.display_url}: use --checkout-repo "
+                f"{project.name} for that one, or configure this repository under another "
+                "name in TURNSTILE_PROJECTS"
+            )
+        self._projects[project.name] = project
+        self._unconfigured.add(project.name)
+        self.redact = self.redact.with_secrets(project.secrets())
+        self._git.redactor = self.redact
+        return project
 
     def cache_path(self, project: str) -> Path:
         """The bare clone of ``project``."""
@@ -353,7 +413,13 @@ class WorkspaceManager:
         Only the parent's commits are in it, not its uncommitted changes.
         """
         workspace_id = subtask_workspace_id(parent.id, name)
-        proj = self.resolve_project(parent.project)
+        proj = self._projects.get(parent.project)
+        if proj is None and await _is_dir(self.cache_path(parent.project)):
+            # A repository given by URL or path when the run started: only its clone is
+            # needed, since a sub-task branches off the parent's branch in it.
+            proj = Project(name=parent.project, url=str(self.cache_path(parent.project)))
+        if proj is None:
+            proj = self.resolve_project(parent.project)
         return await self._provision(workspace_id, parent.run_id, proj, parent=parent, branch=None)
 
     @contextlib.asynccontextmanager
@@ -517,6 +583,8 @@ class WorkspaceManager:
     async def _ensure_cache(self, project: Project, cache: Path) -> None:
         """Clone ``project`` into the cache, or fetch if it is there (cache lock held)."""
         local = project.local_path
+        if await _is_dir(cache) and project.name in self._unconfigured:
+            await self._check_same_repository(project, cache)
         if await _is_dir(cache):
             # The URL from the settings, not the one stored at clone time: a rotated token
             # or a moved repository takes effect on the next run.
@@ -543,6 +611,20 @@ class WorkspaceManager:
         except BaseException:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, partial, True))
             raise
+
+    async def _check_same_repository(self, project: Project, cache: Path) -> None:
+        """A repository given by URL or path must be the one its name was cloned from."""
+        local = project.local_path
+        source = project.url if local is None else str(await asyncio.to_thread(local.resolve))
+        found = await self._git.run(
+            ["config", "--get", "remote.origin.url"], cwd=cache, check=False
+        )
+        if found.stdout.strip() != source:
+            raise ProjectError(
+                f"another repository was checked out as {project.name!r} before "
+                f"({self.redact(redact_url(found.stdout.strip()))}); configure "
+                f"{project.display_url} under another name in TURNSTILE_PROJECTS"
+            )
 
     async def _check_local_repo(self, project: Project, local: Path) -> Path:
         path = await asyncio.to_thread(local.resolve)

@@ -15,6 +15,7 @@ and :meth:`Project.secrets` let every message be redacted.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,9 +29,12 @@ __all__ = [
     "Project",
     "ProjectError",
     "check_unique",
+    "is_repository_reference",
     "is_safe_name",
     "parse_projects",
     "redact_url",
+    "repository_name",
+    "repository_project",
     "validate_branch_name",
     "validate_name",
 ]
@@ -98,6 +102,55 @@ def _is_local(url: str) -> bool:
     if "://" in url:
         return False
     return not _SCP_LIKE.match(url)
+
+
+def is_repository_reference(value: str) -> bool:
+    """Whether ``value`` names a repository (a git URL or a path), not a project name."""
+    return not is_safe_name(value) or "://" in value or bool(_SCP_LIKE.match(value))
+
+
+def repository_name(url: str) -> str:
+    """A project name for a repository: its last path component without ``.git``.
+
+    ``https://host/acme/web.git`` → ``web``; ``/srv/git/api/`` → ``api``; characters that
+    cannot be in a name become ``-``.
+    """
+    raw = url
+    if "://" in raw:
+        try:
+            raw = urlsplit(raw).path
+        except ValueError:
+            raw = ""
+    elif _SCP_LIKE.match(raw):
+        raw = raw.split(":", 1)[1]
+    last = raw.rstrip("/").rpartition("/")[2].removesuffix(".git")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", last).strip("-.")[:64].rstrip("-.")
+    name = re.sub(r"\.{2,}", ".", name).removesuffix(".lock")
+    return name if is_safe_name(name) else "repo"
+
+
+def repository_project(reference: str, *, cwd: Path | None = None) -> Project:
+    """A project for a repository given by URL or path, named after the repository.
+
+    A relative path is taken from ``cwd`` (default: the current folder).
+
+    Raises:
+        ProjectError: a path that is not a folder, or a URL that cannot be a project.
+    """
+    value = reference.strip()
+    if "://" in value or _SCP_LIKE.match(value):
+        return Project(name=repository_name(value), url=value)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    path = Path(os.path.normpath(path))
+    if not path.is_dir():
+        raise ProjectError(
+            f"--checkout-repo {value!r}: {path} is not a folder (give a configured project "
+            "name, a git URL, or the path of a git repository)"
+        )
+    path = path.resolve()
+    return Project(name=repository_name(str(path)), url=str(path))
 
 
 def redact_url(url: str) -> str:

@@ -43,13 +43,14 @@ __all__ = [
 
 
 def add_checkout_argument(parser: argparse.ArgumentParser | Any) -> None:
-    """Add ``--checkout-repo PROJECT`` to a command's parser."""
+    """Add ``--checkout-repo REPO`` to a command's parser."""
     parser.add_argument(
         "--checkout-repo",
-        metavar="PROJECT",
+        metavar="REPO",
         default=None,
-        help="work in a fresh git worktree of this project (TURNSTILE_PROJECTS) on branch "
-        "turnstile/<run-id>; see `turnstile projects`",
+        help="work in a fresh git worktree on branch turnstile/<run-id> of a project "
+        "(its name in TURNSTILE_PROJECTS; see `turnstile projects`), a git URL, or a "
+        "repository path such as ./web (named after the repository)",
     )
 
 
@@ -79,6 +80,9 @@ async def checkout_for_run(
 ) -> AsyncIterator[Workspace | None]:
     """The new run's worktree of ``project`` for the body, or None without a project.
 
+    ``project`` is a configured project's name, a git URL or a repository path (see
+    :meth:`WorkspaceManager.project_for`).
+
     ``run_id`` defaults to a new id (``new_run_id(prefix)``). If the body fails (the run
     could not be recorded), a worktree made here is removed again (rescued if dirty).
 
@@ -92,9 +96,10 @@ async def checkout_for_run(
     if workdir is not None:
         raise ConfigError("--checkout-repo and --workdir exclude each other")
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
+    chosen = manager.project_for(project)
     wanted = run_id or new_run_id(prefix)
     existed = await manager.get(wanted) is not None
-    workspace = await manager.provision(wanted, project)
+    workspace = await manager.provision(wanted, chosen)
     try:
         yield workspace
     except BaseException:
