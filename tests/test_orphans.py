@@ -201,7 +201,9 @@ async def test_auto_resume_kills_what_the_cut_off_turn_left(tmp_path: Path) -> N
     script = write_script(tmp_path / "fake", rules=rules)
     marker = uuid.uuid4().hex
     env = {**cli_env(tmp_path, script), MARKER_VAR: marker}
-    args = ["auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(ws), "-p", "x"]
+    # --log-level INFO: the test follows the run through its log records on stderr.
+    args = ["--log-level", "INFO", "auto", "--tool", "command", "--agent-cmd", AGENT_CMD]
+    args += ["--workdir", str(ws), "-p", "x"]
     cli = await asyncio.create_subprocess_exec(
         *turnstile(*args), cwd=tmp_path, env=env, stderr=asyncio.subprocess.PIPE
     )
@@ -233,7 +235,7 @@ async def test_auto_resume_kills_what_the_cut_off_turn_left(tmp_path: Path) -> N
         assert start == start_time(pgid)
         assert len(turn_marker) == 32
         resumed = await asyncio.create_subprocess_exec(
-            *turnstile("auto", "--resume", run_id),
+            *turnstile("--log-level", "INFO", "auto", "--resume", run_id),
             cwd=tmp_path,
             env=env,
             stderr=asyncio.subprocess.PIPE,
