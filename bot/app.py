@@ -36,6 +36,7 @@ from bot.files import FileDesk
 from bot.handlers import COMMANDS, Handlers
 from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
+from bot.replies import Replies
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState
 from bot.tool_approvals import ToolApprovalExtension
@@ -236,6 +237,7 @@ class BotRuntime:
                 agent_factory=self._agent_factory,
                 slots=self.slots,
             )
+            self.replies = Replies(self.publisher, self.authorizer, self.store)
             self.sink = BotSink(self.publisher, self.runs)
             self.handlers = Handlers(self)
             # First: its start-up clean-up runs before other extensions resume runs.

@@ -81,12 +81,12 @@ class AutoExtension(Extension):
         assert message is not None
         assert chat is not None
         if self._closing:
-            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            await self.rt.replies.reply(update, "The bot is shutting down; try again in a minute.")
             return
         text = message.text or ""
         objective = text.split(maxsplit=1)[1].strip() if len(text.split(maxsplit=1)) > 1 else ""
         if not objective:
-            await self.h.reply(update, "Usage: /auto OBJECTIVE")
+            await self.rt.replies.reply(update, "Usage: /auto OBJECTIVE")
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum:
@@ -113,7 +113,7 @@ class AutoExtension(Extension):
                 approval_for=self._approvals(update),
             )
         except ConfigError as exc:
-            await self.h.reply(update, f"Cannot start: {exc}")
+            await self.rt.replies.reply(update, f"Cannot start: {exc}")
             return
         self._track(run, place)
         user = update.effective_user
@@ -178,21 +178,21 @@ class AutoExtension(Extension):
         ]
         if not runs:
             if explicit:
-                await self.h.reply(update, "No auto-mode run is running here to steer.")
+                await self.rt.replies.reply(update, "No auto-mode run is running here to steer.")
             return
-        if not await self.h.authorize(update, Action.STEER):
+        if not await self.rt.replies.authorize(update, Action.STEER):
             return
         if not text.strip():
-            await self.h.reply(update, "Usage: /steer TEXT")
+            await self.rt.replies.reply(update, "Usage: /steer TEXT")
             return
         target = runs[-1]
         try:
             path = target.run.append_instruction(text)
         except ConfigError as exc:
-            await self.h.reply(update, f"Instruction refused: {exc}")
+            await self.rt.replies.reply(update, f"Instruction refused: {exc}")
             return
         _LOGGER.info("instruction %s queued", path.name, extra={"run_id": target.run.run_id})
-        await self.h.reply(
+        await self.rt.replies.reply(
             update,
             f"📝 Noted for run {target.run.run_id}: it goes into the next Execute turn.",
         )

@@ -169,11 +169,11 @@ class AutopilotExtension(Extension):
         assert user is not None
         assert message is not None
         if self.closing:
-            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            await self.rt.replies.reply(update, "The bot is shutting down; try again in a minute.")
             return
         name = args[0]
         if not _TASK_NAME.fullmatch(name):
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update,
                 "Usage: /autopilot TASK [summary] — a task name is letters, digits, '.', '_' "
                 "or '-' (at most 64).",
@@ -184,7 +184,7 @@ class AutopilotExtension(Extension):
         summary = parts[2].strip() if len(parts) > 2 else None
         current = self.drives.get(name)
         if current is not None and not current.done:
-            await self.h.reply(update, f"Task {name} is already being driven. /status")
+            await self.rt.replies.reply(update, f"Task {name} is already being driven. /status")
             return
         try:
             task = await self.gates.task(name)
@@ -193,11 +193,11 @@ class AutopilotExtension(Extension):
             try:
                 task = await self.gates.init_task(name, summary=summary, started_by=user.id)
             except GateRefused as exc:
-                await self.h.reply(update, f"Cannot create task {name}: {exc}")
+                await self.rt.replies.reply(update, f"Cannot create task {name}: {exc}")
                 return
             created = True
         if task.phase in (COMPLETE,):
-            await self.h.reply(update, f"Task {name} is already complete.")
+            await self.rt.replies.reply(update, f"Task {name} is already complete.")
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum and created:
@@ -424,7 +424,7 @@ class AutopilotExtension(Extension):
                 reason=f"{reason}: {result.detail}"[:300],
             )
             text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
-        await self.h.reply(update, text.strip())
+        await self.rt.replies.reply(update, text.strip())
 
     async def _is_open(self, gate: GateRecord) -> bool:
         """Whether the gate this message shows still waits: asked of the gate store."""
@@ -438,7 +438,7 @@ class AutopilotExtension(Extension):
         if task is not None:
             record = await self.gates.open_gate(task)
             if record is None or record.gate_sha256 is None:
-                await self.h.reply(update, f"No open gate for task {task}.")
+                await self.rt.replies.reply(update, f"No open gate for task {task}.")
                 return None
             gate = await self.rt.store.open_gate_for(task, record.phase, record.gate_sha256)
             if gate is None:
@@ -465,10 +465,10 @@ class AutopilotExtension(Extension):
         if len(gates) == 1:
             return gates[0]
         if not gates:
-            await self.h.reply(update, "No gate is waiting for approval in this chat.")
+            await self.rt.replies.reply(update, "No gate is waiting for approval in this chat.")
         else:
             names = ", ".join(sorted({g.task for g in gates}))
-            await self.h.reply(update, f"Several gates are open ({names}): name the task.")
+            await self.rt.replies.reply(update, f"Several gates are open ({names}): name the task.")
         return None
 
     async def cmd_approve(self, update: Update, args: list[str]) -> None:
@@ -481,7 +481,7 @@ class AutopilotExtension(Extension):
         assert message is not None
         parts = (message.text or "").split(maxsplit=2)
         if len(parts) < 3 or not parts[2].strip():
-            await self.h.reply(update, "Usage: /reject TASK REASON")
+            await self.rt.replies.reply(update, "Usage: /reject TASK REASON")
             return
         gate = await self._gate_for_task(update, parts[1])
         if gate is not None:
@@ -515,16 +515,16 @@ class AutopilotExtension(Extension):
             if not open_here:
                 return False
             if len(open_here) > 1:
-                if await self.h.authorize(update, Action.APPROVE):
-                    await self.h.reply(
+                if await self.rt.replies.authorize(update, Action.APPROVE):
+                    await self.rt.replies.reply(
                         update, "Several gates are open: reply APPROVED to the gate message."
                     )
                 return True
             gate = open_here[0]
-        if not await self.h.authorize(update, Action.APPROVE):
+        if not await self.rt.replies.authorize(update, Action.APPROVE):
             return True
         if not await self._is_open(gate):
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update, f"That gate ({gate.task} · {gate.phase}) no longer waits for approval."
             )
             return True
@@ -542,27 +542,27 @@ class AutopilotExtension(Extension):
         if verb in ("ap", "rj"):
             gate = await self.rt.store.gate(rest)
             if gate is None or not await self._is_open(gate):
-                await self.h._answer(update, "This gate is closed.")
+                await self.rt.replies.answer(update, "This gate is closed.")
                 return True
             if verb == "ap":
-                await self.h._answer(update, "Approving…")
+                await self.rt.replies.answer(update, "Approving…")
                 await self._approve(update, gate)
             else:
-                await self.h._answer(update, "Reply with your reason")
+                await self.rt.replies.answer(update, "Reply with your reason")
                 await self._ask_reason(update, gate)
             return True
         if verb == "rc":
-            await self.h._answer(update)
+            await self.rt.replies.answer(update)
             await self._cancel_reason(update, gate_id=rest)
             return True
         if verb == "ry":
             gate_id, _, reason = rest.partition(":")
-            await self.h._answer(update)
+            await self.rt.replies.answer(update)
             await self._confirmed_reason(update, gate_id, reason)
             return True
         if verb == "tk":
             ref, _, page = rest.rpartition(":")
-            await self.h._answer(update)
+            await self.rt.replies.answer(update)
             await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
             return True
         return False
@@ -584,7 +584,7 @@ class AutopilotExtension(Extension):
             await self._close_prompt(previous, "⏭ Replaced by a newer Reject.")
         ref = f"reason:{gate.gate_id}:{user.id}:{update.update_id}"
         await store.ask_reason(chat.id, user.id, gate.gate_id, prompt_ref=ref)
-        await self.h.reply(
+        await self.rt.replies.reply(
             update,
             f"Why reject {gate.task} · {gate.phase}? Your next message here is the reason; "
             "it goes back to the agent as revision notes. Pressed Reject by mistake? /cancel "
@@ -612,13 +612,13 @@ class AutopilotExtension(Extension):
             await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
             await self._close_prompt(asked, "⏹ That gate is closed; nothing was rejected.")
             return False
-        if not await self.h.authorize(update, Action.REJECT):
+        if not await self.rt.replies.authorize(update, Action.REJECT):
             await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
             return True
         reason = text.strip()
         if _APPROVAL_WORD.fullmatch(reason):
             # Kept waiting: the buttons decide, or another message is the reason.
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update,
                 f"“{reason}” reads like an approval, not a reason. Reject {gate.task} · "
                 f"{gate.phase} with the reason “{reason}”? Cancel rejects nothing (then "
@@ -644,7 +644,7 @@ class AutopilotExtension(Extension):
             if asked is not None and asked.expired:
                 await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
             await self._retire_pressed(update, "⏹ Nothing is waiting for this any more.")
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update, "Nothing is waiting for your reason any more; press Reject again."
             )
             return
@@ -653,7 +653,7 @@ class AutopilotExtension(Extension):
         await self._close_prompt(asked, "✍️ Reason received.")
         if gate is None or not await self._is_open(gate):
             await self._retire_pressed(update, "⏹ That gate is closed.")
-            await self.h.reply(update, "That gate is closed; nothing was rejected.")
+            await self.rt.replies.reply(update, "That gate is closed; nothing was rejected.")
             return
         await self._retire_pressed(update, f"❌ Rejecting with “{reason}”.")
         await self._reject(update, gate, reason)
@@ -671,7 +671,9 @@ class AutopilotExtension(Extension):
             asked = None
         if asked is None or (gate_id is not None and asked.gate_id != gate_id):
             await self._retire_pressed(update, "⏹ Nothing to cancel any more.")
-            await self.h.reply(update, "Nothing to cancel: no Reject is waiting for your reason.")
+            await self.rt.replies.reply(
+                update, "Nothing to cancel: no Reject is waiting for your reason."
+            )
             return
         await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
         await self._close_prompt(asked, "✖ Cancelled; nothing was rejected.")
@@ -689,7 +691,7 @@ class AutopilotExtension(Extension):
         still = (
             " still waits for approval" if gate is not None and await self._is_open(gate) else ""
         )
-        await self.h.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
+        await self.rt.replies.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
 
     async def cmd_cancel(self, update: Update, args: list[str]) -> None:
         await self._cancel_reason(update)
@@ -768,7 +770,7 @@ class AutopilotExtension(Extension):
                 f"- user {e.user_id} chat {e.chat_id}: {e.action} ({e.reason})"
                 for e in refusals[:10]
             )
-        await self.h.reply(update, "\n".join(lines))
+        await self.rt.replies.reply(update, "\n".join(lines))
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         name = _task_of(run_id)

@@ -193,7 +193,7 @@ class FileDesk(Extension):
             and user is not None
             and self.rt.authorizer.check(user.id, message.chat.id, Action.PROMPT).allowed
         ):
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update, "This chat is not bound to an agent session yet: send /chat first."
             )
 
@@ -213,7 +213,7 @@ class FileDesk(Extension):
         if target is None:
             await self._not_bound(update, message, context.bot.id)
             return
-        if not await self.h.authorize(update, target.action):
+        if not await self.rt.replies.authorize(update, target.action):
             return
         if message.voice is not None or message.audio is not None:
             await self._voice(update, message, target, thread)
@@ -224,7 +224,7 @@ class FileDesk(Extension):
         try:
             saved = await self._download_and_save(incoming, target)
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not saved: {exc}")
+            await self.rt.replies.reply(update, f"⚠️ Not saved: {exc}")
             return
         caption = message.caption or ""
         group = message.media_group_id
@@ -506,7 +506,7 @@ class FileDesk(Extension):
 
     async def _voice(self, update: Update, message: Message, target: _Target, thread: int) -> None:
         if self.transcriber is None:
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update,
                 "🎙 Voice notes are not transcribed here: set TURNSTILE_TRANSCRIPTION_URL "
                 "(a speech-to-text service) to enable them.",
@@ -525,23 +525,23 @@ class FileDesk(Extension):
             audio = await self._download(file_id, size, "the voice note")
             transcript = await self.transcriber.transcribe(audio, filename=name, mime=mime)
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not transcribed: {exc}")
+            await self.rt.replies.reply(update, f"⚠️ Not transcribed: {exc}")
             return
         except TranscriptionError as exc:
-            await self.h.reply(update, f"⚠️ The voice note could not be transcribed: {exc}")
+            await self.rt.replies.reply(update, f"⚠️ The voice note could not be transcribed: {exc}")
             return
         if not transcript.strip():
-            await self.h.reply(update, "🎙 Nothing recognisable was said; no turn started.")
+            await self.rt.replies.reply(update, "🎙 Nothing recognisable was said; no turn started.")
             return
         limit = self.rt.settings.max_inbound_chars
         if len(transcript) > limit:
-            await self.h.reply(
+            await self.rt.replies.reply(
                 update,
                 f"🎙 The transcript is {len(transcript):,} characters; the limit is {limit:,}. "
                 "Send a shorter voice note.",
             )
             return
-        await self.h.reply(update, f"🎙 {transcript}")
+        await self.rt.replies.reply(update, f"🎙 {transcript}")
         caption = (message.caption or "").strip()
         text = f"{caption}\n\n{transcript}" if caption else transcript
         await self._hand_over(update, target, thread, text, update.update_id, what="voice note")
@@ -554,12 +554,14 @@ class FileDesk(Extension):
         parts = (message.text or "").split(maxsplit=1)
         given = parts[1].strip() if len(parts) > 1 else ""
         if not given:
-            await self.h.reply(update, "Usage: /get PATH (a file or folder of this chat's run)")
+            await self.rt.replies.reply(
+                update, "Usage: /get PATH (a file or folder of this chat's run)"
+            )
             return
         thread = _thread(message)
         target = await self._target(message, thread)
         if target is None:
-            await self.h.reply(update, "No run here to take files from: send /chat first.")
+            await self.rt.replies.reply(update, "No run here to take files from: send /chat first.")
             return
         try:
             item = await self._outgoing(
@@ -570,7 +572,7 @@ class FileDesk(Extension):
                 reply_to=message.message_id,
             )
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not sent: {exc}")
+            await self.rt.replies.reply(update, f"⚠️ Not sent: {exc}")
             return
         user = update.effective_user
         await self.rt.store.audit(

@@ -97,8 +97,6 @@ BUTTON_ACTIONS: Final = {
     "tk": Action.TASKS,
 }
 _APPROVED = re.compile(r"^\s*approved[.!]?\s*$", re.IGNORECASE)
-_REFUSAL_EVERY: Final = 60.0
-_UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
 _APPROVAL_HELP: Final = {
     "off": "off here: only the allowed tools run",
     "unlisted": "on here for tools outside the allowed list",
@@ -119,7 +117,6 @@ class Handlers:
 
     def __init__(self, runtime: BotRuntime) -> None:
         self.rt = runtime
-        self._last_refusal: dict[int, float] = {}
         self.extensions: list[Any] = []
 
     # -- registration ------------------------------------------------------------------
@@ -167,78 +164,10 @@ class Handlers:
     # -- helpers -----------------------------------------------------------------------
 
     async def reply(self, update: Update, text: str, **kw: Any) -> None:
-        message = update.effective_message
-        chat = update.effective_chat
-        if chat is None:
-            return
-        assert self.rt.publisher is not None
-        await self.rt.publisher.say(
-            chat.id,
-            text,
-            thread_id=_thread(message) or None,
-            reply_to=message.message_id if message is not None else None,
-            **kw,
-        )
+        await self.rt.replies.reply(update, text, **kw)
 
     async def authorize(self, update: Update, action: Action) -> bool:
-        """Check the right; a refusal is audited and answered (once a minute per user)."""
-        user = update.effective_user
-        chat = update.effective_chat
-        assert chat is not None
-        user_id = user.id if user is not None else None
-        decision = self.rt.authorizer.check(user_id, chat.id, action)
-        if decision.allowed:
-            return True
-        _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
-        reason = decision.reason
-        if update.callback_query is None and user_id is not None and self._may_tell(user_id):
-            text = (
-                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
-                f"a role in the bot's settings."
-            )
-            if not self._refuse(update, text):
-                reason += _UNANSWERED
-        await self.rt.store.audit(
-            action=action.value,
-            outcome="refused",
-            user_id=user_id,
-            chat_id=chat.id,
-            update_id=update.update_id,
-            reason=reason,
-        )
-        if update.callback_query is not None:
-            await self._answer(update, f"Not allowed. Your id: {user_id}")
-        return False
-
-    def _refuse(self, update: Update, text: str) -> bool:
-        """Answer a refusal through the low-priority lane; False when it was full."""
-        message = update.effective_message
-        chat = update.effective_chat
-        assert chat is not None
-        assert self.rt.publisher is not None
-        return self.rt.publisher.refusal(
-            chat.id,
-            text,
-            thread_id=_thread(message) or None,
-            reply_to=message.message_id if message is not None else None,
-        )
-
-    def _may_tell(self, user_id: int) -> bool:
-        now = time.monotonic()
-        last = self._last_refusal.get(user_id)
-        if last is not None and now - last < _REFUSAL_EVERY:
-            return False
-        self._last_refusal[user_id] = now
-        return True
-
-    async def _answer(self, update: Update, text: str | None = None) -> None:
-        query = update.callback_query
-        if query is None:
-            return
-        try:
-            await query.answer(text=text)
-        except Exception as exc:
-            _LOGGER.warning("answering a button press failed: %s", exc)
+        return await self.rt.replies.authorize(update, action)
 
     # -- the gate in front of everything -----------------------------------------------
 
@@ -250,7 +179,7 @@ class Handlers:
         if update.callback_query is None and message is None:
             raise ApplicationHandlerStop  # edits, channel posts, member updates...
         if chat is None or user is None or user.is_bot:
-            await self._answer(update)  # a button on an inline message: not ours
+            await self.rt.replies.answer(update)  # a button on an inline message: not ours
             raise ApplicationHandlerStop
         if message is not None and (message.migrate_to_chat_id or message.migrate_from_chat_id):
             await self.rt.follow_migration(update)
@@ -268,14 +197,14 @@ class Handlers:
             # A private chat is how a new user learns their id; groups are ignored.
             if (
                 chat.type == "private"
-                and self._may_tell(user.id)
-                and not self._refuse(
+                and self.rt.replies.may_tell(user.id)
+                and not self.rt.replies.refuse(
                     update,
                     f"⛔ This chat is not allowed. Your Telegram user id is {user.id} "
                     f"(chat id {chat.id}); an admin can add it to the bot's settings.",
                 )
             ):
-                reason += _UNANSWERED
+                reason = self.rt.replies.unanswered(reason)
             await self.rt.store.audit(
                 action="any",
                 outcome="refused",
@@ -285,7 +214,7 @@ class Handlers:
                 reason=reason,
             )
             if update.callback_query is not None:
-                await self._answer(update)
+                await self.rt.replies.answer(update)
             raise ApplicationHandlerStop
         if message is not None and message.text is not None:
             if len(message.text) > self.rt.settings.max_inbound_chars:
@@ -561,7 +490,7 @@ class Handlers:
             if await ext.on_button(update, data):
                 return
         # Not ours (an old keyboard, another bot's data): answered, ignored.
-        await self._answer(update)
+        await self.rt.replies.answer(update)
 
     # -- start-up and shutdown hooks for extensions ------------------------------------
 

@@ -221,7 +221,7 @@ class ToolApprovalExtension(Extension):
         try:
             request = await self.store.get(int(parts[1]))
         except NotFoundError:
-            await self.h._answer(update, "This request is unknown.")
+            await self.rt.replies.answer(update, "This request is unknown.")
             return True
         refusal = self._refusal(user.id, chat.id, request)
         if refusal is not None:
@@ -234,12 +234,12 @@ class ToolApprovalExtension(Extension):
                 reason=f"request {request.id} ({request.tool}): {refusal}",
             )
             _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
-            await self.h._answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
+            await self.rt.replies.answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
             return True
         decision, scope = choice
         result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
         if not result.changed:
-            await self.h._answer(update, f"Already decided: {outcome_text(result.request)}")
+            await self.rt.replies.answer(update, f"Already decided: {outcome_text(result.request)}")
             await self._refresh(result.request)
             return True
         decided = result.request
@@ -255,7 +255,7 @@ class ToolApprovalExtension(Extension):
                 + (f" ({scope.value})" if scope is not None else "")
             )[:300],
         )
-        await self.h._answer(update, outcome_text(decided))
+        await self.rt.replies.answer(update, outcome_text(decided))
         await self._refresh(decided)
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
