@@ -5,6 +5,10 @@ its ``Updater``: our own poller (or webhook listener) records every update in th
 database *before* it is confirmed to Telegram or handed to the handlers, so nothing is
 lost to a crash. Updates are processed concurrently (``/stop`` is never stuck behind a
 running handler) but in order per chat for plain messages.
+
+Long: the composition root and the inbox's two doors (the poller and the webhook
+listener) with the start-up recovery and the two-step shutdown they share; the features,
+their handlers and the wrapping are elsewhere (bot/feature.py, bot/handlers.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ A Reject button press waits for the reason for ``TURNSTILE_REASON_REQUEST_SECOND
 can be cancelled (``/cancel`` or the button on the question). A "reason" that is just an
 approval word ("APPROVED") is a person who pressed Reject by mistake more often than a
 reason: the bot asks before rejecting with it.
+
+Long: the gate conversation is one flow (post the gate, approve, reject, ask for the
+reason, confirm or cancel it) over the same gate messages; splitting it would pass its
+private state between modules.
 """
 
 from __future__ import annotations

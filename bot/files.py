@@ -11,6 +11,10 @@
 
 Outgoing files are copied into a spool folder first and queued in the outbox like every
 other message (kind ``file``), so a restart still delivers them.
+
+Long: files in and out are one feature with one set of limits and one target lookup
+(chat session or auto run); inbound parsing and outbound packing helpers already live in
+engine/files.py.
 """
 
 from __future__ import annotations
