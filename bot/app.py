@@ -5,6 +5,10 @@ its ``Updater``: our own poller (or webhook listener) records every update in th
 database *before* it is confirmed to Telegram or handed to the handlers, so nothing is
 lost to a crash. Updates are processed concurrently (``/stop`` is never stuck behind a
 running handler) but in order per chat for plain messages.
+
+Long: the composition root and the inbox's two doors (the poller and the webhook
+listener) with the start-up recovery and the two-step shutdown they share; the features,
+their handlers and the wrapping are elsewhere (bot/feature.py, bot/handlers.py).
 """
 
 from __future__ import annotations
@@ -27,26 +31,32 @@ from telegram import Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
+from bot.admin import COMMANDS, AdminFeature
 from bot.auth import Authorizer
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import AgentFactory, ChatSessions
+from bot.chatting import ChatFeature
+from bot.context import BotContext
+from bot.feature import Feature
 from bot.files import FileDesk
-from bot.handlers import COMMANDS, Handlers
+from bot.handlers import Dispatch
 from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
+from bot.replies import Replies
 from bot.sink import BotSink
 from bot.store import BotStore, InboundState, OutboxRow
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
+from engine.gates import Gates
 from engine.locks import FileLock
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore
 
-__all__ = ["BotRuntime", "serve"]
+__all__ = ["BotRuntime", "Features", "serve"]
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_TIMEOUT: Final = 25
@@ -106,6 +116,25 @@ def _urgent(update: Update) -> bool:
     return bool(words) and words[0].split("@")[0] == "/stop"
 
 
+class Features:
+    """The bot's features, in the order they start, stop and see plain texts."""
+
+    def __init__(self, extensions: tuple[Feature, ...]) -> None:
+        self.extensions = extensions
+
+    async def recover(self) -> None:
+        for feature in self.extensions:
+            await feature.recover()
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        for feature in self.extensions:
+            await feature.shutdown(park=park, preempt=preempt)
+
+    async def park_all(self) -> None:
+        for feature in self.extensions:
+            await feature.park_all()
+
+
 class BotRuntime:
     """Everything the bot runs, wired once. Use as an async context manager."""
 
@@ -155,9 +184,7 @@ class BotRuntime:
         self.sender: OutboxSender | None = None
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
-        self.handlers: Handlers | None = None
-        self.sink: BotSink | None = None
-        self.tool_approvals: ToolApprovalExtension | None = None
+        self.features: Features | None = None
         self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -243,23 +270,36 @@ class BotRuntime:
                 agent_factory=self._agent_factory,
                 slots=self.slots,
             )
-            self.sink = BotSink(self.publisher, self.runs)
-            self.handlers = Handlers(self)
-            # First: its start-up clean-up runs before other extensions resume runs.
-            self.tool_approvals = ToolApprovalExtension(self, self.handlers)
-            self.handlers.extensions.append(self.tool_approvals)
-            # Order matters for plain messages: approvals and reasons before steering.
-            self.handlers.extensions.append(
-                AutopilotExtension(
-                    self, self.handlers, self.sink, agent_factory=self._agent_factory
-                )
+            replies = Replies(self.publisher, self.authorizer, self.store)
+            ctx = BotContext(
+                settings=self.settings,
+                db=self.db,
+                store=self.store,
+                runs=self.runs,
+                publisher=self.publisher,
+                authorizer=self.authorizer,
+                redactor=self.redactor,
+                replies=replies,
+                slots=self.slots,
+                gates=Gates(self.db, self.settings, poll_interval=1.0),
+                chats=self.chats,
+                sink=BotSink(self.publisher, self.runs),
+                bot=self.app.bot,
+                spawn=self.spawn,
+                handled_in_transaction=self.handled_in_transaction,
             )
-            self.handlers.extensions.append(AutoExtension(self, self.handlers, self.sink))
-            files = FileDesk(self, self.handlers)
-            self.handlers.extensions.append(files)
-            self.chats.output_files = files.marker_items
-            self.sink.on_files = files.send_marked
-            self.handlers.register(self.app)
+            self.features = Features(self._features(ctx))
+            dispatch = Dispatch(
+                self.app,
+                settings=self.settings,
+                authorizer=self.authorizer,
+                store=self.store,
+                replies=replies,
+                follow_migration=self.follow_migration,
+            )
+            for feature in self.features.extensions:
+                feature.register(dispatch)
+            dispatch.finish()
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)
         except BaseException:
@@ -303,15 +343,22 @@ class BotRuntime:
         await self.db.close()
         await self._unlock()
 
-    def publisher_or_fail(self) -> Publisher:
-        if self.publisher is None:
-            raise RuntimeError("the bot runtime is not entered")
-        return self.publisher
+    def _features(self, ctx: BotContext) -> tuple[Feature, ...]:
+        """Every feature, in order: start-up, shutdown, and who sees a plain text first."""
+        # First: its start-up clean-up runs before other features resume runs.
+        approvals = ToolApprovalExtension(ctx)
+        # Approvals and reasons before steering; a text nobody took is a chat turn.
+        autopilot = AutopilotExtension(ctx, agent_factory=self._agent_factory)
+        auto = AutoExtension(ctx, approvals)
+        files = FileDesk(ctx, auto)
+        chat = ChatFeature(ctx)
+        admin = AdminFeature(ctx, owners=(chat, approvals, autopilot, auto))
+        return (approvals, autopilot, auto, files, chat, admin)
 
-    def app_bot(self) -> Any:
-        if self.app is None:
-            raise RuntimeError("the bot runtime is not entered")
-        return self.app.bot
+    @property
+    def handlers(self) -> Features | None:
+        """The features (the name tests and benchmarks reach them by)."""
+        return self.features
 
     def spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         """A tracked background task (awaited on exit)."""
@@ -352,7 +399,7 @@ class BotRuntime:
         """Report turns a crash cut off, close crashed runs, resume queues, refresh gates."""
         assert self.publisher is not None
         assert self.chats is not None
-        assert self.handlers is not None
+        assert self.features is not None
         pruned = await self.store.prune(time.time() - _KEEP_SECONDS)
         if pruned:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
@@ -405,7 +452,7 @@ class BotRuntime:
                 await self.runs.update_run(
                     run.id, status=RunStatus.COMPLETED, finished_at=time.time()
                 )
-        await self.handlers.recover()
+        await self.features.recover()
         await self.store.touch_live("gate:")
         await self.chats.resume()
         self.publisher.wake()
@@ -608,8 +655,8 @@ class BotRuntime:
         preempter = asyncio.create_task(self._preempt_on_second_signal(), name="preempt-watch")
         try:
             waits = [self.chats.shutdown(park=park)]
-            if self.handlers is not None:
-                waits.append(self.handlers.shutdown(park=park, preempt=self._preempt))
+            if self.features is not None:
+                waits.append(self.features.shutdown(park=park, preempt=self._preempt))
             await asyncio.gather(*waits)
         finally:
             preempter.cancel()
@@ -633,8 +680,8 @@ class BotRuntime:
         assert self.chats is not None
         await self._preempt.wait()
         await self.chats.park_all()
-        if self.handlers is not None:
-            await self.handlers.park_all()
+        if self.features is not None:
+            await self.features.park_all()
 
 
 def _token_error(detail: str) -> ConfigError:

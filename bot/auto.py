@@ -11,14 +11,16 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from telegram import Update
 from telegram.error import TelegramError
 
 from bot.auth import Action
-from bot.extension import Extension
-from bot.sink import BotSink, ChatPlace
+from bot.context import BotContext
+from bot.feature import Feature
+from bot.handlers import Dispatch
+from bot.sink import ChatPlace
+from bot.tool_approvals import ToolApprovalExtension
 from engine.automode import (
     STOPPED_BY_PERSON,
     AutoRun,
@@ -31,10 +33,6 @@ from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
-
-if TYPE_CHECKING:
-    from bot.app import BotRuntime
-    from bot.handlers import Handlers
 
 __all__ = ["AutoExtension"]
 
@@ -53,25 +51,35 @@ def _thread_key(place: ChatPlace) -> int:
     return place.thread_id or 0
 
 
-class AutoExtension(Extension):
+class AutoExtension(Feature):
     """Starts, steers, stops, parks and resumes auto-mode runs for chats."""
 
-    def __init__(self, runtime: BotRuntime, handlers: Handlers, sink: BotSink) -> None:
-        self.rt = runtime
-        self.h = handlers
-        self.sink = sink
+    def __init__(self, ctx: BotContext, approvals: ToolApprovalExtension) -> None:
+        self.ctx = ctx
+        self.sink = ctx.sink
+        self.approvals = approvals
         self.active: dict[str, _Active] = {}
         self._closing = False
 
+    def register(self, dispatch: Dispatch) -> None:
+        dispatch.command("auto", Action.START_RUN, self.cmd_auto, usage="Usage: /auto OBJECTIVE")
+        dispatch.command("steer", Action.STEER, self.cmd_steer, usage="Usage: /steer TEXT")
+        dispatch.text(self.on_text)
+
     def _approvals(self, update: Update | None, tool: str | None = None) -> ApprovalFor | None:
         """Where the run's tool calls ask (bot.tool_approvals); None when nothing asks."""
-        approvals = self.rt.tool_approvals
-        if approvals is None:
-            return None
         user = update.effective_user if update is not None else None
-        return approvals.routes_for(
-            tool or self.rt.settings.default_agent, user.id if user is not None else None
+        return self.approvals.routes_for(
+            tool or self.ctx.settings.default_agent, user.id if user is not None else None
         )
+
+    def running_in(self, chat_id: int, thread: int) -> list[AutoRun]:
+        """The auto runs of this chat and topic, oldest first."""
+        return [a.run for a in self._runs_in(chat_id, thread)]
+
+    def running(self, run_id: str) -> AutoRun | None:
+        active = self.active.get(run_id)
+        return active.run if active is not None else None
 
     # -- commands ----------------------------------------------------------------------
 
@@ -81,43 +89,42 @@ class AutoExtension(Extension):
         assert message is not None
         assert chat is not None
         if self._closing:
-            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            await self.ctx.replies.reply(update, "The bot is shutting down; try again in a minute.")
             return
         text = message.text or ""
         objective = text.split(maxsplit=1)[1].strip() if len(text.split(maxsplit=1)) > 1 else ""
         if not objective:
-            await self.h.reply(update, "Usage: /auto OBJECTIVE")
+            await self.ctx.replies.reply(update, "Usage: /auto OBJECTIVE")
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum:
             thread = await self._topic(chat.id, f"auto: {objective[:60]}")
-        assert self.rt.chats is not None
-        binding = await self.rt.store.binding(chat.id, thread or 0)
+        binding = await self.ctx.store.binding(chat.id, thread or 0)
         project = binding.project if binding is not None else "default"
         place = ChatPlace(chat.id, thread)
         try:
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = new_run_id(RunMode.AUTO)
-            workdir = await self.rt.chats.workdir_for(project, run_id)
+            workdir = await self.ctx.chats.workdir_for(project, run_id)
             run = await start_auto_run(
-                self.rt.settings,
-                self.rt.db,
+                self.ctx.settings,
+                self.ctx.db,
                 objective=objective,
-                tool=self.rt.settings.default_agent,
+                tool=self.ctx.settings.default_agent,
                 workdir=workdir,
                 sink=self.sink,
                 chat_id=chat.id,
                 thread_id=thread,
-                turn_slots=self.rt.slots,
+                turn_slots=self.ctx.slots,
                 run_id=run_id,
                 approval_for=self._approvals(update),
             )
         except ConfigError as exc:
-            await self.h.reply(update, f"Cannot start: {exc}")
+            await self.ctx.replies.reply(update, f"Cannot start: {exc}")
             return
         self._track(run, place)
         user = update.effective_user
-        await self.rt.store.audit(
+        await self.ctx.store.audit(
             action="auto",
             outcome="allowed",
             user_id=user.id if user else None,
@@ -125,9 +132,9 @@ class AutoExtension(Extension):
             update_id=update.update_id,
             reason=run.run_id,
         )
-        await self.rt.publisher_or_fail().say(
+        await self.ctx.publisher.say(
             chat.id,
-            f"🤖 Auto run {run.run_id} started ({self.rt.settings.default_agent}, project "
+            f"🤖 Auto run {run.run_id} started ({self.ctx.settings.default_agent}, project "
             f"{project}). Messages here, or /steer TEXT, become instructions for the next "
             f"Execute turn. /stop {run.run_id} stops it.",
             thread_id=thread,
@@ -142,7 +149,7 @@ class AutoExtension(Extension):
         await self._steer(update, parts[1] if len(parts) > 1 else "", explicit=True)
 
     async def _topic(self, chat_id: int, name: str) -> int | None:
-        bot = self.rt.app_bot()
+        bot = self.ctx.bot
         try:
             topic = await bot.create_forum_topic(chat_id=chat_id, name=name[:128])
         except TelegramError as exc:
@@ -178,21 +185,21 @@ class AutoExtension(Extension):
         ]
         if not runs:
             if explicit:
-                await self.h.reply(update, "No auto-mode run is running here to steer.")
+                await self.ctx.replies.reply(update, "No auto-mode run is running here to steer.")
             return
-        if not await self.h.authorize(update, Action.STEER):
+        if not await self.ctx.replies.authorize(update, Action.STEER):
             return
         if not text.strip():
-            await self.h.reply(update, "Usage: /steer TEXT")
+            await self.ctx.replies.reply(update, "Usage: /steer TEXT")
             return
         target = runs[-1]
         try:
             path = target.run.append_instruction(text)
         except ConfigError as exc:
-            await self.h.reply(update, f"Instruction refused: {exc}")
+            await self.ctx.replies.reply(update, f"Instruction refused: {exc}")
             return
         _LOGGER.info("instruction %s queued", path.name, extra={"run_id": target.run.run_id})
-        await self.h.reply(
+        await self.ctx.replies.reply(
             update,
             f"📝 Noted for run {target.run.run_id}: it goes into the next Execute turn.",
         )
@@ -216,7 +223,7 @@ class AutoExtension(Extension):
             )
             _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
         except TurnstileError as exc:
-            await self.rt.publisher_or_fail().say(
+            await self.ctx.publisher.say(
                 active.place.chat_id,
                 f"⚠️ Auto run {run.run_id} failed: {exc}",
                 thread_id=active.place.thread_id,
@@ -226,7 +233,7 @@ class AutoExtension(Extension):
             raise
         except Exception as exc:
             _LOGGER.exception("auto run crashed", extra={"run_id": run.run_id})
-            await self.rt.publisher_or_fail().say(
+            await self.ctx.publisher.say(
                 active.place.chat_id,
                 f"⚠️ Auto run {run.run_id} crashed: {type(exc).__name__}",
                 thread_id=active.place.thread_id,
@@ -236,7 +243,7 @@ class AutoExtension(Extension):
             self.active.pop(run.run_id, None)
             if active.parking and not finished:
                 with contextlib.suppress(TurnstileError):
-                    await self.rt.runs.update_run(run.run_id, status=RunStatus.PARKED)
+                    await self.ctx.runs.update_run(run.run_id, status=RunStatus.PARKED)
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         active = self.active.get(run_id)
@@ -252,11 +259,11 @@ class AutoExtension(Extension):
             stopped.append(active.run.run_id)
         return stopped
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         here = [a.run.state for a in self.active.values() if a.place.chat_id == chat_id]
         # The worktree of a run on a configured project: its branch and disk usage.
         worktrees = await worktree_summaries(
-            self.rt.settings, self.rt.db, {s.run_id: s.workdir for s in here}
+            self.ctx.settings, self.ctx.db, {s.run_id: s.workdir for s in here}
         )
         lines = []
         for s in here:
@@ -274,8 +281,8 @@ class AutoExtension(Extension):
     async def recover(self) -> None:
         """Resume auto runs parked by a shutdown or cut off by a crash."""
         candidates = [
-            *await self.rt.runs.list_runs(status=RunStatus.RUNNING),
-            *await self.rt.runs.list_runs(status=RunStatus.PARKED),
+            *await self.ctx.runs.list_runs(status=RunStatus.RUNNING),
+            *await self.ctx.runs.list_runs(status=RunStatus.PARKED),
         ]
         for record in candidates:
             if record.mode != "auto" or record.chat_id is None:
@@ -284,16 +291,16 @@ class AutoExtension(Extension):
             self.sink.register(record.id, place)
             try:
                 run = await resume_auto_run(
-                    self.rt.settings,
-                    self.rt.db,
+                    self.ctx.settings,
+                    self.ctx.db,
                     record.id,
                     sink=self.sink,
-                    turn_slots=self.rt.slots,
+                    turn_slots=self.ctx.slots,
                     approval_for=self._approvals(None, record.agent),
                 )
             except TurnstileError as exc:
                 _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})
-                await self.rt.publisher_or_fail().say(
+                await self.ctx.publisher.say(
                     record.chat_id,
                     f"⚠️ Auto run {record.id} could not be resumed: {exc}",
                     thread_id=record.thread_id,
@@ -301,7 +308,7 @@ class AutoExtension(Extension):
                 )
                 continue
             self._track(run, place)
-            await self.rt.publisher_or_fail().say(
+            await self.ctx.publisher.say(
                 record.chat_id,
                 f"▶️ Auto run {record.id} resumed at turn {run.state.turn}, phase "
                 f"{run.state.phase.value}.",

@@ -11,6 +11,10 @@ A Reject button press waits for the reason for ``TURNSTILE_REASON_REQUEST_SECOND
 can be cancelled (``/cancel`` or the button on the question). A "reason" that is just an
 approval word ("APPROVED") is a person who pressed Reject by mistake more often than a
 reason: the bot asks before rejecting with it.
+
+Long: the gate conversation is one flow (post the gate, approve, reject, ask for the
+reason, confirm or cancel it) over the same gate messages; splitting it would pass its
+private state between modules.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from telegram import Update
 from telegram.error import TelegramError
 
 from bot.auth import Action
-from bot.extension import Extension
-from bot.sink import BotSink, ChatPlace
+from bot.context import BotContext
+from bot.feature import Feature
+from bot.handlers import Dispatch
+from bot.sink import ChatPlace
 from bot.store import GateRecord, ReasonRequest
 from engine import safefile
 from engine.agents.factory import create_agent
@@ -41,17 +47,12 @@ from engine.gates import (
     ApprovalResult,
     DriveHandle,
     GateRefused,
-    Gates,
     Refusal,
     TaskRecord,
 )
 from engine.sink import GateRequest
 from engine.turn import AgentSession, TurnOutput
 from engine.workspace.runs import worktree_summaries
-
-if TYPE_CHECKING:
-    from bot.app import BotRuntime
-    from bot.handlers import Handlers
 
 __all__ = ["AutopilotExtension"]
 
@@ -67,7 +68,6 @@ _CONFIRM_REASON_BYTES: Final = 48
 _TASK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_DOCUMENT: Final = 20 * 1024 * 1024
 _EXCERPT: Final = 700
-_PAGE: Final = 25
 _RUN_PREFIX: Final = "autopilot:"
 
 
@@ -99,22 +99,15 @@ class _Pausable:
             self._owner.turn_done.set()
 
 
-class AutopilotExtension(Extension):
+class AutopilotExtension(Feature):
     """Starts and resumes drives, posts gates, takes approvals and rejections."""
 
     def __init__(
-        self,
-        runtime: BotRuntime,
-        handlers: Handlers,
-        sink: BotSink,
-        *,
-        gates: Gates | None = None,
-        agent_factory: Callable[..., Any] = create_agent,
+        self, ctx: BotContext, *, agent_factory: Callable[..., Any] = create_agent
     ) -> None:
-        self.rt = runtime
-        self.h = handlers
-        self.sink = sink
-        self.gates = gates or Gates(runtime.db, runtime.settings, poll_interval=1.0)
+        self.ctx = ctx
+        self.sink = ctx.sink
+        self.gates = ctx.gates
         self._agent_factory = agent_factory
         self.drives: dict[str, DriveHandle] = {}
         self.places: dict[str, ChatPlace] = {}
@@ -122,10 +115,25 @@ class AutopilotExtension(Extension):
         self.closing = False
         self.in_flight = 0
         self.turn_done = asyncio.Event()
-        self.slots = runtime.slots
+        self.slots = ctx.slots
         self._stopped_by: dict[str, int] = {}
-        sink.on_gate = self.post_gate
-        sink.resolve = self.resolve
+        ctx.sink.post_gates_with(self.post_gate)
+        ctx.sink.resolve_places_with(self.resolve)
+
+    def register(self, dispatch: Dispatch) -> None:
+        dispatch.command(
+            "autopilot", Action.START_RUN, self.cmd_autopilot, usage="Usage: /autopilot TASK"
+        )
+        dispatch.command("approve", Action.APPROVE, self.cmd_approve)
+        dispatch.command(
+            "reject", Action.REJECT, self.cmd_reject, usage="Usage: /reject TASK REASON"
+        )
+        # Anyone with a role may ask; only a pending Reject of theirs is cancelled.
+        dispatch.command("cancel", Action.HELP, self.cmd_cancel)
+        dispatch.text(self.on_text)
+        dispatch.buttons(r"^ap(:|\Z)", Action.APPROVE, self.on_button)
+        # rc: cancel a pending reason; ry: reject with a reason that read like an approval.
+        dispatch.buttons(r"^(rj|rc|ry)(:|\Z)", Action.REJECT, self.on_button)
 
     # -- where a task's messages go ----------------------------------------------------
 
@@ -151,8 +159,8 @@ class AutopilotExtension(Extension):
 
     def _factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
         agent = self._agent_factory(
-            self.rt.settings.default_agent,
-            self.rt.settings,
+            self.ctx.settings.default_agent,
+            self.ctx.settings,
             cwd=task.workdir,
             session_id=session_id,
             resume=resume,
@@ -169,11 +177,11 @@ class AutopilotExtension(Extension):
         assert user is not None
         assert message is not None
         if self.closing:
-            await self.h.reply(update, "The bot is shutting down; try again in a minute.")
+            await self.ctx.replies.reply(update, "The bot is shutting down; try again in a minute.")
             return
         name = args[0]
         if not _TASK_NAME.fullmatch(name):
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update,
                 "Usage: /autopilot TASK [summary] — a task name is letters, digits, '.', '_' "
                 "or '-' (at most 64).",
@@ -184,7 +192,7 @@ class AutopilotExtension(Extension):
         summary = parts[2].strip() if len(parts) > 2 else None
         current = self.drives.get(name)
         if current is not None and not current.done:
-            await self.h.reply(update, f"Task {name} is already being driven. /status")
+            await self.ctx.replies.reply(update, f"Task {name} is already being driven. /status")
             return
         try:
             task = await self.gates.task(name)
@@ -193,18 +201,18 @@ class AutopilotExtension(Extension):
             try:
                 task = await self.gates.init_task(name, summary=summary, started_by=user.id)
             except GateRefused as exc:
-                await self.h.reply(update, f"Cannot create task {name}: {exc}")
+                await self.ctx.replies.reply(update, f"Cannot create task {name}: {exc}")
                 return
             created = True
         if task.phase in (COMPLETE,):
-            await self.h.reply(update, f"Task {name} is already complete.")
+            await self.ctx.replies.reply(update, f"Task {name} is already complete.")
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum and created:
             thread = await self._topic(chat.id, f"autopilot: {name}")
         place = ChatPlace(chat.id, thread)
-        await self.rt.store.save_task_place(name, chat.id, thread, user.id)
-        await self.rt.store.audit(
+        await self.ctx.store.save_task_place(name, chat.id, thread, user.id)
+        await self.ctx.store.audit(
             action="autopilot",
             outcome="allowed",
             user_id=user.id,
@@ -214,7 +222,7 @@ class AutopilotExtension(Extension):
         )
         self._start(name, place)
         verb = "started" if created else f"resumed at {task.label}"
-        await self.rt.publisher_or_fail().say(
+        await self.ctx.publisher.say(
             chat.id,
             f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
             f"buttons. /stop {name} stops the drive (the task keeps its phase).",
@@ -224,7 +232,7 @@ class AutopilotExtension(Extension):
 
     async def _topic(self, chat_id: int, name: str) -> int | None:
         try:
-            topic = await self.rt.app_bot().create_forum_topic(chat_id=chat_id, name=name[:128])
+            topic = await self.ctx.bot.create_forum_topic(chat_id=chat_id, name=name[:128])
         except TelegramError as exc:
             _LOGGER.warning("could not create a forum topic: %s", exc)
             return None
@@ -242,16 +250,16 @@ class AutopilotExtension(Extension):
 
     async def _watch(self, name: str, handle: DriveHandle) -> None:
         place = self.places[name]
-        publisher = self.rt.publisher_or_fail()
+        publisher = self.ctx.publisher
         try:
             outcome = await handle.wait()
             _LOGGER.info("autopilot drive ended %s", outcome.value, extra={"task": name})
             if outcome.value in (COMPLETE, HUMAN_INTERVENTION):
-                await self.rt.store.set_task_active(name, False)
+                await self.ctx.store.set_task_active(name, False)
         except asyncio.CancelledError:
             by = self._stopped_by.pop(name, None)
             if by is not None:
-                await self.rt.store.set_task_active(name, False)
+                await self.ctx.store.set_task_active(name, False)
                 await publisher.say(
                     place.chat_id,
                     f"⏹ Autopilot for {name} stopped by {by}; the task keeps its phase. "
@@ -261,10 +269,10 @@ class AutopilotExtension(Extension):
                 )
         except Exception as exc:
             _LOGGER.exception("autopilot drive failed", extra={"task": name})
-            await self.rt.store.set_task_active(name, False)
+            await self.ctx.store.set_task_active(name, False)
             await publisher.say(
                 place.chat_id,
-                f"⚠️ Autopilot for {name} failed: {self.rt.redactor(str(exc))[:500]}",
+                f"⚠️ Autopilot for {name} failed: {self.ctx.redactor(str(exc))[:500]}",
                 thread_id=place.thread_id,
                 run_id=_RUN_PREFIX + name,
             )
@@ -276,17 +284,17 @@ class AutopilotExtension(Extension):
 
     async def post_gate(self, request: GateRequest, place: ChatPlace) -> None:
         """Post (or, for a gate already shown, refresh) the gate message and the artifact."""
-        existing = await self.rt.store.open_gate_for(request.task, request.phase, request.sha256)
+        existing = await self.ctx.store.open_gate_for(request.task, request.phase, request.sha256)
         if existing is not None:
-            await self.rt.store.touch_live(f"gate:{existing.gate_id}")
-            self.rt.publisher_or_fail().wake()
+            await self.ctx.store.touch_live(f"gate:{existing.gate_id}")
+            self.ctx.publisher.wake()
             return
         # Any older gate of the task is over (approved elsewhere, artifact changed...).
-        for old in await self.rt.store.open_gates_of(request.task):
-            if await self.rt.store.close_gate(old.gate_id, "superseded", None):
+        for old in await self.ctx.store.open_gates_of(request.task):
+            if await self.ctx.store.close_gate(old.gate_id, "superseded", None):
                 await self._decide_text(old, "⏭ Superseded: a newer gate follows.")
         gate_id = secrets.token_hex(4)
-        await self.rt.store.add_gate(
+        await self.ctx.store.add_gate(
             gate_id,
             task=request.task,
             phase=request.phase,
@@ -296,7 +304,7 @@ class AutopilotExtension(Extension):
             thread_id=place.thread_id,
             run_id=request.run_id,
         )
-        publisher = self.rt.publisher_or_fail()
+        publisher = self.ctx.publisher
         try:
             content = await asyncio.to_thread(_read_artifact, request.artifact_path)
         except UnsafeFileError as exc:
@@ -350,19 +358,19 @@ class AutopilotExtension(Extension):
         return "\n".join(lines)
 
     async def _decide_text(self, gate: GateRecord, decided: str) -> None:
-        live = await self.rt.store.get_live(f"gate:{gate.gate_id}")
+        live = await self.ctx.store.get_live(f"gate:{gate.gate_id}")
         if live is None:
             return
         body = live.body
         head, _, _ = body.rpartition("\n")
-        await self.rt.store.set_live(
+        await self.ctx.store.set_live(
             f"gate:{gate.gate_id}",
             chat_id=live.chat_id,
             thread_id=live.thread_id,
             body=f"{head}\n{decided}",
             markup=None,
         )
-        self.rt.publisher_or_fail().wake()
+        self.ctx.publisher.wake()
 
     # -- approving and rejecting -------------------------------------------------------
 
@@ -396,7 +404,7 @@ class AutopilotExtension(Extension):
         what = f"{gate.task} · {gate.phase} (sha256 {gate.sha256[:12]})"
         outcome = result.outcome
         if outcome is ApprovalOutcome.APPROVED:
-            if await self.rt.store.close_gate(gate.gate_id, "approved", user_id):
+            if await self.ctx.store.close_gate(gate.gate_id, "approved", user_id):
                 await self._decide_text(gate, f"✅ Approved by {user_id}.")
             text = f"✅ Approved {what} by {user_id}."
         elif outcome is ApprovalOutcome.RECORDED:
@@ -404,7 +412,7 @@ class AutopilotExtension(Extension):
         elif outcome is ApprovalOutcome.ALREADY_APPROVED:
             text = f"You already approved {what}; nothing changed."
         elif outcome is ApprovalOutcome.REJECTED:
-            if await self.rt.store.close_gate(gate.gate_id, "rejected", user_id):
+            if await self.ctx.store.close_gate(gate.gate_id, "rejected", user_id):
                 await self._decide_text(gate, f"↩️ Rejected by {user_id}; the phase re-runs.")
             text = f"↩️ Rejected {what}; the {gate.phase} phase re-runs with your reason."
         else:
@@ -413,9 +421,9 @@ class AutopilotExtension(Extension):
             if result.reason in (
                 Refusal.NOT_AWAITING,
                 Refusal.UNKNOWN_TASK,
-            ) and await self.rt.store.close_gate(gate.gate_id, "stale", None):
+            ) and await self.ctx.store.close_gate(gate.gate_id, "stale", None):
                 await self._decide_text(gate, "⏹ No longer waiting for approval.")
-            await self.rt.store.audit(
+            await self.ctx.store.audit(
                 action=verb,
                 outcome="refused",
                 user_id=user_id,
@@ -424,7 +432,7 @@ class AutopilotExtension(Extension):
                 reason=f"{reason}: {result.detail}"[:300],
             )
             text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
-        await self.h.reply(update, text.strip())
+        await self.ctx.replies.reply(update, text.strip())
 
     async def _is_open(self, gate: GateRecord) -> bool:
         """Whether the gate this message shows still waits: asked of the gate store."""
@@ -438,16 +446,16 @@ class AutopilotExtension(Extension):
         if task is not None:
             record = await self.gates.open_gate(task)
             if record is None or record.gate_sha256 is None:
-                await self.h.reply(update, f"No open gate for task {task}.")
+                await self.ctx.replies.reply(update, f"No open gate for task {task}.")
                 return None
-            gate = await self.rt.store.open_gate_for(task, record.phase, record.gate_sha256)
+            gate = await self.ctx.store.open_gate_for(task, record.phase, record.gate_sha256)
             if gate is None:
                 # Opened elsewhere (the terminal, another process): decided here all the
                 # same; the record says which chat decided it.
                 thread = message.message_thread_id if message and message.is_topic_message else None
                 gate_id = secrets.token_hex(4)
                 spec = self.gates.workflow.phase(record.phase)
-                await self.rt.store.add_gate(
+                await self.ctx.store.add_gate(
                     gate_id,
                     task=task,
                     phase=record.phase,
@@ -457,18 +465,20 @@ class AutopilotExtension(Extension):
                     thread_id=thread,
                     run_id=_RUN_PREFIX + task,
                 )
-                gate = await self.rt.store.gate(gate_id)
+                gate = await self.ctx.store.gate(gate_id)
             return gate
         gates = [
-            g for g in await self.rt.store.open_gates(chat_id=chat.id) if await self._is_open(g)
+            g for g in await self.ctx.store.open_gates(chat_id=chat.id) if await self._is_open(g)
         ]
         if len(gates) == 1:
             return gates[0]
         if not gates:
-            await self.h.reply(update, "No gate is waiting for approval in this chat.")
+            await self.ctx.replies.reply(update, "No gate is waiting for approval in this chat.")
         else:
             names = ", ".join(sorted({g.task for g in gates}))
-            await self.h.reply(update, f"Several gates are open ({names}): name the task.")
+            await self.ctx.replies.reply(
+                update, f"Several gates are open ({names}): name the task."
+            )
         return None
 
     async def cmd_approve(self, update: Update, args: list[str]) -> None:
@@ -481,7 +491,7 @@ class AutopilotExtension(Extension):
         assert message is not None
         parts = (message.text or "").split(maxsplit=2)
         if len(parts) < 3 or not parts[2].strip():
-            await self.h.reply(update, "Usage: /reject TASK REASON")
+            await self.ctx.replies.reply(update, "Usage: /reject TASK REASON")
             return
         gate = await self._gate_for_task(update, parts[1])
         if gate is not None:
@@ -502,36 +512,36 @@ class AutopilotExtension(Extension):
         reply = message.reply_to_message
         gate: GateRecord | None = None
         if reply is not None:
-            live = await self.rt.store.live_by_message(chat.id, reply.message_id)
+            live = await self.ctx.store.live_by_message(chat.id, reply.message_id)
             # A reply to the gate message or to the artifact's document.
             if live is not None and live.ref.startswith(("gate:", "gatedoc:")):
-                gate = await self.rt.store.gate(live.ref.partition(":")[2])
+                gate = await self.ctx.store.gate(live.ref.partition(":")[2])
         if gate is None:
             open_here = [
                 g
-                for g in await self.rt.store.open_gates(chat_id=chat.id)
+                for g in await self.ctx.store.open_gates(chat_id=chat.id)
                 if (g.thread_id or 0) == thread and await self._is_open(g)
             ]
             if not open_here:
                 return False
             if len(open_here) > 1:
-                if await self.h.authorize(update, Action.APPROVE):
-                    await self.h.reply(
+                if await self.ctx.replies.authorize(update, Action.APPROVE):
+                    await self.ctx.replies.reply(
                         update, "Several gates are open: reply APPROVED to the gate message."
                     )
                 return True
             gate = open_here[0]
-        if not await self.h.authorize(update, Action.APPROVE):
+        if not await self.ctx.replies.authorize(update, Action.APPROVE):
             return True
         if not await self._is_open(gate):
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update, f"That gate ({gate.task} · {gate.phase}) no longer waits for approval."
             )
             return True
         await self._approve(update, gate)
         return True
 
-    async def on_button(self, update: Update, data: str) -> bool:
+    async def on_button(self, update: Update, data: str) -> None:
         verb, _, rest = data.partition(":")
         query = update.callback_query
         chat = update.effective_chat
@@ -540,51 +550,45 @@ class AutopilotExtension(Extension):
         assert chat is not None
         assert user is not None
         if verb in ("ap", "rj"):
-            gate = await self.rt.store.gate(rest)
+            gate = await self.ctx.store.gate(rest)
             if gate is None or not await self._is_open(gate):
-                await self.h._answer(update, "This gate is closed.")
-                return True
+                await self.ctx.replies.answer(update, "This gate is closed.")
+                return
             if verb == "ap":
-                await self.h._answer(update, "Approving…")
+                await self.ctx.replies.answer(update, "Approving…")
                 await self._approve(update, gate)
             else:
-                await self.h._answer(update, "Reply with your reason")
+                await self.ctx.replies.answer(update, "Reply with your reason")
                 await self._ask_reason(update, gate)
-            return True
+            return
         if verb == "rc":
-            await self.h._answer(update)
+            await self.ctx.replies.answer(update)
             await self._cancel_reason(update, gate_id=rest)
-            return True
+            return
         if verb == "ry":
             gate_id, _, reason = rest.partition(":")
-            await self.h._answer(update)
+            await self.ctx.replies.answer(update)
             await self._confirmed_reason(update, gate_id, reason)
-            return True
-        if verb == "tk":
-            ref, _, page = rest.rpartition(":")
-            await self.h._answer(update)
-            await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
-            return True
-        return False
+            return
 
     # -- reasons for a Reject button press ---------------------------------------------
 
     @property
     def _reason_ttl(self) -> float:
-        return float(self.rt.settings.reason_request_seconds)
+        return float(self.ctx.settings.reason_request_seconds)
 
     async def _ask_reason(self, update: Update, gate: GateRecord) -> None:
         chat = update.effective_chat
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        store = self.rt.store
+        store = self.ctx.store
         previous = await store.reason_request(chat.id, user.id)
         if previous is not None and previous.gate_id != gate.gate_id:
             await self._close_prompt(previous, "⏭ Replaced by a newer Reject.")
         ref = f"reason:{gate.gate_id}:{user.id}:{update.update_id}"
         await store.ask_reason(chat.id, user.id, gate.gate_id, prompt_ref=ref)
-        await self.h.reply(
+        await self.ctx.replies.reply(
             update,
             f"Why reject {gate.task} · {gate.phase}? Your next message here is the reason; "
             "it goes back to the agent as revision notes. Pressed Reject by mistake? /cancel "
@@ -600,7 +604,7 @@ class AutopilotExtension(Extension):
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        store = self.rt.store
+        store = self.ctx.store
         asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
         if asked is None:
             return False
@@ -612,13 +616,13 @@ class AutopilotExtension(Extension):
             await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
             await self._close_prompt(asked, "⏹ That gate is closed; nothing was rejected.")
             return False
-        if not await self.h.authorize(update, Action.REJECT):
+        if not await self.ctx.replies.authorize(update, Action.REJECT):
             await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
             return True
         reason = text.strip()
         if _APPROVAL_WORD.fullmatch(reason):
             # Kept waiting: the buttons decide, or another message is the reason.
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update,
                 f"“{reason}” reads like an approval, not a reason. Reject {gate.task} · "
                 f"{gate.phase} with the reason “{reason}”? Cancel rejects nothing (then "
@@ -638,13 +642,13 @@ class AutopilotExtension(Extension):
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        store = self.rt.store
+        store = self.ctx.store
         asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
         if asked is None or asked.gate_id != gate_id or asked.expired:
             if asked is not None and asked.expired:
                 await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
             await self._retire_pressed(update, "⏹ Nothing is waiting for this any more.")
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update, "Nothing is waiting for your reason any more; press Reject again."
             )
             return
@@ -653,7 +657,7 @@ class AutopilotExtension(Extension):
         await self._close_prompt(asked, "✍️ Reason received.")
         if gate is None or not await self._is_open(gate):
             await self._retire_pressed(update, "⏹ That gate is closed.")
-            await self.h.reply(update, "That gate is closed; nothing was rejected.")
+            await self.ctx.replies.reply(update, "That gate is closed; nothing was rejected.")
             return
         await self._retire_pressed(update, f"❌ Rejecting with “{reason}”.")
         await self._reject(update, gate, reason)
@@ -664,14 +668,16 @@ class AutopilotExtension(Extension):
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        store = self.rt.store
+        store = self.ctx.store
         asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
         if asked is not None and asked.expired:
             await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
             asked = None
         if asked is None or (gate_id is not None and asked.gate_id != gate_id):
             await self._retire_pressed(update, "⏹ Nothing to cancel any more.")
-            await self.h.reply(update, "Nothing to cancel: no Reject is waiting for your reason.")
+            await self.ctx.replies.reply(
+                update, "Nothing to cancel: no Reject is waiting for your reason."
+            )
             return
         await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
         await self._close_prompt(asked, "✖ Cancelled; nothing was rejected.")
@@ -689,7 +695,7 @@ class AutopilotExtension(Extension):
         still = (
             " still waits for approval" if gate is not None and await self._is_open(gate) else ""
         )
-        await self.h.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
+        await self.ctx.replies.reply(update, f"✖ Cancelled: nothing was rejected; {what}{still}.")
 
     async def cmd_cancel(self, update: Update, args: list[str]) -> None:
         await self._cancel_reason(update)
@@ -706,69 +712,21 @@ class AutopilotExtension(Extension):
         user = update.effective_user
         if query is None or query.message is None or chat is None or user is None:
             return
-        live = await self.rt.store.live_by_message(chat.id, query.message.message_id)
+        live = await self.ctx.store.live_by_message(chat.id, query.message.message_id)
         # Refs are "reason…:GATE:USER:UPDATE": only the person asked retires the question.
         if live is not None and live.ref.split(":")[2:3] == [str(user.id)]:
             await self._retire(live.ref, note)
 
     async def _retire(self, ref: str, note: str) -> None:
-        live = await self.rt.store.get_live(ref)
+        live = await self.ctx.store.get_live(ref)
         if live is None or live.markup is None:
             return
-        await self.rt.store.set_live(
+        await self.ctx.store.set_live(
             ref, chat_id=live.chat_id, thread_id=live.thread_id, body=f"{live.body}\n{note}"
         )
-        self.rt.publisher_or_fail().wake()
+        self.ctx.publisher.wake()
 
-    # -- /tasks, /audit, /stop, /status ------------------------------------------------
-
-    async def cmd_tasks(self, update: Update, args: list[str]) -> None:
-        message = update.effective_message
-        chat = update.effective_chat
-        assert chat is not None
-        thread = message.message_thread_id if message and message.is_topic_message else None
-        await self._show_tasks(chat.id, thread, str(update.update_id), 0)
-
-    async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
-        lines = (await self.gates.listing_text()).splitlines()
-        pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
-        page = min(max(page, 0), pages - 1)
-        body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
-        text = f"📋 Tasks (awaiting approval first) · page {page + 1}/{pages}\n{body}"
-        buttons = []
-        if page > 0:
-            buttons.append({"text": "◀ previous", "callback_data": f"tk:{ref}:{page - 1}"})
-        if page < pages - 1:
-            buttons.append({"text": "next ▶", "callback_data": f"tk:{ref}:{page + 1}"})
-        live_ref = f"tasks:{ref}"
-        existing = await self.rt.store.get_live(live_ref)
-        await self.rt.publisher_or_fail().live(
-            live_ref,
-            text,
-            chat_id=existing.chat_id if existing else chat_id,
-            thread_id=existing.thread_id if existing else thread,
-            markup={"inline_keyboard": [buttons]} if buttons else None,
-        )
-
-    async def cmd_audit(self, update: Update, args: list[str]) -> None:
-        report = await self.gates.audit()
-        lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
-        lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
-        entries = await self.rt.store.audit_entries(limit=200)
-        refusals = [e for e in entries if e.outcome == "refused"]
-        undelivered = [e for e in entries if e.action == "deliver" and e.outcome == "failed"]
-        if undelivered:
-            lines.append(
-                f"Undelivered messages (latest {min(len(undelivered), 10)} of {len(undelivered)}):"
-            )
-            lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
-        if refusals:
-            lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
-            lines.extend(
-                f"- user {e.user_id} chat {e.chat_id}: {e.action} ({e.reason})"
-                for e in refusals[:10]
-            )
-        await self.h.reply(update, "\n".join(lines))
+    # -- /stop, /status ----------------------------------------------------------------
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         name = _task_of(run_id)
@@ -792,7 +750,7 @@ class AutopilotExtension(Extension):
                 stopped.append(_RUN_PREFIX + name)
         return stopped
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []
         for name, place in self.places.items():
             if place.chat_id != chat_id:
@@ -806,7 +764,7 @@ class AutopilotExtension(Extension):
             lines.append(f"🛂 autopilot {name} · {task.label} · {state}")
             # A task checked out with --checkout-repo: its branch and disk usage.
             worktree = await worktree_summaries(
-                self.rt.settings, self.rt.db, {name: str(task.workdir)}
+                self.ctx.settings, self.ctx.db, {name: str(task.workdir)}
             )
             if name in worktree:
                 lines.append(f"   🌿 {worktree[name]}")
@@ -817,15 +775,15 @@ class AutopilotExtension(Extension):
     async def recover(self) -> None:
         """Resume every drive that was active when the bot stopped; gates are re-posted
         only when they changed (an open gate's message is refreshed instead)."""
-        for name, chat_id, thread_id in await self.rt.store.task_places():
+        for name, chat_id, thread_id in await self.ctx.store.task_places():
             self.places[name] = ChatPlace(chat_id, thread_id)
-        for name, chat_id, thread_id in await self.rt.store.task_places(active_only=True):
+        for name, chat_id, thread_id in await self.ctx.store.task_places(active_only=True):
             try:
                 task = await self.gates.task(name)
             except GateRefused:
                 continue
             if task.phase in (COMPLETE, HUMAN_INTERVENTION):
-                await self.rt.store.set_task_active(name, False)
+                await self.ctx.store.set_task_active(name, False)
                 continue
             self._start(name, ChatPlace(chat_id, thread_id))
             _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})

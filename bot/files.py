@@ -11,6 +11,10 @@
 
 Outgoing files are copied into a spool folder first and queued in the outbox like every
 other message (kind ``file``), so a restart still delivers them.
+
+Long: files in and out are one feature with one set of limits and one target lookup
+(chat session or auto run); inbound parsing and outbound packing helpers already live in
+engine/files.py.
 """
 
 from __future__ import annotations
@@ -20,16 +24,19 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 from telegram import Message, Update
 from telegram.error import BadRequest, TelegramError
 
 from bot.auth import Action
 from bot.auto import AutoExtension
-from bot.extension import Extension
+from bot.context import BotContext
+from bot.feature import Feature
+from bot.handlers import Dispatch
 from bot.sink import ChatPlace
 from bot.store import Binding, InboundState, OutboxItem
+from engine.automode import AutoRun
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
     SEND_MARKER,
@@ -47,10 +54,6 @@ from engine.files import (
 )
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.turn import TurnOutput
-
-if TYPE_CHECKING:
-    from bot.app import BotRuntime
-    from bot.handlers import Handlers
 
 __all__ = ["FileDesk", "upload_prompt"]
 
@@ -90,7 +93,7 @@ class _Target:
 
     workdir: Path
     chat: Binding | None = None
-    auto: Any = None  # bot.auto._Active
+    auto: AutoRun | None = None
 
     @property
     def action(self) -> Action:
@@ -119,19 +122,19 @@ class _Incoming:
     size: int | None
 
 
-class FileDesk(Extension):
+class FileDesk(Feature):
     """Files in and out of runs' folders, and voice notes, for the bot's handlers."""
 
     def __init__(
         self,
-        runtime: BotRuntime,
-        handlers: Handlers,
+        ctx: BotContext,
+        auto: AutoExtension,
         *,
         transcriber: Transcriber | None = None,
     ) -> None:
-        self.rt = runtime
-        self.h = handlers
-        settings = runtime.settings
+        self.ctx = ctx
+        self.auto = auto
+        settings = ctx.settings
         if transcriber is None and settings.transcription_url:
             transcriber = HttpTranscriber(
                 url=settings.transcription_url,
@@ -145,37 +148,31 @@ class FileDesk(Extension):
         self._albums: dict[tuple[int, int, str], _Album] = {}
         self._excluded: set[Path] = set()
         self._closing = False
+        ctx.chats.output_files = self.marker_items
+        ctx.sink.send_files_with(self.send_marked)
+
+    def register(self, dispatch: Dispatch) -> None:
+        dispatch.command("get", Action.STATUS, self.cmd_get)
+        dispatch.media(self.on_media)
 
     # -- where things go ---------------------------------------------------------------
 
-    def _auto_runs(self) -> dict[str, Any]:
-        for ext in self.h.extensions:
-            if isinstance(ext, AutoExtension):
-                return ext.active
-        return {}
-
     async def _target(self, message: Message, thread: int) -> _Target | None:
         chat_id = message.chat.id
-        autos = self._auto_runs()
         reply = message.reply_to_message
         if reply is not None:
-            run_id = await self.rt.store.run_of_message(chat_id, reply.message_id)
-            if run_id is not None and run_id in autos:
-                active = autos[run_id]
-                return _Target(Path(active.run.state.workdir), auto=active)
-        here = [
-            a
-            for a in autos.values()
-            if a.place.chat_id == chat_id and (a.place.thread_id or 0) == thread
-        ]
+            run_id = await self.ctx.store.run_of_message(chat_id, reply.message_id)
+            run = self.auto.running(run_id) if run_id is not None else None
+            if run is not None:
+                return _Target(Path(run.state.workdir), auto=run)
+        here = self.auto.running_in(chat_id, thread)
         if here:
-            return _Target(Path(here[-1].run.state.workdir), auto=here[-1])
-        assert self.rt.chats is not None
-        active_chat = self.rt.chats.active.get((chat_id, thread))
+            return _Target(Path(here[-1].state.workdir), auto=here[-1])
+        active_chat = self.ctx.chats.active.get((chat_id, thread))
         binding = (
             active_chat.binding
             if active_chat is not None
-            else await self.rt.store.binding(chat_id, thread)
+            else await self.ctx.store.binding(chat_id, thread)
         )
         if binding is None:
             return None
@@ -191,19 +188,15 @@ class FileDesk(Extension):
         if (
             to_us
             and user is not None
-            and self.rt.authorizer.check(user.id, message.chat.id, Action.PROMPT).allowed
+            and self.ctx.replies.allowed(user.id, message.chat.id, Action.PROMPT)
         ):
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update, "This chat is not bound to an agent session yet: send /chat first."
             )
 
     # -- inbound: files, photos, voice -------------------------------------------------
 
-    async def on_media(self, update: Update, context: Any) -> bool:
-        await self._media(update, context)
-        return True
-
-    async def _media(self, update: Update, context: Any) -> None:
+    async def on_media(self, update: Update) -> None:
         message = update.message
         user = update.effective_user
         if message is None or user is None:
@@ -211,9 +204,9 @@ class FileDesk(Extension):
         thread = _thread(message)
         target = await self._target(message, thread)
         if target is None:
-            await self._not_bound(update, message, context.bot.id)
+            await self._not_bound(update, message, self.ctx.bot.id)
             return
-        if not await self.h.authorize(update, target.action):
+        if not await self.ctx.replies.authorize(update, target.action):
             return
         if message.voice is not None or message.audio is not None:
             await self._voice(update, message, target, thread)
@@ -224,7 +217,7 @@ class FileDesk(Extension):
         try:
             saved = await self._download_and_save(incoming, target)
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not saved: {exc}")
+            await self.ctx.replies.reply(update, f"⚠️ Not saved: {exc}")
             return
         caption = message.caption or ""
         group = message.media_group_id
@@ -276,7 +269,7 @@ class FileDesk(Extension):
         Raises:
             FileRefusedError: too large (declared or actual), empty, or Telegram refused.
         """
-        limit = self.rt.settings.upload_max_bytes
+        limit = self.ctx.settings.upload_max_bytes
         if declared is not None and declared > limit:
             raise FileRefusedError(
                 f"{what} is {human_size(declared)}; the limit is {human_size(limit)}"
@@ -290,7 +283,7 @@ class FileDesk(Extension):
         if declared == 0:
             raise FileRefusedError(f"{what} is empty; nothing to save", reason="empty")
         try:
-            tg_file = await self.rt.app_bot().get_file(file_id)
+            tg_file = await self.ctx.bot.get_file(file_id)
             if tg_file.file_size is not None and tg_file.file_size > limit:
                 raise FileRefusedError(
                     f"{what} is {human_size(tg_file.file_size)}; the limit is {human_size(limit)}",
@@ -320,7 +313,7 @@ class FileDesk(Extension):
         return data
 
     async def _download_and_save(self, incoming: _Incoming, target: _Target) -> SavedFile:
-        settings = self.rt.settings
+        settings = self.ctx.settings
         refused = type_refused(incoming.name, incoming.mime, settings.upload_refused_types)
         if refused is not None:
             raise FileRefusedError(
@@ -350,7 +343,7 @@ class FileDesk(Extension):
         if workdir in self._excluded:
             return
         try:
-            await exclude_in_git(workdir, self.rt.settings.uploads_dir)
+            await exclude_in_git(workdir, self.ctx.settings.uploads_dir)
         except (TurnstileError, OSError) as exc:
             _LOGGER.warning("could not add the uploads folder to info/exclude: %s", exc)
             return
@@ -384,7 +377,7 @@ class FileDesk(Extension):
         album.update_ids.append(update.update_id)
         # Not handled until the album's turn is queued: a crash before that replays the
         # parts on the next start (the files come again, the turn is not lost).
-        self.rt.handled_in_transaction(update.update_id)
+        self.ctx.handled_in_transaction(update.update_id)
         if album.timer is not None:
             album.timer.cancel()
         album.timer = asyncio.create_task(self._album_later(key), name=f"album-{group}")
@@ -393,7 +386,7 @@ class FileDesk(Extension):
         # Telegram delivers an album as separate messages in quick succession; the turn
         # starts once none has come for a moment.
         # Once the bot is shutting down, no more parts will come.
-        await asyncio.sleep(0 if self._closing else self.rt.settings.album_wait_seconds)
+        await asyncio.sleep(0 if self._closing else self.ctx.settings.album_wait_seconds)
         await self._flush(key)
 
     async def _flush(self, key: tuple[int, int, str]) -> None:
@@ -417,7 +410,7 @@ class FileDesk(Extension):
             _LOGGER.exception("an album could not be handed to its run")
             return
         for update_id in album.update_ids:
-            await self.rt.store.mark_inbound(update_id, InboundState.HANDLED)
+            await self.ctx.store.mark_inbound(update_id, InboundState.HANDLED)
 
     async def _deliver(
         self,
@@ -469,31 +462,28 @@ class FileDesk(Extension):
         assert chat_id is not None
 
         async def say(line: str) -> None:
-            await self.rt.publisher_or_fail().say(
-                chat_id, line, thread_id=thread or None, reply_to=reply_to
-            )
+            await self.ctx.publisher.say(chat_id, line, thread_id=thread or None, reply_to=reply_to)
 
         if target.auto is not None:
             try:
-                target.auto.run.append_instruction(text)
+                target.auto.append_instruction(text)
             except ConfigError as exc:
                 await say(f"Instruction refused: {exc}")
                 return
             await say(
-                f"📝 Noted for run {target.auto.run.run_id} ({what}): it goes into the next "
+                f"📝 Noted for run {target.auto.run_id} ({what}): it goes into the next "
                 "Execute turn."
             )
             return
-        assert self.rt.chats is not None
-        result = await self.rt.chats.submit(
+        result = await self.ctx.chats.submit(
             chat_id, thread, update_id=update_id, user_id=user_id, text=text
         )
         if update is not None:
-            self.rt.handled_in_transaction(update_id)
+            self.ctx.handled_in_transaction(update_id)
         if not result.queued:
             await say(
                 f"⚠️ Not queued: {result.waiting} message(s) are already waiting for this "
-                f"session (limit {self.rt.settings.queue_depth})."
+                f"session (limit {self.ctx.settings.queue_depth})."
                 + (
                     " Send it again once the queue has room."
                     if what == "voice note"
@@ -506,7 +496,7 @@ class FileDesk(Extension):
 
     async def _voice(self, update: Update, message: Message, target: _Target, thread: int) -> None:
         if self.transcriber is None:
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update,
                 "🎙 Voice notes are not transcribed here: set TURNSTILE_TRANSCRIPTION_URL "
                 "(a speech-to-text service) to enable them.",
@@ -525,23 +515,27 @@ class FileDesk(Extension):
             audio = await self._download(file_id, size, "the voice note")
             transcript = await self.transcriber.transcribe(audio, filename=name, mime=mime)
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not transcribed: {exc}")
+            await self.ctx.replies.reply(update, f"⚠️ Not transcribed: {exc}")
             return
         except TranscriptionError as exc:
-            await self.h.reply(update, f"⚠️ The voice note could not be transcribed: {exc}")
+            await self.ctx.replies.reply(
+                update, f"⚠️ The voice note could not be transcribed: {exc}"
+            )
             return
         if not transcript.strip():
-            await self.h.reply(update, "🎙 Nothing recognisable was said; no turn started.")
+            await self.ctx.replies.reply(
+                update, "🎙 Nothing recognisable was said; no turn started."
+            )
             return
-        limit = self.rt.settings.max_inbound_chars
+        limit = self.ctx.settings.max_inbound_chars
         if len(transcript) > limit:
-            await self.h.reply(
+            await self.ctx.replies.reply(
                 update,
                 f"🎙 The transcript is {len(transcript):,} characters; the limit is {limit:,}. "
                 "Send a shorter voice note.",
             )
             return
-        await self.h.reply(update, f"🎙 {transcript}")
+        await self.ctx.replies.reply(update, f"🎙 {transcript}")
         caption = (message.caption or "").strip()
         text = f"{caption}\n\n{transcript}" if caption else transcript
         await self._hand_over(update, target, thread, text, update.update_id, what="voice note")
@@ -554,12 +548,16 @@ class FileDesk(Extension):
         parts = (message.text or "").split(maxsplit=1)
         given = parts[1].strip() if len(parts) > 1 else ""
         if not given:
-            await self.h.reply(update, "Usage: /get PATH (a file or folder of this chat's run)")
+            await self.ctx.replies.reply(
+                update, "Usage: /get PATH (a file or folder of this chat's run)"
+            )
             return
         thread = _thread(message)
         target = await self._target(message, thread)
         if target is None:
-            await self.h.reply(update, "No run here to take files from: send /chat first.")
+            await self.ctx.replies.reply(
+                update, "No run here to take files from: send /chat first."
+            )
             return
         try:
             item = await self._outgoing(
@@ -570,10 +568,10 @@ class FileDesk(Extension):
                 reply_to=message.message_id,
             )
         except FileRefusedError as exc:
-            await self.h.reply(update, f"⚠️ Not sent: {exc}")
+            await self.ctx.replies.reply(update, f"⚠️ Not sent: {exc}")
             return
         user = update.effective_user
-        await self.rt.store.audit(
+        await self.ctx.store.audit(
             action="get",
             outcome="allowed",
             user_id=user.id if user is not None else None,
@@ -581,8 +579,8 @@ class FileDesk(Extension):
             update_id=update.update_id,
             reason=given[:200],
         )
-        await self.rt.store.enqueue([item])
-        self.rt.publisher_or_fail().wake()
+        await self.ctx.store.enqueue([item])
+        self.ctx.publisher.wake()
 
     async def _outgoing(
         self,
@@ -599,8 +597,8 @@ class FileDesk(Extension):
         Raises:
             FileRefusedError: the path is refused, too large, empty or unreadable.
         """
-        limit = self.rt.settings.send_max_bytes
-        redact = self.rt.redactor
+        limit = self.ctx.settings.send_max_bytes
+        redact = self.ctx.redactor
         await asyncio.to_thread(self.spool.mkdir, parents=True, exist_ok=True)
         tag = secrets.token_hex(6)
         shown = given.strip()
@@ -653,8 +651,8 @@ class FileDesk(Extension):
             workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id or 0, run_id
         )
         if items:
-            await self.rt.store.enqueue(items)
-            self.rt.publisher_or_fail().wake()
+            await self.ctx.store.enqueue(items)
+            self.ctx.publisher.wake()
 
     async def _marked(
         self, workdir: Path, paths: list[str], chat_id: int, thread: int, run_id: str
@@ -672,7 +670,7 @@ class FileDesk(Extension):
                     OutboxItem(
                         chat_id=chat_id,
                         thread_id=thread or None,
-                        body=self.rt.redactor(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
+                        body=self.ctx.redactor(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
                         run_id=run_id,
                     )
                 )

@@ -49,28 +49,54 @@ def status_text(update: StatusUpdate, now: float | None = None) -> str:
     return text
 
 
+# Posts a gate in its chat (bot.autopilot).
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
-# Sends files of a run's folder to its chat: (place, run id, workdir, paths).
+# Sends files of a run's folder to its chat: (place, run id, workdir, paths) (bot.files).
 FilesHandler = Callable[[ChatPlace, str, Path, list[str]], Awaitable[None]]
+# The chat of a run the runs table does not place (an autopilot drive's sub-task); None:
+# not known to this resolver.
+PlaceResolver = Callable[[str], Awaitable["ChatPlace | None"]]
 
 
 class BotSink:
     """Routes each run's reports to the chat (and topic) it belongs to."""
 
-    def __init__(
-        self,
-        publisher: Publisher,
-        runs: SqliteRunStore,
-        *,
-        on_gate: GateHandler | None = None,
-    ) -> None:
+    def __init__(self, publisher: Publisher, runs: SqliteRunStore) -> None:
         self._publisher = publisher
         self._runs = runs
         self._places: dict[str, ChatPlace] = {}
         self._tasks: dict[str, ChatPlace] = {}
-        self.on_gate = on_gate
-        self.on_files: FilesHandler | None = None
-        self.resolve: Callable[[str], Awaitable[ChatPlace | None]] | None = None
+        self._on_gate: GateHandler | None = None
+        self._on_files: FilesHandler | None = None
+        self._resolvers: list[PlaceResolver] = []
+
+    # -- what features plug in ---------------------------------------------------------
+
+    def post_gates_with(self, handler: GateHandler) -> None:
+        """The one feature that posts gates.
+
+        Raises:
+            RuntimeError: another one already does.
+        """
+        if self._on_gate is not None:
+            raise RuntimeError("gates are already posted by another feature")
+        self._on_gate = handler
+
+    def send_files_with(self, handler: FilesHandler) -> None:
+        """The one feature that sends a run's files.
+
+        Raises:
+            RuntimeError: another one already does.
+        """
+        if self._on_files is not None:
+            raise RuntimeError("files are already sent by another feature")
+        self._on_files = handler
+
+    def resolve_places_with(self, resolver: PlaceResolver) -> None:
+        """Asked, in order, for a run the sink has not placed yet (before the runs table)."""
+        self._resolvers.append(resolver)
+
+    # -- places ------------------------------------------------------------------------
 
     def register(self, run_id: str, place: ChatPlace, *, task: str | None = None) -> None:
         self._places[run_id] = place
@@ -84,8 +110,8 @@ class BotSink:
         place = self._places.get(run_id)
         if place is not None:
             return place
-        if self.resolve is not None:
-            place = await self.resolve(run_id)
+        for resolve in self._resolvers:
+            place = await resolve(run_id)
             if place is not None:
                 self._places[run_id] = place
                 return place
@@ -110,10 +136,10 @@ class BotSink:
 
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
         place = await self.place(run_id)
-        if place is None or self.on_files is None:
+        if place is None or self._on_files is None:
             _LOGGER.info("files %s of run %s have no chat to go to", paths, run_id)
             return
-        await self.on_files(place, run_id, workdir, paths)
+        await self._on_files(place, run_id, workdir, paths)
 
     async def update_status(self, update: StatusUpdate) -> None:
         place = await self.place(update.run_id)
@@ -131,9 +157,9 @@ class BotSink:
         place = self._tasks.get(request.task)
         if place is None and request.run_id is not None:
             place = await self.place(request.run_id)
-        if place is None or self.on_gate is None:
+        if place is None or self._on_gate is None:
             _LOGGER.warning(
                 "gate for task %s phase %s has no chat to go to", request.task, request.phase
             )
             return
-        await self.on_gate(request, place)
+        await self._on_gate(request, place)

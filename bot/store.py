@@ -2,6 +2,10 @@
 
 Everything the bot must not lose lives here, in the one database. SQL stays portable
 (plain ``?`` parameters, no SQLite-only functions in queries).
+
+Long: the one SQL surface of the bot's tables (inbound, outbox, live messages, bindings,
+prompts, gate messages, reason requests), kept together so that the transactions
+spanning several of them stay in one place.
 """
 
 from __future__ import annotations

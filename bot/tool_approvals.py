@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from telegram import Update
 
 from bot.auth import Action
-from bot.extension import Extension
+from bot.context import BotContext
+from bot.feature import Feature
+from bot.handlers import Dispatch
 from bot.store import Binding
 from engine.approvals import (
     ApprovalPolicy,
@@ -37,10 +39,6 @@ from engine.approvals import (
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
 from engine.store.runs import RunRecord
-
-if TYPE_CHECKING:
-    from bot.app import BotRuntime
-    from bot.handlers import Handlers
 
 __all__ = ["ToolApprovalExtension", "request_text"]
 
@@ -99,20 +97,22 @@ def outcome_text(request: ToolRequest) -> str:
     return f"⏹ Not decided: {request.reason or 'withdrawn'}."
 
 
-class ToolApprovalExtension(Extension):
+class ToolApprovalExtension(Feature):
     """Posts tool requests of the bot's runs and takes the decisions."""
 
-    def __init__(self, runtime: BotRuntime, handlers: Handlers) -> None:
-        self.rt = runtime
-        self.h = handlers
-        self.policy = ApprovalPolicy(runtime.settings.tool_approval)
-        self.store = SqliteApprovalStore(runtime.db)
+    def __init__(self, ctx: BotContext) -> None:
+        self.ctx = ctx
+        self.policy = ApprovalPolicy(ctx.settings.tool_approval)
+        self.store = SqliteApprovalStore(ctx.db)
         self.watcher = ApprovalWatcher(self.store, self._show)
         self._started = asyncio.Event()
         self._failed: Exception | None = None
         self._closing = False
-        if runtime.chats is not None:
-            runtime.chats.approvals = self.route
+        ctx.chats.approvals = self.route
+
+    def register(self, dispatch: Dispatch) -> None:
+        # Who may decide is the request's business (approvers, or its starter): see _refusal.
+        dispatch.buttons(rf"^{PREFIX}:\d+:[osd]\Z", None, self.on_button)
 
     # -- wiring runs -------------------------------------------------------------------
 
@@ -123,13 +123,13 @@ class ToolApprovalExtension(Extension):
         await self._started.wait()
         if self._failed is not None:
             raise ConfigError(f"tool approvals cannot start here: {self._failed}")
-        row = await self.rt.db.fetchone(
+        row = await self.ctx.db.fetchone(
             "SELECT bound_by FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
             (binding.chat_id, binding.thread_id),
         )
         starter = row["bound_by"] if row is not None else None
         return ApprovalRoute(
-            database=self.rt.settings.database,
+            database=self.ctx.settings.database,
             run_id=run_id,
             policy=self.policy,
             starter=int(starter) if starter is not None else None,
@@ -143,7 +143,7 @@ class ToolApprovalExtension(Extension):
 
         def route_for(run_id: str) -> ApprovalRoute:
             return ApprovalRoute(
-                database=self.rt.settings.database,
+                database=self.ctx.settings.database,
                 run_id=run_id,
                 policy=self.policy,
                 starter=starter,
@@ -169,7 +169,7 @@ class ToolApprovalExtension(Extension):
 
     async def _run_of(self, request: ToolRequest) -> RunRecord | None:
         try:
-            run = await self.rt.runs.get_run(request.run_id)
+            run = await self.ctx.runs.get_run(request.run_id)
         except NotFoundError:
             return None
         return run if run.chat_id is not None else None
@@ -181,7 +181,7 @@ class ToolApprovalExtension(Extension):
         if self._closing:
             await self._close_waiting([request.run_id])
             return True
-        await self.rt.publisher_or_fail().live(
+        await self.ctx.publisher.live(
             _ref(request.id),
             request_text(request),
             chat_id=run.chat_id,
@@ -193,10 +193,10 @@ class ToolApprovalExtension(Extension):
         return True
 
     async def _refresh(self, request: ToolRequest) -> None:
-        live = await self.rt.store.get_live(_ref(request.id))
+        live = await self.ctx.store.get_live(_ref(request.id))
         if live is None:
             return
-        await self.rt.publisher_or_fail().live(
+        await self.ctx.publisher.live(
             _ref(request.id),
             request_text(request, outcome_text(request)),
             chat_id=live.chat_id,
@@ -207,13 +207,9 @@ class ToolApprovalExtension(Extension):
 
     # -- deciding ----------------------------------------------------------------------
 
-    async def on_button(self, update: Update, data: str) -> bool:
+    async def on_button(self, update: Update, data: str) -> None:
         parts = data.split(":")
-        if len(parts) != 3 or parts[0] != PREFIX or not parts[1].isdigit():
-            return False
-        choice = {**_CHOICES, **_CHOICES_DENY}.get(parts[2])
-        if choice is None:
-            return False
+        choice = {**_CHOICES, **_CHOICES_DENY}[parts[2]]
         user = update.effective_user
         chat = update.effective_chat
         assert user is not None
@@ -221,11 +217,11 @@ class ToolApprovalExtension(Extension):
         try:
             request = await self.store.get(int(parts[1]))
         except NotFoundError:
-            await self.h._answer(update, "This request is unknown.")
-            return True
+            await self.ctx.replies.answer(update, "This request is unknown.")
+            return
         refusal = self._refusal(user.id, chat.id, request)
         if refusal is not None:
-            await self.rt.store.audit(
+            await self.ctx.store.audit(
                 action="tool_approval",
                 outcome="refused",
                 user_id=user.id,
@@ -234,16 +230,18 @@ class ToolApprovalExtension(Extension):
                 reason=f"request {request.id} ({request.tool}): {refusal}",
             )
             _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
-            await self.h._answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
-            return True
+            await self.ctx.replies.answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
+            return
         decision, scope = choice
         result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
         if not result.changed:
-            await self.h._answer(update, f"Already decided: {outcome_text(result.request)}")
+            await self.ctx.replies.answer(
+                update, f"Already decided: {outcome_text(result.request)}"
+            )
             await self._refresh(result.request)
-            return True
+            return
         decided = result.request
-        await self.rt.store.audit(
+        await self.ctx.store.audit(
             action="tool_approval",
             outcome=decided.state.value,
             user_id=user.id,
@@ -255,17 +253,16 @@ class ToolApprovalExtension(Extension):
                 + (f" ({scope.value})" if scope is not None else "")
             )[:300],
         )
-        await self.h._answer(update, outcome_text(decided))
+        await self.ctx.replies.answer(update, outcome_text(decided))
         await self._refresh(decided)
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
-        return True
 
     def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
         """Why ``user_id`` may not decide ``request`` (None: they may)."""
-        auth = self.rt.authorizer
+        auth = self.ctx.authorizer
         is_starter = request.starter_id is not None and user_id == request.starter_id
-        if is_starter and self.rt.settings.forbid_self_approval:
+        if is_starter and self.ctx.settings.forbid_self_approval:
             return "you started this run, and self-approval is forbidden here"
         if auth.check(user_id, chat_id, Action.APPROVE).allowed:
             return None
@@ -315,7 +312,7 @@ class ToolApprovalExtension(Extension):
             await self._cancel(waiting, f"{STOPPED} by {by}")
         return []
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []
         for request in await self.store.pending():
             run = await self._run_of(request)
@@ -331,12 +328,12 @@ class ToolApprovalExtension(Extension):
         leftover = [r.run_id for r in await self.store.pending() if await self._run_of(r)]
         if leftover:
             await self._cancel(sorted(set(leftover)), RESTARTED + "; the turn was cut off")
-        self.rt.spawn(self._hold_watcher(), name="tool-approvals")
+        self.ctx.spawn(self._hold_watcher(), "tool-approvals")
 
     async def _park_run(self, run_id: str) -> bool:
         """Park a chat run's turn (it runs again after the restart); False: not a chat run."""
-        chats = self.rt.chats
-        run = chats.find(run_id) if chats is not None else None
+        chats = self.ctx.chats
+        run = chats.find(run_id)
         if run is None or run.task is None or run.task.done():
             return False
         run.parking = True
@@ -358,6 +355,3 @@ class ToolApprovalExtension(Extension):
         self._closing = True
         waiting = sorted({r.run_id for r in await self.store.pending() if await self._run_of(r)})
         await self._close_waiting(waiting)
-
-    def describe(self) -> dict[str, Any]:
-        return {"tool_approval": self.policy.value}

@@ -3,6 +3,7 @@ asks the engine for what the engine owns."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -67,3 +68,116 @@ def test_the_manager_gives_plain_folders_and_refuses_its_own(tmp_path: Path) -> 
     for name in RESERVED_FOLDERS:
         with pytest.raises(ConfigError, match="reserved for the workspace manager"):
             manager.plain_folder(name)
+
+
+# -- the import graph and module sizes -----------------------------------------------
+
+_PACKAGES = ("bot", "engine")
+_MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for package in _PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    }
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its source: at the top, inside
+    functions, and under ``if TYPE_CHECKING:`` alike."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # ``from pkg import mod`` imports the module pkg.mod; ``from mod import name``
+            # imports mod.
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            # ``import a.b.c`` of a module that is not ours stops at the nearest one that is.
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_bot_or_engine_not_even_for_type_checking() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {name: _imports(name, path, known) for name, path in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    # The check above must be able to fail: a two-module and a three-module loop.
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert _cycles(graph) == [["a", "b"], ["c", "d", "e"]]
+
+
+def test_no_module_is_long_without_a_reason_at_its_top() -> None:
+    # A module over the limit says why in its docstring, in a paragraph starting "Long:".
+    offenders = []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") <= _MAX_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if "\nLong:" not in f"\n{doc}":
+            offenders.append(f"{name} ({text.count(chr(10))} lines)")
+    assert offenders == []

@@ -11,6 +11,9 @@ through :meth:`TaskStore.add_listener`; other processes (``turnstile status --ap
 are noticed by polling the task's version every ``poll_interval`` seconds (one indexed
 row read). With ``wait_for_approval=False`` the driver returns ``PARKED`` instead and a
 later drive resumes from the store.
+
+Long: one driver loop with its revision and sub-task waves; its phases share the drive's
+state and lock.
 """
 
 from __future__ import annotations

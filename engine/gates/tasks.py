@@ -4,6 +4,9 @@ Every change is one ``BEGIN IMMEDIATE`` transaction that compares-and-sets the t
 ``version`` (of two concurrent writers exactly one wins; the other gets
 :attr:`Refusal.CONFLICT`) and appends exactly one history row carrying the new version.
 After each commit the folder's ``.state`` mirror is rewritten atomically from the store.
+
+Long: to be split by concern (store, approval policy, folder side) as issue 11 asks;
+until then the compare-and-set transaction and what it mirrors stay together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The workspace manager: clone cache, a worktree per run, sub-task waves, cleanup."""
+"""The workspace manager: clone cache, a worktree per run, sub-task waves, cleanup.
+
+Long: clone cache, worktrees, waves and cleanup share the per-repository locks and the
+workspace rows; the git runner and the store are already separate modules.
+"""
 
 from __future__ import annotations
 

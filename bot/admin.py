@@ -1,0 +1,194 @@
+"""Help, ``/status``, ``/stop``, and the admins' ``/tasks`` and ``/audit``.
+
+``/stop`` and ``/status`` ask every feature that owns runs (chat sessions, auto mode,
+autopilot, tool approvals) for its part, in a fixed order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from telegram import BotCommand, Update
+
+from bot.auth import Action
+from bot.context import BotContext
+from bot.feature import Feature
+from bot.handlers import Dispatch
+from bot.replies import thread_of
+from engine.agents.factory import AGENT_NAMES
+
+__all__ = ["COMMANDS", "HELP", "AdminFeature"]
+
+_PAGE: Final = 25
+
+COMMANDS: Final = [
+    BotCommand("help", "what this bot does and who may do what"),
+    BotCommand("chat", "[agent] [project] — bind this chat or topic to an agent session"),
+    BotCommand("auto", "OBJECTIVE — start an auto-mode run"),
+    BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
+    BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
+    BotCommand("approve", "[TASK] — approve the open gate"),
+    BotCommand("reject", "TASK REASON — reject the open gate with a reason"),
+    BotCommand("cancel", "drop the Reject that waits for your reason"),
+    BotCommand("stop", "[RUN] — stop the running turn at once"),
+    BotCommand("status", "this chat's runs"),
+    BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
+    BotCommand("tasks", "every task's state (admin)"),
+    BotCommand("audit", "the audit's findings (admin)"),
+]
+
+HELP: Final = "\n".join(
+    [
+        "turnstile drives coding agents turn by turn, with approval gates.",
+        "",
+        "Chat sessions",
+        "/chat [agent] [project] — bind this chat (or topic) to a new agent session; then"
+        " every message is one turn. Agents: {agents}.",
+        "",
+        "Runs",
+        "/auto OBJECTIVE — auto mode: clarify, plan, execute until verified done. Messages"
+        " (or /steer TEXT) become instructions for the next execute turn.",
+        "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
+        " Approve / Reject buttons.",
+        "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
+        "/cancel — drop a Reject button press whose reason you have not sent yet.",
+        "/stop [RUN] — stop the running turn now; the run ends stopped.",
+        "/status — this chat's runs. /tasks, /audit — admins.",
+        "",
+        "Files",
+        "Send a file or photo (an album is one turn): it is saved in the run's folder under"
+        " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
+        " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
+        "",
+        "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
+        " before a tool call: Allow once, Allow for this session, or Deny; the turn"
+        " waits. Copilot CLI and Codex cannot ask per tool call: their allowed tools alone"
+        " decide.",
+        "",
+        "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
+        " everything. Your id: {user_id}.",
+    ]
+)
+
+_APPROVAL_HELP: Final = {
+    "off": "off here: only the allowed tools run",
+    "unlisted": "on here for tools outside the allowed list",
+    "all": "on here for every tool call",
+}
+
+
+class AdminFeature(Feature):
+    """The commands about the bot and its runs rather than one kind of run."""
+
+    def __init__(self, ctx: BotContext, owners: Sequence[Feature]) -> None:
+        self.ctx = ctx
+        # In the order /stop stops and /status lists: chat sessions first.
+        self.owners = tuple(owners)
+
+    def register(self, dispatch: Dispatch) -> None:
+        dispatch.command(("help", "start"), Action.HELP, self.cmd_help)
+        dispatch.command("stop", Action.STOP, self.cmd_stop)
+        dispatch.command("status", Action.STATUS, self.cmd_status)
+        dispatch.command("tasks", Action.TASKS, self.cmd_tasks)
+        dispatch.command("audit", Action.AUDIT, self.cmd_audit)
+        dispatch.buttons(r"^tk(:|\Z)", Action.TASKS, self.on_page)
+
+    async def cmd_help(self, update: Update, args: list[str]) -> None:
+        user = update.effective_user
+        await self.ctx.replies.reply(
+            update,
+            HELP.format(
+                agents=", ".join(AGENT_NAMES),
+                user_id=user.id if user else "?",
+                tool_approval=_APPROVAL_HELP[self.ctx.settings.tool_approval],
+            ),
+        )
+
+    async def cmd_stop(self, update: Update, args: list[str]) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        thread = thread_of(update.effective_message)
+        stopped: list[str] = []
+        for owner in self.owners:
+            if args:
+                if await owner.stop(args[0], chat_id=chat.id, by=user.id):
+                    stopped.append(args[0])
+            else:
+                stopped.extend(await owner.stop_chat(chat.id, thread, by=user.id))
+        if not stopped:
+            await self.ctx.replies.reply(
+                update, "Nothing is running here." if not args else f"No run {args[0]} here."
+            )
+
+    async def cmd_status(self, update: Update, args: list[str]) -> None:
+        chat = update.effective_chat
+        assert chat is not None
+        thread = thread_of(update.effective_message)
+        lines: list[str] = []
+        for owner in self.owners:
+            lines.extend(await owner.status_lines(chat.id, thread))
+        await self.ctx.replies.reply(
+            update, "\n".join(lines) if lines else "No runs in this chat. /help"
+        )
+
+    # -- /tasks and /audit -------------------------------------------------------------
+
+    async def cmd_tasks(self, update: Update, args: list[str]) -> None:
+        message = update.effective_message
+        chat = update.effective_chat
+        assert chat is not None
+        thread = message.message_thread_id if message and message.is_topic_message else None
+        await self._show_tasks(chat.id, thread, str(update.update_id), 0)
+
+    async def on_page(self, update: Update, data: str) -> None:
+        chat = update.effective_chat
+        assert chat is not None
+        ref, _, page = data.partition(":")[2].rpartition(":")
+        await self.ctx.replies.answer(update)
+        await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
+
+    async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
+        ctx = self.ctx
+        lines = (await ctx.gates.listing_text()).splitlines()
+        pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
+        page = min(max(page, 0), pages - 1)
+        body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
+        text = f"📋 Tasks (awaiting approval first) · page {page + 1}/{pages}\n{body}"
+        buttons = []
+        if page > 0:
+            buttons.append({"text": "◀ previous", "callback_data": f"tk:{ref}:{page - 1}"})
+        if page < pages - 1:
+            buttons.append({"text": "next ▶", "callback_data": f"tk:{ref}:{page + 1}"})
+        live_ref = f"tasks:{ref}"
+        existing = await ctx.store.get_live(live_ref)
+        await ctx.publisher.live(
+            live_ref,
+            text,
+            chat_id=existing.chat_id if existing else chat_id,
+            thread_id=existing.thread_id if existing else thread,
+            markup={"inline_keyboard": [buttons]} if buttons else None,
+        )
+
+    async def cmd_audit(self, update: Update, args: list[str]) -> None:
+        ctx = self.ctx
+        report = await ctx.gates.audit()
+        lines = [f"🔎 Audit of {report.tasks} task(s): {len(report.findings)} finding(s)"]
+        lines.extend(f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:40])
+        entries = await ctx.store.audit_entries(limit=200)
+        refusals = [e for e in entries if e.outcome == "refused"]
+        undelivered = [e for e in entries if e.action == "deliver" and e.outcome == "failed"]
+        if undelivered:
+            lines.append(
+                f"Undelivered messages (latest {min(len(undelivered), 10)} of {len(undelivered)}):"
+            )
+            lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
+        if refusals:
+            lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
+            lines.extend(
+                f"- user {e.user_id} chat {e.chat_id}: {e.action} ({e.reason})"
+                for e in refusals[:10]
+            )
+        await ctx.replies.reply(update, "\n".join(lines))

@@ -1,0 +1,49 @@
+"""What every feature of the bot receives: the bot's parts, built once after ``initialize()``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from telegram import Bot
+
+from bot.auth import Authorizer
+from bot.chat import ChatSessions
+from bot.publish import Publisher
+from bot.replies import Replies
+from bot.sink import BotSink
+from bot.store import BotStore
+from engine.gates import Gates
+from engine.redact import Redactor
+from engine.settings import Settings
+from engine.store.database import Database
+from engine.store.runs import SqliteRunStore
+
+__all__ = ["BotContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class BotContext:
+    """The bot's parts a feature uses; nothing in it is optional.
+
+    ``spawn`` starts a background task the runtime awaits on exit;
+    ``handled_in_transaction`` says an update was marked handled in the same transaction
+    as its effect (so the inbox does not mark it again).
+    """
+
+    settings: Settings
+    db: Database
+    store: BotStore
+    runs: SqliteRunStore
+    publisher: Publisher
+    authorizer: Authorizer
+    redactor: Redactor
+    replies: Replies
+    slots: asyncio.Semaphore
+    gates: Gates
+    chats: ChatSessions
+    sink: BotSink
+    bot: Bot
+    spawn: Callable[[Awaitable[None], str], asyncio.Task[None]]
+    handled_in_transaction: Callable[[int], None]

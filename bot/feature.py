@@ -1,0 +1,41 @@
+"""What every feature of the bot is: its handlers, its runs' stop and status, its life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.handlers import Dispatch
+
+__all__ = ["Feature"]
+
+
+class Feature:
+    """Default answers for every hook: no handlers, nothing to stop or report.
+
+    A feature receives the :class:`~bot.context.BotContext` when it is built, registers its
+    handlers in :meth:`register`, and overrides the hooks it serves.
+    """
+
+    def register(self, dispatch: Dispatch) -> None:
+        """Add this feature's commands, text and media filters and button patterns."""
+
+    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+        """Stop one run of this chat; True when it existed."""
+        return False
+
+    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+        """Stop every run of this chat or topic; returns their ids."""
+        return []
+
+    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+        """This feature's lines of ``/status`` in the chat (and topic)."""
+        return []
+
+    async def recover(self) -> None:
+        """At start-up: resume parked and crashed runs, refresh what people see."""
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        """Stop starting turns; finish (or, with ``park``, pre-empt) the running ones."""
+
+    async def park_all(self) -> None:
+        """Pre-empt every running turn now (a second SIGTERM)."""
