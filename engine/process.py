@@ -5,6 +5,10 @@ stdout and stderr are drained concurrently while the process runs; stdout is ret
 verbatim (UTF-8 with replacement) and spilled to a file beyond a configurable size, so
 the engine never holds an unbounded output. There is no wall-clock timeout: a turn ends
 when the process exits, or when a person pre-empts it through a :class:`PreemptHandle`.
+
+Long: spawn, draining, spilling and the pre-emption path (the group, the marked
+descendants, the grace, the cut-off of pipes still held) are one contract that shares the
+turn's state; split apart, each part would need the others'.
 """
 
 from __future__ import annotations

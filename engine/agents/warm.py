@@ -25,6 +25,10 @@ Measured against Claude Code 2.1.197 (see ``tests/test_agents_warm.py``):
 A process that dies (crash, ``kill -9``, eviction, a restart) is simply gone: the next turn
 starts a new one on the same session id with ``--resume``. The :class:`WarmPool` bounds how
 many processes stay resident and stops idle ones (an operator's memory policy).
+
+Long: one resident process's life (spawn, reader, turn bookkeeping, steering, interrupt)
+and the pool that bounds residents stay together while one CLI has a warm mode; a second
+one (Codex's app-server) is the moment to split the pool and the process apart.
 """
 
 from __future__ import annotations

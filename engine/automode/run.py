@@ -1,4 +1,8 @@
-"""Starting, resuming and stopping auto-mode runs: the composition of runner and channel."""
+"""Starting, resuming and stopping auto-mode runs: the composition of runner and channel.
+
+Long: start, resume, the owner's claim and stop share one composition; it moves into the
+run supervisor that every mode will use (the next step of the one run model).
+"""
 
 from __future__ import annotations
 
