@@ -132,7 +132,7 @@ class BotRuntime:
         # WAL with synchronous=NORMAL: every commit survives the process being killed;
         # only an OS crash or power loss can lose the last ones, and inbound updates are
         # synced before they are confirmed to Telegram (so those are replayed, not lost).
-        self.db = Database(settings.database, synchronous="NORMAL")
+        self.db = Database(settings.sqlite_database, synchronous="NORMAL")
         self.store = BotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(

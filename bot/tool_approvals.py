@@ -129,7 +129,7 @@ class ToolApprovalExtension(Extension):
         )
         starter = row["bound_by"] if row is not None else None
         return ApprovalRoute(
-            database=self.rt.settings.database,
+            database=self.rt.settings.sqlite_database,
             run_id=run_id,
             policy=self.policy,
             starter=int(starter) if starter is not None else None,
@@ -143,7 +143,7 @@ class ToolApprovalExtension(Extension):
 
         def route_for(run_id: str) -> ApprovalRoute:
             return ApprovalRoute(
-                database=self.rt.settings.database,
+                database=self.rt.settings.sqlite_database,
                 run_id=run_id,
                 policy=self.policy,
                 starter=starter,

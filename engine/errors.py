@@ -23,13 +23,17 @@ TurnstileError
 └── StoreError                 persistence failed
     ├── NotFoundError          no such run, task, ...
     ├── ConflictError          a compare-and-set lost against a concurrent writer
-    └── StoreReadOnlyError     the database can be read but not written
+    ├── StoreReadOnlyError     the database can be read but not written
+    ├── StoreUnreachableError  the database server refused us (address, password, URL)
+    ├── SchemaTooNewError      the database was migrated by a newer turnstile
+    └── BackendUnsupportedError  this command does not run on that kind of database yet
 ```
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnsupportedError",
     "ChannelError",
     "ChannelIOError",
     "ChannelPublishError",
@@ -39,8 +43,10 @@ __all__ = [
     "FileRefusedError",
     "InvalidPromptError",
     "NotFoundError",
+    "SchemaTooNewError",
     "StoreError",
     "StoreReadOnlyError",
+    "StoreUnreachableError",
     "TranscriptionError",
     "TurnError",
     "TurnExecError",
@@ -187,3 +193,34 @@ class StoreReadOnlyError(StoreError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class StoreUnreachableError(StoreError):
+    """The database server could not be reached or refused the connection.
+
+    Attributes:
+        target: where it was (credentials redacted).
+    """
+
+    def __init__(self, message: str, *, target: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.target = target
+        self.retryable = retryable
+
+
+class SchemaTooNewError(StoreError):
+    """The database was migrated by a newer turnstile than this one."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, owner: str, version: int, known: int) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.version = version
+        self.known = known
+
+
+class BackendUnsupportedError(StoreError):
+    """The command needs a SQLite file; the database is a PostgreSQL server (or so)."""
+
+    retryable = False

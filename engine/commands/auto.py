@@ -124,12 +124,14 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--session only goes with --append")
     # Tool requests are asked on this terminal (or denied without one).
     policy = ApprovalPolicy(settings.tool_approval)
-    async with terminal_approvals(settings.database, policy, ask_line=stdin_lines()) as route_for:
+    async with terminal_approvals(
+        settings.sqlite_database, policy, ask_line=stdin_lines()
+    ) as route_for:
         return await _run(args, settings, route_for)
 
 
 async def _run(args: argparse.Namespace, settings: Settings, route_for: RouteFor | None) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         if args.resume is not None:
             given = [
                 flag
@@ -261,7 +263,7 @@ async def _drive(run: AutoRun) -> int:
 
 
 async def _append(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         store = SqliteRunStore(db)
         record = await _target_run(store, args.session)
     state = AutoModeState.from_json(record.state)

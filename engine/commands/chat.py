@@ -105,7 +105,7 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     tool = args.tool or settings.default_agent
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
     ask = channel.read_answer if sys.stdin.isatty() else None
-    async with terminal_approvals(settings.database, policy, ask_line=ask) as route_for:
+    async with terminal_approvals(settings.sqlite_database, policy, ask_line=ask) as route_for:
         agent = create_agent(
             tool,
             settings,
