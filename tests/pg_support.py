@@ -189,4 +189,5 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         cluster: PgCluster = request.getfixturevalue("pg_cluster")
         target = PostgresURL(cluster.new_database())
     async with open_database(target) as db:
+        assert db.dialect == request.param
         yield db

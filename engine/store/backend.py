@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from engine.store.database import Database, MigrationSet
@@ -28,7 +29,8 @@ def open_database(
     Nothing is reached yet: use the result as an async context manager (``async with``),
     which connects and migrates. ``synchronous`` applies to SQLite only.
     """
-    where = getattr(target, "database", target)
+    # Settings carry it as ``database``; a PostgresURL also has a ``database`` (its name).
+    where = target if isinstance(target, str | Path | PostgresURL) else target.database
     location = parse_database(where)
     if isinstance(location, PostgresURL):
         from engine.store.postgres import PostgresDatabase  # psycopg only when asked for

@@ -195,7 +195,7 @@ class PostgresDatabase:
             raise StoreUnreachableError(
                 f"cannot reach the PostgreSQL database {self.url}: {self._clean(exc)}",
                 target=str(self.url),
-                retryable=not isinstance(exc, psycopg.errors.InvalidPassword),
+                retryable=not _login_refused(exc),
             ) from None
         await probe.close()
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
@@ -352,6 +352,13 @@ class PostgresDatabase:
                     )
 
 
+def _login_refused(exc: psycopg.Error) -> bool:
+    """The server turned the login down (password, role): trying again will not help."""
+    # 28P01 invalid_password, 28000 invalid_authorization_specification; a refused login
+    # at connect time may come without its code, only the server's text.
+    return exc.sqlstate in ("28P01", "28000") or "authentication failed" in str(exc)
+
+
 def _versions(schemas: Iterable[MigrationSet], rows: dict[str, int]) -> dict[str, int]:
     # PostgreSQL databases were born with owners: nothing to adopt from a single sequence.
     return resolve_versions(schemas, engine_version=rows.get(ENGINE, 0), split=0, rows=rows)
@@ -394,7 +401,7 @@ async def read_pending(
         raise StoreUnreachableError(
             f"cannot reach the PostgreSQL database {url}: {probe._clean(exc)}",
             target=str(url),
-            retryable=not isinstance(exc, psycopg.errors.InvalidPassword),
+            retryable=not _login_refused(exc),
         ) from None
     try:
         cursor = await conn.execute("SHOW server_version")
