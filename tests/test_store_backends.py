@@ -366,6 +366,16 @@ _CHILD = textwrap.dedent(
             elif mode == "attempts":
                 ids = [await runs.start_turn("r1", 1, "p", None) for _ in range(count)]
                 print(json.dumps({"ids": ids}))
+            elif mode == "autoclaim":
+                from engine.automode.run import _claim
+                from engine.automode.state import AutoModeState
+                from engine.errors import ConfigError
+                state = AutoModeState("r1", "s", "o", "/w", "/l", 3, "claude", owner=sys.argv[4])
+                try:
+                    await _claim(db, "r1", None, state)  # type: ignore[arg-type]
+                    print(json.dumps({"won": 1}))
+                except ConfigError:
+                    print(json.dumps({"won": 0}))
             elif mode == "claim":
                 won = await db.execute(
                     "UPDATE runs SET status = 'stopped', abort_reason = ?"
@@ -534,3 +544,16 @@ def test_open_database_picks_the_backend(isolated_env: Path) -> None:
     assert sqlite.path == Path("turnstile.db")
     assert isinstance(open_database(isolated_env / "x.db"), Database)
     assert isinstance(open_database("x.db"), Database)
+
+
+async def test_two_processes_claiming_one_auto_run_exactly_one_drives_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with open_database(pg_url) as db:
+        await SqliteRunStore(db).create_run("r1", mode="auto", agent="a", session_id="s")
+    results = await _children(tmp_path, "autoclaim", pg_url)
+    assert sorted(r["won"] for r in results) == [0, 1]
+    async with open_database(pg_url) as db:
+        run = await SqliteRunStore(db).get_run("r1")
+    winner = "child0" if results[0]["won"] else "child1"
+    assert run.state["owner"] == winner
