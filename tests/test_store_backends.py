@@ -370,12 +370,16 @@ _CHILD = textwrap.dedent(
                 from engine.automode.run import _claim
                 from engine.automode.state import AutoModeState
                 from engine.errors import ConfigError
-                state = AutoModeState("r1", "s", "o", "/w", "/l", 3, "claude", owner=sys.argv[4])
-                try:
-                    await _claim(db, "r1", None, state)  # type: ignore[arg-type]
-                    print(json.dumps({"won": 1}))
-                except ConfigError:
-                    print(json.dumps({"won": 0}))
+                won = []
+                for i in range(count):
+                    state = AutoModeState(f"r{i}", "s", "o", "/w", "/l", 3, "claude",
+                                          owner=sys.argv[4])
+                    try:
+                        await _claim(db, f"r{i}", None, state)  # type: ignore[arg-type]
+                        won.append(1)
+                    except ConfigError:
+                        won.append(0)
+                print(json.dumps({"won": won}))
             elif mode == "claim":
                 won = await db.execute(
                     "UPDATE runs SET status = 'stopped', abort_reason = ?"
@@ -549,11 +553,14 @@ def test_open_database_picks_the_backend(isolated_env: Path) -> None:
 async def test_two_processes_claiming_one_auto_run_exactly_one_drives_it(
     pg_url: str, tmp_path: Path
 ) -> None:
+    count = 60  # many rounds: each claim is a short read-then-write window
     async with open_database(pg_url) as db:
-        await SqliteRunStore(db).create_run("r1", mode="auto", agent="a", session_id="s")
-    results = await _children(tmp_path, "autoclaim", pg_url)
-    assert sorted(r["won"] for r in results) == [0, 1]
+        runs = SqliteRunStore(db)
+        for i in range(count):
+            await runs.create_run(f"r{i}", mode="auto", agent="a", session_id="s")
+    first, second = (r["won"] for r in await _children(tmp_path, "autoclaim", pg_url, count))
+    assert [a + b for a, b in zip(first, second, strict=True)] == [1] * count
     async with open_database(pg_url) as db:
-        run = await SqliteRunStore(db).get_run("r1")
-    winner = "child0" if results[0]["won"] else "child1"
-    assert run.state["owner"] == winner
+        runs = SqliteRunStore(db)
+        owners = [(await runs.get_run(f"r{i}")).state["owner"] for i in range(count)]
+    assert owners == ["child0" if won else "child1" for won in first]
