@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from engine.approvals.policy import Decision, Scope
+from engine.approvals.store import SqliteApprovalStore
 from engine.commands.doctor import Status, check_database
 from engine.errors import (
     BackendUnsupportedError,
@@ -564,3 +566,21 @@ async def test_two_processes_claiming_one_auto_run_exactly_one_drives_it(
         runs = SqliteRunStore(db)
         owners = [(await runs.get_run(f"r{i}")).state["owner"] for i in range(count)]
     assert owners == ["child0" if won else "child1" for won in first]
+
+
+async def test_tool_approvals_decide_grant_and_cancel(database: Any) -> None:
+    store = SqliteApprovalStore(database, clock=lambda: EPOCH)
+    first = await store.open_request("r1", "Bash", {"command": "ls -l"}, starter_id=SUPERGROUP)
+    assert (first.state, first.starter_id) == (Decision.PENDING, SUPERGROUP)
+    decided = await store.decide(first.id, Decision.ALLOWED, scope=Scope.SESSION, by=SUPERGROUP)
+    assert decided.changed
+    assert not (await store.decide(first.id, Decision.DENIED, by=1)).changed  # already decided
+    covered = await store.open_request("r1", "Bash", {"command": "ls -a"})
+    assert (covered.state, covered.scope) == (Decision.ALLOWED, Scope.GRANT)
+    other = await store.open_request("r2", "Write", {"path": "x"})
+    last = await store.open_request("r3", "Write", {"path": "y"})
+    assert [r.id for r in await store.pending()] == [other.id, last.id]
+    assert [r.id for r in await store.cancel_pending("gone", run_ids=["r2"])] == [other.id]
+    assert [r.id for r in await store.cancel_pending("all gone")] == [last.id]
+    assert await store.pending() == []
+    assert [r.state for r in await store.history("r1")] == [Decision.ALLOWED, Decision.ALLOWED]
