@@ -117,6 +117,9 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
 async def test_two_approvers_at_once_reach_the_quorum_once_on_postgres(
     tmp_path: Path, pg_url: str
 ) -> None:
+    # On one machine the task folder's file lock already serialises the two; the row lock
+    # (FOR UPDATE in the approval) is what holds across machines. This runs the PostgreSQL
+    # path end to end; it cannot tell the row lock from the file lock.
     count = 30
     settings = make_settings(tmp_path, database=pg_url, approval_quorum=2)
     async with open_gates(settings) as gates:
