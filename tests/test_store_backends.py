@@ -584,3 +584,34 @@ async def test_tool_approvals_decide_grant_and_cancel(database: Any) -> None:
     assert [r.id for r in await store.cancel_pending("all gone")] == [last.id]
     assert await store.pending() == []
     assert [r.state for r in await store.history("r1")] == [Decision.ALLOWED, Decision.ALLOWED]
+
+
+async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_nothing(
+    pg_cluster: PgCluster, pg_url: str
+) -> None:
+    name = PostgresURL(pg_url).database
+    async with open_database(pg_url) as db:
+        runs = SqliteRunStore(db)
+        await runs.create_run("r1", mode="chat", agent="a", session_id="s")
+        # The server drops every connection (a restart, an idle timeout): the pool
+        # replaces them before handing one out.
+        pg_cluster.admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        )
+        assert (await runs.get_run("r1")).phase is None
+
+        async def cut_halfway() -> None:
+            async with db.transaction() as conn:
+                await conn.execute("UPDATE runs SET phase = 'half' WHERE id = ?", ("r1",))
+                cursor = await conn.execute("SELECT pg_backend_pid()")
+                pid = await cursor.fetchone()
+                assert pid is not None
+                pg_cluster.admin(f"SELECT pg_terminate_backend({int(pid[0])})")
+                await conn.execute("UPDATE runs SET turn = 9 WHERE id = ?", ("r1",))
+
+        with pytest.raises(StoreUnreachableError, match="lost the connection") as caught:
+            await cut_halfway()
+        assert caught.value.retryable
+        run = await runs.get_run("r1")  # a fresh connection: nothing half-written
+        assert (run.phase, run.turn) == (None, 0)

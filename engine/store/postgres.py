@@ -89,11 +89,21 @@ def _row_factory(cursor: Any) -> RowMaker[Row]:
     return make
 
 
+def _translate(exc: psycopg.Error, conn: psycopg.AsyncConnection[Any], where: str) -> StoreError:
+    """Ours for the driver's: a lost connection, or a statement that failed."""
+    if conn.broken or conn.closed:
+        return StoreUnreachableError(
+            f"lost the connection to the PostgreSQL database {where}: {exc}", target=where
+        )
+    return StoreError(f"query failed: {exc}")
+
+
 class PgCursor:
     """What :meth:`PgConnection.execute` returns: the rows changed, and the rows read."""
 
-    def __init__(self, cursor: psycopg.AsyncCursor[Row]) -> None:
+    def __init__(self, cursor: psycopg.AsyncCursor[Row], where: str) -> None:
         self._cursor = cursor
+        self._where = where
 
     @property
     def rowcount(self) -> int:
@@ -103,35 +113,40 @@ class PgCursor:
         try:
             return await self._cursor.fetchone()
         except psycopg.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
+            raise _translate(exc, self._cursor.connection, self._where) from exc
 
     async def fetchall(self) -> list[Row]:
         try:
             return await self._cursor.fetchall()
         except psycopg.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
+            raise _translate(exc, self._cursor.connection, self._where) from exc
 
 
 class PgConnection:
-    """One connection inside a transaction, taking the stores' ``?`` SQL."""
+    """One connection inside a transaction, taking the stores' ``?`` SQL.
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    Args:
+        where: the database, as it may be shown (password redacted), for error texts.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], where: str) -> None:
         self._conn = conn
+        self._where = where
 
     async def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> PgCursor:
         cursor = self._conn.cursor(row_factory=_row_factory)
         try:
             await cursor.execute(postgres_query(sql), tuple(parameters or ()))
         except psycopg.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
-        return PgCursor(cursor)
+            raise _translate(exc, self._conn, self._where) from exc
+        return PgCursor(cursor, self._where)
 
     async def execute_ddl(self, statement: str) -> None:
         """One statement as written: no parameters, so a ``%`` or ``?`` stays as it is."""
         try:
             await self._conn.execute(statement.encode())
         except psycopg.Error as exc:
-            raise StoreError(f"migration failed: {exc}") from exc
+            raise _translate(exc, self._conn, self._where) from exc
 
 
 class PostgresDatabase:
@@ -203,6 +218,9 @@ class PostgresDatabase:
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs={"autocommit": True},
+            # A connection the server dropped (restart, idle timeout) is replaced before it
+            # is handed out, rather than failing the next statement.
+            check=AsyncConnectionPool.check_connection,
             open=False,
             timeout=self._connect_timeout,
             name="turnstile",
@@ -256,11 +274,9 @@ class PostgresDatabase:
         async with self._connection() as conn:
             try:
                 async with conn.transaction():
-                    yield PgConnection(conn)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:
-                raise StoreError(f"commit failed: {self._clean(exc)}") from exc
+                    yield PgConnection(conn, str(self.url))
+            except psycopg.Error as exc:  # the commit, or the rollback after our error
+                raise _translate(exc, conn, str(self.url)) from exc
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         """Run one write statement in its own transaction; return the rows changed."""
@@ -270,11 +286,11 @@ class PostgresDatabase:
 
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
         async with self._connection() as conn:
-            return await (await PgConnection(conn).execute(sql, params)).fetchall()
+            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchall()
 
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
         async with self._connection() as conn:
-            return await (await PgConnection(conn).execute(sql, params)).fetchone()
+            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchone()
 
     async def fetch_tuples(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         """Like :meth:`fetchall` with plain tuples: for listings of thousands of rows."""
@@ -283,10 +299,8 @@ class PostgresDatabase:
             try:
                 await cursor.execute(postgres_query(sql), tuple(params))
                 return await cursor.fetchall()
-            except psycopg.OperationalError:
-                raise
             except psycopg.Error as exc:
-                raise StoreError(f"query failed: {exc}") from exc
+                raise _translate(exc, conn, str(self.url)) from exc
 
     async def server_version(self) -> str:
         """The server's version, as it names it (``15.14``)."""
