@@ -211,7 +211,7 @@ async def test_a_failed_transaction_leaves_nothing(database: Any) -> None:
     with pytest.raises(Boom):
         await half_then_fail()
     assert (await runs.get_run("r1")).phase is None
-    # (SQLite's driver error is not translated yet: see the report of issue 12's first step)
+    # SQLite's driver errors inside a transaction still reach the caller untranslated.
     with pytest.raises((StoreError, sqlite3.Error)):
         await database.execute("INSERT INTO no_such_table VALUES (?)", (1,))
     # The connection is usable after both.
