@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -615,3 +616,26 @@ async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_not
         assert caught.value.retryable
         run = await runs.get_run("r1")  # a fresh connection: nothing half-written
         assert (run.phase, run.turn) == (None, 0)
+
+
+@pytest.mark.parametrize("command", [["status"], ["backup", "copy.db"]])
+def test_a_command_not_yet_on_postgres_says_so_and_never_falls_back_to_a_file(
+    tmp_path: Path, command: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env["TURNSTILE_DATABASE"] = "postgresql://bob:hunter2-secret@127.0.0.1:9/team"
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done
+    assert "works on a SQLite database file only so far" in done.stderr
+    assert "postgresql://bob:***@127.0.0.1:9/team" in done.stderr
+    assert "hunter2-secret" not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []  # no turnstile.db made instead
