@@ -161,7 +161,7 @@ class BotRuntime:
         # WAL with synchronous=NORMAL: every commit survives the process being killed;
         # only an OS crash or power loss can lose the last ones, and inbound updates are
         # synced before they are confirmed to Telegram (so those are replayed, not lost).
-        self.db = Database(settings.database, synchronous="NORMAL")
+        self.db = Database(settings.sqlite_database, synchronous="NORMAL")
         self.store = BotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(
@@ -208,7 +208,7 @@ class BotRuntime:
         The lock sits beside the resolved database file, so a second path to the same
         file (a symlink, a relative path) finds it taken.
         """
-        database = self.settings.database.resolve()
+        database = self.settings.sqlite_database.resolve()
         lock = FileLock(database.with_name(f"{database.name}.bot.lock"))
         if not await lock.try_acquire():
             holder = await lock.holder()

@@ -129,7 +129,7 @@ class ToolApprovalExtension(Feature):
         )
         starter = row["bound_by"] if row is not None else None
         return ApprovalRoute(
-            database=self.ctx.settings.database,
+            database=self.ctx.settings.sqlite_database,
             run_id=run_id,
             policy=self.policy,
             starter=int(starter) if starter is not None else None,
@@ -143,7 +143,7 @@ class ToolApprovalExtension(Feature):
 
         def route_for(run_id: str) -> ApprovalRoute:
             return ApprovalRoute(
-                database=self.ctx.settings.database,
+                database=self.ctx.settings.sqlite_database,
                 run_id=run_id,
                 policy=self.policy,
                 starter=starter,

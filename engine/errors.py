@@ -24,7 +24,10 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │                              regular file, or too large
 ├── StoreError                 persistence failed (retryable)
 │   ├── NotFoundError          no such run, task, ...
-│   └── StoreReadOnlyError     the database can be read but not written
+│   ├── StoreReadOnlyError     the database can be read but not written
+│   ├── StoreUnreachableError  the database server refused us (address, password, URL)
+│   ├── SchemaTooNewError      the database was migrated by a newer turnstile
+│   └── BackendUnsupportedError  this command does not run on that kind of database yet
 ├── GateRefused                a gated task refused a request; nothing changed
 │                              (engine.gates.refusals: the reason maps to an exit code)
 ├── LockError                  a lock cannot be taken at all (its file is a link, a FIFO, ...)
@@ -43,6 +46,7 @@ children with it); the others are defined here.
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnsupportedError",
     "ChannelError",
     "ChannelPublishError",
     "ChannelRecvError",
@@ -54,8 +58,10 @@ __all__ = [
     "LockBusyError",
     "LockError",
     "NotFoundError",
+    "SchemaTooNewError",
     "StoreError",
     "StoreReadOnlyError",
+    "StoreUnreachableError",
     "TranscriptionError",
     "TurnError",
     "TurnExecError",
@@ -241,3 +247,34 @@ class StoreReadOnlyError(StoreError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class StoreUnreachableError(StoreError):
+    """The database server could not be reached or refused the connection.
+
+    Attributes:
+        target: where it was (credentials redacted).
+    """
+
+    def __init__(self, message: str, *, target: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.target = target
+        self.retryable = retryable
+
+
+class SchemaTooNewError(StoreError):
+    """The database was migrated by a newer turnstile than this one."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, owner: str, version: int, known: int) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.version = version
+        self.known = known
+
+
+class BackendUnsupportedError(StoreError):
+    """The command needs a SQLite file; the database is a PostgreSQL server (or so)."""
+
+    retryable = False

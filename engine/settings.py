@@ -7,16 +7,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.errors import ConfigError
 from engine.redact import credential_values
+from engine.store.location import PostgresURL, parse_database, sqlite_path
 
 __all__ = ["SECRET_SETTINGS", "AgentName", "Settings", "load_settings"]
 
 AgentName = Literal["claude", "copilot", "codex", "command"]
 IdList = Annotated[tuple[int, ...], NoDecode]
+# A SQLite file (the default) or a postgresql:// URL (its password never shown).
+DatabaseTarget = Annotated[Path | PostgresURL, BeforeValidator(parse_database)]
 
 
 class Settings(BaseSettings):
@@ -48,7 +51,7 @@ class Settings(BaseSettings):
     operators: IdList = ()
 
     # Storage
-    database: Path = Path("turnstile.db")
+    database: DatabaseTarget = Path("turnstile.db")
     tasks_root: Path = Path("tasks")
     workspaces: Path = Path("workspaces")
     # Projects: JSON or name=url#branch,... (URLs may hold credentials, hence secret)
@@ -127,6 +130,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
+    @property
+    def sqlite_database(self) -> Path:
+        """The SQLite file, for the parts that so far run on a file only.
+
+        Raises:
+            BackendUnsupportedError: ``TURNSTILE_DATABASE`` is a PostgreSQL URL.
+        """
+        return sqlite_path(self.database, what="this part of turnstile")
+
     def secret_values(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
         """Every value never to print, for a :class:`~engine.redact.Redactor`.
 
@@ -142,6 +154,8 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if isinstance(value, SecretStr) and value.get_secret_value():
                 values.append(value.get_secret_value())
+        if isinstance(self.database, PostgresURL) and self.database.password:
+            values.append(self.database.password)
         if self.projects is not None:
             try:
                 projects = parse_projects(self.projects.get_secret_value())

@@ -14,7 +14,7 @@ from typing import Any
 from engine.gates import Gates
 from engine.settings import Settings
 from engine.sink import GateRequest, StatusUpdate
-from engine.store.database import Database
+from engine.store.backend import open_database
 from tests import support
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def open_gates(settings: Settings, **kwargs: Any) -> AsyncIterator[Gates]:
-    async with Database(settings.database) as db:
+    async with open_database(settings) as db:
         gates = Gates(db, settings, **kwargs)
         try:
             yield gates
@@ -153,7 +153,7 @@ async def _race(db_path: str, root: str, name: str, target: str, ready: str, go:
     """Read the task, say ready, wait for go, then compare-and-set a transition."""
     from engine.gates import GateRefused, TaskStore, load_workflow
 
-    async with Database(Path(db_path)) as db:
+    async with open_database(db_path) as db:
         store = TaskStore(db, load_workflow(), tasks_root=Path(root), track_git=False)
         task = await store.get(name)
         Path(ready + ".tmp").write_text(str(task.version))

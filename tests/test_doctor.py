@@ -30,6 +30,7 @@ from engine.store import Database
 from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import TOKEN as FAKE_API_TOKEN
 from tests.fakes.bot_api import FakeBotApi
+from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
 from tests.support import make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -580,3 +581,29 @@ def test_known_and_internal_names_are_not_reported(tmp_path: Path) -> None:
     (checks,) = check_setting_names(environ, tmp_path / "missing.env")
     assert checks.status is Status.OK
     assert checks.detail == "all 3 TURNSTILE_ variables are settings"
+
+
+async def test_doctor_on_a_postgres_url_shows_the_server_and_migrates_on_request(
+    tmp_path: Path, pg_cluster: PgCluster
+) -> None:
+    pg_cluster.admin(f'CREATE DATABASE doctor_pw OWNER "{PASSWORD_ROLE}" TEMPLATE template0')
+    env = _env(tmp_path, "http://127.0.0.1:9/bot")
+    env["TURNSTILE_DATABASE"] = pg_cluster.url("doctor_pw", user=PASSWORD_ROLE, password=PASSWORD)
+    code, out, err = await _doctor(tmp_path, env, "--offline")
+    line = _line(out, "database")
+    assert line.startswith("FAIL"), out
+    assert "PostgreSQL 1" in line
+    assert "pending" in line
+    assert PASSWORD not in out + err
+    # Hidden twice: the URL shows no password, and the doctor's redactor masks URL credentials.
+    assert f"{PASSWORD_ROLE}:[REDACTED]@127.0.0.1" in line
+    assert "database folder" not in out  # a server has no folder here
+    code, out, err = await _doctor(tmp_path, env, "--offline", "--migrate")
+    assert _line(out, "database").startswith("ok"), out + err
+    assert "no migration pending" in _line(out, "database")
+    assert PASSWORD not in out + err
+    env["TURNSTILE_DATABASE"] = pg_cluster.url("doctor_pw", user=PASSWORD_ROLE, password="nope-x")
+    code, out, err = await _doctor(tmp_path, env, "--offline")
+    assert code == 1
+    assert "password authentication failed" in _line(out, "database")
+    assert "nope-x" not in out + err

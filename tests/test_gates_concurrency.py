@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -25,9 +26,15 @@ async def _spawn(*args: str) -> asyncio.subprocess.Process:
     )
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 @pytest.mark.parametrize("round_", range(3))
-async def test_compare_and_set_across_processes(tmp_path: Path, round_: int) -> None:
-    settings = make_settings(tmp_path)
+async def test_compare_and_set_across_processes(
+    tmp_path: Path, round_: int, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgresql":
+        settings = make_settings(tmp_path, database=request.getfixturevalue("pg_url"))
+    else:
+        settings = make_settings(tmp_path)
     async with open_gates(settings) as gates:
         task = await gates.init_task("t")
         (task.folder / "research.md").write_text("r")
@@ -38,7 +45,7 @@ async def test_compare_and_set_across_processes(tmp_path: Path, round_: int) -> 
         procs.append(
             await _spawn(
                 "race",
-                str(settings.database),
+                str(settings.database) if backend == "sqlite" else settings.database.conninfo(),
                 str(settings.tasks_root),
                 "t",
                 target,
@@ -79,3 +86,74 @@ async def test_two_cli_transitions_one_wins(tmp_path: Path) -> None:
     assert codes[1] in (Refusal.CONFLICT.exit_code, Refusal.ILLEGAL_TRANSITION.exit_code)
     async with open_gates(settings) as gates:
         assert [h.kind for h in await gates.store.history("t")] == ["init", "gate"]
+
+
+_APPROVER = """
+import asyncio, json, sys
+from pathlib import Path
+from engine.gates import Gates
+from engine.store.backend import open_database
+from tests.gates_support import make_settings
+
+async def main(url, root, approver, count):
+    settings = make_settings(Path(root), database=url, approval_quorum=2)
+    async with open_database(settings) as db:
+        gates = Gates(db, settings)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        outcomes = []
+        for i in range(count):
+            try:
+                outcomes.append((await gates.approve(f"t{i}", by=approver)).outcome.value)
+            except Exception as exc:
+                outcomes.append(type(exc).__name__)
+        await gates.stop_all()
+        print(json.dumps(outcomes))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+"""
+
+
+async def test_two_approvers_at_once_reach_the_quorum_once_on_postgres(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # On one machine the task folder's file lock already serialises the two; the row lock
+    # (FOR UPDATE in the approval) is what holds across machines. This runs the PostgreSQL
+    # path end to end; it cannot tell the row lock from the file lock.
+    count = 30
+    settings = make_settings(tmp_path, database=pg_url, approval_quorum=2)
+    async with open_gates(settings) as gates:
+        for i in range(count):
+            task = await gates.init_task(f"t{i}")
+            (task.folder / "research.md").write_text("r")
+            await gates.store.transition(f"t{i}", f"research:{AWAITING_APPROVAL}")
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _APPROVER,  # -c: the repository (cwd) is on sys.path
+            pg_url,
+            str(tmp_path),
+            str(approver),
+            str(count),
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for approver in (42, 43)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line == b"ready\n", await proc.stderr.read() if proc.stderr else b""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    outputs = [await asyncio.wait_for(p.communicate(), 120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    first, second = (json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs)
+    assert [sorted(pair) for pair in zip(first, second, strict=True)] == [
+        ["approved", "recorded"]
+    ] * count

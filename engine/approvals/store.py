@@ -12,13 +12,13 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import aiosqlite
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.approvals.policy import Decision, Scope, grant_key
 from engine.errors import NotFoundError
-from engine.store.database import Database
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["ApprovalStore", "DecideResult", "SqliteApprovalStore", "ToolRequest"]
 
@@ -42,7 +42,7 @@ class ToolRequest:
     decided_at: float | None
 
     @classmethod
-    def from_row(cls, row: aiosqlite.Row) -> ToolRequest:
+    def from_row(cls, row: Any) -> ToolRequest:
         return cls(
             id=row["id"],
             run_id=row["run_id"],
@@ -109,9 +109,9 @@ class ApprovalStore(Protocol):
 
 
 class SqliteApprovalStore:
-    """:class:`ApprovalStore` on the shared :class:`~engine.store.database.Database`."""
+    """:class:`ApprovalStore` on the shared database (SQLite or PostgreSQL)."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self._clock = clock
 
@@ -238,10 +238,14 @@ class SqliteApprovalStore:
         ids: list[int] = []
         async with self.db.transaction() as conn:
             for run_id in run_ids if run_ids is not None else [None]:
+                # No "? IS NULL": PostgreSQL cannot tell the type of a lone NULL parameter.
+                only_run = " AND run_id = ?" if run_id is not None else ""
+                sql = (
+                    "UPDATE tool_requests SET state = 'cancelled', reason = ?, decided_at = ?"  # noqa: S608
+                    f" WHERE state = 'pending'{only_run} RETURNING id"
+                )
                 cursor = await conn.execute(
-                    "UPDATE tool_requests SET state = 'cancelled', reason = ?, decided_at = ?"
-                    " WHERE state = 'pending' AND (? IS NULL OR run_id = ?) RETURNING id",
-                    (reason, now, run_id, run_id),
+                    sql, (reason, now) if run_id is None else (reason, now, run_id)
                 )
                 ids += [int(r[0]) for r in await cursor.fetchall()]
         return [await self.get(i) for i in ids]

@@ -426,14 +426,18 @@ async def prepare_auto_run(
 async def _claim(db: Database, run_id: str, seen_owner: str | None, state: AutoModeState) -> None:
     """Make this process the run's driver, compare-and-set on the owner it saw.
 
-    ``BEGIN IMMEDIATE`` serialises writers across processes, so the read and the write
-    are one atomic step.
+    The read and the write are one atomic step: SQLite's ``BEGIN IMMEDIATE`` serialises
+    writers across processes; on PostgreSQL the row is locked (``FOR UPDATE``), so a second
+    claimer waits and then reads the first one's owner.
 
     Raises:
         ConfigError: another process claimed the run in between.
     """
     async with db.transaction() as conn:
-        cursor = await conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,))
+        cursor = await conn.execute(
+            f"SELECT state_json FROM runs WHERE id = ?{db.for_update}",  # noqa: S608
+            (run_id,),
+        )
         row = await cursor.fetchone()
         current = json.loads(row[0]).get("owner") if row is not None else None
         if row is None or current != seen_owner:

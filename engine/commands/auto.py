@@ -130,7 +130,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
     view = TerminalView()
     policy = ApprovalPolicy(settings.tool_approval)
     async with terminal_approvals(
-        settings.database,
+        settings.sqlite_database,
         policy,
         ask_line=view.asking(stdin_lines()),
         out=view.question_stream(),
@@ -141,7 +141,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
 async def _run(
     args: argparse.Namespace, settings: Settings, route_for: RouteFor | None, view: TerminalView
 ) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         if args.resume is not None:
             given = [
                 flag
@@ -293,7 +293,7 @@ async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> 
 
 
 async def _append(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         store = SqliteRunStore(db)
         record = await _target_run(store, args.session)
     state = AutoModeState.from_json(record.state)

@@ -66,7 +66,7 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     from engine.store.database import Database
 
     try:
-        async with Database(settings.database) as db:
+        async with Database(settings.sqlite_database) as db:
             gates = Gates(db, settings, poll_interval=max(0.05, args.poll))
             if args.init and await gates.store.find(args.task) is None:
                 await _init(args, settings, db, gates)

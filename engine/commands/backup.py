@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
 
 async def run_backup(args: argparse.Namespace, settings: Settings) -> int:
     result = await backup_database(
-        settings.database,
+        settings.sqlite_database,
         Path(args.path),
         overwrite=args.force,
         into_folder=args.path.endswith(("/", os.sep)),

@@ -32,11 +32,12 @@ from engine.agents.factory import turn_mode
 from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.agents.stream import TURN_MARKER_VAR
 from engine.approvals import route as approval_route
-from engine.errors import ConfigError, StoreError
+from engine.errors import ConfigError, SchemaTooNewError, StoreError, StoreUnreachableError
 from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store import Database
-from engine.store.database import ENGINE, read_schema_versions
+from engine.store.database import ENGINE, discover_migrations, read_schema_versions
+from engine.store.location import PostgresURL
 
 __all__ = [
     "Check",
@@ -267,11 +268,12 @@ def _env_file_names(path: Path) -> list[str]:
 def check_paths(settings: Settings) -> list[Check]:
     """Every folder turnstile writes to exists and is writable, or can be created."""
     folders = {
-        "database folder": (settings.database.parent, "TURNSTILE_DATABASE"),
         "tasks folder": (settings.tasks_root, "TURNSTILE_TASKS_ROOT"),
         "workspaces": (settings.workspaces, "TURNSTILE_WORKSPACES"),
         "runs folder": (settings.runs_dir, "TURNSTILE_RUNS_DIR"),
     }
+    if isinstance(settings.database, Path):  # a server (PostgreSQL) has no folder here
+        folders = {"database folder": (settings.database.parent, "TURNSTILE_DATABASE"), **folders}
     return [_check_folder(name, path, setting) for name, (path, setting) in folders.items()]
 
 
@@ -346,9 +348,11 @@ def _try_write(folder: Path) -> str | None:
 # --- database ------------------------------------------------------------------------
 
 
-async def check_database(path: Path, *, migrate: bool = False) -> Check:
+async def check_database(path: Path | PostgresURL, *, migrate: bool = False) -> Check:
     """The database opens and is at the latest schema version (never changed unless asked)."""
     name = "database"
+    if isinstance(path, PostgresURL):
+        return await _check_postgres(name, path, migrate=migrate)
     latest = Database(path).latest_versions
     if migrate:
         try:
@@ -382,6 +386,51 @@ async def check_database(path: Path, *, migrate: bool = False) -> Check:
             "read-write",
         )
     return _compare(name, path, versions, latest)
+
+
+async def _check_postgres(name: str, url: PostgresURL, *, migrate: bool) -> Check:
+    """The server answers, with its version, and no migration is pending (or, asked, none is
+    left after migrating)."""
+    from engine.store.postgres import PostgresDatabase, read_pending
+
+    fix_reach = (
+        "check the host, port, user, password and database name in TURNSTILE_DATABASE, "
+        "and that the server is running and accepts connections from this machine"
+    )
+    try:
+        if migrate:
+            async with PostgresDatabase(url):
+                pass  # opening migrates
+        server, versions, pending = await read_pending(url)
+    except StoreUnreachableError as exc:
+        return _fail(name, str(exc), fix_reach)
+    except SchemaTooNewError as exc:
+        return _fail(name, str(exc), "upgrade turnstile, or use a database of this version")
+    except StoreError as exc:
+        return _fail(name, str(exc), fix_reach)
+    latest = {schema.owner: schema.latest for schema in discover_migrations()}
+    where = f"PostgreSQL {server} at {url}"
+    for owner, want in latest.items():
+        if versions.get(owner, 0) > want:
+            return _fail(
+                name,
+                f"{where}: {owner} schema version {versions[owner]}, newer than this "
+                f"turnstile ({want})",
+                "upgrade turnstile, or use a database of this version",
+            )
+    waiting = [f"{owner} {step}" for owner, steps in pending.items() for step in steps]
+    if waiting:
+        return _fail(
+            name,
+            f"{where}: {len(waiting)} migration(s) pending: {', '.join(waiting)}",
+            "back it up (`pg_dump -Fc`), then `turnstile doctor --migrate` "
+            "(the bot also migrates on start)",
+        )
+    shown = ", ".join(
+        f"{'' if owner == ENGINE else owner + ' '}schema version {want}"
+        for owner, want in latest.items()
+    )
+    return _ok(name, f"{where}, {shown} (latest), no migration pending")
 
 
 def _compare(

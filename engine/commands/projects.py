@@ -56,7 +56,7 @@ async def _list_projects(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list_worktrees(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
         found = await manager.workspaces(args.run, include_removed=args.all)
     if not found:
@@ -77,7 +77,7 @@ async def _list_worktrees(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
     retention = None if args.retention_hours is None else args.retention_hours * 3600.0
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
         report = await manager.cleanup(retention)
     for workspace_id in report.removed:

@@ -115,7 +115,7 @@ async def _show(
 
 
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         if args.run is not None:
             worktree = await run_worktree_summary(settings, db, args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)

@@ -103,7 +103,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return await _list(args, settings)
     from engine.gates.service import Gates
 
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         gates = Gates(db, settings)
         if args.audit:
             return await _audit(args, gates)
@@ -161,7 +161,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from engine.store.database import Database
 
     # Listing needs no workflow and no folders: one query, then render.
-    async with Database(settings.database) as db:
+    async with Database(settings.sqlite_database) as db:
         rows = await fetch(db)
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))

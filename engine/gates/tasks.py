@@ -1075,7 +1075,9 @@ class TaskStore:
         outcome = ApprovalOutcome.RECORDED
         count = 0
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_SELECT_TASK, (task.name,))
+            # Locked on PostgreSQL: two approvers at once count each other (SQLite's
+            # BEGIN IMMEDIATE already serialises them).
+            cursor = await conn.execute(_SELECT_TASK + self.db.for_update, (task.name,))
             row = await cursor.fetchone()
             assert row is not None
             live = TaskRecord.from_row(row)

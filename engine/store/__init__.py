@@ -1,6 +1,11 @@
-"""Persistence behind interfaces; SQLite (aiosqlite, WAL) by default."""
+"""Persistence behind interfaces; SQLite (aiosqlite, WAL) by default, PostgreSQL for teams.
+
+:func:`open_database` picks the backend from ``TURNSTILE_DATABASE`` (a file path or a
+``postgresql://`` URL); the PostgreSQL one (:mod:`engine.store.postgres`) is loaded only then.
+"""
 
 from engine.store.audit import AuditLog, AuditRecord, SqliteAuditLog
+from engine.store.backend import open_database
 from engine.store.database import (
     Database,
     Migration,
@@ -8,6 +13,7 @@ from engine.store.database import (
     discover_migrations,
     load_migrations,
 )
+from engine.store.location import PostgresURL
 from engine.store.runs import (
     RunRecord,
     RunStatus,
@@ -23,6 +29,7 @@ __all__ = [
     "Database",
     "Migration",
     "MigrationSet",
+    "PostgresURL",
     "RunRecord",
     "RunStatus",
     "RunStore",
@@ -32,4 +39,5 @@ __all__ = [
     "TurnState",
     "discover_migrations",
     "load_migrations",
+    "open_database",
 ]

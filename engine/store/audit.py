@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from engine.store.database import Database
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["MAX_DETAIL", "AuditLog", "AuditRecord", "SqliteAuditLog"]
 
@@ -65,9 +66,9 @@ class AuditLog(Protocol):
 
 
 class SqliteAuditLog:
-    """:class:`AuditLog` on a :class:`Database`."""
+    """:class:`AuditLog` on either database (SQLite or PostgreSQL)."""
 
-    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self._db = db
         self._clock = clock
 

@@ -207,6 +207,10 @@ class Database:
     (``BEGIN IMMEDIATE``), so a compare-and-set inside one is atomic across processes.
     """
 
+    dialect = "sqlite"
+    #: ``BEGIN IMMEDIATE`` already holds every row a transaction reads: no row locks.
+    for_update = ""
+
     def __init__(
         self,
         path: Path | str,

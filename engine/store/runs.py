@@ -7,14 +7,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
-
-import aiosqlite
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import NotFoundError
 from engine.reaper import TurnProcess, kill_remains
-from engine.store.database import Database
 from engine.turn import TurnOutput
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["RunRecord", "RunStatus", "RunStore", "SqliteRunStore", "TurnRecord", "TurnState"]
 
@@ -58,7 +58,7 @@ class RunRecord:
     finished_at: float | None
 
     @classmethod
-    def from_row(cls, row: aiosqlite.Row) -> RunRecord:
+    def from_row(cls, row: Any) -> RunRecord:
         return cls(
             id=row["id"],
             mode=row["mode"],
@@ -104,7 +104,7 @@ class TurnRecord:
     proc_marker: str | None = None
 
     @classmethod
-    def from_row(cls, row: aiosqlite.Row) -> TurnRecord:
+    def from_row(cls, row: Any) -> TurnRecord:
         return cls(
             id=row["id"],
             run_id=row["run_id"],
@@ -198,9 +198,9 @@ _RUN_FIELDS = frozenset(
 
 
 class SqliteRunStore:
-    """:class:`RunStore` on a :class:`Database`."""
+    """:class:`RunStore` on either database (SQLite or PostgreSQL: the SQL is portable)."""
 
-    def __init__(self, db: Database, *, clock: Any = time.time) -> None:
+    def __init__(self, db: AnyDatabase, *, clock: Any = time.time) -> None:
         self._db = db
         self._clock = clock
 
@@ -344,6 +344,15 @@ class SqliteRunStore:
         the interrupted attempt stays on record.
         """
         async with self._db.transaction() as conn:
+            # The run's row is the lock that gives the next attempt to one writer at a time:
+            # SQLite's BEGIN IMMEDIATE already serialises writers; PostgreSQL's transactions
+            # run side by side and would both read the same MAX(attempt).
+            cursor = await conn.execute(
+                f"SELECT id FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
+                (run_id,),
+            )
+            if await cursor.fetchone() is None:
+                raise NotFoundError(f"no run {run_id!r}")
             cursor = await conn.execute(
                 "SELECT COALESCE(MAX(attempt), 0) FROM turns WHERE run_id = ? AND seq = ?",
                 (run_id, seq),
@@ -352,12 +361,12 @@ class SqliteRunStore:
             attempt = (int(row[0]) if row else 0) + 1
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (run_id, seq, attempt, phase, prompt, TurnState.STARTED.value, self._clock()),
             )
-            turn_id = cursor.lastrowid
-        assert turn_id is not None
-        return turn_id
+            inserted = await cursor.fetchone()
+        assert inserted is not None
+        return int(inserted[0])
 
     async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None:
         """Record the running turn's processes (what a start-up after a crash kills)."""
@@ -398,16 +407,17 @@ class SqliteRunStore:
         rows = await self._db.fetchall(
             "SELECT * FROM turns WHERE state = ?", (TurnState.STARTED.value,)
         )
-        if rows:
-            await self._db.execute(
-                "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE state = ?",
-                (
-                    TurnState.INTERRUPTED.value,
-                    "the process stopped while this turn ran",
-                    self._clock(),
-                    TurnState.STARTED.value,
-                ),
-            )
+        if not rows:
+            return []  # (and no empty "IN ()", which PostgreSQL refuses)
+        await self._db.execute(
+            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE state = ?",
+            (
+                TurnState.INTERRUPTED.value,
+                "the process stopped while this turn ran",
+                self._clock(),
+                TurnState.STARTED.value,
+            ),
+        )
         ids = [r["id"] for r in rows]
         marks = ",".join("?" * len(ids))
         refreshed = await self._db.fetchall(

@@ -6,10 +6,12 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import StoreError
-from engine.store.database import Database
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["MemoryWorkspaceStore", "SqliteWorkspaceStore", "Workspace", "WorkspaceStore"]
 
@@ -117,7 +119,7 @@ def _from_row(row: Any) -> Workspace:
 class SqliteWorkspaceStore:
     """:class:`WorkspaceStore` on a :class:`~engine.store.Database` (portable SQL)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: AnyDatabase) -> None:
         self._db = db
 
     async def get(self, workspace_id: str) -> Workspace | None:

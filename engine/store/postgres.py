@@ -1,0 +1,435 @@
+"""The PostgreSQL database: the same interface as the SQLite :class:`Database`.
+
+psycopg 3 (async) with its connection pool. The stores' SQL is written once, with ``?``
+parameters; :mod:`engine.store.dialect` turns it into psycopg's form, and rows answer to
+``row["name"]`` and ``row[0]`` as SQLite's do, so a store that keeps to portable SQL runs
+here unchanged.
+
+What differs from SQLite, and how it is kept equal:
+
+- A SQLite write transaction (``BEGIN IMMEDIATE``) holds the whole database; here
+  transactions are READ COMMITTED and run side by side. A store whose transaction reads
+  and then writes on what it read locks the rows it reads (:attr:`for_update`), or writes
+  with ``INSERT … ON CONFLICT``.
+- There is no ``PRAGMA user_version``: every owner's version, the engine's too, is a row
+  of ``schema_versions``. Migrations run under a transaction-level advisory lock, so two
+  processes starting on an empty database migrate it once.
+- A database migrated by a newer turnstile is refused on open (:class:`SchemaTooNewError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Final, Self
+
+import psycopg
+from psycopg.rows import RowMaker, tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from engine.errors import SchemaTooNewError, StoreError, StoreUnreachableError
+from engine.store.database import (
+    ENGINE,
+    MigrationSet,
+    discover_migrations,
+    resolve_versions,
+)
+from engine.store.dialect import postgres_ddl, postgres_query
+from engine.store.location import PostgresURL
+
+__all__ = ["PgConnection", "PgCursor", "PostgresDatabase", "Row"]
+
+_LOGGER = logging.getLogger(__name__)
+# pg_advisory_xact_lock key of the migrations ("trnstl" in ASCII).
+_MIGRATION_LOCK: Final = 0x74726E73746C
+_BOOKKEEPING: Final = (
+    "CREATE TABLE IF NOT EXISTS schema_versions (owner TEXT PRIMARY KEY, version BIGINT NOT NULL)",
+)
+
+
+class Row:
+    """One result row: by column name (``row["id"]``) or position (``row[0]``)."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
+        self._values = values
+        self._index = index
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, str):
+            try:
+                return self._values[self._index[key]]
+            except KeyError:
+                raise IndexError(f"no column {key!r}") from None
+        return self._values[key]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __repr__(self) -> str:
+        return f"Row({dict(zip(self._index, self._values, strict=True))!r})"
+
+
+def _row_factory(cursor: Any) -> RowMaker[Row]:
+    names = [c.name for c in cursor.description or ()]
+    index = {name: i for i, name in reversed(list(enumerate(names)))}
+
+    def make(values: Sequence[Any]) -> Row:
+        return Row(values, index)
+
+    return make
+
+
+def _translate(exc: psycopg.Error, conn: psycopg.AsyncConnection[Any], where: str) -> StoreError:
+    """Ours for the driver's: a lost connection, or a statement that failed."""
+    if conn.broken or conn.closed:
+        return StoreUnreachableError(
+            f"lost the connection to the PostgreSQL database {where}: {exc}", target=where
+        )
+    return StoreError(f"query failed: {exc}")
+
+
+class PgCursor:
+    """What :meth:`PgConnection.execute` returns: the rows changed, and the rows read."""
+
+    def __init__(self, cursor: psycopg.AsyncCursor[Row], where: str) -> None:
+        self._cursor = cursor
+        self._where = where
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    async def fetchone(self) -> Row | None:
+        try:
+            return await self._cursor.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc, self._cursor.connection, self._where) from exc
+
+    async def fetchall(self) -> list[Row]:
+        try:
+            return await self._cursor.fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc, self._cursor.connection, self._where) from exc
+
+
+class PgConnection:
+    """One connection inside a transaction, taking the stores' ``?`` SQL.
+
+    Args:
+        where: the database, as it may be shown (password redacted), for error texts.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], where: str) -> None:
+        self._conn = conn
+        self._where = where
+
+    async def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> PgCursor:
+        cursor = self._conn.cursor(row_factory=_row_factory)
+        try:
+            await cursor.execute(postgres_query(sql), tuple(parameters or ()))
+        except psycopg.Error as exc:
+            raise _translate(exc, self._conn, self._where) from exc
+        return PgCursor(cursor, self._where)
+
+    async def execute_ddl(self, statement: str) -> None:
+        """One statement as written: no parameters, so a ``%`` or ``?`` stays as it is."""
+        try:
+            await self._conn.execute(statement.encode())
+        except psycopg.Error as exc:
+            raise _translate(exc, self._conn, self._where) from exc
+
+
+class PostgresDatabase:
+    """A pool of connections to one PostgreSQL database, with the stores' interface.
+
+    Use as an async context manager; opening it reaches the server and migrates.
+    """
+
+    dialect: Final = "postgresql"
+    #: Appended to a ``SELECT`` inside a transaction whose writes depend on what it read.
+    for_update: Final = " FOR UPDATE"
+
+    def __init__(
+        self,
+        url: PostgresURL | str,
+        *,
+        migrations: Sequence[MigrationSet] | None = None,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url if isinstance(url, PostgresURL) else PostgresURL(url)
+        self._schemas = tuple(migrations) if migrations is not None else discover_migrations()
+        if [s.owner for s in self._schemas].count(ENGINE) != 1:
+            raise StoreError("the migrations must include the engine's, once")
+        self._min_size = min_size
+        self._max_size = max_size
+        self._connect_timeout = connect_timeout
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _clean(self, exc: BaseException) -> str:
+        """The driver's message, with the password (if any) taken out."""
+        text = str(exc).strip() or type(exc).__name__
+        password = self.url.password
+        if password:
+            text = text.replace(password, "***")
+        return text.replace(self.url.conninfo(), str(self.url))
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        # One direct connection first: the pool would only say "timed out", while this
+        # says "connection refused" or "password authentication failed".
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                self.url.conninfo(), connect_timeout=max(1, int(self._connect_timeout))
+            )
+        except psycopg.Error as exc:
+            raise StoreUnreachableError(
+                f"cannot reach the PostgreSQL database {self.url}: {self._clean(exc)}",
+                target=str(self.url),
+                retryable=not _login_refused(exc),
+            ) from None
+        await probe.close()
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            self.url.conninfo(),
+            min_size=self._min_size,
+            max_size=self._max_size,
+            kwargs={"autocommit": True},
+            # A connection the server dropped (restart, idle timeout) is replaced before it
+            # is handed out, rather than failing the next statement.
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            timeout=self._connect_timeout,
+            name="turnstile",
+        )
+        try:
+            await pool.open(wait=True, timeout=self._connect_timeout)
+        except PoolTimeout as exc:
+            await pool.close()
+            raise StoreUnreachableError(
+                f"cannot open connections to {self.url}: {self._clean(exc)}",
+                target=str(self.url),
+            ) from None
+        self._pool = pool
+        try:
+            await self._migrate()
+        except BaseException:
+            self._pool = None
+            await pool.close()
+            raise
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise StoreError("database is not open")
+        return self._pool
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnreachableError(
+                f"no connection to {self.url} came free: {self._clean(exc)}",
+                target=str(self.url),
+            ) from None
+        except psycopg.OperationalError as exc:
+            raise StoreUnreachableError(
+                f"lost the PostgreSQL database {self.url}: {self._clean(exc)}",
+                target=str(self.url),
+            ) from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PgConnection]:
+        """One transaction; commits on success, rolls back on error."""
+        async with self._connection() as conn:
+            try:
+                async with conn.transaction():
+                    yield PgConnection(conn, str(self.url))
+            except psycopg.Error as exc:  # the commit, or the rollback after our error
+                raise _translate(exc, conn, str(self.url)) from exc
+
+    async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run one write statement in its own transaction; return the rows changed."""
+        async with self.transaction() as conn:
+            cursor = await conn.execute(sql, params)
+            return cursor.rowcount
+
+    async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
+        async with self._connection() as conn:
+            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchall()
+
+    async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
+        async with self._connection() as conn:
+            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchone()
+
+    async def fetch_tuples(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """Like :meth:`fetchall` with plain tuples: for listings of thousands of rows."""
+        async with self._connection() as conn:
+            cursor = conn.cursor(row_factory=tuple_row)
+            try:
+                await cursor.execute(postgres_query(sql), tuple(params))
+                return await cursor.fetchall()
+            except psycopg.Error as exc:
+                raise _translate(exc, conn, str(self.url)) from exc
+
+    async def server_version(self) -> str:
+        """The server's version, as it names it (``15.14``)."""
+        row = await self.fetchone("SHOW server_version")
+        return str(row[0]) if row is not None else "unknown"
+
+    async def schema_version(self) -> int:
+        """The engine's schema version."""
+        return (await self.schema_versions())[ENGINE]
+
+    async def schema_versions(self) -> dict[str, int]:
+        """Each owner's schema version (the engine's and every front end's)."""
+        rows = await self.fetchall("SELECT owner, version FROM schema_versions")
+        return _versions(self._schemas, {str(r[0]): int(r[1]) for r in rows})
+
+    @property
+    def latest_version(self) -> int:
+        """The engine's latest schema version."""
+        return self.latest_versions[ENGINE]
+
+    @property
+    def latest_versions(self) -> dict[str, int]:
+        """Each owner's latest schema version, as this code knows them."""
+        return {s.owner: s.latest for s in self._schemas}
+
+    async def _migrate(self) -> None:
+        async with self.transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+            for statement in _BOOKKEEPING:
+                await conn.execute(statement)
+            cursor = await conn.execute("SELECT owner, version FROM schema_versions")
+            rows = {str(r[0]): int(r[1]) for r in await cursor.fetchall()}
+            versions = _versions(self._schemas, rows)
+            for schema in self._schemas:
+                done = versions[schema.owner]
+                if done > schema.latest:
+                    raise SchemaTooNewError(
+                        f"the database {self.url} was migrated by a newer turnstile "
+                        f"({schema.owner} schema version {done}; this turnstile knows "
+                        f"{schema.latest}): upgrade turnstile, or point TURNSTILE_DATABASE "
+                        "at a database of this version",
+                        owner=schema.owner,
+                        version=done,
+                        known=schema.latest,
+                    )
+                for migration in schema.migrations:
+                    if migration.version <= done:
+                        continue
+                    _LOGGER.info(
+                        "applying migration %s %04d_%s",
+                        schema.owner,
+                        migration.version,
+                        migration.name,
+                    )
+                    for statement in migration.statements:
+                        await _execute_ddl(conn, statement)
+                    done = migration.version
+                if rows.get(schema.owner) != done:
+                    await conn.execute(
+                        "INSERT INTO schema_versions (owner, version) VALUES (?, ?) "
+                        "ON CONFLICT (owner) DO UPDATE SET version = excluded.version",
+                        (schema.owner, done),
+                    )
+
+
+def _login_refused(exc: psycopg.Error) -> bool:
+    """The server turned the login down (password, role): trying again will not help."""
+    # 28P01 invalid_password, 28000 invalid_authorization_specification; a refused login
+    # at connect time may come without its code, only the server's text.
+    return exc.sqlstate in ("28P01", "28000") or "authentication failed" in str(exc)
+
+
+def _versions(schemas: Iterable[MigrationSet], rows: dict[str, int]) -> dict[str, int]:
+    # PostgreSQL databases were born with owners: nothing to adopt from a single sequence.
+    return resolve_versions(schemas, engine_version=rows.get(ENGINE, 0), split=0, rows=rows)
+
+
+def _pending(schemas: Iterable[MigrationSet], versions: dict[str, int]) -> dict[str, list[str]]:
+    return {
+        s.owner: [
+            f"{m.version:04d}_{m.name}" for m in s.migrations if m.version > versions[s.owner]
+        ]
+        for s in schemas
+    }
+
+
+async def _execute_ddl(conn: PgConnection, statement: str) -> None:
+    # DDL goes as written (no parameters): only the types are translated.
+    await conn.execute_ddl(postgres_ddl(statement))
+
+
+async def read_pending(
+    url: PostgresURL,
+    schemas: Sequence[MigrationSet] | None = None,
+    *,
+    connect_timeout: float = 10.0,
+) -> tuple[str, dict[str, int], dict[str, list[str]]]:
+    """The server's version, each owner's schema version and the pending migrations.
+
+    Changes nothing (the doctor looks at what the bot is using).
+
+    Raises:
+        StoreUnreachableError: the server cannot be reached or refuses the login.
+    """
+    known = tuple(schemas) if schemas is not None else discover_migrations()
+    probe = PostgresDatabase(url, migrations=known, connect_timeout=connect_timeout)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url.conninfo(), connect_timeout=max(1, int(connect_timeout)), autocommit=True
+        )
+    except psycopg.Error as exc:
+        raise StoreUnreachableError(
+            f"cannot reach the PostgreSQL database {url}: {probe._clean(exc)}",
+            target=str(url),
+            retryable=not _login_refused(exc),
+        ) from None
+    try:
+        cursor = await conn.execute("SHOW server_version")
+        row = await cursor.fetchone()
+        version = str(row[0]) if row else "unknown"
+        cursor = await conn.execute("SELECT to_regclass('schema_versions') IS NOT NULL")
+        row = await cursor.fetchone()
+        rows: dict[str, int] = {}
+        if row and row[0]:
+            cursor = await conn.execute("SELECT owner, version FROM schema_versions")
+            rows = {str(r[0]): int(r[1]) for r in await cursor.fetchall()}
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot read {url}: {probe._clean(exc)}") from exc
+    finally:
+        await conn.close()
+    versions = _versions(known, rows)
+    return version, versions, _pending(known, versions)
