@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import warnings
 from collections import deque
@@ -239,13 +238,8 @@ class OutboxSender:
             _LOGGER.info("a refusal to chat %s was not delivered: %s", item.chat_id, exc)
 
     async def _deliver(self, row: OutboxRow) -> None:
-        await self._deliver_row(row)
-        if row.item.kind == "file" and await self._store.outbox_settled(row.id):
-            # Delivered or failed for good: its document is not needed any more.
-            with contextlib.suppress(OSError):
-                os.unlink(row.item.body)
-
-    async def _deliver_row(self, row: OutboxRow) -> None:
+        # A "file" row's document is removed once the row is settled (sent, or given up in
+        # _give_up); a row left pending keeps it for the next attempt.
         item = row.item
         await self._store.outbox_sending(row.id)
         try:

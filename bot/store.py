@@ -433,11 +433,6 @@ class BotStore:
                         (message_id, now, item.body, item.ref),
                     )
 
-    async def outbox_settled(self, row_id: int) -> bool:
-        """Whether a row was delivered or failed for good (not pending any more)."""
-        row = await self.db.fetchone("SELECT state FROM bot_outbox WHERE id = ?", (row_id,))
-        return row is None or row["state"] != "pending"
-
     async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
         """The run a delivered message belongs to (a reply to it addresses that run)."""
         row = await self.db.fetchone(

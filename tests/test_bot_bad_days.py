@@ -8,10 +8,8 @@ code, its last words on stderr or its memory are what is tested.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-import os
 import shutil
 import signal
 import subprocess
@@ -22,106 +20,11 @@ from pathlib import Path
 import pytest
 
 from engine.store import Database
+from tests.bot_process import CHAT, OPERATOR, bot_env, spawn
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import ADMIN as H_ADMIN
 from tests.fakes.bot_harness import bot_settings, running_bot
 from tests.support import wait_until
-
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
-CHAT = -1001
-OPERATOR = 11
-ADMIN = 33
-
-
-class BotProcess:
-    """``python -m engine.cli bot`` with its stderr (the logs) read line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self._changed = asyncio.Condition()
-        self._reader = asyncio.create_task(self._read(), name="bot-stderr")
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            async with self._changed:
-                self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
-                self._changed.notify_all()
-        async with self._changed:
-            self._changed.notify_all()
-
-    @property
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-    async def wait_log(self, text: str, timeout: float = 30.0) -> None:
-        def seen() -> bool:
-            return text in self.log or self._reader.done()
-
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(seen), timeout)
-        assert text in self.log, f"{text!r} never logged:\n{self.log}"
-
-    async def exit_code(self, timeout: float = 45.0) -> int:
-        try:
-            code = await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            raise AssertionError(f"no exit within {timeout} s; its log:\n{self.log}") from None
-        await self._reader
-        return code
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        await self._reader
-
-
-def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        NO_PROXY="127.0.0.1,localhost",
-        no_proxy="127.0.0.1,localhost",
-        TURNSTILE_TELEGRAM_TOKEN=api.token,
-        TURNSTILE_TELEGRAM_BASE_URL=api.base_url,
-        TURNSTILE_TELEGRAM_BASE_FILE_URL=api.file_url,
-        TURNSTILE_DATABASE=str(root / "turnstile.db"),
-        TURNSTILE_WORKSPACES=str(root / "ws"),
-        TURNSTILE_TASKS_ROOT=str(root / "tasks"),
-        TURNSTILE_RUNS_DIR=str(root / "runs"),
-        TURNSTILE_ALLOWED_CHATS=str(CHAT),
-        TURNSTILE_OPERATORS=str(OPERATOR),
-        TURNSTILE_ADMINS=str(ADMIN),
-        TURNSTILE_DEFAULT_AGENT="command",
-        TURNSTILE_AGENT_COMMAND=(
-            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-        ),
-        TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
-        TURNSTILE_SHUTDOWN_FLUSH_SECONDS="5",
-        TURNSTILE_LOG_LEVEL="INFO",
-        FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
-        FAKE_AGENT_STATE=str(root / "agent-state"),
-    )
-    env.update(extra)
-    return env
-
-
-async def _spawn(root: Path, env: dict[str, str], *args: str) -> BotProcess:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "engine.cli",
-        *args,
-        cwd=root,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    return BotProcess(proc)
 
 
 def _doctor(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -182,7 +85,7 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
     db_path = tmp_path / "turnstile.db"
     async with Database(db_path):
         pass
-    env = _env(tmp_path, api)
+    env = bot_env(tmp_path, api)
     with _read_only(db_path):
         doctor = _doctor(tmp_path, env)
         [line] = [x for x in doctor.stdout.splitlines() if x[6:22].strip() == "database"]
@@ -190,7 +93,7 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
         assert "not written" in line
         assert doctor.returncode == 1
 
-        bot = await _spawn(tmp_path, env, "bot")
+        bot = await spawn(tmp_path, env, "bot")
         try:
             code = await bot.exit_code(timeout=30)
         finally:
@@ -213,7 +116,7 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
 async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
     tmp_path: Path, api: FakeBotApi
 ) -> None:
-    bot = await _spawn(tmp_path, _env(tmp_path, api), "bot")
+    bot = await spawn(tmp_path, bot_env(tmp_path, api), "bot")
     try:
         await bot.wait_log("running (polling)")
         await api.wait_until(lambda: bool(api.calls_of("getUpdates")))
@@ -237,9 +140,9 @@ async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
 
 
 async def test_token_refused_at_start_is_one_line(tmp_path: Path, api: FakeBotApi) -> None:
-    env = _env(tmp_path, api)
+    env = bot_env(tmp_path, api)
     api.revoke_token()
-    bot = await _spawn(tmp_path, env, "bot")
+    bot = await spawn(tmp_path, env, "bot")
     try:
         code = await bot.exit_code(timeout=30)
     finally:
@@ -354,13 +257,13 @@ async def test_a_30_mb_output_is_streamed_whole_to_the_document(
         expected.update(line)
         size += len(line)
     # TMPDIR: the spill file stays in this test's folder.
-    env = _env(
+    env = bot_env(
         tmp_path,
         api,
         TURNSTILE_AGENT_COMMAND=f"{sys.executable} {printer} {{prompt}}",
         TMPDIR=str(tmp_path),
     )
-    bot = await _spawn(tmp_path, env, "bot")
+    bot = await spawn(tmp_path, env, "bot")
     try:
         await bot.wait_log("running (polling)")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")

@@ -26,13 +26,13 @@ import pytest
 from engine.automode.append import InstructionInbox
 from engine.gates import AWAITING_APPROVAL, HUMAN_INTERVENTION, ApprovalOutcome, Refusal
 from engine.gates.refusals import GateRefused
+from tests.bot_process import bot_env
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import (
     APPROVER as BOT_APPROVER,
 )
 from tests.fakes.bot_harness import (
     CHAT,
-    FAKE_AGENT,
     OPERATOR,
     bot_settings,
     running_bot,
@@ -148,34 +148,14 @@ def test_pipe_and_dev_zero_artifacts_are_refused_without_freezing(
 
 
 def _bot_env(root: Path, api: FakeBotApi) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
-    env.update(
-        PYTHONPATH=str(REPO),
-        NO_PROXY="127.0.0.1,localhost",
-        no_proxy="127.0.0.1,localhost",
-        TURNSTILE_TELEGRAM_TOKEN=api.token,
-        TURNSTILE_TELEGRAM_BASE_URL=api.base_url,
-        TURNSTILE_TELEGRAM_BASE_FILE_URL=api.file_url,
-        TURNSTILE_DATABASE=str(root / "turnstile.db"),
-        TURNSTILE_WORKSPACES=str(root / "ws"),
-        TURNSTILE_TASKS_ROOT=str(root / "tasks"),
-        TURNSTILE_RUNS_DIR=str(root / "runs"),
+    return bot_env(
+        root,
+        api,
         # A private chat: Telegram's 20-a-minute group limit would make this take minutes.
         TURNSTILE_ALLOWED_CHATS=str(OPERATOR),
-        TURNSTILE_OPERATORS=str(OPERATOR),
         TURNSTILE_APPROVERS=str(BOT_APPROVER),
-        TURNSTILE_DEFAULT_AGENT="command",
-        TURNSTILE_AGENT_COMMAND=(
-            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-        ),
-        TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
         TURNSTILE_PREEMPT_GRACE="1",
-        TURNSTILE_SHUTDOWN_FLUSH_SECONDS="5",
-        TURNSTILE_LOG_LEVEL="INFO",
-        FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
-        FAKE_AGENT_STATE=str(root / "agent-state"),
     )
-    return env
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
@@ -23,109 +21,26 @@ import pytest
 
 from bot.store import BotStore
 from engine.store import Database, SqliteRunStore
+from tests.bot_process import CHAT, FAKE_AGENT, OPERATOR, ROOT, BotProcess, bot_env, spawn
 from tests.fakes.bot_api import FakeBotApi
 from tests.support import alive, wait_for_file, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
-CHAT = -1001
-OPERATOR = 11
-
-
-class BotProcess:
-    """``python -m engine.cli bot`` with its stderr (the logs) read line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self._changed = asyncio.Condition()
-        self._reader = asyncio.create_task(self._read(), name="bot-stderr")
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            async with self._changed:
-                self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
-                self._changed.notify_all()
-        async with self._changed:
-            self._changed.notify_all()
-
-    @property
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-    async def wait_log(self, text: str, timeout: float = 30.0) -> None:
-        def seen() -> bool:
-            return text in self.log or self._reader.done()
-
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(seen), timeout)
-        assert text in self.log, f"{text!r} never logged:\n{self.log}"
-
-    def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
-
-    async def exit_code(self, timeout: float = 45.0) -> int:
-        try:
-            code = await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            raise AssertionError(f"no exit within {timeout} s; its log:\n{self.log}") from None
-        await self._reader
-        return code
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        await self._reader
-
 
 def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        NO_PROXY="127.0.0.1,localhost",
-        no_proxy="127.0.0.1,localhost",
-        TURNSTILE_TELEGRAM_TOKEN=api.token,
-        TURNSTILE_TELEGRAM_BASE_URL=api.base_url,
-        TURNSTILE_TELEGRAM_BASE_FILE_URL=api.file_url,
-        TURNSTILE_DATABASE=str(root / "turnstile.db"),
-        TURNSTILE_WORKSPACES=str(root / "ws"),
-        TURNSTILE_TASKS_ROOT=str(root / "tasks"),
-        TURNSTILE_RUNS_DIR=str(root / "runs"),
-        TURNSTILE_ALLOWED_CHATS=str(CHAT),
-        TURNSTILE_OPERATORS=str(OPERATOR),
-        TURNSTILE_ADMINS="33",
-        TURNSTILE_DEFAULT_AGENT="command",
-        TURNSTILE_AGENT_COMMAND=(
-            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-        ),
-        TURNSTILE_STATUS_EDIT_INTERVAL="0.05",
+    return bot_env(
+        root,
+        api,
         TURNSTILE_PREEMPT_GRACE="1",
         TURNSTILE_SHUTDOWN_FLUSH_SECONDS="10",
         TURNSTILE_LOG_LEVEL="DEBUG",
-        FAKE_AGENT_SCRIPT=str(root / "agent-script.json"),
-        FAKE_AGENT_STATE=str(root / "agent-state"),
         FAKE_AGENT_LOG=str(root / "agent-log.jsonl"),
         FAKE_AGENT_PIDS=str(root / "agent-pids"),
+        **extra,
     )
-    env.update(extra)
-    return env
 
 
 async def _start(root: Path, env: dict[str, str], mode: str = "polling") -> BotProcess:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "engine.cli",
-        "bot",
-        cwd=root,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    bot = BotProcess(proc)
+    bot = await spawn(root, env, "bot")
     await bot.wait_log(f"running ({mode})")
     return bot
 
