@@ -19,7 +19,6 @@ import contextlib
 import errno
 import os
 import re
-import stat
 import unicodedata
 import zipfile
 from collections.abc import Callable, Iterator
@@ -27,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from engine.errors import FileRefusedError
+from engine import safefile
+from engine.errors import FileRefusedError, UnsafeFileError
 from engine.git import GitRunner
 
 __all__ = [
@@ -56,8 +56,6 @@ _NAME_BYTES: Final = 120
 _MAX_SUFFIX: Final = 1000
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\:*?"<>|]')
 _MIME = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}$")
-# O_NONBLOCK: a FIFO planted in the folder must not hang the bot on open.
-_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 UNKNOWN_MIME: Final = "application/octet-stream"
 
 
@@ -253,15 +251,21 @@ def resolve_inside(root: Path, given: str) -> Path:
     return real
 
 
-def _opened_inside(fd: int, base: Path, shown: str) -> None:
-    """The file actually opened is inside ``base`` (a symlink swapped in after the check
-    is caught here)."""
-    link = Path(f"/proc/self/fd/{fd}")
-    if not link.exists():  # pragma: no cover - not Linux
-        return
-    real = Path(os.readlink(link))
-    if not real.is_relative_to(base):
-        raise FileRefusedError(f"{shown} leads out of the run's folder; not sent", reason="symlink")
+def _open_inside(base: Path, real: Path, shown: str) -> tuple[int, os.stat_result]:
+    """Open ``real`` (inside ``base``) through :mod:`engine.safefile`: no link followed on
+    the way down, a pipe never waited on, only a regular file."""
+    try:
+        return safefile.open_regular(base, real.relative_to(base))
+    except UnsafeFileError as exc:
+        if exc.reason == safefile.Unsafe.NOT_REGULAR:
+            raise FileRefusedError(
+                f"{shown} is not a regular file; not sent", reason="special"
+            ) from exc
+        raise FileRefusedError(
+            f"{shown} leads out of the run's folder; not sent", reason="symlink"
+        ) from exc
+    except OSError as exc:
+        raise FileRefusedError(f"{shown} cannot be opened: {exc.strerror}", reason="open") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,17 +301,10 @@ def read_for_send(
     real = resolve_inside(root, given)
     base = root.resolve()
     shown = given.strip()
+    if real.is_dir():
+        raise FileRefusedError(f"{shown} is a folder", reason="folder")
+    fd, info = _open_inside(base, real, shown)
     try:
-        fd = os.open(real, _READ_FLAGS)
-    except OSError as exc:
-        raise FileRefusedError(f"{shown} cannot be opened: {exc.strerror}", reason="open") from exc
-    try:
-        _opened_inside(fd, base, shown)
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise FileRefusedError(f"{shown} is a folder", reason="folder")
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefusedError(f"{shown} is not a regular file; not sent", reason="special")
         if info.st_size > max_bytes:
             raise FileRefusedError(
                 f"{shown} is {human_size(info.st_size)}; Telegram takes files up to "
@@ -363,14 +360,13 @@ def zip_folder(
                         )
                     path = Path(folder) / name
                     arcname = path.relative_to(real).as_posix()
+                    if path.is_symlink():
+                        continue  # links are left out, wherever they lead
                     try:
-                        fd = os.open(path, _READ_FLAGS)
-                    except OSError:
-                        continue  # a symlink (ELOOP) or gone: left out
+                        fd, _ = safefile.open_regular(base, path.relative_to(base))
+                    except (UnsafeFileError, OSError):
+                        continue  # a pipe, a device, a link swapped in, or gone: left out
                     try:
-                        if not stat.S_ISREG(os.fstat(fd).st_mode):
-                            continue
-                        _opened_inside(fd, base, arcname)
                         with os.fdopen(os.dup(fd), "rb") as fh:
                             data = fh.read(max_bytes + 1)
                     finally:

@@ -30,7 +30,15 @@ from pathlib import Path
 
 from engine.errors import UnsafeFileError
 
-__all__ = ["CHUNK", "MAX_HASH_BYTES", "Unsafe", "read_bytes", "read_head", "sha256"]
+__all__ = [
+    "CHUNK",
+    "MAX_HASH_BYTES",
+    "Unsafe",
+    "open_regular",
+    "read_bytes",
+    "read_head",
+    "sha256",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -71,8 +79,16 @@ def _refuse(name: str, reason: Unsafe, message: str) -> UnsafeFileError:
     return UnsafeFileError(f"{name} {message}", path=name, reason=reason.value)
 
 
-def _open(root: Path, relative: str | Path) -> tuple[int, os.stat_result]:
-    """A descriptor of the regular file ``root/relative`` and its ``fstat``."""
+def open_regular(root: Path, relative: str | Path) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file ``root/relative`` and its ``fstat``; the caller
+    closes the descriptor.
+
+    Raises:
+        UnsafeFileError: it leads outside ``root``, a link changed under us, or it is not
+            a regular file.
+        FileNotFoundError: it does not exist.
+        ValueError: ``relative`` is absolute or climbs out with ``..``.
+    """
     name = os.fspath(relative)
     parts = Path(name).parts
     if not parts or Path(name).is_absolute() or ".." in parts:
@@ -130,7 +146,7 @@ def read_head(root: Path, relative: str | Path, limit: int) -> bytes:
         UnsafeFileError: refused.
         FileNotFoundError: it does not exist.
     """
-    fd, _ = _open(root, relative)
+    fd, _ = open_regular(root, relative)
     with os.fdopen(fd, "rb", buffering=0) as fh:
         chunks: list[bytes] = []
         left = limit
@@ -150,7 +166,7 @@ def sha256(root: Path, relative: str | Path, *, limit: int = MAX_HASH_BYTES) -> 
         UnsafeFileError: refused, or longer than ``limit`` bytes (``too_large``).
         FileNotFoundError: it does not exist.
     """
-    fd, _ = _open(root, relative)
+    fd, _ = open_regular(root, relative)
     digest = hashlib.sha256()
     total = 0
     with os.fdopen(fd, "rb", buffering=0) as fh:
