@@ -2,7 +2,9 @@
 
 :func:`bot_env` is the environment of a bot wired to a fake Bot API under ``root`` (the
 fake agent as its command agent); ``extra`` overrides or adds variables.
-:class:`BotProcess` reads its log (stderr) line by line, so a test can wait for a line.
+:class:`BotProcess` reads its log (stderr) line by line, so a test can wait for a line;
+:func:`start_polling` starts a bot that logs to a file and returns once it polls (for tests
+that only kill and restart it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ from pathlib import Path
 
 from tests.fakes.bot_api import FakeBotApi
 
-__all__ = ["ADMIN", "CHAT", "FAKE_AGENT", "OPERATOR", "ROOT", "BotProcess", "bot_env", "spawn"]
+__all__ = [
+    "ADMIN",
+    "CHAT",
+    "FAKE_AGENT",
+    "OPERATOR",
+    "ROOT",
+    "BotProcess",
+    "bot_env",
+    "spawn",
+    "start_polling",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AGENT = ROOT / "tests" / "fake_agent.py"
@@ -117,3 +129,25 @@ async def spawn(root: Path, env: dict[str, str], *args: str) -> BotProcess:
         stderr=asyncio.subprocess.PIPE,
     )
     return BotProcess(proc)
+
+
+async def start_polling(
+    api: FakeBotApi, root: Path, env: dict[str, str], *, timeout: float = 60.0
+) -> asyncio.subprocess.Process:
+    """``turnstile bot`` logging to ``root/bot-N.log``, returned once it has started polling
+    (its ``deleteWebhook`` call reached the fake Bot API)."""
+    before = len(api.calls_of("deleteWebhook"))
+    with open(root / f"bot-{before}.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "bot",
+            cwd=root,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log,
+        )
+    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=timeout)
+    return proc

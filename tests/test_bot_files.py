@@ -14,7 +14,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 import wave
 import zipfile
@@ -27,10 +26,10 @@ import pytest
 
 from bot.app import BotRuntime
 from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
+from tests.bot_process import bot_env, start_polling
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     CHAT,
-    FAKE_AGENT,
     OPERATOR,
     STRANGER,
     agent_log,
@@ -586,38 +585,9 @@ async def test_a_file_not_yet_delivered_at_shutdown_goes_out_after_the_restart(
 
 async def _bot_process(api: FakeBotApi, root: Path, **env_extra: str) -> asyncio.subprocess.Process:
     """The real ``turnstile bot`` as a process (to be killed with SIGKILL)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-    env |= {
-        "TURNSTILE_TELEGRAM_TOKEN": api.token,
-        "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
-        "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
-        "TURNSTILE_DATABASE": str(root / "turnstile.db"),
-        "TURNSTILE_WORKSPACES": str(root / "ws"),
-        "TURNSTILE_RUNS_DIR": str(root / "runs"),
-        "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
-        "TURNSTILE_ALLOWED_CHATS": str(OPERATOR),
-        "TURNSTILE_OPERATORS": str(OPERATOR),
-        "TURNSTILE_DEFAULT_AGENT": "command",
-        "TURNSTILE_AGENT_COMMAND": (
-            f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-        ),
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-        "NO_PROXY": "127.0.0.1,localhost",
-        **env_extra,
-    }
-    before = len(api.calls_of("deleteWebhook"))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "engine.cli",
-        "bot",
-        cwd=root,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=30)
-    return proc
+    fakes = {k: v for k, v in os.environ.items() if k.startswith("FAKE_")}
+    env = bot_env(root, api, TURNSTILE_ALLOWED_CHATS=str(OPERATOR), **fakes, **env_extra)
+    return await start_polling(api, root, env, timeout=30)
 
 
 @pytest.mark.timeout(120)

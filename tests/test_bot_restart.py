@@ -7,14 +7,14 @@ import contextlib
 import os
 import signal
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.automode_support import GIT_ENV, git_workspace, happy_rules
+from tests.bot_process import bot_env, start_polling
 from tests.fakes.bot_api import FakeBotApi
-from tests.fakes.bot_harness import FAKE_AGENT, OPERATOR, wait_for_file, write_script
+from tests.fakes.bot_harness import OPERATOR, wait_for_file, write_script
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
@@ -23,46 +23,19 @@ CHAT = OPERATOR  # a private chat: the group flood limit is not under test here
 
 
 def _env(api: FakeBotApi, root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-    env.update(
-        {
-            "TURNSTILE_TELEGRAM_TOKEN": api.token,
-            "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
-            "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
-            "TURNSTILE_DATABASE": str(root / "bot.db"),
-            "TURNSTILE_WORKSPACES": str(root / "ws"),
-            "TURNSTILE_RUNS_DIR": str(root / "runs"),
-            "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
-            "TURNSTILE_ALLOWED_CHATS": str(CHAT),
-            "TURNSTILE_OPERATORS": str(OPERATOR),
-            "TURNSTILE_DEFAULT_AGENT": "command",
-            "TURNSTILE_AGENT_COMMAND": (
-                f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-            ),
-            "TURNSTILE_STATUS_EDIT_INTERVAL": "0.05",
-            "TURNSTILE_PREEMPT_GRACE": "1",
-            "PYTHONPATH": str(REPO),
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
+    return bot_env(
+        root,
+        api,
+        TURNSTILE_DATABASE=str(root / "bot.db"),
+        TURNSTILE_ALLOWED_CHATS=str(CHAT),
+        TURNSTILE_PREEMPT_GRACE="1",
+        # the fake agent's script, state and pid files, set by each test
+        **{k: v for k, v in os.environ.items() if k.startswith("FAKE_")},
     )
-    return env
 
 
 async def _start(api: FakeBotApi, root: Path) -> asyncio.subprocess.Process:
-    before = len(api.calls_of("deleteWebhook"))
-    with open(root / f"bot-{before}.log", "wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "bot",
-            cwd=root,
-            env=_env(api, root),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=log,
-        )
-    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=30)
-    return proc
+    return await start_polling(api, root, _env(api, root), timeout=30)
 
 
 def _outbox(root: Path) -> list[tuple[str, str]]:

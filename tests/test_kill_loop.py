@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 import uuid
 from collections import Counter
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.bot_process import bot_env, start_polling
 from tests.fakes.bot_api import FakeBotApi
-from tests.fakes.bot_harness import FAKE_AGENT, OPERATOR
+from tests.fakes.bot_harness import OPERATOR
 from tests.fakes.realcli import MARKER_VAR, marked_processes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,56 +69,28 @@ class Report:
 
 
 def _env(api: FakeBotApi, root: Path, marker: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     script = root / "agent-script.json"
     body = "\n".join(f"{{prompt}} line {k:03d} " + "x" * 70 for k in range(LINES))
     script.write_text(
         json.dumps({"rules": [{"match": "", "grandchild": True, "sleep": 0.3, "text": body}]})
     )
-    env.update(
-        {
-            "TURNSTILE_TELEGRAM_TOKEN": api.token,
-            "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
-            "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
-            "TURNSTILE_DATABASE": str(root / "bot.db"),
-            "TURNSTILE_WORKSPACES": str(root / "ws"),
-            "TURNSTILE_RUNS_DIR": str(root / "runs"),
-            "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
-            "TURNSTILE_ALLOWED_CHATS": str(CHAT),
-            "TURNSTILE_OPERATORS": str(OPERATOR),
-            "TURNSTILE_DEFAULT_AGENT": "command",
-            "TURNSTILE_AGENT_COMMAND": (
-                f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-            ),
-            "TURNSTILE_STATUS_EDIT_INTERVAL": "0.2",
-            "TURNSTILE_PREEMPT_GRACE": "1",
-            "TURNSTILE_QUEUE_DEPTH": "100",
-            "FAKE_AGENT_SCRIPT": str(script),
-            "FAKE_AGENT_STATE": str(root / "agent-state"),
-            "FAKE_AGENT_PIDS": str(root / "pids"),
-            MARKER_VAR: marker,
-            "PYTHONPATH": str(REPO),
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
+    return bot_env(
+        root,
+        api,
+        TURNSTILE_DATABASE=str(root / "bot.db"),
+        TURNSTILE_ALLOWED_CHATS=str(CHAT),
+        TURNSTILE_STATUS_EDIT_INTERVAL="0.2",
+        TURNSTILE_PREEMPT_GRACE="1",
+        TURNSTILE_QUEUE_DEPTH="100",
+        TURNSTILE_LOG_LEVEL="WARNING",
+        FAKE_AGENT_SCRIPT=str(script),
+        FAKE_AGENT_PIDS=str(root / "pids"),
+        **{MARKER_VAR: marker},
     )
-    return env
 
 
 async def _start(api: FakeBotApi, root: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
-    before = len(api.calls_of("deleteWebhook"))
-    with open(root / f"bot-{before}.log", "wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "bot",
-            cwd=root,
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=log,
-        )
-    await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > before, timeout=60)
-    return proc
+    return await start_polling(api, root, env)
 
 
 async def _until(predicate: Callable[[], bool], within: float) -> bool:
