@@ -30,7 +30,7 @@ from engine.automode import (
 )
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, TurnstileError
-from engine.runs import RunMode, new_run_id
+from engine.runs import RunMode, RunSpec, new_run_id
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -106,17 +106,20 @@ class AutoExtension(Feature):
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = new_run_id(RunMode.AUTO)
             workdir = await self.ctx.chats.workdir_for(project, run_id)
+            spec = RunSpec(
+                objective=objective,
+                agent=self.ctx.settings.default_agent,
+                workdir=workdir,
+                run_id=run_id,
+                project=project,
+                chat=place,
+            )
             run = await start_auto_run(
                 self.ctx.settings,
                 self.ctx.db,
-                objective=objective,
-                tool=self.ctx.settings.default_agent,
-                workdir=workdir,
+                spec,
                 sink=self.sink,
-                chat_id=chat.id,
-                thread_id=thread,
                 turn_slots=self.ctx.slots,
-                run_id=run_id,
                 approval_for=self._approvals(update),
             )
         except ConfigError as exc:

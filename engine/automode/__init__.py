@@ -8,15 +8,19 @@ state, terminal exit code and abort). :func:`engine.turn.run_session_loop` drive
 Embedding (the Telegram bot, scripts)::
 
     from engine.automode import start_auto_run, resume_auto_run
+    from engine.runs import ChatPlace, RunSpec
 
+    spec = RunSpec(                       # plain data: a job queue can carry it (to_json)
+        objective="add retry with backoff to the HTTP client",
+        agent="claude",                   # claude | copilot | codex | command
+        workdir=Path("/srv/work/project"),
+        max_turns=10, verify_cmd="pytest -q",
+        chat=ChatPlace(chat.id, topic_id),   # optional, recorded on the run
+    )
     run = await start_auto_run(
         settings, db,                     # engine.settings.Settings, an open engine.store.Database
-        objective="add retry with backoff to the HTTP client",
-        tool="claude",                    # claude | copilot | codex | command
-        workdir=Path("/srv/work/project"),
+        spec,
         sink=my_sink,                     # an engine.sink.RunSink (LogSink for a terminal)
-        max_turns=10, verify_cmd="pytest -q",
-        chat_id=chat.id, thread_id=topic_id,   # optional, recorded on the run
     )
     run.run_id, run.log_dir               # known at once
     run.append_instruction("also update the CHANGELOG")   # lands in the next Execute prompt

@@ -13,7 +13,7 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
@@ -37,7 +37,7 @@ from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
-from engine.runs import RunMode, new_run_id
+from engine.runs import AgentEnv, RunMode, RunSpec, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
@@ -268,8 +268,7 @@ def _build(
     *,
     sink: RunSink | None,
     resume_session: bool,
-    extra_env: Mapping[str, str] | None,
-    config_dir: Path | None,
+    env: AgentEnv,
     stop_event: asyncio.Event | None,
     turn_slots: asyncio.Semaphore | None,
     approval_for: ApprovalFor | None = None,
@@ -285,8 +284,8 @@ def _build(
         session_id=state.session_id,
         agent_cmd=cfg.get("agent_cmd"),
         passthrough=tuple(cfg.get("passthrough", ())),
-        extra_env=extra_env,
-        config_dir=config_dir,
+        extra_env=env.extra_env or None,
+        config_dir=env.config_dir,
         resume=resume_session,
         turns_finished=resume_session,
         approval=approval_for(state.run_id) if approval_for is not None else None,
@@ -326,21 +325,9 @@ def _build(
 async def prepare_auto_run(
     settings: Settings,
     db: Database,
+    spec: RunSpec,
     *,
-    objective: str,
-    tool: str,
-    workdir: Path,
     sink: RunSink | None = None,
-    agent_cmd: str | None = None,
-    passthrough: Sequence[str] = (),
-    max_turns: int | None = None,
-    verify_cmd: str | None = None,
-    prompts_dir: Path | None = None,
-    chat_id: int | None = None,
-    thread_id: int | None = None,
-    run_id: str | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
     approval_for: ApprovalFor | None = None,
@@ -350,9 +337,14 @@ async def prepare_auto_run(
     Raises:
         ConfigError: bad input (turn cap, tool, workdir, objective, templates, verify command).
     """
-    turns = settings.max_turns if max_turns is None else max_turns
-    workdir, prompts = _validate(objective, tool, turns, workdir, prompts_dir, verify_cmd)
-    run_id = run_id or new_run_id(RunMode.AUTO)
+    if spec.mode is not RunMode.AUTO:
+        raise ConfigError(f"an auto run cannot be started from a {spec.mode.value} spec")
+    objective, tool = spec.objective, spec.agent
+    turns = settings.max_turns if spec.max_turns is None else spec.max_turns
+    workdir, prompts = _validate(
+        objective, tool, turns, spec.workdir, spec.prompts_dir, spec.verify_cmd
+    )
+    run_id = spec.run_id or new_run_id(RunMode.AUTO)
     log_dir = settings.runs_dir.resolve() / run_id
     log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     now = time.time()
@@ -369,9 +361,9 @@ async def prepare_auto_run(
         base_commit=await Git(workdir).head(),
         config={
             # The effective template, so a resume runs the same command.
-            "agent_cmd": agent_cmd or (settings.agent_command if tool == "command" else None),
-            "passthrough": list(passthrough),
-            "verify_cmd": verify_cmd,
+            "agent_cmd": spec.agent_cmd or (settings.agent_command if tool == "command" else None),
+            "passthrough": list(spec.passthrough),
+            "verify_cmd": spec.verify_cmd,
             "prompts_dir": prompts,
             "threshold": settings.completion_threshold,
         },
@@ -385,8 +377,7 @@ async def prepare_auto_run(
             state,
             sink=sink,
             resume_session=False,
-            extra_env=extra_env,
-            config_dir=config_dir,
+            env=spec.env,
             stop_event=stop_event,
             turn_slots=turn_slots,
             approval_for=approval_for,
@@ -403,8 +394,8 @@ async def prepare_auto_run(
         objective=objective,
         workdir=str(workdir),
         log_dir=str(log_dir),
-        chat_id=chat_id,
-        thread_id=thread_id,
+        chat_id=spec.chat.chat_id if spec.chat is not None else None,
+        thread_id=spec.chat.thread_id if spec.chat is not None else None,
         phase=state.phase.value,
         state=state.to_json(),
     )
@@ -461,9 +452,8 @@ async def prepare_resume(
     db: Database,
     run_id: str,
     *,
+    env: AgentEnv | None = None,
     sink: RunSink | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
     approval_for: ApprovalFor | None = None,
@@ -533,8 +523,7 @@ async def prepare_resume(
         state,
         sink=sink,
         resume_session=resume_session,
-        extra_env=extra_env,
-        config_dir=config_dir,
+        env=env if env is not None else AgentEnv(),
         stop_event=stop_event,
         turn_slots=turn_slots,
         approval_for=approval_for,
@@ -544,45 +533,21 @@ async def prepare_resume(
 async def start_auto_run(
     settings: Settings,
     db: Database,
+    spec: RunSpec,
     *,
-    objective: str,
-    tool: str,
-    workdir: Path,
     sink: RunSink | None = None,
-    agent_cmd: str | None = None,
-    passthrough: Sequence[str] = (),
-    max_turns: int | None = None,
-    verify_cmd: str | None = None,
-    prompts_dir: Path | None = None,
-    chat_id: int | None = None,
-    thread_id: int | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
-    run_id: str | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
         settings,
         db,
-        objective=objective,
-        tool=tool,
-        workdir=workdir,
+        spec,
         sink=sink,
-        agent_cmd=agent_cmd,
-        passthrough=passthrough,
-        max_turns=max_turns,
-        verify_cmd=verify_cmd,
-        prompts_dir=prompts_dir,
-        chat_id=chat_id,
-        thread_id=thread_id,
-        extra_env=extra_env,
-        config_dir=config_dir,
         stop_event=stop_event,
         turn_slots=turn_slots,
-        run_id=run_id,
         approval_for=approval_for,
     )
     run.start()
@@ -594,9 +559,8 @@ async def resume_auto_run(
     db: Database,
     run_id: str,
     *,
+    env: AgentEnv | None = None,
     sink: RunSink | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
     turn_slots: asyncio.Semaphore | None = None,
     approval_for: ApprovalFor | None = None,
@@ -606,9 +570,8 @@ async def resume_auto_run(
         settings,
         db,
         run_id,
+        env=env,
         sink=sink,
-        extra_env=extra_env,
-        config_dir=config_dir,
         stop_event=stop_event,
         turn_slots=turn_slots,
         approval_for=approval_for,
