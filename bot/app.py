@@ -52,6 +52,7 @@ from engine.errors import ConfigError
 from engine.gates import Gates
 from engine.locks import FileLock
 from engine.redact import Redactor
+from engine.runs import RunSupervisor
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore
@@ -185,7 +186,10 @@ class BotRuntime:
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
         self.features: Features | None = None
-        self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        # Every run of every feature: its row, its session wrapper, its turns, recovery.
+        self.supervisor = RunSupervisor(
+            self.runs, slots=asyncio.Semaphore(settings.max_concurrent_turns)
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._sender_task: asyncio.Task[None] | None = None
@@ -268,7 +272,7 @@ class BotRuntime:
                 runs=self.runs,
                 publisher=self.publisher,
                 agent_factory=self._agent_factory,
-                slots=self.slots,
+                supervisor=self.supervisor,
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
             ctx = BotContext(
@@ -280,7 +284,7 @@ class BotRuntime:
                 authorizer=self.authorizer,
                 redactor=self.redactor,
                 replies=replies,
-                slots=self.slots,
+                supervisor=self.supervisor,
                 gates=Gates(self.db, self.settings, poll_interval=1.0),
                 chats=self.chats,
                 sink=BotSink(self.publisher, self.runs),

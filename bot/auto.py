@@ -119,7 +119,7 @@ class AutoExtension(Feature):
                 self.ctx.db,
                 spec,
                 sink=self.sink,
-                turn_slots=self.ctx.slots,
+                supervisor=self.ctx.supervisor,
                 approval_for=self._approvals(update),
             )
         except ConfigError as exc:
@@ -298,7 +298,7 @@ class AutoExtension(Feature):
                     self.ctx.db,
                     record.id,
                     sink=self.sink,
-                    turn_slots=self.ctx.slots,
+                    supervisor=self.ctx.supervisor,
                     approval_for=self._approvals(None, record.agent),
                 )
             except TurnstileError as exc:

@@ -26,7 +26,7 @@ from engine.automode import (
 )
 from engine.automode.state import owner_token
 from engine.errors import ConfigError, TurnExecError
-from engine.runs import RunSpec
+from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.database import Database
@@ -106,9 +106,9 @@ async def start(
     settings: Settings, db: Database, workspace: Path, sink: HookSink | None = None, **kw: Any
 ) -> AutoRun:
     kw.setdefault("objective", "create result.txt and commit it")
-    slots = kw.pop("turn_slots", None)
+    supervisor = kw.pop("supervisor", None)
     spec = RunSpec(agent="command", workdir=workspace, agent_cmd=AGENT_CMD, **kw)
-    run = await prepare_auto_run(settings, db, spec, sink=sink or HookSink(), turn_slots=slots)
+    run = await prepare_auto_run(settings, db, spec, sink=sink or HookSink(), supervisor=supervisor)
     run.start()
     return run
 
@@ -573,11 +573,12 @@ async def test_turn_slots_cap_turns_running_at_once_across_runs(
 ) -> None:
     rules = [{**rule, "sleep": 0.1} for rule in happy_rules()]
     script(env, monkeypatch, rules=rules)
-    slots = asyncio.Semaphore(1)
+    # One supervisor for every run, as in the bot: its slots are shared.
+    supervisor = RunSupervisor(SqliteRunStore(db), slots=asyncio.Semaphore(1))
     runs = []
     for name in ("a", "b", "c"):
         ws = git_workspace(env / f"ws-{name}")
-        runs.append(await start(settings, db, ws, max_turns=3, turn_slots=slots))
+        runs.append(await start(settings, db, ws, max_turns=3, supervisor=supervisor))
     results = await asyncio.gather(*(r.task for r in runs))
     assert {r.status for r in results} == {AutoStatus.COMPLETED}
     spans = sorted((e["started"], e["finished"]) for e in agent_log(env / "agent.log"))

@@ -29,8 +29,9 @@ Embedding (the Telegram bot, scripts)::
 
     run = await resume_auto_run(settings, db, run_id, sink=my_sink)   # after a restart
 
-Pass ``turn_slots=`` (an ``asyncio.Semaphore``, e.g. of ``settings.max_concurrent_turns``,
-shared with chat sessions) to cap agent turns running at once across runs.
+Pass ``supervisor=`` (an :class:`engine.runs.RunSupervisor`, whose turn slots are shared
+with chat sessions and drives) to cap agent turns running at once across runs; its
+``run_turn(run_id, prompt)`` runs every turn of the run.
 Pass ``stop_event=`` (an ``asyncio.Event``) to share a stop latch: setting it pre-empts
 the running turn or verify command, like ``run.stop()``. ``run.channel.request_stop()``
 instead lets the running turn finish and then ends the run stopped.

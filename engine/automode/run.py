@@ -1,7 +1,8 @@
 """Starting, resuming and stopping auto-mode runs: the composition of runner and channel.
 
-Long: start, resume, the owner's claim and stop share one composition; it moves into the
-run supervisor that every mode will use (the next step of the one run model).
+The run's row, its session wrapper (turn slots, stop) and each of its turns go through the
+:class:`~engine.runs.RunSupervisor`; what is here is auto mode's own part: validating the
+spec, building runner and channel, and the owner's claim on resume.
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ from engine.automode.state import (
     owner_token,
     write_state_file,
 )
-from engine.automode.stop import until_stopped
 from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
-from engine.runs import AgentEnv, RunMode, RunSpec, new_run_id
+from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
-from engine.turn import AgentSession, TurnOutput, run_session_loop
+from engine.turn import AgentSession, run_session_loop
 
 __all__ = [
     "MAX_OBJECTIVE_BYTES",
@@ -90,33 +90,6 @@ def process_exit_code(code: int) -> int:
     return code if code <= 255 else 1
 
 
-class _StoppableSession:
-    """Pre-empts the turn when the run's stop latch is set, even before it spawned; with
-    ``slots``, a turn first waits for one of the turns allowed to run at once."""
-
-    def __init__(
-        self, runner: AgentSession, stop: asyncio.Event, slots: asyncio.Semaphore | None
-    ) -> None:
-        self._runner = runner
-        self._stop = stop
-        self._slots = slots
-
-    @property
-    def session_id(self) -> str:
-        return self._runner.session_id
-
-    async def _turn(self, prompt: str) -> TurnOutput:
-        if self._slots is None:
-            return await self._runner.run_turn(prompt)
-        async with self._slots:
-            return await self._runner.run_turn(prompt)
-
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        return await until_stopped(
-            self._turn(prompt), self._stop, what="the turn", session_id=self.session_id
-        )
-
-
 class AutoRun:
     """One auto-mode run: started with :meth:`start`, awaited through :attr:`task`.
 
@@ -132,13 +105,13 @@ class AutoRun:
         runner: AgentSession,
         inbox: InstructionInbox,
         stop: asyncio.Event,
-        turn_slots: asyncio.Semaphore | None = None,
+        supervisor: RunSupervisor,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.inbox = inbox
+        self.supervisor = supervisor
         self._stop = stop
-        self._slots = turn_slots
         self._task: asyncio.Task[AutoResult] | None = None
 
     @property
@@ -201,7 +174,7 @@ class AutoRun:
         )
 
     async def _drive(self) -> AutoResult:
-        session = _StoppableSession(self.runner, self._stop, self._slots)
+        session = self.supervisor.attach(self.run_id, self.runner, stop=self._stop)
         try:
             await run_session_loop(session, self.channel)
         except TurnPreempted as exc:
@@ -213,6 +186,7 @@ class AutoRun:
             await self.channel.record_turn_error(str(exc))
             raise
         finally:
+            self.supervisor.detach(self.run_id)
             await self.channel.flush()
         return self.result()
 
@@ -270,7 +244,7 @@ def _build(
     resume_session: bool,
     env: AgentEnv,
     stop_event: asyncio.Event | None,
-    turn_slots: asyncio.Semaphore | None,
+    supervisor: RunSupervisor,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     cfg = state.config
@@ -318,7 +292,7 @@ def _build(
         runner=AutoModeRunner(agent),
         inbox=inbox,
         stop=stop,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
     )
 
 
@@ -329,7 +303,7 @@ async def prepare_auto_run(
     *,
     sink: RunSink | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
@@ -370,6 +344,7 @@ async def prepare_auto_run(
         owner=owner_token(),
     )
     store = SqliteRunStore(db)
+    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     try:
         run = _build(
             settings,
@@ -379,23 +354,22 @@ async def prepare_auto_run(
             resume_session=False,
             env=spec.env,
             stop_event=stop_event,
-            turn_slots=turn_slots,
+            supervisor=supervisor,
             approval_for=approval_for,
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
         shutil.rmtree(log_dir, ignore_errors=True)
         raise
-    await store.create_run(
-        run_id,
-        mode="auto",
+    await supervisor.open_run(
+        RunMode.AUTO,
+        run_id=run_id,
         agent=tool,
         session_id=state.session_id,
         objective=objective,
         workdir=str(workdir),
         log_dir=str(log_dir),
-        chat_id=spec.chat.chat_id if spec.chat is not None else None,
-        thread_id=spec.chat.thread_id if spec.chat is not None else None,
+        chat=spec.chat,
         phase=state.phase.value,
         state=state.to_json(),
     )
@@ -455,7 +429,7 @@ async def prepare_resume(
     env: AgentEnv | None = None,
     sink: RunSink | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Reload a run from the store to continue from its recorded phase and turn.
@@ -468,6 +442,7 @@ async def prepare_resume(
         ConfigError: not an auto run, already finished, or still driven by a live process.
     """
     store = SqliteRunStore(db)
+    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     record = await store.get_run(run_id)
     if record.mode != "auto":
         raise ConfigError(f"run {run_id} is a {record.mode} run, not an auto run")
@@ -525,7 +500,7 @@ async def prepare_resume(
         resume_session=resume_session,
         env=env if env is not None else AgentEnv(),
         stop_event=stop_event,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
 
@@ -537,7 +512,7 @@ async def start_auto_run(
     *,
     sink: RunSink | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
@@ -547,7 +522,7 @@ async def start_auto_run(
         spec,
         sink=sink,
         stop_event=stop_event,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
     run.start()
@@ -562,7 +537,7 @@ async def resume_auto_run(
     env: AgentEnv | None = None,
     sink: RunSink | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
@@ -573,7 +548,7 @@ async def resume_auto_run(
         env=env,
         sink=sink,
         stop_event=stop_event,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
     run.start()
