@@ -52,10 +52,10 @@ from engine.errors import ConfigError
 from engine.gates import Gates
 from engine.locks import FileLock
 from engine.redact import Redactor
-from engine.runs import RunSupervisor
+from engine.runs import Recovery, RunSupervisor
 from engine.settings import Settings
 from engine.store.database import Database
-from engine.store.runs import RunStatus, SqliteRunStore
+from engine.store.runs import SqliteRunStore
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -123,9 +123,9 @@ class Features:
     def __init__(self, extensions: tuple[Feature, ...]) -> None:
         self.extensions = extensions
 
-    async def recover(self) -> None:
+    async def recover(self, report: Recovery) -> None:
         for feature in self.extensions:
-            await feature.recover()
+            await feature.recover(report)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         for feature in self.extensions:
@@ -407,17 +407,11 @@ class BotRuntime:
         pruned = await self.store.prune(time.time() - _KEEP_SECONDS)
         if pruned:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
-        interrupted = await self.runs.mark_interrupted()
-        # What a cut-off turn left running dies first (the watchdog of the process that
-        # ran it normally did that already, unless it was killed too).
-        for turn in interrupted:
-            if turn.kill_remains():
-                _LOGGER.info("killed what was left of turn %d of run %s", turn.seq, turn.run_id)
-        for turn in interrupted:
-            try:
-                run = await self.runs.get_run(turn.run_id)
-            except TelegramError:  # pragma: no cover - defensive
-                continue
+        # The engine recovers every run (cut-off turns, chat runs, what resumes); the bot
+        # only tells the chats and lets each feature resume what the report says.
+        report = await self.supervisor.recover()
+        for cut in report.cut_off:
+            turn, run = cut.turn, cut.run
             if run.chat_id is None:
                 continue
             excerpt = turn.prompt if len(turn.prompt) <= 200 else turn.prompt[:200] + "…"
@@ -446,17 +440,7 @@ class BotRuntime:
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")
-        for run in await self.runs.list_runs(status=RunStatus.RUNNING):
-            if run.mode == "chat":
-                await self.runs.update_run(
-                    run.id, status=RunStatus.CRASHED, finished_at=time.time()
-                )
-        for run in await self.runs.list_runs(status=RunStatus.PARKED):
-            if run.mode == "chat":
-                await self.runs.update_run(
-                    run.id, status=RunStatus.COMPLETED, finished_at=time.time()
-                )
-        await self.features.recover()
+        await self.features.recover(report)
         await self.store.touch_live("gate:")
         await self.chats.resume()
         self.publisher.wake()

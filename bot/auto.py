@@ -30,7 +30,7 @@ from engine.automode import (
 )
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, TurnstileError
-from engine.runs import RunMode, RunSpec, new_run_id
+from engine.runs import Recovery, RunMode, RunSpec, new_run_id
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -281,15 +281,10 @@ class AutoExtension(Feature):
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def recover(self) -> None:
-        """Resume auto runs parked by a shutdown or cut off by a crash."""
-        candidates = [
-            *await self.ctx.runs.list_runs(status=RunStatus.RUNNING),
-            *await self.ctx.runs.list_runs(status=RunStatus.PARKED),
-        ]
-        for record in candidates:
-            if record.mode != "auto" or record.chat_id is None:
-                continue
+    async def recover(self, report: Recovery) -> None:
+        """Resume the auto runs the supervisor's recovery found parked or cut off."""
+        for record in report.auto:
+            assert record.chat_id is not None  # (the report holds the runs a chat follows)
             place = ChatPlace(record.chat_id, record.thread_id)
             self.sink.register(record.id, place)
             try:

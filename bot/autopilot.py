@@ -50,6 +50,7 @@ from engine.gates import (
     Refusal,
     TaskRecord,
 )
+from engine.runs import Recovery
 from engine.sink import GateRequest
 from engine.turn import AgentSession
 from engine.workspace.runs import worktree_summaries
@@ -749,7 +750,7 @@ class AutopilotExtension(Feature):
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def recover(self) -> None:
+    async def recover(self, report: Recovery) -> None:
         """Resume every drive that was active when the bot stopped; gates are re-posted
         only when they changed (an open gate's message is refreshed instead)."""
         for name, chat_id, thread_id in await self.ctx.store.task_places():

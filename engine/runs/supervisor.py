@@ -11,7 +11,7 @@ sub-tasks) starts, runs, stops and recovers its runs through.
   run id and the prompt; the worker holds the agent session).
 - :meth:`RunSupervisor.recover` is the one start-up recovery path: turns a crash cut off
   are marked interrupted (what they left running is killed), chat runs are closed, and
-  the report says which auto runs and autopilot drives resume.
+  the report says which auto runs resume (the front end only announces and resumes them).
 
 The front ends (bot features, terminal commands) only start, steer, stop and render runs.
 """
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,13 +78,15 @@ class Recovery:
         closed_chats: chat runs closed (a crash ends them crashed, a shutdown completed);
             their queued messages start new runs.
         auto: auto runs with a chat that a crash cut off or a shutdown parked: to resume.
-        autopilot: autopilot drives (with a chat) a crash cut off or a shutdown parked.
+
+    Autopilot drives are not in it: which drive a chat resumes is the task a chat asked
+    for (a drive of the same task from a terminal may still be alive, and a wave's
+    sub-task runs under its parent's drive), kept by the bot with the gate messages.
     """
 
-    cut_off: tuple[CutOffTurn, ...]
-    closed_chats: tuple[str, ...]
-    auto: tuple[RunRecord, ...]
-    autopilot: tuple[RunRecord, ...]
+    cut_off: tuple[CutOffTurn, ...] = ()
+    closed_chats: tuple[str, ...] = ()
+    auto: tuple[RunRecord, ...] = ()
 
 
 class RunSupervisor:
@@ -233,13 +235,13 @@ class RunSupervisor:
 
     # -- start-up ----------------------------------------------------------------------
 
-    async def recover(self, *, modes: Sequence[RunMode] = tuple(RunMode)) -> Recovery:
+    async def recover(self) -> Recovery:
         """The one start-up recovery path (call once, before any run starts).
 
         Turns still recorded as started were cut off: what they left running is killed and
         they are marked interrupted. Chat runs left running (a crash) end crashed, parked
-        ones (a shutdown) completed. Auto runs and autopilot drives left running or parked
-        with a chat are reported for the front end to resume (``modes`` limits which).
+        ones (a shutdown) completed. Auto runs left running or parked with a chat are
+        reported for the front end to resume.
         """
         interrupted = await self.runs.mark_interrupted()
         # What a cut-off turn left running dies first (the watchdog of the process that
@@ -252,22 +254,17 @@ class RunSupervisor:
             with contextlib.suppress(NotFoundError):
                 cut_off.append(CutOffTurn(turn, await self.runs.get_run(turn.run_id)))
         closed: list[str] = []
-        resume: dict[RunMode, list[RunRecord]] = {RunMode.AUTO: [], RunMode.AUTOPILOT: []}
+        auto: list[RunRecord] = []
         for status in (RunStatus.RUNNING, RunStatus.PARKED):
             for run in await self.runs.list_runs(status=status):
-                if run.mode == RunMode.CHAT.value and RunMode.CHAT in modes:
+                if run.mode == RunMode.CHAT.value:
+                    # A chat session is not resumed: its queued messages start a new run.
                     ended = (
                         RunStatus.CRASHED if status is RunStatus.RUNNING else RunStatus.COMPLETED
                     )
                     await self.runs.update_run(run.id, status=ended, finished_at=time.time())
                     closed.append(run.id)
-                elif run.mode in (RunMode.AUTO.value, RunMode.AUTOPILOT.value):
-                    mode = RunMode(run.mode)
-                    if mode in modes and run.chat_id is not None:
-                        resume[mode].append(run)
-        return Recovery(
-            cut_off=tuple(cut_off),
-            closed_chats=tuple(closed),
-            auto=tuple(resume[RunMode.AUTO]),
-            autopilot=tuple(resume[RunMode.AUTOPILOT]),
-        )
+                elif run.mode == RunMode.AUTO.value and run.chat_id is not None:
+                    # (An auto run from a terminal is resumed there: turnstile auto --resume.)
+                    auto.append(run)
+        return Recovery(cut_off=tuple(cut_off), closed_chats=tuple(closed), auto=tuple(auto))
