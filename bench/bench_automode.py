@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from engine.automode import AutoStatus, prepare_auto_run  # noqa: E402
+from engine.runs import RunSpec  # noqa: E402
 from engine.settings import load_settings  # noqa: E402
 from engine.sink import NullSink  # noqa: E402
 from engine.store.database import Database  # noqa: E402
@@ -88,16 +89,14 @@ async def engine_time(root: Path, turns: int) -> list[float]:
     ws = git_workspace(root / "ws-engine")
     settings = load_settings(database=root / "engine.db", runs_dir=root / "runs-engine")
     async with Database(settings.database) as db:
-        run = await prepare_auto_run(
-            settings,
-            db,
+        spec = RunSpec(
             objective="benchmark objective",
-            tool="command",
+            agent="command",
             workdir=ws,
             agent_cmd=AGENT_CMD,
             max_turns=turns,
-            sink=NullSink(),
         )
+        run = await prepare_auto_run(settings, db, spec, sink=NullSink())
         # Steering text every few turns exercises the append intake too.
         for i in range(turns // 5):
             run.append_instruction(f"note {i}: keep going")
@@ -141,11 +140,13 @@ async def concurrent_runs(root: Path, runs: int, max_turns: int) -> dict[str, ob
                 await prepare_auto_run(
                     settings,
                     db,
-                    objective=f"run {i}",
-                    tool="command",
-                    workdir=ws,
-                    agent_cmd=AGENT_CMD,
-                    max_turns=max_turns,
+                    RunSpec(
+                        objective=f"run {i}",
+                        agent="command",
+                        workdir=ws,
+                        agent_cmd=AGENT_CMD,
+                        max_turns=max_turns,
+                    ),
                     sink=NullSink(),
                 )
             )

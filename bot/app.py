@@ -52,9 +52,10 @@ from engine.errors import ConfigError
 from engine.gates import Gates
 from engine.locks import FileLock
 from engine.redact import Redactor
+from engine.runs import Recovery, RunSupervisor
 from engine.settings import Settings
 from engine.store.database import Database
-from engine.store.runs import RunStatus, SqliteRunStore
+from engine.store.runs import SqliteRunStore
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -122,9 +123,9 @@ class Features:
     def __init__(self, extensions: tuple[Feature, ...]) -> None:
         self.extensions = extensions
 
-    async def recover(self) -> None:
+    async def recover(self, report: Recovery) -> None:
         for feature in self.extensions:
-            await feature.recover()
+            await feature.recover(report)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         for feature in self.extensions:
@@ -185,7 +186,10 @@ class BotRuntime:
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
         self.features: Features | None = None
-        self.slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        # Every run of every feature: its row, its session wrapper, its turns, recovery.
+        self.supervisor = RunSupervisor(
+            self.runs, slots=asyncio.Semaphore(settings.max_concurrent_turns)
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._sender_task: asyncio.Task[None] | None = None
@@ -268,7 +272,7 @@ class BotRuntime:
                 runs=self.runs,
                 publisher=self.publisher,
                 agent_factory=self._agent_factory,
-                slots=self.slots,
+                supervisor=self.supervisor,
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
             ctx = BotContext(
@@ -280,7 +284,7 @@ class BotRuntime:
                 authorizer=self.authorizer,
                 redactor=self.redactor,
                 replies=replies,
-                slots=self.slots,
+                supervisor=self.supervisor,
                 gates=Gates(self.db, self.settings, poll_interval=1.0),
                 chats=self.chats,
                 sink=BotSink(self.publisher, self.runs),
@@ -403,17 +407,11 @@ class BotRuntime:
         pruned = await self.store.prune(time.time() - _KEEP_SECONDS)
         if pruned:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
-        interrupted = await self.runs.mark_interrupted()
-        # What a cut-off turn left running dies first (the watchdog of the process that
-        # ran it normally did that already, unless it was killed too).
-        for turn in interrupted:
-            if turn.kill_remains():
-                _LOGGER.info("killed what was left of turn %d of run %s", turn.seq, turn.run_id)
-        for turn in interrupted:
-            try:
-                run = await self.runs.get_run(turn.run_id)
-            except TelegramError:  # pragma: no cover - defensive
-                continue
+        # The engine recovers every run (cut-off turns, chat runs, what resumes); the bot
+        # only tells the chats and lets each feature resume what the report says.
+        report = await self.supervisor.recover()
+        for cut in report.cut_off:
+            turn, run = cut.turn, cut.run
             if run.chat_id is None:
                 continue
             excerpt = turn.prompt if len(turn.prompt) <= 200 else turn.prompt[:200] + "…"
@@ -442,17 +440,7 @@ class BotRuntime:
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")
-        for run in await self.runs.list_runs(status=RunStatus.RUNNING):
-            if run.mode == "chat":
-                await self.runs.update_run(
-                    run.id, status=RunStatus.CRASHED, finished_at=time.time()
-                )
-        for run in await self.runs.list_runs(status=RunStatus.PARKED):
-            if run.mode == "chat":
-                await self.runs.update_run(
-                    run.id, status=RunStatus.COMPLETED, finished_at=time.time()
-                )
-        await self.features.recover()
+        await self.features.recover(report)
         await self.store.touch_live("gate:")
         await self.chats.resume()
         self.publisher.wake()

@@ -30,7 +30,7 @@ from engine.automode import (
 )
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, TurnstileError
-from engine.runs import RunMode, new_run_id
+from engine.runs import Recovery, RunMode, RunSpec, new_run_id
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -106,17 +106,20 @@ class AutoExtension(Feature):
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = new_run_id(RunMode.AUTO)
             workdir = await self.ctx.chats.workdir_for(project, run_id)
+            spec = RunSpec(
+                objective=objective,
+                agent=self.ctx.settings.default_agent,
+                workdir=workdir,
+                run_id=run_id,
+                project=project,
+                chat=place,
+            )
             run = await start_auto_run(
                 self.ctx.settings,
                 self.ctx.db,
-                objective=objective,
-                tool=self.ctx.settings.default_agent,
-                workdir=workdir,
+                spec,
                 sink=self.sink,
-                chat_id=chat.id,
-                thread_id=thread,
-                turn_slots=self.ctx.slots,
-                run_id=run_id,
+                supervisor=self.ctx.supervisor,
                 approval_for=self._approvals(update),
             )
         except ConfigError as exc:
@@ -278,15 +281,10 @@ class AutoExtension(Feature):
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def recover(self) -> None:
-        """Resume auto runs parked by a shutdown or cut off by a crash."""
-        candidates = [
-            *await self.ctx.runs.list_runs(status=RunStatus.RUNNING),
-            *await self.ctx.runs.list_runs(status=RunStatus.PARKED),
-        ]
-        for record in candidates:
-            if record.mode != "auto" or record.chat_id is None:
-                continue
+    async def recover(self, report: Recovery) -> None:
+        """Resume the auto runs the supervisor's recovery found parked or cut off."""
+        for record in report.auto:
+            assert record.chat_id is not None  # (the report holds the runs a chat follows)
             place = ChatPlace(record.chat_id, record.thread_id)
             self.sink.register(record.id, place)
             try:
@@ -295,7 +293,7 @@ class AutoExtension(Feature):
                     self.ctx.db,
                     record.id,
                     sink=self.sink,
-                    turn_slots=self.ctx.slots,
+                    supervisor=self.ctx.supervisor,
                     approval_for=self._approvals(None, record.agent),
                 )
             except TurnstileError as exc:

@@ -50,8 +50,9 @@ from engine.gates import (
     Refusal,
     TaskRecord,
 )
+from engine.runs import Recovery
 from engine.sink import GateRequest
-from engine.turn import AgentSession, TurnOutput
+from engine.turn import AgentSession
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutopilotExtension"]
@@ -75,30 +76,6 @@ def _task_of(run_id: str) -> str:
     return run_id[len(_RUN_PREFIX) :] if run_id.startswith(_RUN_PREFIX) else run_id
 
 
-class _Pausable:
-    """An agent session that starts no new turn once the bot is shutting down."""
-
-    def __init__(self, inner: AgentSession, owner: AutopilotExtension) -> None:
-        self._inner = inner
-        self._owner = owner
-
-    @property
-    def session_id(self) -> str:
-        return self._inner.session_id
-
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        if self._owner.closing:
-            # Parked: the drive is cancelled by the shutdown; the phase re-runs on restart.
-            await asyncio.Event().wait()
-        self._owner.in_flight += 1
-        try:
-            async with self._owner.slots:
-                return await self._inner.run_turn(prompt)
-        finally:
-            self._owner.in_flight -= 1
-            self._owner.turn_done.set()
-
-
 class AutopilotExtension(Feature):
     """Starts and resumes drives, posts gates, takes approvals and rejections."""
 
@@ -113,9 +90,6 @@ class AutopilotExtension(Feature):
         self.places: dict[str, ChatPlace] = {}
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self.closing = False
-        self.in_flight = 0
-        self.turn_done = asyncio.Event()
-        self.slots = ctx.slots
         self._stopped_by: dict[str, int] = {}
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
@@ -158,14 +132,14 @@ class AutopilotExtension(Feature):
         return None
 
     def _factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
-        agent = self._agent_factory(
+        agent: AgentSession = self._agent_factory(
             self.ctx.settings.default_agent,
             self.ctx.settings,
             cwd=task.workdir,
             session_id=session_id,
             resume=resume,
         )
-        return _Pausable(agent, self)
+        return agent
 
     # -- /autopilot --------------------------------------------------------------------
 
@@ -242,7 +216,11 @@ class AutopilotExtension(Feature):
         self.places[name] = place
         self.sink.register(_RUN_PREFIX + name, place, task=name)
         handle = self.gates.start_autopilot(
-            name, self.sink, agent_factory=self._factory, chat=(place.chat_id, place.thread_id)
+            name,
+            self.sink,
+            agent_factory=self._factory,
+            chat=(place.chat_id, place.thread_id),
+            supervisor=self.ctx.supervisor,
         )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
@@ -772,7 +750,7 @@ class AutopilotExtension(Feature):
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def recover(self) -> None:
+    async def recover(self, report: Recovery) -> None:
         """Resume every drive that was active when the bot stopped; gates are re-posted
         only when they changed (an open gate's message is refreshed instead)."""
         for name, chat_id, thread_id in await self.ctx.store.task_places():
@@ -790,15 +768,10 @@ class AutopilotExtension(Feature):
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True
+        # No new turn of a drive starts; without ``park`` the running ones finish.
+        self.ctx.supervisor.park()
         if not park:
-            # Running turns finish; no new one starts (see _Pausable).
-            while self.in_flight and not preempt.is_set():
-                self.turn_done.clear()
-                waiter = asyncio.create_task(preempt.wait())
-                done_wait = asyncio.create_task(self.turn_done.wait())
-                await asyncio.wait({waiter, done_wait}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                done_wait.cancel()
+            await self.ctx.supervisor.wait_turns(preempt)
         for handle in list(self.drives.values()):
             await handle.stop(park=True)
         for watcher in list(self.watchers.values()):
@@ -807,6 +780,7 @@ class AutopilotExtension(Feature):
 
     async def park_all(self) -> None:
         self.closing = True
+        self.ctx.supervisor.park()
         for handle in list(self.drives.values()):
             await handle.stop(park=True)
 

@@ -28,7 +28,7 @@ from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.process import TurnProcess
-from engine.runs import RunMode, new_run_id
+from engine.runs import ChatPlace, RunMode, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
@@ -51,22 +51,6 @@ class SubmitResult:
     waiting: int
     busy: bool
     steered: bool = False
-
-
-class _Slotted:
-    """Caps the number of turns running at once across every chat and run."""
-
-    def __init__(self, inner: ProcessAgent, slots: asyncio.Semaphore) -> None:
-        self._inner = inner
-        self._slots = slots
-
-    @property
-    def session_id(self) -> str:
-        return self._inner.session_id
-
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        async with self._slots:
-            return await self._inner.run_turn(prompt)
 
 
 class ChatChannel(BaseChannel):
@@ -208,7 +192,7 @@ class ChatSessions:
         runs: SqliteRunStore,
         publisher: Publisher,
         agent_factory: AgentFactory,
-        slots: asyncio.Semaphore,
+        supervisor: RunSupervisor,
         status_tick: float = 15.0,
     ) -> None:
         self.settings = settings
@@ -216,7 +200,7 @@ class ChatSessions:
         self.runs = runs
         self.publisher = publisher
         self.agent_factory = agent_factory
-        self.slots = slots
+        self.supervisor = supervisor
         self.status_tick = status_tick
         self.active: dict[tuple[int, int], ChatRun] = {}
         self.output_files: OutputFiles | None = None
@@ -341,6 +325,7 @@ class ChatSessions:
             return await self._start(binding)
 
     async def _start(self, binding: Binding) -> ChatRun:
+        # Minted first: the approval route of its tool calls is keyed by it.
         run_id = new_run_id(RunMode.CHAT)
         extra: dict[str, Any] = {}
         route = await self.approvals(run_id, binding) if self.approvals is not None else None
@@ -355,14 +340,13 @@ class ChatSessions:
             turns_finished=binding.turns > 0,
             **extra,
         )
-        await self.runs.create_run(
-            run_id,
-            mode="chat",
+        await self.supervisor.open_run(
+            RunMode.CHAT,
+            run_id=run_id,
             agent=binding.agent,
             session_id=binding.session_id,
             workdir=binding.workdir,
-            chat_id=binding.chat_id,
-            thread_id=binding.thread_id or None,
+            chat=ChatPlace(binding.chat_id, binding.thread_id or None),
         )
         await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
         run = ChatRun(
@@ -389,7 +373,7 @@ class ChatSessions:
         final = "⏹ closed"
         ticker = asyncio.create_task(self._tick(run), name=f"chat-tick-{run.run_id}")
         try:
-            await run_session_loop(_Slotted(run.agent, self.slots), run.channel)
+            await run_session_loop(self.supervisor.attach(run.run_id, run.agent), run.channel)
             if run.parking or self._closing:
                 status, final = RunStatus.PARKED, "⏸ parked (the bot is restarting)"
         except TurnPreempted:
@@ -409,6 +393,7 @@ class ChatSessions:
             with contextlib.suppress(Exception):
                 await self._failed(run, exc)
         finally:
+            self.supervisor.detach(run.run_id)
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker

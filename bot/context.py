@@ -16,6 +16,7 @@ from bot.sink import BotSink
 from bot.store import BotStore
 from engine.gates import Gates
 from engine.redact import Redactor
+from engine.runs import RunSupervisor
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import SqliteRunStore
@@ -40,7 +41,7 @@ class BotContext:
     authorizer: Authorizer
     redactor: Redactor
     replies: Replies
-    slots: asyncio.Semaphore
+    supervisor: RunSupervisor
     gates: Gates
     chats: ChatSessions
     sink: BotSink

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from bot.handlers import Dispatch
+from engine.runs import Recovery
 
 __all__ = ["Feature"]
 
@@ -31,8 +32,9 @@ class Feature:
         """This feature's lines of ``/status`` in the chat (and topic)."""
         return []
 
-    async def recover(self) -> None:
-        """At start-up: resume parked and crashed runs, refresh what people see."""
+    async def recover(self, report: Recovery) -> None:
+        """At start-up, after the supervisor's recovery (``report``): resume and announce
+        this feature's runs, refresh what people see."""
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         """Stop starting turns; finish (or, with ``park``, pre-empt) the running ones."""

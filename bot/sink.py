@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from bot.publish import Publisher, format_elapsed
 from engine.errors import NotFoundError
+from engine.runs import ChatPlace
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.runs import SqliteRunStore
 
@@ -18,12 +18,6 @@ __all__ = ["BotSink", "ChatPlace", "status_text"]
 _LOGGER = logging.getLogger(__name__)
 
 _ICONS = {"auto": "🤖", "autopilot": "🛂", "chat": "💬"}
-
-
-@dataclass(frozen=True, slots=True)
-class ChatPlace:
-    chat_id: int
-    thread_id: int | None
 
 
 def status_text(update: StatusUpdate, now: float | None = None) -> str:

@@ -38,6 +38,7 @@ from engine.approvals import (
 )
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
+from engine.runs import Recovery
 from engine.store.runs import RunRecord
 
 __all__ = ["ToolApprovalExtension", "request_text"]
@@ -323,7 +324,7 @@ class ToolApprovalExtension(Feature):
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def recover(self) -> None:
+    async def recover(self, report: Recovery) -> None:
         """Requests of bot runs left from before the restart are reported, then listen."""
         leftover = [r.run_id for r in await self.store.pending() if await self._run_of(r)]
         if leftover:

@@ -147,20 +147,17 @@ class _KillAfter:
 
 async def _kill_after_turn(argv: list[str]) -> None:
     from engine.automode import prepare_auto_run
+    from engine.runs import RunSpec
     from engine.settings import load_settings
     from engine.store.database import Database
 
     n, db_path, runs_dir, workdir, agent_cmd, objective = argv
     settings = load_settings(database=Path(db_path), runs_dir=Path(runs_dir))
     async with Database(settings.database) as db:
-        run = await prepare_auto_run(
-            settings,
-            db,
-            objective=objective,
-            tool="command",
-            workdir=Path(workdir),
-            agent_cmd=agent_cmd,
+        spec = RunSpec(
+            objective=objective, agent="command", workdir=Path(workdir), agent_cmd=agent_cmd
         )
+        run = await prepare_auto_run(settings, db, spec)
         print(f"RUN {run.run_id}", file=sys.stderr, flush=True)
         run.runner = _KillAfter(run.runner, int(n))
         await run.wait()

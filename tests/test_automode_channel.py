@@ -26,6 +26,7 @@ from engine.automode import (
 )
 from engine.automode.state import owner_token
 from engine.errors import ConfigError, TurnExecError
+from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.database import Database
@@ -105,15 +106,9 @@ async def start(
     settings: Settings, db: Database, workspace: Path, sink: HookSink | None = None, **kw: Any
 ) -> AutoRun:
     kw.setdefault("objective", "create result.txt and commit it")
-    run = await prepare_auto_run(
-        settings,
-        db,
-        tool="command",
-        workdir=workspace,
-        agent_cmd=AGENT_CMD,
-        sink=sink or HookSink(),
-        **kw,
-    )
+    supervisor = kw.pop("supervisor", None)
+    spec = RunSpec(agent="command", workdir=workspace, agent_cmd=AGENT_CMD, **kw)
+    run = await prepare_auto_run(settings, db, spec, sink=sink or HookSink(), supervisor=supervisor)
     run.start()
     return run
 
@@ -171,10 +166,7 @@ async def test_cursor_advances_only_in_publish_output(
     run = await prepare_auto_run(
         settings,
         db,
-        objective="o",
-        tool="command",
-        workdir=workspace,
-        agent_cmd=AGENT_CMD,
+        RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
         sink=HookSink(),
     )
     channel = run.channel
@@ -491,15 +483,13 @@ async def test_stop_preempts_the_running_turn(
 async def test_agent_that_cannot_start_is_a_turn_exec_error(
     settings: Settings, db: Database, workspace: Path, env: Path
 ) -> None:
-    run = await prepare_auto_run(
-        settings,
-        db,
+    spec = RunSpec(
         objective="o",
-        tool="command",
+        agent="command",
         workdir=workspace,
         agent_cmd=f"{env}/no-such-agent {{prompt}}",
-        sink=HookSink(),
     )
+    run = await prepare_auto_run(settings, db, spec, sink=HookSink())
     with pytest.raises(TurnExecError, match="not found"):
         await run.wait()
     record = await SqliteRunStore(db).get_run(run.run_id)
@@ -514,11 +504,11 @@ async def test_agent_that_cannot_start_is_a_turn_exec_error(
     [
         ({"max_turns": 0}, "at least 1"),
         ({"max_turns": -2}, "at least 1"),
-        ({"tool": "gpt"}, "unknown agent"),
+        ({"agent": "gpt"}, "unknown agent"),
         ({"workdir": Path("/no/such/dir")}, "does not exist"),
         ({"objective": "  "}, "empty"),
         ({"verify_cmd": "no-such-program-xyz --check"}, "not found"),
-        ({"tool": "command", "agent_cmd": None}, "needs a template"),
+        ({"agent": "command", "agent_cmd": None}, "needs a template"),
     ],
 )
 async def test_bad_input_is_refused_before_anything_runs(
@@ -531,13 +521,13 @@ async def test_bad_input_is_refused_before_anything_runs(
 ) -> None:
     args: dict[str, Any] = {
         "objective": "o",
-        "tool": "command",
+        "agent": "command",
         "workdir": workspace,
         "agent_cmd": AGENT_CMD,
     }
     args.update(kw)
     with pytest.raises(ConfigError, match=message):
-        await prepare_auto_run(settings, db, **args)
+        await prepare_auto_run(settings, db, RunSpec(**args))
     assert await SqliteRunStore(db).list_runs() == []
     assert agent_log(env / "agent.log") == []
     assert not settings.runs_dir.exists() or list(settings.runs_dir.iterdir()) == []
@@ -549,16 +539,11 @@ async def test_template_override_with_unknown_placeholder_is_refused_at_start(
     folder = env / "prompts"
     folder.mkdir()
     (folder / "execute.md").write_text("{{instructions}} {{objective}} {{budget}}")
+    spec = RunSpec(
+        objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD, prompts_dir=folder
+    )
     with pytest.raises(ConfigError, match="budget"):
-        await prepare_auto_run(
-            settings,
-            db,
-            objective="o",
-            tool="command",
-            workdir=workspace,
-            agent_cmd=AGENT_CMD,
-            prompts_dir=folder,
-        )
+        await prepare_auto_run(settings, db, spec)
     assert await SqliteRunStore(db).list_runs() == []
 
 
@@ -588,11 +573,12 @@ async def test_turn_slots_cap_turns_running_at_once_across_runs(
 ) -> None:
     rules = [{**rule, "sleep": 0.1} for rule in happy_rules()]
     script(env, monkeypatch, rules=rules)
-    slots = asyncio.Semaphore(1)
+    # One supervisor for every run, as in the bot: its slots are shared.
+    supervisor = RunSupervisor(SqliteRunStore(db), slots=asyncio.Semaphore(1))
     runs = []
     for name in ("a", "b", "c"):
         ws = git_workspace(env / f"ws-{name}")
-        runs.append(await start(settings, db, ws, max_turns=3, turn_slots=slots))
+        runs.append(await start(settings, db, ws, max_turns=3, supervisor=supervisor))
     results = await asyncio.gather(*(r.task for r in runs))
     assert {r.status for r in results} == {AutoStatus.COMPLETED}
     spans = sorted((e["started"], e["finished"]) for e in agent_log(env / "agent.log"))
@@ -605,7 +591,9 @@ async def test_resume_refuses_a_run_another_live_process_drives(
     settings: Settings, db: Database, workspace: Path
 ) -> None:
     run = await prepare_auto_run(
-        settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+        settings,
+        db,
+        RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
     )
     other = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "import time; time.sleep(60)"

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.automode import AutoRun, AutoStatus, Phase, prepare_auto_run, prepare_resume
+from engine.runs import RunSpec
 from engine.settings import load_settings
 from engine.store.database import Database
 from engine.store.runs import SqliteRunStore, TurnState
@@ -64,15 +65,10 @@ async def drive(root: Path, verdicts: list[str], crashes: dict[int, str]) -> tup
     name = "crash" if crashes else "clean"
     cfg = load_settings(database=root / f"{name}.db", runs_dir=root / f"runs-{name}")
     async with Database(cfg.database) as db:
-        run = await prepare_auto_run(
-            cfg,
-            db,
-            objective="o",
-            tool="command",
-            workdir=workspace,
-            agent_cmd=AGENT_CMD,
-            max_turns=6,
+        spec = RunSpec(
+            objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD, max_turns=6
         )
+        run = await prepare_auto_run(cfg, db, spec)
         crashed = Counter[int]()
         while True:
             agent = PhaseAgent(run, verdicts)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.automode import AutoStatus, start_auto_run
+from engine.runs import AgentEnv, RunSpec
 from engine.settings import load_settings
 from engine.store.database import Database
 from engine.store.runs import SqliteRunStore, TurnState
@@ -49,16 +50,17 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
         allowed_tools=("view", "create", "bash"),
     )
     async with Database(settings.database) as db:
-        run = await start_auto_run(
-            settings,
-            db,
+        spec = RunSpec(
             objective="create hello.txt containing hello and commit it",
-            tool="claude",
+            agent="claude",
             workdir=workspace,
-            extra_env=sandbox.env({**api.claude_env(sandbox.config), **GIT_ENV}),
-            config_dir=sandbox.config,
             max_turns=4,
+            env=AgentEnv(
+                extra_env=sandbox.env({**api.claude_env(sandbox.config), **GIT_ENV}),
+                config_dir=sandbox.config,
+            ),
         )
+        run = await start_auto_run(settings, db, spec)
         result = await run.task
         turns = await SqliteRunStore(db).turns(run.run_id)
     assert result.status is AutoStatus.COMPLETED, result.report

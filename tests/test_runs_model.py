@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.runs import RUN_ID_PATTERN, RunMode, new_run_id
+from engine.errors import ConfigError
+from engine.runs import RUN_ID_PATTERN, AgentEnv, ChatPlace, RunMode, RunSpec, new_run_id
 from engine.store.database import Database
 from engine.store.runs import SqliteRunStore
 from engine.workspace import SqliteWorkspaceStore
@@ -37,6 +38,35 @@ def test_every_mode_mints_ids_in_one_format(mode: RunMode) -> None:
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="walk"):
         new_run_id("walk")
+
+
+def test_a_run_spec_crosses_a_process_boundary_as_json(tmp_path: Path) -> None:
+    spec = RunSpec(
+        objective="add retries",
+        agent="command",
+        workdir=tmp_path,
+        run_id=new_run_id(RunMode.AUTO),
+        project="api",
+        chat=ChatPlace(-100, 7),
+        max_turns=4,
+        agent_cmd="agent {prompt}",
+        passthrough=("--fast",),
+        verify_cmd="pytest -q",
+        prompts_dir=tmp_path / "prompts",
+        env=AgentEnv(extra_env={"HOME": str(tmp_path)}, config_dir=tmp_path / "cfg"),
+    )
+    wire = json.dumps(spec.to_json())
+    assert RunSpec.from_json(json.loads(wire)) == spec
+    # frozen: a spec handed to a queue cannot change under it
+    with pytest.raises(AttributeError):
+        spec.objective = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        spec.env.extra_env["X"] = "1"  # type: ignore[index]
+
+
+def test_a_spec_missing_its_objective_is_refused() -> None:
+    with pytest.raises(ConfigError, match="not a run spec"):
+        RunSpec.from_json({"agent": "claude", "workdir": "/tmp"})
 
 
 @pytest.fixture

@@ -325,6 +325,7 @@ async def test_requests_left_by_a_crash_are_reported_at_start(tmp_path: Path) ->
 
 async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> None:
     from engine.automode import prepare_auto_run
+    from engine.runs import RunSpec
     from tests.automode_support import git_workspace
 
     settings = Settings(  # type: ignore[call-arg]
@@ -337,14 +338,8 @@ async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> Non
         return ApprovalRoute(database=settings.database, run_id=run_id, policy=ApprovalPolicy.ALL)
 
     async with Database(settings.database) as database:
-        run = await prepare_auto_run(
-            settings,
-            database,
-            objective="do it",
-            tool="claude",
-            workdir=git_workspace(tmp_path / "ws"),
-            approval_for=route_for,
-        )
+        spec = RunSpec(objective="do it", agent="claude", workdir=git_workspace(tmp_path / "ws"))
+        run = await prepare_auto_run(settings, database, spec, approval_for=route_for)
         agent: Any = run.runner.agent
         assert agent.options.approval.run_id == run.run_id
     assert asked == [run.run_id]

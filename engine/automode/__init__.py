@@ -8,15 +8,19 @@ state, terminal exit code and abort). :func:`engine.turn.run_session_loop` drive
 Embedding (the Telegram bot, scripts)::
 
     from engine.automode import start_auto_run, resume_auto_run
+    from engine.runs import ChatPlace, RunSpec
 
+    spec = RunSpec(                       # plain data: a job queue can carry it (to_json)
+        objective="add retry with backoff to the HTTP client",
+        agent="claude",                   # claude | copilot | codex | command
+        workdir=Path("/srv/work/project"),
+        max_turns=10, verify_cmd="pytest -q",
+        chat=ChatPlace(chat.id, topic_id),   # optional, recorded on the run
+    )
     run = await start_auto_run(
         settings, db,                     # engine.settings.Settings, an open engine.store.Database
-        objective="add retry with backoff to the HTTP client",
-        tool="claude",                    # claude | copilot | codex | command
-        workdir=Path("/srv/work/project"),
+        spec,
         sink=my_sink,                     # an engine.sink.RunSink (LogSink for a terminal)
-        max_turns=10, verify_cmd="pytest -q",
-        chat_id=chat.id, thread_id=topic_id,   # optional, recorded on the run
     )
     run.run_id, run.log_dir               # known at once
     run.append_instruction("also update the CHANGELOG")   # lands in the next Execute prompt
@@ -25,8 +29,9 @@ Embedding (the Telegram bot, scripts)::
 
     run = await resume_auto_run(settings, db, run_id, sink=my_sink)   # after a restart
 
-Pass ``turn_slots=`` (an ``asyncio.Semaphore``, e.g. of ``settings.max_concurrent_turns``,
-shared with chat sessions) to cap agent turns running at once across runs.
+Pass ``supervisor=`` (an :class:`engine.runs.RunSupervisor`, whose turn slots are shared
+with chat sessions and drives) to cap agent turns running at once across runs; its
+``run_turn(run_id, prompt)`` runs every turn of the run.
 Pass ``stop_event=`` (an ``asyncio.Event``) to share a stop latch: setting it pre-empts
 the running turn or verify command, like ``run.stop()``. ``run.channel.request_stop()``
 instead lets the running turn finish and then ends the run stopped.

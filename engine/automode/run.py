@@ -1,7 +1,8 @@
 """Starting, resuming and stopping auto-mode runs: the composition of runner and channel.
 
-Long: start, resume, the owner's claim and stop share one composition; it moves into the
-run supervisor that every mode will use (the next step of the one run model).
+The run's row, its session wrapper (turn slots, stop) and each of its turns go through the
+:class:`~engine.runs.RunSupervisor`; what is here is auto mode's own part: validating the
+spec, building runner and channel, and the owner's claim on resume.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
@@ -32,17 +33,16 @@ from engine.automode.state import (
     owner_token,
     write_state_file,
 )
-from engine.automode.stop import until_stopped
 from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.logs import log_context
-from engine.runs import RunMode, new_run_id
+from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
-from engine.turn import AgentSession, TurnOutput, run_session_loop
+from engine.turn import AgentSession, run_session_loop
 
 __all__ = [
     "MAX_OBJECTIVE_BYTES",
@@ -90,33 +90,6 @@ def process_exit_code(code: int) -> int:
     return code if code <= 255 else 1
 
 
-class _StoppableSession:
-    """Pre-empts the turn when the run's stop latch is set, even before it spawned; with
-    ``slots``, a turn first waits for one of the turns allowed to run at once."""
-
-    def __init__(
-        self, runner: AgentSession, stop: asyncio.Event, slots: asyncio.Semaphore | None
-    ) -> None:
-        self._runner = runner
-        self._stop = stop
-        self._slots = slots
-
-    @property
-    def session_id(self) -> str:
-        return self._runner.session_id
-
-    async def _turn(self, prompt: str) -> TurnOutput:
-        if self._slots is None:
-            return await self._runner.run_turn(prompt)
-        async with self._slots:
-            return await self._runner.run_turn(prompt)
-
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        return await until_stopped(
-            self._turn(prompt), self._stop, what="the turn", session_id=self.session_id
-        )
-
-
 class AutoRun:
     """One auto-mode run: started with :meth:`start`, awaited through :attr:`task`.
 
@@ -132,13 +105,13 @@ class AutoRun:
         runner: AgentSession,
         inbox: InstructionInbox,
         stop: asyncio.Event,
-        turn_slots: asyncio.Semaphore | None = None,
+        supervisor: RunSupervisor,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.inbox = inbox
+        self.supervisor = supervisor
         self._stop = stop
-        self._slots = turn_slots
         self._task: asyncio.Task[AutoResult] | None = None
 
     @property
@@ -201,7 +174,7 @@ class AutoRun:
         )
 
     async def _drive(self) -> AutoResult:
-        session = _StoppableSession(self.runner, self._stop, self._slots)
+        session = self.supervisor.attach(self.run_id, self.runner, stop=self._stop)
         try:
             await run_session_loop(session, self.channel)
         except TurnPreempted as exc:
@@ -213,6 +186,7 @@ class AutoRun:
             await self.channel.record_turn_error(str(exc))
             raise
         finally:
+            self.supervisor.detach(self.run_id)
             await self.channel.flush()
         return self.result()
 
@@ -268,10 +242,9 @@ def _build(
     *,
     sink: RunSink | None,
     resume_session: bool,
-    extra_env: Mapping[str, str] | None,
-    config_dir: Path | None,
+    env: AgentEnv,
     stop_event: asyncio.Event | None,
-    turn_slots: asyncio.Semaphore | None,
+    supervisor: RunSupervisor,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     cfg = state.config
@@ -285,8 +258,8 @@ def _build(
         session_id=state.session_id,
         agent_cmd=cfg.get("agent_cmd"),
         passthrough=tuple(cfg.get("passthrough", ())),
-        extra_env=extra_env,
-        config_dir=config_dir,
+        extra_env=env.extra_env or None,
+        config_dir=env.config_dir,
         resume=resume_session,
         turns_finished=resume_session,
         approval=approval_for(state.run_id) if approval_for is not None else None,
@@ -319,30 +292,18 @@ def _build(
         runner=AutoModeRunner(agent),
         inbox=inbox,
         stop=stop,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
     )
 
 
 async def prepare_auto_run(
     settings: Settings,
     db: Database,
+    spec: RunSpec,
     *,
-    objective: str,
-    tool: str,
-    workdir: Path,
     sink: RunSink | None = None,
-    agent_cmd: str | None = None,
-    passthrough: Sequence[str] = (),
-    max_turns: int | None = None,
-    verify_cmd: str | None = None,
-    prompts_dir: Path | None = None,
-    chat_id: int | None = None,
-    thread_id: int | None = None,
-    run_id: str | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
@@ -350,9 +311,14 @@ async def prepare_auto_run(
     Raises:
         ConfigError: bad input (turn cap, tool, workdir, objective, templates, verify command).
     """
-    turns = settings.max_turns if max_turns is None else max_turns
-    workdir, prompts = _validate(objective, tool, turns, workdir, prompts_dir, verify_cmd)
-    run_id = run_id or new_run_id(RunMode.AUTO)
+    if spec.mode is not RunMode.AUTO:
+        raise ConfigError(f"an auto run cannot be started from a {spec.mode.value} spec")
+    objective, tool = spec.objective, spec.agent
+    turns = settings.max_turns if spec.max_turns is None else spec.max_turns
+    workdir, prompts = _validate(
+        objective, tool, turns, spec.workdir, spec.prompts_dir, spec.verify_cmd
+    )
+    run_id = spec.run_id or new_run_id(RunMode.AUTO)
     log_dir = settings.runs_dir.resolve() / run_id
     log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     now = time.time()
@@ -369,15 +335,16 @@ async def prepare_auto_run(
         base_commit=await Git(workdir).head(),
         config={
             # The effective template, so a resume runs the same command.
-            "agent_cmd": agent_cmd or (settings.agent_command if tool == "command" else None),
-            "passthrough": list(passthrough),
-            "verify_cmd": verify_cmd,
+            "agent_cmd": spec.agent_cmd or (settings.agent_command if tool == "command" else None),
+            "passthrough": list(spec.passthrough),
+            "verify_cmd": spec.verify_cmd,
             "prompts_dir": prompts,
             "threshold": settings.completion_threshold,
         },
         owner=owner_token(),
     )
     store = SqliteRunStore(db)
+    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     try:
         run = _build(
             settings,
@@ -385,26 +352,24 @@ async def prepare_auto_run(
             state,
             sink=sink,
             resume_session=False,
-            extra_env=extra_env,
-            config_dir=config_dir,
+            env=spec.env,
             stop_event=stop_event,
-            turn_slots=turn_slots,
+            supervisor=supervisor,
             approval_for=approval_for,
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
         shutil.rmtree(log_dir, ignore_errors=True)
         raise
-    await store.create_run(
-        run_id,
-        mode="auto",
+    await supervisor.open_run(
+        RunMode.AUTO,
+        run_id=run_id,
         agent=tool,
         session_id=state.session_id,
         objective=objective,
         workdir=str(workdir),
         log_dir=str(log_dir),
-        chat_id=chat_id,
-        thread_id=thread_id,
+        chat=spec.chat,
         phase=state.phase.value,
         state=state.to_json(),
     )
@@ -461,11 +426,10 @@ async def prepare_resume(
     db: Database,
     run_id: str,
     *,
+    env: AgentEnv | None = None,
     sink: RunSink | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Reload a run from the store to continue from its recorded phase and turn.
@@ -478,6 +442,7 @@ async def prepare_resume(
         ConfigError: not an auto run, already finished, or still driven by a live process.
     """
     store = SqliteRunStore(db)
+    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     record = await store.get_run(run_id)
     if record.mode != "auto":
         raise ConfigError(f"run {run_id} is a {record.mode} run, not an auto run")
@@ -533,10 +498,9 @@ async def prepare_resume(
         state,
         sink=sink,
         resume_session=resume_session,
-        extra_env=extra_env,
-        config_dir=config_dir,
+        env=env if env is not None else AgentEnv(),
         stop_event=stop_event,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
 
@@ -544,45 +508,21 @@ async def prepare_resume(
 async def start_auto_run(
     settings: Settings,
     db: Database,
+    spec: RunSpec,
     *,
-    objective: str,
-    tool: str,
-    workdir: Path,
     sink: RunSink | None = None,
-    agent_cmd: str | None = None,
-    passthrough: Sequence[str] = (),
-    max_turns: int | None = None,
-    verify_cmd: str | None = None,
-    prompts_dir: Path | None = None,
-    chat_id: int | None = None,
-    thread_id: int | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
-    run_id: str | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Start a new auto run now; the caller awaits ``run.task`` (or ``run.wait()``)."""
     run = await prepare_auto_run(
         settings,
         db,
-        objective=objective,
-        tool=tool,
-        workdir=workdir,
+        spec,
         sink=sink,
-        agent_cmd=agent_cmd,
-        passthrough=passthrough,
-        max_turns=max_turns,
-        verify_cmd=verify_cmd,
-        prompts_dir=prompts_dir,
-        chat_id=chat_id,
-        thread_id=thread_id,
-        extra_env=extra_env,
-        config_dir=config_dir,
         stop_event=stop_event,
-        turn_slots=turn_slots,
-        run_id=run_id,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
     run.start()
@@ -594,11 +534,10 @@ async def resume_auto_run(
     db: Database,
     run_id: str,
     *,
+    env: AgentEnv | None = None,
     sink: RunSink | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    config_dir: Path | None = None,
     stop_event: asyncio.Event | None = None,
-    turn_slots: asyncio.Semaphore | None = None,
+    supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
 ) -> AutoRun:
     """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
@@ -606,11 +545,10 @@ async def resume_auto_run(
         settings,
         db,
         run_id,
+        env=env,
         sink=sink,
-        extra_env=extra_env,
-        config_dir=config_dir,
         stop_event=stop_event,
-        turn_slots=turn_slots,
+        supervisor=supervisor,
         approval_for=approval_for,
     )
     run.start()

@@ -23,10 +23,10 @@ from typing import Final
 from engine.automode.git import Git
 from engine.automode.prompts import MARKER_PREFIX
 from engine.automode.state import Verdict
-from engine.automode.stop import until_stopped
 from engine.errors import TurnExecError, TurnPreempted
 from engine.process import ProcessSpec, run_process
 from engine.redact import tail
+from engine.runs.stop import until_stopped
 
 __all__ = [
     "DEFAULT_WEIGHTS",

@@ -44,7 +44,7 @@ from engine.automode import (
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
 from engine.errors import ConfigError
-from engine.runs import RunMode, new_run_id
+from engine.runs import RunMode, RunSpec, new_run_id
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
@@ -181,7 +181,14 @@ async def _run(
         ) as workspace:
             assert workspace is not None
             run = await _new_run(
-                args, settings, db, workspace.path, view, run_id=run_id, approval_for=route_for
+                args,
+                settings,
+                db,
+                workspace.path,
+                view,
+                run_id=run_id,
+                project=args.checkout_repo,
+                approval_for=route_for,
             )
         async with hold_run_workspace(settings, db, run_id):
             return await _drive(run, view)
@@ -208,24 +215,23 @@ async def _new_run(
     view: TerminalView,
     *,
     run_id: str | None = None,
+    project: str | None = None,
     approval_for: RouteFor | None = None,
 ) -> AutoRun:
     objective, passthrough = _objective(args)
-    return await prepare_auto_run(
-        settings,
-        db,
+    spec = RunSpec(
         objective=objective,
-        tool=args.tool or settings.default_agent,
+        agent=args.tool or settings.default_agent,
         workdir=workdir,
-        sink=view,
         run_id=run_id,
-        agent_cmd=args.agent_cmd,
-        passthrough=passthrough,
+        project=project,
         max_turns=args.max_turns,
+        agent_cmd=args.agent_cmd,
+        passthrough=tuple(passthrough),
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
-        approval_for=approval_for,
     )
+    return await prepare_auto_run(settings, db, spec, sink=view, approval_for=approval_for)
 
 
 def _watch_agent(run: AutoRun, view: TerminalView) -> None:

@@ -46,7 +46,7 @@ from engine.gates.workflow import (
 )
 from engine.gates.worktrees import WaveWorkspaces
 from engine.locks import FileLock
-from engine.runs import RunMode, new_run_id
+from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
@@ -161,6 +161,8 @@ class Autopilot:
         runs: where each drive (and each sub-task's) is recorded as a run with its turns
             (default: the runs store of the task store's database).
         chat: the chat (id, topic) the drive reports to, recorded with its runs.
+        supervisor: opens each run and runs its turns (turn slots, parking at shutdown;
+            default: one of its own over ``runs``).
     """
 
     def __init__(
@@ -177,10 +179,12 @@ class Autopilot:
         worktrees: WaveWorkspaces | None = None,
         runs: RunStore | None = None,
         chat: tuple[int, int | None] | None = None,
+        supervisor: RunSupervisor | None = None,
     ) -> None:
         self.store = store
         self.worktrees = worktrees
         self.runs: RunStore = runs if runs is not None else SqliteRunStore(store.db)
+        self.supervisor = supervisor if supervisor is not None else RunSupervisor(self.runs)
         self.chat = chat
         self.cancelled_as = RunStatus.STOPPED
         self._run_ids: dict[str, str] = {}
@@ -250,6 +254,8 @@ class Autopilot:
         run_id = self._run_ids.get(task.name)
         if run_id is not None:
             await self.runs.update_run(run_id, session_id=session_id)
+            # Its turns go through the supervisor: slots, and no new turn once parked.
+            agent = self.supervisor.attach(run_id, agent, parks=True)
         if not started:
             # Recorded before the first turn runs: after a crash the session is resumed.
             await self.store.save_session(task.name, self.tool, session_id, True)
@@ -320,16 +326,13 @@ class Autopilot:
             )
         else:
             session = await self.store.get_session(task.name)
-            run_id = new_run_id(RunMode.AUTOPILOT)
-            await self.runs.create_run(
-                run_id,
-                mode=RunMode.AUTOPILOT.value,
+            run_id = await self.supervisor.open_run(
+                RunMode.AUTOPILOT,
                 agent=self.tool,
                 session_id=session.session_id if session is not None else "",
                 objective=task.summary,
                 workdir=str(task.workdir),
-                chat_id=chat_id,
-                thread_id=thread_id,
+                chat=ChatPlace(chat_id, thread_id) if chat_id is not None else None,
                 task=task.name,
                 phase=task.phase,
             )
@@ -337,6 +340,7 @@ class Autopilot:
         return run_id
 
     async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
+        self.supervisor.detach(run_id)
         finished = time.time() if status is not RunStatus.PARKED else None
         try:
             phase = (await self.store.get(name)).phase

@@ -27,6 +27,7 @@ from engine.gates.tasks import (
 from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
 from engine.logs import log_context
+from engine.runs import RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.store.database import Database
@@ -267,6 +268,7 @@ class Gates:
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
         chat: tuple[int, int | None] | None = None,
+        supervisor: RunSupervisor | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
@@ -285,6 +287,7 @@ class Gates:
             agent_factory=agent_factory,
             worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
             chat=chat,
+            supervisor=supervisor,
         )
         # The task copies the context: every line it logs carries the task name.
         with log_context(task=task):

@@ -1,0 +1,270 @@
+"""The run supervisor: what every mode (chat session, auto run, autopilot drive and its
+sub-tasks) starts, runs, stops and recovers its runs through.
+
+- :meth:`RunSupervisor.open_run` mints the run's id (one format) and writes its ``runs`` row.
+- :meth:`RunSupervisor.attach` gives a run its one session wrapper, :class:`RunSession`:
+  the turn slots (at most ``max_concurrent_turns`` at once across every run), a person's
+  stop as a latch, and parking (no new turn starts once the front end shuts down).
+- :meth:`RunSupervisor.run_turn` is "run one turn of run R": a run id and a prompt in
+  (plain data), the turn's :class:`~engine.turn.TurnOutput` out. Every session wrapper's
+  turn goes through it; it is the seam a worker queue sits behind (the job carries the
+  run id and the prompt; the worker holds the agent session).
+- :meth:`RunSupervisor.recover` is the one start-up recovery path: turns a crash cut off
+  are marked interrupted (what they left running is killed), chat runs are closed, and
+  the report says which auto runs resume (the front end only announces and resumes them).
+
+The front ends (bot features, terminal commands) only start, steer, stop and render runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import NotFoundError
+from engine.runs.ids import RunMode, new_run_id
+from engine.runs.spec import ChatPlace
+from engine.runs.stop import until_stopped
+from engine.store.runs import RunRecord, RunStatus, RunStore, TurnRecord
+from engine.turn import AgentSession, TurnOutput
+
+__all__ = ["CutOffTurn", "Recovery", "RunSession", "RunSupervisor"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class RunSession:
+    """A run's agent session as the loops see it; every turn goes through the supervisor."""
+
+    def __init__(self, supervisor: RunSupervisor, run_id: str, agent: AgentSession) -> None:
+        self._supervisor = supervisor
+        self.run_id = run_id
+        self.agent = agent
+
+    @property
+    def session_id(self) -> str:
+        return self.agent.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        return await self._supervisor.run_turn(self.run_id, prompt)
+
+
+@dataclass(slots=True)
+class _Attached:
+    agent: AgentSession
+    stop: asyncio.Event | None
+    parks: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CutOffTurn:
+    """A turn that was running when the process died, and its run."""
+
+    turn: TurnRecord
+    run: RunRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What the start-up recovery did and what a front end resumes or announces.
+
+    Attributes:
+        cut_off: turns marked interrupted (the chat, if any, is told; the output is lost).
+        closed_chats: chat runs closed (a crash ends them crashed, a shutdown completed);
+            their queued messages start new runs.
+        auto: auto runs with a chat that a crash cut off or a shutdown parked: to resume.
+
+    Autopilot drives are not in it: which drive a chat resumes is the task a chat asked
+    for (a drive of the same task from a terminal may still be alive, and a wave's
+    sub-task runs under its parent's drive), kept by the bot with the gate messages.
+    """
+
+    cut_off: tuple[CutOffTurn, ...] = ()
+    closed_chats: tuple[str, ...] = ()
+    auto: tuple[RunRecord, ...] = ()
+
+
+class RunSupervisor:
+    """Owns every run of this process: ids, rows, session wrappers, stop, park, recovery.
+
+    Args:
+        runs: the runs store.
+        slots: caps the turns running at once across every run (None: no cap).
+    """
+
+    def __init__(self, runs: RunStore, *, slots: asyncio.Semaphore | None = None) -> None:
+        self.runs = runs
+        self.slots = slots
+        self._attached: dict[str, _Attached] = {}
+        self._parked = False
+        self._in_flight = 0
+        self._turn_done = asyncio.Event()
+
+    # -- starting ----------------------------------------------------------------------
+
+    async def open_run(
+        self,
+        mode: RunMode,
+        *,
+        agent: str,
+        session_id: str,
+        run_id: str | None = None,
+        chat: ChatPlace | None = None,
+        objective: str | None = None,
+        workdir: str | None = None,
+        log_dir: str | None = None,
+        task: str | None = None,
+        phase: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Record a new run (status running) and return its id (``run_id`` or a new one)."""
+        run_id = run_id or new_run_id(mode)
+        await self.runs.create_run(
+            run_id,
+            mode=RunMode(mode).value,
+            agent=agent,
+            session_id=session_id,
+            objective=objective,
+            workdir=workdir,
+            log_dir=log_dir,
+            chat_id=chat.chat_id if chat is not None else None,
+            thread_id=chat.thread_id if chat is not None else None,
+            task=task,
+            phase=phase,
+            state=state,
+        )
+        return run_id
+
+    def attach(
+        self,
+        run_id: str,
+        agent: AgentSession,
+        *,
+        stop: asyncio.Event | None = None,
+        parks: bool = False,
+    ) -> RunSession:
+        """Give ``run_id`` its session wrapper around ``agent``.
+
+        Args:
+            stop: a person's stop latch: once set, the running (or next) turn is
+                pre-empted with :class:`~engine.errors.TurnPreempted`.
+            parks: after :meth:`park`, no new turn of this run starts (it waits until the
+                run is cancelled; the phase runs again after a restart).
+        """
+        self._attached[run_id] = _Attached(agent, stop, parks)
+        return RunSession(self, run_id, agent)
+
+    def detach(self, run_id: str) -> None:
+        """The run ended: forget its session."""
+        self._attached.pop(run_id, None)
+
+    # -- the seam ----------------------------------------------------------------------
+
+    async def run_turn(self, run_id: str, prompt: str) -> TurnOutput:
+        """Run one turn of run ``run_id`` (waits for a turn slot; honours stop and park).
+
+        Raises:
+            NotFoundError: no session is attached to the run in this process.
+            TurnPreempted: the run's stop latch was set.
+            TurnError: the turn could not run.
+        """
+        attached = self._attached.get(run_id)
+        if attached is None:
+            raise NotFoundError(f"no session of run {run_id!r} runs here")
+        if attached.parks and self._parked:
+            # Parked: the run is cancelled by the shutdown; the phase re-runs on restart.
+            await asyncio.Event().wait()
+        if attached.stop is None:
+            return await self._counted(attached, prompt)
+        return await until_stopped(
+            self._counted(attached, prompt),
+            attached.stop,
+            what="the turn",
+            session_id=attached.agent.session_id,
+        )
+
+    async def _counted(self, attached: _Attached, prompt: str) -> TurnOutput:
+        if attached.parks:
+            self._in_flight += 1
+        try:
+            if self.slots is None:
+                return await attached.agent.run_turn(prompt)
+            async with self.slots:
+                return await attached.agent.run_turn(prompt)
+        finally:
+            if attached.parks:
+                self._in_flight -= 1
+                self._turn_done.set()
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def stop(self, run_id: str) -> bool:
+        """Set the run's stop latch; False when it has none here."""
+        attached = self._attached.get(run_id)
+        if attached is None or attached.stop is None:
+            return False
+        attached.stop.set()
+        return True
+
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> None:
+        """Start no new turn of a parking run (the front end is shutting down)."""
+        self._parked = True
+
+    async def wait_turns(self, preempt: asyncio.Event) -> None:
+        """Wait until the parking runs' turns in flight finish, or ``preempt`` is set."""
+        while self._in_flight and not preempt.is_set():
+            self._turn_done.clear()
+            waiter = asyncio.create_task(preempt.wait(), name="supervisor-preempt-wait")
+            done = asyncio.create_task(self._turn_done.wait(), name="supervisor-turn-wait")
+            try:
+                await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                done.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(waiter, done)
+
+    # -- start-up ----------------------------------------------------------------------
+
+    async def recover(self) -> Recovery:
+        """The one start-up recovery path (call once, before any run starts).
+
+        Turns still recorded as started were cut off: what they left running is killed and
+        they are marked interrupted. Chat runs left running (a crash) end crashed, parked
+        ones (a shutdown) completed. Auto runs left running or parked with a chat are
+        reported for the front end to resume.
+        """
+        interrupted = await self.runs.mark_interrupted()
+        # What a cut-off turn left running dies first (the watchdog of the process that
+        # ran it normally did that already, unless it was killed too).
+        for turn in interrupted:
+            if turn.kill_remains():
+                _LOGGER.info("killed what was left of turn %d of run %s", turn.seq, turn.run_id)
+        cut_off = []
+        for turn in interrupted:
+            with contextlib.suppress(NotFoundError):
+                cut_off.append(CutOffTurn(turn, await self.runs.get_run(turn.run_id)))
+        closed: list[str] = []
+        auto: list[RunRecord] = []
+        for status in (RunStatus.RUNNING, RunStatus.PARKED):
+            for run in await self.runs.list_runs(status=status):
+                if run.mode == RunMode.CHAT.value:
+                    # A chat session is not resumed: its queued messages start a new run.
+                    ended = (
+                        RunStatus.CRASHED if status is RunStatus.RUNNING else RunStatus.COMPLETED
+                    )
+                    await self.runs.update_run(run.id, status=ended, finished_at=time.time())
+                    closed.append(run.id)
+                elif run.mode == RunMode.AUTO.value and run.chat_id is not None:
+                    # (An auto run from a terminal is resumed there: turnstile auto --resume.)
+                    auto.append(run)
+        return Recovery(cut_off=tuple(cut_off), closed_chats=tuple(closed), auto=tuple(auto))

@@ -1,0 +1,146 @@
+"""The run supervisor: rows, the one session wrapper, "run one turn of run R", recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from engine.errors import NotFoundError, TurnPreempted
+from engine.runs import RUN_ID_PATTERN, ChatPlace, RunMode, RunSupervisor
+from engine.store.database import Database
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
+from engine.testing import ScriptedSession
+from engine.turn import TurnOutput
+from tests.support import wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def runs(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
+    async with Database(tmp_path / "t.db") as db:
+        yield SqliteRunStore(db)
+
+
+async def test_open_run_mints_an_id_and_writes_the_row(runs: SqliteRunStore) -> None:
+    supervisor = RunSupervisor(runs)
+    run_id = await supervisor.open_run(
+        RunMode.CHAT, agent="claude", session_id="s1", chat=ChatPlace(-5, 3), workdir="/w"
+    )
+    assert RUN_ID_PATTERN.match(run_id)
+    record = await runs.get_run(run_id)
+    assert (record.mode, record.agent, record.session_id) == ("chat", "claude", "s1")
+    assert (record.chat_id, record.thread_id, record.status) == (-5, 3, RunStatus.RUNNING)
+
+
+async def test_run_turn_is_one_call_with_a_run_id_and_a_prompt(runs: SqliteRunStore) -> None:
+    supervisor = RunSupervisor(runs)
+    agent = ScriptedSession(["done"], session_id="s")
+    session = supervisor.attach("auto-20260101-000000-abcdef", agent)
+    assert session.session_id == "s"
+    out = await supervisor.run_turn("auto-20260101-000000-abcdef", "do it")
+    assert out.text == "done"
+    assert agent.prompts == ["do it"]
+    supervisor.detach("auto-20260101-000000-abcdef")
+    with pytest.raises(NotFoundError, match="no session"):
+        await supervisor.run_turn("auto-20260101-000000-abcdef", "again")
+
+
+async def test_slots_cap_turns_across_runs(runs: SqliteRunStore) -> None:
+    supervisor = RunSupervisor(runs, slots=asyncio.Semaphore(1))
+    agents = [ScriptedSession() for _ in range(3)]
+    gate = asyncio.Event()
+    for agent in agents:
+        agent.gate = gate
+    sessions = [supervisor.attach(f"r{i}", a) for i, a in enumerate(agents)]
+    turns = [asyncio.create_task(s.run_turn("p")) for s in sessions]
+    await wait_until(lambda: sum(a.in_flight for a in agents) == 1)
+    gate.set()
+    await asyncio.gather(*turns)
+    assert max(a.max_in_flight for a in agents) == 1
+    assert sum(len(a.prompts) for a in agents) == 3
+
+
+async def test_a_stop_latch_preempts_the_turn_even_before_it_starts(
+    runs: SqliteRunStore,
+) -> None:
+    supervisor = RunSupervisor(runs)
+    agent = ScriptedSession()
+    agent.gate = asyncio.Event()  # never set: the turn would run forever
+    stop = asyncio.Event()
+    session = supervisor.attach("r", agent, stop=stop)
+    turn = asyncio.create_task(session.run_turn("p"))
+    await wait_until(lambda: agent.in_flight == 1)
+    assert supervisor.stop("r")
+    with pytest.raises(TurnPreempted):
+        await turn
+    with pytest.raises(TurnPreempted, match="before it started"):
+        await session.run_turn("again")
+    assert not supervisor.stop("unknown")
+
+
+async def test_parking_starts_no_new_turn_and_waits_for_running_ones(
+    runs: SqliteRunStore,
+) -> None:
+    supervisor = RunSupervisor(runs)
+    parking = ScriptedSession()
+    parking.gate = asyncio.Event()
+    other = ScriptedSession()
+    running = asyncio.create_task(supervisor.attach("d", parking, parks=True).run_turn("p"))
+    await wait_until(lambda: parking.in_flight == 1)
+    supervisor.park()
+    waiter = asyncio.create_task(supervisor.wait_turns(asyncio.Event()))
+    await asyncio.sleep(0)
+    assert not waiter.done()  # the running turn of a parking run finishes first
+    parking.gate.set()
+    assert (await running).text == "echo: p"
+    await asyncio.wait_for(waiter, 5)
+    # A new turn of the parked run waits (until the run is cancelled) ...
+    held = asyncio.create_task(supervisor.run_turn("d", "next"))
+    await asyncio.sleep(0)
+    assert not held.done()
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    assert parking.prompts == ["p"]
+    # ... while a run that does not park (a chat session) still runs.
+    supervisor.attach("c", other)
+    assert (await supervisor.run_turn("c", "hi")).text == "echo: hi"
+
+
+async def test_recovery_marks_cut_off_turns_and_says_what_resumes(
+    runs: SqliteRunStore,
+) -> None:
+    supervisor = RunSupervisor(runs)
+    place = ChatPlace(-1, None)
+    chat_crashed = await supervisor.open_run(RunMode.CHAT, agent="a", session_id="1", chat=place)
+    chat_parked = await supervisor.open_run(RunMode.CHAT, agent="a", session_id="2", chat=place)
+    auto = await supervisor.open_run(RunMode.AUTO, agent="a", session_id="3", chat=place)
+    auto_terminal = await supervisor.open_run(RunMode.AUTO, agent="a", session_id="4")
+    drive = await supervisor.open_run(
+        RunMode.AUTOPILOT, agent="a", session_id="5", chat=place, task="t1"
+    )
+    done = await supervisor.open_run(RunMode.AUTO, agent="a", session_id="6", chat=place)
+    await runs.update_run(chat_parked, status=RunStatus.PARKED)
+    await runs.update_run(drive, status=RunStatus.PARKED)
+    await runs.update_run(done, status=RunStatus.COMPLETED)
+    turn_id = await runs.start_turn(auto, 1, "the prompt", "clarify")
+    finished = await runs.start_turn(chat_crashed, 1, "hello", None)
+    await runs.finish_turn(finished, TurnOutput.from_text("hi"))
+
+    report = await RunSupervisor(runs).recover()
+
+    assert [(c.turn.id, c.run.id) for c in report.cut_off] == [(turn_id, auto)]
+    assert [t.state for t in await runs.turns(auto)] == [TurnState.INTERRUPTED]
+    assert sorted(report.closed_chats) == sorted([chat_crashed, chat_parked])
+    assert (await runs.get_run(chat_crashed)).status is RunStatus.CRASHED
+    assert (await runs.get_run(chat_parked)).status is RunStatus.COMPLETED
+    # Only runs a chat follows are resumed by the bot; a terminal run is resumed by hand.
+    assert [r.id for r in report.auto] == [auto]
+    assert drive not in {r.id for r in report.auto}
+    assert (await runs.get_run(drive)).status is RunStatus.PARKED
+    assert (await runs.get_run(auto_terminal)).status is RunStatus.RUNNING
+    assert (await runs.get_run(done)).status is RunStatus.COMPLETED
