@@ -151,10 +151,10 @@ class EventSink:
 
 async def _race(db_path: str, root: str, name: str, target: str, ready: str, go: str) -> int:
     """Read the task, say ready, wait for go, then compare-and-set a transition."""
-    from engine.gates import GateRefused, TaskStore, load_workflow
+    from engine.gates import GateRefused, SqlGateStore, TaskStore, load_workflow
 
     async with open_database(db_path) as db:
-        store = TaskStore(db, load_workflow(), tasks_root=Path(root), track_git=False)
+        store = TaskStore(SqlGateStore(db), load_workflow(), tasks_root=Path(root), track_git=False)
         task = await store.get(name)
         Path(ready + ".tmp").write_text(str(task.version))
         os.replace(ready + ".tmp", ready)  # the test must never see an empty file

@@ -157,12 +157,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
-    from engine.gates.listing import fetch_rows as fetch
+    from engine.gates.store import SqlGateStore
     from engine.store.database import Database
 
     # Listing needs no workflow and no folders: one query, then render.
     async with Database(settings.sqlite_database) as db:
-        rows = await fetch(db)
+        rows = await SqlGateStore(db).listing_rows()
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))
     else:
