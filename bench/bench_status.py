@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from engine.gates import HUMAN_INTERVENTION, TaskStore, load_workflow  # noqa: E402
-from engine.gates.listing import fetch_rows, render_rows  # noqa: E402
+from engine.gates.listing import render_rows  # noqa: E402
+from engine.gates.store import SqlGateStore  # noqa: E402
 from engine.store.database import Database  # noqa: E402
 
 PHASES = ["research", "decomposition", "design", "test_design", "implement", "complete"]
@@ -67,7 +68,7 @@ async def query_and_render(db_path: Path, rounds: int) -> tuple[list[float], lis
         for _ in range(rounds):
             start = time.perf_counter()
             cpu_start = time.process_time()
-            text = render_rows(await fetch_rows(db))
+            text = render_rows(await SqlGateStore(db).listing_rows())
             timings.append(time.perf_counter() - start)
             cpu.append(time.process_time() - cpu_start)
             size = len(text)
@@ -94,7 +95,9 @@ def whole_command(
 
 async def transitions_per_second(tmp: Path, seconds: float) -> tuple[float, int]:
     async with Database(tmp / "tps.db") as db:
-        store = TaskStore(db, load_workflow(), tasks_root=tmp / "tps", track_git=False)
+        store = TaskStore(
+            SqlGateStore(db), load_workflow(), tasks_root=tmp / "tps", track_git=False
+        )
         await store.init_task("t")
         count = 0
         start = time.perf_counter()

@@ -1,4 +1,10 @@
-"""Helpers for the gates tests: settings, a store on a real SQLite file, fake-agent scripts."""
+"""Helpers for the gates tests: settings, a store on a real database, fake-agent scripts.
+
+A test module that uses :func:`gate_backend` (``pytestmark = pytest.mark.usefixtures(
+"gate_backend")``, the fixture imported into the module) runs each test twice: on a SQLite
+file in ``tmp_path`` and on a fresh PostgreSQL database (tests/pg_support.py).
+:func:`make_settings` then points ``database`` at the backend under test.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,20 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engine.gates import Gates
 from engine.settings import Settings
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.backend import open_database
+from engine.store.location import PostgresURL
 from tests import support
+from tests.pg_support import PgCluster
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -25,9 +35,36 @@ APPROVER = 42
 DECOMPOSITION_EMPTY = "# Decomposition\n\nNo split.\n\n```subtasks\n```\n"
 
 
+# While gate_backend says "postgresql": the cluster, and the database of each folder the
+# running test made settings for (one folder, one database, as with SQLite files).
+_PG_CLUSTER: PgCluster | None = None
+_PG_URLS: dict[Path, str] = {}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def gate_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The database the gates test runs on: ``sqlite`` or ``postgresql``."""
+    global _PG_CLUSTER
+    if request.param == "postgresql":
+        _PG_CLUSTER = request.getfixturevalue("pg_cluster")
+    try:
+        yield str(request.param)
+    finally:
+        _PG_CLUSTER = None
+        _PG_URLS.clear()
+
+
+def _database_for(tmp_path: Path) -> Path | str:
+    if _PG_CLUSTER is None:
+        return tmp_path / "gates.db"
+    if tmp_path not in _PG_URLS:
+        _PG_URLS[tmp_path] = _PG_CLUSTER.new_database()
+    return _PG_URLS[tmp_path]
+
+
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "database": tmp_path / "gates.db",
+        "database": _database_for(tmp_path),
         "approvers": (APPROVER, 43, 44),
         "agent_command": AGENT_CMD,
         "default_agent": "command",
@@ -94,11 +131,17 @@ def read_log(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def database_setting(settings: Settings) -> str:
+    """``TURNSTILE_DATABASE`` for a child process (a URL with its password, if any)."""
+    where = settings.database
+    return where.conninfo() if isinstance(where, PostgresURL) else str(where)
+
+
 def cli_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env.update(
         {
-            "TURNSTILE_DATABASE": str(settings.database),
+            "TURNSTILE_DATABASE": database_setting(settings),
             "TURNSTILE_TASKS_ROOT": str(settings.tasks_root),
             "TURNSTILE_APPROVERS": ",".join(str(i) for i in settings.approvers),
             "TURNSTILE_APPROVAL_QUORUM": str(settings.approval_quorum),
@@ -151,10 +194,10 @@ class EventSink:
 
 async def _race(db_path: str, root: str, name: str, target: str, ready: str, go: str) -> int:
     """Read the task, say ready, wait for go, then compare-and-set a transition."""
-    from engine.gates import GateRefused, TaskStore, load_workflow
+    from engine.gates import GateRefused, SqlGateStore, TaskStore, load_workflow
 
     async with open_database(db_path) as db:
-        store = TaskStore(db, load_workflow(), tasks_root=Path(root), track_git=False)
+        store = TaskStore(SqlGateStore(db), load_workflow(), tasks_root=Path(root), track_git=False)
         task = await store.get(name)
         Path(ready + ".tmp").write_text(str(task.version))
         os.replace(ready + ".tmp", ready)  # the test must never see an empty file

@@ -11,7 +11,15 @@ import pytest
 
 from engine.gates import AWAITING_APPROVAL, GateRefused, Refusal, parse_decomposition
 from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS
-from tests.gates_support import APPROVER, REPO, cli_env, make_settings, open_gates, run_cli
+from tests.gates_support import (
+    APPROVER,
+    REPO,
+    cli_env,
+    gate_backend,  # noqa: F401 - the fixture
+    make_settings,
+    open_gates,
+    run_cli,
+)
 from tests.support import wait_until
 
 
@@ -102,6 +110,7 @@ async def _init(env: dict[str, str], *extra: str) -> None:
     assert rc == 0, err
 
 
+@pytest.mark.usefixtures("gate_backend")
 @pytest.mark.timeout(240)  # a dozen CLI processes: slow on a loaded machine
 async def test_cli_refusals_have_distinct_codes(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, forbid_self_approval=True)
@@ -180,6 +189,7 @@ async def test_cli_refusals_have_distinct_codes(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_cli_reject_needs_reason_and_expiry_code(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     env = cli_env(settings, {"TURNSTILE_APPROVAL_EXPIRY_SECONDS": "0.01"})
@@ -204,6 +214,7 @@ async def test_cli_reject_needs_reason_and_expiry_code(tmp_path: Path) -> None:
     assert "rejected" in out
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_sub_task_names_are_checked_when_created_directly(tmp_path: Path) -> None:
     async with open_gates(make_settings(tmp_path)) as gates:
         await gates.init_task("p")
@@ -219,6 +230,7 @@ async def test_sub_task_names_are_checked_when_created_directly(tmp_path: Path) 
         assert (await gates.store.init_task("p.a-b", parent="p", wave=1)).parent == "p"
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_oversized_decomposition_refused(tmp_path: Path) -> None:
     async with open_gates(make_settings(tmp_path)) as gates:
         task = await gates.init_task("t")
@@ -235,6 +247,7 @@ async def test_oversized_decomposition_refused(tmp_path: Path) -> None:
         assert "larger than" in info.value.detail
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_a_phase_removed_from_the_workflow(tmp_path: Path) -> None:
     """An operator swaps the workflow while a task sits in a phase the new one lacks."""
     from engine.gates import HUMAN_INTERVENTION, FindingKind

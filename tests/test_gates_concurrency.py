@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from engine.gates import AWAITING_APPROVAL, Refusal
-from tests.gates_support import REPO, cli_env, make_settings, open_gates, run_cli
+from tests.gates_support import (
+    REPO,
+    cli_env,
+    gate_backend,  # noqa: F401 - the fixture
+    make_settings,
+    open_gates,
+    run_cli,
+)
 from tests.support import wait_until
 
 
@@ -69,6 +76,7 @@ async def test_compare_and_set_across_processes(
         assert (await gates.task("t")).version == 2
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_two_cli_transitions_one_wins(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     async with open_gates(settings) as gates:

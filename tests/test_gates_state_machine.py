@@ -2,7 +2,8 @@
 
 Invariants after every step: never past an approval phase without an approval bound to the
 artifact hash that was passed; the history is append-only; the version strictly increases
-with every change; ``.state`` equals the store.
+with every change; ``.state`` equals the store. It runs on a SQLite file and on a fresh
+PostgreSQL database per example.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from engine.gates import (
     AWAITING_APPROVAL,
@@ -32,8 +39,9 @@ from engine.gates import (
 from engine.gates.audit import audit_task
 from engine.gates.hashing import sha256_file
 from engine.gates.state_file import read_state
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase, open_database
 from tests.gates_support import make_settings
+from tests.pg_support import PgCluster
 
 WF = load_workflow()
 TARGETS = [
@@ -43,6 +51,8 @@ TARGETS = [
     HUMAN_INTERVENTION,
 ]
 CONTENTS = ["alpha\n", "beta\n", "```subtasks\n```\n"]
+# The server the PostgreSQL run uses (set by its test while it runs).
+_PG_CLUSTER: PgCluster | None = None
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -50,8 +60,11 @@ class GateMachine(RuleBasedStateMachine):
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="gates-sm-"))
         self.loop = asyncio.new_event_loop()
-        self.settings = make_settings(self.tmp, approvers=(42, 43))
-        self.db: Database | None = None
+        database: Path | str = self.tmp / "gates.db"
+        if _PG_CLUSTER is not None:
+            database = _PG_CLUSTER.new_database()
+        self.settings = make_settings(self.tmp, approvers=(42, 43), database=database)
+        self.db: AnyDatabase | None = None
         self._open()
         task = self.run(self.gates.init_task("t"))
         self.folder = task.folder
@@ -64,8 +77,8 @@ class GateMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def _open(self) -> None:
-        # synchronous=OFF: durability is not under test here, speed is welcome.
-        self.db = Database(self.settings.database, synchronous="OFF")
+        # synchronous=OFF (SQLite): durability is not under test here, speed is welcome.
+        self.db = open_database(self.settings, synchronous="OFF")
         self.run(self.db.open())
         self.gates = Gates(self.db, self.settings, track_git=False)
 
@@ -191,13 +204,25 @@ class GateMachine(RuleBasedStateMachine):
         assert [f for f in findings if f.kind in bad] == []
 
 
-GateMachine.TestCase.settings = settings(
+RUNS = settings(
     max_examples=30,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+GateMachine.TestCase.settings = RUNS
 TestGateMachine = GateMachine.TestCase
+
+
+def test_the_gate_machine_on_postgresql(pg_cluster: PgCluster) -> None:
+    global _PG_CLUSTER
+    _PG_CLUSTER = pg_cluster
+    try:
+        # Fewer examples: each step is a few round trips to the server, not a file read.
+        run_state_machine_as_test(GateMachine, settings=settings(RUNS, max_examples=20))
+    finally:
+        _PG_CLUSTER = None
+
 
 # 30 examples of up to 40 steps on a real SQLite file: ~10 s on an idle machine, several
 # times that on CI's two cores shared with other jobs.

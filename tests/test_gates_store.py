@@ -1,9 +1,9 @@
-"""The task store on a real SQLite file: transitions, approvals, history, .state, audit."""
+"""The task store on a real SQLite file and a real PostgreSQL: transitions, approvals, history,
+.state, audit."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -18,8 +18,17 @@ from engine.gates import (
 )
 from engine.gates.folder import ViolationKind, validate_folder
 from engine.gates.state_file import read_state
+from engine.store.backend import open_database
 from engine.testing import FakeClock
-from tests.gates_support import APPROVER, DECOMPOSITION_EMPTY, make_settings, open_gates
+from tests.gates_support import (
+    APPROVER,
+    DECOMPOSITION_EMPTY,
+    gate_backend,  # noqa: F401 - the fixture
+    make_settings,
+    open_gates,
+)
+
+pytestmark = pytest.mark.usefixtures("gate_backend")
 
 
 async def _to_gate(gates: object, name: str = "t", text: str = "# research\n") -> Path:
@@ -308,8 +317,8 @@ async def test_audit_flags_tampering(tmp_path: Path) -> None:
         await gates.init_task("t")
         assert (await gates.audit()).clean
     # Someone edits the database behind the store's back: jumps past the research gate.
-    with sqlite3.connect(settings.database) as conn:
-        conn.execute("UPDATE gate_tasks SET phase = 'design', version = 3 WHERE name = 't'")
+    async with open_database(settings) as db:
+        await db.execute("UPDATE gate_tasks SET phase = 'design', version = 3 WHERE name = 't'")
     async with open_gates(settings) as gates:
         report = await gates.audit()
         kinds = {f.kind for f in report.findings}

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.gates.listing import LIST_QUERY, ListEntry, group_tasks, render_groups, render_rows
+from engine.gates.listing import ListEntry, group_tasks, render_groups, render_rows
+from engine.gates.store import LIST_QUERY
 from engine.store.database import Database
 
 _NAMES = st.text(alphabet="abc.-_Z9é", min_size=1, max_size=6)

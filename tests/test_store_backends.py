@@ -618,7 +618,7 @@ async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_not
         assert (run.phase, run.turn) == (None, 0)
 
 
-@pytest.mark.parametrize("command", [["status"], ["backup", "copy.db"]])
+@pytest.mark.parametrize("command", [["backup", "copy.db"]])
 def test_a_command_not_yet_on_postgres_says_so_and_never_falls_back_to_a_file(
     tmp_path: Path, command: list[str]
 ) -> None:

@@ -89,7 +89,7 @@ async def run_status(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from engine.errors import ConfigError
-    from engine.store.database import Database
+    from engine.store.backend import open_database
 
     needs_task = args.init or args.validate_folder or args.transition or args.approve
     needs_task = needs_task or args.reject
@@ -103,7 +103,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return await _list(args, settings)
     from engine.gates.service import Gates
 
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         gates = Gates(db, settings)
         if args.audit:
             return await _audit(args, gates)
@@ -157,12 +157,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
-    from engine.gates.listing import fetch_rows as fetch
-    from engine.store.database import Database
+    from engine.gates.store import SqlGateStore
+    from engine.store.backend import open_database
 
     # Listing needs no workflow and no folders: one query, then render.
-    async with Database(settings.sqlite_database) as db:
-        rows = await fetch(db)
+    async with open_database(settings) as db:
+        rows = await SqlGateStore(db).listing_rows()
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))
     else:

@@ -32,18 +32,19 @@ if TYPE_CHECKING:
     from engine.gates.autopilot import Autopilot, DriveHandle, DriveOutcome, next_step
     from engine.gates.decomposition import SubtaskDecl, parse_decomposition
     from engine.gates.listing import ListEntry, TaskGroup, group_tasks, render_groups
-    from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS, GateRefused, Refusal
-    from engine.gates.service import Gates, workflow_from_settings
-    from engine.gates.tasks import (
+    from engine.gates.policy import GatePolicy
+    from engine.gates.records import (
         ApprovalOutcome,
         ApprovalRecord,
         ApprovalResult,
         AuditEvent,
-        GatePolicy,
         TaskRecord,
-        TaskStore,
         TransitionRecord,
     )
+    from engine.gates.refusals import EXIT_AUDIT_FINDINGS, EXIT_VIOLATIONS, GateRefused, Refusal
+    from engine.gates.service import Gates, workflow_from_settings
+    from engine.gates.store import GateStore, SqlGateStore
+    from engine.gates.tasks import TaskStore
     from engine.gates.workflow import (
         AWAITING_APPROVAL,
         COMPLETE,
@@ -75,14 +76,16 @@ _EXPORTS = {
     "Refusal": "engine.gates.refusals",
     "Gates": "engine.gates.service",
     "workflow_from_settings": "engine.gates.service",
-    "ApprovalOutcome": "engine.gates.tasks",
-    "ApprovalRecord": "engine.gates.tasks",
-    "ApprovalResult": "engine.gates.tasks",
-    "AuditEvent": "engine.gates.tasks",
-    "GatePolicy": "engine.gates.tasks",
-    "TaskRecord": "engine.gates.tasks",
+    "ApprovalOutcome": "engine.gates.records",
+    "ApprovalRecord": "engine.gates.records",
+    "ApprovalResult": "engine.gates.records",
+    "AuditEvent": "engine.gates.records",
+    "GatePolicy": "engine.gates.policy",
+    "GateStore": "engine.gates.store",
+    "SqlGateStore": "engine.gates.store",
+    "TaskRecord": "engine.gates.records",
     "TaskStore": "engine.gates.tasks",
-    "TransitionRecord": "engine.gates.tasks",
+    "TransitionRecord": "engine.gates.records",
     "AWAITING_APPROVAL": "engine.gates.workflow",
     "COMPLETE": "engine.gates.workflow",
     "HUMAN_INTERVENTION": "engine.gates.workflow",
@@ -120,10 +123,12 @@ __all__ = [
     "FindingKind",
     "GatePolicy",
     "GateRefused",
+    "GateStore",
     "Gates",
     "ListEntry",
     "PhaseSpec",
     "Refusal",
+    "SqlGateStore",
     "SubtaskDecl",
     "TaskGroup",
     "TaskRecord",

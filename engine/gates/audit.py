@@ -14,7 +14,8 @@ from enum import StrEnum
 from typing import Any
 
 from engine.gates.gitwatch import fingerprint
-from engine.gates.tasks import TaskRecord, TaskStore, TransitionRecord
+from engine.gates.records import TaskRecord, TransitionRecord
+from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION, Workflow
 
 __all__ = ["AuditReport", "Finding", "FindingKind", "audit_task", "run_audit"]

@@ -36,8 +36,9 @@ from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
 from engine.gates.prompts import render_phase_prompt, render_revision_prompt
+from engine.gates.records import TaskRecord
 from engine.gates.refusals import GateRefused, Refusal
-from engine.gates.tasks import TaskRecord, TaskStore
+from engine.gates.tasks import TaskStore
 from engine.gates.workflow import (
     AWAITING_APPROVAL,
     COMPLETE,

@@ -5,33 +5,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-
-if TYPE_CHECKING:
-    from engine.store.database import Database
+from typing import Any, NamedTuple, Protocol
 
 __all__ = [
-    "LIST_QUERY",
     "ListEntry",
     "Listable",
     "TaskGroup",
-    "fetch_entries",
-    "fetch_rows",
     "group_tasks",
     "render_groups",
     "render_groups_json",
     "render_rows",
 ]
 
-#: The columns a listing needs, nothing more (10,000 rows must list in milliseconds), in
-#: listing order: each group (a task and its sub-tasks) together, the task first, then its
-#: sub-tasks by wave and name. :func:`render_rows` streams that order into text without
-#: building a row object; :func:`group_tasks` takes rows in any order.
-LIST_QUERY = (
-    "SELECT name, phase, sub_state, version, parent, wave, gate_sha256, revision_notes, "
-    "updated_at FROM gate_tasks "
-    "ORDER BY COALESCE(parent, name), parent IS NOT NULL, COALESCE(wave, 1), name"
-)
+#: The rows come from :meth:`engine.gates.store.GateStore.listing_rows` (its
+#: :data:`~engine.gates.store.LIST_QUERY`), in listing order: each group (a task and its
+#: sub-tasks) together, the task first, then its sub-tasks by wave and name.
+#: :func:`render_rows` streams that order into text without building a row object;
+#: :func:`group_tasks` takes rows in any order.
 
 
 class Listable(Protocol):
@@ -62,7 +52,7 @@ class Listable(Protocol):
 
 
 class ListEntry(NamedTuple):
-    """One row of :data:`LIST_QUERY`."""
+    """One row of :data:`~engine.gates.store.LIST_QUERY`."""
 
     name: str
     phase: str
@@ -197,7 +187,7 @@ def render_groups(groups: list[TaskGroup]) -> str:
 
 
 def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
-    """:func:`render_groups` of :func:`group_tasks`, straight from :data:`LIST_QUERY` rows.
+    """:func:`render_groups` of :func:`group_tasks`, straight from the listing rows.
 
     One pass over the rows in the query's order, no object per row: the listing of
     10,000 tasks is a hot path (the admin board). The output is the same text.
@@ -230,16 +220,6 @@ def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
         return "no tasks"
     (gated if gate_open else rest).append(lines)
     return "\n".join([line for group in gated + rest for line in group])
-
-
-async def fetch_rows(db: Database) -> list[tuple[Any, ...]]:
-    """Every task as a :data:`LIST_QUERY` row (plain tuples), in listing order."""
-    return await db.fetch_tuples(LIST_QUERY)
-
-
-async def fetch_entries(db: Database) -> list[ListEntry]:
-    """Every task as a :class:`ListEntry`, in listing order."""
-    return list(map(ListEntry._make, await fetch_rows(db)))
 
 
 def _task_json(task: Listable) -> dict[str, Any]:

@@ -7,30 +7,33 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import safefile
 from engine.errors import UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome, next_step
 from engine.gates.folder import Violation
-from engine.gates.listing import TaskGroup, fetch_entries, fetch_rows, group_tasks, render_rows
-from engine.gates.tasks import (
+from engine.gates.listing import ListEntry, TaskGroup, group_tasks, render_rows
+from engine.gates.policy import GatePolicy
+from engine.gates.records import (
     ApprovalRecord,
     ApprovalResult,
     AuditEvent,
-    GatePolicy,
     TaskRecord,
-    TaskStore,
     TransitionRecord,
 )
+from engine.gates.store import GateStore, SqlGateStore
+from engine.gates.tasks import TaskStore
 from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
 from engine.logs import log_context
 from engine.runs import RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
-from engine.store.database import Database
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["Gates", "TaskView", "workflow_from_settings"]
 
@@ -66,27 +69,29 @@ class Gates:
     polling, every ``poll_interval`` seconds).
 
     Args:
-        db: an open :class:`Database`.
+        db: an open database (either backend).
         settings: approvers, quorum, expiry, tasks root, agents, wave concurrency.
         workflow: the phases (default: :func:`workflow_from_settings`).
         clock: the time source (expiry).
         poll_interval: how often a parked drive reads the store.
+        gate_store: the gate store (default: :class:`SqlGateStore` over ``db``).
     """
 
     def __init__(
         self,
-        db: Database,
+        db: AnyDatabase,
         settings: Settings,
         *,
         workflow: Workflow | None = None,
         clock: Callable[[], float] = time.time,
         poll_interval: float = 1.0,
         track_git: bool = True,
+        gate_store: GateStore | None = None,
     ) -> None:
         self.settings = settings
         self.workflow = workflow or workflow_from_settings(settings)
         self.store = TaskStore(
-            db,
+            gate_store if gate_store is not None else SqlGateStore(db, clock=clock),
             self.workflow,
             tasks_root=settings.tasks_root,
             policy=GatePolicy.from_settings(settings),
@@ -140,11 +145,12 @@ class Gates:
         The groups hold light :class:`ListEntry` rows (name, phase, sub-state, version,
         parent, wave, gate hash, notes); use :meth:`task` for a whole record.
         """
-        return group_tasks(await fetch_entries(self.store.db))
+        rows = await self.store.gate_store.listing_rows()
+        return group_tasks(map(ListEntry._make, rows))
 
     async def listing_text(self) -> str:
         """:meth:`list_tasks` rendered as text (streamed from the rows: no object per task)."""
-        return render_rows(await fetch_rows(self.store.db))
+        return render_rows(await self.store.gate_store.listing_rows())
 
     async def transition(
         self, task: str, target: str, *, actor: str | None = None, reason: str | None = None
@@ -285,7 +291,8 @@ class Gates:
             wait_for_approval=wait_for_approval,
             poll_interval=self.poll_interval,
             agent_factory=agent_factory,
-            worktrees=worktrees or TaskWorktrees(self.settings, self.store.db),
+            worktrees=worktrees
+            or TaskWorktrees(self.settings, self.store.db, self.store.gate_store),
             chat=chat,
             supervisor=supervisor,
         )

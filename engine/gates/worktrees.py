@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import ConfigError
+from engine.gates.records import TaskRecord
 from engine.gates.refusals import GateRefused, Refusal
-from engine.gates.tasks import TaskRecord
+from engine.gates.store import GateStore, SqlGateStore
 
 if TYPE_CHECKING:
     from engine.settings import Settings
-    from engine.store.database import Database
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["TaskWorktrees", "WaveWorkspaces", "short_name", "workspace_id"]
 
@@ -72,9 +73,10 @@ class WaveWorkspaces(Protocol):
 class TaskWorktrees:
     """:class:`WaveWorkspaces` over :class:`engine.workspace.WorkspaceManager`."""
 
-    def __init__(self, settings: Settings, db: Database) -> None:
+    def __init__(self, settings: Settings, db: AnyDatabase, tasks: GateStore | None = None) -> None:
         self._settings = settings
         self._db = db
+        self._tasks: GateStore = tasks if tasks is not None else SqlGateStore(db)
         self._manager: Any = None
 
     def _get_manager(self) -> Any:
@@ -96,8 +98,7 @@ class TaskWorktrees:
                     Refusal.INVALID_NAME, f"task {task.name!r} is nested too deep", task=task.name
                 )
             shorts.append(current[len(parent) + 1 :])
-            row = await self._db.fetchone("SELECT parent FROM gate_tasks WHERE name = ?", (parent,))
-            current, parent = parent, (row["parent"] if row is not None else None)
+            current, parent = parent, await self._tasks.parent_of(parent)
         try:
             return workspace_id(current, shorts[::-1])
         except ConfigError as exc:  # a name from before '--' was refused in sub-task names
