@@ -45,7 +45,7 @@ from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
-from bot.store import BotStore, InboundState, OutboxRow
+from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
@@ -55,6 +55,7 @@ from engine.redact import Redactor
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore
+from engine.workspace.store import SqliteWorkspaceStore
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -162,7 +163,7 @@ class BotRuntime:
         # only an OS crash or power loss can lose the last ones, and inbound updates are
         # synced before they are confirmed to Telegram (so those are replayed, not lost).
         self.db = Database(settings.sqlite_database, synchronous="NORMAL")
-        self.store = BotStore(self.db)
+        self.store = SqlBotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(
             admins=settings.admins,
@@ -269,6 +270,7 @@ class BotRuntime:
                 publisher=self.publisher,
                 agent_factory=self._agent_factory,
                 slots=self.slots,
+                workspaces=SqliteWorkspaceStore(self.db),
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
             ctx = BotContext(

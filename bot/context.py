@@ -17,7 +17,7 @@ from bot.store import BotStore
 from engine.gates import Gates
 from engine.redact import Redactor
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase
 from engine.store.runs import SqliteRunStore
 
 __all__ = ["BotContext"]
@@ -33,7 +33,7 @@ class BotContext:
     """
 
     settings: Settings
-    db: Database
+    db: AnyDatabase
     store: BotStore
     runs: SqliteRunStore
     publisher: Publisher

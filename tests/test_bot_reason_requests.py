@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.store import BotStore
+from bot.store import SqlBotStore
 from engine.gates import Gates
 from engine.store import Database
 from tests.fakes.bot_api import FakeBotApi, SentMessage
@@ -205,7 +205,7 @@ async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.Monk
 async def test_the_store_expires_requests_by_its_clock(tmp_path: Path) -> None:
     now = [1000.0]
     async with Database(tmp_path / "t.db") as db:
-        store = BotStore(db, clock=lambda: now[0])
+        store = SqlBotStore(db, clock=lambda: now[0])
         await store.ask_reason(CHAT, APPROVER, "g1", prompt_ref="reason:g1:22:7")
         pending = await store.reason_request(CHAT, APPROVER, max_age=60)
         assert pending is not None
@@ -233,7 +233,7 @@ async def test_the_store_expires_requests_by_its_clock(tmp_path: Path) -> None:
         await store.ask_reason(CHAT, APPROVER, "g5")
     # a restart keeps a pending request
     async with Database(tmp_path / "t.db") as db:
-        store = BotStore(db, clock=lambda: now[0])
+        store = SqlBotStore(db, clock=lambda: now[0])
         pending = await store.reason_request(CHAT, APPROVER, max_age=60)
         assert pending is not None
         assert pending.gate_id == "g5"

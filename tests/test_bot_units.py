@@ -9,7 +9,7 @@ import pytest
 from bot import publish
 from bot.auth import Action, Authorizer
 from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
-from bot.store import BotStore, InboundState, OutboxItem
+from bot.store import InboundState, OutboxItem, SqlBotStore
 from engine.redact import Redactor
 from engine.store.database import Database
 from engine.testing import FakeClock
@@ -108,7 +108,7 @@ def test_authorization_is_deny_by_default_and_per_action() -> None:
 async def test_store_dedupes_prunes_and_keeps_the_offset(tmp_path: Path) -> None:
     clock = FakeClock()
     async with Database(tmp_path / "bot.db") as db:
-        store = BotStore(db, clock=clock)
+        store = SqlBotStore(db, clock=clock)
         assert await store.record_inbound([(5, "{}"), (6, "{}"), (5, "{}")]) == {5, 6}
         assert await store.record_inbound([(6, "{}"), (7, "{}")]) == {7}
         await store.sync()
@@ -127,7 +127,7 @@ async def test_store_dedupes_prunes_and_keeps_the_offset(tmp_path: Path) -> None
 
 async def test_queue_depth_and_duplicate_updates(tmp_path: Path) -> None:
     async with Database(tmp_path / "bot.db") as db:
-        store = BotStore(db)
+        store = SqlBotStore(db)
         assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
             True,
             0,
@@ -156,7 +156,7 @@ async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
     out = TurnOutput(text="y" * 1000, exit_code=0, spill_path=spill, size=300_000)
     async with Database(tmp_path / "bot.db") as db:
         pub = publish.Publisher(
-            BotStore(db),
+            SqlBotStore(db),
             None,
             redactor=Redactor(),
             document_threshold=1000,
@@ -184,7 +184,7 @@ async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
     out = TurnOutput(text="head", exit_code=0, spill_path=spill, size=spill.stat().st_size)
     async with Database(tmp_path / "bot.db") as db:
         pub = publish.Publisher(
-            BotStore(db),
+            SqlBotStore(db),
             None,
             redactor=Redactor([secret]),
             document_threshold=1000,
