@@ -43,8 +43,9 @@ class ChatMoveTables(Tables):
         now = self._clock()
         async with self.db.transaction() as conn:
             await conn.execute(
-                "INSERT OR REPLACE INTO bot_chat_migrations (old_chat_id, new_chat_id,"
-                " migrated_at) VALUES (?, ?, ?)",
+                "INSERT INTO bot_chat_migrations (old_chat_id, new_chat_id, migrated_at)"
+                " VALUES (?, ?, ?) ON CONFLICT (old_chat_id) DO UPDATE"
+                " SET new_chat_id = excluded.new_chat_id, migrated_at = excluded.migrated_at",
                 (old_chat, new_chat, now),
             )
             for table in ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks"):

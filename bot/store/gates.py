@@ -101,13 +101,17 @@ class GateMessageTables(Tables):
         async with self.db.transaction() as conn:
             await conn.execute(
                 "UPDATE bot_gates SET state = 'superseded' WHERE task = ? AND phase = ?"
-                " AND state = 'open'",
-                (task, phase),
+                " AND state = 'open' AND gate_id != ?",
+                (task, phase, gate_id),
             )
+            # A gate added again (the same id) keeps its decision: who decided, when, and
+            # how; only where it is shown changes. (A replace would reopen it, unsigned.)
             await conn.execute(
-                "INSERT OR REPLACE INTO bot_gates (gate_id, task, phase, sha256, artifact_name,"
+                "INSERT INTO bot_gates (gate_id, task, phase, sha256, artifact_name,"
                 " chat_id, thread_id, run_id, state, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'open', ?) ON CONFLICT (gate_id) DO UPDATE"
+                " SET chat_id = excluded.chat_id, thread_id = excluded.thread_id,"
+                " run_id = excluded.run_id",
                 (
                     gate_id,
                     task,
@@ -170,13 +174,15 @@ class GateMessageTables(Tables):
         return GateRecord.from_row(row) if row is not None else None
 
     async def close_gates_of(self, task: str, state: str, user_id: int | None) -> list[str]:
-        """Close every open gate of ``task``; returns their ids."""
-        rows = await self.db.fetchall(
-            "SELECT gate_id FROM bot_gates WHERE task = ? AND state = 'open'", (task,)
-        )
-        for row in rows:
-            await self.close_gate(row["gate_id"], state, user_id)
-        return [str(r["gate_id"]) for r in rows]
+        """Close every open gate of ``task``; returns the ids this call closed."""
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE bot_gates SET state = ?, decided_by = ?, decided_at = ?"
+                " WHERE task = ? AND state = 'open' RETURNING gate_id",
+                (state, user_id, self._clock(), task),
+            )
+            rows = await cursor.fetchall()
+        return sorted(str(r[0]) for r in rows)
 
 
 class ReasonRequestTables(Tables):
@@ -186,12 +192,20 @@ class ReasonRequestTables(Tables):
         self, chat_id: int, user_id: int, gate_id: str, *, prompt_ref: str | None = None
     ) -> None:
         """Wait for ``user_id``'s rejection reason in ``chat_id`` (one request per pair:
-        a new one replaces the old); ``prompt_ref`` is the live message that asked."""
+        a new one replaces the old); ``prompt_ref`` is the live message that asked.
+
+        Asked again for the same gate without a ``prompt_ref``, the request keeps the
+        message that asked (a replace would forget it).
+        """
         if self._asked is not None:
             self._asked.add((chat_id, user_id))
         await self.db.execute(
-            "INSERT OR REPLACE INTO bot_reason_requests"
-            " (chat_id, user_id, gate_id, prompt_message_ref, created_at) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO bot_reason_requests"
+            " (chat_id, user_id, gate_id, prompt_message_ref, created_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (chat_id, user_id) DO UPDATE SET gate_id = excluded.gate_id,"
+            " created_at = excluded.created_at, prompt_message_ref = COALESCE("
+            "excluded.prompt_message_ref, CASE WHEN bot_reason_requests.gate_id = excluded.gate_id"
+            " THEN bot_reason_requests.prompt_message_ref END)",
             (chat_id, user_id, gate_id, prompt_ref, self._clock()),
         )
 
@@ -204,8 +218,8 @@ class ReasonRequestTables(Tables):
         once with ``expired`` set (so the question can say so).
         """
         if self._asked is None:
-            rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
-            self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
+            await self._load_asked()
+        assert self._asked is not None
         # Most messages are not reasons: answered from memory, off the database.
         if (chat_id, user_id) not in self._asked:
             return None
@@ -244,13 +258,33 @@ class ReasonRequestTables(Tables):
     async def take_reason_request(
         self, chat_id: int, user_id: int, *, max_age: float | None = None
     ) -> str | None:
-        """The gate a pending, unexpired request is for; the request is used up."""
-        request = await self.reason_request(chat_id, user_id, max_age=max_age)
-        if request is None or request.expired:
+        """The gate a pending, unexpired request is for; the request is used up.
+
+        One statement takes it, so of two takers at once exactly one gets it. An expired
+        request is used up too, for nothing (None).
+        """
+        if self._asked is None:
+            await self._load_asked()
+        assert self._asked is not None
+        if (chat_id, user_id) not in self._asked:
             return None
-        if not await self.drop_reason_request(chat_id, user_id, gate_id=request.gate_id):
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?"
+                " RETURNING gate_id, created_at",
+                (chat_id, user_id),
+            )
+            row = await cursor.fetchone()
+        self._asked.discard((chat_id, user_id))
+        if row is None:
             return None
-        return request.gate_id
+        if max_age is not None and self._clock() - float(row[1]) > max_age:
+            return None
+        return str(row[0])
+
+    async def _load_asked(self) -> None:
+        rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
+        self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
 
 
 class TaskPlaceTables(Tables):

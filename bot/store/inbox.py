@@ -58,8 +58,8 @@ class InboxTables(Tables):
         async with self.db.transaction() as conn:
             for update_id, payload in updates:
                 cursor = await conn.execute(
-                    "INSERT OR IGNORE INTO bot_inbound (update_id, payload, state, received_at)"
-                    " VALUES (?, ?, ?, ?)",
+                    "INSERT INTO bot_inbound (update_id, payload, state, received_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (update_id) DO NOTHING",
                     (update_id, payload, InboundState.RECEIVED.value, now),
                 )
                 if cursor.rowcount:

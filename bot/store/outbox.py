@@ -62,6 +62,10 @@ class LiveMessages(Protocol):
     async def touch_live(self, prefix: str) -> int: ...
 
 
+def _live_key(ref: str) -> str:
+    return f"bot_live:{ref}"
+
+
 class OutboxTables(Tables):
     """:class:`Outbox` on the database."""
 
@@ -96,8 +100,8 @@ class OutboxTables(Tables):
         """
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
-                "SELECT * FROM bot_outbox WHERE state = 'pending' AND sending_since IS NOT NULL"
-                " ORDER BY id"
+                "SELECT * FROM bot_outbox WHERE state = 'pending'"  # noqa: S608
+                f" AND sending_since IS NOT NULL ORDER BY id{self.db.for_update}"
             )
             rows = [OutboxRow.from_row(r) for r in await cursor.fetchall()]
             for row in rows:
@@ -115,6 +119,9 @@ class OutboxTables(Tables):
         now = self._clock()
         item = row.item
         async with self.db.transaction() as conn:
+            if item.ref is not None:
+                # Against a set_live of the same ref in between (it reads, then writes).
+                await self._serialize(conn, _live_key(item.ref))
             await conn.execute(
                 "UPDATE bot_outbox SET state = 'sent', message_id = ?, sent_at = ?,"
                 " attempts = attempts + 1 WHERE id = ?",
@@ -209,6 +216,9 @@ class LiveTables(Tables):
         ents = json.dumps(list(entities)) if entities else None
         mk = json.dumps(markup) if markup else None
         async with self.db.transaction() as conn:
+            # Read, then write on what was read: one writer of a ref at a time, or two
+            # could both find nothing and queue the message twice.
+            await self._serialize(conn, _live_key(ref))
             cursor = await conn.execute(
                 "SELECT body, entities_json, markup_json FROM bot_live WHERE ref = ?", (ref,)
             )
@@ -269,6 +279,7 @@ class LiveTables(Tables):
 
     async def touch_live(self, prefix: str) -> int:
         """Mark every live message whose ref starts with ``prefix`` for a refresh."""
+        # Not LIKE: it is case-insensitive on SQLite only, and ``_``/``%`` are wildcards.
         return await self.db.execute(
-            "UPDATE bot_live SET dirty = 1 WHERE ref LIKE ?", (prefix.replace("%", "") + "%",)
+            "UPDATE bot_live SET dirty = 1 WHERE substr(ref, 1, ?) = ?", (len(prefix), prefix)
         )

@@ -81,6 +81,10 @@ class PromptQueue(Protocol):
     async def chats_with_queued(self) -> list[tuple[int, int]]: ...
 
 
+def _queue_key(chat_id: int, thread_id: int) -> str:
+    return f"bot_prompts:{chat_id}:{thread_id}"
+
+
 class ChatBindingTables(Tables):
     """:class:`ChatBindings` on the database."""
 
@@ -95,16 +99,17 @@ class ChatBindingTables(Tables):
         session_id: str,
         user_id: int | None,
     ) -> Binding:
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                "DELETE FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
-                (chat_id, thread_id),
-            )
-            await conn.execute(
-                "INSERT INTO bot_bindings (chat_id, thread_id, agent, project, workdir,"
-                " session_id, turns, bound_by, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                (chat_id, thread_id, agent, project, workdir, session_id, user_id, self._clock()),
-            )
+        # One statement, so two binds of one chat cannot both insert (a new binding
+        # replaces the old one whole: a fresh session, no turns, no run yet).
+        await self.db.execute(
+            "INSERT INTO bot_bindings (chat_id, thread_id, agent, project, workdir,"
+            " session_id, turns, run_id, bound_by, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (chat_id, thread_id) DO UPDATE"
+            " SET agent = excluded.agent, project = excluded.project, workdir = excluded.workdir,"
+            " session_id = excluded.session_id, turns = 0, run_id = NULL,"
+            " bound_by = excluded.bound_by, created_at = excluded.created_at",
+            (chat_id, thread_id, agent, project, workdir, session_id, user_id, self._clock()),
+        )
         binding = await self.binding(chat_id, thread_id)
         assert binding is not None
         return binding
@@ -145,6 +150,9 @@ class PromptTables(Tables):
             (queued, number waiting before it). A duplicate update id counts as queued.
         """
         async with self.db.transaction() as conn:
+            # Counted, then inserted: one writer of a chat's queue at a time, or two could
+            # both see room for one more.
+            await self._serialize(conn, _queue_key(chat_id, thread_id))
             cursor = await conn.execute(
                 "SELECT COUNT(*) FROM bot_prompts WHERE chat_id = ? AND thread_id = ?"
                 " AND state = 'queued'",
@@ -160,11 +168,14 @@ class PromptTables(Tables):
                     return True, waiting
             if waiting >= depth:
                 return False, waiting
-            await conn.execute(
+            cursor = await conn.execute(
                 "INSERT INTO bot_prompts (chat_id, thread_id, update_id, user_id, body, state,"
-                " created_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
+                " created_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)"
+                " ON CONFLICT (update_id) DO NOTHING RETURNING id",
                 (chat_id, thread_id, update_id, user_id, body, self._clock()),
             )
+            if await cursor.fetchone() is None:  # the same update, queued from another chat
+                return True, waiting
             if update_id is not None:
                 await conn.execute(
                     "UPDATE bot_inbound SET state = ?, handled_at = ? WHERE update_id = ?",
@@ -181,19 +192,15 @@ class PromptTables(Tables):
             The prompt's id, or None when the update was recorded before (a replay).
         """
         async with self.db.transaction() as conn:
-            if update_id is not None:
-                cursor = await conn.execute(
-                    "SELECT 1 FROM bot_prompts WHERE update_id = ?", (update_id,)
-                )
-                if await cursor.fetchone() is not None:
-                    return None
             cursor = await conn.execute(
                 "INSERT INTO bot_prompts (chat_id, thread_id, update_id, user_id, body, state,"
-                " created_at) VALUES (?, ?, ?, ?, ?, 'steering', ?) RETURNING id",
+                " created_at) VALUES (?, ?, ?, ?, ?, 'steering', ?)"
+                " ON CONFLICT (update_id) DO NOTHING RETURNING id",
                 (chat_id, thread_id, update_id, user_id, body, self._clock()),
             )
             inserted = await cursor.fetchone()
-            assert inserted is not None
+            if inserted is None:  # recorded before: a replay
+                return None
             prompt_id = int(inserted[0])
             if update_id is not None:
                 await conn.execute(
@@ -229,6 +236,9 @@ class PromptTables(Tables):
         """
         now = self._clock()
         async with self.db.transaction() as conn:
+            # Read the oldest, then mark it taken: one taker of a chat's queue at a time,
+            # or two could both take the same prompt.
+            await self._serialize(conn, _queue_key(chat_id, thread_id))
             cursor = await conn.execute(
                 "SELECT * FROM bot_prompts WHERE chat_id = ? AND thread_id = ? AND state = 'queued'"
                 " ORDER BY id LIMIT 1",
@@ -237,6 +247,12 @@ class PromptTables(Tables):
             row = await cursor.fetchone()
             if row is None:
                 return None
+            # The run's row gives the next attempt to one writer at a time (as the runs
+            # store's start_turn does).
+            await conn.execute(
+                f"SELECT id FROM runs WHERE id = ?{self.db.for_update}",  # noqa: S608
+                (run_id,),
+            )
             cursor = await conn.execute(
                 "SELECT COALESCE(MAX(attempt), 0) FROM turns WHERE run_id = ? AND seq = ?",
                 (run_id, seq),

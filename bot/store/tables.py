@@ -10,6 +10,7 @@ from typing import Any, Final
 from bot.store.records import OutboxItem
 from engine.store.audit import SqliteAuditLog
 from engine.store.backend import AnyDatabase
+from engine.store.dialect import advisory_key
 
 __all__ = ["AUDIT_ORIGIN", "Tables"]
 
@@ -32,6 +33,16 @@ class Tables:
         self._audit = SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
         self._asked: set[tuple[int, int]] | None = None
+
+    async def _serialize(self, conn: Any, name: str) -> None:
+        """Hold ``name`` until the transaction ends: its writers take turns.
+
+        A read-then-write transaction is safe on SQLite as it is (``BEGIN IMMEDIATE`` holds
+        the whole database); PostgreSQL's READ COMMITTED transactions run side by side, so
+        there ``name`` becomes an advisory transaction lock (released at commit or rollback).
+        """
+        if self.db.dialect == "postgresql":
+            await conn.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(name),))
 
     @staticmethod
     async def _insert_outbox(conn: Any, item: OutboxItem, now: float) -> None:
