@@ -45,7 +45,7 @@ from bot.outbox import OutboxSender, retry_seconds
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
-from bot.store import BotStore, InboundState, OutboxRow
+from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
@@ -56,6 +56,7 @@ from engine.runs import Recovery, RunSupervisor
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import SqliteRunStore
+from engine.workspace.store import SqliteWorkspaceStore
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -163,7 +164,7 @@ class BotRuntime:
         # only an OS crash or power loss can lose the last ones, and inbound updates are
         # synced before they are confirmed to Telegram (so those are replayed, not lost).
         self.db = Database(settings.sqlite_database, synchronous="NORMAL")
-        self.store = BotStore(self.db)
+        self.store = SqlBotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(
             admins=settings.admins,
@@ -273,6 +274,7 @@ class BotRuntime:
                 publisher=self.publisher,
                 agent_factory=self._agent_factory,
                 supervisor=self.supervisor,
+                workspaces=SqliteWorkspaceStore(self.db),
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
             ctx = BotContext(

@@ -32,7 +32,7 @@ from engine.runs import ChatPlace, RunMode, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
-from engine.workspace import SqliteWorkspaceStore, WorkspaceError, WorkspaceManager
+from engine.workspace import WorkspaceError, WorkspaceManager, WorkspaceStore
 
 __all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
 
@@ -193,10 +193,12 @@ class ChatSessions:
         publisher: Publisher,
         agent_factory: AgentFactory,
         supervisor: RunSupervisor,
+        workspaces: WorkspaceStore,
         status_tick: float = 15.0,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.workspaces = workspaces
         self.runs = runs
         self.publisher = publisher
         self.agent_factory = agent_factory
@@ -219,9 +221,7 @@ class ChatSessions:
         Raises:
             ConfigError: a malformed project setting, a reserved name, or git failed.
         """
-        manager = WorkspaceManager.from_settings(
-            self.settings, store=SqliteWorkspaceStore(self.store.db)
-        )
+        manager = WorkspaceManager.from_settings(self.settings, store=self.workspaces)
         if project in {p.name for p in manager.projects}:
             try:
                 workspace = await manager.provision(run_key, project)

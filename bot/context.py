@@ -18,7 +18,7 @@ from engine.gates import Gates
 from engine.redact import Redactor
 from engine.runs import RunSupervisor
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase
 from engine.store.runs import SqliteRunStore
 
 __all__ = ["BotContext"]
@@ -34,7 +34,7 @@ class BotContext:
     """
 
     settings: Settings
-    db: Database
+    db: AnyDatabase
     store: BotStore
     runs: SqliteRunStore
     publisher: Publisher

@@ -124,16 +124,13 @@ class ToolApprovalExtension(Feature):
         await self._started.wait()
         if self._failed is not None:
             raise ConfigError(f"tool approvals cannot start here: {self._failed}")
-        row = await self.ctx.db.fetchone(
-            "SELECT bound_by FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
-            (binding.chat_id, binding.thread_id),
-        )
-        starter = row["bound_by"] if row is not None else None
+        bound = await self.ctx.store.binding(binding.chat_id, binding.thread_id)
+        starter = bound.bound_by if bound is not None else None
         return ApprovalRoute(
             database=self.ctx.settings.sqlite_database,
             run_id=run_id,
             policy=self.policy,
-            starter=int(starter) if starter is not None else None,
+            starter=starter,
             wake=self.watcher.wake_path,
         )
 

@@ -20,7 +20,7 @@ from bot.auth import Action, Authorizer
 from bot.handlers import Dispatch
 from bot.publish import Publisher
 from bot.replies import Replies
-from bot.store import BotStore
+from bot.store import BotStore, SqlBotStore
 from engine.redact import Redactor
 from engine.store.database import Database
 from tests.fakes.bot_api import FakeBotApi
@@ -88,7 +88,7 @@ class _Bench:
 @asynccontextmanager
 async def _bench(tmp_path: Path) -> AsyncIterator[_Bench]:
     async with FakeBotApi() as api, Database(tmp_path / "bot.db") as db:
-        store = BotStore(db)
+        store = SqlBotStore(db)
         authorizer = Authorizer.from_ids(
             admins=[ADMIN], approvers=[], operators=[], allowed_chats=[CHAT]
         )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from telegram.ext import AIORateLimiter, ExtBot
 
 from bot.outbox import OutboxSender
-from bot.store import BotStore, OutboxItem
+from bot.store import OutboxItem, SqlBotStore
 from engine.store.database import Database
 from tests.fakes.bot_api import FakeBotApi
 
@@ -34,7 +34,7 @@ async def _deliver(statuses: list[int], messages: int) -> tuple[list[tuple[int, 
                 base_file_url=api.file_url,
                 rate_limiter=AIORateLimiter(max_retries=3),
             )
-            store = BotStore(db)
+            store = SqlBotStore(db)
             sender = OutboxSender(bot, store, first_backoff=0.01)
             async with bot:
                 await store.enqueue(

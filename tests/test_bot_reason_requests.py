@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from bot.store import BotStore
+from bot.store import SqlBotStore
 from engine.gates import Gates
-from engine.store import Database
+from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     ADMIN,
@@ -202,38 +202,41 @@ async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.Monk
             assert "after 90 seconds without a reason" in prompt.text
 
 
-async def test_the_store_expires_requests_by_its_clock(tmp_path: Path) -> None:
+def _target(database: Any) -> Any:
+    return database.path if database.dialect == "sqlite" else database.url
+
+
+async def test_the_store_expires_requests_by_its_clock(database: Any) -> None:
     now = [1000.0]
-    async with Database(tmp_path / "t.db") as db:
-        store = BotStore(db, clock=lambda: now[0])
-        await store.ask_reason(CHAT, APPROVER, "g1", prompt_ref="reason:g1:22:7")
-        pending = await store.reason_request(CHAT, APPROVER, max_age=60)
-        assert pending is not None
-        assert (pending.gate_id, pending.prompt_ref, pending.expired) == (
-            "g1",
-            "reason:g1:22:7",
-            False,
-        )
-        now[0] += 61
-        lapsed = await store.reason_request(CHAT, APPROVER, max_age=60)
-        assert lapsed is not None
-        assert lapsed.expired
-        assert await store.reason_request(CHAT, APPROVER, max_age=60) is None
-        # a fresh request is used up once; an expired one is never taken
-        await store.ask_reason(CHAT, APPROVER, "g2")
-        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) == "g2"
-        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
-        await store.ask_reason(CHAT, APPROVER, "g3")
-        now[0] += 61
-        assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
-        # dropping names the gate: a request for another gate stays
-        await store.ask_reason(CHAT, APPROVER, "g4")
-        assert not await store.drop_reason_request(CHAT, APPROVER, gate_id="g1")
-        assert await store.drop_reason_request(CHAT, APPROVER, gate_id="g4")
-        await store.ask_reason(CHAT, APPROVER, "g5")
+    store = SqlBotStore(database, clock=lambda: now[0])
+    await store.ask_reason(CHAT, APPROVER, "g1", prompt_ref="reason:g1:22:7")
+    pending = await store.reason_request(CHAT, APPROVER, max_age=60)
+    assert pending is not None
+    assert (pending.gate_id, pending.prompt_ref, pending.expired) == (
+        "g1",
+        "reason:g1:22:7",
+        False,
+    )
+    now[0] += 61
+    lapsed = await store.reason_request(CHAT, APPROVER, max_age=60)
+    assert lapsed is not None
+    assert lapsed.expired
+    assert await store.reason_request(CHAT, APPROVER, max_age=60) is None
+    # a fresh request is used up once; an expired one is never taken
+    await store.ask_reason(CHAT, APPROVER, "g2")
+    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) == "g2"
+    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+    await store.ask_reason(CHAT, APPROVER, "g3")
+    now[0] += 61
+    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+    # dropping names the gate: a request for another gate stays
+    await store.ask_reason(CHAT, APPROVER, "g4")
+    assert not await store.drop_reason_request(CHAT, APPROVER, gate_id="g1")
+    assert await store.drop_reason_request(CHAT, APPROVER, gate_id="g4")
+    await store.ask_reason(CHAT, APPROVER, "g5")
     # a restart keeps a pending request
-    async with Database(tmp_path / "t.db") as db:
-        store = BotStore(db, clock=lambda: now[0])
+    async with open_database(_target(database)) as db:
+        store = SqlBotStore(db, clock=lambda: now[0])
         pending = await store.reason_request(CHAT, APPROVER, max_age=60)
         assert pending is not None
         assert pending.gate_id == "g5"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot import publish
 from bot.auth import Action, Authorizer
 from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
-from bot.store import BotStore, InboundState, OutboxItem
+from bot.store import InboundState, OutboxItem, SqlBotStore
 from engine.redact import Redactor
 from engine.store.database import Database
 from engine.testing import FakeClock
@@ -105,46 +106,44 @@ def test_authorization_is_deny_by_default_and_per_action() -> None:
     assert auth.check(3, -1005, Action.PROMPT).allowed
 
 
-async def test_store_dedupes_prunes_and_keeps_the_offset(tmp_path: Path) -> None:
+async def test_store_dedupes_prunes_and_keeps_the_offset(database: Any) -> None:
     clock = FakeClock()
-    async with Database(tmp_path / "bot.db") as db:
-        store = BotStore(db, clock=clock)
-        assert await store.record_inbound([(5, "{}"), (6, "{}"), (5, "{}")]) == {5, 6}
-        assert await store.record_inbound([(6, "{}"), (7, "{}")]) == {7}
-        await store.sync()
-        for uid in (5, 6, 7):
-            await store.mark_inbound(uid, InboundState.HANDLED)
-        await store.enqueue([OutboxItem(chat_id=1, body="a"), OutboxItem(chat_id=1, body="b")])
-        row = await store.next_outbox()
-        assert row is not None
-        await store.outbox_sent(row, 10)
-        clock.advance(100)
-        assert await store.prune(clock() - 50) == 3  # updates 5 and 6, message "a"
-        assert await store.next_offset() == 8
-        assert await store.pending_outbox() == 1
-        assert await store.unhandled_inbound() == []
+    store = SqlBotStore(database, clock=clock)  # either backend (tests/pg_support.py)
+    assert await store.record_inbound([(5, "{}"), (6, "{}"), (5, "{}")]) == {5, 6}
+    assert await store.record_inbound([(6, "{}"), (7, "{}")]) == {7}
+    await store.sync()
+    for uid in (5, 6, 7):
+        await store.mark_inbound(uid, InboundState.HANDLED)
+    await store.enqueue([OutboxItem(chat_id=1, body="a"), OutboxItem(chat_id=1, body="b")])
+    row = await store.next_outbox()
+    assert row is not None
+    await store.outbox_sent(row, 10)
+    clock.advance(100)
+    assert await store.prune(clock() - 50) == 3  # updates 5 and 6, message "a"
+    assert await store.next_offset() == 8
+    assert await store.pending_outbox() == 1
+    assert await store.unhandled_inbound() == []
 
 
-async def test_queue_depth_and_duplicate_updates(tmp_path: Path) -> None:
-    async with Database(tmp_path / "bot.db") as db:
-        store = BotStore(db)
-        assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
-            True,
-            0,
-        )
-        assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
-            True,
-            1,
-        )
-        assert await store.queue_prompt(1, 0, update_id=2, user_id=2, body="b", depth=2) == (
-            True,
-            1,
-        )
-        assert await store.queue_prompt(1, 0, update_id=3, user_id=2, body="c", depth=2) == (
-            False,
-            2,
-        )
-        assert await store.queued_count(1, 0) == 2
+async def test_queue_depth_and_duplicate_updates(database: Any) -> None:
+    store = SqlBotStore(database)
+    assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
+        True,
+        0,
+    )
+    assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
+        True,
+        1,
+    )
+    assert await store.queue_prompt(1, 0, update_id=2, user_id=2, body="b", depth=2) == (
+        True,
+        1,
+    )
+    assert await store.queue_prompt(1, 0, update_id=3, user_id=2, body="c", depth=2) == (
+        False,
+        2,
+    )
+    assert await store.queued_count(1, 0) == 2
 
 
 async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
@@ -156,7 +155,7 @@ async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
     out = TurnOutput(text="y" * 1000, exit_code=0, spill_path=spill, size=300_000)
     async with Database(tmp_path / "bot.db") as db:
         pub = publish.Publisher(
-            BotStore(db),
+            SqlBotStore(db),
             None,
             redactor=Redactor(),
             document_threshold=1000,
@@ -184,7 +183,7 @@ async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
     out = TurnOutput(text="head", exit_code=0, spill_path=spill, size=spill.stat().st_size)
     async with Database(tmp_path / "bot.db") as db:
         pub = publish.Publisher(
-            BotStore(db),
+            SqlBotStore(db),
             None,
             redactor=Redactor([secret]),
             document_threshold=1000,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bot.migrations import migrations as bot_migrations
-from bot.store import BotStore, OutboxItem
+from bot.store import OutboxItem, SqlBotStore
 from engine.commands.doctor import Status, check_database
 from engine.errors import StoreError
 from engine.store import (
@@ -123,7 +123,7 @@ async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) 
         run = await SqliteRunStore(db).get_run("r-old")
         assert run is not None
         assert run.session_id == "s-old"
-        bot = BotStore(db)
+        bot = SqlBotStore(db)
         binding = await bot.binding(-100, 0)
         assert binding is not None
         assert binding.session_id == "s-old"
@@ -169,7 +169,7 @@ async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -
     assert f"at schema version 3, this turnstile needs {ENGINE_LATEST}" in behind.detail
     async with Database(path) as db:
         assert await db.schema_versions() == LATEST
-        assert await BotStore(db).bindings() == []
+        assert await SqlBotStore(db).bindings() == []
     assert _schema(path) == _schema(await _open_fresh(tmp_path))
 
 
@@ -211,7 +211,7 @@ async def test_a_front_end_installed_later_is_adopted_or_migrated(tmp_path: Path
         pass
     async with Database(new) as db:
         assert await db.schema_versions() == LATEST
-        assert await BotStore(db).bindings() == []
+        assert await SqlBotStore(db).bindings() == []
 
 
 async def test_a_newer_front_end_schema_is_reported(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import BotStore, OutboxItem
+from bot.store import OutboxItem, SqlBotStore
 from engine.store import Database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, bot_settings, running_bot
@@ -19,7 +19,7 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
         settings = bot_settings(api, tmp_path)
         # What a killed bot leaves: one row whose send began, one never tried.
         async with Database(settings.database) as db:
-            store = BotStore(db)
+            store = SqlBotStore(db)
             await store.enqueue(
                 [
                     OutboxItem(
@@ -42,7 +42,7 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
         assert not [m for m in api.sent if m.text == "part one of the answer"]
         # A send that failed and will be retried is no longer in flight.
         async with Database(settings.database) as db:
-            store = BotStore(db)
+            store = SqlBotStore(db)
             await store.enqueue([OutboxItem(chat_id=CHAT, kind="text", body="retried")])
             row = await store.next_outbox()
             assert row is not None

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.store import BotStore
+from bot.store import SqlBotStore
 from engine.store import Database, SqliteRunStore
 from tests.bot_process import CHAT, FAKE_AGENT, OPERATOR, ROOT, BotProcess, bot_env, spawn
 from tests.fakes.bot_api import FakeBotApi
@@ -84,7 +84,7 @@ async def _bind_and_start_turn(api: FakeBotApi, root: Path, text: str) -> None:
 
 async def _pending_outbox(root: Path) -> int:
     async with Database(root / "turnstile.db") as db:
-        return await BotStore(db).pending_outbox()
+        return await SqlBotStore(db).pending_outbox()
 
 
 async def _turn_states(root: Path) -> list[str]:

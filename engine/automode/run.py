@@ -40,7 +40,7 @@ from engine.logs import log_context
 from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, run_session_loop
 
@@ -298,7 +298,7 @@ def _build(
 
 async def prepare_auto_run(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     spec: RunSpec,
     *,
     sink: RunSink | None = None,
@@ -388,7 +388,9 @@ async def prepare_auto_run(
     return run
 
 
-async def _claim(db: Database, run_id: str, seen_owner: str | None, state: AutoModeState) -> None:
+async def _claim(
+    db: AnyDatabase, run_id: str, seen_owner: str | None, state: AutoModeState
+) -> None:
     """Make this process the run's driver, compare-and-set on the owner it saw.
 
     The read and the write are one atomic step: SQLite's ``BEGIN IMMEDIATE`` serialises
@@ -423,7 +425,7 @@ def resumable(state: AutoModeState) -> bool:
 
 async def prepare_resume(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     run_id: str,
     *,
     env: AgentEnv | None = None,
@@ -507,7 +509,7 @@ async def prepare_resume(
 
 async def start_auto_run(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     spec: RunSpec,
     *,
     sink: RunSink | None = None,
@@ -531,7 +533,7 @@ async def start_auto_run(
 
 async def resume_auto_run(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     run_id: str,
     *,
     env: AgentEnv | None = None,

@@ -15,10 +15,11 @@ tested on their own:
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Iterator
 
-__all__ = ["postgres_ddl", "postgres_query"]
+__all__ = ["advisory_key", "postgres_ddl", "postgres_query"]
 
 # One token at a time: a quoted string, a quoted name, a comment, or one other character.
 _TOKEN = re.compile(
@@ -67,3 +68,13 @@ def postgres_ddl(statement: str) -> str:
         return _INTEGER.sub("BIGINT", code)
 
     return _rewrite_code(statement, change)
+
+
+def advisory_key(name: str) -> int:
+    """A PostgreSQL advisory-lock key (a signed 64-bit integer) for ``name``.
+
+    The same on every machine and in every process (unlike ``hash``), so two processes
+    that lock one name lock one key.
+    """
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

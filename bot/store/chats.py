@@ -1,0 +1,112 @@
+"""Following a group that became a supergroup, and the bot's part of the audit log."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from bot.store.records import AuditEntry
+from bot.store.tables import AUDIT_ORIGIN, Tables
+
+__all__ = ["BotAudit", "BotAuditTables", "ChatMoveTables", "ChatMoves"]
+
+
+class ChatMoves(Protocol):
+    """Chat ids that changed (a group became a supergroup)."""
+
+    async def migrate_chat(self, old_chat: int, new_chat: int) -> None: ...
+
+    async def migrated_from(self) -> dict[int, int]: ...
+
+
+class BotAudit(Protocol):
+    """Who asked the bot for what, and whether it was allowed."""
+
+    async def audit(
+        self,
+        *,
+        action: str,
+        outcome: str,
+        user_id: int | None,
+        chat_id: int | None,
+        update_id: int | None,
+        reason: str | None = None,
+    ) -> None: ...
+
+    async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]: ...
+
+
+class ChatMoveTables(Tables):
+    """:class:`ChatMoves` on the database."""
+
+    async def migrate_chat(self, old_chat: int, new_chat: int) -> None:
+        """Follow a group that became a supergroup: bindings, queues and outbox move."""
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO bot_chat_migrations (old_chat_id, new_chat_id, migrated_at)"
+                " VALUES (?, ?, ?) ON CONFLICT (old_chat_id) DO UPDATE"
+                " SET new_chat_id = excluded.new_chat_id, migrated_at = excluded.migrated_at",
+                (old_chat, new_chat, now),
+            )
+            for table in ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks"):
+                await conn.execute(
+                    f"UPDATE {table} SET chat_id = ? WHERE chat_id = ?",  # noqa: S608
+                    (new_chat, old_chat),
+                )
+            await conn.execute(
+                "UPDATE runs SET chat_id = ? WHERE chat_id = ?", (new_chat, old_chat)
+            )
+            await conn.execute(
+                "UPDATE bot_outbox SET chat_id = ? WHERE chat_id = ? AND state = 'pending'",
+                (new_chat, old_chat),
+            )
+            await conn.execute(
+                "UPDATE bot_live SET chat_id = ? WHERE chat_id = ?", (new_chat, old_chat)
+            )
+
+    async def migrated_from(self) -> dict[int, int]:
+        """new chat id → old chat id, for every followed migration."""
+        rows = await self.db.fetchall("SELECT old_chat_id, new_chat_id FROM bot_chat_migrations")
+        return {int(r["new_chat_id"]): int(r["old_chat_id"]) for r in rows}
+
+
+class BotAuditTables(Tables):
+    """:class:`BotAudit` on the database."""
+
+    async def audit(
+        self,
+        *,
+        action: str,
+        outcome: str,
+        user_id: int | None,
+        chat_id: int | None,
+        update_id: int | None,
+        reason: str | None = None,
+    ) -> None:
+        await self._audit.record(
+            action,
+            outcome,
+            origin=AUDIT_ORIGIN,
+            actor=str(user_id) if user_id is not None else None,
+            chat_id=chat_id,
+            update_id=update_id,
+            detail=reason,
+        )
+
+    async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]:
+        """The bot's latest audit entries, newest first."""
+        found = await self._audit.entries(origin=AUDIT_ORIGIN, limit=limit)
+        return [
+            AuditEntry(
+                at=e.at,
+                user_id=int(e.actor)
+                if e.actor is not None and e.actor.lstrip("-").isdigit()
+                else None,
+                chat_id=e.chat_id,
+                update_id=e.update_id,
+                action=e.event,
+                outcome=e.outcome,
+                reason=e.detail,
+            )
+            for e in reversed(found)
+        ]

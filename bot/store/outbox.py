@@ -1,0 +1,285 @@
+"""The outbox and the live messages: what the bot sends, and what it edits in place."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from bot.store.records import LiveMessage, OutboxItem, OutboxRow
+from bot.store.tables import AUDIT_ORIGIN, Tables
+
+__all__ = ["LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
+
+
+class Outbox(Protocol):
+    """Messages to deliver, delivered once each, in order."""
+
+    async def enqueue(self, items: Iterable[OutboxItem]) -> None: ...
+
+    async def next_outbox(self) -> OutboxRow | None: ...
+
+    async def outbox_sending(self, row_id: int) -> None: ...
+
+    async def outbox_not_sent(self, row_id: int) -> None: ...
+
+    async def outbox_uncertain(self) -> list[OutboxRow]: ...
+
+    async def pending_outbox(self) -> int: ...
+
+    async def outbox_sent(self, row: OutboxRow, message_id: int | None) -> None: ...
+
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None: ...
+
+    async def outbox_failed(self, row: OutboxRow, error: str) -> None: ...
+
+    async def outbox_retarget(self, old_chat: int, new_chat: int) -> None: ...
+
+
+class LiveMessages(Protocol):
+    """Messages edited in place (a run's status, a gate)."""
+
+    async def set_live(
+        self,
+        ref: str,
+        *,
+        chat_id: int,
+        thread_id: int | None,
+        body: str,
+        entities: tuple[dict[str, Any], ...] = (),
+        markup: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> None: ...
+
+    async def get_live(self, ref: str) -> LiveMessage | None: ...
+
+    async def dirty_live(self) -> list[LiveMessage]: ...
+
+    async def live_edited(self, ref: str, body: str, at: float) -> None: ...
+
+    async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None: ...
+
+    async def touch_live(self, prefix: str) -> int: ...
+
+
+def _live_key(ref: str) -> str:
+    return f"bot_live:{ref}"
+
+
+class OutboxTables(Tables):
+    """:class:`Outbox` on the database."""
+
+    async def enqueue(self, items: Iterable[OutboxItem]) -> None:
+        """Queue messages for delivery (one transaction)."""
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            for item in items:
+                await self._insert_outbox(conn, item, now)
+
+    async def next_outbox(self) -> OutboxRow | None:
+        row = await self.db.fetchone(
+            "SELECT * FROM bot_outbox WHERE state = 'pending' ORDER BY id LIMIT 1"
+        )
+        return OutboxRow.from_row(row) if row is not None else None
+
+    async def outbox_sending(self, row_id: int) -> None:
+        """Note that a row's send begins (see :meth:`outbox_uncertain`)."""
+        await self.db.execute(
+            "UPDATE bot_outbox SET sending_since = ? WHERE id = ?", (self._clock(), row_id)
+        )
+
+    async def outbox_not_sent(self, row_id: int) -> None:
+        """The send failed in a way that will be retried: it did not reach Telegram."""
+        await self.db.execute("UPDATE bot_outbox SET sending_since = NULL WHERE id = ?", (row_id,))
+
+    async def outbox_uncertain(self) -> list[OutboxRow]:
+        """On start-up: rows whose send began but was never recorded as done (a crash).
+
+        They may or may not have reached the chat; they are marked ``uncertain`` and not
+        sent again, so nothing is delivered twice.
+        """
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT * FROM bot_outbox WHERE state = 'pending'"  # noqa: S608
+                f" AND sending_since IS NOT NULL ORDER BY id{self.db.for_update}"
+            )
+            rows = [OutboxRow.from_row(r) for r in await cursor.fetchall()]
+            for row in rows:
+                await conn.execute(
+                    "UPDATE bot_outbox SET state = 'uncertain' WHERE id = ?", (row.id,)
+                )
+        return rows
+
+    async def pending_outbox(self) -> int:
+        row = await self.db.fetchone("SELECT COUNT(*) FROM bot_outbox WHERE state = 'pending'")
+        return int(row[0]) if row is not None else 0
+
+    async def outbox_sent(self, row: OutboxRow, message_id: int | None) -> None:
+        """Mark a row delivered; a row with a ``ref`` becomes that live message."""
+        now = self._clock()
+        item = row.item
+        async with self.db.transaction() as conn:
+            if item.ref is not None:
+                # Against a set_live of the same ref in between (it reads, then writes).
+                await self._serialize(conn, _live_key(item.ref))
+            await conn.execute(
+                "UPDATE bot_outbox SET state = 'sent', message_id = ?, sent_at = ?,"
+                " attempts = attempts + 1 WHERE id = ?",
+                (message_id, now, row.id),
+            )
+            if item.ref is not None and message_id is not None:
+                cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (item.ref,))
+                live = await cursor.fetchone()
+                if live is None:
+                    await conn.execute(
+                        "INSERT INTO bot_live (ref, chat_id, thread_id, message_id, body,"
+                        " entities_json, markup_json, dirty, updated_at, edited_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                        (
+                            item.ref,
+                            item.chat_id,
+                            item.thread_id,
+                            message_id,
+                            item.body,
+                            json.dumps(list(item.entities)) if item.entities else None,
+                            json.dumps(item.markup) if item.markup else None,
+                            now,
+                            now,
+                        ),
+                    )
+                else:
+                    # Updated while the first send was in flight: keep the newer text dirty.
+                    await conn.execute(
+                        "UPDATE bot_live SET message_id = ?, edited_at = ?,"
+                        " dirty = CASE WHEN body = ? THEN 0 ELSE 1 END WHERE ref = ?",
+                        (message_id, now, item.body, item.ref),
+                    )
+
+    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+        """The run a delivered message belongs to (a reply to it addresses that run)."""
+        row = await self.db.fetchone(
+            "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
+            " AND run_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (chat_id, message_id),
+        )
+        return str(row[0]) if row is not None else None
+
+    async def outbox_failed(self, row: OutboxRow, error: str) -> None:
+        """Mark a row failed for good and audit it (``/audit`` shows it), atomically."""
+        item = row.item
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE bot_outbox SET state = 'failed', error = ?, attempts = attempts + 1"
+                " WHERE id = ?",
+                (error[:500], row.id),
+            )
+            await conn.execute(
+                *self._audit.insert(
+                    "deliver",
+                    "failed",
+                    origin=AUDIT_ORIGIN,
+                    chat_id=item.chat_id,
+                    detail=f"{'a file' if item.kind != 'text' else 'a message'}"
+                    f"{' of run ' + item.run_id if item.run_id else ''} was not delivered:"
+                    f" Telegram answered {error[:300]}",
+                )
+            )
+
+    async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:
+        """A group became a supergroup: pending messages follow it."""
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE bot_outbox SET chat_id = ? WHERE chat_id = ? AND state = 'pending'",
+                (new_chat, old_chat),
+            )
+            await conn.execute(
+                "UPDATE bot_live SET chat_id = ? WHERE chat_id = ?", (new_chat, old_chat)
+            )
+
+
+class LiveTables(Tables):
+    """:class:`LiveMessages` on the database."""
+
+    async def set_live(
+        self,
+        ref: str,
+        *,
+        chat_id: int,
+        thread_id: int | None,
+        body: str,
+        entities: tuple[dict[str, Any], ...] = (),
+        markup: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        """Set a live message's content: the first time it is queued, then edited in place."""
+        now = self._clock()
+        ents = json.dumps(list(entities)) if entities else None
+        mk = json.dumps(markup) if markup else None
+        async with self.db.transaction() as conn:
+            # Read, then write on what was read: one writer of a ref at a time, or two
+            # could both find nothing and queue the message twice.
+            await self._serialize(conn, _live_key(ref))
+            cursor = await conn.execute(
+                "SELECT body, entities_json, markup_json FROM bot_live WHERE ref = ?", (ref,)
+            )
+            live = await cursor.fetchone()
+            if live is not None:
+                if (live["body"], live["entities_json"], live["markup_json"]) != (body, ents, mk):
+                    await conn.execute(
+                        "UPDATE bot_live SET body = ?, entities_json = ?, markup_json = ?,"
+                        " dirty = 1, updated_at = ? WHERE ref = ?",
+                        (body, ents, mk, now, ref),
+                    )
+                return
+            cursor = await conn.execute(
+                "UPDATE bot_outbox SET body = ?, entities_json = ?, markup_json = ?"
+                " WHERE ref = ? AND state = 'pending'",
+                (body, ents, mk, ref),
+            )
+            if cursor.rowcount:
+                return
+            cursor = await conn.execute(
+                "SELECT 1 FROM bot_outbox WHERE ref = ? AND state = 'sent'", (ref,)
+            )
+            if await cursor.fetchone() is not None:
+                return
+            item = OutboxItem(
+                chat_id=chat_id,
+                thread_id=thread_id,
+                body=body,
+                entities=entities,
+                markup=markup,
+                run_id=run_id,
+                ref=ref,
+            )
+            await self._insert_outbox(conn, item, now)
+
+    async def get_live(self, ref: str) -> LiveMessage | None:
+        row = await self.db.fetchone("SELECT * FROM bot_live WHERE ref = ?", (ref,))
+        return LiveMessage.from_row(row) if row is not None else None
+
+    async def dirty_live(self) -> list[LiveMessage]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM bot_live WHERE dirty = 1 AND message_id IS NOT NULL ORDER BY updated_at"
+        )
+        return [LiveMessage.from_row(r) for r in rows]
+
+    async def live_edited(self, ref: str, body: str, at: float) -> None:
+        await self.db.execute(
+            "UPDATE bot_live SET edited_at = ?, dirty = CASE WHEN body = ? THEN 0 ELSE 1 END"
+            " WHERE ref = ?",
+            (at, body, ref),
+        )
+
+    async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None:
+        row = await self.db.fetchone(
+            "SELECT * FROM bot_live WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
+        )
+        return LiveMessage.from_row(row) if row is not None else None
+
+    async def touch_live(self, prefix: str) -> int:
+        """Mark every live message whose ref starts with ``prefix`` for a refresh."""
+        # Not LIKE: it is case-insensitive on SQLite only, and ``_``/``%`` are wildcards.
+        return await self.db.execute(
+            "UPDATE bot_live SET dirty = 1 WHERE substr(ref, 1, ?) = ?", (len(prefix), prefix)
+        )

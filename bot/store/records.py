@@ -1,0 +1,212 @@
+"""The bot store's records: what its methods take and give back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+__all__ = [
+    "AuditEntry",
+    "Binding",
+    "GateRecord",
+    "InboundState",
+    "LiveMessage",
+    "OutboxItem",
+    "OutboxRow",
+    "PromptRow",
+    "ReasonRequest",
+    "StoredRow",
+]
+
+
+class StoredRow(Protocol):
+    """A row as either database gives it: by column name."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class InboundState(StrEnum):
+    RECEIVED = "received"
+    HANDLED = "handled"
+    IGNORED = "ignored"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxItem:
+    """One message to deliver (before it is queued)."""
+
+    chat_id: int
+    body: str
+    thread_id: int | None = None
+    kind: str = "text"
+    entities: tuple[dict[str, Any], ...] = ()
+    filename: str | None = None
+    caption: str | None = None
+    markup: dict[str, Any] | None = None
+    reply_to: int | None = None
+    run_id: str | None = None
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    item: OutboxItem
+    attempts: int
+
+    @classmethod
+    def from_row(cls, row: StoredRow) -> OutboxRow:
+        return cls(
+            id=row["id"],
+            attempts=row["attempts"],
+            item=OutboxItem(
+                chat_id=row["chat_id"],
+                thread_id=row["thread_id"],
+                kind=row["kind"],
+                body=row["body"],
+                entities=tuple(json.loads(row["entities_json"] or "[]")),
+                filename=row["filename"],
+                caption=row["caption"],
+                markup=json.loads(row["markup_json"]) if row["markup_json"] else None,
+                reply_to=row["reply_to"],
+                run_id=row["run_id"],
+                ref=row["ref"],
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveMessage:
+    """A message edited in place (a run's status, a gate)."""
+
+    ref: str
+    chat_id: int
+    thread_id: int | None
+    message_id: int | None
+    body: str
+    entities: tuple[dict[str, Any], ...]
+    markup: dict[str, Any] | None
+    dirty: bool
+    edited_at: float | None
+
+    @classmethod
+    def from_row(cls, row: StoredRow) -> LiveMessage:
+        return cls(
+            ref=row["ref"],
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            message_id=row["message_id"],
+            body=row["body"],
+            entities=tuple(json.loads(row["entities_json"] or "[]")),
+            markup=json.loads(row["markup_json"]) if row["markup_json"] else None,
+            dirty=bool(row["dirty"]),
+            edited_at=row["edited_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A chat (or forum topic) bound to one agent session."""
+
+    chat_id: int
+    thread_id: int
+    agent: str
+    project: str
+    workdir: str
+    session_id: str
+    turns: int
+    run_id: str | None
+    #: Who bound it (the starter of its runs, for tool approvals).
+    bound_by: int | None = None
+
+    @classmethod
+    def from_row(cls, row: StoredRow) -> Binding:
+        return cls(
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            agent=row["agent"],
+            project=row["project"],
+            workdir=row["workdir"],
+            session_id=row["session_id"],
+            turns=row["turns"],
+            run_id=row["run_id"],
+            bound_by=row["bound_by"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    id: int
+    chat_id: int
+    thread_id: int
+    update_id: int | None
+    user_id: int | None
+    body: str
+    state: str
+    run_id: str | None
+    turn_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonRequest:
+    """The bot asked a person for a rejection reason (after a Reject button press)."""
+
+    gate_id: str
+    prompt_ref: str | None
+    created_at: float
+    expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    gate_id: str
+    task: str
+    phase: str
+    sha256: str
+    artifact_name: str
+    chat_id: int
+    thread_id: int | None
+    run_id: str | None
+    state: str
+
+    @classmethod
+    def from_row(cls, row: StoredRow) -> GateRecord:
+        return cls(
+            gate_id=row["gate_id"],
+            task=row["task"],
+            phase=row["phase"],
+            sha256=row["sha256"],
+            artifact_name=row["artifact_name"],
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            run_id=row["run_id"],
+            state=row["state"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    at: float
+    user_id: int | None
+    chat_id: int | None
+    update_id: int | None
+    action: str
+    outcome: str
+    reason: str | None
+
+
+def prompt_from_row(row: StoredRow) -> PromptRow:
+    return PromptRow(
+        id=row["id"],
+        chat_id=row["chat_id"],
+        thread_id=row["thread_id"],
+        update_id=row["update_id"],
+        user_id=row["user_id"],
+        body=row["body"],
+        state=row["state"],
+        run_id=row["run_id"],
+        turn_id=row["turn_id"],
+    )
