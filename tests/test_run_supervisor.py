@@ -144,3 +144,23 @@ async def test_recovery_marks_cut_off_turns_and_says_what_resumes(
     assert (await runs.get_run(drive)).status is RunStatus.PARKED
     assert (await runs.get_run(auto_terminal)).status is RunStatus.RUNNING
     assert (await runs.get_run(done)).status is RunStatus.COMPLETED
+
+
+async def test_starting_a_turn_is_one_statement_on_sqlite(runs: SqliteRunStore) -> None:
+    # Every auto turn starts one: each round trip to the database thread is on its path
+    # (bench/bench_automode.py). BEGIN IMMEDIATE already serialises SQLite's writers, so
+    # the next attempt and the unknown-run check fit in the INSERT.
+    run_id = await RunSupervisor(runs).open_run(RunMode.AUTO, agent="a", session_id="s")
+    statements: list[str] = []
+    conn = runs._db.conn  # type: ignore[attr-defined]
+    await conn.set_trace_callback(statements.append)
+    try:
+        first = await runs.start_turn(run_id, 1, "p", "clarify")
+        second = await runs.start_turn(run_id, 1, "p", "clarify")
+    finally:
+        await conn.set_trace_callback(None)
+    assert [t.attempt for t in await runs.turns(run_id)] == [1, 2]
+    assert first != second
+    assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "COMMIT"] * 2
+    with pytest.raises(NotFoundError):
+        await runs.start_turn("auto-20260101-000000-000000", 1, "p", None)

@@ -344,28 +344,27 @@ class SqliteRunStore:
         the interrupted attempt stays on record.
         """
         async with self._db.transaction() as conn:
-            # The run's row is the lock that gives the next attempt to one writer at a time:
-            # SQLite's BEGIN IMMEDIATE already serialises writers; PostgreSQL's transactions
-            # run side by side and would both read the same MAX(attempt).
-            cursor = await conn.execute(
-                f"SELECT id FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
-                (run_id,),
-            )
-            if await cursor.fetchone() is None:
-                raise NotFoundError(f"no run {run_id!r}")
-            cursor = await conn.execute(
-                "SELECT COALESCE(MAX(attempt), 0) FROM turns WHERE run_id = ? AND seq = ?",
-                (run_id, seq),
-            )
-            row = await cursor.fetchone()
-            attempt = (int(row[0]) if row else 0) + 1
+            if self._db.for_update:
+                # The run's row is the lock that gives the next attempt to one writer at a
+                # time: PostgreSQL's transactions run side by side and would both read the
+                # same MAX(attempt). (SQLite's BEGIN IMMEDIATE already serialises writers.)
+                await conn.execute(
+                    f"SELECT id FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
+                    (run_id,),
+                )
+            # One statement: the next attempt, and no row at all when the run is unknown.
+            # (A turn is on every auto run's hot path: each round trip to the database
+            # thread counts, see bench/bench_automode.py.)
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (run_id, seq, attempt, phase, prompt, TurnState.STARTED.value, self._clock()),
+                " SELECT r.id, ?, (SELECT COALESCE(MAX(t.attempt), 0) + 1 FROM turns t"
+                " WHERE t.run_id = r.id AND t.seq = ?), ?, ?, ?, ? FROM runs r WHERE r.id = ?"
+                " RETURNING id",
+                (seq, seq, phase, prompt, TurnState.STARTED.value, self._clock(), run_id),
             )
             inserted = await cursor.fetchone()
-        assert inserted is not None
+        if inserted is None:
+            raise NotFoundError(f"no run {run_id!r}")
         return int(inserted[0])
 
     async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None:
