@@ -3,7 +3,7 @@
 a SQLite file and on PostgreSQL side by side.
 
 Targets (issues 5 and 12): the whole command <= 300 ms; query + render inside it <= 50 ms,
-on both databases.
+on both databases. Also: transitions per second with 1, 4 and 16 writer processes.
 
 Run: ``.venv/bin/python bench/bench_status.py [--tasks 10000] [--pg-url URL]``. Without
 ``--pg-url`` a throwaway PostgreSQL server is started in a temporary folder (as the tests
@@ -119,6 +119,58 @@ async def transitions_per_second(where: Any, tasks_root: Path, seconds: float) -
         return count / (time.perf_counter() - start)
 
 
+_WRITER = """
+import asyncio, sys, time
+from pathlib import Path
+from engine.gates import HUMAN_INTERVENTION, SqlGateStore, TaskStore, load_workflow
+from engine.store.backend import open_database
+
+async def main(where, root, name, seconds):
+    async with open_database(where) as db:
+        store = TaskStore(SqlGateStore(db), load_workflow(), tasks_root=Path(root),
+                          track_git=False)
+        await store.init_task(name)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            await store.transition(name, HUMAN_INTERVENTION)
+            await store.transition(name, "research")
+            count += 2
+        print(count, time.perf_counter() - start, flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+"""
+
+
+def concurrent_transitions(database: str, root: Path, writers: int, seconds: float) -> float:
+    """Transitions per second of ``writers`` processes at once, each on its own task."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, database, str(root), f"w{writers}-{i}", str(seconds)],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(writers)
+    ]
+    for proc in procs:  # every writer connected and its task made before any starts
+        assert proc.stdout is not None
+        if proc.stdout.readline() != "ready\n":
+            raise SystemExit("a writer failed to start")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    total = 0.0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=seconds * 10 + 60)
+        count, elapsed = out.split()
+        total += int(count) / float(elapsed)
+    return total
+
+
 def ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1000:.1f} ms, best {min(values) * 1000:.1f} ms"
 
@@ -159,12 +211,16 @@ def measure(name: str, where: str, tmp: Path, args: argparse.Namespace) -> list[
     module = [sys.executable, "-m", "engine.cli"]
     whole, whole_cpu = whole_command(where, root, args.rounds, [*module, "status", "--list"])
     tps = asyncio.run(transitions_per_second(target, root, 3.0))
+    scaling = "  ".join(
+        f"{n} writers {concurrent_transitions(where, root, n, 3.0):.0f}/s" for n in args.writers
+    )
     return [
         f"{name}: {args.tasks} tasks (listing: {size / 1024:.0f} KiB of text)",
         f"  query + render   wall {ms(inner)}; cpu {ms(inner_cpu)}   target <= 50 ms",
         f"  whole command    wall {ms(whole)}; cpu {ms(whole_cpu)}   target <= 300 ms",
         f"  transitions/s    {tps:.0f} (one writer; each with its history row, "
         "compare-and-set and an fsynced .state mirror under the folder lock)",
+        f"  concurrent       {scaling} (processes, each on its own task)",
     ]
 
 
@@ -173,6 +229,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--pg-url", help="an empty PostgreSQL database to fill (default: own)")
+    parser.add_argument(
+        "--writers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 4, 16],
+        help="concurrent writer processes to measure, e.g. 1,4,16",
+    )
     args = parser.parse_args()
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-status-") as raw:
