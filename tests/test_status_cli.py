@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gates_support import APPROVER, cli_env, make_settings, run_cli
+from tests.gates_support import APPROVER, cli_env, gate_backend, make_settings, run_cli  # noqa: F401
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
@@ -26,6 +26,7 @@ async def test_every_status_verb_has_help(tmp_path: Path) -> None:
     assert "--transition PHASE[:awaiting_approval] move the task to PHASE by hand" in flat
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_a_refusal_is_said_once(tmp_path: Path) -> None:
     env = cli_env(make_settings(tmp_path))
     assert (await run_cli("status", "--task", "t", "--init", env=env))[0] == 0
@@ -54,6 +55,7 @@ async def test_a_refusal_is_said_once(tmp_path: Path) -> None:
     assert err == ""
 
 
+@pytest.mark.usefixtures("gate_backend")
 async def test_show_through_the_facade(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     env = cli_env(settings)
@@ -75,3 +77,21 @@ async def test_show_through_the_facade(tmp_path: Path) -> None:
     assert (await run_cli("status", "--task", "t", "--approve", "--by", str(APPROVER), env=env))[
         0
     ] == 0
+
+
+@pytest.mark.usefixtures("gate_backend")
+async def test_list_and_audit_on_either_database(tmp_path: Path) -> None:
+    env = cli_env(make_settings(tmp_path))
+    for args in (["--task", "p"], ["--task", "p.a", "--parent", "p", "--wave", "1"]):
+        rc, _, err = await run_cli("status", *args, "--init", env=env)
+        assert rc == 0, err
+    rc, out, err = await run_cli("status", "--list", env=env)
+    assert rc == 0, err
+    assert [line.split()[0] for line in out.splitlines() if line.strip()][:1] == ["p"]
+    assert "p.a" in out
+    rc, out, err = await run_cli("status", "--list", "--json", env=env)
+    assert rc == 0, err
+    assert "p.a" in out
+    rc, out, err = await run_cli("status", "--audit", env=env)
+    assert rc == 0, err
+    assert "2 tasks, no findings" in out

@@ -2,8 +2,8 @@
 
 Front ends (the ``turnstile`` CLI, the Telegram bot) use :class:`Gates`::
 
-    async with Database(settings.database) as db:
-        gates = Gates(db, settings)
+    async with open_database(settings) as db:     # a SQLite file or PostgreSQL
+        gates = Gates(db, settings)                 # its gate store: SqlGateStore(db)
         handle = gates.start_autopilot("T", sink, tool="claude")   # resumes from the store
         result = await gates.approve("T", by=user_id, chat_id=c, update_id=u,
                                      expected_sha256=hash_shown)   # ApprovalResult

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from engine.store.audit import AuditLog, SqliteAuditLog
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
-__all__ = ["GateKeeper", "Move", "raise_verdict"]
+__all__ = ["GateKeeper", "raise_verdict"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -376,7 +375,10 @@ class GateKeeper:
                         refused[0], refused[1] + "; the gate was re-opened", task=name
                     )
                 raise GateRefused(refused[0], refused[1], task=name)
-            await self._commit(self._move(task, goal, facts, actor, reason))
+            git = None
+            if self.track_git:
+                git = await fingerprint(task.workdir, exclude=task.folder)
+            await self._commit(self._move(task, goal, facts, actor, reason, git))
         except GateRefused as exc:
             await self.record_audit(
                 "transition",
@@ -390,9 +392,15 @@ class GateKeeper:
         return await self.get(task.name)
 
     def _move(
-        self, task: TaskRecord, goal: Target, facts: Facts, actor: str | None, reason: str | None
-    ) -> Move:
-        """The change that moves ``task`` to ``goal`` (without the git fingerprint yet)."""
+        self,
+        task: TaskRecord,
+        goal: Target,
+        facts: Facts,
+        actor: str | None,
+        reason: str | None,
+        git: str | None,
+    ) -> Change:
+        """The change that moves ``task`` to ``goal``; ``git``: the workdir's fingerprint."""
         now = self.clock()
         sets: dict[str, Any] = {"phase": goal.phase, "sub_state": goal.sub_state}
         sha = facts.artifact_sha256
@@ -416,22 +424,12 @@ class GateKeeper:
                 sha = None
             elif task.awaiting_approval:
                 sha = task.gate_sha256
-        entry = HistoryEntry(kind, actor=actor, reason=reason, sha256=sha)
-        return Move(Change(task, sets, entry, now), fingerprint=self.track_git)
+        entry = HistoryEntry(kind, actor=actor, reason=reason, sha256=sha, git_fingerprint=git)
+        return Change(task, sets, entry, now)
 
-    async def _commit(self, move: Move) -> None:
-        """Write ``move`` (compare-and-set), then the mirror, under the folder lock."""
-        change = move.change
+    async def _commit(self, change: Change) -> None:
+        """Write ``change`` (compare-and-set), then the mirror, under the folder lock."""
         task = change.task
-        if move.fingerprint:
-            git = await fingerprint(task.workdir, exclude=task.folder)
-            entry = change.entry
-            change = Change(
-                task,
-                change.sets,
-                HistoryEntry(entry.kind, entry.actor, entry.reason, entry.sha256, git),
-                change.at,
-            )
         async with self.folder_lock(task.folder):
             await self.gate_store.commit(change)
             await self._write_mirror(task.name)
@@ -454,7 +452,7 @@ class GateKeeper:
         reason = f"artifact changed from {str(task.gate_sha256)[:12]} to {new_sha[:12]}"
         entry = HistoryEntry("reopen", actor=actor, reason=reason, sha256=new_sha)
         try:
-            await self._commit(Move(Change(task, sets, entry, now)))
+            await self._commit(Change(task, sets, entry, now))
         except GateRefused as exc:
             if exc.reason is not Refusal.CONFLICT:
                 raise
@@ -482,14 +480,6 @@ class GateKeeper:
             await self._reopen(task, digest, None)
             return await self.get(task.name)
         return task
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """A change to commit, and whether to fingerprint the workdir's code first."""
-
-    change: Change
-    fingerprint: bool = False
 
 
 def raise_verdict(verdict: rules.Verdict, task: str) -> None:

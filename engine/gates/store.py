@@ -376,11 +376,15 @@ class SqlGateStore:
             count = int(count_row[0]) if count_row else 0
             if not fresh:
                 return Tally(fresh=False, approvers=count)
-            await conn.execute(
+            cursor = await conn.execute(
                 "UPDATE gate_tasks SET version = version + 1, updated_at = ? "
                 "WHERE name = ? AND version = ?",
                 (request.at, task.name, live.version),
             )
+            if cursor.rowcount != 1:  # the row lock above makes this unreachable
+                raise GateRefused(
+                    Refusal.CONFLICT, f"{task.name} changed while approving", task=task.name
+                )
             await conn.execute(
                 _INSERT_HISTORY,
                 (task.name, live.version + 1, "approve", task.phase, task.sub_state, task.phase,

@@ -13,7 +13,7 @@ from engine.errors import UnsafeFileError
 from engine.gates import policy as rules
 from engine.gates.decomposition import SubtaskDecl
 from engine.gates.hashing import sha256_file_async
-from engine.gates.keeper import GateKeeper, Move, raise_verdict
+from engine.gates.keeper import GateKeeper, raise_verdict
 from engine.gates.policy import GatePolicy
 from engine.gates.records import (
     MAX_REASON,
@@ -221,7 +221,7 @@ class TaskStore(GateKeeper):
             raise_verdict(rules.reject_refusal(self.policy, task, actor, text, approvers), name)
             sets = {"sub_state": None, "revision_notes": text[:MAX_REASON]}
             entry = HistoryEntry("reject", actor=actor, reason=text, sha256=task.gate_sha256)
-            await self._commit(Move(Change(task, sets, entry, self.clock())))
+            await self._commit(Change(task, sets, entry, self.clock()))
         except GateRefused as exc:
             await self.record_audit(
                 "reject",

@@ -110,10 +110,10 @@ class TaskWorktrees:
         except GateRefused:
             return None  # a name no worktree can have: it has none
         # Cheap check first: most tasks have no worktree, and TURNSTILE_PROJECTS may be unset.
-        row = await self._db.fetchone(
-            "SELECT id FROM workspaces WHERE id = ? AND removed_at IS NULL", (wanted,)
-        )
-        if row is None:
+        from engine.workspace import SqliteWorkspaceStore
+
+        known = await SqliteWorkspaceStore(self._db).get(wanted)
+        if known is None or known.removed_at is not None:
             return None
         return await self._get_manager().get(wanted)
 
