@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.app import BotRuntime
+from engine.errors import BackendUnsupportedError
 from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import bot_settings, running_bot
 from tests.test_bot_restart import _env, _start
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
@@ -130,3 +133,16 @@ async def test_a_second_bot_on_one_postgresql_database_is_refused(
             if first.returncode is None:
                 first.kill()
                 await first.wait()
+
+
+async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lock(
+    tmp_path: Path, pg_url: str
+) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, database=pg_url, tool_approval="all")
+        with pytest.raises(BackendUnsupportedError, match="TURNSTILE_TOOL_APPROVAL=all"):
+            async with BotRuntime(settings):
+                pass
+        # Nothing stays held: the same database takes a bot at once.
+        async with running_bot(api, bot_settings(api, tmp_path, database=pg_url)) as rt:
+            assert rt.db.dialect == "postgresql"
