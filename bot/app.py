@@ -50,11 +50,13 @@ from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
 from engine.gates import Gates
-from engine.locks import FileLock
+from engine.locks import FileLock, Lock
 from engine.redact import Redactor
 from engine.runs import Recovery, RunSupervisor
 from engine.settings import Settings
+from engine.store.backend import open_database
 from engine.store.database import Database
+from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
 from engine.workspace.store import SqliteWorkspaceStore
 
@@ -160,10 +162,11 @@ class BotRuntime:
         # Turnstile's own secrets and every credential the agents inherit: an agent that
         # prints its environment must not put a key in the chat.
         self.redactor = Redactor(settings.secret_values())
-        # WAL with synchronous=NORMAL: every commit survives the process being killed;
-        # only an OS crash or power loss can lose the last ones, and inbound updates are
-        # synced before they are confirmed to Telegram (so those are replayed, not lost).
-        self.db = Database(settings.sqlite_database, synchronous="NORMAL")
+        # A SQLite file or a PostgreSQL server (TURNSTILE_DATABASE). SQLite runs WAL with
+        # synchronous=NORMAL: every commit survives the process being killed; only an OS
+        # crash or power loss can lose the last ones, and inbound updates are synced before
+        # they are confirmed to Telegram (so those are replayed, not lost).
+        self.db = open_database(settings, synchronous="NORMAL")
         self.store = SqlBotStore(self.db)
         self.runs = SqliteRunStore(self.db)
         self.authorizer = Authorizer.from_ids(
@@ -200,7 +203,7 @@ class BotRuntime:
         self._handled_in_tx: set[int] = set()
         self.stopping = False
         self.username = ""
-        self._bot_lock: FileLock | None = None
+        self._bot_lock: Lock | None = None
         # Set when the bot must stop with an error (the token was refused): raised by
         # serve() once the bot has shut down.
         self.fatal: ConfigError | None = None
@@ -210,16 +213,26 @@ class BotRuntime:
     async def _lock(self) -> None:
         """One bot per database: two would drive the same sessions and poll one token.
 
-        The lock sits beside the resolved database file, so a second path to the same
-        file (a symlink, a relative path) finds it taken.
+        On SQLite the lock sits beside the resolved database file, so a second path to
+        the same file (a symlink, a relative path) finds it taken. On PostgreSQL it is a
+        session advisory lock in the database itself: it holds across machines.
         """
-        database = self.settings.sqlite_database.resolve()
-        lock = FileLock(database.with_name(f"{database.name}.bot.lock"))
+        where = self.settings.database
+        lock: Lock
+        if isinstance(where, PostgresURL):
+            from engine.store.postgres import AdvisoryLock  # psycopg only when asked for
+
+            advisory = AdvisoryLock(where, "turnstile bot")
+            lock, who = advisory, advisory.holder_detail  # "pid 12 on host-a"
+        else:
+            where = where.resolve()
+            lock = FileLock(where.with_name(f"{where.name}.bot.lock"))
+            who = functools.partial(_holder_pid, lock)
         if not await lock.try_acquire():
-            holder = await lock.holder()
+            holder = await who()
             raise ConfigError(
-                f"another turnstile bot already runs on {database}"
-                + (f" (pid {holder})" if holder else "")
+                f"another turnstile bot already runs on {where}"
+                + (f" ({holder})" if holder else "")
                 + "; stop it first",
                 setting="TURNSTILE_DATABASE",
             )
@@ -234,8 +247,9 @@ class BotRuntime:
         await self._lock()
         try:
             await self.db.open()
-            # A read-only database opens fine and fails at the first write: say it now.
-            await self.db.ensure_writable()
+            if isinstance(self.db, Database):
+                # A read-only file opens fine and fails at the first write: say it now.
+                await self.db.ensure_writable()
             builder = (
                 ApplicationBuilder()
                 .token(self.token)
@@ -672,6 +686,11 @@ class BotRuntime:
         await self.chats.park_all()
         if self.features is not None:
             await self.features.park_all()
+
+
+async def _holder_pid(lock: Lock) -> str | None:
+    pid = await lock.holder()
+    return f"pid {pid}" if pid else None
 
 
 def _token_error(detail: str) -> ConfigError:

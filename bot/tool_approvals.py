@@ -39,6 +39,7 @@ from engine.approvals import (
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
 from engine.runs import Recovery
+from engine.store.location import sqlite_path
 from engine.store.runs import RunRecord
 
 __all__ = ["ToolApprovalExtension", "request_text"]
@@ -104,6 +105,13 @@ class ToolApprovalExtension(Feature):
     def __init__(self, ctx: BotContext) -> None:
         self.ctx = ctx
         self.policy = ApprovalPolicy(ctx.settings.tool_approval)
+        if self.policy is not ApprovalPolicy.OFF:
+            # The approval server an agent starts opens the database file itself: refuse
+            # at start-up, not at the first run, when there is no file to open.
+            sqlite_path(
+                ctx.settings.database,
+                what=f"TURNSTILE_TOOL_APPROVAL={self.policy.value} (tool approvals)",
+            )
         self.store = SqliteApprovalStore(ctx.db)
         self.watcher = ApprovalWatcher(self.store, self._show)
         self._started = asyncio.Event()

@@ -37,7 +37,15 @@ import pytest
 from engine.store.backend import open_database
 from engine.store.location import PostgresURL
 
-__all__ = ["PASSWORD_ROLE", "PgCluster", "database", "find_bindir", "pg_cluster", "pg_url"]
+__all__ = [
+    "PASSWORD_ROLE",
+    "PgCluster",
+    "bot_backend",
+    "database",
+    "find_bindir",
+    "pg_cluster",
+    "pg_url",
+]
 
 TEMPLATE = "turnstile_template"
 #: A role that must log in with a password (the others are trusted on loopback).
@@ -191,3 +199,14 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     async with open_database(target) as db:
         assert db.dialect == request.param
         yield db
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def bot_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The bot of this test (tests/fakes/bot_harness.py) on each database in turn."""
+    if request.param == "postgresql":
+        from tests.fakes import bot_harness
+
+        cluster: PgCluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setattr(bot_harness, "DATABASE", cluster.new_database())
+    return str(request.param)

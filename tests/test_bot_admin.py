@@ -30,7 +30,7 @@ from tests.fakes.bot_harness import (
 )
 from tests.gates_support import phase_rules
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
 
 def _free_port() -> int:

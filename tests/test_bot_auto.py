@@ -22,7 +22,7 @@ from tests.fakes.bot_harness import (
     write_script,
 )
 
-pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(90)]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.fakes.bot_harness import (
 )
 from tests.gates_support import phase_rules
 
-pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
 
 
 def _gate(phase: str, nth: int = 0):  # type: ignore[no-untyped-def]

@@ -18,10 +18,11 @@ from tests.fakes.bot_harness import (
     bot_settings,
     running_bot,
     wait_for_file,
+    wait_for_run_status,
     write_script,
 )
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
 
 async def test_three_turn_chat_session_resumes_the_same_session(
@@ -174,6 +175,7 @@ async def test_an_agent_that_cannot_start_is_reported_not_hidden(
             assert "cannot start" in failed.text
             assert "not found" in failed.text
             runs = await rt.runs.list_runs()
-            assert runs[0].status is RunStatus.ERROR
+            # The message goes out before the run's status is written: wait for it.
+            await wait_for_run_status(rt, runs[0].id, RunStatus.ERROR)
             turns = await rt.runs.turns(runs[0].id)
             assert [t.state for t in turns] == [TurnState.FAILED]

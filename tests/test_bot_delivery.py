@@ -20,7 +20,7 @@ from tests.fakes.bot_harness import (
     write_script,
 )
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
 
 def _big_output(size: int) -> str:

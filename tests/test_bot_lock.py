@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+from bot.app import BotRuntime
+from engine.errors import BackendUnsupportedError
 from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import bot_settings, running_bot
 from tests.test_bot_restart import _env, _start
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
@@ -54,3 +58,91 @@ async def test_a_second_bot_through_a_symlinked_database_is_refused(tmp_path: Pa
             if first.returncode is None:
                 first.kill()
                 await first.wait()
+
+
+async def test_a_second_bot_on_one_postgresql_database_is_refused(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # A password in the URL (the server trusts loopback and ignores it): never shown.
+    url = pg_url.replace("postgres@", "postgres:hunter2-secret@", 1)
+    async with FakeBotApi() as api:
+        env = _env(api, tmp_path) | {"TURNSTILE_DATABASE": url}
+        with open(tmp_path / "first.log", "wb") as log:
+            first = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "bot",
+                cwd=tmp_path,
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
+            )
+        try:
+            await api.wait_until(lambda: bool(api.calls_of("deleteWebhook")), timeout=30)
+            elsewhere = tmp_path / "elsewhere"
+            elsewhere.mkdir()
+            second = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "bot",
+                cwd=elsewhere,  # another folder: no file in common with the first
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                _, err = await asyncio.wait_for(second.communicate(), 30)
+            finally:
+                if second.returncode is None:
+                    second.kill()
+                    await second.wait()
+            assert second.returncode == 2
+            lines = err.decode().strip().splitlines()
+            shown = url.replace("hunter2-secret", "***")
+            assert lines == [
+                f"turnstile: another turnstile bot already runs on {shown} "
+                f"(pid {first.pid} on {socket.gethostname()}); stop it first"
+            ]
+            assert first.returncode is None  # the first bot is untouched
+            first.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(first.wait(), 30) == 0
+            # Gone with its session: the next bot takes the lock.
+            third = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "bot",
+                cwd=tmp_path,
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            calls = len(api.calls_of("deleteWebhook"))
+            try:
+                await api.wait_until(lambda: len(api.calls_of("deleteWebhook")) > calls, timeout=30)
+                third.send_signal(signal.SIGTERM)
+                _, err = await asyncio.wait_for(third.communicate(), 30)
+                assert third.returncode == 0, err.decode()
+            finally:
+                if third.returncode is None:
+                    third.kill()
+                    await third.wait()
+        finally:
+            if first.returncode is None:
+                first.kill()
+                await first.wait()
+
+
+async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lock(
+    tmp_path: Path, pg_url: str
+) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, database=pg_url, tool_approval="all")
+        with pytest.raises(BackendUnsupportedError, match="TURNSTILE_TOOL_APPROVAL=all"):
+            async with BotRuntime(settings):
+                pass
+        # Nothing stays held: the same database takes a bot at once.
+        async with running_bot(api, bot_settings(api, tmp_path, database=pg_url)) as rt:
+            assert rt.db.dialect == "postgresql"

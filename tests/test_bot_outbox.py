@@ -16,17 +16,22 @@ from telegram.ext import AIORateLimiter, ExtBot
 
 from bot.outbox import OutboxSender
 from bot.store import OutboxItem, SqlBotStore
-from engine.store.database import Database
+from engine.store.backend import open_database
 from tests.fakes.bot_api import FakeBotApi
+from tests.pg_support import PgCluster
 
 STATUSES = st.lists(st.sampled_from([0, 0, 0, 500, 502, 504]), min_size=0, max_size=12).flatmap(
     lambda xs: st.permutations([*xs, *([429] if len(xs) % 4 == 1 else [])])
 )
 
 
-async def _deliver(statuses: list[int], messages: int) -> tuple[list[tuple[int, str]], int]:
+async def _deliver(
+    statuses: list[int], messages: int, target: str | None = None
+) -> tuple[list[tuple[int, str]], int]:
+    """Deliver ``messages`` through ``statuses``, on ``target`` (None: a new SQLite file)."""
     with tempfile.TemporaryDirectory() as tmp:
-        async with FakeBotApi() as api, Database(Path(tmp) / "bot.db") as db:
+        where = target if target is not None else Path(tmp) / "bot.db"
+        async with FakeBotApi() as api, open_database(where) as db:
             api.script(["sendMessage"], statuses)
             bot = ExtBot(
                 api.token,
@@ -51,7 +56,19 @@ async def _deliver(statuses: list[int], messages: int) -> tuple[list[tuple[int, 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(statuses=STATUSES, messages=st.integers(min_value=1, max_value=9))
 def test_every_message_exactly_once_in_order(statuses: list[int], messages: int) -> None:
-    sent, calls = asyncio.run(_deliver(list(statuses), messages))
+    _check(statuses, messages, *asyncio.run(_deliver(list(statuses), messages)))
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(statuses=STATUSES, messages=st.integers(min_value=1, max_value=9))
+def test_every_message_exactly_once_in_order_on_postgresql(
+    pg_cluster: PgCluster, statuses: list[int], messages: int
+) -> None:
+    target = pg_cluster.new_database()
+    _check(statuses, messages, *asyncio.run(_deliver(list(statuses), messages, target)))
+
+
+def _check(statuses: list[int], messages: int, sent: list[tuple[int, str]], calls: int) -> None:
     expected = [(1 + i % 3, f"m{i}") for i in range(messages)]
     assert sorted(sent) == sorted(expected)
     for chat in (1, 2, 3):

@@ -61,6 +61,7 @@ async def _still_awaiting(rt: Any, task: str) -> bool:
     return bool(record.awaiting_approval) and record.phase == "research"
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,6 +103,7 @@ async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
     assert not any("APPROVED" in e["prompt"] for e in agent_log(tmp_path))
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_confirming_rejects_with_the_approval_word_as_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,6 +144,7 @@ async def test_confirming_rejects_with_the_approval_word_as_reason(
     assert "Approved!" in reruns[1]
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_cancel_command_drops_the_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -174,6 +177,7 @@ async def test_cancel_command_drops_the_request(
         assert _rejections(api) == []
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
     async with FakeBotApi() as api:

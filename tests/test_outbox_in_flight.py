@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 
 from bot.store import OutboxItem, SqlBotStore
-from engine.store import Database
+from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, bot_settings, running_bot
 
-pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
 
 
 async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> None:
     async with FakeBotApi() as api:
         settings = bot_settings(api, tmp_path)
         # What a killed bot leaves: one row whose send began, one never tried.
-        async with Database(settings.database) as db:
+        async with open_database(settings.database) as db:
             store = SqlBotStore(db)
             await store.enqueue(
                 [
@@ -41,7 +41,7 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
             assert await rt.store.pending_outbox() == 0
         assert not [m for m in api.sent if m.text == "part one of the answer"]
         # A send that failed and will be retried is no longer in flight.
-        async with Database(settings.database) as db:
+        async with open_database(settings.database) as db:
             store = SqlBotStore(db)
             await store.enqueue([OutboxItem(chat_id=CHAT, kind="text", body="retried")])
             row = await store.next_outbox()

@@ -1,7 +1,8 @@
 """Runs turnstile's bot in-process against :class:`~tests.fakes.bot_api.FakeBotApi`.
 
 The bot is the real one (``bot.app.BotRuntime``), the agent is the scripted fake agent
-through the command agent, the database is a real SQLite file.
+through the command agent, the database is a real SQLite file, or a real PostgreSQL
+database when a test asks for the ``bot_backend`` fixture (tests/pg_support.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ OPERATOR = 11
 APPROVER = 22
 ADMIN = 33
 STRANGER = 99
+#: The database :func:`bot_settings` gives when a test names none: None is the SQLite
+#: file under the test's folder; the ``bot_backend`` fixture sets a PostgreSQL URL here.
+DATABASE: str | None = None
 
 
 def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
@@ -62,6 +66,8 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
         "preempt_grace": 1.0,
         "shutdown_flush_seconds": 5.0,
     }
+    if DATABASE is not None:
+        values["database"] = DATABASE
     values.update(overrides)
     return make_settings(root, **values)
 
