@@ -13,12 +13,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.settings import Settings
 
 if TYPE_CHECKING:
     from engine.gates.service import Gates
+    from engine.store.database import Database
 
 __all__ = ["register"]
 
@@ -89,7 +90,7 @@ async def run_status(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from engine.errors import ConfigError
-    from engine.store.database import Database
+    from engine.store.backend import open_database
 
     needs_task = args.init or args.validate_folder or args.transition or args.approve
     needs_task = needs_task or args.reject
@@ -103,8 +104,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return await _list(args, settings)
     from engine.gates.service import Gates
 
-    async with Database(settings.sqlite_database) as db:
-        gates = Gates(db, settings)
+    async with open_database(settings) as db:
+        # The gates store's SQL runs on both databases; its annotations name SQLite's.
+        gates = Gates(cast("Database", db), settings)
         if args.audit:
             return await _audit(args, gates)
         if not args.task:
@@ -158,11 +160,11 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
     from engine.gates.listing import fetch_rows as fetch
-    from engine.store.database import Database
+    from engine.store.backend import open_database
 
     # Listing needs no workflow and no folders: one query, then render.
-    async with Database(settings.sqlite_database) as db:
-        rows = await fetch(db)
+    async with open_database(settings) as db:
+        rows = await fetch(cast("Database", db))
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))
     else:

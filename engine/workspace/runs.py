@@ -28,7 +28,7 @@ from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
 if TYPE_CHECKING:
     from engine.settings import Settings
-    from engine.store.database import Database
+    from engine.store.backend import AnyDatabase
 
 __all__ = [
     "add_checkout_argument",
@@ -55,7 +55,7 @@ def add_checkout_argument(parser: argparse.ArgumentParser | Any) -> None:
 
 
 async def provision_for_run(
-    settings: Settings, db: Database, project: str, run_id: str
+    settings: Settings, db: AnyDatabase, project: str, run_id: str
 ) -> Workspace:
     """The run's worktree of ``project`` (cloned or fetched as needed; the same on resume).
 
@@ -71,7 +71,7 @@ async def provision_for_run(
 @contextlib.asynccontextmanager
 async def checkout_for_run(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     project: str | None,
     *,
     run_id: str | None = None,
@@ -110,7 +110,7 @@ async def checkout_for_run(
 
 @contextlib.asynccontextmanager
 async def hold_run_workspace(
-    settings: Settings, db: Database, run_id: str
+    settings: Settings, db: AnyDatabase, run_id: str
 ) -> AsyncIterator[Workspace | None]:
     """Hold the run's worktree lock while the body runs; a run without one holds nothing.
 
@@ -128,14 +128,14 @@ async def hold_run_workspace(
         yield workspace
 
 
-async def run_worktree_summary(settings: Settings, db: Database, run_id: str) -> str | None:
+async def run_worktree_summary(settings: Settings, db: AnyDatabase, run_id: str) -> str | None:
     """``turnstile/<run> · 44.2 MB`` for ``turnstile runs`` and ``/status``, or None."""
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     return await manager.summary(run_id)
 
 
 async def worktree_summaries(
-    settings: Settings, db: Database, runs: Mapping[str, str | Path | None]
+    settings: Settings, db: AnyDatabase, runs: Mapping[str, str | Path | None]
 ) -> dict[str, str]:
     """Branch and disk usage (:func:`run_worktree_summary`) of these runs' worktrees.
 
@@ -163,7 +163,7 @@ async def worktree_summaries(
 
 
 async def match_worktrees(
-    db: Database,
+    db: AnyDatabase,
     runs: Mapping[str, str | Path | None],
     *,
     store: SqliteWorkspaceStore | None = None,
@@ -197,7 +197,7 @@ def _path_key(path: Path) -> str:
     return str(Path(path).absolute()).rstrip("/")
 
 
-async def release_run_workspace(settings: Settings, db: Database, run_id: str) -> bool:
+async def release_run_workspace(settings: Settings, db: AnyDatabase, run_id: str) -> bool:
     """Mark the run's worktree finished (cleanup may remove it after the retention).
 
     For runs without a row in the runs table (an autopilot task); auto runs are found
