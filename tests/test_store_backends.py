@@ -525,6 +525,7 @@ async def test_doctor_reaches_the_server_and_shows_pending_migrations(
     migrated = await check_database(empty, migrate=True)
     assert migrated.status is Status.OK, migrated
     assert "no migration pending" in migrated.detail
+    assert "keeps 1 to 8 connections open" in migrated.detail  # the pool
     again = await check_database(empty)
     assert again.status is Status.OK
     closed = PostgresURL(f"postgresql://bob:hunter2-secret@127.0.0.1:{_closed_port()}/x")

@@ -175,7 +175,7 @@ def _dump(url: PostgresURL, pg_dump: Path, pg_restore: Path, tmp: Path) -> None:
 
     params = conninfo_to_dict(url.conninfo())
     password = params.pop("password", None)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env = dict(os.environ)  # PGPASSFILE, PGSSLROOTCERT ... still apply
     if password is not None:
         env["PGPASSWORD"] = str(password)
     dbname = make_conninfo(**{k: str(v) for k, v in params.items()})

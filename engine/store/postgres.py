@@ -268,6 +268,11 @@ class PostgresDatabase:
             await pool.close()
 
     @property
+    def pool_size(self) -> tuple[int, int]:
+        """The connections the pool keeps open at least, and opens at most."""
+        return self._min_size, self._max_size
+
+    @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
             raise StoreError("database is not open")
