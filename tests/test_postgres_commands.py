@@ -163,6 +163,25 @@ def test_a_refused_connection_is_one_line(tmp_path: Path) -> None:
     assert "hunter2-secret" not in done.stdout + done.stderr
 
 
+def test_a_database_from_a_newer_turnstile_is_refused_in_one_line(
+    pg_url: str, tmp_path: Path
+) -> None:
+    url = _grant(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE schema_versions SET version = 999 WHERE owner = 'engine'")
+    env = _env(tmp_path, url)
+    for command in (["runs"], ["status", "--list"], ["auto", "--resume", "x"]):
+        done = _run(tmp_path, env, *command)
+        assert done.returncode != 0
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, done.stderr
+        assert "was migrated by a newer turnstile (engine schema version 999" in lines[0]
+        _no_secret(done)
+    with psycopg.connect(pg_url) as conn:  # refused, not touched
+        row = conn.execute("SELECT version FROM schema_versions WHERE owner = 'engine'")
+        assert row.fetchone() == (999,)
+
+
 # --- backup and restore ------------------------------------------------------------------
 
 
