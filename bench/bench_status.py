@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -28,11 +29,11 @@ from engine.store.database import Database  # noqa: E402
 PHASES = ["research", "decomposition", "design", "test_design", "implement", "complete"]
 
 
-async def populate(db: Database, root: Path, count: int) -> None:
-    """``count`` tasks: parents with 9 sub-tasks in 3 waves each, a mix of phases."""
+def populate_rows(root: Path, count: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``count`` tasks: parents with 9 sub-tasks in 3 waves each, a mix of phases; the rows
+    of ``gate_tasks`` and of their first ``gate_transitions``."""
     now = time.time()
     rows = []
-    history = []
     parents = max(1, count // 10)
     for p in range(parents):
         parent = f"task-{p:05d}"
@@ -44,13 +45,17 @@ async def populate(db: Database, root: Path, count: int) -> None:
             phase = PHASES[(p + s) % len(PHASES)]
             sub = "awaiting_approval" if phase in ("design", "test_design") and s % 2 else None
             rows.append((name, str(root / name), str(root / name), phase, sub, parent, s // 3 + 1))
+    return [(*r, now, now) for r in rows], [(r[0], r[3], now) for r in rows]
+
+
+async def populate(db: Database, root: Path, count: int) -> None:
+    tasks, history = populate_rows(root, count)
     async with db.transaction() as conn:
         await conn.executemany(
             "INSERT INTO gate_tasks (name, folder, workdir, phase, sub_state, version, parent, "
             "wave, gate_round, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 1, ?, ?, 0, ?, ?)",
-            [(*r, now, now) for r in rows],
+            tasks,
         )
-        history = [(r[0], r[3], now) for r in rows]
         await conn.executemany(
             "INSERT INTO gate_transitions (task, version, kind, to_phase, at) "
             "VALUES (?, 1, 'init', ?, ?)",
