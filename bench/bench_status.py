@@ -38,10 +38,11 @@ PHASES = ["research", "decomposition", "design", "test_design", "implement", "co
 _CHUNK = 500  # rows per INSERT
 
 
-async def populate(db: AnyDatabase, root: Path, count: int) -> None:
-    """``count`` tasks: parents with 9 sub-tasks in 3 waves each, a mix of phases."""
+def populate_rows(root: Path, count: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``count`` tasks: parents with 9 sub-tasks in 3 waves each, a mix of phases; the rows
+    of ``gate_tasks`` and of their first ``gate_transitions``."""
     now = time.time()
-    rows: list[tuple[Any, ...]] = []
+    rows = []
     parents = max(1, count // 10)
     for p in range(parents):
         parent = f"task-{p:05d}"
@@ -53,20 +54,26 @@ async def populate(db: AnyDatabase, root: Path, count: int) -> None:
             phase = PHASES[(p + s) % len(PHASES)]
             sub = "awaiting_approval" if phase in ("design", "test_design") and s % 2 else None
             rows.append((name, str(root / name), str(root / name), phase, sub, parent, s // 3 + 1))
+    return [(*r, now, now) for r in rows], [(r[0], r[3], now) for r in rows]
+
+
+async def populate(db: AnyDatabase, root: Path, count: int) -> None:
+    tasks, history = populate_rows(root, count)
     async with db.transaction() as conn:
         # Multi-row INSERTs: the same SQL on both databases, few round trips.
-        for start in range(0, len(rows), _CHUNK):
-            chunk = rows[start : start + _CHUNK]
+        for start in range(0, len(tasks), _CHUNK):
+            chunk = tasks[start : start + _CHUNK]
             await conn.execute(
                 "INSERT INTO gate_tasks (name, folder, workdir, phase, sub_state, version, "
                 "parent, wave, gate_round, created_at, updated_at) VALUES "
                 + ", ".join(["(?, ?, ?, ?, ?, 1, ?, ?, 0, ?, ?)"] * len(chunk)),
-                [value for r in chunk for value in (*r, now, now)],
+                [value for r in chunk for value in r],
             )
+            steps = history[start : start + _CHUNK]
             await conn.execute(
                 "INSERT INTO gate_transitions (task, version, kind, to_phase, at) VALUES "
-                + ", ".join(["(?, 1, 'init', ?, ?)"] * len(chunk)),
-                [value for r in chunk for value in (r[0], r[3], now)],
+                + ", ".join(["(?, 1, 'init', ?, ?)"] * len(steps)),
+                [value for r in steps for value in r],
             )
 
 

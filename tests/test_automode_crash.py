@@ -81,12 +81,14 @@ async def drive(root: Path, verdicts: list[str], crashes: dict[int, str]) -> tup
             if kind == "before_run" and not crashed[step]:
                 crashed[step] += 1
                 await run.channel.flush()
+                await run.close()  # a dead process holds no lock: the kernel dropped it
                 run = await prepare_resume(cfg, db, run.run_id)
                 continue
             out = await agent.run_turn(ready.prompt)
             if kind == "after_run" and not crashed[step]:
                 crashed[step] += 1
                 await run.channel.flush()
+                await run.close()  # a dead process holds no lock: the kernel dropped it
                 run = await prepare_resume(cfg, db, run.run_id)
                 continue
             await run.channel.publish_output(out)

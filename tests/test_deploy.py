@@ -330,6 +330,37 @@ def test_compose_file_matches_the_image() -> None:
     assert sorted(mounts) == sorted(volumes)
 
 
+def test_the_postgres_compose_file_layers_a_server_under_turnstile() -> None:
+    base = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    layer = yaml.safe_load((DEPLOY / "compose.postgres.yaml").read_text())
+    server = layer["services"]["postgres"]
+    turnstile = layer["services"]["turnstile"]
+    assert set(layer["services"]) == {"postgres", "turnstile"}
+    assert "turnstile" in base["services"]  # the layer only adds to the base service
+    # The server keeps its data on a volume of its own and is never published.
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in server["volumes"]}
+    assert mounts == {"/var/lib/postgresql/data": "pgdata"}
+    assert set(layer["volumes"]) == {"pgdata"}
+    assert "ports" not in server
+    assert "pg_isready" in " ".join(server["healthcheck"]["test"])
+    assert turnstile["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    # turnstile's URL names that server, its database and user; the password is never
+    # written down, both take it from the same variable (compose refuses to start without).
+    env = server["environment"]
+    url = turnstile["environment"]["TURNSTILE_DATABASE"]
+    password = "${TURNSTILE_PG_PASSWORD:?set TURNSTILE_PG_PASSWORD in .env}"
+    assert env["POSTGRES_PASSWORD"] == password
+    assert url == (
+        f"postgresql://{env['POSTGRES_USER']}:{password}@postgres:5432/{env['POSTGRES_DB']}"
+    )
+    # The image has pg_dump for `turnstile backup`, of the server's major version.
+    final = _final_stage(DEPLOY / "Dockerfile")
+    installs = " ".join(args for word, args in final if word == "RUN")
+    assert "postgresql-client" in installs
+    assert "bookworm" in (DEPLOY / "Dockerfile").read_text()  # Debian 12: client 15
+    assert server["image"] == "postgres:15"
+
+
 def test_nginx_example_matches_its_settings() -> None:
     text = (DEPLOY / "nginx.conf").read_text()
     url = re.search(r"TURNSTILE_WEBHOOK_URL=(\S+)", text)

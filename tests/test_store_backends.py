@@ -525,6 +525,7 @@ async def test_doctor_reaches_the_server_and_shows_pending_migrations(
     migrated = await check_database(empty, migrate=True)
     assert migrated.status is Status.OK, migrated
     assert "no migration pending" in migrated.detail
+    assert "keeps 1 to 8 connections open" in migrated.detail  # the pool
     again = await check_database(empty)
     assert again.status is Status.OK
     closed = PostgresURL(f"postgresql://bob:hunter2-secret@127.0.0.1:{_closed_port()}/x")
@@ -618,12 +619,20 @@ async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_not
         assert (run.phase, run.turn) == (None, 0)
 
 
-@pytest.mark.parametrize("command", [["backup", "copy.db"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["auto", "--tool", "command", "--agent-cmd", "true", "-p", "x"],
+        ["chat", "--tool", "claude"],
+    ],
+)
 def test_a_command_not_yet_on_postgres_says_so_and_never_falls_back_to_a_file(
     tmp_path: Path, command: list[str]
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["TURNSTILE_DATABASE"] = "postgresql://bob:hunter2-secret@127.0.0.1:9/team"
+    # Tool approvals at the terminal: the approval server opens the database by its path.
+    env["TURNSTILE_TOOL_APPROVAL"] = "all"
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
         [sys.executable, "-m", "engine.cli", *command],

@@ -23,6 +23,7 @@ from engine.approvals.route import ApprovalRoute
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.approvals.watcher import ApprovalWatcher
 from engine.store.database import Database
+from engine.store.location import PostgresURL, sqlite_path
 
 __all__ = [
     "NO_TERMINAL",
@@ -127,7 +128,7 @@ RouteFor = Callable[[str], ApprovalRoute]
 
 @asynccontextmanager
 async def terminal_approvals(
-    database: Path,
+    database: Path | PostgresURL,
     policy: ApprovalPolicy,
     *,
     ask_line: AskLine | None,
@@ -140,6 +141,8 @@ async def terminal_approvals(
     if policy is ApprovalPolicy.OFF:
         yield None
         return
+    # The approval server the agent starts opens the database by a path of its own.
+    database = sqlite_path(database, what="asking for tool approvals at the terminal")
     async with Database(database, synchronous="NORMAL") as db:
         store = SqliteApprovalStore(db)
         approver = TerminalApprover(store, ask_line=ask_line, out=out)

@@ -36,11 +36,13 @@ from engine.automode.state import (
 from engine.automode.summary import WorkSummaryGenerator
 from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
+from engine.locks import Lock
 from engine.logs import log_context
 from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor, new_run_id
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.backend import AnyDatabase
+from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, run_session_loop
 
@@ -106,12 +108,14 @@ class AutoRun:
         inbox: InstructionInbox,
         stop: asyncio.Event,
         supervisor: RunSupervisor,
+        owner_lock: Lock | None = None,
     ) -> None:
         self.channel = channel
         self.runner = runner
         self.inbox = inbox
         self.supervisor = supervisor
         self._stop = stop
+        self._owner_lock = owner_lock
         self._task: asyncio.Task[AutoResult] | None = None
 
     @property
@@ -173,7 +177,22 @@ class AutoRun:
             report=self.channel.report,
         )
 
+    async def close(self) -> None:
+        """Let go of a run that will not be started (its owner lock, taken on resume)."""
+        if self._task is None and self._owner_lock is not None:
+            await self._owner_lock.release()
+
     async def _drive(self) -> AutoResult:
+        lock = self._owner_lock
+        if lock is not None and not lock.held and not await lock.try_acquire():
+            raise ConfigError(await _driven_elsewhere(self.run_id, lock))
+        try:
+            return await self._drive_owned()
+        finally:
+            if lock is not None:
+                await asyncio.shield(lock.release())
+
+    async def _drive_owned(self) -> AutoResult:
         session = self.supervisor.attach(self.run_id, self.runner, stop=self._stop)
         try:
             await run_session_loop(session, self.channel)
@@ -246,6 +265,7 @@ def _build(
     stop_event: asyncio.Event | None,
     supervisor: RunSupervisor,
     approval_for: ApprovalFor | None = None,
+    owner_lock: Lock | None = None,
 ) -> AutoRun:
     cfg = state.config
     workdir = Path(state.workdir)
@@ -293,6 +313,23 @@ def _build(
         inbox=inbox,
         stop=stop,
         supervisor=supervisor,
+        owner_lock=owner_lock,
+    )
+
+
+def _owner_lock(db: AnyDatabase, state: AutoModeState) -> Lock:
+    """Held by the process that drives the run, for as long as it drives it: an ``flock``
+    in the run's folder on SQLite, an advisory lock on PostgreSQL (another machine's pid
+    says nothing here)."""
+    return database_lock(db, f"run:{state.run_id}", Path(state.log_dir) / ".owner.lock")
+
+
+async def _driven_elsewhere(run_id: str, lock: Lock) -> str:
+    pid = await lock.holder()
+    return (
+        f"run {run_id} is still driven by process {pid}"
+        if pid
+        else f"run {run_id} is still driven by another process"
     )
 
 
@@ -356,6 +393,7 @@ async def prepare_auto_run(
             stop_event=stop_event,
             supervisor=supervisor,
             approval_for=approval_for,
+            owner_lock=_owner_lock(db, state),
         )
     except BaseException:
         # Nothing was recorded: leave no empty log folder behind either.
@@ -452,59 +490,70 @@ async def prepare_resume(
     if not resumable(state):
         raise ConfigError(f"run {run_id} has ended ({state.status.value}); it cannot be resumed")
     me = owner_token()
-    if state.owner not in (None, me) and owner_alive(state.owner):
+    # The owner lock is the word on who drives the run; on SQLite (one machine) a live
+    # pid:start-time owner also counts, for a process that drives it without the lock.
+    local = db.dialect == "sqlite"
+    if local and state.owner not in (None, me) and owner_alive(state.owner):
         raise ConfigError(
             f"run {run_id} is still driven by process {state.owner.split(':')[0]}"
             if state.owner
             else f"run {run_id} is still driven by another process"
         )
-    seen_owner = state.owner
-    state = replace(
-        state,
-        status=AutoStatus.RUNNING,
-        exit_code=0,
-        abort=None,
-        message=None,
-        finished_at=None,
-        owner=me,
-        updated_at=time.time(),
-    )
-    # Claim first: of two processes resuming at once, the loser touches nothing.
-    await _claim(db, run_id, seen_owner, state)
-    # What the cut-off turn left running dies before the turn runs again.
-    for turn in await store.turns(run_id):
-        if turn.state is TurnState.STARTED and turn.kill_remains():
-            _LOGGER.info(
-                "killed what was left of turn %d of run %s",
-                turn.seq,
-                run_id,
-                extra={"run_id": run_id},
-            )
-    interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
-    turns = await store.turns(run_id)
-    resume_session = any(t.state is TurnState.FINISHED for t in turns)
-    write_state_file(Path(state.log_dir), state)
-    _LOGGER.info(
-        "Resuming auto run %s at turn %d/%d, phase %s (step %d); %d interrupted turn(s) re-run",
-        run_id,
-        state.turn,
-        state.max_turns,
-        state.phase.value,
-        state.step,
-        interrupted,
-        extra={"run_id": run_id},
-    )
-    return _build(
-        settings,
-        store,
-        state,
-        sink=sink,
-        resume_session=resume_session,
-        env=env if env is not None else AgentEnv(),
-        stop_event=stop_event,
-        supervisor=supervisor,
-        approval_for=approval_for,
-    )
+    lock = _owner_lock(db, state)
+    if not await lock.try_acquire():
+        raise ConfigError(await _driven_elsewhere(run_id, lock))
+    try:
+        seen_owner = state.owner
+        state = replace(
+            state,
+            status=AutoStatus.RUNNING,
+            exit_code=0,
+            abort=None,
+            message=None,
+            finished_at=None,
+            owner=me,
+            updated_at=time.time(),
+        )
+        # Claim first: of two processes resuming at once, the loser touches nothing.
+        await _claim(db, run_id, seen_owner, state)
+        # What the cut-off turn left running dies before the turn runs again.
+        for turn in await store.turns(run_id):
+            if turn.state is TurnState.STARTED and turn.kill_remains():
+                _LOGGER.info(
+                    "killed what was left of turn %d of run %s",
+                    turn.seq,
+                    run_id,
+                    extra={"run_id": run_id},
+                )
+        interrupted = await store.interrupt_run_turns(run_id, INTERRUPTED_ERROR)
+        turns = await store.turns(run_id)
+        resume_session = any(t.state is TurnState.FINISHED for t in turns)
+        write_state_file(Path(state.log_dir), state)
+        _LOGGER.info(
+            "Resuming auto run %s at turn %d/%d, phase %s (step %d); %d interrupted turn(s) re-run",
+            run_id,
+            state.turn,
+            state.max_turns,
+            state.phase.value,
+            state.step,
+            interrupted,
+            extra={"run_id": run_id},
+        )
+        return _build(
+            settings,
+            store,
+            state,
+            sink=sink,
+            resume_session=resume_session,
+            env=env if env is not None else AgentEnv(),
+            stop_event=stop_event,
+            supervisor=supervisor,
+            approval_for=approval_for,
+            owner_lock=lock,
+        )
+    except BaseException:
+        await lock.release()
+        raise
 
 
 async def start_auto_run(

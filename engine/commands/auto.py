@@ -46,7 +46,7 @@ from engine.automode.state import AutoModeState, owner_alive
 from engine.errors import ConfigError
 from engine.runs import RunMode, RunSpec, new_run_id
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase, open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
 from engine.terminal import TerminalView
 from engine.workspace.runs import (
@@ -130,7 +130,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
     view = TerminalView()
     policy = ApprovalPolicy(settings.tool_approval)
     async with terminal_approvals(
-        settings.sqlite_database,
+        settings.database,
         policy,
         ask_line=view.asking(stdin_lines()),
         out=view.question_stream(),
@@ -141,7 +141,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
 async def _run(
     args: argparse.Namespace, settings: Settings, route_for: RouteFor | None, view: TerminalView
 ) -> int:
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         if args.resume is not None:
             given = [
                 flag
@@ -210,7 +210,7 @@ def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
 async def _new_run(
     args: argparse.Namespace,
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workdir: Path,
     view: TerminalView,
     *,
@@ -299,7 +299,7 @@ async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> 
 
 
 async def _append(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         store = SqliteRunStore(db)
         record = await _target_run(store, args.session)
     state = AutoModeState.from_json(record.state)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.settings import Settings
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["EXIT_HUMAN", "EXIT_PARKED", "register"]
 
@@ -63,10 +66,11 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     from engine.gates.refusals import GateRefused
     from engine.gates.service import Gates
     from engine.sink import LogSink
-    from engine.store.database import Database
+    from engine.store.backend import open_database
 
     try:
-        async with Database(settings.sqlite_database) as db:
+        async with open_database(settings) as db:
+            # The gates store's SQL runs on both databases; its annotations name SQLite's.
             gates = Gates(db, settings, poll_interval=max(0.05, args.poll))
             if args.init and await gates.store.find(args.task) is None:
                 await _init(args, settings, db, gates)

@@ -218,7 +218,7 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
     ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
     async with terminal_approvals(
-        settings.sqlite_database, policy, ask_line=ask, out=view.question_stream()
+        settings.database, policy, ask_line=ask, out=view.question_stream()
     ) as route_for:
         agent = create_agent(
             tool,

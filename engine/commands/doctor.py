@@ -430,7 +430,12 @@ async def _check_postgres(name: str, url: PostgresURL, *, migrate: bool) -> Chec
         f"{'' if owner == ENGINE else owner + ' '}schema version {want}"
         for owner, want in latest.items()
     )
-    return _ok(name, f"{where}, {shown} (latest), no migration pending")
+    low, high = PostgresDatabase(url).pool_size
+    return _ok(
+        name,
+        f"{where}, {shown} (latest), no migration pending; each turnstile process keeps "
+        f"{low} to {high} connections open",
+    )
 
 
 def _compare(

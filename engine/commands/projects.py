@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import open_database
 from engine.workspace import SqliteWorkspaceStore, WorkspaceManager, disk_usage, format_size
 
 __all__ = ["register"]
@@ -56,7 +56,7 @@ async def _list_projects(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list_worktrees(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
         found = await manager.workspaces(args.run, include_removed=args.all)
     if not found:
@@ -77,7 +77,7 @@ async def _list_worktrees(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
     retention = None if args.retention_hours is None else args.retention_hours * 3600.0
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
         report = await manager.cleanup(retention)
     for workspace_id in report.removed:

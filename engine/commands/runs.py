@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.automode.state import owner_alive
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
 from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
@@ -115,7 +115,7 @@ async def _show(
 
 
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as db:
         if args.run is not None:
             worktree = await run_worktree_summary(settings, db, args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)

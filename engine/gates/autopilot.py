@@ -46,10 +46,10 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
-from engine.locks import FileLock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
+from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 
@@ -384,7 +384,7 @@ class Autopilot:
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
-            async with _drive_lock(task):
+            async with _drive_lock(self.store, task):
                 run_id = await self._open_run(task)
                 status = RunStatus.ERROR
                 try:
@@ -718,14 +718,15 @@ def _head(folder: Path, artifact: str, limit: int) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _drive_lock(task: TaskRecord) -> AsyncIterator[None]:
+async def _drive_lock(store: TaskStore, task: TaskRecord) -> AsyncIterator[None]:
     """One drive per task across processes (one turn per agent session in flight): an
-    ``flock`` on the folder's ``.drive.lock``, freed by the kernel if the process dies.
+    ``flock`` on the folder's ``.drive.lock`` on SQLite, an advisory lock on PostgreSQL
+    (the drives may run on several machines); either is freed if its holder dies.
 
     Raises:
         GateRefused: ``concurrent_change`` when another drive holds it.
     """
-    lock = FileLock(task.folder / ".drive.lock", mode=0o644)
+    lock = database_lock(store.db, f"drive:{task.name}", task.folder / ".drive.lock", mode=0o644)
     if not await lock.try_acquire():
         holder = await lock.holder()
         raise GateRefused(

@@ -45,6 +45,9 @@ from engine.store.location import PostgresURL
 __all__ = ["AdvisoryLock", "PgConnection", "PgCursor", "PostgresDatabase", "Row"]
 
 _LOGGER = logging.getLogger(__name__)
+# While the server is away the pool logs every failed reconnect (a warning of several lines
+# each); the store's own error says it once, with the reason.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 # pg_advisory_xact_lock key of the migrations ("trnstl" in ASCII).
 _MIGRATION_LOCK: Final = 0x74726E73746C
 _BOOKKEEPING: Final = (
@@ -96,9 +99,14 @@ def _translate(exc: psycopg.Error, conn: psycopg.AsyncConnection[Any], where: st
     """Ours for the driver's: a lost connection, or a statement that failed."""
     if conn.broken or conn.closed:
         return StoreUnreachableError(
-            f"lost the connection to the PostgreSQL database {where}: {exc}", target=where
+            f"lost the connection to the PostgreSQL database {where}: {_one_line(exc)}",
+            target=where,
         )
-    return StoreError(f"query failed: {exc}")
+    return StoreError(f"query failed: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class PgCursor:
@@ -193,8 +201,21 @@ class PostgresDatabase:
         await self.close()
 
     def _clean(self, exc: BaseException) -> str:
-        """The driver's message, with the password (if any) taken out."""
+        """The driver's message on one line, with the password (if any) taken out."""
         return _clean(self.url, exc)
+
+    async def _why_unreachable(self, exc: BaseException) -> StoreUnreachableError:
+        """The pool only says it timed out: one direct attempt says why (refused, ...)."""
+        try:
+            probe = await psycopg.AsyncConnection.connect(self.url.conninfo(), connect_timeout=2)
+        except psycopg.Error as direct:
+            reason = self._clean(direct)
+        else:
+            await probe.close()
+            reason = self._clean(exc)
+        return StoreUnreachableError(
+            f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
+        )
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -246,6 +267,11 @@ class PostgresDatabase:
             await pool.close()
 
     @property
+    def pool_size(self) -> tuple[int, int]:
+        """The connections the pool keeps open at least, and opens at most."""
+        return self._min_size, self._max_size
+
+    @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
             raise StoreError("database is not open")
@@ -257,10 +283,7 @@ class PostgresDatabase:
             async with self.pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise StoreUnreachableError(
-                f"no connection to {self.url} came free: {self._clean(exc)}",
-                target=str(self.url),
-            ) from None
+            raise await self._why_unreachable(exc) from None
         except psycopg.OperationalError as exc:
             raise StoreUnreachableError(
                 f"lost the PostgreSQL database {self.url}: {self._clean(exc)}",
@@ -366,8 +389,8 @@ class PostgresDatabase:
 
 
 def _clean(url: PostgresURL, exc: BaseException) -> str:
-    """The driver's message, with the password (if any) taken out."""
-    text = str(exc).strip() or type(exc).__name__
+    """The driver's message on one line, with the password (if any) taken out."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
     password = url.password
     if password:
         text = text.replace(password, "***")
