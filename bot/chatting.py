@@ -12,6 +12,7 @@ import re
 from telegram import Update
 
 from bot.auth import Action
+from bot.chat import ChatRun
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -126,17 +127,22 @@ class ChatFeature(Feature):
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         run = self.ctx.chats.find(run_id)
-        if run is None or run.binding.chat_id != chat_id:
+        # An idle session has nothing to stop: it stays bound and waits for the next message.
+        if run is None or run.binding.chat_id != chat_id or not await self._working(run):
             return False
         await self.ctx.chats.stop(run, by)
         return True
 
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
         run = self.ctx.chats.active.get((chat_id, thread))
-        if run is None:
+        if run is None or not await self._working(run):
             return []
         await self.ctx.chats.stop(run, by)
         return [run.run_id]
+
+    async def _working(self, run: ChatRun) -> bool:
+        """A turn runs, or a message waits to become one (an idle session is not stopped)."""
+        return run.busy or bool(await self.ctx.store.queued_count(*run.key))
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         ctx = self.ctx

@@ -130,7 +130,7 @@ async def test_tasks_is_paged_and_admin_only_and_audit(
         for i in range(40):
             await gates.init_task(f"task-{i:02d}")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/tasks")
-        await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        await api.wait_for_message(lambda m: "/tasks needs the admin role" in m.text)
         api.push_message(chat_id=CHAT, user_id=ADMIN, text="/tasks")
         board = await api.wait_for_message(lambda m: m.text.startswith("📋 Tasks"))
         assert "page 1/2" in board.text

@@ -99,12 +99,18 @@ async def test_unauthorized_command_and_button_are_refused_and_audited(
     write_script(tmp_path, {}, monkeypatch)
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="/chat")
-        refusal = await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        refusal = await api.wait_for_message(lambda m: "/chat needs" in m.text)
+        # the missing role is named, and the id an admin needs to grant it
+        assert refusal.text.startswith("⛔ /chat needs the operator role.")
         assert str(STRANGER) in refusal.text
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="/stop")
+        # refused again within the minute: said once, with the mute
+        muted = await api.wait_for_message(lambda m: "/stop needs" in m.text)
+        assert "Further refusals for you are muted for 60 s" in muted.text
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text="/status")
         api.push_callback(chat_id=CHAT, user_id=STRANGER, data="ap:gate1", message_id=1)
         await api.wait_until(lambda: len(api.callback_answers) == 1)
-        assert "Not allowed" in api.callback_answers[0].get("text", "")
+        assert "Needs the approver role" in api.callback_answers[0].get("text", "")
         # a chat that is not allowed is ignored (audited, nothing said)
         api.push_message(chat_id=-555, user_id=OPERATOR, text="/chat")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
@@ -114,11 +120,14 @@ async def test_unauthorized_command_and_button_are_refused_and_audited(
         assert (STRANGER, CHAT, "chat") in refused
         assert (STRANGER, CHAT, "stop") in refused
         assert (STRANGER, CHAT, "approve") in refused
+        # the third refusal in the minute is muted, yet audited as not answered
+        status = next(e for e in entries if e.user_id == STRANGER and e.action == "status")
+        assert "muted" in (status.reason or "")
         assert (OPERATOR, -555, "any") in refused
         assert await rt.store.binding(CHAT, 0) is None
         assert not await rt.runs.list_runs()
-    # one refusal message per user per minute, never a flood
-    assert sum("Not allowed" in t for t in api.texts()) == 1
+    # one refusal and one "muted" note per user per minute, never a flood
+    assert sum(t.startswith("⛔") for t in api.texts()) == 2
     assert not api.texts(-555)
     assert agent_log(tmp_path) == []
 
@@ -177,3 +186,25 @@ async def test_an_agent_that_cannot_start_is_reported_not_hidden(
             assert runs[0].status is RunStatus.ERROR
             turns = await rt.runs.turns(runs[0].id)
             assert [t.state for t in turns] == [TurnState.FAILED]
+
+
+async def test_a_bare_stop_leaves_an_idle_session_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+        await api.wait_for_message(lambda m: m.text == "echo: hello")
+        [run] = await rt.runs.list_runs()
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
+        await api.wait_for_message(lambda m: m.text == "Nothing is running here.")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run.id}")
+        await api.wait_for_message(lambda m: m.text == f"No run {run.id} here.")
+        # the idle session was not stopped: still running, and the next message is turn 2
+        assert (await rt.runs.get_run(run.id)).status is RunStatus.RUNNING
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="again")
+        await api.wait_for_message(lambda m: m.text == "echo: again")
+        assert [r.id for r in await rt.runs.list_runs()] == [run.id]
+    assert not any("stopped" in t for t in api.texts())
