@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -69,6 +70,15 @@ class _Slotted:
             return await self._inner.run_turn(prompt)
 
 
+def _keep_stderr(folder: Path, seq: int, out: TurnOutput) -> None:
+    """Write the turn's stderr tail (already redacted) to ``folder/turn-SEQ.stderr.txt``."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"turn-{seq}.stderr.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(out.stderr_tail)
+
+
 class ChatChannel(BaseChannel):
     """The chat's persistent queue as a :class:`~engine.turn.Channel`."""
 
@@ -108,6 +118,9 @@ class ChatChannel(BaseChannel):
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
         )
+        if out.stderr_tail and run.runs_dir is not None:
+            # Beside the store's copy: the runs folder is where people look for a run's files.
+            await asyncio.to_thread(_keep_stderr, run.runs_dir / run.run_id, run.turn, out)
         run.publisher.wake()
         run.current = None
         run.turn_started = None
@@ -141,6 +154,7 @@ class ChatRun:
     status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     last_event: str | None = None
     output_files: OutputFiles | None = None
+    runs_dir: Path | None = None
     channel: ChatChannel = field(init=False)
 
     async def record_process(self, process: TurnProcess) -> None:
@@ -373,6 +387,7 @@ class ChatSessions:
             runs=self.runs,
             publisher=self.publisher,
             output_files=self.output_files,
+            runs_dir=self.settings.runs_dir,
         )
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event

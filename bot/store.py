@@ -743,12 +743,13 @@ class BotStore:
         async with self.db.transaction() as conn:
             await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " state = ?, finished_at = ? WHERE id = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
                     out.size if out.size is not None else len(out.text.encode()),
                     out.exit_code,
+                    out.stderr_tail or None,
                     TurnState.FINISHED.value,
                     now,
                     turn_id,

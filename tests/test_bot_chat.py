@@ -208,3 +208,37 @@ async def test_a_bare_stop_leaves_an_idle_session_alone(
         await api.wait_for_message(lambda m: m.text == "echo: again")
         assert [r.id for r in await rt.runs.list_runs()] == [run.id]
     assert not any("stopped" in t for t in api.texts())
+
+
+async def test_a_failing_turn_shows_and_keeps_the_end_of_its_error_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-ant-api03-" + "x" * 40
+    noise = "".join(f"progress line {i}\n" for i in range(200))
+    reason = f"fatal: the config file ~/.agent/config.toml is missing (key {secret})"
+    write_script(
+        tmp_path,
+        {"rules": [{"match": "", "text": "", "exit": 3, "stderr": noise + reason + "\n"}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+        failed = await api.wait_for_message(lambda m: "exited with code 3" in m.text)
+        # the reason is in the chat, redacted, and only the end of stderr (≤ 1 KB)
+        assert "config.toml is missing" in failed.text
+        assert secret not in failed.text
+        assert "progress line 0\n" not in failed.text
+        said = failed.text.split("Its error output ended with:\n", 1)[1]
+        assert len(said.encode()) <= 1024 + len("\n\n(no output)")
+        [run] = await rt.runs.list_runs()
+        [turn] = await rt.runs.turns(run.id)
+        # kept with the turn: in the store and in the runs folder
+        assert turn.exit_code == 3
+        assert turn.stderr_tail is not None
+        assert "config.toml is missing" in turn.stderr_tail
+        assert secret not in turn.stderr_tail
+        assert len(turn.stderr_tail.encode()) <= 1024
+        kept = tmp_path / "runs" / run.id / "turn-1.stderr.txt"
+        assert kept.read_text() == turn.stderr_tail

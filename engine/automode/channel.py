@@ -269,6 +269,8 @@ class AutoModeChannel(BaseChannel):
         self._state = new_state
         self._mirror()
         self._transcript(f"### Output (exit {code})\n\n{out.text}\n\n")
+        if out.stderr_tail:
+            self._transcript(f"### Error output (its end)\n\n{out.stderr_tail}\n\n")
         await self._announce(state.turn, phase, code, out, transition.message, report)
 
     # -- stop / failure paths (called by the run driver) --------------------------------
@@ -414,8 +416,11 @@ class AutoModeChannel(BaseChannel):
         size = out.size if out.size is not None else len(out.text)
         if size > len(head):
             more = f"\n… ({size} characters in all; see {self._log_dir}/transcript.md)"
+        failed = ""
+        if code != 0 and out.stderr_tail:
+            failed = f"\nIts error output ended with:\n{out.stderr_tail.strip()}"
         await self._safe_publish(
-            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}"
+            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}"
         )
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
         paths = send_markers(out.text)
