@@ -29,6 +29,7 @@ from engine.automode import (
     start_auto_run,
 )
 from engine.automode.run import ApprovalFor
+from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
 from engine.store.runs import RunStatus
@@ -106,6 +107,14 @@ class AutoExtension(Feature):
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = new_run_id(RunMode.AUTO)
             workdir = await self.ctx.chats.workdir_for(project, run_id)
+            gap = await evidence_gap(workdir)
+            if gap is not None:
+                # The bot has no verify command: nothing could ever confirm completion.
+                raise ConfigError(
+                    f"{gap}, so no claim of completion could be accepted and the run would "
+                    "use all its turns. Make that folder a git repository (git init and a "
+                    "first commit), or use another project (/chat AGENT PROJECT)"
+                )
             run = await start_auto_run(
                 self.ctx.settings,
                 self.ctx.db,

@@ -243,8 +243,8 @@ class ChatSessions:
 
     async def workdir_for(self, project: str, run_key: str) -> Path:
         """Where a run works: a git worktree of its own for a configured project
-        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a plain folder under the
-        workspaces root.
+        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a folder under the
+        workspaces root (a new one is made a git repository with a first commit).
 
         Raises:
             ConfigError: a malformed project setting, a reserved name, or git failed.
@@ -258,9 +258,13 @@ class ChatSessions:
             except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        path = manager.plain_folder(project)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        try:
+            # A git repository from the start: what completion is judged on.
+            return await manager.plain_repository(project)
+        except GitError as exc:
+            raise ConfigError(
+                f"cannot make the folder of {project} a git repository: {exc}"
+            ) from exc
 
     async def bind(
         self, chat_id: int, thread_id: int, *, agent: str, project: str, user_id: int | None

@@ -43,6 +43,7 @@ from engine.automode import (
 )
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
+from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
 from engine.runs import RunMode, new_run_id
 from engine.settings import Settings
@@ -211,6 +212,17 @@ async def _new_run(
     approval_for: RouteFor | None = None,
 ) -> AutoRun:
     objective, passthrough = _objective(args)
+    gap = await evidence_gap(workdir)
+    if gap is not None:
+        # Said before the first turn: the run would otherwise burn all its turns on
+        # claims of completion nothing could confirm.
+        only = (
+            "only the verify command can confirm it"
+            if args.verify_cmd
+            else "with no --verify-cmd no claim of completion can be accepted: run "
+            "`git init` there and commit, or give --verify-cmd"
+        )
+        view.say(f"⚠️ {gap}; {only}.", style="yellow")
     return await prepare_auto_run(
         settings,
         db,
