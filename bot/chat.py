@@ -241,7 +241,7 @@ class ChatSessions:
 
     # -- binding -----------------------------------------------------------------------
 
-    async def workdir_for(self, project: str, run_key: str) -> Path:
+    async def workdir_for(self, project: str, run_key: str, *, branch: str | None = None) -> Path:
         """Where a run works: a git worktree of its own for a configured project
         (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a folder under the
         workspaces root (a new one is made a git repository with a first commit).
@@ -254,7 +254,7 @@ class ChatSessions:
         )
         if project in {p.name for p in manager.projects}:
             try:
-                workspace = await manager.provision(run_key, project)
+                workspace = await manager.provision(run_key, project, branch=branch)
             except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
@@ -267,7 +267,15 @@ class ChatSessions:
             ) from exc
 
     async def bind(
-        self, chat_id: int, thread_id: int, *, agent: str, project: str, user_id: int | None
+        self,
+        chat_id: int,
+        thread_id: int,
+        *,
+        agent: str,
+        project: str,
+        user_id: int | None,
+        model: str | None = None,
+        branch: str | None = None,
     ) -> Binding:
         """Bind the chat to a new agent session (the old one, if any, is closed).
 
@@ -281,7 +289,7 @@ class ChatSessions:
                 f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
             )
         session_id = str(uuid.uuid4())
-        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}")
+        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch)
         if old is not None:
             old.channel.close()
             if old.task is not None:
@@ -294,7 +302,26 @@ class ChatSessions:
             workdir=str(workdir),
             session_id=session_id,
             user_id=user_id,
+            model=model,
         )
+
+    async def set_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+        """The chat's model from its next turn on: an idle run ends (the next message
+        starts one with the model, resuming the same session).
+
+        Raises:
+            ConfigError: a turn is running.
+        """
+        run = self.active.get((chat_id, thread_id))
+        if run is not None and run.busy:
+            raise ConfigError(
+                f"a turn of run {run.run_id} is running here; /stop it or wait for it first"
+            )
+        await self.store.set_binding_model(chat_id, thread_id, model)
+        if run is not None:
+            run.channel.close()
+            if run.task is not None:
+                await asyncio.wait({run.task})
 
     # -- prompts -----------------------------------------------------------------------
 
@@ -364,9 +391,12 @@ class ChatSessions:
         route = await self.approvals(run_id, binding) if self.approvals is not None else None
         if route is not None:
             extra["approval"] = route
+        settings = self.settings
+        if binding.model is not None:
+            settings = settings.model_copy(update={"agent_model": binding.model})
         agent = self.agent_factory(
             binding.agent,
-            self.settings,
+            settings,
             cwd=Path(binding.workdir),
             session_id=binding.session_id,
             resume=binding.turns > 0,

@@ -143,6 +143,8 @@ class Binding:
     session_id: str
     turns: int
     run_id: str | None
+    # The model asked for with /model (None: the agent's default).
+    model: str | None = None
 
     @classmethod
     def from_row(cls, row: aiosqlite.Row) -> Binding:
@@ -155,6 +157,7 @@ class Binding:
             session_id=row["session_id"],
             turns=row["turns"],
             run_id=row["run_id"],
+            model=row["model"],
         )
 
 
@@ -568,6 +571,7 @@ class BotStore:
         workdir: str,
         session_id: str,
         user_id: int | None,
+        model: str | None = None,
     ) -> Binding:
         async with self.db.transaction() as conn:
             await conn.execute(
@@ -576,8 +580,19 @@ class BotStore:
             )
             await conn.execute(
                 "INSERT INTO bot_bindings (chat_id, thread_id, agent, project, workdir,"
-                " session_id, turns, bound_by, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                (chat_id, thread_id, agent, project, workdir, session_id, user_id, self._clock()),
+                " session_id, turns, bound_by, created_at, model)"
+                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+                (
+                    chat_id,
+                    thread_id,
+                    agent,
+                    project,
+                    workdir,
+                    session_id,
+                    user_id,
+                    self._clock(),
+                    model,
+                ),
             )
         binding = await self.binding(chat_id, thread_id)
         assert binding is not None
@@ -592,6 +607,13 @@ class BotStore:
     async def bindings(self) -> list[Binding]:
         rows = await self.db.fetchall("SELECT * FROM bot_bindings ORDER BY created_at")
         return [Binding.from_row(r) for r in rows]
+
+    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+        """The chat's model from its next run on (None: the agent's default)."""
+        await self.db.execute(
+            "UPDATE bot_bindings SET model = ? WHERE chat_id = ? AND thread_id = ?",
+            (model, chat_id, thread_id),
+        )
 
     async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None:
         await self.db.execute(

@@ -173,11 +173,17 @@ async def test_an_agent_that_cannot_start_is_reported_not_hidden(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_script(tmp_path, {}, monkeypatch)
+    # There when the chat is bound (/chat takes installed agents only), gone at the turn.
+    agent = tmp_path / "bin" / "agent"
+    agent.parent.mkdir()
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
     async with FakeBotApi() as api:
-        settings = bot_settings(api, tmp_path, agent_command="/nonexistent/agent {prompt}")
+        settings = bot_settings(api, tmp_path, agent_command=f"{agent} {{prompt}}")
         async with running_bot(api, settings) as rt:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
             await api.wait_for_message(lambda m: "bound" in m.text)
+            agent.unlink()
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
             failed = await api.wait_for_message(lambda m: "failed" in m.text)
             assert "cannot start" in failed.text
@@ -242,3 +248,94 @@ async def test_a_failing_turn_shows_and_keeps_the_end_of_its_error_output(
         assert len(turn.stderr_tail.encode()) <= 1024
         kept = tmp_path / "runs" / run.id / "turn-1.stderr.txt"
         assert kept.read_text() == turn.stderr_tail
+
+
+async def test_chat_takes_only_installed_agents_and_known_projects_and_says_the_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, claude_bin=str(tmp_path / "no" / "claude"))
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat foo")
+            unknown = await api.wait_for_message(lambda m: "no project 'foo'" in m.text)
+            assert "Agents installed here: command. Projects: default." in unknown.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat claude")
+            missing = await api.wait_for_message(lambda m: "claude is not installed" in m.text)
+            assert "npm install -g @anthropic-ai/claude-code" in missing.text
+            assert "Agents installed here: command." in missing.text
+            assert await rt.store.binding(CHAT, 0) is None
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command default@main")
+            await api.wait_for_message(lambda m: "it has no branches" in m.text)
+            assert await rt.store.binding(CHAT, 0) is None
+    assert not (tmp_path / "ws" / "foo").exists()
+    assert agent_log(tmp_path) == []
+
+
+async def test_agent_model_project_and_new_change_the_session_in_the_chat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telegram.ext import AIORateLimiter
+
+    from bot.app import BotRuntime
+    from engine.agents.factory import create_agent
+
+    write_script(tmp_path, {}, monkeypatch)
+    # A stand-in "claude" that is installed (an executable file) but never run here.
+    claude = tmp_path / "bin" / "claude"
+    claude.parent.mkdir()
+    claude.write_text("#!/bin/sh\nexit 1\n")
+    claude.chmod(0o755)
+    models: list[str | None] = []
+
+    def factory(tool: str, settings: object, **kw: object) -> object:
+        models.append(getattr(settings, "agent_model", None))
+        return create_agent(tool, settings, **kw)  # type: ignore[arg-type]
+
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, claude_bin=str(claude))
+        limiter = AIORateLimiter(group_max_rate=10_000, max_retries=8)
+        async with BotRuntime(settings, agent_factory=factory, rate_limiter=limiter) as rt:
+            await rt.start()
+            try:
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+                await api.wait_for_message(lambda m: "bound to a new command session" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/model")
+                await api.wait_for_message(lambda m: "Model here: the agent's default" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/model big-model-1")
+                await api.wait_for_message(lambda m: "🧠 Model for this command session" in m.text)
+                first = await rt.store.binding(CHAT, 0)
+                assert first is not None
+                assert first.model == "big-model-1"
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="one")
+                await api.wait_for_message(lambda m: m.text == "echo: one")
+                assert models == ["big-model-1"]
+                # /new: a fresh session, same agent, project and model
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/new")
+                await api.wait_for_message(lambda m: "🆕 A fresh command session here" in m.text)
+                fresh = await rt.store.binding(CHAT, 0)
+                assert fresh is not None
+                assert fresh.session_id != first.session_id
+                assert fresh.model == "big-model-1"
+                # /project: only what exists, with the choices
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/project nope")
+                await api.wait_for_message(lambda m: "no project 'nope'" in m.text)
+                # /agent: a new session of another installed agent (the model is reset)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/agent codex")
+                await api.wait_for_message(lambda m: "codex is not installed" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/agent claude")
+                await api.wait_for_message(lambda m: "bound to a new claude session" in m.text)
+                switched = await rt.store.binding(CHAT, 0)
+                assert switched is not None
+                assert (switched.agent, switched.model) == ("claude", None)
+                # /status: how to go on from a terminal, once the session has a turn
+                await rt.db.execute("UPDATE bot_bindings SET turns = 1")
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+                status = await api.wait_for_message(lambda m: "continue in a terminal" in m.text)
+                assert status.text.splitlines()[1] == (
+                    f"   ↪️ continue in a terminal: cd {switched.workdir} && {claude} "
+                    f"--resume {switched.session_id}"
+                )
+            finally:
+                rt.request_shutdown()
+                await rt.shutdown()
