@@ -33,13 +33,21 @@ def thread_of(message: Message | None) -> int:
     return 0
 
 
-def _refused_what(update: Update) -> str:
-    """What was refused, in the person's words: the command, or their message."""
+_DOING: Final = {
+    Action.PROMPT: "Prompting the agent",
+    Action.STEER: "Steering the run",
+    Action.APPROVE: "Approving",
+    Action.REJECT: "Rejecting",
+}
+
+
+def _refused_what(update: Update, action: Action) -> str:
+    """What was refused, in the person's words: the command, or what their message did."""
     message = update.effective_message
     first = (message.text or message.caption or "").split(maxsplit=1) if message else []
     if first and first[0].startswith("/"):
         return first[0].split("@")[0]
-    return "That" if message is None or message.text is None else "Prompting the agent"
+    return _DOING.get(action, "That")
 
 
 class Replies:
@@ -93,7 +101,7 @@ class Replies:
         reason = decision.reason
         roles = needed_roles(action)
         if update.callback_query is None and user_id is not None:
-            what = _refused_what(update)
+            what = _refused_what(update, action)
             answer = self._refusal_answer(user_id)
             text = None
             if answer == "tell":

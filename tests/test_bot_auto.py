@@ -78,7 +78,7 @@ async def test_auto_run_to_completion_with_steering(
         run_id = started.text.split()[3]
         # a stranger cannot steer; an operator can, by plain message
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="delete everything")
-        await api.wait_for_message(lambda m: "Prompting the agent needs the operator" in m.text)
+        await api.wait_for_message(lambda m: "Steering the run needs the operator role" in m.text)
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention the README")
         await api.wait_for_message(lambda m: "Noted for run" in m.text)
         release.touch()
