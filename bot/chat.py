@@ -70,15 +70,6 @@ class _Slotted:
             return await self._inner.run_turn(prompt)
 
 
-def _keep_stderr(folder: Path, seq: int, out: TurnOutput) -> None:
-    """Write the turn's stderr tail (already redacted) to ``folder/turn-SEQ.stderr.txt``."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"turn-{seq}.stderr.txt"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(out.stderr_tail)
-
-
 class ChatChannel(BaseChannel):
     """The chat's persistent queue as a :class:`~engine.turn.Channel`."""
 
@@ -580,3 +571,12 @@ class ChatSessions:
             run.parking = True
             if run.task is not None and not run.task.done():
                 run.task.cancel()
+
+
+def _keep_stderr(folder: Path, seq: int, out: TurnOutput) -> None:
+    """Write the turn's stderr tail (already redacted) to ``folder/turn-SEQ.stderr.txt``."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"turn-{seq}.stderr.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(out.stderr_tail)

@@ -201,6 +201,21 @@ def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
     return objective, passthrough
 
 
+async def _warn_unverifiable(args: argparse.Namespace, workdir: Path, view: TerminalView) -> None:
+    """Said before the first turn: where no commit and no clean tree can be measured, the
+    run would otherwise burn its turns on claims of completion nothing could confirm."""
+    gap = await evidence_gap(workdir)
+    if gap is None:
+        return
+    only = (
+        "only the verify command can confirm it"
+        if args.verify_cmd
+        else "with no --verify-cmd no claim of completion can be accepted: run "
+        "`git init` there and commit, or give --verify-cmd"
+    )
+    view.say(f"⚠️ {gap}; {only}.", style="yellow")
+
+
 async def _new_run(
     args: argparse.Namespace,
     settings: Settings,
@@ -211,18 +226,8 @@ async def _new_run(
     run_id: str | None = None,
     approval_for: RouteFor | None = None,
 ) -> AutoRun:
+    await _warn_unverifiable(args, workdir, view)
     objective, passthrough = _objective(args)
-    gap = await evidence_gap(workdir)
-    if gap is not None:
-        # Said before the first turn: the run would otherwise burn all its turns on
-        # claims of completion nothing could confirm.
-        only = (
-            "only the verify command can confirm it"
-            if args.verify_cmd
-            else "with no --verify-cmd no claim of completion can be accepted: run "
-            "`git init` there and commit, or give --verify-cmd"
-        )
-        view.say(f"⚠️ {gap}; {only}.", style="yellow")
     return await prepare_auto_run(
         settings,
         db,
