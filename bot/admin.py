@@ -16,7 +16,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import thread_of
-from engine.agents.factory import AGENT_NAMES
+from engine.agents.registry import installed_agents
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -24,7 +24,11 @@ _PAGE: Final = 25
 
 COMMANDS: Final = [
     BotCommand("help", "what this bot does and who may do what"),
-    BotCommand("chat", "[agent] [project] — bind this chat or topic to an agent session"),
+    BotCommand("chat", "[agent] [project[@branch]] — bind this chat or topic to an agent session"),
+    BotCommand("agent", "NAME — a new session of another agent here"),
+    BotCommand("model", "[NAME] — this chat's model (default: the agent's own)"),
+    BotCommand("project", "NAME[@branch] — a new session on another project"),
+    BotCommand("new", "a fresh session (same agent, project and model)"),
     BotCommand("auto", "OBJECTIVE — start an auto-mode run"),
     BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
     BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
@@ -43,8 +47,12 @@ HELP: Final = "\n".join(
         "turnstile drives coding agents turn by turn, with approval gates.",
         "",
         "Chat sessions",
-        "/chat [agent] [project] — bind this chat (or topic) to a new agent session; then"
-        " every message is one turn. Agents: {agents}.",
+        "/chat [agent] [project[@branch]] — bind this chat (or topic) to a new agent"
+        " session; then every message is one turn. Agents installed here: {agents}.",
+        "/agent NAME · /project NAME[@branch] · /new — a new session with another agent,"
+        " on another project, or just a fresh one. /model NAME — this chat's model, kept"
+        " across restarts (/model default undoes it). /status shows how to continue the"
+        " session from a terminal.",
         "",
         "Runs",
         "/auto OBJECTIVE — auto mode: clarify, plan, execute until verified done. Messages"
@@ -99,7 +107,7 @@ class AdminFeature(Feature):
         await self.ctx.replies.reply(
             update,
             HELP.format(
-                agents=", ".join(AGENT_NAMES),
+                agents=", ".join(installed_agents(self.ctx.settings)) or "none",
                 user_id=user.id if user else "?",
                 tool_approval=_APPROVAL_HELP[self.ctx.settings.tool_approval],
             ),

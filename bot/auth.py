@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["Action", "Authorizer", "Decision", "Role"]
+__all__ = ["Action", "Authorizer", "Decision", "Role", "needed_roles"]
 
 
 class Role(StrEnum):
@@ -44,6 +44,12 @@ _NEEDS: Mapping[Action, frozenset[Role]] = {
     Action.AUDIT: frozenset(),
     Action.HELP: frozenset({Role.OPERATOR, Role.APPROVER}),
 }
+
+
+def needed_roles(action: Action) -> str:
+    """The roles that grant ``action``, in words ("operator or approver"; "admin")."""
+    needed = [role.value for role in Role if role in _NEEDS[action]]
+    return " or ".join(needed) if needed else Role.ADMIN.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +112,4 @@ class Authorizer:
         needed = _NEEDS[action]
         if roles & needed:
             return Decision(True, ",".join(sorted(r.value for r in roles & needed)))
-        return Decision(False, f"{action.value} needs role {'/'.join(sorted(needed)) or 'admin'}")
+        return Decision(False, f"{action.value} needs {needed_roles(action)}")

@@ -16,6 +16,7 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from bot.auth import Action
+from bot.chatting import configured_project
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -29,6 +30,7 @@ from engine.automode import (
     start_auto_run,
 )
 from engine.automode.run import ApprovalFor
+from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import Recovery, RunMode, RunSpec, new_run_id
 from engine.store.runs import RunStatus
@@ -102,6 +104,10 @@ class AutoExtension(Feature):
         binding = await self.ctx.store.binding(chat.id, thread or 0)
         project = binding.project if binding is not None else "default"
         place = ChatPlace(chat.id, thread)
+        cannot = await self._unverifiable(project)
+        if cannot is not None:
+            await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
+            return
         try:
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = new_run_id(RunMode.AUTO)
@@ -142,6 +148,27 @@ class AutoExtension(Feature):
             f"Execute turn. /stop {run.run_id} stops it.",
             thread_id=thread,
             run_id=run.run_id,
+        )
+
+    async def _unverifiable(self, project: str) -> str | None:
+        """Why no completion could ever be accepted in the project's folder (None: it can).
+
+        The bot has no verify command: in a folder that is no git repository nothing
+        could confirm completion, and the run would use all its turns.
+        """
+        if configured_project(self.ctx.settings, project):
+            return None  # a git worktree of its own
+        try:
+            folder = await self.ctx.chats.workdir_for(project, "")
+        except ConfigError:
+            return None  # said when the run is started
+        gap = await evidence_gap(folder)
+        if gap is None:
+            return None
+        return (
+            f"{gap}, so no claim of completion could be accepted and the run would use all "
+            "its turns. Make that folder a git repository (git init and a first commit), or "
+            "use another project (/project NAME)."
         )
 
     async def cmd_steer(self, update: Update, args: list[str]) -> None:

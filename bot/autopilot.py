@@ -35,8 +35,9 @@ from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.replies import thread_of
 from bot.sink import ChatPlace
-from bot.store import GateRecord, ReasonRequest
+from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine import safefile
 from engine.agents.factory import create_agent
 from engine.errors import UnsafeFileError
@@ -566,15 +567,37 @@ class AutopilotExtension(Feature):
             await self._close_prompt(previous, "⏭ Replaced by a newer Reject.")
         ref = f"reason:{gate.gate_id}:{user.id}:{update.update_id}"
         await store.ask_reason(chat.id, user.id, gate.gate_id, prompt_ref=ref)
-        await self.ctx.replies.reply(
-            update,
-            f"Why reject {gate.task} · {gate.phase}? Your next message here is the reason; "
-            "it goes back to the agent as revision notes. Pressed Reject by mistake? /cancel "
-            f"or the button below (after {_duration(self._reason_ttl)} without a reason, "
-            "nothing is rejected).",
-            markup=_cancel_button(gate.gate_id),
-            ref=ref,
+        # A forced reply, selective to the person named in it: their app opens a reply to
+        # this question, and a reply to the bot reaches it even in privacy mode (a plain
+        # message in a group does not).
+        name = user.first_name or str(user.id)
+        body = self.ctx.redactor(
+            f"{name}, why reject {gate.task} · {gate.phase}? Reply to this message with the "
+            "reason; it goes back to the agent as revision notes. Pressed Reject by mistake? "
+            f"/cancel (after {_duration(self._reason_ttl)} without a reason, nothing is "
+            "rejected)."
         )
+        mention = {
+            "type": "text_mention",
+            "offset": 0,
+            "length": _utf16(name),
+            "user": {"id": user.id, "is_bot": False, "first_name": name},
+        }
+        message = update.effective_message
+        await store.enqueue(
+            [
+                OutboxItem(
+                    chat_id=chat.id,
+                    thread_id=thread_of(message) or None,
+                    body=body,
+                    entities=(mention,) if body.startswith(name) else (),
+                    markup={"force_reply": True, "selective": True},
+                    reply_to=message.message_id if message is not None else None,
+                    ref=ref,
+                )
+            ]
+        )
+        self.ctx.publisher.wake()
 
     async def _reason_given(self, update: Update, text: str) -> bool:
         """Handle ``text`` as the reason the bot waits for; False when it is not one."""
@@ -796,8 +819,8 @@ def _buttons(gate_id: str) -> dict[str, Any]:
     }
 
 
-def _cancel_button(gate_id: str) -> dict[str, Any]:
-    return {"inline_keyboard": [[{"text": "✖ Cancel", "callback_data": f"rc:{gate_id}"}]]}
+def _utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
 
 
 def _confirm_buttons(gate_id: str, reason: str) -> dict[str, Any]:

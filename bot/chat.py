@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -92,6 +93,9 @@ class ChatChannel(BaseChannel):
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
         )
+        if out.stderr_tail and run.runs_dir is not None:
+            # Beside the store's copy: the runs folder is where people look for a run's files.
+            await asyncio.to_thread(_keep_stderr, run.runs_dir / run.run_id, run.turn, out)
         run.publisher.wake()
         run.current = None
         run.turn_started = None
@@ -125,6 +129,7 @@ class ChatRun:
     status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     last_event: str | None = None
     output_files: OutputFiles | None = None
+    runs_dir: Path | None = None
     channel: ChatChannel = field(init=False)
 
     async def record_process(self, process: TurnProcess) -> None:
@@ -213,10 +218,10 @@ class ChatSessions:
 
     # -- binding -----------------------------------------------------------------------
 
-    async def workdir_for(self, project: str, run_key: str) -> Path:
+    async def workdir_for(self, project: str, run_key: str, *, branch: str | None = None) -> Path:
         """Where a run works: a git worktree of its own for a configured project
-        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a plain folder under the
-        workspaces root.
+        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a folder under the
+        workspaces root (a new one is made a git repository with a first commit).
 
         Raises:
             ConfigError: a malformed project setting, a reserved name, or git failed.
@@ -224,16 +229,28 @@ class ChatSessions:
         manager = WorkspaceManager.from_settings(self.settings, store=self.workspaces)
         if project in {p.name for p in manager.projects}:
             try:
-                workspace = await manager.provision(run_key, project)
+                workspace = await manager.provision(run_key, project, branch=branch)
             except (WorkspaceError, GitError) as exc:
                 raise ConfigError(f"cannot check out {project}: {exc}") from exc
             return workspace.path
-        path = manager.plain_folder(project)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        try:
+            # A git repository from the start: what completion is judged on.
+            return await manager.plain_repository(project)
+        except GitError as exc:
+            raise ConfigError(
+                f"cannot make the folder of {project} a git repository: {exc}"
+            ) from exc
 
     async def bind(
-        self, chat_id: int, thread_id: int, *, agent: str, project: str, user_id: int | None
+        self,
+        chat_id: int,
+        thread_id: int,
+        *,
+        agent: str,
+        project: str,
+        user_id: int | None,
+        model: str | None = None,
+        branch: str | None = None,
     ) -> Binding:
         """Bind the chat to a new agent session (the old one, if any, is closed).
 
@@ -247,7 +264,7 @@ class ChatSessions:
                 f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
             )
         session_id = str(uuid.uuid4())
-        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}")
+        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch)
         if old is not None:
             old.channel.close()
             if old.task is not None:
@@ -260,7 +277,26 @@ class ChatSessions:
             workdir=str(workdir),
             session_id=session_id,
             user_id=user_id,
+            model=model,
         )
+
+    async def set_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+        """The chat's model from its next turn on: an idle run ends (the next message
+        starts one with the model, resuming the same session).
+
+        Raises:
+            ConfigError: a turn is running.
+        """
+        run = self.active.get((chat_id, thread_id))
+        if run is not None and run.busy:
+            raise ConfigError(
+                f"a turn of run {run.run_id} is running here; /stop it or wait for it first"
+            )
+        await self.store.set_binding_model(chat_id, thread_id, model)
+        if run is not None:
+            run.channel.close()
+            if run.task is not None:
+                await asyncio.wait({run.task})
 
     # -- prompts -----------------------------------------------------------------------
 
@@ -331,9 +367,12 @@ class ChatSessions:
         route = await self.approvals(run_id, binding) if self.approvals is not None else None
         if route is not None:
             extra["approval"] = route
+        settings = self.settings
+        if binding.model is not None:
+            settings = settings.model_copy(update={"agent_model": binding.model})
         agent = self.agent_factory(
             binding.agent,
-            self.settings,
+            settings,
             cwd=Path(binding.workdir),
             session_id=binding.session_id,
             resume=binding.turns > 0,
@@ -357,6 +396,7 @@ class ChatSessions:
             runs=self.runs,
             publisher=self.publisher,
             output_files=self.output_files,
+            runs_dir=self.settings.runs_dir,
         )
         if isinstance(agent, JsonStreamAgent):
             agent.on_event = run.on_agent_event
@@ -516,3 +556,12 @@ class ChatSessions:
             run.parking = True
             if run.task is not None and not run.task.done():
                 run.task.cancel()
+
+
+def _keep_stderr(folder: Path, seq: int, out: TurnOutput) -> None:
+    """Write the turn's stderr tail (already redacted) to ``folder/turn-SEQ.stderr.txt``."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"turn-{seq}.stderr.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(out.stderr_tail)

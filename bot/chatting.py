@@ -8,21 +8,60 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
+from typing import Final
 
 from telegram import Update
 
 from bot.auth import Action
+from bot.chat import ChatRun
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import thread_of
+from bot.store import Binding
 from engine.agents.factory import AGENT_NAMES
+from engine.agents.registry import agent_spec, installed_agents
 from engine.errors import ConfigError
+from engine.settings import Settings
+from engine.workspace import WorkspaceManager
+from engine.workspace.manager import RESERVED_FOLDERS
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["ChatFeature"]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_BRANCH: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
+_MODEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/\[\]-]{0,99}")
+_CHAT_USAGE: Final = "Usage: /chat [agent] [project[@branch]]"
+# How a person continues a session in a terminal, per agent CLI ({bin} {id}).
+_RESUME: Final = {
+    "claude": "{bin} --resume {id}",
+    "copilot": "{bin} --resume={id}",
+    "codex": "{bin} resume {id}",
+}
+
+
+def project_names(settings: Settings) -> list[str]:
+    """What ``/chat`` and ``/project`` accept: ``default``, the configured projects
+    (``TURNSTILE_PROJECTS``), and folders already under the workspaces root."""
+    manager = WorkspaceManager.from_settings(settings)
+    names = ["default", *(p.name for p in manager.projects)]
+    if manager.root.is_dir():
+        names += sorted(
+            p.name
+            for p in manager.root.iterdir()
+            if p.is_dir() and p.name not in RESERVED_FOLDERS and not p.name.startswith(".")
+        )
+    return list(dict.fromkeys(names))
+
+
+def configured_project(settings: Settings, project: str) -> bool:
+    """Whether ``project`` is configured (a git worktree of its own, a branch to pick)."""
+    return project in {p.name for p in WorkspaceManager.from_settings(settings).projects}
 
 
 class ChatFeature(Feature):
@@ -33,48 +72,209 @@ class ChatFeature(Feature):
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command("chat", Action.CHAT, self.cmd_chat)
+        dispatch.command("agent", Action.CHAT, self.cmd_agent, usage=self._usage("agent"))
+        dispatch.command("model", Action.CHAT, self.cmd_model)
+        dispatch.command("project", Action.CHAT, self.cmd_project, usage=self._usage("project"))
+        dispatch.command("new", Action.CHAT, self.cmd_new)
         # Registered after the other features: a text none of them took is a turn.
         dispatch.text(self.on_text)
 
+    # -- what may be chosen ------------------------------------------------------------
+
+    def _installed(self) -> tuple[str, ...]:
+        return installed_agents(self.ctx.settings)
+
+    def _choices(self) -> str:
+        installed = ", ".join(self._installed()) or "none"
+        projects = ", ".join(project_names(self.ctx.settings))
+        return f"Agents installed here: {installed}. Projects: {projects}."
+
+    def _usage(self, what: str) -> str:
+        if what == "agent":
+            return "Usage: /agent NAME. " + self._choices()
+        return "Usage: /project NAME[@branch]. " + self._choices()
+
+    def _agent_problem(self, agent: str) -> str | None:
+        installed = self._installed()
+        if agent not in AGENT_NAMES:
+            return f"There is no agent {agent!r}. {self._choices()}"
+        if agent not in installed:
+            hint = agent_spec(agent).install_hint()
+            return (
+                f"{agent} is not installed on the bot's machine ({hint}). Agents installed "
+                f"here: {', '.join(installed) or 'none'}."
+            )
+        return None
+
+    def _project_problem(self, project: str, branch: str | None) -> str | None:
+        if not _NAME.fullmatch(project) or project not in project_names(self.ctx.settings):
+            return (
+                f"There is no project {project!r} here (an admin adds projects in "
+                f"TURNSTILE_PROJECTS). {self._choices()}"
+            )
+        if branch is not None:
+            if not _BRANCH.fullmatch(branch) or ".." in branch:
+                return f"{branch!r} is not a branch name."
+            if not configured_project(self.ctx.settings, project):
+                return (
+                    f"{project} is a plain folder, not a configured project: it has no "
+                    "branches to choose from."
+                )
+        return None
+
+    # -- commands ----------------------------------------------------------------------
+
     async def cmd_chat(self, update: Update, args: list[str]) -> None:
+        agent: str = self.ctx.settings.default_agent
+        rest = list(args)
+        if rest and rest[0] in AGENT_NAMES:
+            agent = rest.pop(0)
+        target = rest.pop(0) if rest else "default"
+        if rest:
+            await self.ctx.replies.reply(update, f"{_CHAT_USAGE}. {self._choices()}")
+            return
+        project, _, branch = target.partition("@")
+        await self._bind(update, agent=agent, project=project, branch=branch or None)
+
+    async def cmd_agent(self, update: Update, args: list[str]) -> None:
+        binding = await self._binding(update)
+        project = binding.project if binding is not None else "default"
+        if len(args) != 1:
+            await self.ctx.replies.reply(update, self._usage("agent"))
+            return
+        # Another CLI cannot resume this session: a new one, and the model goes back to
+        # the agent's default (a model name belongs to one CLI).
+        await self._bind(update, agent=args[0], project=project, branch=None)
+
+    async def cmd_project(self, update: Update, args: list[str]) -> None:
+        binding = await self._binding(update)
+        if len(args) != 1:
+            await self.ctx.replies.reply(update, self._usage("project"))
+            return
+        project, _, branch = args[0].partition("@")
+        await self._bind(
+            update,
+            agent=binding.agent if binding is not None else self.ctx.settings.default_agent,
+            project=project,
+            branch=branch or None,
+            model=binding.model if binding is not None else None,
+        )
+
+    async def cmd_new(self, update: Update, args: list[str]) -> None:
+        binding = await self._binding(update)
+        if binding is None:
+            await self.ctx.replies.reply(
+                update, "This chat has no agent session yet: /chat starts one."
+            )
+            return
+        await self._bind(
+            update,
+            agent=binding.agent,
+            project=binding.project,
+            branch=None,
+            model=binding.model,
+            fresh=True,
+        )
+
+    async def cmd_model(self, update: Update, args: list[str]) -> None:
+        ctx = self.ctx
+        chat = update.effective_chat
+        assert chat is not None
+        binding = await self._binding(update)
+        if binding is None:
+            await ctx.replies.reply(
+                update, "This chat has no agent session yet: /chat starts one, then /model."
+            )
+            return
+        if not args:
+            current = binding.model or ctx.settings.agent_model or "the agent's default"
+            await ctx.replies.reply(
+                update,
+                f"Model here: {current}. /model NAME sets one for this chat (kept across "
+                "restarts); /model default goes back to the agent's default.",
+            )
+            return
+        name = args[0]
+        if len(args) != 1 or not _MODEL.fullmatch(name):
+            await ctx.replies.reply(update, "Usage: /model NAME (letters, digits, . _ : / -)")
+            return
+        model = None if name == "default" else name
+        try:
+            await ctx.chats.set_model(chat.id, binding.thread_id, model)
+        except ConfigError as exc:
+            await ctx.replies.reply(update, f"Not changed: {exc}")
+            return
+        await self._audit(update, "model", name)
+        await ctx.replies.reply(
+            update,
+            f"🧠 Model for this {binding.agent} session: {model or 'the agent default'}, "
+            "from the next message on (the same session goes on).",
+        )
+
+    async def _binding(self, update: Update) -> Binding | None:
+        chat = update.effective_chat
+        assert chat is not None
+        return await self.ctx.store.binding(chat.id, thread_of(update.effective_message))
+
+    async def _bind(
+        self,
+        update: Update,
+        *,
+        agent: str,
+        project: str,
+        branch: str | None,
+        model: str | None = None,
+        fresh: bool = False,
+    ) -> None:
         ctx = self.ctx
         chat = update.effective_chat
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        agent = ctx.settings.default_agent
-        if args and args[0] in AGENT_NAMES:
-            agent = args.pop(0)  # type: ignore[assignment]
-        project = args.pop(0) if args else "default"
-        if args or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", project):
-            await ctx.replies.reply(
-                update,
-                f"Usage: /chat [agent] [project]. Agents: {', '.join(AGENT_NAMES)}; a project "
-                "name is letters, digits, '.', '_' or '-'.",
-            )
+        problem = self._agent_problem(agent) or self._project_problem(project, branch)
+        if problem is not None:
+            await ctx.replies.reply(update, problem)
             return
         thread = thread_of(update.effective_message)
         try:
             binding = await ctx.chats.bind(
-                chat.id, thread, agent=agent, project=project, user_id=user.id
+                chat.id,
+                thread,
+                agent=agent,
+                project=project,
+                user_id=user.id,
+                model=model,
+                branch=branch,
             )
         except ConfigError as exc:
             await ctx.replies.reply(update, f"Cannot bind: {exc}")
             return
-        await ctx.store.audit(
-            action="chat",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat.id,
-            update_id=update.update_id,
-            reason=f"{agent} {project}",
+        where = f"project {project}" + (f", branch {branch}" if branch else "")
+        await self._audit(update, "chat", f"{agent} {where}")
+        place = "topic" if thread else "chat"
+        head = (
+            f"🆕 A fresh {agent} session here ({where})"
+            if fresh
+            else f"🔗 This {place} is bound to a new {agent} session ({where})"
         )
         await ctx.replies.reply(
             update,
-            f"🔗 This {'topic' if thread else 'chat'} is bound to a new {agent} session "
-            f"(project {project}). Every message is now one turn; replies come back here.",
+            f"{head}. Every message is now one turn; replies come back here.",
         )
         _LOGGER.info("chat bound", extra={"chat_id": chat.id, "session_id": binding.session_id})
+
+    async def _audit(self, update: Update, action: str, reason: str) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        await self.ctx.store.audit(
+            action=action,
+            outcome="allowed",
+            user_id=user.id if user is not None else None,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=reason,
+        )
 
     async def on_text(self, update: Update, text: str, thread: int) -> bool:
         ctx = self.ctx
@@ -126,17 +326,22 @@ class ChatFeature(Feature):
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         run = self.ctx.chats.find(run_id)
-        if run is None or run.binding.chat_id != chat_id:
+        # An idle session has nothing to stop: it stays bound and waits for the next message.
+        if run is None or run.binding.chat_id != chat_id or not await self._working(run):
             return False
         await self.ctx.chats.stop(run, by)
         return True
 
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
         run = self.ctx.chats.active.get((chat_id, thread))
-        if run is None:
+        if run is None or not await self._working(run):
             return []
         await self.ctx.chats.stop(run, by)
         return [run.run_id]
+
+    async def _working(self, run: ChatRun) -> bool:
+        """A turn runs, or a message waits to become one (an idle session is not stopped)."""
+        return run.busy or bool(await self.ctx.store.queued_count(*run.key))
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         ctx = self.ctx
@@ -148,10 +353,15 @@ class ChatFeature(Feature):
         # The lines under the head: the running turn and its elapsed time (and the last
         # tool event), or idle.
         state = " · ".join(run.status_text().splitlines()[1:]) if run is not None else "idle"
+        model = f" · model {binding.model}" if binding.model else ""
         lines = [
-            f"💬 chat session · {binding.agent} · {binding.project} · {binding.turns} turn(s)"
-            f" · {state} · queue {queued}"
+            f"💬 chat session · {binding.agent}{model} · {binding.project} · "
+            f"{binding.turns} turn(s) · {state} · queue {queued}"
         ]
+        session_id = run.agent.session_id if run is not None else binding.session_id
+        resume = self._resume_command(binding, session_id)
+        if resume is not None:
+            lines.append(f"   ↪️ continue in a terminal: {resume}")
         # The session's worktree (a configured project): its branch and disk usage.
         worktree = await worktree_summaries(
             ctx.settings, ctx.db, {binding.session_id: binding.workdir}
@@ -159,3 +369,12 @@ class ChatFeature(Feature):
         if binding.session_id in worktree:
             lines.append(f"   🌿 {worktree[binding.session_id]}")
         return lines
+
+    def _resume_command(self, binding: Binding, session_id: str) -> str | None:
+        """``cd WORKDIR && CLI --resume ID``, once the session has a turn to resume."""
+        shape = _RESUME.get(binding.agent)
+        if shape is None or binding.turns == 0:
+            return None
+        binary = agent_spec(binding.agent).configured(self.ctx.settings) or binding.agent
+        command = shape.format(bin=shlex.quote(binary), id=shlex.quote(session_id))
+        return f"cd {shlex.quote(binding.workdir)} && {command}"

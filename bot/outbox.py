@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from telegram import (
     Bot,
+    ForceReply,
     InlineKeyboardMarkup,
     InputFile,
     Message,
@@ -64,8 +65,16 @@ def _entities(raw: tuple[dict[str, Any], ...]) -> list[MessageEntity] | None:
     return [e for e in (MessageEntity.de_json(d, None) for d in raw) if e is not None]
 
 
-def _markup(raw: dict[str, Any] | None) -> InlineKeyboardMarkup | None:
-    return InlineKeyboardMarkup.de_json(raw, None) if raw else None
+def _markup(raw: dict[str, Any] | None) -> InlineKeyboardMarkup | ForceReply | None:
+    """Buttons, or a forced reply (``{"force_reply": true, "selective": true}``)."""
+    if raw and raw.get("force_reply"):
+        return ForceReply(selective=bool(raw.get("selective")))
+    return _buttons(raw)
+
+
+def _buttons(raw: dict[str, Any] | None) -> InlineKeyboardMarkup | None:
+    """Buttons only: an edit cannot carry a forced reply."""
+    return InlineKeyboardMarkup.de_json(raw, None) if raw and "inline_keyboard" in raw else None
 
 
 def retry_seconds(exc: RetryAfter) -> float:
@@ -389,7 +398,7 @@ class OutboxSender:
                 message_id=live.message_id,
                 text=live.body,
                 entities=_entities(live.entities),
-                reply_markup=_markup(live.markup),
+                reply_markup=_buttons(live.markup),
             )
         except BadRequest as exc:
             if not _not_modified(exc):

@@ -194,6 +194,10 @@ class Publisher:
         """
         if out.exit_code not in (None, 0):
             header = f"{header}⚠️ the agent exited with code {out.exit_code}\n"
+            if out.stderr_tail.strip():
+                # Why it failed is usually on stderr: its end, redacted, before the output.
+                said = self.redact(out.stderr_tail.strip())
+                header += f"Its error output ended with:\n{said}\n\n"
         filename = f"output-{run_id or 'run'}.md"
         text = out.text
         if out.spill_path is not None and (out.size or 0) <= self.document_threshold:

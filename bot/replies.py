@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from telegram import Message, Update
 
-from bot.auth import Action, Authorizer
+from bot.auth import Action, Authorizer, needed_roles
 from bot.publish import Publisher
 from bot.store import BotStore
 
@@ -33,6 +33,23 @@ def thread_of(message: Message | None) -> int:
     return 0
 
 
+_DOING: Final = {
+    Action.PROMPT: "Prompting the agent",
+    Action.STEER: "Steering the run",
+    Action.APPROVE: "Approving",
+    Action.REJECT: "Rejecting",
+}
+
+
+def _refused_what(update: Update, action: Action) -> str:
+    """What was refused, in the person's words: the command, or what their message did."""
+    message = update.effective_message
+    first = (message.text or message.caption or "").split(maxsplit=1) if message else []
+    if first and first[0].startswith("/"):
+        return first[0].split("@")[0]
+    return _DOING.get(action, "That")
+
+
 class Replies:
     """Answers through the outbox, button answers, and the right check with its refusal."""
 
@@ -40,7 +57,8 @@ class Replies:
         self._publisher = publisher
         self._authorizer = authorizer
         self._store = store
-        self._last_refusal: dict[int, float] = {}
+        # Per user: when the last refusal was answered, and whether it said "muted".
+        self._last_refusal: dict[int, tuple[float, bool]] = {}
 
     async def reply(self, update: Update, text: str, **kw: Any) -> None:
         """Say ``text`` in the update's chat and topic, as a reply to its message."""
@@ -67,7 +85,11 @@ class Replies:
             _LOGGER.warning("answering a button press failed: %s", exc)
 
     async def authorize(self, update: Update, action: Action) -> bool:
-        """Check the right; a refusal is audited and answered (once a minute per user)."""
+        """Check the right; a refusal is audited and answered with the role it needs.
+
+        A person refused again within a minute is told once that further refusals are
+        muted for that minute; only those are not answered (every one is audited).
+        """
         user = update.effective_user
         chat = update.effective_chat
         assert chat is not None
@@ -77,12 +99,24 @@ class Replies:
             return True
         _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
         reason = decision.reason
-        if update.callback_query is None and user_id is not None and self.may_tell(user_id):
-            text = (
-                f"⛔ Not allowed. Your Telegram user id is {user_id}; an admin can grant you "
-                f"a role in the bot's settings."
-            )
-            if not self.refuse(update, text):
+        roles = needed_roles(action)
+        if update.callback_query is None and user_id is not None:
+            what = _refused_what(update, action)
+            answer = self._refusal_answer(user_id)
+            text = None
+            if answer == "tell":
+                text = (
+                    f"⛔ {what} needs the {roles} role. Your Telegram user id is {user_id}; "
+                    "an admin can grant the role in the bot's settings."
+                )
+            elif answer == "mute":
+                text = (
+                    f"⛔ {what} needs the {roles} role too. Further refusals for you are "
+                    f"muted for {int(_REFUSAL_EVERY)} s."
+                )
+            else:
+                reason += "; not answered: refusals muted for a minute"
+            if text is not None and not self.refuse(update, text):
                 reason += _UNANSWERED
         await self._store.audit(
             action=action.value,
@@ -93,7 +127,7 @@ class Replies:
             reason=reason,
         )
         if update.callback_query is not None:
-            await self.answer(update, f"Not allowed. Your id: {user_id}")
+            await self.answer(update, f"⛔ Needs the {roles} role. Your id: {user_id}")
         return False
 
     def allowed(self, user_id: int | None, chat_id: int, action: Action) -> bool:
@@ -113,13 +147,20 @@ class Replies:
         )
 
     def may_tell(self, user_id: int) -> bool:
-        """Whether a refusal may be answered now (at most once a minute per user)."""
+        """Whether a refusal may be answered in full now (once a minute per user)."""
+        return self._refusal_answer(user_id) == "tell"
+
+    def _refusal_answer(self, user_id: int) -> str:
+        """Answer in full (``tell``), say once that it is muted (``mute``), or stay ``silent``."""
         now = time.monotonic()
         last = self._last_refusal.get(user_id)
-        if last is not None and now - last < _REFUSAL_EVERY:
-            return False
-        self._last_refusal[user_id] = now
-        return True
+        if last is None or now - last[0] >= _REFUSAL_EVERY:
+            self._last_refusal[user_id] = (now, False)
+            return "tell"
+        if not last[1]:
+            self._last_refusal[user_id] = (now, True)
+            return "mute"
+        return "silent"
 
     @staticmethod
     def unanswered(reason: str) -> str:

@@ -236,7 +236,8 @@ class ToolApprovalExtension(Feature):
                 reason=f"request {request.id} ({request.tool}): {refusal}",
             )
             _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
-            await self.ctx.replies.answer(update, f"Not allowed: {refusal}. Your id: {user.id}")
+            said = refusal[0].upper() + refusal[1:]
+            await self.ctx.replies.answer(update, f"⛔ {said}. Your id: {user.id}")
             return
         decision, scope = choice
         result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
@@ -274,7 +275,7 @@ class ToolApprovalExtension(Feature):
             return None
         if is_starter and auth.check(user_id, chat_id, Action.PROMPT).allowed:
             return None
-        return "only approvers and the operator who started the run decide"
+        return "needs the approver role (or to be the operator who started the run)"
 
     async def _apply_grant(self, granted: ToolRequest) -> None:
         """Other waiting calls of the run the new grant covers are allowed with it."""

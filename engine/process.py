@@ -58,6 +58,8 @@ _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_SPILL_LIMIT: Final = 4 * 1024 * 1024
 STDERR_TAIL: Final = 2048
+# How much of stderr's end a turn keeps and shows (why it failed).
+STDERR_SHOWN: Final = 1024
 _CHUNK: Final = 64 * 1024
 # After the agent exits, descendants that still hold its pipes get this long before the
 # group is killed. It bounds clean-up, not the turn: the turn already ended.
@@ -139,13 +141,16 @@ class ProcessResult:
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_turn_output(self) -> TurnOutput:
-        """The turn output: stdout verbatim with the exit code."""
+        """The turn output: stdout verbatim with the exit code (and stderr's redacted end)."""
+        metadata: dict[str, object] = {"stderr_size": self.stderr_size}
+        if self.stderr_tail.strip():
+            metadata["stderr_tail"] = tail(self.stderr_tail, STDERR_SHOWN)
         return TurnOutput(
             text=self.stdout,
             exit_code=self.exit_code,
             spill_path=self.spill_path,
             size=self.stdout_size,
-            metadata={"stderr_size": self.stderr_size},
+            metadata=metadata,
         )
 
 

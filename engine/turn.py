@@ -106,6 +106,12 @@ class TurnOutput:
         return replace(self, exit_code=code)
 
     @property
+    def stderr_tail(self) -> str:
+        """The redacted end of the agent's stderr (at most 1 KB; empty when it printed none)."""
+        value = self.metadata.get("stderr_tail")
+        return value if isinstance(value, str) else ""
+
+    @property
     def spilled(self) -> bool:
         """Whether the full output lives in ``spill_path`` rather than in ``text``."""
         return self.spill_path is not None

@@ -401,3 +401,26 @@ async def test_two_resumes_at_once_one_drives_the_other_is_refused(
     )
     finished = [seq for seq, _, _, state in turns_of(tmp_path, run_id) if state == "finished"]
     assert finished == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_workdir_that_is_no_git_repository_is_warned_about_first(
+    tmp_path: Path, verify: bool
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    script = write_script(tmp_path / "fake", rules=happy_rules())
+    extra = ["--verify-cmd", "true"] if verify else []
+    done = run_cli(
+        tmp_path,
+        cli_env(tmp_path, script),
+        *auto_args(plain, "--max-turns", "1", "-p", "x", *extra),
+    )
+    assert done.returncode == 0, done.stderr
+    warning = next(line for line in done.stderr.splitlines() if "not a git repository" in line)
+    assert done.stderr.index(warning) < done.stderr.index("Turn 1")
+    if verify:
+        assert "only the verify command can confirm it" in warning
+    else:
+        assert "no claim of completion can be accepted" in warning
+        assert "--verify-cmd" in warning

@@ -13,6 +13,7 @@ import pytest
 
 from engine.automode import CompletionVerifier, Verdict, WorkSummaryGenerator
 from engine.automode.git import Git
+from engine.automode.verifier import evidence_gap
 from tests.automode_support import GIT_ENV, git_workspace
 
 
@@ -202,3 +203,32 @@ async def test_not_a_repository_summary(tmp_path: Path) -> None:
     summary = await WorkSummaryGenerator(tmp_path, base_commit=None).generate("e")
     assert not summary.is_repo
     assert "not a git repository" in summary.render()
+
+
+async def test_why_a_claim_was_not_accepted_reads_as_words(tmp_path: Path) -> None:
+    repo = git_workspace(tmp_path / "ws")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "draft.txt").write_text("x\n")
+    verifier = CompletionVerifier(repo, base_commit=base, gh_bin="no-such-gh")
+    result = await verifier.verify(Verdict.COMPLETE)
+    assert not result.accepted
+    assert result.why_not() == (
+        "evidence: no commit since the run started, tree dirty (1 uncommitted path(s): "
+        "draft.txt) (score 0.00, 0.80 needed)"
+    )
+    # nothing measurable: what could not be measured is said instead
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    nothing = await CompletionVerifier(plain, base_commit=None).verify(Verdict.COMPLETE)
+    assert nothing.why_not().startswith("evidence: commits unknown (not a git repository)")
+
+
+async def test_evidence_gap_names_a_folder_that_is_no_repository(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    gap = await evidence_gap(plain)
+    assert gap is not None
+    assert "is not a git repository" in gap
+    assert await evidence_gap(git_workspace(tmp_path / "ws")) is None
+    # a folder that is not there is refused elsewhere (where the run is prepared)
+    assert await evidence_gap(tmp_path / "missing") is None

@@ -93,12 +93,15 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         names = [c["command"] for c in api.commands]
         assert names == [
-            "help", "chat", "auto", "steer", "autopilot", "approve", "reject", "cancel",
-            "stop", "status", "get", "tasks", "audit",
+            "help", "chat", "agent", "model", "project", "new", "auto", "steer", "autopilot",
+            "approve", "reject", "cancel", "stop", "status", "get", "tasks", "audit",
         ]  # fmt: skip
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
-        help_text = await api.wait_for_message(lambda m: "/chat [agent] [project]" in m.text)
+        help_text = await api.wait_for_message(lambda m: "/chat [agent] [project" in m.text)
         assert str(OPERATOR) in help_text.text
+        assert "/model NAME" in help_text.text
+        # a folder already under the workspaces root is a project /chat accepts
+        (tmp_path / "ws" / "proj-a").mkdir(parents=True)
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command proj-a")
         await api.wait_for_message(lambda m: "bound" in m.text and "proj-a" in m.text)
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="work")
@@ -130,7 +133,7 @@ async def test_tasks_is_paged_and_admin_only_and_audit(
         for i in range(40):
             await gates.init_task(f"task-{i:02d}")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/tasks")
-        await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        await api.wait_for_message(lambda m: "/tasks needs the admin role" in m.text)
         api.push_message(chat_id=CHAT, user_id=ADMIN, text="/tasks")
         board = await api.wait_for_message(lambda m: m.text.startswith("📋 Tasks"))
         assert "page 1/2" in board.text
@@ -188,7 +191,7 @@ async def test_chat_on_a_configured_project_gets_its_own_worktree(
                 rf"   🌿 turnstile/chat-{binding.session_id[:8]} · \d+(\.\d)? (kB|MB)", worktree
             ), worktree
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command cache")
-            await api.wait_for_message(lambda m: "reserved" in m.text)
+            await api.wait_for_message(lambda m: "There is no project 'cache'" in m.text)
     workdir = Path(binding.workdir)
     assert workdir.is_relative_to((tmp_path / "ws").resolve())
     assert (workdir / "README").exists()

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from engine.store.runs import RunStatus
-from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
+from tests.automode_support import (
+    ADJUST,
+    CLARIFY,
+    EVALUATE,
+    EXECUTE,
+    GIT_ENV,
+    PLAN,
+    commit_step,
+    evaluation,
+    git_workspace,
+)
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import (
     CHAT,
@@ -67,7 +78,7 @@ async def test_auto_run_to_completion_with_steering(
         run_id = started.text.split()[3]
         # a stranger cannot steer; an operator can, by plain message
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="delete everything")
-        await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        await api.wait_for_message(lambda m: "Steering the run needs the operator role" in m.text)
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention the README")
         await api.wait_for_message(lambda m: "Noted for run" in m.text)
         release.touch()
@@ -113,3 +124,67 @@ async def test_stop_by_run_id_preempts_an_auto_run(
         await wait_for_run_status(rt, run_id, RunStatus.STOPPED)
         entries = await rt.store.audit_entries()
         assert any(e.user_id == STRANGER and e.action == "stop" for e in entries)
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No workspace made beforehand: the bot makes the default one, a git repository.
+    write_script(
+        tmp_path,
+        {
+            "replies": [
+                {"text": "Goal: result.txt committed."},
+                {"text": "1. write result.txt\n2. commit it"},
+                {"text": "wrote it", "files": {"result.txt": "draft\n"}},
+                evaluation("COMPLETE", "Looks done to me."),
+            ],
+            "rules": [
+                {"match": EXECUTE, **commit_step("result.txt")},
+                {"match": EVALUATE, **evaluation("COMPLETE")},
+                {"match": ADJUST, "text": "1. commit result.txt"},
+            ],
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        run_id = started.text.split()[3]
+        refused = await api.wait_for_message(lambda m: "claimed complete" in m.text, timeout=40)
+        assert refused.text == (
+            "🔎 Turn 3 claimed complete; not accepted. Evidence: no commit since the run "
+            "started, tree dirty (1 uncommitted path(s): result.txt) (score 0.00, 0.80 "
+            "needed). The run goes on."
+        )
+        await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
+        assert (await rt.runs.get_run(run_id)).status is RunStatus.COMPLETED
+        workdir = Path((await rt.runs.get_run(run_id)).workdir or "")
+    assert workdir == (tmp_path / "ws" / "default").resolve()
+    log = subprocess.run(
+        ["git", "-C", str(workdir), "log", "--format=%s"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert log == ["add result.txt", "turnstile: a new workspace"]
+
+
+async def test_auto_is_refused_up_front_where_completion_cannot_be_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A default folder that exists with files and is no git repository (made by hand or
+    # by an older turnstile): left alone, and /auto says why it cannot start there.
+    folder = tmp_path / "ws" / "default"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine\n")
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        refused = await api.wait_for_message(lambda m: m.text.startswith("Cannot start"))
+        assert "is not a git repository" in refused.text
+        assert "no claim of completion could be accepted" in refused.text
+        assert not await rt.runs.list_runs()
+    assert not (folder / ".git").exists()
+    assert agent_log(tmp_path) == []

@@ -55,7 +55,7 @@ async def test_autopilot_through_every_gate(
         # an operator is not an approver: refused and audited, the gate stays open
         api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=approve, message_id=gate.message_id)
         await api.wait_until(lambda: len(api.callback_answers) == 1)
-        assert "Not allowed" in api.callback_answers[0]["text"]
+        assert "Needs the approver role" in api.callback_answers[0]["text"]
         # 1. approved by the button
         api.push_callback(chat_id=CHAT, user_id=APPROVER, data=approve, message_id=gate.message_id)
         await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
@@ -74,7 +74,7 @@ async def test_autopilot_through_every_gate(
         gate = await _gate_message(api, "test_design")
         reject = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Reject"))
         api.push_callback(chat_id=CHAT, user_id=APPROVER, data=reject, message_id=gate.message_id)
-        await api.wait_for_message(lambda m: m.text.startswith("Why reject T1 · test_design"))
+        await api.wait_for_message(lambda m: ", why reject T1 · test_design" in m.text)
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="cover the timeout path too")
         await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected T1 · test_design"))
         # the phase re-ran with the reason; its new gate is approved by a plain APPROVED

@@ -100,12 +100,18 @@ async def test_unauthorized_command_and_button_are_refused_and_audited(
     write_script(tmp_path, {}, monkeypatch)
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="/chat")
-        refusal = await api.wait_for_message(lambda m: "Not allowed" in m.text)
+        refusal = await api.wait_for_message(lambda m: "/chat needs" in m.text)
+        # the missing role is named, and the id an admin needs to grant it
+        assert refusal.text.startswith("⛔ /chat needs the operator role.")
         assert str(STRANGER) in refusal.text
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="/stop")
+        # refused again within the minute: said once, with the mute
+        muted = await api.wait_for_message(lambda m: "/stop needs" in m.text)
+        assert "Further refusals for you are muted for 60 s" in muted.text
+        api.push_message(chat_id=CHAT, user_id=STRANGER, text="/status")
         api.push_callback(chat_id=CHAT, user_id=STRANGER, data="ap:gate1", message_id=1)
         await api.wait_until(lambda: len(api.callback_answers) == 1)
-        assert "Not allowed" in api.callback_answers[0].get("text", "")
+        assert "Needs the approver role" in api.callback_answers[0].get("text", "")
         # a chat that is not allowed is ignored (audited, nothing said)
         api.push_message(chat_id=-555, user_id=OPERATOR, text="/chat")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
@@ -115,11 +121,14 @@ async def test_unauthorized_command_and_button_are_refused_and_audited(
         assert (STRANGER, CHAT, "chat") in refused
         assert (STRANGER, CHAT, "stop") in refused
         assert (STRANGER, CHAT, "approve") in refused
+        # the third refusal in the minute is muted, yet audited as not answered
+        status = next(e for e in entries if e.user_id == STRANGER and e.action == "status")
+        assert "muted" in (status.reason or "")
         assert (OPERATOR, -555, "any") in refused
         assert await rt.store.binding(CHAT, 0) is None
         assert not await rt.runs.list_runs()
-    # one refusal message per user per minute, never a flood
-    assert sum("Not allowed" in t for t in api.texts()) == 1
+    # one refusal and one "muted" note per user per minute, never a flood
+    assert sum(t.startswith("⛔") for t in api.texts()) == 2
     assert not api.texts(-555)
     assert agent_log(tmp_path) == []
 
@@ -165,11 +174,17 @@ async def test_an_agent_that_cannot_start_is_reported_not_hidden(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_script(tmp_path, {}, monkeypatch)
+    # There when the chat is bound (/chat takes installed agents only), gone at the turn.
+    agent = tmp_path / "bin" / "agent"
+    agent.parent.mkdir()
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
     async with FakeBotApi() as api:
-        settings = bot_settings(api, tmp_path, agent_command="/nonexistent/agent {prompt}")
+        settings = bot_settings(api, tmp_path, agent_command=f"{agent} {{prompt}}")
         async with running_bot(api, settings) as rt:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
             await api.wait_for_message(lambda m: "bound" in m.text)
+            agent.unlink()
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
             failed = await api.wait_for_message(lambda m: "failed" in m.text)
             assert "cannot start" in failed.text
@@ -179,3 +194,150 @@ async def test_an_agent_that_cannot_start_is_reported_not_hidden(
             await wait_for_run_status(rt, runs[0].id, RunStatus.ERROR)
             turns = await rt.runs.turns(runs[0].id)
             assert [t.state for t in turns] == [TurnState.FAILED]
+
+
+async def test_a_bare_stop_leaves_an_idle_session_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+        await api.wait_for_message(lambda m: m.text == "echo: hello")
+        [run] = await rt.runs.list_runs()
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
+        await api.wait_for_message(lambda m: m.text == "Nothing is running here.")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run.id}")
+        await api.wait_for_message(lambda m: m.text == f"No run {run.id} here.")
+        # the idle session was not stopped: still running, and the next message is turn 2
+        assert (await rt.runs.get_run(run.id)).status is RunStatus.RUNNING
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="again")
+        await api.wait_for_message(lambda m: m.text == "echo: again")
+        assert [r.id for r in await rt.runs.list_runs()] == [run.id]
+    assert not any("stopped" in t for t in api.texts())
+
+
+async def test_a_failing_turn_shows_and_keeps_the_end_of_its_error_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-ant-api03-" + "x" * 40
+    noise = "".join(f"progress line {i}\n" for i in range(200))
+    reason = f"fatal: the config file ~/.agent/config.toml is missing (key {secret})"
+    write_script(
+        tmp_path,
+        {"rules": [{"match": "", "text": "", "exit": 3, "stderr": noise + reason + "\n"}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+        failed = await api.wait_for_message(lambda m: "exited with code 3" in m.text)
+        # the reason is in the chat, redacted, and only the end of stderr (≤ 1 KB)
+        assert "config.toml is missing" in failed.text
+        assert secret not in failed.text
+        assert "progress line 0\n" not in failed.text
+        said = failed.text.split("Its error output ended with:\n", 1)[1]
+        assert len(said.encode()) <= 1024 + len("\n\n(no output)")
+        [run] = await rt.runs.list_runs()
+        [turn] = await rt.runs.turns(run.id)
+        # kept with the turn: in the store and in the runs folder
+        assert turn.exit_code == 3
+        assert turn.stderr_tail is not None
+        assert "config.toml is missing" in turn.stderr_tail
+        assert secret not in turn.stderr_tail
+        assert len(turn.stderr_tail.encode()) <= 1024
+        kept = tmp_path / "runs" / run.id / "turn-1.stderr.txt"
+        assert kept.read_text() == turn.stderr_tail
+
+
+async def test_chat_takes_only_installed_agents_and_known_projects_and_says_the_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, claude_bin=str(tmp_path / "no" / "claude"))
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat foo")
+            unknown = await api.wait_for_message(lambda m: "no project 'foo'" in m.text)
+            assert "Agents installed here: command. Projects: default." in unknown.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat claude")
+            missing = await api.wait_for_message(lambda m: "claude is not installed" in m.text)
+            assert "npm install -g @anthropic-ai/claude-code" in missing.text
+            assert "Agents installed here: command." in missing.text
+            assert await rt.store.binding(CHAT, 0) is None
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command default@main")
+            await api.wait_for_message(lambda m: "it has no branches" in m.text)
+            assert await rt.store.binding(CHAT, 0) is None
+    assert not (tmp_path / "ws" / "foo").exists()
+    assert agent_log(tmp_path) == []
+
+
+async def test_agent_model_project_and_new_change_the_session_in_the_chat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from telegram.ext import AIORateLimiter
+
+    from bot.app import BotRuntime
+    from engine.agents.factory import create_agent
+
+    write_script(tmp_path, {}, monkeypatch)
+    # A stand-in "claude" that is installed (an executable file) but never run here.
+    claude = tmp_path / "bin" / "claude"
+    claude.parent.mkdir()
+    claude.write_text("#!/bin/sh\nexit 1\n")
+    claude.chmod(0o755)
+    models: list[str | None] = []
+
+    def factory(tool: str, settings: object, **kw: object) -> object:
+        models.append(getattr(settings, "agent_model", None))
+        return create_agent(tool, settings, **kw)  # type: ignore[arg-type]
+
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, claude_bin=str(claude))
+        limiter = AIORateLimiter(group_max_rate=10_000, max_retries=8)
+        async with BotRuntime(settings, agent_factory=factory, rate_limiter=limiter) as rt:
+            await rt.start()
+            try:
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+                await api.wait_for_message(lambda m: "bound to a new command session" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/model")
+                await api.wait_for_message(lambda m: "Model here: the agent's default" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/model big-model-1")
+                await api.wait_for_message(lambda m: "🧠 Model for this command session" in m.text)
+                first = await rt.store.binding(CHAT, 0)
+                assert first is not None
+                assert first.model == "big-model-1"
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="one")
+                await api.wait_for_message(lambda m: m.text == "echo: one")
+                assert models == ["big-model-1"]
+                # /new: a fresh session, same agent, project and model
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/new")
+                await api.wait_for_message(lambda m: "🆕 A fresh command session here" in m.text)
+                fresh = await rt.store.binding(CHAT, 0)
+                assert fresh is not None
+                assert fresh.session_id != first.session_id
+                assert fresh.model == "big-model-1"
+                # /project: only what exists, with the choices
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/project nope")
+                await api.wait_for_message(lambda m: "no project 'nope'" in m.text)
+                # /agent: a new session of another installed agent (the model is reset)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/agent codex")
+                await api.wait_for_message(lambda m: "codex is not installed" in m.text)
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/agent claude")
+                await api.wait_for_message(lambda m: "bound to a new claude session" in m.text)
+                switched = await rt.store.binding(CHAT, 0)
+                assert switched is not None
+                assert (switched.agent, switched.model) == ("claude", None)
+                # /status: how to go on from a terminal, once the session has a turn
+                await rt.db.execute("UPDATE bot_bindings SET turns = 1")
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+                status = await api.wait_for_message(lambda m: "continue in a terminal" in m.text)
+                assert status.text.splitlines()[1] == (
+                    f"   ↪️ continue in a terminal: cd {switched.workdir} && {claude} "
+                    f"--resume {switched.session_id}"
+                )
+            finally:
+                rt.request_shutdown()
+                await rt.shutdown()

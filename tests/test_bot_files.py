@@ -305,7 +305,7 @@ async def test_files_from_strangers_and_unbound_chats_are_not_taken(
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
         await answer(api, "bound")
         api.push_document(chat_id=CHAT, user_id=STRANGER, data=b"a", file_name="a.txt")
-        refusal = await answer(api, "Not allowed")
+        refusal = await answer(api, "needs the operator role")
         assert str(STRANGER) in refusal.text
         entries = await rt.store.audit_entries()
         refused = [(e.user_id, e.action, e.outcome) for e in entries]
@@ -370,7 +370,7 @@ async def test_get_sends_a_file_and_a_folder_and_refuses_what_leaves_the_folder(
             assert "secrets in it were hidden" in redacted.text
 
             api.push_message(chat_id=CHAT, user_id=STRANGER, text="/get out/report.html")
-            await answer(api, "Not allowed")
+            await answer(api, "/get needs the operator or approver role")
             entries = await rt.store.audit_entries()
             gets = [(e.user_id, e.reason) for e in entries if e.action == "get"]
             assert (OPERATOR, "out/report.html") in gets

@@ -43,12 +43,12 @@ async def _research_gate(api: FakeBotApi, task: str) -> SentMessage:
 
 
 async def _press_reject(api: FakeBotApi, gate: SentMessage) -> SentMessage:
-    seen = {m.message_id for m in api.sent if m.text.startswith("Why reject")}
+    seen = {m.message_id for m in api.sent if ", why reject" in m.text}
     api.push_callback(
         chat_id=CHAT, user_id=APPROVER, data=_button(gate, "Reject"), message_id=gate.message_id
     )
     return await api.wait_for_message(
-        lambda m: m.text.startswith("Why reject") and m.message_id not in seen
+        lambda m: ", why reject" in m.text and m.message_id not in seen
     )
 
 
@@ -76,8 +76,8 @@ async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
         assert _rejections(api) == []
         assert [b["text"] for b in confirm.buttons] == ["❌ Reject with this reason", "✖ Cancel"]
         assert await _still_awaiting(rt, "T1")
-        # the question offered a way out
-        assert [b["callback_data"][:3] for b in prompt.buttons] == ["rc:"]
+        # the question is a forced reply for the presser, and offers a way out
+        assert prompt.reply_markup == {"force_reply": True, "selective": True}
         assert "/cancel" in prompt.text
 
         # Cancel: nothing rejected, the confirmation loses its buttons
@@ -92,7 +92,7 @@ async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
             lambda: not next(m for m in api.sent if m.message_id == confirm.message_id).buttons
         )
         await api.wait_until(
-            lambda: not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
+            lambda: next(m for m in api.sent if m.message_id == prompt.message_id).edits > 0
         )
         # the request is gone: "APPROVED" now approves, as the person meant
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
@@ -144,6 +144,41 @@ async def test_confirming_rejects_with_the_approval_word_as_reason(
     assert "Approved!" in reruns[1]
 
 
+async def test_in_privacy_mode_the_reason_arrives_as_a_forced_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        gate = await _research_gate(api, "TP")
+        api.privacy_mode = True
+        prompt = await _press_reject(api, gate)
+        # Telegram opens a reply to the question on the presser's phone only: a forced
+        # reply, selective, naming them
+        assert prompt.reply_markup == {"force_reply": True, "selective": True}
+        [mention] = prompt.entities
+        assert mention["type"] == "text_mention"
+        assert mention["user"]["id"] == APPROVER
+        assert prompt.text.startswith(f"user{APPROVER}, why reject TP · research?")
+        # a plain message never reaches a bot in privacy mode; the reply does
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="lost in the group")
+        assert api.hidden
+        api.push_message(
+            chat_id=CHAT,
+            user_id=APPROVER,
+            text="the sources are missing",
+            reply_to=prompt.message_id,
+        )
+        await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected TP"))
+        await api.wait_until(
+            lambda: "Reason received" in api.messages[(CHAT, prompt.message_id)].text
+        )
+        await api.wait_until(
+            lambda: any("the sources are missing" in e["prompt"] for e in agent_log(tmp_path)),
+            timeout=30,
+        )
+        assert not await _still_awaiting(rt, "TP")
+
+
 @pytest.mark.usefixtures("bot_backend")
 async def test_cancel_command_drops_the_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -155,20 +190,15 @@ async def test_cancel_command_drops_the_request(
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
         await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
         await api.wait_until(
-            lambda: not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
+            lambda: next(m for m in api.sent if m.message_id == prompt.message_id).edits > 0
         )
         assert await _still_awaiting(rt, "T3")
         # nothing left to cancel, said plainly
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
         await api.wait_for_message(lambda m: m.text.startswith("Nothing to cancel"))
-        # the Cancel button on the question of a second press works the same way
+        # a second press is cancelled the same way
         prompt = await _press_reject(api, gate)
-        api.push_callback(
-            chat_id=CHAT,
-            user_id=APPROVER,
-            data=_button(prompt, "Cancel"),
-            message_id=prompt.message_id,
-        )
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
         await api.wait_until(
             lambda: sum(m.text.startswith("✖ Cancelled: nothing") for m in api.sent) == 2
         )
@@ -194,14 +224,13 @@ async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.Monk
             await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T4 · research"))
             assert _rejections(api) == []
             assert not any("reads like an approval" in m.text for m in api.sent)
-            # the question says it lapsed and lost its button
+            # the question says it lapsed
             await api.wait_until(
                 lambda: (
                     "nothing was rejected"
                     in next(m for m in api.sent if m.message_id == prompt.message_id).text
                 )
             )
-            assert not next(m for m in api.sent if m.message_id == prompt.message_id).buttons
             assert await rt.store.reason_request(CHAT, APPROVER) is None
             assert "after 90 seconds without a reason" in prompt.text
 

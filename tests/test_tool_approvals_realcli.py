@@ -119,7 +119,7 @@ async def test_allow_once_runs_the_command_and_a_strangers_press_is_refused(
         ]
         press(api, ask, "Allow once", STRANGER)
         await api.wait_until(
-            lambda: any("Not allowed" in a.get("text", "") for a in api.callback_answers)
+            lambda: any("Needs the approver" in a.get("text", "") for a in api.callback_answers)
         )
         assert not (workdir(tmp_path) / "allowed.txt").exists()
         [waiting] = await SqliteApprovalStore(rt.db).pending()

@@ -26,6 +26,7 @@ class ChatBindings(Protocol):
         workdir: str,
         session_id: str,
         user_id: int | None,
+        model: str | None = None,
     ) -> Binding: ...
 
     async def binding(self, chat_id: int, thread_id: int) -> Binding | None: ...
@@ -33,6 +34,10 @@ class ChatBindings(Protocol):
     async def bindings(self) -> list[Binding]: ...
 
     async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None: ...
+
+    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+        """The chat's model from its next run on (None: the agent's default)."""
+        ...
 
 
 class PromptQueue(Protocol):
@@ -98,17 +103,29 @@ class ChatBindingTables(Tables):
         workdir: str,
         session_id: str,
         user_id: int | None,
+        model: str | None = None,
     ) -> Binding:
         # One statement, so two binds of one chat cannot both insert (a new binding
         # replaces the old one whole: a fresh session, no turns, no run yet).
         await self.db.execute(
             "INSERT INTO bot_bindings (chat_id, thread_id, agent, project, workdir,"
-            " session_id, turns, run_id, bound_by, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (chat_id, thread_id) DO UPDATE"
-            " SET agent = excluded.agent, project = excluded.project, workdir = excluded.workdir,"
-            " session_id = excluded.session_id, turns = 0, run_id = NULL,"
-            " bound_by = excluded.bound_by, created_at = excluded.created_at",
-            (chat_id, thread_id, agent, project, workdir, session_id, user_id, self._clock()),
+            " session_id, turns, run_id, bound_by, created_at, model)"
+            " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?) ON CONFLICT (chat_id, thread_id)"
+            " DO UPDATE SET agent = excluded.agent, project = excluded.project,"
+            " workdir = excluded.workdir, session_id = excluded.session_id, turns = 0,"
+            " run_id = NULL, bound_by = excluded.bound_by, created_at = excluded.created_at,"
+            " model = excluded.model",
+            (
+                chat_id,
+                thread_id,
+                agent,
+                project,
+                workdir,
+                session_id,
+                user_id,
+                self._clock(),
+                model,
+            ),
         )
         binding = await self.binding(chat_id, thread_id)
         assert binding is not None
@@ -128,6 +145,12 @@ class ChatBindingTables(Tables):
         await self.db.execute(
             "UPDATE bot_bindings SET run_id = ? WHERE chat_id = ? AND thread_id = ?",
             (run_id, chat_id, thread_id),
+        )
+
+    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+        await self.db.execute(
+            "UPDATE bot_bindings SET model = ? WHERE chat_id = ? AND thread_id = ?",
+            (model, chat_id, thread_id),
         )
 
 
@@ -291,12 +314,13 @@ class PromptTables(Tables):
         async with self.db.transaction() as conn:
             await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " state = ?, finished_at = ? WHERE id = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
                     out.size if out.size is not None else len(out.text.encode()),
                     out.exit_code,
+                    out.stderr_tail or None,
                     TurnState.FINISHED.value,
                     now,
                     turn_id,

@@ -121,6 +121,8 @@ class Binding:
     run_id: str | None
     #: Who bound it (the starter of its runs, for tool approvals).
     bound_by: int | None = None
+    #: The model asked for with /model (None: the agent's default).
+    model: str | None = None
 
     @classmethod
     def from_row(cls, row: StoredRow) -> Binding:
@@ -134,6 +136,7 @@ class Binding:
             turns=row["turns"],
             run_id=row["run_id"],
             bound_by=row["bound_by"],
+            model=row["model"],
         )
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import importlib
 import os
+import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,15 @@ from engine.agents.base import ProcessAgent
 from engine.errors import ConfigError
 from engine.settings import Settings
 
-__all__ = ["AGENTS", "AGENT_NAMES", "AgentSpec", "Credentials", "agent_spec", "ask_version"]
+__all__ = [
+    "AGENTS",
+    "AGENT_NAMES",
+    "AgentSpec",
+    "Credentials",
+    "agent_spec",
+    "ask_version",
+    "installed_agents",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,12 @@ class AgentSpec:
         if self.npm_package is None:
             return f"install it or use its full path in {self.env_var}"
         return f"`npm install -g {self.npm_package}` or set {self.env_var} to its path"
+
+    def installed(self, settings: Settings, *, path: str | None = None) -> bool:
+        """Whether the binary the settings name (a template's first word) can be run."""
+        configured = self.configured(settings)
+        binary = configured.split()[0] if configured.split() else ""
+        return bool(binary) and shutil.which(binary, path=path) is not None
 
     def load(self) -> type[ProcessAgent]:
         """The adapter class (imported now)."""
@@ -154,6 +169,11 @@ AGENTS: Final[Mapping[str, AgentSpec]] = MappingProxyType(
 )
 
 AGENT_NAMES: Final = tuple(AGENTS)
+
+
+def installed_agents(settings: Settings, *, path: str | None = None) -> tuple[str, ...]:
+    """The agents whose binary is there to run, in :data:`AGENTS` order."""
+    return tuple(name for name, spec in AGENTS.items() if spec.installed(settings, path=path))
 
 
 def agent_spec(name: str) -> AgentSpec:

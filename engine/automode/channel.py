@@ -211,6 +211,7 @@ class AutoModeChannel(BaseChannel):
         updates: dict[str, Any] = {}
         verdict: Verdict | None = None
         verified = False
+        not_accepted: str | None = None
         if phase is Phase.CLARIFY:
             updates["clarified"] = cap(text)
         elif phase in (Phase.PLAN, Phase.ADJUST):
@@ -247,6 +248,7 @@ class AutoModeChannel(BaseChannel):
                         verification.threshold,
                         extra=self._extra,
                     )
+                    not_accepted = verification.why_not()
                     updates["feedback"] = (
                         "## Verification feedback\n\nThe last evaluation reported COMPLETE, "
                         "but the engine's evidence does not support it "
@@ -269,7 +271,16 @@ class AutoModeChannel(BaseChannel):
         self._state = new_state
         self._mirror()
         self._transcript(f"### Output (exit {code})\n\n{out.text}\n\n")
+        if out.stderr_tail:
+            self._transcript(f"### Error output (its end)\n\n{out.stderr_tail}\n\n")
         await self._announce(state.turn, phase, code, out, transition.message, report)
+        if not_accepted is not None:
+            # The agent hears it in its next prompt; the people watching hear it here.
+            goes_on = "" if new_state.terminal else " The run goes on."
+            await self._safe_publish(
+                f"🔎 Turn {state.turn} claimed complete; not accepted. {not_accepted[0].upper()}"
+                f"{not_accepted[1:]}.{goes_on}"
+            )
 
     # -- stop / failure paths (called by the run driver) --------------------------------
     async def record_preempted(self, error: str) -> None:
@@ -414,8 +425,11 @@ class AutoModeChannel(BaseChannel):
         size = out.size if out.size is not None else len(out.text)
         if size > len(head):
             more = f"\n… ({size} characters in all; see {self._log_dir}/transcript.md)"
+        failed = ""
+        if code != 0 and out.stderr_tail:
+            failed = f"\nIts error output ended with:\n{out.stderr_tail.strip()}"
         await self._safe_publish(
-            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}"
+            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}"
         )
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
         paths = send_markers(out.text)

@@ -34,6 +34,7 @@ __all__ = [
     "CompletionVerifier",
     "Evidence",
     "Verification",
+    "evidence_gap",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -93,6 +94,28 @@ class Evidence:
     def describe(self) -> str:
         return f"{self.name}={self.label} ({self.detail})"
 
+    def shortfall(self) -> str | None:
+        """What this piece says against completion, in plain words (None: nothing)."""
+        if self.value is not None and self.value >= 1:
+            return None
+        if self.value is None:
+            return f"{_WORDS.get(self.name, self.name)} unknown ({self.detail})"
+        if self.name == "commits":
+            return "no commit since the run started"
+        if self.name == "clean_tree":
+            return f"tree dirty ({self.detail})"
+        if self.name == "verify_cmd":
+            return f"the verify command failed ({self.detail})"
+        return f"{_WORDS.get(self.name, self.name)}: {self.detail}"
+
+
+_WORDS: Final[Mapping[str, str]] = {
+    "commits": "commits",
+    "clean_tree": "clean tree",
+    "verify_cmd": "verify command",
+    "pr_ci": "pull request and CI",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Verification:
@@ -107,6 +130,32 @@ class Verification:
 
     def describe(self) -> str:
         return "; ".join(e.describe() for e in self.evidence)
+
+    def why_not(self) -> str:
+        """Why a COMPLETE claim was not accepted, for people: what failed first, then
+        what could not be measured."""
+        failed = [e.shortfall() for e in self.evidence if e.value is not None]
+        unknown = [e.shortfall() for e in self.evidence if e.value is None]
+        said = [w for w in failed if w] or [w for w in unknown if w]
+        return (
+            f"evidence: {', '.join(said) or 'none'} "
+            f"(score {self.score:.2f}, {self.threshold:.2f} needed)"
+        )
+
+
+async def evidence_gap(workdir: Path) -> str | None:
+    """Why no commit and no clean tree can be measured in ``workdir`` (None: they can).
+
+    Without them a claim of completion rests on the verify command alone, and with none
+    configured it can never be accepted: front ends refuse or warn before a run starts.
+    """
+    # A folder that is not there is refused where the run is prepared.
+    if not await asyncio.to_thread(workdir.is_dir) or await Git(workdir).is_repo():
+        return None
+    return (
+        f"{workdir} is not a git repository, so no commit and no clean tree can show that "
+        "the work is done"
+    )
 
 
 def score(evidence: Sequence[Evidence]) -> float:

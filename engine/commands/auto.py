@@ -43,6 +43,7 @@ from engine.automode import (
 )
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
+from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
 from engine.runs import RunMode, RunSpec, new_run_id
 from engine.settings import Settings
@@ -207,6 +208,21 @@ def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
     return objective, passthrough
 
 
+async def _warn_unverifiable(args: argparse.Namespace, workdir: Path, view: TerminalView) -> None:
+    """Said before the first turn: where no commit and no clean tree can be measured, the
+    run would otherwise burn its turns on claims of completion nothing could confirm."""
+    gap = await evidence_gap(workdir)
+    if gap is None:
+        return
+    only = (
+        "only the verify command can confirm it"
+        if args.verify_cmd
+        else "with no --verify-cmd no claim of completion can be accepted: run "
+        "`git init` there and commit, or give --verify-cmd"
+    )
+    view.say(f"⚠️ {gap}; {only}.", style="yellow")
+
+
 async def _new_run(
     args: argparse.Namespace,
     settings: Settings,
@@ -218,6 +234,7 @@ async def _new_run(
     project: str | None = None,
     approval_for: RouteFor | None = None,
 ) -> AutoRun:
+    await _warn_unverifiable(args, workdir, view)
     objective, passthrough = _objective(args)
     spec = RunSpec(
         objective=objective,

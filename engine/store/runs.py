@@ -102,6 +102,8 @@ class TurnRecord:
     proc_pgid: int | None = None
     proc_start: str | None = None
     proc_marker: str | None = None
+    # The redacted end of the agent's stderr (why a turn failed).
+    stderr_tail: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> TurnRecord:
@@ -123,6 +125,7 @@ class TurnRecord:
             proc_pgid=row["proc_pgid"],
             proc_start=row["proc_start"],
             proc_marker=row["proc_marker"],
+            stderr_tail=row["stderr_tail"],
         )
 
     def kill_remains(self) -> list[int]:
@@ -305,12 +308,13 @@ class SqliteRunStore:
         async with self._db.transaction() as conn:
             await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " state = ?, finished_at = ? WHERE id = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
                     out.size if out.size is not None else len(out.text.encode()),
                     out.exit_code,
+                    out.stderr_tail or None,
                     TurnState.FINISHED.value,
                     self._clock(),
                     turn_id,
@@ -377,12 +381,13 @@ class SqliteRunStore:
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None:
         await self._db.execute(
             "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-            " state = ?, finished_at = ? WHERE id = ?",
+            " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
             (
                 out.text,
                 str(out.spill_path) if out.spill_path else None,
                 out.size if out.size is not None else len(out.text.encode()),
                 out.exit_code,
+                out.stderr_tail or None,
                 TurnState.FINISHED.value,
                 self._clock(),
                 turn_id,

@@ -385,6 +385,33 @@ class WorkspaceManager:
             raise ConfigError(f"{name!r} is reserved for the workspace manager")
         return (self.root / name).resolve()
 
+    async def plain_repository(self, name: str) -> Path:
+        """:meth:`plain_folder`, made a git repository with a first commit when it is new.
+
+        Completion is judged on commits and a clean tree: in a folder that is not a
+        repository no claim of completion could ever be accepted. A folder that already
+        holds files and is no repository is left as it is (the front end says why a run
+        there cannot be verified).
+
+        Raises:
+            ConfigError: ``name`` is reserved.
+            GitError: git failed.
+        """
+        path = self.plain_folder(name)
+        await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+        if (path / ".git").exists() or await asyncio.to_thread(_has_entries, path):
+            return path
+        await self._git.run(["init", "--quiet", str(path)])
+        if await self._identity_args(path):
+            # No identity anywhere: the agent's own commits would fail too.
+            for key, value in (("user.name", "turnstile"), ("user.email", "turnstile@localhost")):
+                await self._git.run(["config", key, value], cwd=path)
+        await self._git.run(
+            ["commit", "--quiet", "--allow-empty", "-m", "turnstile: a new workspace"], cwd=path
+        )
+        _LOGGER.info("workspace folder %s made a git repository", path)
+        return path
+
     def worktree_path(self, project: str, workspace_id: str) -> Path:
         return self.root / WORKTREES_DIR / project / workspace_id
 
@@ -1023,3 +1050,8 @@ class WorkspaceManager:
         # Create-only (old value empty): an existing rescue branch is never overwritten.
         await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name
+
+
+def _has_entries(path: Path) -> bool:
+    with os.scandir(path) as entries:
+        return next(entries, None) is not None

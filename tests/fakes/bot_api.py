@@ -121,6 +121,10 @@ class FakeBotApi:
         self.files: dict[str, tuple[str, bytes]] = {}
         self.downloads: list[str] = []
         self._file_ids = itertools.count(1)
+        # Telegram's privacy mode for bots in groups: a plain message reaches the bot only
+        # as a reply to one of its messages; the others are kept here, never delivered.
+        self.privacy_mode = False
+        self.hidden: list[dict[str, Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -218,10 +222,17 @@ class FakeBotApi:
         return msg
 
     def push_message(self, *, chat_id: int, user_id: int, text: str, **kw: Any) -> int:
-        """Queue a message update; returns the update id."""
-        return self.push_update(
-            {"message": self.message_payload(chat_id=chat_id, user_id=user_id, text=text, **kw)}
-        )
+        """Queue a message update; returns the update id (0: privacy mode hid it)."""
+        message = self.message_payload(chat_id=chat_id, user_id=user_id, text=text, **kw)
+        if (
+            self.privacy_mode
+            and message["chat"]["type"] != "private"
+            and not text.startswith("/")
+            and "reply_to_message" not in message
+        ):
+            self.hidden.append(message)
+            return 0
+        return self.push_update({"message": message})
 
     # -- files -------------------------------------------------------------------------
 
@@ -631,7 +642,8 @@ class FakeBotApi:
             out["caption_entities" if msg.document is not None else "entities"] = msg.entities
         if msg.thread_id is not None:
             out["message_thread_id"] = msg.thread_id
-        if msg.reply_markup:
+        # Telegram returns only inline keyboards with a message (a forced reply is not kept).
+        if msg.reply_markup and "inline_keyboard" in msg.reply_markup:
             out["reply_markup"] = msg.reply_markup
         return out
 
