@@ -45,7 +45,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from engine.agents.base import AgentOptions
 from engine.agents.claude import ClaudeAgent
@@ -131,6 +131,7 @@ class WarmPreemptHandle(PreemptHandle):
         return True
 
 
+@runtime_checkable
 class WarmMember(Protocol):
     """What the pool needs of a warm session."""
 
@@ -869,5 +870,5 @@ async def _kill_tools(marker: str, cli_group: int) -> None:
 
 async def close_agent(agent: object) -> None:
     """Close ``agent``'s resident process, if it has one (per-turn agents have none)."""
-    if isinstance(agent, WarmClaudeAgent):
+    if isinstance(agent, WarmMember) and getattr(agent, "warm", False):
         await agent.aclose()
