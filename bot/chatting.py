@@ -148,8 +148,9 @@ class ChatFeature(Feature):
         # The lines under the head: the running turn and its elapsed time (and the last
         # tool event), or idle.
         state = " · ".join(run.status_text().splitlines()[1:]) if run is not None else "idle"
+        warm = " · warm" if run is not None and getattr(run.agent, "resident", False) else ""
         lines = [
-            f"💬 chat session · {binding.agent} · {binding.project} · {binding.turns} turn(s)"
+            f"💬 chat session · {binding.agent}{warm} · {binding.project} · {binding.turns} turn(s)"
             f" · {state} · queue {queued}"
         ]
         # The session's worktree (a configured project): its branch and disk usage.

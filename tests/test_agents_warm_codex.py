@@ -26,10 +26,10 @@ from engine.agents.warm_codex import CodexWarmSupport, WarmCodexAgent, codex_war
 from engine.commands.agents import turn_modes_text
 from engine.commands.doctor import check_turn_modes
 from engine.errors import TurnPreempted
-from engine.settings import Settings
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
 from tests.fakes.realcli import Sandbox, alive, cmdline, marked_processes, parent_of
+from tests.support import make_settings
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
@@ -116,7 +116,7 @@ def test_a_cli_without_the_app_server_runs_per_turn(tmp_path: Path) -> None:
     support = codex_warm_support(str(old))
     assert not support.supported
     assert "one process per turn" in support.reason
-    settings = Settings(warm_sessions=("codex",), codex_bin=str(old))
+    settings = make_settings(tmp_path, warm_sessions=("codex",), codex_bin=str(old))
     mode = turn_mode("codex", settings)
     assert not mode.warm
     assert mode.reason == support.reason
@@ -128,13 +128,13 @@ def test_a_cli_without_the_app_server_runs_per_turn(tmp_path: Path) -> None:
 
 
 def test_the_factory_makes_a_warm_codex_session_when_asked(codex_bin: Path, tmp_path: Path) -> None:
-    settings = Settings(warm_sessions=("codex",), codex_bin=str(codex_bin))
+    settings = make_settings(tmp_path, warm_sessions=("codex",), codex_bin=str(codex_bin))
     assert turn_mode("codex", settings).warm
     assert isinstance(create_agent("codex", settings, cwd=tmp_path), WarmCodexAgent)
     assert "codex: warm - takes turn after turn on its app-server" in turn_modes_text(settings)
     [check] = check_turn_modes(settings)
     assert check.detail.startswith("warm: ")
-    off = Settings(warm_sessions=(), codex_bin=str(codex_bin))
+    off = make_settings(tmp_path, warm_sessions=(), codex_bin=str(codex_bin))
     assert not isinstance(create_agent("codex", off, cwd=tmp_path), WarmCodexAgent)
 
 
@@ -405,3 +405,23 @@ async def test_eviction_at_the_cap_closes_the_idle_session(
         assert small.evictions == 1
         assert (await one.run_turn("back")).metadata["process_started"] is True
         assert one.spawns == 2
+
+
+async def test_a_thread_the_cli_no_longer_knows_is_reported(
+    codex_bin: Path, api: FakeModelAPI, sandbox: Sandbox, pool: WarmPool
+) -> None:
+    agent = make_agent(
+        codex_bin,
+        api,
+        sandbox,
+        pool,
+        session_id="01a230f2-0000-7000-8000-000000000000",
+        resume=True,
+    )
+    out = await agent.run_turn("hello?")
+    assert out.metadata["session_missing"] is True
+    assert out.metadata["is_error"] is True
+    assert "no longer knows session" in out.text
+    assert api.model_requests == []
+    assert not agent.resident
+    assert marked_processes(sandbox.marker) == []

@@ -65,7 +65,7 @@ from engine.process import (
     lifeline,
     validate_prompt,
 )
-from engine.reaper import kill_marked, marked_pids, wait_gone
+from engine.reaper import TurnProcess, kill_marked, marked_pids, start_time, wait_gone
 from engine.redact import tail
 from engine.turn import TurnOutput
 
@@ -76,6 +76,7 @@ __all__ = [
     "WarmSupport",
     "claude_warm_support",
     "close_agent",
+    "report_process",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -438,6 +439,8 @@ class WarmClaudeAgent(ClaudeAgent):
         if not self.resident:
             await self._spawn()
             spawned = True
+        if self._proc is not None:
+            await report_process(self.preempt, self._proc.pid, self._marker)
         turn = await self._deliver(prompt)
         if (
             not spawned
@@ -454,6 +457,8 @@ class WarmClaudeAgent(ClaudeAgent):
             await self._await_readers()
             await self._spawn()
             spawned = True
+            if self._proc is not None:
+                await report_process(self.preempt, self._proc.pid, self._marker)
             turn = await self._deliver(prompt)
         proc = self._proc
         assert proc is not None
@@ -866,6 +871,22 @@ async def _kill_tools(marker: str, cli_group: int) -> None:
             _LOGGER.warning("tool processes %s of a stopped turn are still running", pids)
             return
         await asyncio.sleep(0.01)
+
+
+async def report_process(preempt: PreemptHandle, pid: int, marker: str | None) -> None:
+    """Tell whoever records the turn which process runs it: the resident one.
+
+    As for a per-turn process (``PreemptHandle.on_spawn``): a start-up after a crash kills
+    what is left of a turn that was running, and ``turnstile runs`` tells from the last
+    finished turn's process whether a session is still warm.
+    """
+    if preempt.on_spawn is None or marker is None:
+        return
+    try:
+        await preempt.on_spawn(TurnProcess(pid=pid, start=start_time(pid), marker=marker))
+    except Exception:
+        # The turn runs on; only a clean-up after a crash would miss it.
+        _LOGGER.exception("recording the resident process pid=%s of the turn failed", pid)
 
 
 async def close_agent(agent: object) -> None:

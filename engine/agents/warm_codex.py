@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from engine.agents.base import AgentOptions
-from engine.agents.codex import CodexAgent, codex_sandbox_args
+from engine.agents.codex import _MISSING, CodexAgent, codex_sandbox_args
 from engine.agents.stream import (
     TURN_MARKER_VAR,
     EventCallback,
@@ -57,6 +57,7 @@ from engine.agents.warm import (
     WarmPreemptHandle,
     WarmSupport,
     _kill_tools,
+    report_process,
 )
 from engine.errors import TurnExecError, TurnIOError, TurnPreempted
 from engine.process import (
@@ -341,6 +342,7 @@ class WarmCodexAgent(CodexAgent):
             spawned = True
         if missing is not None:
             return self._missing(missing)
+        await self._report()
         turn = await self._deliver(prompt)
         if not spawned and not self._handle.requested and turn.turn_id is None:
             # The process died between turns before it accepted this prompt (killed,
@@ -354,6 +356,7 @@ class WarmCodexAgent(CodexAgent):
             spawned = True
             if missing is not None:
                 return self._missing(missing)
+            await self._report()
             turn = await self._deliver(prompt)
         proc = self._proc
         assert proc is not None
@@ -417,6 +420,10 @@ class WarmCodexAgent(CodexAgent):
         if turn.turn_id is not None:
             out.metadata["turn_id"] = turn.turn_id
         return out
+
+    async def _report(self) -> None:
+        if self._proc is not None:
+            await report_process(self.preempt, self._proc.pid, self._marker)
 
     def _missing(self, detail: str) -> TurnOutput:
         result = ProcessResult(
@@ -608,7 +615,7 @@ class WarmCodexAgent(CodexAgent):
                     {"threadId": self.session_id, "excludeTurns": True, **self.thread_params()},
                 )
             except _RpcError as exc:
-                if self.finished_turn or "no rollout" in exc.text.lower():
+                if _MISSING in exc.text:
                     await self._close()
                     return exc.text
                 raise
