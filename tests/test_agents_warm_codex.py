@@ -334,8 +334,11 @@ async def test_a_turn_whose_output_is_one_megabyte(
 PINNED_SUPPORT = CodexWarmSupport(True, "stub", interrupt=True, steer=True)
 
 
-def stub_app_server(tmp_path: Path, *, exit_on_turn: int) -> Path:
-    """A tiny app-server that answers like Codex and exits (code 3) on one turn."""
+def stub_app_server(
+    tmp_path: Path, *, exit_on_turn: int = 0, hang_on_turn: int = 0, ignore_interrupt: bool = False
+) -> Path:
+    """A tiny app-server that answers like Codex; it exits (code 3) on turn
+    ``exit_on_turn``, and never finishes turn ``hang_on_turn`` unless interrupted."""
     script = tmp_path / "fake-codex"
     script.write_text(
         f"#!{sys.executable}\n"
@@ -359,12 +362,19 @@ def stub_app_server(tmp_path: Path, *, exit_on_turn: int) -> Path:
                     send({{"id": rid, "result": {{"turn": {{"id": f"turn-{{n}}"}}}}}})
                     if n == {exit_on_turn}:
                         sys.exit(3)
+                    if n == {hang_on_turn}:
+                        open(os.path.join(os.getcwd(), "hanging"), "w").close()
+                        continue
                     text = p["input"][0]["text"]
                     item = {{"type": "agentMessage", "id": f"m{{n}}", "text": "answer to " + text}}
                     send({{"method": "item/completed", "params": {{"threadId": "t-1",
                         "turnId": f"turn-{{n}}", "item": item}}}})
                     send({{"method": "turn/completed", "params": {{"threadId": "t-1",
                         "turn": {{"id": f"turn-{{n}}", "status": "completed", "error": None}}}}}})
+                elif method == "turn/interrupt" and not {ignore_interrupt}:
+                    send({{"id": rid, "result": {{}}}})
+                    send({{"method": "turn/completed", "params": {{"threadId": "t-1",
+                        "turn": {{"id": p["turnId"], "status": "interrupted", "error": None}}}}}})
             """
         )
     )
@@ -425,3 +435,58 @@ async def test_a_thread_the_cli_no_longer_knows_is_reported(
     assert api.model_requests == []
     assert not agent.resident
     assert marked_processes(sandbox.marker) == []
+
+
+@pytest.mark.parametrize(
+    ("support", "ignore"),
+    [
+        (CodexWarmSupport(True, "stub without interrupt", interrupt=False, steer=False), False),
+        (PINNED_SUPPORT, True),
+    ],
+    ids=["no-interrupt-in-the-cli", "interrupt-ignored"],
+)
+async def test_stop_kills_the_group_when_the_interrupt_cannot_end_the_turn(
+    tmp_path: Path,
+    api: FakeModelAPI,
+    sandbox: Sandbox,
+    pool: WarmPool,
+    support: CodexWarmSupport,
+    ignore: bool,
+) -> None:
+    cli = stub_app_server(tmp_path, hang_on_turn=2, ignore_interrupt=ignore)
+    agent = make_agent(cli, api, sandbox, pool, grace=0.5, support=support)
+    await agent.run_turn("first")
+    first = resident_cli(sandbox)
+    turn = asyncio.create_task(agent.run_turn("hang"))
+    async with asyncio.timeout(30):
+        while not (sandbox.workspace / "hanging").exists():
+            await asyncio.sleep(0.02)
+    assert await agent.preempt.stop()
+    with pytest.raises(TurnPreempted):
+        await turn
+    assert marked_processes(sandbox.marker) == []
+    out = await agent.run_turn("again")
+    assert out.text == "answer to again"
+    assert resident_cli(sandbox) != first
+    assert agent.spawns == 2
+    await agent.aclose()
+
+
+async def test_stop_uses_the_interrupt_and_keeps_the_stub_process(
+    tmp_path: Path, api: FakeModelAPI, sandbox: Sandbox, pool: WarmPool
+) -> None:
+    cli = stub_app_server(tmp_path, hang_on_turn=2)
+    agent = make_agent(cli, api, sandbox, pool, support=PINNED_SUPPORT)
+    await agent.run_turn("first")
+    first = resident_cli(sandbox)
+    turn = asyncio.create_task(agent.run_turn("hang"))
+    async with asyncio.timeout(30):
+        while not (sandbox.workspace / "hanging").exists():
+            await asyncio.sleep(0.02)
+    assert await agent.preempt.stop()
+    with pytest.raises(TurnPreempted):
+        await turn
+    assert resident_cli(sandbox) == first
+    assert (await agent.run_turn("again")).text == "answer to again"
+    assert agent.spawns == 1
+    await agent.aclose()
