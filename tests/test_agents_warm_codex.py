@@ -19,6 +19,7 @@ import pytest
 
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions
+from engine.agents.codex import CodexAgent
 from engine.agents.factory import create_agent, turn_mode
 from engine.agents.stream import AgentEvent, EventKind
 from engine.agents.warm import WarmPool, WarmPreemptHandle, close_agent
@@ -35,6 +36,14 @@ pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
 SHELL = ToolAllowlist.from_flags(["bash"])
 READ_ONLY = ToolAllowlist.read_only_default()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture(scope="session")
@@ -490,3 +499,46 @@ async def test_stop_uses_the_interrupt_and_keeps_the_stub_process(
     assert (await agent.run_turn("again")).text == "answer to again"
     assert agent.spawns == 1
     await agent.aclose()
+
+
+async def test_an_idle_session_is_closed_after_the_idle_time(
+    codex_bin: Path, api: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    clock = FakeClock()
+    async with WarmPool(max_sessions=4, idle_seconds=60, clock=clock) as idle_pool:
+        agent = make_agent(codex_bin, api, sandbox, idle_pool)
+        await agent.run_turn("first")
+        cli = resident_cli(sandbox)
+        clock.now += 59
+        assert await idle_pool.sweep() == 0
+        assert agent.resident
+        clock.now += 2
+        assert await idle_pool.sweep() == 1
+        assert not agent.resident
+        await wait_gone(cli)
+        assert marked_processes(sandbox.marker) == []
+        out = await agent.run_turn("back")
+        assert out.metadata["process_started"] is True
+
+
+async def test_a_thread_begun_per_turn_continues_warm(
+    codex_bin: Path, api: FakeModelAPI, sandbox: Sandbox, pool: WarmPool
+) -> None:
+    """Turning warm sessions on mid-session: ``codex exec``'s thread, then the app-server."""
+    api.enqueue(Text("per turn"), Text("warm now"))
+    options = AgentOptions(
+        binary=str(codex_bin),
+        cwd=sandbox.workspace,
+        config_dir=sandbox.config,
+        extra_env=sandbox.env(api.codex_env(sandbox.config)),
+    )
+    cold = CodexAgent(options)
+    assert (await cold.run_turn("remember 42")).text == "per turn"
+    warm = make_agent(codex_bin, api, sandbox, pool, session_id=cold.session_id, resume=True)
+    out = await warm.run_turn("what number?")
+    assert out.text == "warm now"
+    assert out.metadata["session_id"] == cold.session_id
+    conversation = api.model_requests[1].conversation()
+    assert ("user", "remember 42") in conversation
+    assert ("assistant", "per turn") in conversation
+    await warm.aclose()
