@@ -27,8 +27,9 @@ starts a new one on the same session id with ``--resume``. The :class:`WarmPool`
 many processes stay resident and stops idle ones (an operator's memory policy).
 
 Long: one resident process's life (spawn, reader, turn bookkeeping, steering, interrupt)
-and the pool that bounds residents stay together while one CLI has a warm mode; a second
-one (Codex's app-server) is the moment to split the pool and the process apart.
+and the pool that bounds residents stay together; Codex's app-server
+(:mod:`engine.agents.warm_codex`) uses the pool, the pre-empt handle and the tool clean-up
+from here.
 """
 
 from __future__ import annotations
