@@ -6,9 +6,13 @@ their turns interleaved in the same run. Reports wall time of turns 2..N for eac
 first warm turn pays the start-up like any per-turn turn), the ratio (target: warm at
 least 5x lower), the resident memory of one idle warm session (the CLI and its
 descendants, VmRSS), and the total RSS of this process plus 10 warm sessions.
-With ``--codex`` it also reports Codex per turn (no warm mode for it yet).
+With ``--codex``, Codex the same way: ``codex exec`` per turn (:class:`CodexAgent`) against
+one resident ``codex app-server`` (:class:`WarmCodexAgent`), and its resident memory (the
+Node wrapper plus the native server); ``--only-codex`` skips Claude Code. No target for
+Codex: the issue asks for its figures.
 
-Usage: ``.venv/bin/python bench/bench_warm.py [--turns N] [--sessions 10] [--codex]``
+Usage: ``.venv/bin/python bench/bench_warm.py [--turns N] [--sessions 10] [--codex]
+[--only-codex]``
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from engine.agents.claude import ClaudeAgent
 from engine.agents.codex import CodexAgent
 from engine.agents.stream import JsonStreamAgent
 from engine.agents.warm import WarmClaudeAgent, WarmPool
+from engine.agents.warm_codex import WarmCodexAgent, codex_warm_support
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Text
 
@@ -100,11 +105,15 @@ async def main() -> int:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--codex", action="store_true")
+    parser.add_argument("--only-codex", action="store_true")
     args = parser.parse_args()
     ok = True
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
         root = Path(tmp)
         async with FakeModelAPI(fallback=Text("Done.")) as api:
+            if args.only_codex:
+                await bench_codex(api, root, args.turns)
+                return 0
             async with WarmPool(max_sessions=args.sessions + 1) as pool:
                 cold = ClaudeAgent(options(api, root / "cold"))
                 warm = WarmClaudeAgent(options(api, root / "warm"), pool=pool)
@@ -142,11 +151,38 @@ async def main() -> int:
                     f"{ours:.0f} MiB this process = {sum(theirs) + ours:.0f} MiB total"
                 )
             if args.codex:
-                codex = CodexAgent(options(api, root / "codex", "codex"))
-                await timed(codex)
-                codex_times = [await timed(codex) for _ in range(args.turns - 1)]
-                print(summary("codex per-turn process", codex_times))
+                await bench_codex(api, root, args.turns)
     return 0 if ok else 1
+
+
+async def bench_codex(api: FakeModelAPI, root: Path, turns: int) -> None:
+    """Codex per turn (``codex exec``) against one resident app-server, interleaved."""
+    binary = str(ensure_cli("codex"))
+    support = codex_warm_support(binary)
+    if not support.supported:
+        print(f"codex: no warm mode ({support.reason})")
+        return
+    async with WarmPool(max_sessions=2) as pool:
+        cold = CodexAgent(options(api, root / "codex-cold", "codex"))
+        warm_options = options(api, root / "codex-warm", "codex")
+        warm = WarmCodexAgent(warm_options, pool=pool, support=support)
+        first = (await timed(cold), await timed(warm))
+        cold_times: list[float] = []
+        warm_times: list[float] = []
+        for _ in range(turns - 1):
+            cold_times.append(await timed(cold))
+            warm_times.append(await timed(warm))
+        print(f"Codex, first turn: per turn {first[0]:.2f} s, warm {first[1]:.2f} s")
+        print(summary("codex per-turn process", cold_times))
+        print(summary("codex warm session", warm_times))
+        ratio = statistics.median(cold_times) / statistics.median(warm_times)
+        print(f"codex warm is {ratio:.1f}x faster per turn")
+        assert warm.pid is not None
+        print(
+            f"resident memory of one idle warm Codex session: {tree_rss_mib(warm.pid):.0f} MiB"
+            f" ({', '.join(f'{rss_kib(p) / 1024:.0f}' for p in tree(warm.pid))} MiB per process)"
+        )
+        await warm.aclose()
 
 
 if __name__ == "__main__":

@@ -290,7 +290,14 @@ class AutoExtension(Feature):
         return stopped
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
-        here = [a.run.state for a in self.active.values() if a.place.chat_id == chat_id]
+        runs = [a.run for a in self.active.values() if a.place.chat_id == chat_id]
+        here = [run.state for run in runs]
+        # A warm session: its agent process stays between the run's turns.
+        warm = {
+            run.run_id
+            for run in runs
+            if getattr(getattr(run.runner, "agent", None), "resident", False)
+        }
         # The worktree of a run on a configured project: its branch and disk usage.
         worktrees = await worktree_summaries(
             self.ctx.settings, self.ctx.db, {s.run_id: s.workdir for s in here}
@@ -301,6 +308,7 @@ class AutoExtension(Feature):
             lines.append(
                 f"🤖 auto {s.run_id} · {s.status.value} · phase {s.phase.value} · "
                 f"turn {s.turn}/{s.max_turns} · {elapsed}s"
+                + (" · warm" if s.run_id in warm else "")
             )
             if s.run_id in worktrees:
                 lines.append(f"   🌿 {worktrees[s.run_id]}")

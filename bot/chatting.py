@@ -354,8 +354,9 @@ class ChatFeature(Feature):
         # tool event), or idle.
         state = " · ".join(run.status_text().splitlines()[1:]) if run is not None else "idle"
         model = f" · model {binding.model}" if binding.model else ""
+        warm = " · warm" if run is not None and getattr(run.agent, "resident", False) else ""
         lines = [
-            f"💬 chat session · {binding.agent}{model} · {binding.project} · "
+            f"💬 chat session · {binding.agent}{model}{warm} · {binding.project} · "
             f"{binding.turns} turn(s) · {state} · queue {queued}"
         ]
         session_id = run.agent.session_id if run is not None else binding.session_id

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
 
 from engine.agents.factory import create_agent, turn_mode
 from engine.agents.warm import WarmClaudeAgent
+from engine.agents.warm_codex import WarmCodexAgent
 from engine.settings import Settings
+from engine.store.runs import RunStatus
 from tests.agent_clis import ensure_cli
+from tests.automode_support import GIT_ENV, git_workspace
 from tests.fakes.bot_api import FakeBotApi
-from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
-from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
-from tests.fakes.realcli import Sandbox, marked_processes
+from tests.fakes.bot_harness import (
+    CHAT,
+    OPERATOR,
+    bot_settings,
+    running_bot,
+    wait_for_run_status,
+)
+from tests.fakes.model_api import FakeModelAPI, Hold, Text, ToolCall
+from tests.fakes.realcli import MARKER_VAR, Sandbox, marked_processes
 
 pytestmark = [
     pytest.mark.realcli,
@@ -132,3 +142,85 @@ async def test_per_tool_approval_works_on_a_warm_session(
             assert isinstance(agent, WarmClaudeAgent)
             assert agent.spawns == 1
     assert marked_processes(box.marker) == []
+
+
+async def test_a_warm_codex_chat_session_says_so_in_status_and_takes_steering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "codex-home"
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in model.codex_env(home).items():
+            monkeypatch.setenv(key, value)
+        hold = Hold(text="first part")
+        model.enqueue(Text("first turn"), hold, Text("steered, with bananas"))
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="codex",
+            codex_bin=str(ensure_cli("codex")),
+            warm_sessions="codex",
+        )
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+            await api.wait_for_message(lambda m: m.text == "first turn")
+            assert rt.chats is not None
+            run = rt.chats.active[(CHAT, 0)]
+            assert isinstance(run.agent, WarmCodexAgent)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(lambda m: "chat session · codex · warm" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a long one")
+            await asyncio.wait_for(hold.arrived.wait(), 60)
+            async with asyncio.timeout(60):
+                while not run.agent.preempt.active:
+                    await asyncio.sleep(0.02)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="also mention bananas")
+            await api.wait_for_message(lambda m: "Sent to the running turn" in m.text)
+            hold.release.set()
+            await api.wait_for_message(lambda m: m.text == "steered, with bananas")
+            assert "also mention bananas" in model.model_requests[2].all_text()
+            assert run.agent.spawns == 1
+            assert run.turns_done == 2
+        assert not run.agent.resident
+
+
+async def test_a_warm_auto_run_says_so_in_status_and_its_process_ends_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    git_workspace(tmp_path / "ws" / "default")
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER_VAR, marker)
+    home = tmp_path / "codex-home"
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in model.codex_env(home).items():
+            monkeypatch.setenv(key, value)
+        plan = Hold(text="1. nothing")
+        model.enqueue(Text("Goal: nothing."), plan)
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="codex",
+            codex_bin=str(ensure_cli("codex")),
+            warm_sessions="codex",
+        )
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto do nothing")
+            started = await api.wait_for_message(
+                lambda m: "Auto run" in m.text and "started" in m.text
+            )
+            run_id = started.text.split()[3]
+            await asyncio.wait_for(plan.arrived.wait(), 120)
+            assert marked_processes(marker) != []
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(
+                lambda m: m.text.startswith(f"🤖 auto {run_id}") and "· warm" in m.text
+            )
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+            await wait_for_run_status(rt, run_id, RunStatus.STOPPED)
+            # The run is over: its resident process is gone, not left for idle eviction.
+            async with asyncio.timeout(30):
+                while marked_processes(marker):
+                    await asyncio.sleep(0.05)

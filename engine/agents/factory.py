@@ -47,8 +47,9 @@ def _binary(tool: str, settings: Settings) -> str:
 def turn_mode(tool: str, settings: Settings, *, path: str | None = None) -> TurnMode:
     """Which mode ``tool`` gets from ``TURNSTILE_WARM_SESSIONS`` and the installed CLI.
 
-    Detected, not assumed: a Claude Code whose ``--help`` lacks stream-json input runs
-    one process per turn (the answer is cached per binary file).
+    Detected, not assumed: a Claude Code whose ``--help`` lacks stream-json input, or a
+    Codex whose app-server schema lacks threads and turns, runs one process per turn (the
+    answer is cached per binary file).
     """
     if tool not in settings.warm_sessions:
         return TurnMode(False, f"TURNSTILE_WARM_SESSIONS does not include {tool}")
@@ -58,7 +59,10 @@ def turn_mode(tool: str, settings: Settings, *, path: str | None = None) -> Turn
         support = claude_warm_support(_binary(tool, settings), path=path)
         return TurnMode(support.supported, support.reason)
     if tool == "codex":
-        return TurnMode(False, "resident Codex (its experimental app-server) is not supported yet")
+        from engine.agents.warm_codex import codex_warm_support
+
+        codex = codex_warm_support(_binary(tool, settings), path=path)
+        return TurnMode(codex.supported, codex.reason)
     return TurnMode(False, "this CLI cannot stay resident between turns")
 
 
@@ -107,7 +111,7 @@ def create_agent(
     if not cwd.is_dir():
         raise ConfigError(f"working directory {cwd} does not exist")
     tools = allowlist or ToolAllowlist.from_flags(settings.allowed_tools, settings.dangerous_tools)
-    warm = tool == "claude" and preempt is None and turn_mode(tool, settings).warm
+    warm = tool in ("claude", "codex") and preempt is None and turn_mode(tool, settings).warm
     if warm:
         from engine.agents.warm import WarmPreemptHandle
 
@@ -145,7 +149,18 @@ def create_agent(
         spill_limit=settings.spill_limit,
         approval=approval if tool == "claude" else None,
     )
-    if warm:
+    if warm and tool == "codex":
+        from engine.agents.warm_codex import WarmCodexAgent, codex_warm_support
+
+        agent = WarmCodexAgent(
+            options,
+            session_id=session_id,
+            preempt=preempt,
+            resume=resume,
+            pool=warm_pool if warm_pool is not None else new_warm_pool(settings),
+            support=codex_warm_support(options.binary),
+        )
+    elif warm:
         # Imported here: the warm adapter is only loaded when a session is warm.
         from engine.agents.warm import WarmClaudeAgent
 

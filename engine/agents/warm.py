@@ -27,8 +27,9 @@ starts a new one on the same session id with ``--resume``. The :class:`WarmPool`
 many processes stay resident and stops idle ones (an operator's memory policy).
 
 Long: one resident process's life (spawn, reader, turn bookkeeping, steering, interrupt)
-and the pool that bounds residents stay together while one CLI has a warm mode; a second
-one (Codex's app-server) is the moment to split the pool and the process apart.
+and the pool that bounds residents stay together; Codex's app-server
+(:mod:`engine.agents.warm_codex`) uses the pool, the pre-empt handle and the tool clean-up
+from here.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from engine.agents.base import AgentOptions
 from engine.agents.claude import ClaudeAgent
@@ -65,7 +66,7 @@ from engine.process import (
     lifeline,
     validate_prompt,
 )
-from engine.reaper import kill_marked, marked_pids, wait_gone
+from engine.reaper import TurnProcess, kill_marked, marked_pids, start_time, wait_gone
 from engine.redact import tail
 from engine.turn import TurnOutput
 
@@ -76,6 +77,7 @@ __all__ = [
     "WarmSupport",
     "claude_warm_support",
     "close_agent",
+    "report_process",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -131,6 +133,7 @@ class WarmPreemptHandle(PreemptHandle):
         return True
 
 
+@runtime_checkable
 class WarmMember(Protocol):
     """What the pool needs of a warm session."""
 
@@ -437,6 +440,8 @@ class WarmClaudeAgent(ClaudeAgent):
         if not self.resident:
             await self._spawn()
             spawned = True
+        if self._proc is not None:
+            await report_process(self.preempt, self._proc.pid, self._marker)
         turn = await self._deliver(prompt)
         if (
             not spawned
@@ -453,6 +458,8 @@ class WarmClaudeAgent(ClaudeAgent):
             await self._await_readers()
             await self._spawn()
             spawned = True
+            if self._proc is not None:
+                await report_process(self.preempt, self._proc.pid, self._marker)
             turn = await self._deliver(prompt)
         proc = self._proc
         assert proc is not None
@@ -867,7 +874,23 @@ async def _kill_tools(marker: str, cli_group: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def report_process(preempt: PreemptHandle, pid: int, marker: str | None) -> None:
+    """Tell whoever records the turn which process runs it: the resident one.
+
+    As for a per-turn process (``PreemptHandle.on_spawn``): a start-up after a crash kills
+    what is left of a turn that was running, and ``turnstile runs`` tells from the last
+    finished turn's process whether a session is still warm.
+    """
+    if preempt.on_spawn is None or marker is None:
+        return
+    try:
+        await preempt.on_spawn(TurnProcess(pid=pid, start=start_time(pid), marker=marker))
+    except Exception:
+        # The turn runs on; only a clean-up after a crash would miss it.
+        _LOGGER.exception("recording the resident process pid=%s of the turn failed", pid)
+
+
 async def close_agent(agent: object) -> None:
     """Close ``agent``'s resident process, if it has one (per-turn agents have none)."""
-    if isinstance(agent, WarmClaudeAgent):
+    if isinstance(agent, WarmMember) and getattr(agent, "warm", False):
         await agent.aclose()

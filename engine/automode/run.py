@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.agents.warm import close_agent
 from engine.approvals.route import ApprovalRoute
 from engine.automode.append import InstructionInbox
 from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
@@ -207,6 +208,8 @@ class AutoRun:
         finally:
             self.supervisor.detach(self.run_id)
             await self.channel.flush()
+            # A warm session's resident process ends with its run (not at idle eviction).
+            await asyncio.shield(close_agent(getattr(self.runner, "agent", self.runner)))
         return self.result()
 
 

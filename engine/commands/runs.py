@@ -4,6 +4,10 @@ a git worktree, its branch and disk usage; ``turnstile runs ID``: one run and it
 
 A run recorded as running whose driving process is gone is shown as ``running*``:
 it was cut off (a crash, a kill) and can be continued with ``turnstile auto --resume ID``.
+
+A running run is *warm* when its agent process stays between turns and is still there:
+the process recorded with its last finished turn still runs (same pid, same start time).
+A per-turn process is gone when its turn ends, so only a resident one counts.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import time
 from typing import Any
 
 from engine.automode.state import owner_alive
+from engine.reaper import start_time
 from engine.settings import Settings
 from engine.store.backend import open_database
-from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord
 from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
 __all__ = ["format_age", "register"]
@@ -53,6 +58,18 @@ def _status(record: RunRecord) -> str:
     return record.status.value
 
 
+def _warm(record: RunRecord, turns: list[TurnRecord]) -> bool:
+    """Whether the run's agent process outlived its last finished turn (a warm session)."""
+    if record.status is not RunStatus.RUNNING:
+        return False
+    ended = [t for t in turns if t.finished_at is not None and t.proc_pgid is not None]
+    if not ended:
+        return False
+    last = max(ended, key=lambda t: t.finished_at or 0.0)
+    assert last.proc_pgid is not None
+    return last.proc_start is not None and start_time(last.proc_pgid) == last.proc_start
+
+
 def _turn(record: RunRecord) -> str:
     max_turns = record.state.get("max_turns")
     return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
@@ -72,6 +89,7 @@ async def _show(
                     "status": _status(record),
                     "phase": record.phase,
                     "turn": record.turn,
+                    "warm": _warm(record, turns),
                     "exit_code": record.exit_code,
                     "abort_reason": record.abort_reason,
                     "log_dir": record.log_dir,
@@ -94,7 +112,8 @@ async def _show(
             )
         )
         return 0
-    print(f"run {record.id}: {record.mode} {record.agent}, {_status(record)}")
+    warm = ", warm (agent process kept between turns)" if _warm(record, turns) else ""
+    print(f"run {record.id}: {record.mode} {record.agent}, {_status(record)}{warm}")
     print(f"  phase {record.phase or '-'}, turn {_turn(record)}, exit {record.exit_code}")
     if record.abort_reason:
         print(f"  aborted: {record.abort_reason}")
@@ -129,6 +148,10 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         workdirs = {r.id: r.workdir for r in runs}
         worktrees = await worktree_summaries(settings, db, workdirs)
         checkouts = await match_worktrees(db, workdirs) if args.json else {}
+        store = SqliteRunStore(db)
+        warm = {
+            r.id: _warm(r, await store.turns(r.id)) for r in runs if r.status is RunStatus.RUNNING
+        }
     now = time.time()
     if args.json:
         for r in runs:
@@ -142,6 +165,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                         "phase": r.phase,
                         "turn": r.turn,
                         "max_turns": r.state.get("max_turns"),
+                        "warm": warm.get(r.id, False),
                         "age_seconds": round(now - r.created_at, 1),
                         "exit_code": r.exit_code,
                         "workdir": r.workdir,
@@ -160,7 +184,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
     if not runs:
         print("no runs")
         return 0
-    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "AGE", "EXIT", "WORKTREE")]
+    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "WARM", "AGE", "EXIT", "WORKTREE")]
     for r in runs:
         rows.append(
             (
@@ -170,6 +194,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 _status(r),
                 r.phase or "-",
                 _turn(r),
+                "yes" if warm.get(r.id) else "-",
                 format_age(now - r.created_at),
                 "-" if r.exit_code is None else str(r.exit_code),
                 worktrees.get(r.id, "-"),

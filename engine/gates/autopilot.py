@@ -31,6 +31,7 @@ from typing import Final
 
 from engine import safefile
 from engine.agents.factory import create_agent
+from engine.agents.warm import close_agent
 from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
@@ -396,6 +397,11 @@ class Autopilot:
                     raise
                 finally:
                     await asyncio.shield(self._close_run(run_id, name, status))
+                    # A warm session's resident process ends with its drive; a later
+                    # drive resumes the recorded session in a new one.
+                    agent = self._agents.pop(name, None)
+                    if agent is not None:
+                        await asyncio.shield(close_agent(agent))
         finally:
             remove()
 
