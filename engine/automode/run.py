@@ -3,6 +3,9 @@
 The run's row, its session wrapper (turn slots, stop) and each of its turns go through the
 :class:`~engine.runs.RunSupervisor`; what is here is auto mode's own part: validating the
 spec, building runner and channel, and the owner's claim on resume.
+
+Long: the owner's claim (the row compare-and-set plus the lock that holds across machines)
+belongs with start and resume, which share validation and the composition of the run.
 """
 
 from __future__ import annotations
