@@ -190,6 +190,7 @@ class BotRuntime:
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
         self.features: Features | None = None
+        self.gates: Gates | None = None
         # Every run of every feature: its row, its session wrapper, its turns, recovery.
         self.supervisor = RunSupervisor(
             self.runs, slots=asyncio.Semaphore(settings.max_concurrent_turns)
@@ -291,6 +292,8 @@ class BotRuntime:
                 workspaces=SqliteWorkspaceStore(self.db),
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
+            # One per process: in-process approvals wake a parked drive at once.
+            self.gates = Gates(self.db, self.settings, poll_interval=1.0)
             ctx = BotContext(
                 settings=self.settings,
                 db=self.db,
@@ -301,7 +304,7 @@ class BotRuntime:
                 redactor=self.redactor,
                 replies=replies,
                 supervisor=self.supervisor,
-                gates=Gates(self.db, self.settings, poll_interval=1.0),
+                gates=self.gates,
                 chats=self.chats,
                 sink=BotSink(self.publisher, self.runs),
                 bot=self.app.bot,
@@ -425,7 +428,9 @@ class BotRuntime:
             _LOGGER.info("pruned %d delivered messages and handled updates", pruned)
         # The engine recovers every run (cut-off turns, chat runs, what resumes); the bot
         # only tells the chats and lets each feature resume what the report says.
-        report = await self.supervisor.recover()
+        # A drive of a chat's task that a terminal took over and still runs is left alone.
+        assert self.gates is not None
+        report = await self.supervisor.recover(drive_alive=self.gates.drive_alive)
         for cut in report.cut_off:
             turn, run = cut.turn, cut.run
             if run.chat_id is None:

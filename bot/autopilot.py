@@ -774,19 +774,27 @@ class AutopilotExtension(Feature):
     # -- start-up and shutdown ---------------------------------------------------------
 
     async def recover(self, report: Recovery) -> None:
-        """Resume every drive that was active when the bot stopped; gates are re-posted
-        only when they changed (an open gate's message is refreshed instead)."""
-        for name, chat_id, thread_id in await self.ctx.store.task_places():
-            self.places[name] = ChatPlace(chat_id, thread_id)
-        for name, chat_id, thread_id in await self.ctx.store.task_places(active_only=True):
+        """Resume the drives the supervisor's recovery lists (each once; a drive a terminal
+        still runs is not in it); gates are re-posted only when they changed (an open
+        gate's message is refreshed instead)."""
+        for task_name, chat_id, thread_id in await self.ctx.store.task_places():
+            self.places[task_name] = ChatPlace(chat_id, thread_id)
+        for run in report.drives:
+            if run.task is None or run.chat_id is None:
+                continue
+            name = run.task
+            current = self.drives.get(name)
+            if current is not None and not current.done:
+                continue
             try:
                 task = await self.gates.task(name)
             except GateRefused:
                 continue
             if task.phase in (COMPLETE, HUMAN_INTERVENTION):
+                # Waiting for a person (or done): a person resumes it with /autopilot.
                 await self.ctx.store.set_task_active(name, False)
                 continue
-            self._start(name, ChatPlace(chat_id, thread_id))
+            self._start(name, self.places.get(name) or ChatPlace(run.chat_id, run.thread_id))
             _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:

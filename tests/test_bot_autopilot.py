@@ -3,11 +3,15 @@ and a rejection by button whose reason re-runs the phase."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from bot.autopilot import AutopilotExtension
 from engine.gates import COMPLETE, Gates
+from engine.store.backend import open_database
+from engine.store.runs import RunStatus, SqliteRunStore
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     APPROVER,
@@ -18,7 +22,7 @@ from tests.fakes.bot_harness import (
     running_bot,
     write_script,
 )
-from tests.gates_support import phase_rules
+from tests.gates_support import EventSink, phase_rules
 
 pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
 
@@ -193,3 +197,37 @@ async def test_stop_task_stops_the_drive_and_autopilot_resumes_it(
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T5")
         await api.wait_for_message(lambda m: "Autopilot for task T5 resumed at research" in m.text)
         await _gate_message(api, "research")
+
+
+async def test_a_drive_a_terminal_took_over_is_not_resumed_by_the_bot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path)
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T6")
+            await _gate_message(api, "research")
+        # The bot is gone with T6 parked at its gate; a terminal drives T6 on (it holds the
+        # drive lock and continues the chat's run).
+        async with open_database(settings) as db:
+            terminal = Gates(db, settings, poll_interval=0.05)
+            sink = EventSink()
+            handle = terminal.start_autopilot("T6", sink)
+            await asyncio.wait_for(sink.queue.get(), 30)  # at the research gate again
+            run = await SqliteRunStore(db).latest_task_run("autopilot", "T6")
+            assert run is not None
+            assert run.status is RunStatus.RUNNING
+            assert run.chat_id == CHAT
+            try:
+                async with running_bot(api, settings) as rt:
+                    assert rt.features is not None
+                    pilot = next(
+                        f for f in rt.features.extensions if isinstance(f, AutopilotExtension)
+                    )
+                    # Recovered without taking the drive over (it would be refused anyway).
+                    assert "T6" not in pilot.drives
+                    assert not handle.done
+            finally:
+                await handle.stop()
+    assert not any("Autopilot for T6 failed" in m.text for m in api.sent)

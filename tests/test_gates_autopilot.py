@@ -14,6 +14,7 @@ import pytest
 
 from engine.gates import AWAITING_APPROVAL, ApprovalOutcome, DriveOutcome, Gates
 from engine.gates.state_file import read_state
+from engine.store.runs import SqliteRunStore
 from tests.gates_support import (
     AGENT_CMD,
     APPROVER,
@@ -266,6 +267,11 @@ async def test_waves_two_by_three(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         }
         assert all(t.phase == "complete" for t in groups[0].all())
         assert (await gates.audit()).clean
+        # Each sub-task's run names the parent's drive (it resumes with it, not alone).
+        runs = {r.task: r for r in await SqliteRunStore(gates.store.db).list_runs()}
+        assert set(runs) == {"p", "p.a1", "p.a2", "p.a3", "p.b1", "p.b2", "p.b3"}
+        assert runs["p"].parent_id is None
+        assert {r.parent_id for t, r in runs.items() if t != "p"} == {runs["p"].id}
     log = read_log(tmp_path)
     by_session: dict[str, list[dict[str, object]]] = {}
     for entry in log:
@@ -467,6 +473,9 @@ async def test_one_drive_per_task(tmp_path: Path, agent_vars: dict[str, str]) ->
         await gates.init_task("t")
         first = gates.start_autopilot("t", sink, tool="command", agent_cmd=AGENT_CMD)
         await asyncio.wait_for(sink.queue.get(), 30)  # parked at the research gate
+        # The drive lock tells a drive alive in any process (the bot's recovery asks).
+        assert await other.drive_alive("t")
+        assert not await other.drive_alive("no-such-task")
         second = other.start_autopilot("t", EventSink(), tool="command", agent_cmd=AGENT_CMD)
         with pytest.raises(GateRefused) as info:
             await second.wait()
@@ -474,6 +483,7 @@ async def test_one_drive_per_task(tmp_path: Path, agent_vars: dict[str, str]) ->
         assert f"pid {os.getpid()}" in info.value.detail
         assert not first.done
         await first.stop()
+        assert not await other.drive_alive("t")
         # Released on exit: a new drive may start.
         third = other.start_autopilot(
             "t", EventSink(), tool="command", agent_cmd=AGENT_CMD, wait_for_approval=False

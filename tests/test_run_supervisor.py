@@ -141,9 +141,57 @@ async def test_recovery_marks_cut_off_turns_and_says_what_resumes(
     # Only runs a chat follows are resumed by the bot; a terminal run is resumed by hand.
     assert [r.id for r in report.auto] == [auto]
     assert drive not in {r.id for r in report.auto}
+    assert [r.id for r in report.drives] == [drive]
     assert (await runs.get_run(drive)).status is RunStatus.PARKED
     assert (await runs.get_run(auto_terminal)).status is RunStatus.RUNNING
     assert (await runs.get_run(done)).status is RunStatus.COMPLETED
+
+
+async def test_recovery_lists_each_chat_drive_once_and_none_alive_elsewhere(
+    tmp_path: Path,
+) -> None:
+    ticks = iter(range(1, 1000))
+    async with Database(tmp_path / "d.db") as db:
+        # A clock that always moves: which run of a task is the newest is never a tie.
+        runs = SqliteRunStore(db, clock=lambda: float(next(ticks)))
+        supervisor = RunSupervisor(runs)
+        place = ChatPlace(-5, 7)
+
+        async def drive(task: str, **kwargs: object) -> str:
+            return await supervisor.open_run(
+                RunMode.AUTOPILOT, agent="a", session_id=task, task=task, **kwargs
+            )
+
+        stale = await drive("a", chat=place)  # an older run of a, superseded by the next
+        parked = await drive("a", chat=place)
+        terminal = await drive("b")
+        sub = await drive("a.s1", chat=place, parent=parked)
+        alive = await drive("d", chat=place)
+        stopped = await drive("e", chat=place)
+        crashed = await drive("f", chat=place)
+        await runs.update_run(parked, status=RunStatus.PARKED)
+        await runs.update_run(stopped, status=RunStatus.STOPPED)
+        asked: list[str] = []
+
+        async def drive_alive(task: str) -> bool:
+            asked.append(task)
+            return task == "d"
+
+        report = await RunSupervisor(runs).recover(drive_alive=drive_alive)
+
+        # Resumed: the chat's drives, each by its newest run, oldest first.
+        assert [(r.id, r.task) for r in report.drives] == [(parked, "a"), (crashed, "f")]
+        assert report.drives[0].chat_id == -5
+        assert report.drives[0].thread_id == 7
+        # Not: a terminal's drive, a wave's sub-task (its parent's drive resumes it), a
+        # drive another process still runs, a stopped one, a superseded run.
+        listed = {r.id for r in report.drives}
+        assert not listed & {stale, terminal, sub, alive, stopped}
+        assert (await runs.get_run(sub)).parent_id == parked
+        assert sorted(asked) == ["a", "d", "f"]
+        # Recovery changes no drive's row: the drive that resumes continues it.
+        assert (await runs.get_run(alive)).status is RunStatus.RUNNING
+        assert (await runs.get_run(parked)).status is RunStatus.PARKED
 
 
 async def test_starting_a_turn_is_one_statement_on_sqlite(runs: SqliteRunStore) -> None:

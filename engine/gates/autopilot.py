@@ -47,6 +47,7 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
+from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate
@@ -59,6 +60,7 @@ __all__ = [
     "Autopilot",
     "DriveHandle",
     "DriveOutcome",
+    "drive_alive",
     "next_step",
 ]
 
@@ -308,8 +310,11 @@ class Autopilot:
         await self.runs.update_run(run_id, turn=seq, phase=task.phase, exit_code=out.exit_code)
         return out
 
-    async def _open_run(self, task: TaskRecord) -> str:
-        """This drive's run of ``task``: the one a crash or shutdown parked, else a new one."""
+    async def _open_run(self, task: TaskRecord, parent: str | None = None) -> str:
+        """This drive's run of ``task``: the one a crash or shutdown parked, else a new one.
+
+        ``parent`` is the run of the drive that drives this one (a wave's sub-task).
+        """
         last = await self.runs.latest_task_run(RunMode.AUTOPILOT, task.name)
         place = self.chat
         if place is None and last is not None:
@@ -325,6 +330,7 @@ class Autopilot:
                 chat_id=chat_id,
                 thread_id=thread_id,
                 finished_at=None,
+                parent_id=parent,
             )
         else:
             session = await self.store.get_session(task.name)
@@ -337,6 +343,7 @@ class Autopilot:
                 chat=ChatPlace(chat_id, thread_id) if chat_id is not None else None,
                 task=task.name,
                 phase=task.phase,
+                parent=parent,
             )
         self._run_ids[task.name] = run_id
         return run_id
@@ -379,14 +386,19 @@ class Autopilot:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    async def drive(self, name: str, *, audit_at_start: bool = True) -> DriveOutcome:
-        """Drive ``name`` until it completes, needs a person, or parks at a gate."""
+    async def drive(
+        self, name: str, *, audit_at_start: bool = True, parent_run: str | None = None
+    ) -> DriveOutcome:
+        """Drive ``name`` until it completes, needs a person, or parks at a gate.
+
+        ``parent_run``: the run of the drive this one runs under (a wave's sub-task).
+        """
         self._events.setdefault(name, asyncio.Event())
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
             async with _drive_lock(self.store, task):
-                run_id = await self._open_run(task)
+                run_id = await self._open_run(task, parent_run)
                 status = RunStatus.ERROR
                 try:
                     outcome = await self._drive_locked(task, audit_at_start)
@@ -669,7 +681,9 @@ class Autopilot:
         async def run(sub: str) -> DriveOutcome:
             async with limit:
                 try:
-                    return await self.drive(sub, audit_at_start=False)
+                    return await self.drive(
+                        sub, audit_at_start=False, parent_run=self._run_ids.get(task.name)
+                    )
                 except TurnstileError as exc:
                     # One sub-task failing (its agent would not start, ...) must not cancel
                     # its siblings: it is reported and waits for a person.
@@ -723,6 +737,22 @@ def _head(folder: Path, artifact: str, limit: int) -> str:
     return raw.decode("utf-8", errors="replace")[:limit]
 
 
+def _lock_of(store: TaskStore, task: TaskRecord) -> Lock:
+    return database_lock(store.db, f"drive:{task.name}", task.folder / ".drive.lock", mode=0o644)
+
+
+async def drive_alive(store: TaskStore, name: str) -> bool:
+    """Whether a drive of task ``name`` is alive in some process (it holds the drive lock)."""
+    task = await store.find(name)
+    if task is None:
+        return False
+    lock = _lock_of(store, task)
+    if await lock.try_acquire():
+        await lock.release()
+        return False
+    return True
+
+
 @contextlib.asynccontextmanager
 async def _drive_lock(store: TaskStore, task: TaskRecord) -> AsyncIterator[None]:
     """One drive per task across processes (one turn per agent session in flight): an
@@ -732,7 +762,7 @@ async def _drive_lock(store: TaskStore, task: TaskRecord) -> AsyncIterator[None]
     Raises:
         GateRefused: ``concurrent_change`` when another drive holds it.
     """
-    lock = database_lock(store.db, f"drive:{task.name}", task.folder / ".drive.lock", mode=0o644)
+    lock = _lock_of(store, task)
     if not await lock.try_acquire():
         holder = await lock.holder()
         raise GateRefused(

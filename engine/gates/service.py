@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 from engine import safefile
 from engine.errors import UnsafeFileError
 from engine.gates.audit import AuditReport, run_audit
-from engine.gates.autopilot import AgentFactory, Autopilot, DriveHandle, DriveOutcome, next_step
+from engine.gates.autopilot import (
+    AgentFactory,
+    Autopilot,
+    DriveHandle,
+    DriveOutcome,
+    drive_alive,
+    next_step,
+)
 from engine.gates.folder import Violation
 from engine.gates.listing import ListEntry, TaskGroup, group_tasks, render_rows
 from engine.gates.policy import GatePolicy
@@ -304,6 +311,10 @@ class Gates:
         handle = DriveHandle(task, future, pilot)
         self._drives[task] = handle
         return handle
+
+    async def drive_alive(self, task: str) -> bool:
+        """Whether a drive of ``task`` is alive in any process (its drive lock is held)."""
+        return await drive_alive(self.store, task)
 
     async def stop_all(self) -> None:
         """Stop every drive started here (tasks keep their recorded phases)."""

@@ -9,13 +9,20 @@ start-up.
 
 from engine.runs.ids import RUN_ID_PATTERN, RunMode, new_run_id
 from engine.runs.spec import AgentEnv, ChatPlace, RunSpec
-from engine.runs.supervisor import CutOffTurn, Recovery, RunSession, RunSupervisor
+from engine.runs.supervisor import (
+    CutOffTurn,
+    DriveProbe,
+    Recovery,
+    RunSession,
+    RunSupervisor,
+)
 
 __all__ = [
     "RUN_ID_PATTERN",
     "AgentEnv",
     "ChatPlace",
     "CutOffTurn",
+    "DriveProbe",
     "Recovery",
     "RunMode",
     "RunSession",

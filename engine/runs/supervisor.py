@@ -11,7 +11,8 @@ sub-tasks) starts, runs, stops and recovers its runs through.
   run id and the prompt; the worker holds the agent session).
 - :meth:`RunSupervisor.recover` is the one start-up recovery path: turns a crash cut off
   are marked interrupted (what they left running is killed), chat runs are closed, and
-  the report says which auto runs resume (the front end only announces and resumes them).
+  the report says which auto runs and autopilot drives resume (the front end only
+  announces and resumes them).
 
 The front ends (bot features, terminal commands) only start, steer, stop and render runs.
 """
@@ -22,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,10 @@ from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, RunStatus, RunStore, TurnRecord
 from engine.turn import AgentSession, TurnOutput
 
-__all__ = ["CutOffTurn", "Recovery", "RunSession", "RunSupervisor"]
+__all__ = ["CutOffTurn", "DriveProbe", "Recovery", "RunSession", "RunSupervisor"]
+
+#: Whether a drive of the task (by name) is alive in some process: its drive lock is held.
+DriveProbe = Callable[[str], Awaitable[bool]]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -78,15 +82,16 @@ class Recovery:
         closed_chats: chat runs closed (a crash ends them crashed, a shutdown completed);
             their queued messages start new runs.
         auto: auto runs with a chat that a crash cut off or a shutdown parked: to resume.
-
-    Autopilot drives are not in it: which drive a chat resumes is the task a chat asked
-    for (a drive of the same task from a terminal may still be alive, and a wave's
-    sub-task runs under its parent's drive), kept by the bot with the gate messages.
+        drives: autopilot drives a chat started that a crash cut off or a shutdown parked,
+            one per task (its newest run), none still alive in another process: to resume.
+            A drive from a terminal is resumed there; a wave's sub-task resumes with its
+            parent's drive.
     """
 
     cut_off: tuple[CutOffTurn, ...] = ()
     closed_chats: tuple[str, ...] = ()
     auto: tuple[RunRecord, ...] = ()
+    drives: tuple[RunRecord, ...] = ()
 
 
 class RunSupervisor:
@@ -121,8 +126,12 @@ class RunSupervisor:
         task: str | None = None,
         phase: str | None = None,
         state: Mapping[str, Any] | None = None,
+        parent: str | None = None,
     ) -> str:
-        """Record a new run (status running) and return its id (``run_id`` or a new one)."""
+        """Record a new run (status running) and return its id (``run_id`` or a new one).
+
+        ``parent`` is the run that drives this one (a wave's sub-task: its parent's drive).
+        """
         run_id = run_id or new_run_id(mode)
         await self.runs.create_run(
             run_id,
@@ -137,6 +146,7 @@ class RunSupervisor:
             task=task,
             phase=phase,
             state=state,
+            parent_id=parent,
         )
         return run_id
 
@@ -235,13 +245,17 @@ class RunSupervisor:
 
     # -- start-up ----------------------------------------------------------------------
 
-    async def recover(self) -> Recovery:
+    async def recover(self, *, drive_alive: DriveProbe | None = None) -> Recovery:
         """The one start-up recovery path (call once, before any run starts).
 
         Turns still recorded as started were cut off: what they left running is killed and
         they are marked interrupted. Chat runs left running (a crash) end crashed, parked
-        ones (a shutdown) completed. Auto runs left running or parked with a chat are
-        reported for the front end to resume.
+        ones (a shutdown) completed. Auto runs and autopilot drives left running or parked
+        with a chat are reported for the front end to resume.
+
+        Args:
+            drive_alive: tells a drive still alive in another process (a terminal took the
+                task over): it is not reported. None: no drive is alive elsewhere.
         """
         interrupted = await self.runs.mark_interrupted()
         # What a cut-off turn left running dies first (the watchdog of the process that
@@ -255,6 +269,7 @@ class RunSupervisor:
                 cut_off.append(CutOffTurn(turn, await self.runs.get_run(turn.run_id)))
         closed: list[str] = []
         auto: list[RunRecord] = []
+        drives: list[RunRecord] = []
         for status in (RunStatus.RUNNING, RunStatus.PARKED):
             for run in await self.runs.list_runs(status=status):
                 if run.mode == RunMode.CHAT.value:
@@ -267,4 +282,29 @@ class RunSupervisor:
                 elif run.mode == RunMode.AUTO.value and run.chat_id is not None:
                     # (An auto run from a terminal is resumed there: turnstile auto --resume.)
                     auto.append(run)
-        return Recovery(cut_off=tuple(cut_off), closed_chats=tuple(closed), auto=tuple(auto))
+                elif await self._drive_to_resume(run, drive_alive):
+                    drives.append(run)
+        drives.sort(key=lambda r: r.created_at)
+        return Recovery(
+            cut_off=tuple(cut_off),
+            closed_chats=tuple(closed),
+            auto=tuple(auto),
+            drives=tuple(drives),
+        )
+
+    async def _drive_to_resume(self, run: RunRecord, drive_alive: DriveProbe | None) -> bool:
+        """Whether ``run`` is a chat's drive that the front end resumes."""
+        if run.mode != RunMode.AUTOPILOT.value or run.task is None:
+            return False
+        if run.chat_id is None or run.parent_id is not None:
+            # A terminal's drive (resumed there), or a sub-task (resumed by its parent's).
+            return False
+        latest = await self.runs.latest_task_run(RunMode.AUTOPILOT.value, run.task)
+        if latest is None or latest.id != run.id:
+            # A newer run of the task decides (it was stopped, finished or taken over):
+            # one drive per task, never two.
+            return False
+        if drive_alive is not None and await drive_alive(run.task):
+            _LOGGER.info("drive of task %s is alive elsewhere; not taken over", run.task)
+            return False
+        return True

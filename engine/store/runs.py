@@ -56,6 +56,8 @@ class RunRecord:
     created_at: float
     updated_at: float
     finished_at: float | None
+    # The run that drives this one (a wave's sub-task under its parent's drive).
+    parent_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> RunRecord:
@@ -79,6 +81,7 @@ class RunRecord:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             finished_at=row["finished_at"],
+            parent_id=row["parent_id"],
         )
 
 
@@ -157,6 +160,7 @@ class RunStore(Protocol):
         task: str | None = None,
         phase: str | None = None,
         state: Mapping[str, Any] | None = None,
+        parent_id: str | None = None,
     ) -> RunRecord: ...
 
     async def get_run(self, run_id: str) -> RunRecord: ...
@@ -196,6 +200,7 @@ _RUN_FIELDS = frozenset(
         "abort_reason",
         "finished_at",
         "session_id",
+        "parent_id",
     }
 )
 
@@ -222,12 +227,13 @@ class SqliteRunStore:
         task: str | None = None,
         phase: str | None = None,
         state: Mapping[str, Any] | None = None,
+        parent_id: str | None = None,
     ) -> RunRecord:
         now = self._clock()
         await self._db.execute(
             "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
-            " workdir, log_dir, chat_id, thread_id, task, state_json, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " workdir, log_dir, chat_id, thread_id, task, state_json, created_at, updated_at,"
+            " parent_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 mode,
@@ -244,6 +250,7 @@ class SqliteRunStore:
                 json.dumps(dict(state or {})),
                 now,
                 now,
+                parent_id,
             ),
         )
         return await self.get_run(run_id)
