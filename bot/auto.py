@@ -32,7 +32,7 @@ from engine.automode import (
 from engine.automode.run import ApprovalFor
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, TurnstileError
-from engine.runs import Recovery, RunMode, RunSpec, new_run_id
+from engine.runs import Recovery, RunMode, RunSpec
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -110,7 +110,7 @@ class AutoExtension(Feature):
             return
         try:
             # The run's id keys its worktree: its branch is turnstile/<run id>.
-            run_id = new_run_id(RunMode.AUTO)
+            run_id = self.ctx.supervisor.reserve(RunMode.AUTO)
             workdir = await self.ctx.chats.workdir_for(project, run_id)
             spec = RunSpec(
                 objective=objective,

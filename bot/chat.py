@@ -29,7 +29,7 @@ from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
 from engine.process import TurnProcess
-from engine.runs import ChatPlace, RunMode, RunSupervisor, new_run_id
+from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
@@ -362,7 +362,7 @@ class ChatSessions:
 
     async def _start(self, binding: Binding) -> ChatRun:
         # Minted first: the approval route of its tool calls is keyed by it.
-        run_id = new_run_id(RunMode.CHAT)
+        run_id = self.supervisor.reserve(RunMode.CHAT)
         extra: dict[str, Any] = {}
         route = await self.approvals(run_id, binding) if self.approvals is not None else None
         if route is not None:

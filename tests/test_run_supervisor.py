@@ -36,6 +36,22 @@ async def test_open_run_mints_an_id_and_writes_the_row(runs: SqliteRunStore) -> 
     assert (record.chat_id, record.thread_id, record.status) == (-5, 3, RunStatus.RUNNING)
 
 
+async def test_a_reserved_id_names_the_worktree_before_the_row_is_written(
+    runs: SqliteRunStore,
+) -> None:
+    supervisor = RunSupervisor(runs)
+    run_id = supervisor.reserve(RunMode.AUTO)
+    assert RUN_ID_PATTERN.match(run_id)
+    assert run_id.startswith("auto-")
+    assert supervisor.reserve(RunMode.AUTO) != run_id
+    with pytest.raises(NotFoundError):
+        await runs.get_run(run_id)  # nothing is recorded until the run opens
+    assert await supervisor.open_run(RunMode.AUTO, run_id=run_id, agent="a", session_id="s") == (
+        run_id
+    )
+    assert (await runs.get_run(run_id)).mode == "auto"
+
+
 async def test_run_turn_is_one_call_with_a_run_id_and_a_prompt(runs: SqliteRunStore) -> None:
     supervisor = RunSupervisor(runs)
     agent = ScriptedSession(["done"], session_id="s")

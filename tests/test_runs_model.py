@@ -35,6 +35,15 @@ def test_every_mode_mints_ids_in_one_format(mode: RunMode) -> None:
         assert ":" not in run_id
 
 
+def test_no_front_end_mints_run_ids() -> None:
+    # Ids come from the run supervisor (open_run, or reserve when a worktree is named first).
+    root = Path(__file__).resolve().parent.parent
+    fronts = [*(root / "bot").rglob("*.py"), *(root / "engine" / "commands").rglob("*.py")]
+    assert fronts
+    minting = [str(p.relative_to(root)) for p in fronts if "new_run_id" in p.read_text()]
+    assert minting == []
+
+
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="walk"):
         new_run_id("walk")

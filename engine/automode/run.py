@@ -42,7 +42,7 @@ from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.locks import Lock
 from engine.logs import log_context
-from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor, new_run_id
+from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.backend import AnyDatabase
@@ -361,7 +361,9 @@ async def prepare_auto_run(
     workdir, prompts = _validate(
         objective, tool, turns, spec.workdir, spec.prompts_dir, spec.verify_cmd
     )
-    run_id = spec.run_id or new_run_id(RunMode.AUTO)
+    store = SqliteRunStore(db)
+    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
+    run_id = spec.run_id or supervisor.reserve(RunMode.AUTO)
     log_dir = settings.runs_dir.resolve() / run_id
     log_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     now = time.time()
@@ -386,8 +388,6 @@ async def prepare_auto_run(
         },
         owner=owner_token(),
     )
-    store = SqliteRunStore(db)
-    supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     try:
         run = _build(
             settings,

@@ -45,7 +45,7 @@ from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
-from engine.runs import RunMode, RunSpec, new_run_id
+from engine.runs import RunMode, RunSpec, RunSupervisor
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
@@ -143,6 +143,8 @@ async def _run(
     args: argparse.Namespace, settings: Settings, route_for: RouteFor | None, view: TerminalView
 ) -> int:
     async with open_database(settings) as db:
+        # The run's id, its row, its session wrapper and its stop come from the supervisor.
+        supervisor = RunSupervisor(SqliteRunStore(db))
         if args.resume is not None:
             given = [
                 flag
@@ -166,17 +168,30 @@ async def _run(
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
             async with hold_run_workspace(settings, db, run_id):
-                run = await prepare_resume(settings, db, run_id, sink=view, approval_for=route_for)
+                run = await prepare_resume(
+                    settings,
+                    db,
+                    run_id,
+                    sink=view,
+                    supervisor=supervisor,
+                    approval_for=route_for,
+                )
                 return await _drive(run, view, resumed=True)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(
-                args, settings, db, resolve_workdir(args, settings), view, approval_for=route_for
+                args,
+                settings,
+                db,
+                resolve_workdir(args, settings),
+                view,
+                supervisor=supervisor,
+                approval_for=route_for,
             )
             return await _drive(run, view)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
-        run_id = new_run_id(RunMode.AUTO)
+        run_id = supervisor.reserve(RunMode.AUTO)
         async with checkout_for_run(
             settings, db, args.checkout_repo, run_id=run_id, workdir=args.workdir
         ) as workspace:
@@ -187,6 +202,7 @@ async def _run(
                 db,
                 workspace.path,
                 view,
+                supervisor=supervisor,
                 run_id=run_id,
                 project=args.checkout_repo,
                 approval_for=route_for,
@@ -230,6 +246,7 @@ async def _new_run(
     workdir: Path,
     view: TerminalView,
     *,
+    supervisor: RunSupervisor,
     run_id: str | None = None,
     project: str | None = None,
     approval_for: RouteFor | None = None,
@@ -248,7 +265,9 @@ async def _new_run(
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
     )
-    return await prepare_auto_run(settings, db, spec, sink=view, approval_for=approval_for)
+    return await prepare_auto_run(
+        settings, db, spec, sink=view, supervisor=supervisor, approval_for=approval_for
+    )
 
 
 def _watch_agent(run: AutoRun, view: TerminalView) -> None:

@@ -1,7 +1,9 @@
 """The run supervisor: what every mode (chat session, auto run, autopilot drive and its
 sub-tasks) starts, runs, stops and recovers its runs through.
 
-- :meth:`RunSupervisor.open_run` mints the run's id (one format) and writes its ``runs`` row.
+- :meth:`RunSupervisor.open_run` mints the run's id (one format) and writes its ``runs`` row;
+  :meth:`RunSupervisor.reserve` mints it beforehand when something must be named after it
+  first (the run's worktree, its branch ``turnstile/<run-id>``). No front end mints ids.
 - :meth:`RunSupervisor.attach` gives a run its one session wrapper, :class:`RunSession`:
   the turn slots (at most ``max_concurrent_turns`` at once across every run), a person's
   stop as a latch, and parking (no new turn starts once the front end shuts down).
@@ -112,6 +114,14 @@ class RunSupervisor:
 
     # -- starting ----------------------------------------------------------------------
 
+    def reserve(self, mode: RunMode | str) -> str:
+        """A new run id of ``mode`` for a run whose row :meth:`open_run` writes later.
+
+        For what is named after the run before it can be recorded (its worktree and
+        branch, the approval route of its tool calls).
+        """
+        return new_run_id(mode)
+
     async def open_run(
         self,
         mode: RunMode,
@@ -128,7 +138,9 @@ class RunSupervisor:
         state: Mapping[str, Any] | None = None,
         parent: str | None = None,
     ) -> str:
-        """Record a new run (status running) and return its id (``run_id`` or a new one).
+        """Record a new run (status running) and return its id.
+
+        ``run_id``: one :meth:`reserve` gave; None mints a new one.
 
         ``parent`` is the run that drives this one (a wave's sub-task: its parent's drive).
         """

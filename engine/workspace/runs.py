@@ -5,8 +5,9 @@ grows by a few lines::
 
     add_checkout_argument(parser)
     ...
-    async with checkout_for_run(settings, db, args.checkout_repo, prefix="auto") as ws:
-        # ws is None without --checkout-repo; else the run id is ws.run_id, cwd ws.path.
+    run_id = supervisor.reserve(RunMode.AUTO)  # the worktree is named after the run
+    async with checkout_for_run(settings, db, args.checkout_repo, run_id=run_id) as ws:
+        # ws is None without --checkout-repo; else its cwd is ws.path.
         run = await prepare(..., workdir=ws.path if ws else workdir, run_id=...)
     async with hold_run_workspace(settings, db, run_id):
         ... drive the run ...
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
-from engine.runs import new_run_id
 from engine.workspace.manager import WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
@@ -74,8 +74,7 @@ async def checkout_for_run(
     db: AnyDatabase,
     project: str | None,
     *,
-    run_id: str | None = None,
-    prefix: str = "auto",
+    run_id: str,
     workdir: Path | None = None,
 ) -> AsyncIterator[Workspace | None]:
     """The new run's worktree of ``project`` for the body, or None without a project.
@@ -83,8 +82,9 @@ async def checkout_for_run(
     ``project`` is a configured project's name, a git URL or a repository path (see
     :meth:`WorkspaceManager.project_for`).
 
-    ``run_id`` defaults to a new id (``new_run_id(prefix)``). If the body fails (the run
-    could not be recorded), a worktree made here is removed again (rescued if dirty).
+    ``run_id`` keys the worktree (a run's id from the run supervisor's ``reserve``, or a
+    task's name). If the body fails (the run could not be recorded), a worktree made here
+    is removed again (rescued if dirty).
 
     Raises:
         ConfigError: both a project and an explicit ``workdir``; ``ProjectError``.
@@ -97,9 +97,8 @@ async def checkout_for_run(
         raise ConfigError("--checkout-repo and --workdir exclude each other")
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     chosen = manager.project_for(project)
-    wanted = run_id or new_run_id(prefix)
-    existed = await manager.get(wanted) is not None
-    workspace = await manager.provision(wanted, chosen)
+    existed = await manager.get(run_id) is not None
+    workspace = await manager.provision(run_id, chosen)
     try:
         yield workspace
     except BaseException:
