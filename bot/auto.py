@@ -279,13 +279,16 @@ class AutoExtension(Feature):
         active = self.active.get(run_id)
         if active is None or active.place.chat_id != chat_id:
             return False
-        await active.run.stop()
+        # Through the supervisor, like every run's stop (the running turn is pre-empted).
+        if not self.ctx.supervisor.stop(run_id):
+            await active.run.stop()  # (not attached yet: the run's latch waits for it)
         return True
 
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
         stopped = []
         for active in self._runs_in(chat_id, thread):
-            await active.run.stop()
+            if not self.ctx.supervisor.stop(active.run.run_id):
+                await active.run.stop()
             stopped.append(active.run.run_id)
         return stopped
 

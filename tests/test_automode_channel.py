@@ -464,10 +464,13 @@ async def test_stop_preempts_the_running_turn(
     sink.on_status = lambda u: executing.set() if u.phase == "execute" else None
     run = await start(settings, db, workspace, sink=sink)
     await executing.wait()
-    await run.stop()
+    # A front end stops it through the supervisor (the /stop command, Ctrl-C).
+    assert run.supervisor.stop(run.run_id)
     result = await run.task
     assert result.status is AutoStatus.STOPPED
     assert result.exit_code == 130
+    assert not run.supervisor.attached(run.run_id)
+    assert not run.supervisor.stop(run.run_id)  # over: nothing to stop here any more
     turns = await SqliteRunStore(db).turns(run.run_id)
     assert [t.state for t in turns] == [
         TurnState.FINISHED,

@@ -87,10 +87,12 @@ async def test_a_stop_latch_preempts_the_turn_even_before_it_starts(
     agent = ScriptedSession()
     agent.gate = asyncio.Event()  # never set: the turn would run forever
     stop = asyncio.Event()
-    session = supervisor.attach("r", agent, stop=stop)
+    told: list[str] = []
+    session = supervisor.attach("r", agent, stop=stop, on_stop=lambda: told.append("r"))
     turn = asyncio.create_task(session.run_turn("p"))
     await wait_until(lambda: agent.in_flight == 1)
     assert supervisor.stop("r")
+    assert told == ["r"]  # the run's loop is told too (an auto run ends between turns)
     with pytest.raises(TurnPreempted):
         await turn
     with pytest.raises(TurnPreempted, match="before it started"):

@@ -42,7 +42,7 @@ from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.locks import Lock
 from engine.logs import log_context
-from engine.runs import AgentEnv, RunMode, RunSpec, RunSupervisor
+from engine.runs import AgentEnv, RunMode, RunSession, RunSpec, RunSupervisor
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink
 from engine.store.backend import AnyDatabase
@@ -121,6 +121,7 @@ class AutoRun:
         self._stop = stop
         self._owner_lock = owner_lock
         self._task: asyncio.Task[AutoResult] | None = None
+        self._session: RunSession | None = None
 
     @property
     def run_id(self) -> str:
@@ -147,9 +148,17 @@ class AutoRun:
     def start(self) -> asyncio.Task[AutoResult]:
         """Start driving the run in a named task (once)."""
         if self._task is None:
+            if self.supervisor.attached(self.run_id):
+                raise ConfigError(f"run {self.run_id} is already driven here")
+            # Attached at once: a stop through the supervisor reaches the run even before
+            # its first turn; detached when its task is over, however it ends.
+            self._session = self.supervisor.attach(
+                self.run_id, self.runner, stop=self._stop, on_stop=self.channel.request_stop
+            )
             # The task copies the context: every line it logs carries the run id.
             with log_context(run_id=self.run_id):
                 self._task = asyncio.create_task(self._drive(), name=f"auto-{self.run_id}")
+            self._task.add_done_callback(lambda _: self.supervisor.detach(self.run_id))
         return self._task
 
     async def wait(self) -> AutoResult:
@@ -166,9 +175,14 @@ class AutoRun:
         return path
 
     async def stop(self) -> None:
-        """Stop the run: pre-empt the running turn or verify command; the run ends stopped."""
-        self._stop.set()
-        self.channel.request_stop()
+        """Stop the run: pre-empt the running turn or verify command; the run ends stopped.
+
+        Front ends stop a started run with ``supervisor.stop(run_id)``; this is the same.
+        """
+        if not self.supervisor.stop(self.run_id):
+            # Not started (or already over): the latch waits for a start.
+            self._stop.set()
+            self.channel.request_stop()
 
     def result(self) -> AutoResult:
         s = self.channel.state
@@ -197,7 +211,8 @@ class AutoRun:
                 await asyncio.shield(lock.release())
 
     async def _drive_owned(self) -> AutoResult:
-        session = self.supervisor.attach(self.run_id, self.runner, stop=self._stop)
+        session = self._session
+        assert session is not None  # attached by start()
         try:
             await run_session_loop(session, self.channel)
         except TurnPreempted as exc:
@@ -209,7 +224,6 @@ class AutoRun:
             await self.channel.record_turn_error(str(exc))
             raise
         finally:
-            self.supervisor.detach(self.run_id)
             await self.channel.flush()
             # A warm session's resident process ends with its run (not at idle eviction).
             await asyncio.shield(close_agent(getattr(self.runner, "agent", self.runner)))

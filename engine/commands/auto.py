@@ -176,7 +176,7 @@ async def _run(
                     supervisor=supervisor,
                     approval_for=route_for,
                 )
-                return await _drive(run, view, resumed=True)
+                return await _drive(run, view, supervisor, resumed=True)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(
@@ -188,7 +188,7 @@ async def _run(
                 supervisor=supervisor,
                 approval_for=route_for,
             )
-            return await _drive(run, view)
+            return await _drive(run, view, supervisor)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
         run_id = supervisor.reserve(RunMode.AUTO)
@@ -208,7 +208,7 @@ async def _run(
                 approval_for=route_for,
             )
         async with hold_run_workspace(settings, db, run_id):
-            return await _drive(run, view)
+            return await _drive(run, view, supervisor)
 
 
 def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -291,9 +291,10 @@ def _header(run: AutoRun, view: TerminalView, *, resumed: bool) -> None:
         view.say("Ctrl-C stops the run (it can be resumed with --resume).", style="dim")
 
 
-async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> int:
+async def _drive(
+    run: AutoRun, view: TerminalView, supervisor: RunSupervisor, *, resumed: bool = False
+) -> int:
     loop = asyncio.get_running_loop()
-    stoppers: set[asyncio.Task[None]] = set()
     received: int | None = None
 
     def on_signal(signum: int) -> None:
@@ -303,9 +304,10 @@ async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> 
         received = signum
         _LOGGER.info("%s: stopping run %s", signal.Signals(signum).name, run.run_id)
         view.say("Stopping the run: the running turn is pre-empted…", style="yellow")
-        task = asyncio.create_task(run.stop(), name=f"stop-{run.run_id}")
-        stoppers.add(task)
-        task.add_done_callback(stoppers.discard)
+        supervisor.stop(run.run_id)
+
+    _watch_agent(run, view)
+    run.start()  # attached to the supervisor: a signal from now on stops it
 
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -314,7 +316,6 @@ async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> 
             installed.append(sig)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - not on POSIX main thread
             pass
-    _watch_agent(run, view)
     _header(run, view, resumed=resumed)
     try:
         with view:
@@ -322,8 +323,6 @@ async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-        if stoppers:
-            await asyncio.gather(*stoppers, return_exceptions=True)
     code = result.exit_code
     if received is not None and result.status is AutoStatus.STOPPED and code == 130:
         code = 128 + received  # 130 for Ctrl-C, 143 for SIGTERM

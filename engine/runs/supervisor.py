@@ -65,6 +65,7 @@ class _Attached:
     agent: AgentSession
     stop: asyncio.Event | None
     parks: bool
+    on_stop: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,17 +170,24 @@ class RunSupervisor:
         *,
         stop: asyncio.Event | None = None,
         parks: bool = False,
+        on_stop: Callable[[], None] | None = None,
     ) -> RunSession:
         """Give ``run_id`` its session wrapper around ``agent``.
 
         Args:
             stop: a person's stop latch: once set, the running (or next) turn is
                 pre-empted with :class:`~engine.errors.TurnPreempted`.
+            on_stop: told when :meth:`stop` sets the latch (the run's loop ends at its
+                next step, e.g. an auto run between turns).
             parks: after :meth:`park`, no new turn of this run starts (it waits until the
                 run is cancelled; the phase runs again after a restart).
         """
-        self._attached[run_id] = _Attached(agent, stop, parks)
+        self._attached[run_id] = _Attached(agent, stop, parks, on_stop)
         return RunSession(self, run_id, agent)
+
+    def attached(self, run_id: str) -> bool:
+        """Whether a session of ``run_id`` is attached here (the run is driven here)."""
+        return run_id in self._attached
 
     def detach(self, run_id: str) -> None:
         """The run ended: forget its session."""
@@ -226,11 +234,14 @@ class RunSupervisor:
     # -- stopping ----------------------------------------------------------------------
 
     def stop(self, run_id: str) -> bool:
-        """Set the run's stop latch; False when it has none here."""
+        """A person stops run ``run_id``: its running (or next) turn is pre-empted and its
+        loop is told; False when no stoppable run of that id is attached here."""
         attached = self._attached.get(run_id)
         if attached is None or attached.stop is None:
             return False
         attached.stop.set()
+        if attached.on_stop is not None:
+            attached.on_stop()
         return True
 
     @property
