@@ -21,6 +21,7 @@ from engine.automode.state import owner_token
 from engine.errors import ConfigError, StoreUnreachableError
 from engine.gates import GateRefused
 from engine.locks import FileLock, Lock
+from engine.runs import RunSpec
 from engine.settings import load_settings
 from engine.sink import NullSink
 from engine.store.backend import open_database
@@ -236,7 +237,9 @@ async def test_a_run_driven_by_another_process_is_not_resumed(
     workspace = git_workspace(auto_env / "ws")
     async with open_database(settings) as db:
         run = await prepare_auto_run(
-            settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+            settings,
+            db,
+            RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
         )
         # Its driver is elsewhere: a pid that names nothing on this machine.
         store = SqliteRunStore(db)
@@ -274,7 +277,9 @@ async def test_on_postgres_a_local_pid_in_the_owner_is_not_taken_for_a_driver(
     try:
         async with open_database(settings) as db:
             run = await prepare_auto_run(
-                settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+                settings,
+                db,
+                RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
             )
             store = SqliteRunStore(db)
             state = {**(await store.get_run(run.run_id)).state, "owner": owner_token(other.pid)}
