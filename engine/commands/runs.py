@@ -11,13 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.automode.state import owner_alive
 from engine.settings import Settings
-from engine.store.database import Database
+from engine.store.backend import open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.workers.views import worker_views
 from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
+
+if TYPE_CHECKING:
+    from engine.store.database import Database
 
 __all__ = ["format_age", "register"]
 
@@ -115,7 +119,9 @@ async def _show(
 
 
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
-    async with Database(settings.sqlite_database) as db:
+    async with open_database(settings) as opened:
+        # The worktree helpers are typed for SQLite; their store runs on both.
+        db = cast("Database", opened)
         if args.run is not None:
             worktree = await run_worktree_summary(settings, db, args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)
@@ -129,7 +135,18 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         workdirs = {r.id: r.workdir for r in runs}
         worktrees = await worktree_summaries(settings, db, workdirs)
         checkouts = await match_worktrees(db, workdirs) if args.json else {}
+        on_workers = await worker_views(settings, db)
     now = time.time()
+    listed = {r.id for r in runs}
+    # Runs on the workers whose first turn no worker has taken yet.
+    unstarted = [v for k, v in on_workers.items() if k not in listed and not v.placement.ended]
+
+    def shown(r: RunRecord) -> str:
+        view = on_workers.get(r.id)
+        if view is None:
+            return _status(r)
+        return view.waiting if view.waiting and r.status is RunStatus.RUNNING else r.status.value
+
     if args.json:
         for r in runs:
             print(
@@ -138,10 +155,11 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                         "id": r.id,
                         "mode": r.mode,
                         "agent": r.agent,
-                        "status": _status(r),
+                        "status": shown(r),
                         "phase": r.phase,
                         "turn": r.turn,
                         "max_turns": r.state.get("max_turns"),
+                        "worker": on_workers[r.id].worker if r.id in on_workers else None,
                         "age_seconds": round(now - r.created_at, 1),
                         "exit_code": r.exit_code,
                         "workdir": r.workdir,
@@ -156,8 +174,24 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                     }
                 )
             )
+        for v in unstarted:
+            spec = v.placement.spec
+            print(
+                json.dumps(
+                    {
+                        "id": spec.run_id,
+                        "mode": "auto",
+                        "agent": spec.tool,
+                        "status": v.waiting or v.placement.status.value,
+                        "turn": 0,
+                        "max_turns": spec.max_turns,
+                        "worker": None,
+                        "age_seconds": round(now - v.placement.created_at, 1),
+                    }
+                )
+            )
         return 0
-    if not runs:
+    if not runs and not unstarted:
         print("no runs")
         return 0
     rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "AGE", "EXIT", "WORKTREE")]
@@ -167,12 +201,27 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 r.id,
                 r.mode,
                 r.agent,
-                _status(r),
+                shown(r),
                 r.phase or "-",
                 _turn(r),
                 format_age(now - r.created_at),
                 "-" if r.exit_code is None else str(r.exit_code),
                 worktrees.get(r.id, "-"),
+            )
+        )
+    for v in unstarted:
+        spec = v.placement.spec
+        rows.append(
+            (
+                spec.run_id,
+                "auto",
+                spec.tool,
+                v.waiting or v.placement.status.value,
+                "-",
+                "0",
+                format_age(now - v.placement.created_at),
+                "-",
+                "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
