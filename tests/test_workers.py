@@ -8,6 +8,7 @@ as further subprocesses, all sharing one throwaway PostgreSQL database and one b
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -231,6 +232,14 @@ def test_concurrent_auto_runs_spread_over_workers_and_complete(cluster: Cluster)
     assert len(log) == sum(
         len(cluster.query("SELECT 1 FROM turns WHERE run_id = %s", r)) for r in run_ids
     )
+    # One turn per session at a time, across the workers: a run's turns never overlap.
+    by_session: dict[str, list[tuple[float, float]]] = {}
+    for entry in log:
+        by_session.setdefault(entry["session"], []).append((entry["started"], entry["finished"]))
+    assert len(by_session) == len(run_ids)
+    for spans in by_session.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
     workers = cluster.cli("workers", "--json")
     listed = {w["name"]: w for w in map(json.loads, workers.stdout.splitlines())}
     assert set(listed) == {"w1", "w2", "w3"}
@@ -467,3 +476,107 @@ def test_workers_are_refused_on_sqlite(tmp_path: Path) -> None:
     )
     assert detach.returncode == 2
     assert "--detach needs TURNSTILE_EXECUTION=workers" in detach.stderr
+
+
+def test_stop_reaches_a_run_driven_by_turnstile_auto_without_workers(tmp_path: Path) -> None:
+    import sqlite3
+
+    from tests.automode_support import git_workspace
+
+    workdir = git_workspace(tmp_path / "work")
+    script = write_script(
+        tmp_path / "fake",
+        rules=[
+            {"match": CLARIFY, "text": "Goal: result.txt exists."},
+            {"match": PLAN, "text": "1. write result.txt"},
+            {"match": EXECUTE, "progress": "working", "grandchild": True, "sleep": 120},
+            {"match": EVALUATE, **evaluation("COMPLETE")},
+        ],
+    )
+    env = cli_env(tmp_path, script, extra={"FAKE_AGENT_PIDS": str(tmp_path / "pids")})
+    auto = subprocess.Popen(
+        turnstile(
+            "auto",
+            "--tool",
+            "command",
+            "--agent-cmd",
+            AGENT_CMD,
+            "--workdir",
+            str(workdir),
+            "-p",
+            "x",
+        ),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def started() -> tuple[str, int] | None:
+            if not (tmp_path / "turnstile.db").exists() or not _pids(tmp_path / "pids"):
+                return None
+            with contextlib.closing(sqlite3.connect(tmp_path / "turnstile.db")) as conn:
+                row = conn.execute(
+                    "SELECT run_id, proc_pgid FROM turns WHERE phase = 'execute'"
+                    " AND state = 'started' AND proc_pgid IS NOT NULL"
+                ).fetchone()
+            return (row[0], row[1]) if row else None
+
+        run_id, pgid = wait_for("the execute turn to run", started)
+        done = subprocess.run(
+            turnstile("stop", run_id, "--wait", "30"),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"run {run_id} stopped" in done.stdout
+        assert auto.wait(timeout=30) == 130
+        assert not _group_alive(pgid)
+        with contextlib.closing(sqlite3.connect(tmp_path / "turnstile.db")) as conn:
+            assert conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone() == (
+                "stopped",
+            )
+        again = subprocess.run(
+            turnstile("stop", run_id), cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert again.returncode == 2
+        assert "has ended" in again.stderr
+    finally:
+        if auto.poll() is None:
+            auto.kill()
+            auto.wait(timeout=10)
+
+
+def test_sigterm_lets_the_running_turn_finish_then_the_run_moves_on(cluster: Cluster) -> None:
+    gate = cluster.tmp / "go-on"
+    _script(cluster, _slow_execute(cluster.tmp, wait_file=gate))
+    first = cluster.start_worker("w1", concurrency=1)
+    run_id = cluster.auto()
+    wait_for("the execute turn to run on w1", lambda: _execute_started(cluster, run_id))
+    cluster.start_worker("w2", concurrency=1)
+
+    first.proc.send_signal(signal.SIGTERM)
+    wait_for("w1 to say it stops", lambda: "the running turns finish first" in first.output)
+    assert first.proc.poll() is None  # still finishing its turn
+    gate.write_text("")
+    assert first.proc.wait(timeout=60) == 0, first.output
+    wait_for("the run to end", lambda: _finished(cluster, [run_id]), within=90)
+
+    run = cluster.runs()[run_id]
+    assert run["status"] == "completed", run
+    turns = cluster.query(
+        "SELECT phase, attempt, state FROM turns WHERE run_id = %s ORDER BY id", run_id
+    )
+    # The Execute turn finished on w1 (nothing cut off); Evaluate ran on w2.
+    assert ("execute", 1, "finished") in turns, turns
+    assert all(attempt == 1 for _, attempt, _ in turns), turns
+    assert run["worker"] == "w2"
+    assert git("show", f"turnstile/{run_id}:worker.txt", cwd=cluster.remote) == "w1"
+    workers = {
+        w["name"]: w for w in map(json.loads, cluster.cli("workers", "--json").stdout.splitlines())
+    }
+    assert workers["w1"]["status"] == "stopped"
