@@ -89,6 +89,18 @@ async def defer_turn(app: procrastinate.App, run_id: str, *, queue: str) -> int 
         return None
 
 
+async def nudge(app: procrastinate.App, queue: str) -> None:
+    """Wake the workers of ``queue`` as a new job would (procrastinate's notification)."""
+    try:
+        await app.connector.execute_query_async(
+            "SELECT pg_notify(%(channel)s, %(payload)s)",
+            channel=f"procrastinate_queue_v1#{queue}",
+            payload='{"type": "job_inserted", "job_id": 0}',
+        )
+    except Exception as exc:  # a missed wake-up only waits for the next poll
+        _LOGGER.warning("could not wake the workers of %s: %s", queue, exc)
+
+
 async def live_jobs(app: procrastinate.App, run_id: str) -> list[Any]:
     """The run's jobs that wait or run."""
     jobs: Iterable[Any] = await app.job_manager.list_jobs_async(lock=run_id)

@@ -36,7 +36,7 @@ from engine.logs import log_context
 from engine.settings import Settings
 from engine.store.runs import SqliteRunStore
 from engine.turn import Ready, TurnOutput
-from engine.workers.queue import defer_turn, worker_queue
+from engine.workers.queue import defer_turn, nudge, worker_queue
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
@@ -105,7 +105,7 @@ class TurnRunner:
     db: PostgresDatabase
     app: procrastinate.App
     running: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
-    deferrals: set[asyncio.Task[int | None]] = field(default_factory=set)
+    deferrals: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def queue(self) -> str:
@@ -143,7 +143,7 @@ class TurnRunner:
                     await asyncio.shield(inner)
             raise
         if goes_on:
-            self._queue_next(run_id)
+            await self._queue_next(run_id)
 
     async def _one(self, run_id: str, stop: asyncio.Event) -> bool:
         """Take the run and run its turn; whether its next turn is to be queued here."""
@@ -255,25 +255,25 @@ class TurnRunner:
         agent.preempt.on_spawn = run.channel.record_process
         return AutoModeRunner(agent)
 
-    def _queue_next(self, run_id: str) -> None:
-        """Queue the run's next turn once this job has ended.
+    async def _queue_next(self, run_id: str) -> None:
+        """Queue the run's next turn on this worker's queue, and wake the worker once this
+        job has ended.
 
-        The job's task is procrastinate's; when it is done the job's end is recorded and
-        the run's lock free, so the new job's notification is fetched at once (queued
-        while the lock is held, it would wait for the next poll).
+        The new job waits while this one holds the run's lock; procrastinate fetches again
+        on a new job's notification or at its next poll, not when a lock is freed. So once
+        this job's end is recorded (its task done), the worker's queue is nudged.
         """
+        await defer_turn(self.app, run_id, queue=self.queue)
         job_task = asyncio.current_task()
 
         def later(_: object) -> None:
             task = asyncio.get_running_loop().create_task(
-                defer_turn(self.app, run_id, queue=self.queue), name=f"next-turn-{run_id}"
+                nudge(self.app, self.queue), name=f"nudge-{run_id}"
             )
             self.deferrals.add(task)
             task.add_done_callback(self.deferrals.discard)
 
-        if job_task is None:  # pragma: no cover - always inside a task
-            later(None)
-        else:
+        if job_task is not None:
             job_task.add_done_callback(later)
 
     async def _adopt(self, workspace: Workspace, project_url: str, state: object) -> None:
