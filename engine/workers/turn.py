@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -296,10 +295,9 @@ class TurnRunner:
         runs = SqliteRunStore(self.db)
         record = await runs.get_run(run_id)
         old = AutoModeState.from_json(record.state)
+        # A worker restarted under the same name may still have the folder: keep it.
         log_dir = self.settings.runs_dir.resolve() / run_id
-        if log_dir.exists():
-            shutil.rmtree(log_dir)
-        log_dir.mkdir(parents=True, mode=0o700)
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (log_dir / ".gitignore").write_text("*\n", encoding="utf-8")
         new = replace(
             old,
