@@ -119,11 +119,10 @@ async def _show(
 
 
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
-    async with open_database(settings) as opened:
-        # The worktree helpers are typed for SQLite; their store runs on both.
-        db = cast("Database", opened)
+    async with open_database(settings) as db:
         if args.run is not None:
-            worktree = await run_worktree_summary(settings, db, args.run)
+            # (The worktree helpers are typed for SQLite; their store runs on both.)
+            worktree = await run_worktree_summary(settings, cast("Database", db), args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
@@ -133,8 +132,8 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             runs = runs[: args.limit]
         # Disk usage is computed only for the runs that have a worktree.
         workdirs = {r.id: r.workdir for r in runs}
-        worktrees = await worktree_summaries(settings, db, workdirs)
-        checkouts = await match_worktrees(db, workdirs) if args.json else {}
+        worktrees = await worktree_summaries(settings, cast("Database", db), workdirs)
+        checkouts = await match_worktrees(cast("Database", db), workdirs) if args.json else {}
         on_workers = await worker_views(settings, db)
     now = time.time()
     listed = {r.id for r in runs}
