@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     runs_dir: Path = Path("runs")
     spill_limit: int = Field(default=4 * 1024 * 1024, ge=1024)
 
+    # Where turns run: in this process, or as jobs on `turnstile worker` processes
+    # (PostgreSQL only; engine/workers)
+    execution: Literal["local", "workers"] = "local"
+    # The repository run branches are pushed to after each turn (default: the project's own)
+    runs_remote: str | None = None
+    worker_heartbeat: float = Field(default=5.0, gt=0)
+    worker_timeout: float = Field(default=30.0, gt=0)
+
     # Agents
     default_agent: AgentName = "claude"
     agent_command: str | None = None

@@ -87,6 +87,11 @@ def register(subparsers: Any) -> None:
         "--append", metavar="TEXT", help="steer a running run's next Execute turn ('-': stdin)"
     )
     parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="with TURNSTILE_EXECUTION=workers: print the run id and return",
+    )
     parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
     add_checkout_argument(parser)
     parser.set_defaults(handler=handle, terminal_view=True)
@@ -126,6 +131,12 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
+    if settings.execution == "workers":
+        from engine.workers.auto import run_on_workers  # the queue only when asked for
+
+        return await run_on_workers(args, settings, _objective(args))
+    if args.detach:
+        raise ConfigError("--detach needs TURNSTILE_EXECUTION=workers")
     # Tool requests are asked on this terminal (or denied without one), the live status
     # line hidden from the question until the answer.
     view = TerminalView()
@@ -167,13 +178,13 @@ async def _run(
             run_id = record.id if record is not None else args.resume
             async with hold_run_workspace(settings, db, run_id):
                 run = await prepare_resume(settings, db, run_id, sink=view, approval_for=route_for)
-                return await _drive(run, view, resumed=True)
+                return await _drive(run, view, resumed=True, db=db)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(
                 args, settings, db, resolve_workdir(args, settings), view, approval_for=route_for
             )
-            return await _drive(run, view)
+            return await _drive(run, view, db=db)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
         run_id = new_run_id(RunMode.AUTO)
@@ -192,7 +203,7 @@ async def _run(
                 approval_for=route_for,
             )
         async with hold_run_workspace(settings, db, run_id):
-            return await _drive(run, view)
+            return await _drive(run, view, db=db)
 
 
 def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -272,9 +283,20 @@ def _header(run: AutoRun, view: TerminalView, *, resumed: bool) -> None:
         view.say("Ctrl-C stops the run (it can be resumed with --resume).", style="dim")
 
 
-async def _drive(run: AutoRun, view: TerminalView, *, resumed: bool = False) -> int:
+async def _drive(
+    run: AutoRun, view: TerminalView, *, resumed: bool = False, db: AnyDatabase | None = None
+) -> int:
     loop = asyncio.get_running_loop()
     stoppers: set[asyncio.Task[None]] = set()
+    if db is not None:
+        # `turnstile stop RUN` from another terminal reaches this run through the store.
+        from engine.workers.control import stop_when_asked
+
+        watcher = asyncio.create_task(
+            stop_when_asked(db, run.run_id, run.stop), name=f"stop-requests-{run.run_id}"
+        )
+        stoppers.add(watcher)
+        run.start().add_done_callback(lambda _: watcher.cancel())
     received: int | None = None
 
     def on_signal(signum: int) -> None:
