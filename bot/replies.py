@@ -38,6 +38,7 @@ class Replies:
 
     def __init__(self, publisher: Publisher, authorizer: Authorizer, store: BotStore) -> None:
         self._publisher = publisher
+        self.people = publisher.people
         self._authorizer = authorizer
         self._store = store
         self._last_refusal: dict[int, float] = {}

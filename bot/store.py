@@ -405,22 +405,32 @@ class BotStore:
                 " attempts = attempts + 1 WHERE id = ?",
                 (message_id, now, row.id),
             )
-            if item.ref is not None and message_id is not None:
-                cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (item.ref,))
+            # The row as it is now: renamed (a phase message that became a gate) or
+            # updated (set_live) while its send was in flight.
+            cursor = await conn.execute(
+                "SELECT ref, body, entities_json, markup_json FROM bot_outbox WHERE id = ?",
+                (row.id,),
+            )
+            current = await cursor.fetchone()
+            ref = current["ref"] if current is not None else item.ref
+            if ref is not None and message_id is not None:
+                body = current["body"] if current is not None else item.body
+                cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (ref,))
                 live = await cursor.fetchone()
                 if live is None:
                     await conn.execute(
                         "INSERT INTO bot_live (ref, chat_id, thread_id, message_id, body,"
                         " entities_json, markup_json, dirty, updated_at, edited_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
-                            item.ref,
+                            ref,
                             item.chat_id,
                             item.thread_id,
                             message_id,
-                            item.body,
-                            json.dumps(list(item.entities)) if item.entities else None,
-                            json.dumps(item.markup) if item.markup else None,
+                            body,
+                            current["entities_json"] if current is not None else None,
+                            current["markup_json"] if current is not None else None,
+                            int(body != item.body),
                             now,
                             now,
                         ),
@@ -430,7 +440,7 @@ class BotStore:
                     await conn.execute(
                         "UPDATE bot_live SET message_id = ?, edited_at = ?,"
                         " dirty = CASE WHEN body = ? THEN 0 ELSE 1 END WHERE ref = ?",
-                        (message_id, now, item.body, item.ref),
+                        (message_id, now, item.body, ref),
                     )
 
     async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
@@ -486,8 +496,10 @@ class BotStore:
         entities: tuple[dict[str, Any], ...] = (),
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
+        reply_to: int | None = None,
     ) -> None:
-        """Set a live message's content: the first time it is queued, then edited in place."""
+        """Set a live message's content: the first time it is queued (as a reply to
+        ``reply_to`` when given), then edited in place."""
         now = self._clock()
         ents = json.dumps(list(entities)) if entities else None
         mk = json.dumps(markup) if markup else None
@@ -524,6 +536,7 @@ class BotStore:
                 markup=markup,
                 run_id=run_id,
                 ref=ref,
+                reply_to=reply_to,
             )
             await self._insert_outbox(conn, item, now)
 
@@ -549,6 +562,56 @@ class BotStore:
             "SELECT * FROM bot_live WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
         )
         return LiveMessage.from_row(row) if row is not None else None
+
+    async def rename_live(self, old: str, new: str) -> bool:
+        """Give the live message ``old`` the ref ``new`` (queued or sent); False when there
+        is none, or ``new`` is taken."""
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute("SELECT 1 FROM bot_live WHERE ref = ?", (new,))
+            if await cursor.fetchone() is not None:
+                return False
+            cursor = await conn.execute("UPDATE bot_live SET ref = ? WHERE ref = ?", (new, old))
+            moved = cursor.rowcount
+            cursor = await conn.execute(
+                "UPDATE bot_outbox SET ref = ? WHERE ref = ? AND state = 'pending'", (new, old)
+            )
+            return bool(moved or cursor.rowcount)
+
+    async def live_with_prefix(self, prefix: str) -> list[LiveMessage]:
+        """The delivered live messages whose ref starts with ``prefix``."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM bot_live WHERE ref LIKE ? AND message_id IS NOT NULL",
+            (prefix.replace("%", "") + "%",),
+        )
+        return [LiveMessage.from_row(r) for r in rows]
+
+    async def message_of_update(self, update_id: int) -> int | None:
+        """The message id an inbound update carried (what an answer replies to)."""
+        row = await self.db.fetchone(
+            "SELECT payload FROM bot_inbound WHERE update_id = ?", (update_id,)
+        )
+        if row is None:
+            return None
+        try:
+            message = json.loads(row["payload"]).get("message") or {}
+            return int(message["message_id"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    # -- people ------------------------------------------------------------------------
+
+    async def remember_person(self, user_id: int, name: str) -> None:
+        """Remember how a person is called (first name or @username, from their updates)."""
+        await self.db.execute(
+            "INSERT INTO bot_people (user_id, name, seen_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (user_id) DO UPDATE SET name = excluded.name, seen_at = excluded.seen_at"
+            " WHERE bot_people.name != excluded.name",
+            (user_id, name, self._clock()),
+        )
+
+    async def people(self) -> dict[int, str]:
+        rows = await self.db.fetchall("SELECT user_id, name FROM bot_people")
+        return {int(r["user_id"]): str(r["name"]) for r in rows}
 
     async def touch_live(self, prefix: str) -> int:
         """Mark every live message whose ref starts with ``prefix`` for a refresh."""
@@ -843,6 +906,15 @@ class BotStore:
                 (chat_id,),
             )
         return [GateRecord.from_row(r) for r in rows]
+
+    async def decisions_of(self, task: str) -> list[tuple[str, str, int | None]]:
+        """(phase, state, decided by) of the task's decided gates, oldest first."""
+        rows = await self.db.fetchall(
+            "SELECT phase, state, decided_by FROM bot_gates WHERE task = ? AND state != 'open'"
+            " ORDER BY decided_at",
+            (task,),
+        )
+        return [(r["phase"], r["state"], r["decided_by"]) for r in rows]
 
     async def close_gate(self, gate_id: str, state: str, user_id: int | None) -> bool:
         """Close an open gate; False when it was not open (already decided)."""

@@ -63,7 +63,7 @@ async def test_auto_run_to_completion_with_steering(
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
-        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
         run_id = started.text.split()[3]
         # a stranger cannot steer; an operator can, by plain message
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="delete everything")
@@ -75,7 +75,7 @@ async def test_auto_run_to_completion_with_steering(
         record = await rt.runs.get_run(run_id)
         assert record.status is RunStatus.COMPLETED
         # the live status message exists once and was edited in place
-        status = [m for m in api.sent if m.text.startswith(f"🤖 auto {run_id}")]
+        status = [m for m in api.sent if m.text.startswith(f"🤖 Auto run {run_id}")]
         assert len(status) == 1
         assert status[0].edits >= 1
     prompts = [e["prompt"] for e in agent_log(tmp_path)]
@@ -100,7 +100,7 @@ async def test_stop_by_run_id_preempts_an_auto_run(
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto never ends")
-        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
         run_id = started.text.split()[3]
         agent_pid, child_pid = (int(p) for p in (await wait_for_file(pids)).split())
         api.push_message(chat_id=CHAT, user_id=STRANGER, text=f"/stop {run_id}")
