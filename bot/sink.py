@@ -17,7 +17,7 @@ from engine.errors import NotFoundError
 from engine.sink import GateRequest, StatusUpdate, TextKind
 from engine.store.runs import SqliteRunStore
 
-__all__ = ["BotSink", "ChatPlace", "last_line", "status_text", "words"]
+__all__ = ["BotSink", "ChatPlace", "humane", "last_line", "status_text", "words"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,6 +51,19 @@ def words(state: str) -> str:
     if rest:
         return f"{phase.replace('_', ' ')}, {words(rest).split(' ', 1)[-1]}"
     return state.replace("_", " ")
+
+
+_LABEL: Final = re.compile(r"\b([a-z][a-z_]*):awaiting_approval\b")
+
+
+def humane(text: str) -> str:
+    """A run's text with the phase labels said in words (``design:awaiting_approval`` →
+    ``design, waiting for approval``)."""
+    pieces = re.split(r"(`[^`\n]*`)", text)
+    for i in range(0, len(pieces), 2):  # commands in backquotes are typed as they are
+        piece = _LABEL.sub(lambda m: f"{m[1].replace('_', ' ')}, waiting for approval", pieces[i])
+        pieces[i] = piece.replace("human_intervention", "waiting for a person")
+    return "".join(pieces)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -222,7 +235,7 @@ class BotSink:
             await self._show_auto(run_id, place)
             return
         await self._publisher.say(
-            place.chat_id, text, thread_id=place.thread_id, markdown=True, run_id=run_id
+            place.chat_id, humane(text), thread_id=place.thread_id, markdown=True, run_id=run_id
         )
         if _is_auto(run_id) and kind is TextKind.FINAL:
             await self._turns_document(run_id, place)

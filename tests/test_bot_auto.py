@@ -62,7 +62,7 @@ async def test_auto_run_to_completion_with_steering(
         monkeypatch,
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
-        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        asked = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
         started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
         run_id = started.text.split()[3]
         # a stranger cannot steer; an operator can, by plain message
@@ -74,10 +74,20 @@ async def test_auto_run_to_completion_with_steering(
         await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
         record = await rt.runs.get_run(run_id)
         assert record.status is RunStatus.COMPLETED
-        # the live status message exists once and was edited in place
+        # the live status message exists once, under the /auto, and was edited in place
         status = [m for m in api.sent if m.text.startswith(f"🤖 Auto run {run_id}")]
         assert len(status) == 1
         assert status[0].edits >= 1
+        assert status[0].reply_to == api.pushed(asked)["message"]["message_id"]
+        # one live message, the answers to people, the report and the turns as a document:
+        # no message per turn
+        turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+        assert turns.document is not None
+        assert b"Clarify, exit 0]" in turns.document
+        assert b"Evaluate, exit 0]" in turns.document
+        assert not any(m.text.startswith("[turn ") for m in api.sent)
+        # the live message, the stranger's refusal, "noted", the report, the turns
+        assert len(api.sent) == 5, [m.text[:40] for m in api.sent]
     prompts = [e["prompt"] for e in agent_log(tmp_path)]
     executes = [p for p in prompts if EXECUTE in p]
     assert len(executes) == 1

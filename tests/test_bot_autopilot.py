@@ -48,6 +48,10 @@ async def test_autopilot_through_every_gate(
         # research: the artifact arrives as a document, then the gate with buttons
         gate = await _gate_message(api, "research")
         assert "research.md" in gate.text
+        # the excerpt is rendered (entities), no raw Markdown; no internal state names
+        await api.wait_until(lambda: bool(gate.entities))
+        assert "# research" not in gate.text
+        assert "awaiting_approval" not in gate.text
         assert "sha256 " in gate.text
         docs = [m for m in api.sent if m.filename == "research.md"]
         assert len(docs) == 1
