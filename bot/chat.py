@@ -129,7 +129,8 @@ class ChatChannel(BaseChannel):
         )
         run.publisher.wake()
         if progress is not None:
-            await progress.finish("✅ done" if out.exit_code in (None, 0) else "⚠️ the agent failed")
+            code = out.exit_code
+            await progress.finish("✅ done" if code in (None, 0) else f"⚠️ exited with code {code}")
         run.current = None
         run.turn_started = None
         run.last_event = None
