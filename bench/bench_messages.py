@@ -11,6 +11,11 @@
 Counts exclude the bot's start-up calls. The script runs on any checkout that has the
 fake Bot API (``tests/fakes``): run it from another worktree for a "before" figure.
 
+Measured on 2 shared cores, 40 samples (main before this branch → after):
+autopilot 37 messages (4 documents) → 15 (4 documents); 10-turn auto run 21 → 3 (the live
+message, the report, the turns document); first progress p50 50.7 ms, p95 105.3 ms (main
+has no progress message: its first new message after a question is the answer, p50 273 ms).
+
 Usage: ``.venv/bin/python bench/bench_messages.py [--samples N]``
 """
 
