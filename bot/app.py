@@ -42,6 +42,8 @@ from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
 from bot.outbox import OutboxSender, retry_seconds
+from bot.progress import PREFIX as PROGRESS
+from bot.progress import settle_leftovers
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
@@ -442,6 +444,8 @@ class BotRuntime:
             # Its send began before the crash: it may have arrived. Sent again it could be
             # a duplicate, so the chat is told instead (the output is kept with the turn).
             item = row.item
+            if item.ref is not None and item.ref.startswith(PROGRESS):
+                continue  # a turn's progress: the note about the cut-off turn says it all
             what = "a file" if item.kind != "text" else "a message"
             began = item.caption if item.kind != "text" else item.body
             excerpt = " ".join((began or item.filename or "").split())[:120]
@@ -456,6 +460,9 @@ class BotRuntime:
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")
+        await self.publisher.people.load()
+        # Progress messages of turns cut off by the stop say so (never "running" forever).
+        await settle_leftovers(self.store, self.publisher)
         await self.features.recover(report)
         await self.store.touch_live("gate:")
         await self.chats.resume()

@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     warm_sessions: Annotated[tuple[str, ...], NoDecode] = ()
     max_warm_sessions: int = Field(default=4, ge=1)
     warm_idle_minutes: float = Field(default=15.0, gt=0)
-    # Bot: seconds between edits of one live (status) message, and shutdown behaviour
-    status_edit_interval: float = Field(default=10.0, ge=0)
+    # Bot: seconds between edits of live messages in a private chat (3x in a group), and
+    # shutdown behaviour
+    status_edit_interval: float = Field(default=1.0, ge=0)
     shutdown_turns: Literal["finish", "park"] = "finish"
     shutdown_flush_seconds: float = Field(default=30.0, ge=0)
 
