@@ -7,7 +7,7 @@ from pathlib import Path
 from bot.people import People, display_name
 from bot.render import excerpt, render_parts
 from bot.sink import humane, status_text, words
-from bot.store import BotStore
+from bot.store import SqlBotStore
 from engine.redact import Redactor
 from engine.sink import StatusUpdate
 from engine.store.database import Database
@@ -63,7 +63,7 @@ async def test_people_are_remembered_by_name(tmp_path: Path) -> None:
         username = "ann"
 
     async with Database(tmp_path / "t.db") as db:
-        store = BotStore(db)
+        store = SqlBotStore(db)
         people = People(store)
         assert people.name(7) == "user 7"
         await people.seen(User())
