@@ -4,6 +4,7 @@ processes, the second given a symlink to the first one's database file."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -146,3 +147,26 @@ async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lo
         # Nothing stays held: the same database takes a bot at once.
         async with running_bot(api, bot_settings(api, tmp_path, database=pg_url)) as rt:
             assert rt.db.dialect == "postgresql"
+
+
+async def test_an_advisory_lock_excludes_a_second_holder_until_released(pg_url: str) -> None:
+    from engine.store.location import PostgresURL
+    from engine.store.postgres import AdvisoryLock
+
+    url = PostgresURL(pg_url)
+    first, second = AdvisoryLock(url, "turnstile bot"), AdvisoryLock(url, "turnstile bot")
+    other = AdvisoryLock(url, "something else")
+    assert await first.try_acquire()
+    assert first.held
+    assert not await second.try_acquire()
+    assert not second.held
+    assert await other.try_acquire()  # another name, another lock
+    assert await second.holder() == os.getpid()
+    assert await second.holder_detail() == f"pid {os.getpid()} on {socket.gethostname()}"
+    await first.release()
+    await first.release()  # twice: nothing happens
+    assert await second.holder() is None
+    await asyncio.wait_for(second.acquire(), 10)
+    assert second.held
+    await second.release()
+    await other.release()
