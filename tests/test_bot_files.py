@@ -27,6 +27,7 @@ import pytest
 
 from bot.app import BotRuntime
 from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
+from tests.fakes import bot_harness
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     CHAT,
@@ -40,7 +41,7 @@ from tests.fakes.bot_harness import (
 )
 from tests.fakes.transcription_api import FakeTranscriptionApi
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
 MB = 1024 * 1024
 
@@ -591,7 +592,7 @@ async def _bot_process(api: FakeBotApi, root: Path, **env_extra: str) -> asyncio
         "TURNSTILE_TELEGRAM_TOKEN": api.token,
         "TURNSTILE_TELEGRAM_BASE_URL": api.base_url,
         "TURNSTILE_TELEGRAM_BASE_FILE_URL": api.file_url,
-        "TURNSTILE_DATABASE": str(root / "turnstile.db"),
+        "TURNSTILE_DATABASE": bot_harness.DATABASE or str(root / "turnstile.db"),
         "TURNSTILE_WORKSPACES": str(root / "ws"),
         "TURNSTILE_RUNS_DIR": str(root / "runs"),
         "TURNSTILE_TASKS_ROOT": str(root / "tasks"),
