@@ -20,6 +20,7 @@ What differs from SQLite, and how it is kept equal:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -535,6 +536,34 @@ class AdvisoryLock:
             pass  # the connection is gone: so is the lock
         finally:
             await conn.close()
+
+    async def keep(self, interval: float = 5.0) -> None:
+        """Check the lock's connection every ``interval`` seconds while it is held.
+
+        A connection the server or the network cut has lost the lock with it: it is taken
+        again at once. Returns (the lock no longer held) only when somebody else took it
+        in between; cancel it to stop watching.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            conn = self._conn
+            if conn is None:
+                return
+            try:
+                await conn.execute("SELECT 1")
+                continue
+            except psycopg.Error:
+                _LOGGER.warning("lost the connection holding %s; taking it again", self.name)
+            self._conn = None
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            try:
+                if await self.try_acquire():
+                    continue
+            except StoreUnreachableError as exc:
+                _LOGGER.warning("cannot take %s again yet: %s", self.name, exc)
+                continue  # tried again at the next check
+            return
 
     async def _holder_name(self) -> str | None:
         # pg_locks shows a bigint key as two halves (classid high, objid low, objsubid 1).
