@@ -60,7 +60,7 @@ from engine.store.runs import RunStatus, SqliteRunStore
 from engine.workspace.store import SqliteWorkspaceStore
 
 if TYPE_CHECKING:
-    from engine.store.postgres import AdvisoryLock
+    from engine.store.advisory import AdvisoryLock
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -221,7 +221,7 @@ class BotRuntime:
         where = self.settings.database
         lock: Lock
         if isinstance(where, PostgresURL):
-            from engine.store.postgres import AdvisoryLock  # psycopg only when asked for
+            from engine.store.advisory import AdvisoryLock  # psycopg only when asked for
 
             advisory = AdvisoryLock(where, "turnstile bot")
             lock, who = advisory, advisory.holder_detail  # "pid 12 on host-a"

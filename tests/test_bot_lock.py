@@ -152,8 +152,8 @@ async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lo
 
 
 async def test_an_advisory_lock_excludes_a_second_holder_until_released(pg_url: str) -> None:
+    from engine.store.advisory import AdvisoryLock
     from engine.store.location import PostgresURL
-    from engine.store.postgres import AdvisoryLock
 
     url = PostgresURL(pg_url)
     first, second = AdvisoryLock(url, "turnstile bot"), AdvisoryLock(url, "turnstile bot")
