@@ -24,8 +24,10 @@ from engine.locks import FileLock, Lock
 from engine.runs import RunSpec
 from engine.settings import load_settings
 from engine.sink import NullSink
+from engine.store.advisory import AdvisoryLock
 from engine.store.backend import open_database
-from engine.store.leases import AdvisoryLock, advisory_key, database_lock
+from engine.store.dialect import advisory_key
+from engine.store.leases import database_lock
 from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
 from tests.automode_support import AGENT_CMD, GIT_ENV, git_workspace
@@ -93,7 +95,7 @@ async def test_the_lock_is_chosen_from_the_database(database: Any, tmp_path: Pat
     lock: Lock = database_lock(database, "drive:t", tmp_path / "t.lock")
     if database.dialect == "postgresql":
         assert isinstance(lock, AdvisoryLock)
-        assert lock.name == "drive:t"
+        assert lock.name.startswith("drive:t on postgresql://")
     else:
         assert isinstance(lock, FileLock)
         assert lock.name == str(tmp_path / "t.lock")

@@ -1,8 +1,9 @@
 """Locks a PostgreSQL database holds: they exclude holders on every machine that reaches it.
 
-:class:`AdvisoryLock` is the :class:`~engine.locks.Lock` of a database (the bot's "one
-bot per database" on PostgreSQL); a file lock (:class:`~engine.locks.FileLock`) is the
-one of a single machine.
+:class:`AdvisoryLock` is the :class:`~engine.locks.Lock` of a database (one bot per
+database, one drive per task, one driver per run on PostgreSQL); a file lock
+(:class:`~engine.locks.FileLock`) is the one of a single machine.
+:func:`engine.store.leases.database_lock` picks one of the two from the database.
 """
 
 from __future__ import annotations
@@ -43,9 +44,17 @@ class AdvisoryLock:
         StoreUnreachableError: (from the acquire methods) the server cannot be reached.
     """
 
-    def __init__(self, url: PostgresURL, name: str, *, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: PostgresURL,
+        name: str,
+        *,
+        shared: bool = False,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.url = url
         self._name = name
+        self._shared = shared
         self.key = advisory_key(name)
         self._connect_timeout = connect_timeout
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -56,11 +65,12 @@ class AdvisoryLock:
 
     @property
     def shared(self) -> bool:
-        return False
+        """Shared holders coexist (``pg_try_advisory_lock_shared``); an exclusive one waits."""
+        return self._shared
 
     @property
     def held(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         who = f"turnstile pid {os.getpid()} on {socket.gethostname()}"[:63]
@@ -88,7 +98,8 @@ class AdvisoryLock:
             raise RuntimeError(f"lock {self.name} is already held by this object")
         conn = await self._connect()
         try:
-            cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,))
+            call = "pg_try_advisory_lock_shared" if self._shared else "pg_try_advisory_lock"
+            cursor = await conn.execute(f"SELECT {call}(%s)", (self.key,))
             row = await cursor.fetchone()
         except BaseException:
             await conn.close()
@@ -112,7 +123,8 @@ class AdvisoryLock:
             return
         try:
             if not conn.closed:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+                call = "pg_advisory_unlock_shared" if self._shared else "pg_advisory_unlock"
+                await conn.execute(f"SELECT {call}(%s)", (self.key,))
         except psycopg.Error:
             pass  # the connection is gone: so is the lock
         finally:
@@ -154,7 +166,8 @@ class AdvisoryLock:
             cursor = await conn.execute(
                 "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
                 " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
-                " AND l.objsubid = 1 AND l.classid::bigint = %s AND l.objid::bigint = %s"
+                " AND l.mode = 'ExclusiveLock' AND l.objsubid = 1"
+                " AND l.classid::bigint = %s AND l.objid::bigint = %s"
                 " AND l.database = (SELECT oid FROM pg_database"
                 " WHERE datname = current_database())",
                 (unsigned >> 32, unsigned & 0xFFFF_FFFF),
