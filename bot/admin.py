@@ -7,7 +7,7 @@ autopilot, tool approvals) for its part, in a fixed order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from telegram import BotCommand, Update
 
@@ -16,7 +16,9 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import thread_of
+from bot.sink import words
 from engine.agents.registry import installed_agents
+from engine.gates.listing import TaskGroup
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -160,11 +162,12 @@ class AdminFeature(Feature):
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
         ctx = self.ctx
-        lines = (await ctx.gates.listing_text()).splitlines()
+        lines = [line for group in await ctx.gates.list_tasks() for line in _task_lines(group)]
+        lines = lines or ["No tasks yet. /autopilot TASK starts one."]
         pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
         body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
-        text = f"📋 Tasks (awaiting approval first) · page {page + 1}/{pages}\n{body}"
+        text = f"📋 Tasks, waiting for approval first · page {page + 1} of {pages}\n{body}"
         buttons = []
         if page > 0:
             buttons.append({"text": "◀ previous", "callback_data": f"tk:{ref}:{page - 1}"})
@@ -200,3 +203,26 @@ class AdminFeature(Feature):
                 for e in refusals[:10]
             )
         await ctx.replies.reply(update, "\n".join(lines))
+
+
+_TASK_ICONS: Final = {"complete": "✅", "human_intervention": "✋"}
+
+
+def _task_line(task: Any, indent: str = "") -> str:
+    """One short line a phone shows well: icon, name, phase in words (no columns)."""
+    if task.sub_state == "awaiting_approval":
+        icon, state = "🛂", f"{task.phase.replace('_', ' ')}, waiting for approval"
+    else:
+        icon = _TASK_ICONS.get(task.phase, "⏳")
+        state = words(task.phase).removeprefix(f"{icon} ")
+    line = f"{indent}{icon} {task.name} · {state}"
+    if task.revision_notes:
+        line += " · has revision notes"
+    return line
+
+
+def _task_lines(group: TaskGroup) -> list[str]:
+    lines = [_task_line(group.task)] if group.task is not None else [f"{group.name}"]
+    for wave in sorted(group.waves):
+        lines += [_task_line(t, "   ↳ ") for t in group.waves[wave]]
+    return lines

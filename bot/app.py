@@ -24,7 +24,7 @@ import signal
 import time
 from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 from urllib.parse import urlsplit
 
 from telegram import Update
@@ -42,6 +42,8 @@ from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
 from bot.outbox import OutboxSender, retry_seconds
+from bot.progress import PREFIX as PROGRESS
+from bot.progress import settle_leftovers
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
@@ -59,6 +61,9 @@ from engine.store.database import Database
 from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
 from engine.workspace.store import SqliteWorkspaceStore
+
+if TYPE_CHECKING:
+    from engine.store.advisory import AdvisoryLock
 
 __all__ = ["BotRuntime", "Features", "serve"]
 
@@ -149,6 +154,7 @@ class BotRuntime:
         agent_factory: AgentFactory = create_agent,
         edit_interval: float | None = None,
         rate_limiter: AIORateLimiter | None = None,
+        lock_check_interval: float = 5.0,
     ) -> None:
         # PTB's documented opt-in: durations (RetryAfter.retry_after) as timedelta now,
         # instead of a deprecation warning on every flood-limit answer.
@@ -205,6 +211,7 @@ class BotRuntime:
         self.stopping = False
         self.username = ""
         self._bot_lock: Lock | None = None
+        self._lock_check_interval = lock_check_interval
         # Set when the bot must stop with an error (the token was refused): raised by
         # serve() once the bot has shut down.
         self.fatal: ConfigError | None = None
@@ -221,14 +228,16 @@ class BotRuntime:
         where = self.settings.database
         lock: Lock
         if isinstance(where, PostgresURL):
-            from engine.store.postgres import AdvisoryLock  # psycopg only when asked for
+            from engine.store.advisory import AdvisoryLock  # psycopg only when asked for
 
             advisory = AdvisoryLock(where, "turnstile bot")
             lock, who = advisory, advisory.holder_detail  # "pid 12 on host-a"
+            keep: AdvisoryLock | None = advisory
         else:
             where = where.resolve()
             lock = FileLock(where.with_name(f"{where.name}.bot.lock"))
             who = functools.partial(_holder_pid, lock)
+            keep = None
         if not await lock.try_acquire():
             holder = await who()
             raise ConfigError(
@@ -238,6 +247,20 @@ class BotRuntime:
                 setting="TURNSTILE_DATABASE",
             )
         self._bot_lock = lock
+        if keep is not None:
+            # A session lock dies with its connection: watched, and taken again if lost.
+            self.spawn(self._keep_lock(keep), "bot-lock-keeper")
+
+    async def _keep_lock(self, lock: AdvisoryLock) -> None:
+        await lock.keep(self._lock_check_interval)
+        if self.fatal is None:
+            self.fatal = ConfigError(
+                f"this bot lost its connection to {lock.url} and another turnstile bot "
+                "started on it meanwhile; this one stops",
+                setting="TURNSTILE_DATABASE",
+            )
+            _LOGGER.error("%s", self.fatal)
+        self.request_shutdown()
 
     async def _unlock(self) -> None:
         if self._bot_lock is not None:
@@ -447,6 +470,8 @@ class BotRuntime:
             # Its send began before the crash: it may have arrived. Sent again it could be
             # a duplicate, so the chat is told instead (the output is kept with the turn).
             item = row.item
+            if item.ref is not None and item.ref.startswith(PROGRESS):
+                continue  # a turn's progress: the note about the cut-off turn says it all
             what = "a file" if item.kind != "text" else "a message"
             began = item.caption if item.kind != "text" else item.body
             excerpt = " ".join((began or item.filename or "").split())[:120]
@@ -461,6 +486,9 @@ class BotRuntime:
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")
+        await self.publisher.people.load()
+        # Progress messages of turns cut off by the stop say so (never "running" forever).
+        await settle_leftovers(self.store, self.publisher)
         await self.features.recover(report)
         await self.store.touch_live("gate:")
         await self.chats.resume()

@@ -20,6 +20,7 @@ from bot.chatting import configured_project
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.publish import format_elapsed
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
 from engine.automode import (
@@ -141,13 +142,16 @@ class AutoExtension(Feature):
             update_id=update.update_id,
             reason=run.run_id,
         )
-        await self.ctx.publisher.say(
-            chat.id,
+        # The run's one live message (its status, edited in place), under the /auto asking.
+        await self.ctx.publisher.live(
+            f"status:{run.run_id}",
             f"🤖 Auto run {run.run_id} started ({self.ctx.settings.default_agent}, project "
-            f"{project}). Messages here, or /steer TEXT, become instructions for the next "
+            f"{project}).\nMessages here, or /steer TEXT, become instructions for the next "
             f"Execute turn. /stop {run.run_id} stops it.",
+            chat_id=chat.id,
             thread_id=thread,
             run_id=run.run_id,
+            reply_to=message.message_id,
         )
 
     async def _unverifiable(self, project: str) -> str | None:
@@ -309,8 +313,8 @@ class AutoExtension(Feature):
         for s in here:
             elapsed = int(time.time() - s.started_at)
             lines.append(
-                f"🤖 auto {s.run_id} · {s.status.value} · phase {s.phase.value} · "
-                f"turn {s.turn}/{s.max_turns} · {elapsed}s"
+                f"🤖 auto {s.run_id} · {s.status.value} · {s.phase.label} · "
+                f"turn {s.turn} of {s.max_turns} · {format_elapsed(elapsed)}"
                 + (" · warm" if s.run_id in warm else "")
             )
             if s.run_id in worktrees:

@@ -35,8 +35,9 @@ from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.render import excerpt as render_excerpt
 from bot.replies import thread_of
-from bot.sink import ChatPlace
+from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine import safefile
 from engine.agents.factory import create_agent
@@ -196,7 +197,7 @@ class AutopilotExtension(Feature):
             reason=name,
         )
         self._start(name, place)
-        verb = "started" if created else f"resumed at {task.label}"
+        verb = "started" if created else f"resumed at {words(task.label)}"
         await self.ctx.publisher.say(
             chat.id,
             f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
@@ -241,7 +242,8 @@ class AutopilotExtension(Feature):
                 await self.ctx.store.set_task_active(name, False)
                 await publisher.say(
                     place.chat_id,
-                    f"⏹ Autopilot for {name} stopped by {by}; the task keeps its phase. "
+                    f"⏹ Autopilot for {name} stopped by {self.ctx.publisher.people.name(by)}; "
+                    "the task keeps its phase. "
                     f"/autopilot {name} resumes it.",
                     thread_id=place.thread_id,
                     run_id=_RUN_PREFIX + name,
@@ -306,47 +308,51 @@ class AutopilotExtension(Feature):
                 run_id=request.run_id,
                 ref=f"gatedoc:{gate_id}",
             )
+        # The phase's message becomes its gate: one message for the phase's whole life.
+        phase_ref = self.sink.phase_message(request.task, request.phase)
+        if phase_ref is not None:
+            await self.ctx.store.rename_live(phase_ref, f"gate:{gate_id}")
+        head, excerpt, tail = self._gate_text(request, gate_id)
         await publisher.live(
             f"gate:{gate_id}",
-            self._gate_text(request, gate_id),
+            head,
             chat_id=place.chat_id,
             thread_id=place.thread_id,
             markup=_buttons(gate_id),
             run_id=request.run_id,
+            markdown=excerpt,
+            tail=tail,
         )
 
     @staticmethod
-    def _gate_text(request: GateRequest, gate_id: str, decided: str | None = None) -> str:
-        excerpt = request.excerpt.strip()
-        if len(excerpt) > _EXCERPT:
-            excerpt = excerpt[:_EXCERPT] + "…"
-        lines = [
-            f"🛂 Gate: task {request.task} · phase {request.phase}",
-            f"Artifact: {request.artifact_name} · sha256 {request.short_hash}",
-            "",
-            excerpt or "(empty)",
-            "",
-        ]
-        if decided is not None:
-            lines.append(decided)
-        else:
-            lines.append(
-                f"Approve: the button, /approve {request.task}, or reply APPROVED to this "
-                f"message. Reject: the button or /reject {request.task} REASON."
-            )
-        return "\n".join(lines)
+    def _gate_text(request: GateRequest, gate_id: str) -> tuple[str, str, str]:
+        """The gate message: a plain head, the artifact's excerpt (Markdown), a plain tail."""
+        text = request.excerpt.strip()
+        if len(text) > _EXCERPT:
+            text = render_excerpt(text, lines=12, chars=_EXCERPT)
+        head = (
+            f"🛂 Gate: task {request.task} · phase {request.phase}\n"
+            f"Waiting for approval of {request.artifact_name} · sha256 {request.short_hash}\n\n"
+        )
+        tail = (
+            f"\n\nApprove: the button, /approve {request.task}, or reply APPROVED to this "
+            f"message. Reject: the button or /reject {request.task} REASON."
+        )
+        return head, text or "(empty)", tail
 
     async def _decide_text(self, gate: GateRecord, decided: str) -> None:
+        """The gate message's last line says what was decided; its buttons go."""
         live = await self.ctx.store.get_live(f"gate:{gate.gate_id}")
         if live is None:
             return
-        body = live.body
-        head, _, _ = body.rpartition("\n")
+        head, _, _ = live.body.rpartition("\n")
+        kept = len(head.encode("utf-16-le")) // 2
         await self.ctx.store.set_live(
             f"gate:{gate.gate_id}",
             chat_id=live.chat_id,
             thread_id=live.thread_id,
             body=f"{head}\n{decided}",
+            entities=tuple(e for e in live.entities if e["offset"] + e["length"] <= kept),
             markup=None,
         )
         self.ctx.publisher.wake()
@@ -381,18 +387,21 @@ class AutopilotExtension(Feature):
         self, update: Update, gate: GateRecord, result: ApprovalResult, user_id: int, verb: str
     ) -> None:
         what = f"{gate.task} · {gate.phase} (sha256 {gate.sha256[:12]})"
+        name = self.ctx.publisher.people.name(user_id)
         outcome = result.outcome
         if outcome is ApprovalOutcome.APPROVED:
             if await self.ctx.store.close_gate(gate.gate_id, "approved", user_id):
-                await self._decide_text(gate, f"✅ Approved by {user_id}.")
-            text = f"✅ Approved {what} by {user_id}."
+                await self._decide_text(gate, f"✅ Approved by {name}; the next phase runs.")
+            if update.callback_query is not None:
+                return  # the button's gate message says it: no message more
+            text = f"✅ Approved {what} by {name}."
         elif outcome is ApprovalOutcome.RECORDED:
             text = f"Approval of {what} recorded: {result.approvals} of {result.quorum} needed."
         elif outcome is ApprovalOutcome.ALREADY_APPROVED:
             text = f"You already approved {what}; nothing changed."
         elif outcome is ApprovalOutcome.REJECTED:
             if await self.ctx.store.close_gate(gate.gate_id, "rejected", user_id):
-                await self._decide_text(gate, f"↩️ Rejected by {user_id}; the phase re-runs.")
+                await self._decide_text(gate, f"↩️ Rejected by {name}; the phase re-runs.")
             text = f"↩️ Rejected {what}; the {gate.phase} phase re-runs with your reason."
         else:
             reason = result.reason.value if result.reason is not None else "refused"
@@ -762,7 +771,7 @@ class AutopilotExtension(Feature):
             except GateRefused:
                 continue
             state = "driving" if handle is not None and not handle.done else "idle"
-            lines.append(f"🛂 autopilot {name} · {task.label} · {state}")
+            lines.append(f"🛂 autopilot {name} · {words(task.label)} · {state}")
             # A task checked out with --checkout-repo: its branch and disk usage.
             worktree = await worktree_summaries(
                 self.ctx.settings, self.ctx.db, {name: str(task.workdir)}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from bot.progress import TurnProgress
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
@@ -75,7 +76,20 @@ class ChatChannel(BaseChannel):
         run.turn += 1
         run.current = (prompt.id, turn_id, prompt.update_id)
         run.turn_started = time.time()
-        # Written by the run's status task, so the turn is not held back by it.
+        # The turn's progress message, under the message that asked, before the turn runs.
+        b = run.binding
+        reply_to = None
+        if prompt.update_id is not None:
+            reply_to = await run.store.message_of_update(prompt.update_id)
+        run.progress = TurnProgress(
+            run.publisher,
+            chat_id=b.chat_id,
+            thread_id=b.thread_id or None,
+            run_id=run.run_id,
+            turn=run.turn,
+            reply_to=reply_to,
+        )
+        await run.progress.show()
         run.status_wanted.set()
         return Ready(prompt.body)
 
@@ -84,8 +98,13 @@ class ChatChannel(BaseChannel):
         assert run.current is not None
         prompt_id, turn_id, _ = run.current
         b = run.binding
+        progress = run.progress
         items = await run.publisher.output_items(
-            out, chat_id=b.chat_id, thread_id=b.thread_id or None, run_id=run.run_id
+            out,
+            chat_id=b.chat_id,
+            thread_id=b.thread_id or None,
+            run_id=run.run_id,
+            reply_to=progress.reply_to if progress is not None else None,
         )
         if run.output_files is not None:
             # Files the agent hands over (TURNSTILE-SEND lines) follow its answer.
@@ -97,6 +116,9 @@ class ChatChannel(BaseChannel):
             # Beside the store's copy: the runs folder is where people look for a run's files.
             await asyncio.to_thread(_keep_stderr, run.runs_dir / run.run_id, run.turn, out)
         run.publisher.wake()
+        if progress is not None:
+            code = out.exit_code
+            await progress.finish("✅ done" if code in (None, 0) else f"⚠️ exited with code {code}")
         run.current = None
         run.turn_started = None
         run.last_event = None
@@ -130,6 +152,7 @@ class ChatRun:
     last_event: str | None = None
     output_files: OutputFiles | None = None
     runs_dir: Path | None = None
+    progress: TurnProgress | None = None
     channel: ChatChannel = field(init=False)
 
     async def record_process(self, process: TurnProcess) -> None:
@@ -149,7 +172,10 @@ class ChatRun:
         return self.current is not None
 
     def on_agent_event(self, event: AgentEvent) -> None:
-        """The agent's progress (real CLIs): the last tool call shows in the status."""
+        """The agent's progress (real CLIs): its tool calls and text show in the turn's
+        progress message; the last tool call in /status."""
+        if self.progress is not None and self.progress.on_event(event):
+            self.status_wanted.set()
         if event.kind is EventKind.TOOL_USE:
             detail = " ".join(event.text.split())[:80]
             self.last_event = f"🔧 {event.tool or 'tool'}" + (f": {detail}" if detail else "")
@@ -165,25 +191,25 @@ class ChatRun:
             head += " · warm (agent process kept between turns)"
         if final is not None:
             elapsed = format_elapsed(time.time() - self.started)
-            return f"{head}\n{final} · {self.turns_done} turn(s) · {elapsed}"
+            return f"{head}\n{final} · {elapsed}"
         if self.turn_started is not None:
             elapsed = format_elapsed(time.time() - self.turn_started)
-            state = f"⏳ turn {self.turn} running · {elapsed}"
+            state = f"⏳ a turn is running · {elapsed}"
             if self.last_event:
                 state += f"\n{self.last_event}"
         else:
-            state = f"✅ idle · {self.turns_done} turn(s) done"
+            state = "✅ idle"
         return f"{head}\n{state}"
 
     async def show_status(self, final: str | None = None) -> None:
-        b = self.binding
-        await self.publisher.live(
-            f"status:{self.run_id}",
-            self.status_text(final),
-            chat_id=b.chat_id,
-            thread_id=b.thread_id or None,
-            run_id=self.run_id,
-        )
+        """The running turn's progress message (finalized with ``final`` when the run ends;
+        a chat session has no status message of its own: /status tells)."""
+        if self.progress is None:
+            return
+        if final is not None:
+            await self.progress.finish(final)
+        elif self.busy:
+            await self.progress.show()
 
 
 class ChatSessions:
@@ -199,7 +225,7 @@ class ChatSessions:
         agent_factory: AgentFactory,
         supervisor: RunSupervisor,
         workspaces: WorkspaceStore,
-        status_tick: float = 15.0,
+        status_tick: float = 1.0,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -472,12 +498,14 @@ class ChatSessions:
         if run.current is not None:
             note += f" during turn {run.turn}"
         if run.stop_by is not None:
-            note += f" by {run.stop_by}"
+            note += f" by {self.publisher.people.name(run.stop_by)}"
         note += "."
         if dropped:
             note += f" {dropped} queued message(s) were discarded; send them again if needed."
         await self.publisher.say(b.chat_id, note, thread_id=thread, run_id=run.run_id)
         run.current = None
+        if run.stop_by is not None:
+            return RunStatus.STOPPED, f"⏹ stopped by {self.publisher.people.name(run.stop_by)}"
         return RunStatus.STOPPED, "⏹ stopped"
 
     async def _failed(self, run: ChatRun, exc: Exception) -> None:

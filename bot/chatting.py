@@ -18,6 +18,7 @@ from bot.chat import ChatRun
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.progress import STOP_DATA
 from bot.replies import thread_of
 from bot.store import Binding
 from engine.agents.factory import AGENT_NAMES
@@ -76,6 +77,8 @@ class ChatFeature(Feature):
         dispatch.command("model", Action.CHAT, self.cmd_model)
         dispatch.command("project", Action.CHAT, self.cmd_project, usage=self._usage("project"))
         dispatch.command("new", Action.CHAT, self.cmd_new)
+        # The ⏹ Stop button of a turn's progress message (bot.progress).
+        dispatch.buttons(rf"^{STOP_DATA}", Action.STOP, self.on_stop_button)
         # Registered after the other features: a text none of them took is a turn.
         dispatch.text(self.on_text)
 
@@ -323,6 +326,26 @@ class ChatFeature(Feature):
         return True
 
     # -- stop and status ---------------------------------------------------------------
+
+    async def on_stop_button(self, update: Update, data: str) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        run = self.ctx.chats.find(data.removeprefix(STOP_DATA))
+        if run is None or run.binding.chat_id != chat.id or not run.busy:
+            await self.ctx.replies.answer(update, "Nothing is running there any more.")
+            return
+        await self.ctx.replies.answer(update, "Stopping…")
+        await self.ctx.store.audit(
+            action="stop",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=run.run_id,
+        )
+        await self.ctx.chats.stop(run, user.id)
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         run = self.ctx.chats.find(run_id)

@@ -230,6 +230,8 @@ class Dispatch:
         if chat is None or user is None or user.is_bot:
             await self._replies.answer(update)  # a button on an inline message: not ours
             raise ApplicationHandlerStop
+        # Remembered for what the bot says about them ("approved by Ann").
+        await self._replies.people.seen(user)
         if message is not None and (message.migrate_to_chat_id or message.migrate_from_chat_id):
             await self._follow_migration(update)
             raise ApplicationHandlerStop

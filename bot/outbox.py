@@ -4,7 +4,9 @@ Messages are committed to the outbox first; this sender delivers them in order, 
 time, through the bot's rate limiter (``AIORateLimiter`` with retries honours
 ``RetryAfter``). Network errors, timeouts and 5xx answers are retried with backoff; a
 row is marked sent only after Telegram accepted it, so a restart delivers what was left.
-Live messages (run status, gates) are edited in place, throttled per message.
+Live messages (run status, gates, a turn's progress) are edited in place, throttled per
+chat: at most one edit each ``edit_interval`` in a private chat, three times slower in a
+group (Telegram allows a group 20 messages a minute; sends count against the same pause).
 
 Answers to people who may not use the bot ("not allowed") go through a second, bounded
 lane in memory, sent only when nothing else is waiting: a flood of strangers can never
@@ -123,10 +125,16 @@ class OutboxSender:
         self.token_refused: str | None = None
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
+        self._last_in_chat: dict[int, float] = {}
         self._refusals: deque[OutboxItem] = deque()
         self._refusal_backlog = refusal_backlog
         self.sent = 0
         self.failed = 0
+
+    def interval(self, chat_id: int) -> float:
+        """Seconds between two edits in ``chat_id``: a group (negative id) gets a third of
+        a private chat's pace, its 20 messages a minute shared with new messages."""
+        return self._edit_interval * (3 if chat_id < 0 else 1)
 
     def wake(self) -> None:
         self._idle.clear()
@@ -219,9 +227,13 @@ class OutboxSender:
         due_in: float | None = None
         now = self._clock()
         for live in await self._store.dirty_live():
-            last = self._last_edit.get(live.ref)
-            if last is not None and now - last < self._edit_interval:
-                wait = self._edit_interval - (now - last)
+            interval = self.interval(live.chat_id)
+            last = max(
+                self._last_edit.get(live.ref, -interval),
+                self._last_in_chat.get(live.chat_id, -interval),
+            )
+            if now - last < interval:
+                wait = interval - (now - last)
                 due_in = wait if due_in is None else min(due_in, wait)
                 continue
             await self._edit(live)
@@ -290,8 +302,7 @@ class OutboxSender:
         self.sent += 1
         await self._store.outbox_sent(row, message.message_id if message else None)
         _drop_spool(item)
-        if item.ref is not None:
-            self._last_edit[item.ref] = self._clock()
+        self._last_in_chat[item.chat_id] = self._clock()
 
     async def _fallback(self, row: OutboxRow, exc: BadRequest) -> Message | None:
         """A refused message is sent once more without what Telegram objected to."""
@@ -391,7 +402,7 @@ class OutboxSender:
 
     async def _edit(self, live: LiveMessage) -> None:
         assert live.message_id is not None
-        self._last_edit[live.ref] = self._clock()
+        self._last_edit[live.ref] = self._last_in_chat[live.chat_id] = self._clock()
         try:
             await self._bot.edit_message_text(
                 chat_id=live.chat_id,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from bot.outbox import OutboxSender
-from bot.render import MAX_CAPTION, Rendered, plain, render_markdown
+from bot.people import People
+from bot.render import MAX_CAPTION, Rendered, plain, render_markdown, render_parts
 from bot.store import BotStore, OutboxItem
 from engine.redact import Redactor
 from engine.turn import TurnOutput
@@ -121,8 +122,11 @@ class Publisher:
         document_threshold: int,
         documents_dir: Path | None = None,
         clock: Callable[[], float] = time.time,
+        people: People | None = None,
     ) -> None:
         self.store = store
+        # How people are called in what the bot says ("approved by Ann").
+        self.people = people or People(store)
         self.sender = sender
         self.redact = redactor
         self.document_threshold = document_threshold
@@ -368,14 +372,29 @@ class Publisher:
         thread_id: int | None,
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
+        reply_to: int | None = None,
+        markdown: str | None = None,
+        tail: str = "",
     ) -> None:
-        """Create or edit in place the live message ``ref`` (throttled by the sender)."""
+        """Create or edit in place the live message ``ref`` (throttled by the sender).
+
+        ``text`` is plain; ``markdown`` (an excerpt) follows it rendered as entities, then
+        the plain ``tail``. ``reply_to`` places a new message under the one it answers.
+        """
+        if markdown is None and not tail:
+            rendered = plain(self.redact(text))
+        else:
+            rendered = render_parts(
+                [(text, False), (markdown or "", True), (tail, False)], redact=self.redact
+            )
         await self.store.set_live(
             ref,
             chat_id=chat_id,
             thread_id=thread_id,
-            body=plain(self.redact(text)).text,
+            body=rendered.text,
+            entities=rendered.entities,
             markup=markup,
             run_id=run_id,
+            reply_to=reply_to,
         )
         self.wake()

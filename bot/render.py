@@ -19,7 +19,15 @@ import telegramify_markdown as tgmd
 
 from engine.redact import Edit, Redactor
 
-__all__ = ["MAX_CAPTION", "MAX_MESSAGE", "Rendered", "plain", "render_markdown"]
+__all__ = [
+    "MAX_CAPTION",
+    "MAX_MESSAGE",
+    "Rendered",
+    "excerpt",
+    "plain",
+    "render_markdown",
+    "render_parts",
+]
 
 MAX_MESSAGE: Final = 4096
 MAX_CAPTION: Final = 1024
@@ -265,3 +273,39 @@ def render_markdown(
     return [
         Rendered(text=chunk, entities=tuple(e.to_dict() for e in ents)) for chunk, ents in chunks
     ] or [plain(header + "(no output)")]
+
+
+def render_parts(parts: Sequence[tuple[str, bool]], *, redact: Redactor) -> Rendered:
+    """One message from pieces, each plain text or Markdown (as entities), redacted, and
+    cut to the message limit (a live message: a phase, a gate, a turn's progress)."""
+    text = ""
+    entities: list[tgmd.MessageEntity] = []
+    for piece, markdown in parts:
+        if markdown:
+            converted, ents = _convert(redact.hide_exact(piece))
+            converted, ents = _plain_targets(converted.rstrip("\n"), ents)
+        else:
+            converted, ents = piece, []
+        shift = _utf16(text)
+        entities += [e.copy_with(offset=e.offset + shift) for e in ents]
+        text += converted
+    text, entities = _redact_rendered(text, entities, redact)
+    if _utf16(text) > MAX_MESSAGE:
+        first, ents = tgmd.split_entities(text, entities, MAX_MESSAGE - 2)[0]
+        text, entities = first.rstrip() + "\n…", list(ents)
+    if not text.strip():
+        text = "…"
+    return Rendered(text=text, entities=tuple(e.to_dict() for e in entities))
+
+
+def excerpt(markdown: str, *, lines: int = 8, chars: int = 600) -> str:
+    """The head of a Markdown text, cut on a line (an unclosed code fence is closed)."""
+    kept = markdown.strip().splitlines()[:lines]
+    out = "\n".join(kept)
+    if len(out) > chars:
+        out = out[:chars].rsplit("\n", 1)[0] if "\n" in out[:chars] else out[:chars]
+    if sum(line.lstrip().startswith("```") for line in out.splitlines()) % 2:
+        out += "\n```"
+    if out != markdown.strip():
+        out += "\n…"
+    return out

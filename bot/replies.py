@@ -55,6 +55,7 @@ class Replies:
 
     def __init__(self, publisher: Publisher, authorizer: Authorizer, store: BotStore) -> None:
         self._publisher = publisher
+        self.people = publisher.people
         self._authorizer = authorizer
         self._store = store
         # Per user: when the last refusal was answered, and whether it said "muted".

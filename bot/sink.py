@@ -3,44 +3,120 @@
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from bot.publish import Publisher, format_elapsed
+from bot.render import excerpt
 from engine.errors import NotFoundError
 from engine.runs import ChatPlace
-from engine.sink import GateRequest, StatusUpdate
+from engine.sink import GateRequest, StatusUpdate, TextKind
 from engine.store.runs import SqliteRunStore
 
-__all__ = ["BotSink", "ChatPlace", "status_text"]
+__all__ = ["BotSink", "ChatPlace", "humane", "last_line", "status_text", "words"]
 
 _LOGGER = logging.getLogger(__name__)
 
 _ICONS = {"auto": "🤖", "autopilot": "🛂", "chat": "💬"}
+_STATES = {
+    "running": "⏳ running",
+    "completed": "✅ finished",
+    "complete": "✅ complete",
+    "stopped": "⏹ stopped",
+    "parked": "⏸ paused (the bot restarts)",
+    "error": "⚠️ failed",
+    "crashed": "⚠️ failed",
+    "awaiting_approval": "🛂 waiting for approval",
+    "human_intervention": "✋ waiting for a person",
+}
+_EXCERPT_LINES: Final = 4
+_TURN_HEAD: Final = re.compile(r"^\[[^\]\n]*\]\s*(?:[^\n]*turn finished[^\n]*:)?\n?")
+
+
+def words(state: str) -> str:
+    """A run's or phase's state as people say it (never ``research:awaiting_approval``)."""
+    if state in _STATES:
+        return _STATES[state]
+    phase, _, rest = state.partition(":")
+    if rest:
+        return f"{phase.replace('_', ' ')}, {words(rest).split(' ', 1)[-1]}"
+    return state.replace("_", " ")
+
+
+_LABEL: Final = re.compile(r"\b([a-z][a-z_]*):awaiting_approval\b")
+
+
+def humane(text: str) -> str:
+    """A run's text with the phase labels said in words (``design:awaiting_approval`` →
+    ``design, waiting for approval``)."""
+    pieces = re.split(r"(`[^`\n]*`)", text)
+    for i in range(0, len(pieces), 2):  # commands in backquotes are typed as they are
+        piece = _LABEL.sub(lambda m: f"{m[1].replace('_', ' ')}, waiting for approval", pieces[i])
+        pieces[i] = piece.replace("human_intervention", "waiting for a person")
+    return "".join(pieces)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (Markdown marks stripped), for a status line."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip().lstrip("#>*-` ").rstrip("`* ")
+        if line:
+            return _one_line(line)
+    return ""
+
+
+def _is_auto(run_id: str) -> bool:
+    return run_id.startswith(("auto-", "auto:"))
 
 
 def status_text(update: StatusUpdate, now: float | None = None) -> str:
-    """The live status message: mode, run, phase, turn, elapsed, last event."""
+    """The live status message: mode, run, turn of how many, elapsed, state, last event."""
     icon = _ICONS.get(update.mode, "▶️")
+    mode = {"auto": "Auto run", "autopilot": "Autopilot", "chat": "Chat session"}.get(
+        update.mode, update.mode
+    )
     name = update.run_id.removeprefix(f"{update.mode}:")
-    head = f"{icon} {update.mode} {name}"
+    head = f"{icon} {mode} {name}"
     if update.task and update.task != name:
         head += f" · task {update.task}"
-    parts = [update.status]
+    parts = [words(update.status)]
     if update.phase:
-        parts.append(f"phase {update.phase}")
+        parts.append(words(update.phase).capitalize() if update.mode == "auto" else update.phase)
     if update.turn:
         parts.append(
-            f"turn {update.turn}/{update.max_turns}" if update.max_turns else f"turn {update.turn}"
+            f"turn {update.turn} of {update.max_turns}"
+            if update.max_turns
+            else f"turn {update.turn}"
         )
     if update.started_at is not None:
         parts.append(format_elapsed((now or time.time()) - update.started_at))
     text = head + "\n" + " · ".join(parts)
     if update.last_event:
-        event = " ".join(update.last_event.split())
-        text += "\n" + (event if len(event) <= 300 else event[:299] + "…")
+        text += "\n" + _one_line(update.last_event, 300)
     return text
+
+
+@dataclass
+class _PhaseView:
+    """One autopilot phase's message while the sink owns it (until it becomes a gate)."""
+
+    task: str
+    phase: str
+    ref: str
+    state: str = "running"
+    event: str | None = None
+    excerpt: str | None = None
+    gated: bool = False
 
 
 # Posts a gate in its chat (bot.autopilot).
@@ -52,8 +128,23 @@ FilesHandler = Callable[[ChatPlace, str, Path, list[str]], Awaitable[None]]
 PlaceResolver = Callable[[str], Awaitable["ChatPlace | None"]]
 
 
+@dataclass
+class _AutoView:
+    """What an auto run's one live message shows, and its turns' outputs so far."""
+
+    status: StatusUpdate | None = None
+    last: str | None = None
+    turns: list[str] = field(default_factory=list)
+
+
 class BotSink:
-    """Routes each run's reports to the chat (and topic) it belongs to."""
+    """Routes each run's reports to the chat (and topic) it belongs to.
+
+    Few messages: an autopilot phase is one message, edited from "running" to "done" (a
+    gated phase's message becomes its gate); an auto run is one live message, then its
+    final report with the turns' outputs as one document. Warnings and questions are
+    messages of their own.
+    """
 
     def __init__(self, publisher: Publisher, runs: SqliteRunStore) -> None:
         self._publisher = publisher
@@ -63,6 +154,8 @@ class BotSink:
         self._on_gate: GateHandler | None = None
         self._on_files: FilesHandler | None = None
         self._resolvers: list[PlaceResolver] = []
+        self._phases: dict[str, _PhaseView] = {}
+        self._autos: dict[str, _AutoView] = {}
 
     # -- what features plug in ---------------------------------------------------------
 
@@ -120,12 +213,137 @@ class BotSink:
         return place
 
     async def publish_text(self, run_id: str, text: str) -> None:
+        await self.publish_kind(run_id, text, TextKind.NOTE)
+
+    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
         place = await self.place(run_id)
         if place is None:
             _LOGGER.info("%s", text, extra={"run_id": run_id})
             return
+        if run_id.startswith("autopilot:") and kind is not TextKind.NOTE:
+            await self._autopilot_text(run_id, text, kind, place)
+            return
+        if _is_auto(run_id) and kind is TextKind.TURN:
+            view = self._autos.setdefault(run_id, _AutoView())
+            view.turns.append(text)
+            view.last = last_line(_TURN_HEAD.sub("", text, count=1)) or None
+            await self._show_auto(run_id, place)
+            return
         await self._publisher.say(
-            place.chat_id, text, thread_id=place.thread_id, markdown=True, run_id=run_id
+            place.chat_id, humane(text), thread_id=place.thread_id, markdown=True, run_id=run_id
+        )
+        if _is_auto(run_id) and kind is TextKind.FINAL:
+            await self._turns_document(run_id, place)
+
+    async def _turns_document(self, run_id: str, place: ChatPlace) -> None:
+        view = self._autos.pop(run_id, None)
+        if view is None or not view.turns:
+            return
+        name = run_id
+        await self._publisher.document(
+            place.chat_id,
+            "\n\n".join(view.turns) + "\n",
+            filename=f"turns-{name}.md",
+            caption=f"🤖 Auto run {name}: the output of its {len(view.turns)} turn(s)",
+            thread_id=place.thread_id,
+            run_id=run_id,
+        )
+
+    # -- autopilot: one message per phase ----------------------------------------------
+
+    def phase_message(self, task: str, phase: str) -> str | None:
+        """The ref of the message showing ``task``'s ``phase``, handed over to its gate
+        (the gate message is that same message); None when there is none to hand over."""
+        view = self._phases.get(task)
+        if view is None or view.gated or view.phase != phase:
+            return None
+        view.gated = True
+        return view.ref
+
+    async def _autopilot_text(
+        self, run_id: str, text: str, kind: TextKind, place: ChatPlace
+    ) -> None:
+        task = run_id.removeprefix("autopilot:")
+        if kind is TextKind.FINAL:
+            await self._task_summary(task, place, run_id)
+            return
+        view = self._phases.get(task)
+        if view is None or view.gated:
+            return  # a step after the gate: its message says it already
+        if kind is TextKind.TURN:
+            body = _TURN_HEAD.sub("", text, count=1).strip()
+            view.excerpt = excerpt(body, lines=_EXCERPT_LINES, chars=400) if body else None
+        elif kind is TextKind.STEP:
+            view.state = "done"
+        await self._show_phase(view, place, run_id)
+
+    async def _show_phase(self, view: _PhaseView, place: ChatPlace, run_id: str) -> None:
+        state = {
+            "running": "⏳ running…",
+            "done": "✅ done",
+            "complete": "✅ done",
+            "human_intervention": "✋ waiting for a person",
+        }.get(view.state, words(view.state))
+        if view.state == "running" and view.event and view.event != "phase turn":
+            state = f"⏳ running: {view.event.replace('_', ' ')}…"
+        head = f"🛂 {view.task} · {view.phase.replace('_', ' ')}\n{state}"
+        await self._publisher.live(
+            view.ref,
+            head + ("\n\n" if view.excerpt else ""),
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=run_id,
+            markdown=view.excerpt,
+        )
+
+    async def _autopilot_status(self, update: StatusUpdate, place: ChatPlace) -> None:
+        task = update.task or update.run_id.removeprefix("autopilot:")
+        phase = (update.phase or "").split(":", 1)[0]
+        view = self._phases.get(task)
+        if update.status == "running":
+            if view is None or view.gated or view.phase != phase or view.state != "running":
+                view = _PhaseView(task, phase, f"phase:{task}:{phase}:{secrets.token_hex(3)}")
+                self._phases[task] = view
+            view.event = update.last_event
+        elif view is not None and not view.gated and update.status != "awaiting_approval":
+            view.state = update.status
+        else:
+            return
+        await self._show_phase(view, place, update.run_id)
+
+    async def _task_summary(self, task: str, place: ChatPlace, run_id: str) -> None:
+        view = self._phases.pop(task, None)
+        if view is not None and not view.gated and view.state == "running":
+            view.state = "done"
+            await self._show_phase(view, place, run_id)
+        people = self._publisher.people
+        decided = [
+            f"{phase.replace('_', ' ')} approved by {people.name(by)}"
+            for phase, state, by in await self._publisher.store.decisions_of(task)
+            if state == "approved"
+        ]
+        text = f"🏁 Task {task} is complete."
+        if decided:
+            text += " " + "; ".join(decided) + "."
+        await self._publisher.say(place.chat_id, text, thread_id=place.thread_id, run_id=run_id)
+
+    # -- auto runs: one live message ---------------------------------------------------
+
+    async def _show_auto(self, run_id: str, place: ChatPlace) -> None:
+        view = self._autos.setdefault(run_id, _AutoView())
+        if view.status is None:
+            return
+        text = status_text(view.status)
+        if view.last:
+            text += f"\nLast turn: {view.last}"
+        if view.status.status == "running":
+            text += f"\nMessages here or /steer add instructions; /stop {run_id} stops it."
+        await self._publisher.live(
+            f"status:{run_id}",
+            text,
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=run_id,
         )
 
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
@@ -138,6 +356,13 @@ class BotSink:
     async def update_status(self, update: StatusUpdate) -> None:
         place = await self.place(update.run_id)
         if place is None:
+            return
+        if update.mode == "autopilot":
+            await self._autopilot_status(update, place)
+            return
+        if update.mode == "auto":
+            self._autos.setdefault(update.run_id, _AutoView()).status = update
+            await self._show_auto(update.run_id, place)
             return
         await self._publisher.live(
             f"status:{update.run_id}",

@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     runs_dir: Path = Path("runs")
     spill_limit: int = Field(default=4 * 1024 * 1024, ge=1024)
 
+    # Where turns run: in this process, or as jobs on `turnstile worker` processes
+    # (PostgreSQL only; engine/workers)
+    execution: Literal["local", "workers"] = "local"
+    # The repository run branches are pushed to after each turn (default: the project's own)
+    runs_remote: str | None = None
+    worker_heartbeat: float = Field(default=5.0, gt=0)
+    worker_timeout: float = Field(default=30.0, gt=0)
+
     # Agents
     default_agent: AgentName = "claude"
     agent_command: str | None = None
@@ -86,8 +94,9 @@ class Settings(BaseSettings):
     warm_sessions: Annotated[tuple[str, ...], NoDecode] = ()
     max_warm_sessions: int = Field(default=4, ge=1)
     warm_idle_minutes: float = Field(default=15.0, gt=0)
-    # Bot: seconds between edits of one live (status) message, and shutdown behaviour
-    status_edit_interval: float = Field(default=10.0, ge=0)
+    # Bot: seconds between edits of live messages in a private chat (3x in a group), and
+    # shutdown behaviour
+    status_edit_interval: float = Field(default=1.0, ge=0)
     shutdown_turns: Literal["finish", "park"] = "finish"
     shutdown_flush_seconds: float = Field(default=30.0, ge=0)
 

@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["FileSink", "GateRequest", "LogSink", "NullSink", "RunSink", "StatusUpdate"]
+__all__ = [
+    "FileSink",
+    "GateRequest",
+    "KindSink",
+    "LogSink",
+    "NullSink",
+    "RunSink",
+    "StatusUpdate",
+    "TextKind",
+    "publish",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -73,6 +84,32 @@ class FileSink(Protocol):
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
         """Send ``paths`` (relative to ``workdir``, untrusted: checked by the sink)."""
         ...
+
+
+class TextKind(StrEnum):
+    """What a published text is, so a front end may fold it instead of posting it."""
+
+    NOTE = "note"  # people should see it now (a warning, a problem, a question)
+    TURN = "turn"  # one turn's output
+    STEP = "step"  # the run moved on (a phase done, a gate passed)
+    FINAL = "final"  # the run's final report (a task complete, an auto run's result)
+
+
+@runtime_checkable
+class KindSink(Protocol):
+    """A sink that wants to know what each text is (the bot folds turns into one message)."""
+
+    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
+        """Like :meth:`RunSink.publish_text`, with the text's kind."""
+        ...
+
+
+async def publish(sink: RunSink, run_id: str, text: str, kind: TextKind = TextKind.NOTE) -> None:
+    """Publish ``text`` through ``sink``, with its kind when the sink takes one."""
+    if isinstance(sink, KindSink):
+        await sink.publish_kind(run_id, text, kind)
+    else:
+        await sink.publish_text(run_id, text)
 
 
 class NullSink:

@@ -8,7 +8,14 @@ import pytest
 
 from engine.gates import Refusal
 from tests.fakes.bot_api import FakeBotApi, SentMessage
-from tests.fakes.bot_harness import ADMIN, CHAT, bot_settings, running_bot, write_script
+from tests.fakes.bot_harness import (
+    ADMIN,
+    CHAT,
+    approved,
+    bot_settings,
+    running_bot,
+    write_script,
+)
 from tests.gates_support import make_settings, open_gates, phase_rules
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
@@ -50,4 +57,4 @@ async def test_an_admin_approves_by_button_in_the_chat(
         gate = await api.wait_for_message(_gate, timeout=60)
         approve = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve"))
         api.push_callback(chat_id=CHAT, user_id=ADMIN, data=approve, message_id=gate.message_id)
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
+        await api.wait_for_message(approved("T1", "research"))

@@ -113,7 +113,11 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
         status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
         assert "proj-a" in status.text
-        assert re.search(r" · ⏳ turn 1 running · \d+s · 🔧 Bash: ls · queue 1$", status.text)
+        assert re.search(
+            r"· \d+ turn\(s\) · ⏳ a turn is running · \d+s · 🔧 Bash: ls · queue 1$", status.text
+        )
+        # one turn count, not the session's and the run's side by side
+        assert len(re.findall(r"turn", status.text)) == 2
         assert "🌿" not in status.text  # a plain folder, not a worktree
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat nosuchagent x y")
         await api.wait_for_message(lambda m: m.text.startswith("Usage: /chat"))
@@ -136,13 +140,16 @@ async def test_tasks_is_paged_and_admin_only_and_audit(
         await api.wait_for_message(lambda m: "/tasks needs the admin role" in m.text)
         api.push_message(chat_id=CHAT, user_id=ADMIN, text="/tasks")
         board = await api.wait_for_message(lambda m: m.text.startswith("📋 Tasks"))
-        assert "page 1/2" in board.text
-        assert "task-00" in board.text
+        assert "page 1 of 2" in board.text
+        # one short line per task, in words, no space-padded columns, no state names
+        assert "\n⏳ task-00 · research\n" in board.text
+        assert "  " not in board.text
+        assert "awaiting_approval" not in board.text
         assert "task-39" not in board.text
         nxt = board.buttons[0]["callback_data"]
         api.push_callback(chat_id=CHAT, user_id=STRANGER, data=nxt, message_id=board.message_id)
         api.push_callback(chat_id=CHAT, user_id=ADMIN, data=nxt, message_id=board.message_id)
-        await api.wait_until(lambda: "page 2/2" in board.text)
+        await api.wait_until(lambda: "page 2 of 2" in board.text)
         assert "task-39" in board.text
         assert [b["text"] for b in board.buttons] == ["◀ previous"]
         api.push_message(chat_id=CHAT, user_id=ADMIN, text="/audit")

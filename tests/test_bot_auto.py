@@ -73,8 +73,8 @@ async def test_auto_run_to_completion_with_steering(
         monkeypatch,
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
-        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
-        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        asked = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
         run_id = started.text.split()[3]
         # a stranger cannot steer; an operator can, by plain message
         api.push_message(chat_id=CHAT, user_id=STRANGER, text="delete everything")
@@ -85,10 +85,20 @@ async def test_auto_run_to_completion_with_steering(
         await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
         record = await rt.runs.get_run(run_id)
         assert record.status is RunStatus.COMPLETED
-        # the live status message exists once and was edited in place
-        status = [m for m in api.sent if m.text.startswith(f"🤖 auto {run_id}")]
+        # the live status message exists once, under the /auto, and was edited in place
+        status = [m for m in api.sent if m.text.startswith(f"🤖 Auto run {run_id}")]
         assert len(status) == 1
         assert status[0].edits >= 1
+        assert status[0].reply_to == api.pushed(asked)["message"]["message_id"]
+        # one live message, the answers to people, the report and the turns as a document:
+        # no message per turn
+        turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+        assert turns.document is not None
+        assert b"Clarify, exit 0]" in turns.document
+        assert b"Evaluate, exit 0]" in turns.document
+        assert not any(m.text.startswith("[turn ") for m in api.sent)
+        # the live message, the stranger's refusal, "noted", the report, the turns
+        assert len(api.sent) == 5, [m.text[:40] for m in api.sent]
     prompts = [e["prompt"] for e in agent_log(tmp_path)]
     executes = [p for p in prompts if EXECUTE in p]
     assert len(executes) == 1
@@ -111,7 +121,7 @@ async def test_stop_by_run_id_preempts_an_auto_run(
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto never ends")
-        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
         run_id = started.text.split()[3]
         agent_pid, child_pid = (int(p) for p in (await wait_for_file(pids)).split())
         api.push_message(chat_id=CHAT, user_id=STRANGER, text=f"/stop {run_id}")

@@ -18,6 +18,7 @@ from tests.fakes.bot_harness import (
     CHAT,
     OPERATOR,
     agent_log,
+    approved,
     bot_settings,
     running_bot,
     write_script,
@@ -44,35 +45,50 @@ async def test_autopilot_through_every_gate(
 ) -> None:
     write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.names[APPROVER] = "Approver"
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build the widget")
-        await api.wait_for_message(lambda m: "Autopilot for task T1 started" in m.text)
+        started = await api.wait_for_message(lambda m: "Autopilot for task T1 started" in m.text)
 
         # research: the artifact arrives as a document, then the gate with buttons
         gate = await _gate_message(api, "research")
         assert "research.md" in gate.text
+        # the excerpt is rendered (entities), no raw Markdown; no internal state names
+        await api.wait_until(lambda: bool(gate.entities))
+        assert "# research" not in gate.text
+        assert "awaiting_approval" not in gate.text
         assert "sha256 " in gate.text
         docs = [m for m in api.sent if m.filename == "research.md"]
         assert len(docs) == 1
         assert docs[0].document is not None
-        assert docs[0].message_id < gate.message_id
+        # one message for the phase: it showed the phase running, then became its gate;
+        # the artifact follows it as a document, and nothing else was posted for the phase
+        assert any("⏳ running" in old for old in gate.history)
+        assert docs[0].message_id > gate.message_id
+        research = [m for m in api.sent if m.message_id > started.message_id]
+        assert [m.message_id for m in research] == [gate.message_id, docs[0].message_id]
         approve = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve"))
         # an operator is not an approver: refused and audited, the gate stays open
         api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=approve, message_id=gate.message_id)
         await api.wait_until(lambda: len(api.callback_answers) == 1)
         assert "Needs the approver role" in api.callback_answers[0]["text"]
         # 1. approved by the button
+        before = len(api.sent)
         api.push_callback(chat_id=CHAT, user_id=APPROVER, data=approve, message_id=gate.message_id)
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
+        await api.wait_for_message(approved("T1", "research"))
+        # approved by name, in the gate message itself: the approval added no message
+        assert "✅ Approved by Approver" in gate.text
+        assert not gate.buttons
+        assert not any(m.text.startswith("✅ Approved") for m in api.sent[before:])
 
         # 2. decomposition: approved by replying APPROVED to the gate message
         gate = await _gate_message(api, "decomposition")
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED", reply_to=gate.message_id)
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · decomposition"))
+        await api.wait_for_message(approved("T1", "decomposition"))
 
         # 3. design: approved with /approve TASK
         await _gate_message(api, "design")
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="/approve T1")
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · design"))
+        await api.wait_for_message(approved("T1", "design"))
 
         # 4. test_design: rejected by the button, the bot asks for a reason
         gate = await _gate_message(api, "test_design")
@@ -84,9 +100,10 @@ async def test_autopilot_through_every_gate(
         # the phase re-ran with the reason; its new gate is approved by a plain APPROVED
         await _gate_message(api, "test_design", count=2)
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="approved")
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · test_design"))
+        await api.wait_for_message(approved("T1", "test_design"))
 
-        await api.wait_for_message(lambda m: "[T1] complete" in m.text, timeout=60)
+        done = await api.wait_for_message(lambda m: "Task T1 is complete" in m.text, timeout=60)
+        assert "research approved by Approver" in done.text
         gates = Gates(rt.db, rt.settings)
         assert (await gates.task("T1")).phase == COMPLETE
         # the decided gate messages lost their buttons
@@ -129,7 +146,7 @@ async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
             api.push_callback(
                 chat_id=CHAT, user_id=APPROVER, data=approve, message_id=gate.message_id
             )
-            await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T2 · research"))
+            await api.wait_for_message(approved("T2", "research"))
             await _gate_message(api, "decomposition")
             # with two gates open, a plain APPROVED is ambiguous; a reply is not, and a
             # reply to the artifact's document counts as a reply to its gate
@@ -141,9 +158,7 @@ async def test_gates_survive_a_restart(tmp_path: Path, monkeypatch: pytest.Monke
             api.push_message(
                 chat_id=CHAT, user_id=APPROVER, text="Approved.", reply_to=doc.message_id
             )
-            await api.wait_for_message(
-                lambda m: m.text.startswith("✅ Approved T2 · decomposition")
-            )
+            await api.wait_for_message(approved("T2", "decomposition"))
             assert not any(m.text.startswith("✅ Approved T3") for m in api.sent)
         t2_research = [m for m in api.sent if _gate("research")(m) and "task T2 " in m.text]
         assert len(t2_research) == 1

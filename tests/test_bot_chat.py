@@ -36,10 +36,19 @@ async def test_three_turn_chat_session_resumes_the_same_session(
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
         await api.wait_for_message(lambda m: "bound to a new command session" in m.text)
         for i in range(1, 4):
-            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"question {i}")
+            asked = api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"question {i}")
+            question = api.pushed(asked)["message"]["message_id"]
             reply = await api.wait_for_message(lambda m, i=i: f": question {i}" in m.text)
             assert reply.text == f"turn {i}: question {i}"
             assert reply.entities[0]["type"] == "bold"
+            # the answer and the turn's progress message are replies to the question
+            assert reply.reply_to == question
+            progress = [m for m in api.sent if m.reply_to == question and m is not reply]
+            assert len(progress) == 1
+            assert progress[0].message_id < reply.message_id
+            await api.wait_until(lambda p=progress[0]: p.text.startswith("✅ done"))
+            assert progress[0].history[0].startswith("⏳ working")
+            assert not progress[0].buttons
         log = agent_log(tmp_path)
         assert [e["prompt"] for e in log] == ["question 1", "question 2", "question 3"]
         assert len({e["session"] for e in log}) == 1
@@ -49,9 +58,8 @@ async def test_three_turn_chat_session_resumes_the_same_session(
         runs = await SqliteRunStore(rt.db).list_runs()
         turns = await SqliteRunStore(rt.db).turns(runs[0].id)
         assert [t.state.value for t in turns] == ["finished"] * 3
-    # the status message was created once and edited in place, never re-sent
-    status = [m for m in api.sent if m.text.startswith("💬 chat session")]
-    assert len(status) == 1
+    # no status message far up the chat: each turn has its own progress message
+    assert not any(m.text.startswith("💬 chat session") for m in api.sent)
 
 
 async def test_stop_preempts_a_long_turn_and_its_children(
@@ -159,7 +167,7 @@ async def test_queue_depth_is_never_exceeded_silently(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
             await api.wait_for_message(lambda m: "bound" in m.text)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="one")
-            await api.wait_for_message(lambda m: "turn 1 running" in m.text)
+            await api.wait_for_message(lambda m: m.text.startswith("⏳ working"))
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="two")
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="three")
             refused = await api.wait_for_message(lambda m: "Not queued" in m.text)
@@ -341,3 +349,31 @@ async def test_agent_model_project_and_new_change_the_session_in_the_chat(
             finally:
                 rt.request_shutdown()
                 await rt.shutdown()
+
+
+async def test_the_stop_button_of_a_turns_progress_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(
+        tmp_path,
+        {"rules": [{"match": "long", "wait_file": str(tmp_path / "never")}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.names[OPERATOR] = "Olga"
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a long job")
+        progress = await api.wait_for_message(lambda m: m.text.startswith("⏳ working"))
+        # the elapsed time moves while the turn runs (edited in place)
+        await api.wait_until(lambda: progress.edits >= 1)
+        stop = next(b["callback_data"] for b in progress.buttons if "Stop" in b["text"])
+        # a stranger's press is refused and changes nothing
+        api.push_callback(chat_id=CHAT, user_id=STRANGER, data=stop, message_id=progress.message_id)
+        await api.wait_until(lambda: len(api.callback_answers) == 1)
+        assert progress.buttons
+        api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=stop, message_id=progress.message_id)
+        await api.wait_until(lambda: progress.text.startswith("⏹ stopped by Olga"))
+        assert not progress.buttons
+        runs = await rt.runs.list_runs()
+        assert runs[0].status is RunStatus.STOPPED

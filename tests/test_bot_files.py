@@ -27,6 +27,7 @@ import pytest
 from bot.app import BotRuntime
 from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
 from tests.bot_process import bot_env, start_polling
+from tests.fakes import bot_harness
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (
     CHAT,
@@ -39,7 +40,7 @@ from tests.fakes.bot_harness import (
 )
 from tests.fakes.transcription_api import FakeTranscriptionApi
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
 MB = 1024 * 1024
 
@@ -586,7 +587,14 @@ async def test_a_file_not_yet_delivered_at_shutdown_goes_out_after_the_restart(
 async def _bot_process(api: FakeBotApi, root: Path, **env_extra: str) -> asyncio.subprocess.Process:
     """The real ``turnstile bot`` as a process (to be killed with SIGKILL)."""
     fakes = {k: v for k, v in os.environ.items() if k.startswith("FAKE_")}
-    env = bot_env(root, api, TURNSTILE_ALLOWED_CHATS=str(OPERATOR), **fakes, **env_extra)
+    env = bot_env(
+        root,
+        api,
+        TURNSTILE_DATABASE=bot_harness.DATABASE or str(root / "turnstile.db"),
+        TURNSTILE_ALLOWED_CHATS=str(OPERATOR),
+        **fakes,
+        **env_extra,
+    )
     return await start_polling(api, root, env, timeout=30)
 
 

@@ -4,6 +4,7 @@ processes, the second given a symlink to the first one's database file."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -15,6 +16,8 @@ from bot.app import BotRuntime
 from engine.errors import BackendUnsupportedError
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import bot_settings, running_bot
+from tests.pg_support import PgCluster
+from tests.support import wait_until
 from tests.test_bot_restart import _env, _start
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
@@ -146,3 +149,72 @@ async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lo
         # Nothing stays held: the same database takes a bot at once.
         async with running_bot(api, bot_settings(api, tmp_path, database=pg_url)) as rt:
             assert rt.db.dialect == "postgresql"
+
+
+async def test_an_advisory_lock_excludes_a_second_holder_until_released(pg_url: str) -> None:
+    from engine.store.advisory import AdvisoryLock
+    from engine.store.location import PostgresURL
+
+    url = PostgresURL(pg_url)
+    first, second = AdvisoryLock(url, "turnstile bot"), AdvisoryLock(url, "turnstile bot")
+    other = AdvisoryLock(url, "something else")
+    assert await first.try_acquire()
+    assert first.held
+    assert not await second.try_acquire()
+    assert not second.held
+    assert await other.try_acquire()  # another name, another lock
+    assert await second.holder() == os.getpid()
+    assert await second.holder_detail() == f"pid {os.getpid()} on {socket.gethostname()}"
+    await first.release()
+    await first.release()  # twice: nothing happens
+    assert await second.holder() is None
+    await asyncio.wait_for(second.acquire(), 10)
+    assert second.held
+    await second.release()
+    await other.release()
+
+
+async def test_a_lost_bot_lock_is_taken_again_or_the_bot_stops(
+    tmp_path: Path, pg_url: str, pg_cluster: PgCluster
+) -> None:
+    import psycopg
+
+    from engine.store.dialect import advisory_key
+    from engine.store.location import PostgresURL
+
+    name = PostgresURL(pg_url).database
+
+    def holders() -> list[int]:
+        with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+                " AND application_name LIKE 'turnstile pid %%'",
+                (name,),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, database=pg_url)
+        async with BotRuntime(settings, lock_check_interval=0.5) as rt:
+            await rt.start()
+            [first] = holders()
+            # The server cuts the lock's connection: the bot takes the lock again.
+            pg_cluster.admin(f"SELECT pg_terminate_backend({first})")
+            again = await wait_until(lambda: [p for p in holders() if p != first], timeout=20)
+            assert len(again) == 1
+            # Cut again, and another process takes it first: the bot stops, saying why.
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as other:
+                pg_cluster.admin(f"SELECT pg_terminate_backend({again[0]})")
+
+                async def took() -> bool:
+                    cursor = await other.execute(
+                        "SELECT pg_try_advisory_lock(%s)", (advisory_key("turnstile bot"),)
+                    )
+                    row = await cursor.fetchone()
+                    return bool(row and row[0])
+
+                await wait_until(took, timeout=10, interval=0.001)
+                await asyncio.wait_for(rt.wait(), 20)
+                assert rt.fatal is not None
+                assert "another turnstile bot started on it" in str(rt.fatal)
+                await rt.shutdown()

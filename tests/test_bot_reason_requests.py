@@ -21,6 +21,7 @@ from tests.fakes.bot_harness import (
     CHAT,
     OPERATOR,
     agent_log,
+    approved,
     bot_settings,
     running_bot,
     write_script,
@@ -96,7 +97,7 @@ async def test_an_approval_word_after_reject_asks_instead_of_rejecting(
         )
         # the request is gone: "APPROVED" now approves, as the person meant
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T1 · research"))
+        await api.wait_for_message(approved("T1", "research"))
         assert _rejections(api) == []
         audit = await rt.store.audit_entries(limit=50)
         assert any(e.action == "reject" and e.outcome == "cancelled" for e in audit)
@@ -203,7 +204,7 @@ async def test_cancel_command_drops_the_request(
             lambda: sum(m.text.startswith("✖ Cancelled: nothing") for m in api.sent) == 2
         )
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="approved")
-        await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T3 · research"))
+        await api.wait_for_message(approved("T3", "research"))
         assert _rejections(api) == []
 
 
@@ -221,7 +222,7 @@ async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.Monk
                 (APPROVER,),
             )
             api.push_message(chat_id=CHAT, user_id=APPROVER, text="APPROVED")
-            await api.wait_for_message(lambda m: m.text.startswith("✅ Approved T4 · research"))
+            await api.wait_for_message(approved("T4", "research"))
             assert _rejections(api) == []
             assert not any("reads like an approval" in m.text for m in api.sent)
             # the question says it lapsed

@@ -433,3 +433,21 @@ def test_relative_links_and_anchors_resolve(doc: str) -> None:
         if anchor and file.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.MULTILINE)
             assert anchor in {_slug(h) for h in headings}, f"{doc}: no heading for #{anchor}"
+
+
+def test_worker_template_verifies_clean_and_keeps_each_workers_folders_apart(
+    tmp_path: Path,
+) -> None:
+    template = _installable_copy("turnstile-worker@.service", tmp_path)
+    instance = template.rename(template.with_name("turnstile-worker@w1.service"))
+    result = _verify([instance])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
+    shipped = DEPLOY / "turnstile-worker@.service"
+    [start] = _values(shipped, "ExecStart")
+    assert start.endswith("turnstile worker --name %i --concurrency 2")
+    env = _environment(shipped)
+    assert env["TURNSTILE_EXECUTION"] == "workers"
+    assert "%i" in env["TURNSTILE_WORKSPACES"]
+    assert "%i" in env["TURNSTILE_RUNS_DIR"]
+    assert _values(shipped, "KillSignal") == ["SIGTERM"]

@@ -21,10 +21,13 @@ from engine.automode.state import owner_token
 from engine.errors import ConfigError, StoreUnreachableError
 from engine.gates import GateRefused
 from engine.locks import FileLock, Lock
+from engine.runs import RunSpec
 from engine.settings import load_settings
 from engine.sink import NullSink
+from engine.store.advisory import AdvisoryLock
 from engine.store.backend import open_database
-from engine.store.leases import AdvisoryLock, advisory_key, database_lock
+from engine.store.dialect import advisory_key
+from engine.store.leases import database_lock
 from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
 from tests.automode_support import AGENT_CMD, GIT_ENV, git_workspace
@@ -92,7 +95,7 @@ async def test_the_lock_is_chosen_from_the_database(database: Any, tmp_path: Pat
     lock: Lock = database_lock(database, "drive:t", tmp_path / "t.lock")
     if database.dialect == "postgresql":
         assert isinstance(lock, AdvisoryLock)
-        assert lock.name == "drive:t"
+        assert lock.name.startswith("drive:t on postgresql://")
     else:
         assert isinstance(lock, FileLock)
         assert lock.name == str(tmp_path / "t.lock")
@@ -236,7 +239,9 @@ async def test_a_run_driven_by_another_process_is_not_resumed(
     workspace = git_workspace(auto_env / "ws")
     async with open_database(settings) as db:
         run = await prepare_auto_run(
-            settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+            settings,
+            db,
+            RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
         )
         # Its driver is elsewhere: a pid that names nothing on this machine.
         store = SqliteRunStore(db)
@@ -274,7 +279,9 @@ async def test_on_postgres_a_local_pid_in_the_owner_is_not_taken_for_a_driver(
     try:
         async with open_database(settings) as db:
             run = await prepare_auto_run(
-                settings, db, objective="o", tool="command", workdir=workspace, agent_cmd=AGENT_CMD
+                settings,
+                db,
+                RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
             )
             store = SqliteRunStore(db)
             state = {**(await store.get_run(run.run_id)).state, "owner": owner_token(other.pid)}

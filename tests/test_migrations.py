@@ -26,6 +26,7 @@ from engine.store import (
     discover_migrations,
 )
 from engine.store.database import load_migrations, read_schema_versions
+from engine.workers.store import migrations as workers_migrations
 from tests.conftest import REPO
 
 MAIN_SCHEMA = REPO / "tests" / "schema_main"
@@ -45,7 +46,8 @@ BOT_TABLES = {
 # The latest versions this code ships (main's database is at engine 5, bot 1).
 ENGINE_LATEST = load_migrations()[-1].version
 BOT_LATEST = bot_migrations().latest
-LATEST = {"engine": ENGINE_LATEST, "bot": BOT_LATEST}
+WORKERS_LATEST = workers_migrations().latest
+LATEST = {"engine": ENGINE_LATEST, "bot": BOT_LATEST, "workers": WORKERS_LATEST}
 
 
 def _build_as_main(path: Path, *, up_to: int) -> None:
@@ -111,7 +113,7 @@ async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) 
     before = _schema(path)
 
     # The doctor reads it as behind without touching it.
-    assert read_schema_versions(path) == {"engine": 5, "bot": 1}
+    assert read_schema_versions(path) == {"engine": 5, "bot": 1, "workers": 0}
     check = await check_database(path)
     assert check.status is Status.FAIL, check
     assert f"at schema version 5, this turnstile needs {ENGINE_LATEST}" in check.detail
@@ -152,9 +154,9 @@ async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) 
         assert await db.schema_versions() == LATEST
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT owner, version FROM schema_versions").fetchall() == [
-            ("bot", BOT_LATEST)
-        ]
+        assert conn.execute(
+            "SELECT owner, version FROM schema_versions ORDER BY owner"
+        ).fetchall() == [("bot", BOT_LATEST), ("workers", WORKERS_LATEST)]
         assert conn.execute("PRAGMA user_version").fetchone()[0] == ENGINE_LATEST
     finally:
         conn.close()
@@ -163,7 +165,7 @@ async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) 
 async def test_a_database_from_before_the_bot_tables_gets_them(tmp_path: Path) -> None:
     path = tmp_path / "older.db"
     _build_as_main(path, up_to=3)
-    assert read_schema_versions(path) == {"engine": 3, "bot": 0}
+    assert read_schema_versions(path) == {"engine": 3, "bot": 0, "workers": 0}
     behind = await check_database(path)
     assert behind.status is Status.FAIL
     assert f"at schema version 3, this turnstile needs {ENGINE_LATEST}" in behind.detail
@@ -187,7 +189,8 @@ async def test_the_engine_has_no_bot_tables_and_the_bot_is_discovered(tmp_path: 
     engine_sql = " ".join(s for m in load_migrations() for s in m.statements)
     assert "bot_" not in engine_sql
     owners = [s.owner for s in discover_migrations()]
-    assert owners == ["engine", "bot"]  # the bot through its entry point
+    # the bot and the workers through their entry points
+    assert owners == ["engine", "bot", "workers"]
     assert BOT_LATEST >= 2  # 1: its tables; 2: its audit joins the one log
     path = tmp_path / "engine-only.db"
     engine_only = [MigrationSet("engine", load_migrations())]

@@ -115,9 +115,7 @@ async def test_auto_from_the_chat_works_on_the_branch_named_after_its_run(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat demo")
             await api.wait_for_message(lambda m: "demo" in m.text)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
-            started = await api.wait_for_message(
-                lambda m: "Auto run" in m.text and "started" in m.text
-            )
+            started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
             run_id = started.text.split()[3]
             await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=60)
             record = await rt.runs.get_run(run_id)

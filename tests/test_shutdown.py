@@ -77,7 +77,7 @@ async def _bind_and_start_turn(api: FakeBotApi, root: Path, text: str) -> None:
     api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
     await api.wait_for_message(lambda m: "bound to" in m.text)
     api.push_message(chat_id=CHAT, user_id=OPERATOR, text=text)
-    await api.wait_for_message(lambda m: "turn 1 running" in m.text)
+    await api.wait_for_message(lambda m: m.text.startswith("⏳ working"))
     # The agent process has started its turn once it counted it.
     await wait_until(lambda: any((root / "agent-state").glob("*.turns")), interval=0.02)
 
@@ -174,8 +174,10 @@ async def test_second_sigterm_preempts_a_long_turn(
     assert not any(alive(p) for p in pids)  # the agent and its grandchild are gone
     assert await _turn_states(tmp_path) == ["interrupted"]
     assert await _pending_outbox(tmp_path) == 0
-    status = next(m for m in api.sent if m.text.startswith("💬 chat session"))
-    assert "parked" in status.text
+    # the turn's progress message says it was parked, without its Stop button
+    progress = next(m for m in api.sent if any(h.startswith("⏳ working") for h in m.history))
+    assert progress.text.startswith("⏸ parked")
+    assert not progress.buttons
     assert api.token not in bot.log
 
 

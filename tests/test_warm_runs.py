@@ -18,6 +18,7 @@ from engine.automode import start_auto_run
 from engine.commands import runs as runs_command
 from engine.gates import DriveOutcome
 from engine.gates.tasks import TaskRecord
+from engine.runs import AgentEnv, RunSpec
 from engine.settings import Settings
 from engine.store.database import Database
 from engine.store.runs import TurnState
@@ -61,16 +62,17 @@ async def test_an_auto_run_is_warm_while_it_runs_and_its_process_goes_with_it(
     api.enqueue(Text("Goal: nothing."), plan)
     settings = plain_settings(isolated_env, codex_bin=str(codex_bin), warm_sessions=("codex",))
     async with Database(settings.database) as db:
-        run = await start_auto_run(
-            settings,
-            db,
+        spec = RunSpec(
             objective="do nothing",
-            tool="codex",
+            agent="codex",
             workdir=workspace,
-            extra_env=sandbox.env({**api.codex_env(sandbox.config), **GIT_ENV}),
-            config_dir=sandbox.config,
+            env=AgentEnv(
+                extra_env=sandbox.env({**api.codex_env(sandbox.config), **GIT_ENV}),
+                config_dir=sandbox.config,
+            ),
             max_turns=3,
         )
+        run = await start_auto_run(settings, db, spec)
         agent = getattr(run.runner, "agent", None)
         assert isinstance(agent, WarmCodexAgent)
         # The Plan turn is in flight: the Clarify turn's process is still there.

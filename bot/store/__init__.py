@@ -24,6 +24,7 @@ from bot.store.gates import (
 )
 from bot.store.inbox import Inbox, InboxTables
 from bot.store.outbox import LiveMessages, LiveTables, Outbox, OutboxTables
+from bot.store.people import People, PeopleTables
 from bot.store.prompts import ChatBindings, ChatBindingTables, PromptQueue, PromptTables
 from bot.store.records import (
     AuditEntry,
@@ -53,6 +54,7 @@ __all__ = [
     "Outbox",
     "OutboxItem",
     "OutboxRow",
+    "People",
     "PromptQueue",
     "PromptRow",
     "ReasonRequest",
@@ -73,6 +75,7 @@ class BotStore(
     TaskPlaces,
     ChatMoves,
     BotAudit,
+    People,
     Protocol,
 ):
     """Every table of the bot: what the bot's parts receive."""
@@ -89,5 +92,6 @@ class SqlBotStore(
     TaskPlaceTables,
     ChatMoveTables,
     BotAuditTables,
+    PeopleTables,
 ):
     """:class:`BotStore` on either database (SQLite or PostgreSQL)."""

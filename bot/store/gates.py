@@ -48,6 +48,8 @@ class GateMessages(Protocol):
 
     async def close_gates_of(self, task: str, state: str, user_id: int | None) -> list[str]: ...
 
+    async def decisions_of(self, task: str) -> list[tuple[str, str, int | None]]: ...
+
 
 class ReasonRequests(Protocol):
     """A person asked for a rejection reason, one request per chat and person."""
@@ -140,6 +142,15 @@ class GateMessageTables(Tables):
                 (chat_id,),
             )
         return [GateRecord.from_row(r) for r in rows]
+
+    async def decisions_of(self, task: str) -> list[tuple[str, str, int | None]]:
+        """(phase, state, decided by) of the task's decided gates, oldest first."""
+        rows = await self.db.fetchall(
+            "SELECT phase, state, decided_by FROM bot_gates WHERE task = ? AND state <> 'open'"
+            " ORDER BY decided_at",
+            (task,),
+        )
+        return [(r["phase"], r["state"], r["decided_by"]) for r in rows]
 
     async def close_gate(self, gate_id: str, state: str, user_id: int | None) -> bool:
         """Close an open gate; False when it was not open (already decided)."""

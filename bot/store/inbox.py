@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ class Inbox(Protocol):
     async def unhandled_inbound(self) -> list[tuple[int, str]]: ...
 
     async def next_offset(self) -> int: ...
+
+    async def message_of_update(self, update_id: int) -> int | None: ...
 
 
 def _fsync_wal(db_path: Path) -> None:
@@ -111,3 +114,16 @@ class InboxTables(Tables):
     async def next_offset(self) -> int:
         row = await self.db.fetchone("SELECT MAX(update_id) FROM bot_inbound")
         return int(row[0]) + 1 if row is not None and row[0] is not None else 0
+
+    async def message_of_update(self, update_id: int) -> int | None:
+        """The message id an inbound update carried (what an answer replies to)."""
+        row = await self.db.fetchone(
+            "SELECT payload FROM bot_inbound WHERE update_id = ?", (update_id,)
+        )
+        if row is None:
+            return None
+        try:
+            message = json.loads(row["payload"]).get("message") or {}
+            return int(message["message_id"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None

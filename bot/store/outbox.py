@@ -49,7 +49,12 @@ class LiveMessages(Protocol):
         entities: tuple[dict[str, Any], ...] = (),
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
+        reply_to: int | None = None,
     ) -> None: ...
+
+    async def rename_live(self, old: str, new: str) -> bool: ...
+
+    async def live_with_prefix(self, prefix: str) -> list[LiveMessage]: ...
 
     async def get_live(self, ref: str) -> LiveMessage | None: ...
 
@@ -127,22 +132,32 @@ class OutboxTables(Tables):
                 " attempts = attempts + 1 WHERE id = ?",
                 (message_id, now, row.id),
             )
-            if item.ref is not None and message_id is not None:
-                cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (item.ref,))
+            # The row as it is now: renamed (a phase message that became a gate) or
+            # updated (set_live) while its send was in flight.
+            cursor = await conn.execute(
+                "SELECT ref, body, entities_json, markup_json FROM bot_outbox WHERE id = ?",
+                (row.id,),
+            )
+            current = await cursor.fetchone()
+            ref = current["ref"] if current is not None else item.ref
+            if ref is not None and message_id is not None:
+                body = current["body"] if current is not None else item.body
+                cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (ref,))
                 live = await cursor.fetchone()
                 if live is None:
                     await conn.execute(
                         "INSERT INTO bot_live (ref, chat_id, thread_id, message_id, body,"
                         " entities_json, markup_json, dirty, updated_at, edited_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
-                            item.ref,
+                            ref,
                             item.chat_id,
                             item.thread_id,
                             message_id,
-                            item.body,
-                            json.dumps(list(item.entities)) if item.entities else None,
-                            json.dumps(item.markup) if item.markup else None,
+                            body,
+                            current["entities_json"] if current is not None else None,
+                            current["markup_json"] if current is not None else None,
+                            int(body != item.body),
                             now,
                             now,
                         ),
@@ -152,7 +167,7 @@ class OutboxTables(Tables):
                     await conn.execute(
                         "UPDATE bot_live SET message_id = ?, edited_at = ?,"
                         " dirty = CASE WHEN body = ? THEN 0 ELSE 1 END WHERE ref = ?",
-                        (message_id, now, item.body, item.ref),
+                        (message_id, now, item.body, ref),
                     )
 
     async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
@@ -210,8 +225,10 @@ class LiveTables(Tables):
         entities: tuple[dict[str, Any], ...] = (),
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
+        reply_to: int | None = None,
     ) -> None:
-        """Set a live message's content: the first time it is queued, then edited in place."""
+        """Set a live message's content: the first time it is queued (as a reply to
+        ``reply_to`` when given), then edited in place."""
         now = self._clock()
         ents = json.dumps(list(entities)) if entities else None
         mk = json.dumps(markup) if markup else None
@@ -251,8 +268,33 @@ class LiveTables(Tables):
                 markup=markup,
                 run_id=run_id,
                 ref=ref,
+                reply_to=reply_to,
             )
             await self._insert_outbox(conn, item, now)
+
+    async def rename_live(self, old: str, new: str) -> bool:
+        """Give the live message ``old`` the ref ``new`` (queued or sent); False when there
+        is none, or ``new`` is taken."""
+        async with self.db.transaction() as conn:
+            await self._serialize(conn, _live_key(new))
+            cursor = await conn.execute("SELECT 1 FROM bot_live WHERE ref = ?", (new,))
+            if await cursor.fetchone() is not None:
+                return False
+            cursor = await conn.execute("UPDATE bot_live SET ref = ? WHERE ref = ?", (new, old))
+            moved = cursor.rowcount
+            cursor = await conn.execute(
+                "UPDATE bot_outbox SET ref = ? WHERE ref = ? AND state = 'pending'", (new, old)
+            )
+            return bool(moved or cursor.rowcount)
+
+    async def live_with_prefix(self, prefix: str) -> list[LiveMessage]:
+        """The delivered live messages whose ref starts with ``prefix``."""
+        # Not LIKE: it is case-insensitive on SQLite only, and ``_``/``%`` are wildcards.
+        rows = await self.db.fetchall(
+            "SELECT * FROM bot_live WHERE substr(ref, 1, ?) = ? AND message_id IS NOT NULL",
+            (len(prefix), prefix),
+        )
+        return [LiveMessage.from_row(r) for r in rows]
 
     async def get_live(self, ref: str) -> LiveMessage | None:
         row = await self.db.fetchone("SELECT * FROM bot_live WHERE ref = ?", (ref,))

@@ -270,22 +270,16 @@ class PromptTables(Tables):
             row = await cursor.fetchone()
             if row is None:
                 return None
-            # The run's row gives the next attempt to one writer at a time (as the runs
-            # store's start_turn does).
+            # Updating the run's row first locks it: the next attempt goes to one writer at
+            # a time (as the runs store's start_turn does), counted in the insert itself.
             await conn.execute(
-                f"SELECT id FROM runs WHERE id = ?{self.db.for_update}",  # noqa: S608
-                (run_id,),
+                "UPDATE runs SET turn = ?, updated_at = ? WHERE id = ?", (seq, now, run_id)
             )
-            cursor = await conn.execute(
-                "SELECT COALESCE(MAX(attempt), 0) FROM turns WHERE run_id = ? AND seq = ?",
-                (run_id, seq),
-            )
-            arow = await cursor.fetchone()
-            attempt = (int(arow[0]) if arow else 0) + 1
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
-                " VALUES (?, ?, ?, NULL, ?, ?, ?) RETURNING id",
-                (run_id, seq, attempt, row["body"], TurnState.STARTED.value, now),
+                " SELECT ?, ?, COALESCE(MAX(attempt), 0) + 1, NULL, ?, ?, ?"
+                " FROM turns WHERE run_id = ? AND seq = ? RETURNING id",
+                (run_id, seq, row["body"], TurnState.STARTED.value, now, run_id, seq),
             )
             inserted = await cursor.fetchone()
             assert inserted is not None
@@ -293,9 +287,6 @@ class PromptTables(Tables):
             await conn.execute(
                 "UPDATE bot_prompts SET state = 'running', run_id = ?, turn_id = ? WHERE id = ?",
                 (run_id, turn_id, row["id"]),
-            )
-            await conn.execute(
-                "UPDATE runs SET turn = ?, updated_at = ? WHERE id = ?", (seq, now, run_id)
             )
         return prompt_from_row(row), turn_id
 

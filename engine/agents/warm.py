@@ -891,6 +891,16 @@ async def report_process(preempt: PreemptHandle, pid: int, marker: str | None) -
 
 
 async def close_agent(agent: object) -> None:
-    """Close ``agent``'s resident process, if it has one (per-turn agents have none)."""
+    """Close ``agent``'s resident process, if it has one (per-turn agents have none).
+
+    A wrapper (a run's session, an auto-mode runner) is seen through: its ``agent``.
+    """
+    for _ in range(4):
+        if isinstance(agent, WarmMember):
+            break
+        inner = getattr(agent, "agent", None)
+        if inner is None:
+            return
+        agent = inner
     if isinstance(agent, WarmMember) and getattr(agent, "warm", False):
         await agent.aclose()

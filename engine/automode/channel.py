@@ -37,7 +37,7 @@ from engine.automode.verifier import CompletionSignalDetector, CompletionVerifie
 from engine.errors import ChannelPublishError
 from engine.files import send_markers
 from engine.reaper import TurnProcess
-from engine.sink import FileSink, NullSink, RunSink, StatusUpdate
+from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, publish
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
@@ -307,7 +307,7 @@ class AutoModeChannel(BaseChannel):
         )
         _LOGGER.error("Turn failed: %s", error, extra=self._extra)
         self.report = f"Auto run {self._state.run_id} failed: {error}"
-        await self._safe_publish(self.report)
+        await self._safe_publish(self.report, TextKind.FINAL)
 
     async def _final_evidence(self) -> None:
         """The final report always lists evidence; measure it if no claim was checked."""
@@ -332,7 +332,7 @@ class AutoModeChannel(BaseChannel):
         _LOGGER.warning("%s", self._state.message, extra=self._extra)
         await self._status(self._state.message or "stopped")
         self.report = self._final_report(self._state)
-        await self._safe_publish(self.report)
+        await self._safe_publish(self.report, TextKind.FINAL)
 
     # -- helpers ------------------------------------------------------------------------
     def _values(self) -> dict[str, str]:
@@ -429,7 +429,8 @@ class AutoModeChannel(BaseChannel):
         if code != 0 and out.stderr_tail:
             failed = f"\nIts error output ended with:\n{out.stderr_tail.strip()}"
         await self._safe_publish(
-            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}"
+            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}",
+            TextKind.TURN,
         )
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
         paths = send_markers(out.text)
@@ -437,7 +438,7 @@ class AutoModeChannel(BaseChannel):
             await self._sink_call(self._sink.send_files(state.run_id, Path(state.workdir), paths))
         if state.terminal:
             await self._status(state.message or state.status.value)
-            await self._safe_publish(report or self._final_report(state))
+            await self._safe_publish(report or self._final_report(state), TextKind.FINAL)
 
     async def _report_intake(self, intake: Intake) -> None:
         for refusal in intake.refused:
@@ -473,8 +474,8 @@ class AutoModeChannel(BaseChannel):
             )
         )
 
-    async def _safe_publish(self, text: str) -> None:
-        await self._sink_call(self._sink.publish_text(self._state.run_id, text))
+    async def _safe_publish(self, text: str, kind: TextKind = TextKind.NOTE) -> None:
+        await self._sink_call(publish(self._sink, self._state.run_id, text, kind))
 
     async def _sink_call(self, call: Any) -> None:
         # The state is committed before anything is reported: a failing sink loses a

@@ -226,7 +226,7 @@ class AutoRun:
         finally:
             await self.channel.flush()
             # A warm session's resident process ends with its run (not at idle eviction).
-            await asyncio.shield(close_agent(getattr(self.runner, "agent", self.runner)))
+            await asyncio.shield(close_agent(self.runner))
         return self.result()
 
 

@@ -87,6 +87,11 @@ def register(subparsers: Any) -> None:
         "--append", metavar="TEXT", help="steer a running run's next Execute turn ('-': stdin)"
     )
     parser.add_argument("--session", metavar="ID", help="with --append: the run (or session) id")
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="with TURNSTILE_EXECUTION=workers: print the run id and return",
+    )
     parser.add_argument("passthrough", nargs="*", help="after --: extra agent CLI arguments")
     add_checkout_argument(parser)
     parser.set_defaults(handler=handle, terminal_view=True)
@@ -126,6 +131,12 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
+    if settings.execution == "workers":
+        from engine.workers.auto import run_on_workers  # the queue only when asked for
+
+        return await run_on_workers(args, settings, _objective(args))
+    if args.detach:
+        raise ConfigError("--detach needs TURNSTILE_EXECUTION=workers")
     # Tool requests are asked on this terminal (or denied without one), the live status
     # line hidden from the question until the answer.
     view = TerminalView()
@@ -176,7 +187,7 @@ async def _run(
                     supervisor=supervisor,
                     approval_for=route_for,
                 )
-                return await _drive(run, view, supervisor, resumed=True)
+                return await _drive(run, view, supervisor, resumed=True, db=db)
         _objective(args)  # bad input is refused before anything is checked out
         if args.checkout_repo is None:
             run = await _new_run(
@@ -188,7 +199,7 @@ async def _run(
                 supervisor=supervisor,
                 approval_for=route_for,
             )
-            return await _drive(run, view, supervisor)
+            return await _drive(run, view, supervisor, db=db)
         # A fresh worktree of the project, removed again if the run cannot be recorded;
         # its lock is held while the run is driven.
         run_id = supervisor.reserve(RunMode.AUTO)
@@ -208,7 +219,7 @@ async def _run(
                 approval_for=route_for,
             )
         async with hold_run_workspace(settings, db, run_id):
-            return await _drive(run, view, supervisor)
+            return await _drive(run, view, supervisor, db=db)
 
 
 def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -292,9 +303,25 @@ def _header(run: AutoRun, view: TerminalView, *, resumed: bool) -> None:
 
 
 async def _drive(
-    run: AutoRun, view: TerminalView, supervisor: RunSupervisor, *, resumed: bool = False
+    run: AutoRun,
+    view: TerminalView,
+    supervisor: RunSupervisor,
+    *,
+    resumed: bool = False,
+    db: AnyDatabase | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
+    _watch_agent(run, view)
+    run.start()  # attached to the supervisor: a stop from now on reaches it
+    watcher: asyncio.Task[None] | None = None
+    if db is not None:
+        # `turnstile stop RUN` from another terminal reaches this run through the store.
+        from engine.workers.control import stop_when_asked
+
+        watcher = asyncio.create_task(
+            stop_when_asked(db, run.run_id, run.stop), name=f"stop-requests-{run.run_id}"
+        )
+        run.task.add_done_callback(lambda _: watcher.cancel() if watcher else None)
     received: int | None = None
 
     def on_signal(signum: int) -> None:
@@ -305,9 +332,6 @@ async def _drive(
         _LOGGER.info("%s: stopping run %s", signal.Signals(signum).name, run.run_id)
         view.say("Stopping the run: the running turn is pre-empted…", style="yellow")
         supervisor.stop(run.run_id)
-
-    _watch_agent(run, view)
-    run.start()  # attached to the supervisor: a signal from now on stops it
 
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -323,6 +347,8 @@ async def _drive(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if watcher is not None:
+            await asyncio.gather(watcher, return_exceptions=True)
     code = result.exit_code
     if received is not None and result.status is AutoStatus.STOPPED and code == 130:
         code = 128 + received  # 130 for Ctrl-C, 143 for SIGTERM

@@ -15,14 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.automode.state import owner_alive
 from engine.reaper import start_time
 from engine.settings import Settings
 from engine.store.backend import open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord
+from engine.workers.views import worker_views
 from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
+
+if TYPE_CHECKING:
+    from engine.store.database import Database
 
 __all__ = ["format_age", "register"]
 
@@ -136,7 +140,8 @@ async def _show(
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
     async with open_database(settings) as db:
         if args.run is not None:
-            worktree = await run_worktree_summary(settings, db, args.run)
+            # (The worktree helpers are typed for SQLite; their store runs on both.)
+            worktree = await run_worktree_summary(settings, cast("Database", db), args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
@@ -152,7 +157,18 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         warm = {
             r.id: _warm(r, await store.turns(r.id)) for r in runs if r.status is RunStatus.RUNNING
         }
+        on_workers = await worker_views(settings, db)
     now = time.time()
+    listed = {r.id for r in runs}
+    # Runs on the workers whose first turn no worker has taken yet.
+    unstarted = [v for k, v in on_workers.items() if k not in listed and not v.placement.ended]
+
+    def shown(r: RunRecord) -> str:
+        view = on_workers.get(r.id)
+        if view is None:
+            return _status(r)
+        return view.waiting if view.waiting and r.status is RunStatus.RUNNING else r.status.value
+
     if args.json:
         for r in runs:
             print(
@@ -161,11 +177,12 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                         "id": r.id,
                         "mode": r.mode,
                         "agent": r.agent,
-                        "status": _status(r),
+                        "status": shown(r),
                         "phase": r.phase,
                         "turn": r.turn,
                         "max_turns": r.state.get("max_turns"),
                         "warm": warm.get(r.id, False),
+                        "worker": on_workers[r.id].worker if r.id in on_workers else None,
                         "age_seconds": round(now - r.created_at, 1),
                         "exit_code": r.exit_code,
                         "workdir": r.workdir,
@@ -180,8 +197,29 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                     }
                 )
             )
+        for v in unstarted:
+            spec = v.placement.spec
+            print(
+                json.dumps(
+                    {
+                        "id": spec.run_id,
+                        "mode": "auto",
+                        "agent": spec.tool,
+                        "status": v.waiting or v.placement.status.value,
+                        "phase": None,
+                        "turn": 0,
+                        "max_turns": spec.max_turns,
+                        "warm": False,
+                        "worker": None,
+                        "age_seconds": round(now - v.placement.created_at, 1),
+                        "project": spec.project,
+                        "branch": f"turnstile/{spec.run_id}",
+                        "chat": None,
+                    }
+                )
+            )
         return 0
-    if not runs:
+    if not runs and not unstarted:
         print("no runs")
         return 0
     rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "WARM", "AGE", "EXIT", "WORKTREE")]
@@ -191,13 +229,29 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
                 r.id,
                 r.mode,
                 r.agent,
-                _status(r),
+                shown(r),
                 r.phase or "-",
                 _turn(r),
                 "yes" if warm.get(r.id) else "-",
                 format_age(now - r.created_at),
                 "-" if r.exit_code is None else str(r.exit_code),
                 worktrees.get(r.id, "-"),
+            )
+        )
+    for v in unstarted:
+        spec = v.placement.spec
+        rows.append(
+            (
+                spec.run_id,
+                "auto",
+                spec.tool,
+                v.waiting or v.placement.status.value,
+                "-",
+                "0",
+                "-",
+                format_age(now - v.placement.created_at),
+                "-",
+                "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

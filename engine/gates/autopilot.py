@@ -50,7 +50,7 @@ from engine.gates.worktrees import WaveWorkspaces
 from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
-from engine.sink import GateRequest, RunSink, StatusUpdate
+from engine.sink import GateRequest, RunSink, StatusUpdate, TextKind, publish
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
@@ -224,8 +224,8 @@ class Autopilot:
     def run_id(self, name: str) -> str:
         return f"autopilot:{name}"
 
-    async def _say(self, task: TaskRecord, text: str) -> None:
-        await self.sink.publish_text(self.run_id(task.name), text[:MAX_PUBLISH])
+    async def _say(self, task: TaskRecord, text: str, kind: TextKind = TextKind.NOTE) -> None:
+        await publish(self.sink, self.run_id(task.name), text[:MAX_PUBLISH], kind)
 
     async def _status(self, task: TaskRecord, status: str, event: str | None = None) -> None:
         await self.sink.update_status(
@@ -287,7 +287,9 @@ class Autopilot:
         )
         text = out.text.strip() or "(no output)"
         code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
-        await self._say(task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}")
+        await self._say(
+            task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
+        )
         return out
 
     async def _recorded_turn(
@@ -452,7 +454,7 @@ class Autopilot:
             task = await self.store.get(name)
             if task.phase == COMPLETE:
                 await self._status(task, "complete")
-                await self._say(task, f"[{name}] complete")
+                await self._say(task, f"[{name}] complete", TextKind.FINAL)
                 await self._audit([name], f"task {name} complete")
                 return DriveOutcome.COMPLETE
             if task.phase == HUMAN_INTERVENTION:
@@ -527,7 +529,7 @@ class Autopilot:
                 await self._say(task, f"[{task.name}] changed by someone else; re-reading")
                 return None
             return await self._to_human(task, f"transition to {target} refused: {exc.detail}")
-        await self._say(task, f"[{task.name}] {spec.name} done → {moved.label}")
+        await self._say(task, f"[{task.name}] {spec.name} done → {moved.label}", TextKind.STEP)
         return None
 
     async def _prior(self, task: TaskRecord) -> list[tuple[str, Path]]:
@@ -597,7 +599,9 @@ class Autopilot:
                 if exc.reason in (Refusal.CONFLICT, Refusal.STALE_APPROVAL):
                     return None
                 return await self._to_human(task, f"cannot pass the gate: {exc.detail}")
-            await self._say(task, f"[{task.name}] {spec.name} approved → {moved.label}")
+            await self._say(
+                task, f"[{task.name}] {spec.name} approved → {moved.label}", TextKind.STEP
+            )
             return None
         expiry = self.store.policy.expiry_seconds
         if (

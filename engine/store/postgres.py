@@ -19,10 +19,7 @@ What differs from SQLite, and how it is kept equal:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import socket
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -39,10 +36,10 @@ from engine.store.database import (
     discover_migrations,
     resolve_versions,
 )
-from engine.store.dialect import advisory_key, postgres_ddl, postgres_query
+from engine.store.dialect import postgres_ddl, postgres_query
 from engine.store.location import PostgresURL
 
-__all__ = ["AdvisoryLock", "PgConnection", "PgCursor", "PostgresDatabase", "Row"]
+__all__ = ["PgConnection", "PgCursor", "PostgresDatabase", "Row"]
 
 _LOGGER = logging.getLogger(__name__)
 # While the server is away the pool logs every failed reconnect (a warning of several lines
@@ -464,132 +461,3 @@ async def read_pending(
         await conn.close()
     versions = _versions(known, rows)
     return version, versions, _pending(known, versions)
-
-
-_FIRST_POLL: Final = 0.05
-_MAX_POLL: Final = 1.0
-
-
-class AdvisoryLock:
-    """A session-level advisory lock on ``name`` in one PostgreSQL database.
-
-    The :class:`~engine.locks.Lock` of a database: it holds across machines, where a file
-    lock holds on one. It lives on a connection of its own (a pool hands its sessions
-    around, and a session lock belongs to its session); the server drops the lock when
-    that connection ends, so a holder that dies leaves nothing locked (TCP keepalives
-    notice a machine that vanished). The holder says who it is in its
-    ``application_name`` (pid and host), for :meth:`holder` and :meth:`holder_detail`.
-
-    Raises:
-        StoreUnreachableError: (from the acquire methods) the server cannot be reached.
-    """
-
-    def __init__(self, url: PostgresURL, name: str, *, connect_timeout: float = 10.0) -> None:
-        self.url = url
-        self._name = name
-        self.key = advisory_key(name)
-        self._connect_timeout = connect_timeout
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self._name} on {self.url}"
-
-    @property
-    def shared(self) -> bool:
-        return False
-
-    @property
-    def held(self) -> bool:
-        return self._conn is not None and not self._conn.closed
-
-    async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        who = f"turnstile pid {os.getpid()} on {socket.gethostname()}"[:63]
-        try:
-            return await psycopg.AsyncConnection.connect(
-                self.url.conninfo(),
-                autocommit=True,
-                connect_timeout=max(1, int(self._connect_timeout)),
-                application_name=who,
-                keepalives=1,
-                keepalives_idle=30,
-                keepalives_interval=10,
-                keepalives_count=3,
-            )
-        except psycopg.Error as exc:
-            raise StoreUnreachableError(
-                f"cannot reach the PostgreSQL database {self.url}: {_clean(self.url, exc)}",
-                target=str(self.url),
-                retryable=not _login_refused(exc),
-            ) from None
-
-    async def try_acquire(self) -> bool:
-        """Take the lock if it is free; never waits."""
-        if self._conn is not None:
-            raise RuntimeError(f"lock {self.name} is already held by this object")
-        conn = await self._connect()
-        try:
-            cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,))
-            row = await cursor.fetchone()
-        except BaseException:
-            await conn.close()
-            raise
-        if not (row and row[0]):
-            await conn.close()
-            return False
-        self._conn = conn
-        return True
-
-    async def acquire(self) -> None:
-        """Wait until the lock is free and take it (polling: cancellable, nothing left)."""
-        delay = _FIRST_POLL
-        while not await self.try_acquire():
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_POLL)
-
-    async def release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            if not conn.closed:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
-        except psycopg.Error:
-            pass  # the connection is gone: so is the lock
-        finally:
-            await conn.close()
-
-    async def _holder_name(self) -> str | None:
-        # pg_locks shows a bigint key as two halves (classid high, objid low, objsubid 1).
-        unsigned = self.key & 0xFFFF_FFFF_FFFF_FFFF
-        conn = await self._connect()
-        try:
-            cursor = await conn.execute(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
-                " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
-                " AND l.objsubid = 1 AND l.classid::bigint = %s AND l.objid::bigint = %s"
-                " AND l.database = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database())",
-                (unsigned >> 32, unsigned & 0xFFFF_FFFF),
-            )
-            row = await cursor.fetchone()
-        except psycopg.Error:
-            return None
-        finally:
-            await conn.close()
-        return str(row[0]) if row and row[0] else None
-
-    async def holder(self) -> int | None:
-        """The holder's pid (on its own machine: see :meth:`holder_detail`), when known."""
-        detail = await self.holder_detail()
-        if detail is None:
-            return None
-        pid = detail.removeprefix("pid ").split(" ", 1)[0]
-        return int(pid) if pid.isdigit() else None
-
-    async def holder_detail(self) -> str | None:
-        """``pid 123 on host-a``: who holds the lock, when it is a turnstile process."""
-        found = await self._holder_name()
-        if found is None or not found.startswith("turnstile pid "):
-            return None
-        return found.removeprefix("turnstile ")

@@ -105,7 +105,10 @@ class FakeBotApi:
         self.commands: list[dict[str, Any]] = []
         self.webhook: dict[str, Any] | None = None
         self.callback_answers: list[dict[str, Any]] = []
+        # First names the fake gives its users (default "user<ID>").
+        self.names: dict[int, str] = {}
         self._updates: list[dict[str, Any]] = []
+        self._pushed: dict[int, dict[str, Any]] = {}
         self._update_ids = itertools.count(1)
         self._message_ids: dict[int, itertools.count[int]] = {}
         self._topic_ids = itertools.count(1000)
@@ -168,11 +171,20 @@ class FakeBotApi:
         """Queue one update (``payload`` holds one update field); returns its id."""
         uid = update_id if update_id is not None else next(self._update_ids)
         self._updates.append({"update_id": uid, **payload})
+        self._pushed[uid] = self._updates[-1]
         self._notify()
         return uid
 
+    def pushed(self, update_id: int) -> dict[str, Any]:
+        """The update pushed with ``update_id`` (its message's id is what answers reply to)."""
+        return self._pushed[update_id]
+
     def user(self, user_id: int, *, is_bot: bool = False) -> dict[str, Any]:
-        return {"id": user_id, "is_bot": is_bot, "first_name": f"user{user_id}"}
+        return {
+            "id": user_id,
+            "is_bot": is_bot,
+            "first_name": self.names.get(user_id, f"user{user_id}"),
+        }
 
     def chat(
         self, chat_id: int, chat_type: str | None = None, forum: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from telegram.ext import AIORateLimiter
 from bot.app import BotRuntime
 from engine.settings import Settings
 from engine.store.runs import RunStatus
-from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.support import alive, make_settings, wait_for_file, wait_until
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "STRANGER",
     "agent_log",
     "alive",
+    "approved",
     "bot_settings",
     "running_bot",
     "wait_for_file",
@@ -70,6 +71,21 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
         values["database"] = DATABASE
     values.update(overrides)
     return make_settings(root, **values)
+
+
+def approved(task: str, phase: str = "") -> Callable[[SentMessage], bool]:
+    """A gate of ``task`` (· ``phase``) approved: the gate message says so (a button press
+    adds no message), or the answer to a typed approval does."""
+
+    def match(m: SentMessage) -> bool:
+        if m.text.startswith(f"✅ Approved {task} · {phase}".rstrip(" ·")):
+            return True
+        return (
+            m.text.startswith(f"🛂 Gate: task {task} · phase {phase}".rstrip())
+            and "✅ Approved by" in m.text
+        )
+
+    return match
 
 
 def write_script(root: Path, script: dict[str, Any], monkeypatch: Any) -> dict[str, str]:

@@ -1,0 +1,143 @@
+"""A turn's progress in the chat: one message under the message that asked, edited live.
+
+The message shows the elapsed time, the tool the agent is running and the last line of
+its text, with a ⏹ Stop button (operators). It is created the moment the turn starts and
+edited as often as the outbox allows (about once a second in a private chat, slower in a
+group); when the turn ends it is finalized in place ("done in 12s", "stopped by Ann")
+and loses its button. A progress message left by a bot that stopped mid-turn is settled
+at the next start ("stopped by a restart"), never left saying "running".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from bot.publish import Publisher, format_elapsed
+from bot.store import BotStore
+from engine.agents.stream import AgentEvent, EventKind
+
+__all__ = ["PREFIX", "STOP_DATA", "TurnProgress", "settle_leftovers", "stop_button"]
+
+PREFIX: Final = "progress:"
+# callback_data of the Stop button: "st:" + the run id (well under Telegram's 64 bytes).
+STOP_DATA: Final = "st:"
+_RUNNING: Final = "⏳"
+_LINE: Final = 160
+
+
+def stop_button(run_id: str) -> dict[str, Any]:
+    return {"inline_keyboard": [[{"text": "⏹ Stop", "callback_data": f"{STOP_DATA}{run_id}"}]]}
+
+
+def _line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _LINE else line[: _LINE - 1] + "…"
+
+
+class TurnProgress:
+    """The progress message of one turn."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        chat_id: int,
+        thread_id: int | None,
+        run_id: str,
+        turn: int,
+        reply_to: int | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._publisher = publisher
+        self.chat_id = chat_id
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.turn = turn
+        self.reply_to = reply_to
+        self.ref = f"{PREFIX}{run_id}:{turn}"
+        self._clock = clock
+        self.started = clock()
+        self.tool: str | None = None
+        self.text: str | None = None
+        self.tools = 0
+        self.finished = False
+
+    def on_event(self, event: AgentEvent) -> bool:
+        """Take one agent event; True when the message should change."""
+        if event.kind is EventKind.TOOL_USE:
+            self.tools += 1
+            detail = _line(event.text)[:80]
+            self.tool = f"🔧 {event.tool or 'tool'}" + (f": {detail}" if detail else "")
+            return True
+        if event.kind is EventKind.TOOL_RESULT and event.is_error:
+            self.tool = f"⚠️ {event.tool or 'tool'} failed"
+            return True
+        if event.kind is EventKind.TEXT:
+            lines = [line for line in event.text.splitlines() if line.strip()]
+            if lines:
+                self.text = _line(lines[-1])
+                return True
+        return False
+
+    def body(self, final: str | None = None) -> str:
+        elapsed = format_elapsed(self._clock() - self.started)
+        if final is not None:
+            state = f"{final} · {elapsed}"
+            if self.tools:
+                state += f" · {self.tools} tool call{'s' if self.tools != 1 else ''}"
+            return state
+        lines = [f"{_RUNNING} working · {elapsed}"]
+        if self.tool:
+            lines.append(self.tool)
+        if self.text:
+            lines.append(f"💬 {self.text}")
+        return "\n".join(lines)
+
+    async def show(self) -> None:
+        if self.finished:
+            return
+        await self._publisher.live(
+            self.ref,
+            self.body(),
+            chat_id=self.chat_id,
+            thread_id=self.thread_id,
+            markup=stop_button(self.run_id),
+            run_id=self.run_id,
+            reply_to=self.reply_to,
+        )
+
+    async def finish(self, final: str) -> None:
+        """Finalize the message in place (no button any more)."""
+        if self.finished:
+            return
+        self.finished = True
+        await self._publisher.live(
+            self.ref,
+            self.body(final),
+            chat_id=self.chat_id,
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            reply_to=self.reply_to,
+        )
+
+
+async def settle_leftovers(store: BotStore, publisher: Publisher) -> int:
+    """Progress messages of turns a stopped bot left running say so; returns how many."""
+    settled = 0
+    for live in await store.live_with_prefix(PREFIX):
+        if live.markup is None:
+            continue  # finalized already
+        await store.set_live(
+            live.ref,
+            chat_id=live.chat_id,
+            thread_id=live.thread_id,
+            body=live.body.split("\n", 1)[0]
+            .replace(_RUNNING, "⏹", 1)
+            .replace("working", "stopped by a restart", 1),
+        )
+        settled += 1
+    if settled:
+        publisher.wake()
+    return settled

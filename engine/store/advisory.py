@@ -1,0 +1,195 @@
+"""Locks a PostgreSQL database holds: they exclude holders on every machine that reaches it.
+
+:class:`AdvisoryLock` is the :class:`~engine.locks.Lock` of a database (one bot per
+database, one drive per task, one driver per run on PostgreSQL); a file lock
+(:class:`~engine.locks.FileLock`) is the one of a single machine.
+:func:`engine.store.leases.database_lock` picks one of the two from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any, Final
+
+import psycopg
+
+from engine.errors import StoreUnreachableError
+from engine.store.dialect import advisory_key
+from engine.store.location import PostgresURL
+from engine.store.postgres import _clean, _login_refused
+
+__all__ = ["AdvisoryLock"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_FIRST_POLL: Final = 0.05
+_MAX_POLL: Final = 1.0
+
+
+class AdvisoryLock:
+    """A session-level advisory lock on ``name`` in one PostgreSQL database.
+
+    The :class:`~engine.locks.Lock` of a database: it holds across machines, where a file
+    lock holds on one. It lives on a connection of its own (a pool hands its sessions
+    around, and a session lock belongs to its session); the server drops the lock when
+    that connection ends, so a holder that dies leaves nothing locked (TCP keepalives
+    notice a machine that vanished). The holder says who it is in its
+    ``application_name`` (pid and host), for :meth:`holder` and :meth:`holder_detail`.
+
+    Raises:
+        StoreUnreachableError: (from the acquire methods) the server cannot be reached.
+    """
+
+    def __init__(
+        self,
+        url: PostgresURL,
+        name: str,
+        *,
+        shared: bool = False,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self._name = name
+        self._shared = shared
+        self.key = advisory_key(name)
+        self._connect_timeout = connect_timeout
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self._name} on {self.url}"
+
+    @property
+    def shared(self) -> bool:
+        """Shared holders coexist (``pg_try_advisory_lock_shared``); an exclusive one waits."""
+        return self._shared
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        who = f"turnstile pid {os.getpid()} on {socket.gethostname()}"[:63]
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.url.conninfo(),
+                autocommit=True,
+                connect_timeout=max(1, int(self._connect_timeout)),
+                application_name=who,
+                keepalives=1,
+                keepalives_idle=30,
+                keepalives_interval=10,
+                keepalives_count=3,
+            )
+        except psycopg.Error as exc:
+            raise StoreUnreachableError(
+                f"cannot reach the PostgreSQL database {self.url}: {_clean(self.url, exc)}",
+                target=str(self.url),
+                retryable=not _login_refused(exc),
+            ) from None
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if it is free; never waits."""
+        if self._conn is not None:
+            raise RuntimeError(f"lock {self.name} is already held by this object")
+        conn = await self._connect()
+        try:
+            call = "pg_try_advisory_lock_shared" if self._shared else "pg_try_advisory_lock"
+            cursor = await conn.execute(f"SELECT {call}(%s)", (self.key,))
+            row = await cursor.fetchone()
+        except BaseException:
+            await conn.close()
+            raise
+        if not (row and row[0]):
+            await conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    async def acquire(self) -> None:
+        """Wait until the lock is free and take it (polling: cancellable, nothing left)."""
+        delay = _FIRST_POLL
+        while not await self.try_acquire():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_POLL)
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if not conn.closed:
+                call = "pg_advisory_unlock_shared" if self._shared else "pg_advisory_unlock"
+                await conn.execute(f"SELECT {call}(%s)", (self.key,))
+        except psycopg.Error:
+            pass  # the connection is gone: so is the lock
+        finally:
+            await conn.close()
+
+    async def keep(self, interval: float = 5.0) -> None:
+        """Check the lock's connection every ``interval`` seconds while it is held.
+
+        A connection the server or the network cut has lost the lock with it: it is taken
+        again at once. Returns (the lock no longer held) only when somebody else took it
+        in between; cancel it to stop watching.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            conn = self._conn
+            if conn is None:
+                return
+            try:
+                await conn.execute("SELECT 1")
+                continue
+            except psycopg.Error:
+                _LOGGER.warning("lost the connection holding %s; taking it again", self.name)
+            self._conn = None
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            try:
+                if await self.try_acquire():
+                    continue
+            except StoreUnreachableError as exc:
+                _LOGGER.warning("cannot take %s again yet: %s", self.name, exc)
+                continue  # tried again at the next check
+            return
+
+    async def _holder_name(self) -> str | None:
+        # pg_locks shows a bigint key as two halves (classid high, objid low, objsubid 1).
+        unsigned = self.key & 0xFFFF_FFFF_FFFF_FFFF
+        conn = await self._connect()
+        try:
+            cursor = await conn.execute(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
+                " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
+                " AND l.mode = 'ExclusiveLock' AND l.objsubid = 1"
+                " AND l.classid::bigint = %s AND l.objid::bigint = %s"
+                " AND l.database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())",
+                (unsigned >> 32, unsigned & 0xFFFF_FFFF),
+            )
+            row = await cursor.fetchone()
+        except psycopg.Error:
+            return None
+        finally:
+            await conn.close()
+        return str(row[0]) if row and row[0] else None
+
+    async def holder(self) -> int | None:
+        """The holder's pid (on its own machine: see :meth:`holder_detail`), when known."""
+        detail = await self.holder_detail()
+        if detail is None:
+            return None
+        pid = detail.removeprefix("pid ").split(" ", 1)[0]
+        return int(pid) if pid.isdigit() else None
+
+    async def holder_detail(self) -> str | None:
+        """``pid 123 on host-a``: who holds the lock, when it is a turnstile process."""
+        found = await self._holder_name()
+        if found is None or not found.startswith("turnstile pid "):
+            return None
+        return found.removeprefix("turnstile ")

@@ -1,0 +1,282 @@
+"""The control plane's side of the workers: start a run on them, follow it, stop any run.
+
+Nothing here runs a turn or reads a worker's disk: a run is a row and a job; what it did
+is read back from the store (its turns, its state), wherever it ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final, TextIO
+
+from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
+from engine.automode.run import process_exit_code
+from engine.automode.state import AutoModeState, AutoStatus
+from engine.errors import ConfigError, NotFoundError, TurnstileError
+from engine.runs import RunMode, new_run_id
+from engine.store.backend import AnyDatabase, open_database
+from engine.store.location import PostgresURL
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
+from engine.workers.queue import (
+    SHARED_QUEUE,
+    abort_jobs,
+    defer_turn,
+    ensure_queue_schema,
+    live_jobs,
+    make_app,
+    require_postgres,
+)
+from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.views import WAITING_FOR_WORKER
+from engine.workspace.manager import WorkspaceManager
+from engine.workspace.projects import is_repository_reference
+
+if TYPE_CHECKING:
+    from engine.settings import Settings
+
+__all__ = [
+    "follow_run",
+    "project_reference",
+    "start_on_workers",
+    "stop_run",
+    "stop_when_asked",
+    "worker_status",
+]
+
+_POLL: Final = 0.25
+
+
+def project_reference(settings: Settings, reference: str) -> str:
+    """What a worker is told the project is: a configured name, else its URL or full path.
+
+    Raises:
+        ProjectError: an unknown name or a path that is not a repository.
+    """
+    project = WorkspaceManager.from_settings(settings).project_for(reference)
+    return reference if not is_repository_reference(reference) else project.url
+
+
+async def start_on_workers(settings: Settings, spec: QueuedRun) -> None:
+    """Record ``spec`` and queue its first turn on the shared queue (any worker takes it)."""
+    url = require_postgres(settings.database)
+    async with open_database(settings) as db:
+        await ensure_queue_schema(db)
+        await WorkerStore(db).place(spec)
+        app = make_app(url, pool_size=2)
+        async with app.open_async():
+            await defer_turn(app, spec.run_id, queue=SHARED_QUEUE)
+
+
+def new_spec(
+    *,
+    objective: str,
+    tool: str,
+    project: str,
+    agent_cmd: str | None,
+    passthrough: tuple[str, ...],
+    max_turns: int | None,
+    verify_cmd: str | None,
+) -> QueuedRun:
+    return QueuedRun(
+        run_id=new_run_id(RunMode.AUTO),
+        objective=objective,
+        tool=tool,
+        project=project,
+        agent_cmd=agent_cmd,
+        passthrough=passthrough,
+        max_turns=max_turns,
+        verify_cmd=verify_cmd,
+    )
+
+
+async def worker_status(
+    store: WorkerStore, placement: Placement, *, silent_after: float, now: float | None = None
+) -> str | None:
+    """``waiting for a worker`` while no live worker holds the run, else None."""
+    if placement.ended:
+        return None
+    if placement.worker is None:
+        return WAITING_FOR_WORKER
+    now = time.time() if now is None else now
+    for worker in await store.workers():
+        if worker.name == placement.worker:
+            return None if worker.alive(now, silent_after) else WAITING_FOR_WORKER
+    return WAITING_FOR_WORKER
+
+
+async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
+    try:
+        return await runs.get_run(run_id)
+    except NotFoundError:
+        return None
+
+
+async def follow_run(
+    settings: Settings,
+    run_id: str,
+    out: TextIO,
+    *,
+    stop_requested: asyncio.Event | None = None,
+) -> int:
+    """Print the run's progress until it ends; its exit status (as ``turnstile auto``'s).
+
+    Nothing times out: with no worker alive the run waits, and this says so.
+    """
+    async with open_database(settings) as db:
+        workers = WorkerStore(db)
+        runs = SqliteRunStore(db)
+        printed: set[tuple[int, int]] = set()
+        last_note: str | None = None
+        asked = False
+        while True:
+            if stop_requested is not None and stop_requested.is_set() and not asked:
+                asked = True
+                print("Stopping the run: the running turn is pre-empted…", file=out, flush=True)
+                await _stop(settings, db, run_id)
+            placement = await workers.placement(run_id)
+            if placement is None:
+                raise ConfigError(f"run {run_id} is not on the workers")
+            record = await _get_run(runs, run_id)
+            note = await worker_status(workers, placement, silent_after=settings.worker_timeout)
+            note = note or placement.note or None
+            if note and note != last_note:
+                print(f"… {note}", file=out, flush=True)
+            last_note = note
+            if record is not None:
+                for turn in await runs.turns(run_id):
+                    key = (turn.seq, turn.attempt)
+                    if turn.state is TurnState.STARTED or key in printed:
+                        continue
+                    printed.add(key)
+                    took = (turn.finished_at or turn.started_at) - turn.started_at
+                    code = "-" if turn.exit_code is None else str(turn.exit_code)
+                    print(
+                        f"turn {turn.seq}"
+                        + (f" (attempt {turn.attempt})" if turn.attempt > 1 else "")
+                        + f" {turn.phase or '-'}: {turn.state.value}, exit {code}, {took:.1f}s"
+                        + (f" · {turn.error}" if turn.error else ""),
+                        file=out,
+                        flush=True,
+                    )
+            if placement.ended and (record is None or record.status is not RunStatus.RUNNING):
+                return _final(run_id, record, placement, out)
+            await asyncio.sleep(_POLL)
+
+
+def _final(run_id: str, record: RunRecord | None, placement: Placement, out: TextIO) -> int:
+    if record is None:
+        print(f"Auto run {run_id}: did not start: {placement.note or 'stopped'}", file=out)
+        return 1 if placement.status is PlacementStatus.FINISHED else STOP_EXIT_CODE
+    state = AutoModeState.from_json(record.state)
+    line = f"Auto run {run_id}: {record.status.value}"
+    if record.exit_code:
+        line += f" (exit {record.exit_code})"
+    print(line, file=out)
+    print(f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}", file=out)
+    if state.message:
+        print(state.message, file=out)
+    if record.abort_reason:
+        print(f"Aborted: {record.abort_reason}", file=out)
+    if placement.note:
+        print(placement.note, file=out)
+    out.flush()
+    return process_exit_code(record.exit_code or 0)
+
+
+async def stop_run(settings: Settings, run_id: str) -> str:
+    """Ask the run to stop wherever it runs; what was done, in one line.
+
+    Raises:
+        ConfigError: no such run, or it has ended.
+    """
+    async with open_database(settings) as db:
+        return await _stop(settings, db, run_id)
+
+
+async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
+    workers = WorkerStore(db)
+    runs = SqliteRunStore(db)
+    placement = await workers.placement(run_id)
+    record = await _get_run(runs, run_id)
+    if placement is None and record is None:
+        raise ConfigError(f"no run {run_id!r}")
+    if (record is not None and record.status is not RunStatus.RUNNING) or (
+        record is None and placement is not None and placement.ended
+    ):
+        raise ConfigError(f"run {run_id} has ended; there is nothing to stop")
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    await workers.request_stop(run_id, by=who)
+    if placement is None or not isinstance(settings.database, PostgresURL):
+        # Driven by a process (`turnstile auto`), which polls the request.
+        return f"asked run {run_id} to stop"
+    app = make_app(settings.database, pool_size=2)
+    async with app.open_async():
+        _, aborted = await abort_jobs(app, run_id)
+        running = [j for j in await live_jobs(app, run_id) if j.status == "doing"]
+    if aborted or running:
+        return f"asked the worker running run {run_id} to stop its turn"
+    # Between turns: nothing runs, so the run is ended here.
+    await _end_stopped(workers, runs, record, run_id)
+    return f"stopped run {run_id} (no turn was running)"
+
+
+async def _end_stopped(
+    workers: WorkerStore, runs: SqliteRunStore, record: RunRecord | None, run_id: str
+) -> None:
+    if record is not None:
+        now = time.time()
+        state = replace(
+            AutoModeState.from_json(record.state),
+            status=AutoStatus.STOPPED,
+            exit_code=STOP_EXIT_CODE,
+            message=STOPPED_BY_PERSON,
+            updated_at=now,
+            finished_at=now,
+        )
+        await runs.update_run(
+            run_id,
+            status=RunStatus.STOPPED,
+            exit_code=STOP_EXIT_CODE,
+            finished_at=now,
+            state=state.to_json(),
+        )
+    await workers.set_placement(run_id, status=PlacementStatus.STOPPED, note=STOPPED_BY_PERSON)
+    await workers.clear_stop(run_id)
+
+
+async def wait_stopped(settings: Settings, run_id: str, *, within: float) -> bool:
+    """Whether the run stopped running within ``timeout`` seconds."""
+    deadline = time.monotonic() + within
+    async with open_database(settings) as db:
+        runs = SqliteRunStore(db)
+        workers = WorkerStore(db)
+        while True:
+            record = await _get_run(runs, run_id)
+            placement = await workers.placement(run_id)
+            if record is not None and record.status is not RunStatus.RUNNING:
+                return True
+            if record is None and placement is not None and placement.ended:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL)
+
+
+async def stop_when_asked(
+    db: AnyDatabase, run_id: str, stop: Callable[[], Awaitable[None]], *, poll: float = 0.5
+) -> None:
+    """For a run driven in this process: call ``stop`` once ``turnstile stop`` asks."""
+    store = WorkerStore(db)
+    while True:
+        with contextlib.suppress(TurnstileError):
+            if await store.stop_requested(run_id):
+                await stop()
+                await store.clear_stop(run_id)
+                return
+        await asyncio.sleep(poll)

@@ -1,0 +1,367 @@
+"""The workers' tables: who is alive, where each run's turns go, and stop requests.
+
+Portable SQL behind one small store, like the engine's other stores; the tables come from
+this package's own migrations (``engine/workers/migrations``, owner ``workers``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from engine.errors import ConfigError
+from engine.runs import AgentEnv, RunSpec
+from engine.store.backend import AnyDatabase
+from engine.store.database import MigrationSet, load_migrations
+
+__all__ = [
+    "OWNER",
+    "Placement",
+    "PlacementStatus",
+    "QueuedRun",
+    "WorkerRecord",
+    "WorkerStatus",
+    "WorkerStore",
+    "migrations",
+]
+
+OWNER: Final = "workers"
+
+
+def migrations() -> MigrationSet:
+    """The workers' migrations (registered under the ``turnstile.migrations`` entry point)."""
+    return MigrationSet(OWNER, load_migrations("engine.workers", "migrations"))
+
+
+class WorkerStatus(StrEnum):
+    ALIVE = "alive"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+class PlacementStatus(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """What a worker needs to start an auto run it has never seen: plain data, JSON-safe.
+
+    ``project`` is a configured project's name, or a repository URL or absolute path that
+    every worker reaches. A worker turns it into the run's :class:`~engine.runs.RunSpec`
+    once it has checked the project out (:meth:`spec_in`): the worktree is its own.
+    """
+
+    run_id: str
+    objective: str
+    tool: str
+    project: str
+    agent_cmd: str | None = None
+    passthrough: tuple[str, ...] = ()
+    max_turns: int | None = None
+    verify_cmd: str | None = None
+
+    def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
+        """The run's spec on a worker that has the project checked out at ``workdir``."""
+        return RunSpec(
+            objective=self.objective,
+            agent=self.tool,
+            workdir=workdir,
+            run_id=self.run_id,
+            project=self.project,
+            agent_cmd=self.agent_cmd,
+            passthrough=self.passthrough,
+            max_turns=self.max_turns,
+            verify_cmd=self.verify_cmd,
+            env=env,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "objective": self.objective,
+                "tool": self.tool,
+                "project": self.project,
+                "agent_cmd": self.agent_cmd,
+                "passthrough": list(self.passthrough),
+                "max_turns": self.max_turns,
+                "verify_cmd": self.verify_cmd,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> QueuedRun:
+        raw: Mapping[str, Any] = json.loads(text)
+        return cls(
+            run_id=str(raw["run_id"]),
+            objective=str(raw["objective"]),
+            tool=str(raw["tool"]),
+            project=str(raw["project"]),
+            agent_cmd=raw.get("agent_cmd"),
+            passthrough=tuple(raw.get("passthrough") or ()),
+            max_turns=raw.get("max_turns"),
+            verify_cmd=raw.get("verify_cmd"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    name: str
+    host: str
+    pid: int
+    capacity: int
+    running: int
+    queues: tuple[str, ...]
+    status: WorkerStatus
+    started_at: float
+    heartbeat_at: float
+
+    def alive(self, now: float, timeout: float) -> bool:
+        """Alive and heard from within ``timeout`` seconds."""
+        return self.status is WorkerStatus.ALIVE and now - self.heartbeat_at <= timeout
+
+    @classmethod
+    def from_row(cls, row: Any) -> WorkerRecord:
+        return cls(
+            name=row["name"],
+            host=row["host"],
+            pid=row["pid"],
+            capacity=row["capacity"],
+            running=row["running"],
+            queues=tuple(json.loads(row["queues"])),
+            status=WorkerStatus(row["status"]),
+            started_at=row["started_at"],
+            heartbeat_at=row["heartbeat_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a run's turns go: its spec, the worker holding its worktree, its standing."""
+
+    run_id: str
+    spec: QueuedRun
+    worker: str | None
+    last_worker: str | None
+    status: PlacementStatus
+    note: str | None
+    moves: int
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Any) -> Placement:
+        return cls(
+            run_id=row["run_id"],
+            spec=QueuedRun.from_json(row["spec_json"]),
+            worker=row["worker"],
+            last_worker=row["last_worker"],
+            status=PlacementStatus(row["status"]),
+            note=row["note"],
+            moves=row["moves"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self.status in (PlacementStatus.FINISHED, PlacementStatus.STOPPED)
+
+
+class WorkerStore:
+    """The three tables, on SQLite or PostgreSQL."""
+
+    def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
+        self._db = db
+        self._clock = clock
+
+    # -- workers ---------------------------------------------------------------------
+    async def register(
+        self, name: str, *, host: str, pid: int, capacity: int, queues: Sequence[str]
+    ) -> None:
+        """Record this worker as alive (a restart under the same name takes the row over).
+
+        Raises:
+            ConfigError: a live worker already has this name.
+        """
+        now = self._clock()
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                f"SELECT status, heartbeat_at, host, pid FROM workers WHERE name = ?"  # noqa: S608
+                f"{self._db.for_update}",
+                (name,),
+            )
+            row = await cursor.fetchone()
+            if row is not None and row["status"] == WorkerStatus.ALIVE.value:
+                raise ConfigError(
+                    f"a worker named {name!r} is already running (on {row['host']}, "
+                    f"pid {row['pid']}); choose another --name"
+                )
+            if row is not None:
+                await conn.execute("DELETE FROM workers WHERE name = ?", (name,))
+            await conn.execute(
+                "INSERT INTO workers (name, host, pid, capacity, running, queues, status,"
+                " started_at, heartbeat_at) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?)",
+                (
+                    name,
+                    host,
+                    pid,
+                    capacity,
+                    json.dumps(list(queues)),
+                    WorkerStatus.ALIVE.value,
+                    now,
+                    now,
+                ),
+            )
+
+    async def heartbeat(self, name: str, *, running: int) -> bool:
+        """Say this worker is alive; False if it was declared lost meanwhile."""
+        count = await self._db.execute(
+            "UPDATE workers SET heartbeat_at = ?, running = ? WHERE name = ? AND status = ?",
+            (self._clock(), running, name, WorkerStatus.ALIVE.value),
+        )
+        return count > 0
+
+    async def set_worker_status(self, name: str, status: WorkerStatus) -> None:
+        await self._db.execute(
+            "UPDATE workers SET status = ?, running = 0 WHERE name = ?", (status.value, name)
+        )
+
+    async def revive(self, name: str) -> None:
+        """A worker declared lost is answering again (its runs have moved on meanwhile)."""
+        await self._db.execute(
+            "UPDATE workers SET status = ?, heartbeat_at = ? WHERE name = ?",
+            (WorkerStatus.ALIVE.value, self._clock(), name),
+        )
+
+    async def workers(self) -> list[WorkerRecord]:
+        rows = await self._db.fetchall("SELECT * FROM workers ORDER BY name")
+        return [WorkerRecord.from_row(r) for r in rows]
+
+    async def declare_lost(self, silent_after: float) -> list[str]:
+        """Mark workers not heard from within ``silent_after`` seconds lost; the names marked.
+
+        One step per worker, so of two workers sweeping at once exactly one marks each.
+        """
+        cutoff = self._clock() - silent_after
+        rows = await self._db.fetchall(
+            "SELECT name FROM workers WHERE status = ? AND heartbeat_at < ?",
+            (WorkerStatus.ALIVE.value, cutoff),
+        )
+        lost: list[str] = []
+        for row in rows:
+            count = await self._db.execute(
+                "UPDATE workers SET status = ?, running = 0"
+                " WHERE name = ? AND status = ? AND heartbeat_at < ?",
+                (WorkerStatus.LOST.value, row["name"], WorkerStatus.ALIVE.value, cutoff),
+            )
+            if count:
+                lost.append(row["name"])
+        return lost
+
+    # -- placements ------------------------------------------------------------------
+    async def place(self, spec: QueuedRun) -> None:
+        now = self._clock()
+        await self._db.execute(
+            "INSERT INTO worker_runs (run_id, spec_json, worker, status, note, moves,"
+            " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
+            (spec.run_id, spec.to_json(), PlacementStatus.WAITING.value, now, now),
+        )
+
+    async def placement(self, run_id: str) -> Placement | None:
+        row = await self._db.fetchone("SELECT * FROM worker_runs WHERE run_id = ?", (run_id,))
+        return Placement.from_row(row) if row is not None else None
+
+    async def placements(self) -> list[Placement]:
+        rows = await self._db.fetchall("SELECT * FROM worker_runs ORDER BY created_at DESC")
+        return [Placement.from_row(r) for r in rows]
+
+    async def take(self, run_id: str, worker: str) -> tuple[Placement | None, str | None]:
+        """Make ``worker`` the run's holder unless another worker holds it.
+
+        Returns the placement as it stood before, and the holder it had (None: free).
+        The holder changes only in this compare-and-set, under the row's lock.
+        """
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                f"SELECT * FROM worker_runs WHERE run_id = ?{self._db.for_update}",  # noqa: S608
+                (run_id,),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                return None, None
+            before = Placement.from_row(row)
+            if before.worker not in (None, worker) or before.ended:
+                return before, before.worker
+            await conn.execute(
+                "UPDATE worker_runs SET worker = ?, last_worker = ?, status = ?, updated_at = ?"
+                " WHERE run_id = ?",
+                (worker, worker, PlacementStatus.RUNNING.value, self._clock(), run_id),
+            )
+            return before, before.worker
+
+    async def set_placement(
+        self,
+        run_id: str,
+        *,
+        status: PlacementStatus | None = None,
+        note: str | None = None,
+        release: bool = False,
+    ) -> None:
+        """Update a run's standing; ``release`` frees it for any worker (a move)."""
+        sets = ["updated_at = ?"]
+        params: list[Any] = [self._clock()]
+        if status is not None:
+            sets.append("status = ?")
+            params.append(status.value)
+        if note is not None:
+            sets.append("note = ?")
+            params.append(note)
+        if release:
+            sets.append("worker = NULL")
+            sets.append("moves = moves + 1")
+        params.append(run_id)
+        await self._db.execute(
+            f"UPDATE worker_runs SET {', '.join(sets)} WHERE run_id = ?",  # noqa: S608
+            params,
+        )
+
+    async def release(self, run_id: str, worker: str) -> bool:
+        """Free the run ``worker`` held for any worker (compare-and-set: one caller wins)."""
+        count = await self._db.execute(
+            "UPDATE worker_runs SET worker = NULL, moves = moves + 1, status = ?, updated_at = ?"
+            " WHERE run_id = ? AND worker = ?",
+            (PlacementStatus.WAITING.value, self._clock(), run_id, worker),
+        )
+        return count > 0
+
+    async def runs_of(self, worker: str) -> list[Placement]:
+        rows = await self._db.fetchall(
+            "SELECT * FROM worker_runs WHERE worker = ? AND status IN (?, ?)",
+            (worker, PlacementStatus.WAITING.value, PlacementStatus.RUNNING.value),
+        )
+        return [Placement.from_row(r) for r in rows]
+
+    # -- stop requests ---------------------------------------------------------------
+    async def request_stop(self, run_id: str, by: str | None = None) -> None:
+        await self._db.execute(
+            "INSERT INTO run_stops (run_id, requested_at, requested_by) VALUES (?, ?, ?)"
+            " ON CONFLICT (run_id) DO NOTHING",
+            (run_id, self._clock(), by),
+        )
+
+    async def stop_requested(self, run_id: str) -> bool:
+        row = await self._db.fetchone("SELECT 1 FROM run_stops WHERE run_id = ?", (run_id,))
+        return row is not None
+
+    async def clear_stop(self, run_id: str) -> None:
+        await self._db.execute("DELETE FROM run_stops WHERE run_id = ?", (run_id,))
