@@ -198,8 +198,11 @@ class BotRuntime:
         self.features: Features | None = None
         self.gates: Gates | None = None
         # Every run of every feature: its row, its session wrapper, its turns, recovery.
+        # The warm pool too: chat sessions, auto runs and drives share its cap.
         self.supervisor = RunSupervisor(
-            self.runs, slots=asyncio.Semaphore(settings.max_concurrent_turns)
+            self.runs,
+            slots=asyncio.Semaphore(settings.max_concurrent_turns),
+            warm_pool=self.warm_pool,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None

@@ -224,3 +224,52 @@ async def test_a_warm_auto_run_says_so_in_status_and_its_process_ends_with_it(
             async with asyncio.timeout(30):
                 while marked_processes(marker):
                     await asyncio.sleep(0.05)
+
+
+async def test_an_auto_run_counts_in_the_warm_cap_with_the_chat_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    git_workspace(tmp_path / "ws" / "default")
+    box = Sandbox(tmp_path / "claude")
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in box.env(model.claude_env(box.config)).items():
+            monkeypatch.setenv(key, value)
+        clarify = Hold(text="Goal: nothing.")
+        model.enqueue(Text("chat answer"), clarify)
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="claude",
+            claude_bin=str(ensure_cli("claude")),
+            warm_sessions="claude",
+            max_warm_sessions=1,
+        )
+        async with running_bot(api, settings) as rt:
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+            await api.wait_for_message(lambda m: m.text == "chat answer", timeout=60)
+            assert rt.chats is not None
+            chat = rt.chats.active[(CHAT, 0)].agent
+            assert isinstance(chat, WarmClaudeAgent)
+            assert chat.resident  # idle between turns, its process stays
+            assert rt.warm_pool.members == [chat]
+
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto do nothing")
+            started = await api.wait_for_message(
+                lambda m: "Auto run" in m.text and "started" in m.text
+            )
+            run_id = started.text.split()[3]
+            await asyncio.wait_for(clarify.arrived.wait(), 120)
+            # The auto run's process took the one place: the idle chat's process left.
+            assert rt.warm_pool.evictions == 1
+            assert not chat.resident
+            [auto] = rt.warm_pool.members
+            assert isinstance(auto, WarmClaudeAgent)
+            assert auto is not chat
+            assert auto.resident
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+            await wait_for_run_status(rt, run_id, RunStatus.STOPPED)
+    assert marked_processes(box.marker) == []

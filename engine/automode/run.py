@@ -303,6 +303,8 @@ def _build(
         resume=resume_session,
         turns_finished=resume_session,
         approval=approval_for(state.run_id) if approval_for is not None else None,
+        # Counted with every other run's warm session (the bot's cap covers auto runs).
+        warm_pool=supervisor.warm_pool,
     )
     log_dir = Path(state.log_dir)
     stop = stop_event if stop_event is not None else asyncio.Event()

@@ -214,6 +214,7 @@ class Autopilot:
             session_id=session_id,
             agent_cmd=self.agent_cmd,
             resume=resume,
+            warm_pool=self.supervisor.warm_pool,
         )
 
     def _on_change(self, name: str) -> None:

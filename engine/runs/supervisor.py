@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import NotFoundError
 from engine.runs.ids import RunMode, new_run_id
@@ -35,6 +35,9 @@ from engine.runs.spec import ChatPlace
 from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, RunStatus, RunStore, TurnRecord
 from engine.turn import AgentSession, TurnOutput
+
+if TYPE_CHECKING:
+    from engine.agents.warm import WarmPool
 
 __all__ = ["CutOffTurn", "DriveProbe", "Recovery", "RunSession", "RunSupervisor"]
 
@@ -103,11 +106,21 @@ class RunSupervisor:
     Args:
         runs: the runs store.
         slots: caps the turns running at once across every run (None: no cap).
+        warm_pool: where every run's warm session (a resident agent process) is counted,
+            so ``TURNSTILE_MAX_WARM_SESSIONS`` bounds them all, whatever their mode (None:
+            each warm session gets a pool of its own, as in a terminal's one run).
     """
 
-    def __init__(self, runs: RunStore, *, slots: asyncio.Semaphore | None = None) -> None:
+    def __init__(
+        self,
+        runs: RunStore,
+        *,
+        slots: asyncio.Semaphore | None = None,
+        warm_pool: WarmPool | None = None,
+    ) -> None:
         self.runs = runs
         self.slots = slots
+        self.warm_pool = warm_pool
         self._attached: dict[str, _Attached] = {}
         self._parked = False
         self._in_flight = 0
