@@ -50,6 +50,9 @@ def gate_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         yield str(request.param)
     finally:
+        if _PG_CLUSTER is not None:
+            for url in _PG_URLS.values():
+                _PG_CLUSTER.drop_database(url)
         _PG_CLUSTER = None
         _PG_URLS.clear()
 

@@ -150,6 +150,14 @@ class PgCluster:
         self.admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
 
+    def drop_database(self, url: str) -> None:
+        """Drop a test's database again (its connections are ended first), so that the
+        cluster stays small: hundreds of copies would make its removal at the end of the
+        session slow enough to hit the last test's timeout."""
+        name = url.rsplit("/", 1)[-1]
+        with contextlib.suppress(psycopg.Error):
+            self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
@@ -183,30 +191,39 @@ def pg_cluster() -> Iterator[PgCluster]:
 
 
 @pytest.fixture
-def pg_url(pg_cluster: PgCluster) -> str:
-    """A fresh, migrated PostgreSQL database of this test's own."""
-    return pg_cluster.new_database()
+def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database of this test's own (dropped afterwards)."""
+    url = pg_cluster.new_database()
+    yield url
+    pg_cluster.drop_database(url)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     """An open, migrated database: a SQLite file in tmp_path, or a fresh PostgreSQL one."""
+    cluster: PgCluster | None = None
     if request.param == "sqlite":
         target: Path | PostgresURL = tmp_path / "t.db"
     else:
-        cluster: PgCluster = request.getfixturevalue("pg_cluster")
+        cluster = request.getfixturevalue("pg_cluster")
         target = PostgresURL(cluster.new_database())
     async with open_database(target) as db:
         assert db.dialect == request.param
         yield db
+    if cluster is not None:
+        cluster.drop_database(target.database)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def bot_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def bot_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The bot of this test (tests/fakes/bot_harness.py) on each database in turn."""
-    if request.param == "postgresql":
-        from tests.fakes import bot_harness
+    if request.param != "postgresql":
+        yield str(request.param)
+        return
+    from tests.fakes import bot_harness
 
-        cluster: PgCluster = request.getfixturevalue("pg_cluster")
-        monkeypatch.setattr(bot_harness, "DATABASE", cluster.new_database())
-    return str(request.param)
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    url = cluster.new_database()
+    monkeypatch.setattr(bot_harness, "DATABASE", url)
+    yield str(request.param)
+    cluster.drop_database(url)

@@ -65,7 +65,10 @@ def test_every_message_exactly_once_in_order_on_postgresql(
     pg_cluster: PgCluster, statuses: list[int], messages: int
 ) -> None:
     target = pg_cluster.new_database()
-    _check(statuses, messages, *asyncio.run(_deliver(list(statuses), messages, target)))
+    try:
+        _check(statuses, messages, *asyncio.run(_deliver(list(statuses), messages, target)))
+    finally:
+        pg_cluster.drop_database(target)
 
 
 def _check(statuses: list[int], messages: int, sent: list[tuple[int, str]], calls: int) -> None:

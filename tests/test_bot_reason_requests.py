@@ -177,7 +177,9 @@ async def test_in_privacy_mode_the_reason_arrives_as_a_forced_reply(
             lambda: any("the sources are missing" in e["prompt"] for e in agent_log(tmp_path)),
             timeout=30,
         )
-        assert not await _still_awaiting(rt, "TP")
+        # rejected by the presser (the agent is already at work on the next round, so the
+        # gate may be open again: what counts is the decision on record)
+        assert ("research", "rejected", APPROVER) in await rt.store.decisions_of("TP")
 
 
 @pytest.mark.usefixtures("bot_backend")

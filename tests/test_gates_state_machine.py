@@ -61,8 +61,9 @@ class GateMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="gates-sm-"))
         self.loop = asyncio.new_event_loop()
         database: Path | str = self.tmp / "gates.db"
+        self.pg_url: str | None = None
         if _PG_CLUSTER is not None:
-            database = _PG_CLUSTER.new_database()
+            database = self.pg_url = _PG_CLUSTER.new_database()
         self.settings = make_settings(self.tmp, approvers=(42, 43), database=database)
         self.db: AnyDatabase | None = None
         self._open()
@@ -87,6 +88,8 @@ class GateMachine(RuleBasedStateMachine):
             self.run(self.db.close())
         self.loop.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if _PG_CLUSTER is not None and self.pg_url is not None:
+            _PG_CLUSTER.drop_database(self.pg_url)
 
     def task(self) -> Any:
         return self.run(self.gates.task("t"))
