@@ -770,7 +770,11 @@ class AutopilotExtension(Feature):
                 task = await self.gates.task(name)
             except GateRefused:
                 continue
-            state = "driving" if handle is not None and not handle.done else "idle"
+            driving = handle is not None and not handle.done
+            state = "driving" if driving else "idle"
+            # A warm session: its agent process stays between the drive's turns.
+            if driving and handle is not None and handle.pilot and handle.pilot.warm(name):
+                state += " · warm"
             lines.append(f"🛂 autopilot {name} · {words(task.label)} · {state}")
             # A task checked out with --checkout-repo: its branch and disk usage.
             worktree = await worktree_summaries(

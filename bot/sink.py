@@ -135,6 +135,8 @@ class _AutoView:
     status: StatusUpdate | None = None
     last: str | None = None
     turns: list[str] = field(default_factory=list)
+    # Claims of completion not accepted ("🔎 Turn 3 claimed complete; not accepted. …").
+    verdicts: list[str] = field(default_factory=list)
 
 
 class BotSink:
@@ -229,6 +231,21 @@ class BotSink:
             view.last = last_line(_TURN_HEAD.sub("", text, count=1)) or None
             await self._show_auto(run_id, place)
             return
+        if _is_auto(run_id) and kind is TextKind.VERDICT:
+            # Folded: the live message's last line while the run goes on, the final
+            # report's list when it ends, and the turns document after its turn.
+            view = self._autos.setdefault(run_id, _AutoView())
+            view.verdicts.append(text)
+            if view.turns:
+                view.turns[-1] += f"\n\n{text}"
+            await self._show_auto(run_id, place)
+            return
+        if _is_auto(run_id) and kind is TextKind.FINAL:
+            verdicts = self._autos.get(run_id, _AutoView()).verdicts
+            if verdicts:
+                text += "\n\nClaims of completion not accepted:\n" + "\n".join(
+                    f"- {v.removeprefix('🔎 ').removesuffix(' The run goes on.')}" for v in verdicts
+                )
         await self._publisher.say(
             place.chat_id, humane(text), thread_id=place.thread_id, markdown=True, run_id=run_id
         )
@@ -338,6 +355,8 @@ class BotSink:
             text += f"\nLast turn: {view.last}"
         if view.status.status == "running":
             text += f"\nMessages here or /steer add instructions; /stop {run_id} stops it."
+            if view.verdicts:
+                text += f"\n{view.verdicts[-1]}"
         await self._publisher.live(
             f"status:{run_id}",
             text,
