@@ -41,7 +41,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
-from bot.outbox import OutboxSender, retry_seconds
+from bot.outbox import OutboxSender, PacedRateLimiter, retry_seconds
 from bot.progress import PREFIX as PROGRESS
 from bot.progress import settle_leftovers
 from bot.publish import Publisher
@@ -187,7 +187,7 @@ class BotRuntime:
             agent_factory = functools.partial(create_agent, warm_pool=self.warm_pool)
         self._agent_factory = agent_factory
         # Telegram's limits: ~30 messages/s overall, 20/min per group; a 429 is retried.
-        self._rate_limiter = rate_limiter or AIORateLimiter(max_retries=_RATE_LIMIT_RETRIES)
+        self._rate_limiter = rate_limiter or PacedRateLimiter(max_retries=_RATE_LIMIT_RETRIES)
         self._edit_interval = (
             edit_interval if edit_interval is not None else settings.status_edit_interval
         )
@@ -301,6 +301,9 @@ class BotRuntime:
                 on_token_refused=self._token_refused,
                 refusal_backlog=self.settings.refusal_backlog,
             )
+            if isinstance(self._rate_limiter, PacedRateLimiter):
+                # A 429 in a chat slows that chat's edits (bot.outbox).
+                self._rate_limiter.on_retry_after = self.sender.slow_down
             self.publisher = Publisher(
                 self.store,
                 self.sender,

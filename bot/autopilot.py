@@ -35,6 +35,7 @@ from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.publish import format_elapsed
 from bot.render import excerpt as render_excerpt
 from bot.replies import thread_of
 from bot.sink import ChatPlace, words
@@ -52,7 +53,8 @@ from engine.gates import (
     Refusal,
     TaskRecord,
 )
-from engine.runs import Recovery
+from engine.gates.hashing import sha256_file_async
+from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
 from engine.turn import AgentSession
 from engine.workspace.runs import worktree_summaries
@@ -95,6 +97,7 @@ class AutopilotExtension(Feature):
         self._stopped_by: dict[str, int] = {}
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
+        ctx.sink.describe_tasks_with(self.task_facts)
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command(
@@ -132,6 +135,32 @@ class AutopilotExtension(Feature):
                 return None
             name = task.parent
         return None
+
+    async def task_facts(self, name: str) -> list[str]:
+        """What a completed task did, for its summary: its artifacts (name and short
+        sha256), its turns and the time from its start."""
+        task = await self.gates.task(name)
+        artifacts = []
+        for phase in self.gates.workflow.phases:
+            try:
+                digest = await sha256_file_async(task.folder / phase.artifact, root=task.folder)
+            except UnsafeFileError:
+                digest = None  # not a plain file of the task folder: not vouched for
+            if digest is not None:
+                artifacts.append(f"{phase.artifact} {digest[:12]}")
+        runs = [
+            r
+            for r in await self.ctx.runs.list_runs()
+            if r.mode == RunMode.AUTOPILOT and r.task == name
+        ]
+        turns = 0
+        for run in runs:
+            turns += len(await self.ctx.runs.turns(run.id))
+        elapsed = format_elapsed(max(0.0, task.updated_at - task.created_at))
+        lines = [f"{turns} turn{'s' if turns != 1 else ''} in {elapsed}."]
+        if artifacts:
+            lines.append("Artifacts: " + ", ".join(artifacts) + ".")
+        return lines
 
     def _factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
         agent: AgentSession = self._agent_factory(
@@ -770,7 +799,11 @@ class AutopilotExtension(Feature):
                 task = await self.gates.task(name)
             except GateRefused:
                 continue
-            state = "driving" if handle is not None and not handle.done else "idle"
+            driving = handle is not None and not handle.done
+            state = "driving" if driving else "idle"
+            # A warm session: its agent process stays between the drive's turns.
+            if driving and handle is not None and handle.pilot and handle.pilot.warm(name):
+                state += " · warm"
             lines.append(f"🛂 autopilot {name} · {words(task.label)} · {state}")
             # A task checked out with --checkout-repo: its branch and disk usage.
             worktree = await worktree_summaries(

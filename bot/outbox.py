@@ -7,6 +7,10 @@ row is marked sent only after Telegram accepted it, so a restart delivers what w
 Live messages (run status, gates, a turn's progress) are edited in place, throttled per
 chat: at most one edit each ``edit_interval`` in a private chat, three times slower in a
 group (Telegram allows a group 20 messages a minute; sends count against the same pause).
+Telegram's answer sets the pace too: a 429 in a chat (seen by :class:`PacedRateLimiter`,
+which still retries the call) spaces that chat's later edits at least ``retry_after``
+apart, twice as far as before, easing back by a quarter with each edit that goes through.
+An edit is never dropped: a live message stays due until its latest body was sent.
 
 Answers to people who may not use the bot ("not allowed") go through a second, bounded
 lane in memory, sent only when nothing else is waiting: a flood of strangers can never
@@ -50,13 +54,18 @@ from telegram.error import (
     TelegramError,
     TimedOut,
 )
+from telegram.ext import AIORateLimiter
 
 from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 
-__all__ = ["OutboxSender", "retry_seconds"]
+__all__ = ["OutboxSender", "PacedRateLimiter", "retry_seconds"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_BACKOFF: Final = 30.0
+# The slowest a chat's edits get after 429s (seconds between two edits).
+_MAX_EDIT_INTERVAL: Final = 60.0
+# Each edit that goes through brings a slowed chat's pace this much back.
+_EASE: Final = 0.75
 # Seconds to upload one document from disk (up to 45 MB on a slow uplink).
 _UPLOAD_TIMEOUT: Final = 300.0
 
@@ -85,6 +94,34 @@ def retry_seconds(exc: RetryAfter) -> float:
         warnings.simplefilter("ignore")
         delay: Any = exc.retry_after
     return float(delay.total_seconds() if hasattr(delay, "total_seconds") else delay)
+
+
+class PacedRateLimiter(AIORateLimiter):
+    """PTB's rate limiter (it retries a 429 after ``retry_after``) that also tells
+    ``on_retry_after(chat_id, seconds)`` about each 429, so the outbox slows that chat."""
+
+    on_retry_after: Callable[[int, float], None] | None = None
+
+    async def process_request(
+        self,
+        callback: Callable[..., Any],
+        args: Any,
+        kwargs: dict[str, Any],
+        endpoint: str,
+        data: dict[str, Any],
+        rate_limit_args: int | None,
+    ) -> Any:
+        chat_id = data.get("chat_id")
+
+        async def noticed(*a: Any, **kw: Any) -> Any:
+            try:
+                return await callback(*a, **kw)
+            except RetryAfter as exc:
+                if self.on_retry_after is not None and isinstance(chat_id, int):
+                    self.on_retry_after(chat_id, retry_seconds(exc))
+                raise
+
+        return await super().process_request(noticed, args, kwargs, endpoint, data, rate_limit_args)
 
 
 def _drop_spool(item: OutboxItem) -> None:
@@ -126,6 +163,9 @@ class OutboxSender:
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
         self._last_in_chat: dict[int, float] = {}
+        # Chats Telegram asked to slow down: their seconds between two edits.
+        self._slowed: dict[int, float] = {}
+        self._just_slowed: set[int] = set()  # the retried call itself does not ease
         self._refusals: deque[OutboxItem] = deque()
         self._refusal_backlog = refusal_backlog
         self.sent = 0
@@ -134,7 +174,32 @@ class OutboxSender:
     def interval(self, chat_id: int) -> float:
         """Seconds between two edits in ``chat_id``: a group (negative id) gets a third of
         a private chat's pace, its 20 messages a minute shared with new messages."""
-        return self._edit_interval * (3 if chat_id < 0 else 1)
+        base = self._edit_interval * (3 if chat_id < 0 else 1)
+        return max(base, self._slowed.get(chat_id, 0.0))
+
+    def slow_down(self, chat_id: int, retry_after: float) -> None:
+        """Telegram answered 429 in ``chat_id``: its edits go at least ``retry_after``
+        apart, and twice as far apart as they did."""
+        interval = max(2 * self.interval(chat_id), retry_after)
+        self._slowed[chat_id] = min(interval, _MAX_EDIT_INTERVAL)
+        self._just_slowed.add(chat_id)
+        _LOGGER.info("chat %s: edits slowed to one each %.1fs", chat_id, self._slowed[chat_id])
+        # No edit of that chat before ``retry_after`` from now.
+        self._last_in_chat[chat_id] = max(
+            self._last_in_chat.get(chat_id, 0.0),
+            self._clock() + retry_after - self.interval(chat_id),
+        )
+
+    def _eased(self, chat_id: int) -> None:
+        slowed = self._slowed.get(chat_id)
+        if slowed is None or chat_id in self._just_slowed:
+            self._just_slowed.discard(chat_id)
+            return
+        slowed *= _EASE
+        if slowed <= self._edit_interval * (3 if chat_id < 0 else 1):
+            del self._slowed[chat_id]
+        else:
+            self._slowed[chat_id] = slowed
 
     def wake(self) -> None:
         self._idle.clear()
@@ -422,4 +487,8 @@ class OutboxSender:
             if isinstance(exc, NetworkError | RetryAfter):
                 raise
             _LOGGER.warning("edit of %s failed: %s", live.ref, exc)
+        else:
+            self._eased(live.chat_id)
+        # The pause runs from the answer (a retried 429 took its retry_after).
+        self._last_edit[live.ref] = self._last_in_chat[live.chat_id] = self._clock()
         await self._store.live_edited(live.ref, live.body, time.time())

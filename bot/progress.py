@@ -10,6 +10,9 @@ at the next start ("stopped by a restart"), never left saying "running".
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -29,6 +32,30 @@ _LINE: Final = 160
 
 def stop_button(run_id: str) -> dict[str, Any]:
     return {"inline_keyboard": [[{"text": "⏹ Stop", "callback_data": f"{STOP_DATA}{run_id}"}]]}
+
+
+# What names a tool call best, of the inputs a CLI reports as JSON (Claude Code's
+# ``{"command": …, "description": …}``), first found first.
+_DETAIL_KEYS: Final = ("command", "file_path", "path", "pattern", "url", "query", "description")
+_JSON_STRING: Final = r'"{key}"\s*:\s*"((?:[^"\\]|\\.)*)'
+
+
+def _tool_detail(text: str) -> str:
+    """The command, path or pattern of a tool call rather than its raw JSON input."""
+    if not text.lstrip().startswith("{"):
+        return text
+    with contextlib.suppress(ValueError):
+        data = json.loads(text)
+        if isinstance(data, dict):
+            for key in _DETAIL_KEYS:
+                if isinstance(data.get(key), str) and data[key].strip():
+                    return str(data[key])
+            return text
+    for key in _DETAIL_KEYS:  # cut short by the adapter: read what is there
+        found = re.search(_JSON_STRING.format(key=key), text)
+        if found and found[1].strip():
+            return found[1].replace('\\"', '"').replace("\\n", " ")
+    return text
 
 
 def _line(text: str) -> str:
@@ -68,7 +95,7 @@ class TurnProgress:
         """Take one agent event; True when the message should change."""
         if event.kind is EventKind.TOOL_USE:
             self.tools += 1
-            detail = _line(event.text)[:80]
+            detail = _line(_tool_detail(event.text))[:80]
             self.tool = f"🔧 {event.tool or 'tool'}" + (f": {detail}" if detail else "")
             return True
         if event.kind is EventKind.TOOL_RESULT and event.is_error:

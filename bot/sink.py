@@ -123,6 +123,8 @@ class _PhaseView:
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
 # Sends files of a run's folder to its chat: (place, run id, workdir, paths) (bot.files).
 FilesHandler = Callable[[ChatPlace, str, Path, list[str]], Awaitable[None]]
+# What a completed task did, for its summary: plain lines (artifacts, turns, time) (bot.autopilot).
+TaskFacts = Callable[[str], Awaitable[list[str]]]
 # The chat of a run the runs table does not place (an autopilot drive's sub-task); None:
 # not known to this resolver.
 PlaceResolver = Callable[[str], Awaitable["ChatPlace | None"]]
@@ -135,6 +137,8 @@ class _AutoView:
     status: StatusUpdate | None = None
     last: str | None = None
     turns: list[str] = field(default_factory=list)
+    # Claims of completion not accepted ("🔎 Turn 3 claimed complete; not accepted. …").
+    verdicts: list[str] = field(default_factory=list)
 
 
 class BotSink:
@@ -154,6 +158,7 @@ class BotSink:
         self._on_gate: GateHandler | None = None
         self._on_files: FilesHandler | None = None
         self._resolvers: list[PlaceResolver] = []
+        self._task_facts: TaskFacts | None = None
         self._phases: dict[str, _PhaseView] = {}
         self._autos: dict[str, _AutoView] = {}
 
@@ -178,6 +183,10 @@ class BotSink:
         if self._on_files is not None:
             raise RuntimeError("files are already sent by another feature")
         self._on_files = handler
+
+    def describe_tasks_with(self, facts: TaskFacts) -> None:
+        """What a completed task's summary says it did (its artifacts, turns, time)."""
+        self._task_facts = facts
 
     def resolve_places_with(self, resolver: PlaceResolver) -> None:
         """Asked, in order, for a run the sink has not placed yet (before the runs table)."""
@@ -229,6 +238,21 @@ class BotSink:
             view.last = last_line(_TURN_HEAD.sub("", text, count=1)) or None
             await self._show_auto(run_id, place)
             return
+        if _is_auto(run_id) and kind is TextKind.VERDICT:
+            # Folded: the live message's last line while the run goes on, the final
+            # report's list when it ends, and the turns document after its turn.
+            view = self._autos.setdefault(run_id, _AutoView())
+            view.verdicts.append(text)
+            if view.turns:
+                view.turns[-1] += f"\n\n{text}"
+            await self._show_auto(run_id, place)
+            return
+        if _is_auto(run_id) and kind is TextKind.FINAL:
+            verdicts = self._autos.get(run_id, _AutoView()).verdicts
+            if verdicts:
+                text += "\n\nClaims of completion not accepted:\n" + "\n".join(
+                    f"- {v.removeprefix('🔎 ').removesuffix(' The run goes on.')}" for v in verdicts
+                )
         await self._publisher.say(
             place.chat_id, humane(text), thread_id=place.thread_id, markdown=True, run_id=run_id
         )
@@ -325,7 +349,26 @@ class BotSink:
         text = f"🏁 Task {task} is complete."
         if decided:
             text += " " + "; ".join(decided) + "."
-        await self._publisher.say(place.chat_id, text, thread_id=place.thread_id, run_id=run_id)
+        if self._task_facts is not None:
+            try:
+                facts = await self._task_facts(task)
+            except Exception:  # the summary still goes out, without what could not be read
+                _LOGGER.exception("could not describe task %s", task)
+                facts = []
+            text += "".join(f"\n{line}" for line in facts)
+        head = None
+        if view is not None and view.excerpt:
+            # The last phase's output, rendered (never raw Markdown).
+            head = view.excerpt
+            text += f"\n\nLast phase ({view.phase.replace('_', ' ')}), its output:\n"
+        await self._publisher.live(
+            f"summary:{task}:{secrets.token_hex(3)}",
+            text,
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=run_id,
+            markdown=head,
+        )
 
     # -- auto runs: one live message ---------------------------------------------------
 
@@ -338,6 +381,8 @@ class BotSink:
             text += f"\nLast turn: {view.last}"
         if view.status.status == "running":
             text += f"\nMessages here or /steer add instructions; /stop {run_id} stops it."
+            if view.verdicts:
+                text += f"\n{view.verdicts[-1]}"
         await self._publisher.live(
             f"status:{run_id}",
             text,

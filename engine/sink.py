@@ -92,6 +92,7 @@ class TextKind(StrEnum):
     NOTE = "note"  # people should see it now (a warning, a problem, a question)
     TURN = "turn"  # one turn's output
     STEP = "step"  # the run moved on (a phase done, a gate passed)
+    VERDICT = "verdict"  # a claim of completion was checked and not accepted (why)
     FINAL = "final"  # the run's final report (a task complete, an auto run's result)
 
 

@@ -4,6 +4,8 @@ and a rejection by button whose reason re-runs the phase."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,10 @@ async def _gate_message(api: FakeBotApi, phase: str, count: int = 1) -> SentMess
 async def test_autopilot_through_every_gate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    rules = phase_rules()
+    # the last phase answers in Markdown: the task's summary shows its head rendered
+    rules[-1]["text"] = "## Verdict\n\n**Ship it**: every phase holds.\n"
+    write_script(tmp_path, {"rules": rules}, monkeypatch)
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.names[APPROVER] = "Approver"
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build the widget")
@@ -105,7 +110,19 @@ async def test_autopilot_through_every_gate(
         done = await api.wait_for_message(lambda m: "Task T1 is complete" in m.text, timeout=60)
         assert "research approved by Approver" in done.text
         gates = Gates(rt.db, rt.settings)
-        assert (await gates.task("T1")).phase == COMPLETE
+        task = await gates.task("T1")
+        assert task.phase == COMPLETE
+        # what was done: every artifact with its short hash, the turns and the time
+        for artifact in ("research.md", "test_plan.md", "referee.md"):
+            digest = hashlib.sha256((task.folder / artifact).read_bytes()).hexdigest()
+            assert f"{artifact} {digest[:12]}" in done.text
+        turns = len(agent_log(tmp_path))
+        assert re.search(rf"\n{turns} turns in \d+(m\d+)?s\.\n", done.text), done.text
+        # and the last phase's output head, rendered: no raw Markdown marks
+        assert done.text.endswith(
+            "Last phase (referee), its output:\n✏ Verdict\n\nShip it: every phase holds."
+        ), done.text
+        assert {e["type"] for e in done.entities} >= {"bold"}
         # the decided gate messages lost their buttons
         await api.wait_until(lambda: all(not m.buttons for m in api.sent if _gate("")(m)))
 

@@ -49,8 +49,15 @@ async def test_events_become_the_progress_lines() -> None:
     now[0] = 172.0
     await progress.show()
     assert recorder.bodies[-1][0] == "⏳ working · 1m12s\n🔧 Bash: ls -la\n💬 Found 3 files."
+    # a tool input reported as JSON (Claude Code) shows its command, even cut short
+    claude = '{"command": "git status --short", "description": "See what changed"}'
+    assert progress.on_event(AgentEvent(EventKind.TOOL_USE, "s", text=claude, tool="Bash"))
+    assert progress.body().splitlines()[1] == "🔧 Bash: git status --short"
+    cut = '{"file_path": "/srv/ws/src/app.py", "content": "import os\\nimport sys\\nprint('
+    assert progress.on_event(AgentEvent(EventKind.TOOL_USE, "s", text=cut, tool="Write"))
+    assert progress.body().splitlines()[1] == "🔧 Write: /srv/ws/src/app.py"
     await progress.finish("✅ done")
-    assert recorder.bodies[-1] == ("✅ done · 1m12s · 1 tool call", None, 41)
+    assert recorder.bodies[-1] == ("✅ done · 1m12s · 3 tool calls", None, 41)
     await progress.show()  # a late tick changes nothing once finalized
     assert len(recorder.bodies) == 3
 

@@ -273,3 +273,38 @@ async def test_an_auto_run_counts_in_the_warm_cap_with_the_chat_sessions(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
             await wait_for_run_status(rt, run_id, RunStatus.STOPPED)
     assert marked_processes(box.marker) == []
+
+
+async def test_a_warm_autopilot_drive_says_so_in_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "claude-config"
+    config.mkdir()
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER_VAR, marker)
+    async with FakeModelAPI() as model, FakeBotApi() as api:
+        for key, value in model.claude_env(config).items():
+            monkeypatch.setenv(key, value)
+        research = Hold(text="research notes")
+        model.enqueue(research)
+        settings = bot_settings(
+            api,
+            tmp_path,
+            default_agent="claude",
+            claude_bin=str(ensure_cli("claude")),
+            warm_sessions="claude",
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 a widget")
+            await api.wait_for_message(lambda m: "Autopilot for task T1 started" in m.text)
+            await asyncio.wait_for(research.arrived.wait(), 120)
+            assert marked_processes(marker) != []
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            line = await api.wait_for_message(lambda m: "🛂 autopilot T1" in m.text)
+            assert "🛂 autopilot T1 · research · driving · warm" in line.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop T1")
+            await api.wait_for_message(lambda m: "Autopilot for T1 stopped" in m.text)
+            # The drive is over: its resident process is gone.
+            async with asyncio.timeout(30):
+                while marked_processes(marker):
+                    await asyncio.sleep(0.05)

@@ -273,14 +273,15 @@ class AutoModeChannel(BaseChannel):
         self._transcript(f"### Output (exit {code})\n\n{out.text}\n\n")
         if out.stderr_tail:
             self._transcript(f"### Error output (its end)\n\n{out.stderr_tail}\n\n")
-        await self._announce(state.turn, phase, code, out, transition.message, report)
+        refused: str | None = None
         if not_accepted is not None:
             # The agent hears it in its next prompt; the people watching hear it here.
             goes_on = "" if new_state.terminal else " The run goes on."
-            await self._safe_publish(
+            refused = (
                 f"🔎 Turn {state.turn} claimed complete; not accepted. {not_accepted[0].upper()}"
                 f"{not_accepted[1:]}.{goes_on}"
             )
+        await self._announce(state.turn, phase, code, out, transition.message, report, refused)
 
     # -- stop / failure paths (called by the run driver) --------------------------------
     async def record_preempted(self, error: str) -> None:
@@ -410,6 +411,7 @@ class AutoModeChannel(BaseChannel):
         out: TurnOutput,
         message: str | None,
         report: str | None,
+        verdict: str | None = None,
     ) -> None:
         state = self._state
         if message is not None:
@@ -436,6 +438,8 @@ class AutoModeChannel(BaseChannel):
         paths = send_markers(out.text)
         if paths and isinstance(self._sink, FileSink):
             await self._sink_call(self._sink.send_files(state.run_id, Path(state.workdir), paths))
+        if verdict is not None:  # after the turn's output, before the final report
+            await self._safe_publish(verdict, TextKind.VERDICT)
         if state.terminal:
             await self._status(state.message or state.status.value)
             await self._safe_publish(report or self._final_report(state), TextKind.FINAL)

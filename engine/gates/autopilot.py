@@ -225,6 +225,12 @@ class Autopilot:
     def run_id(self, name: str) -> str:
         return f"autopilot:{name}"
 
+    def warm(self, name: str) -> bool:
+        """Whether ``name``'s agent process stays resident between its turns now."""
+        agent: object = self._agents.get(name)
+        agent = getattr(agent, "agent", agent)  # through the run's session wrapper
+        return bool(getattr(agent, "resident", False))
+
     async def _say(self, task: TaskRecord, text: str, kind: TextKind = TextKind.NOTE) -> None:
         await publish(self.sink, self.run_id(task.name), text[:MAX_PUBLISH], kind)
 
