@@ -181,3 +181,20 @@ def test_no_module_is_long_without_a_reason_at_its_top() -> None:
         if "\nLong:" not in f"\n{doc}":
             offenders.append(f"{name} ({text.count(chr(10))} lines)")
     assert offenders == []
+
+
+def test_no_postgresql_driver_or_job_queue_is_loaded_unless_asked_for() -> None:
+    """The embedded default (SQLite, turns in process) starts without psycopg and
+    procrastinate: every command and the bot load them only when a URL or the workers
+    ask for them (they cost the bot ~13 MiB of resident memory)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, engine.cli, bot.app\n"
+        "print(','.join(m for m in ('psycopg', 'procrastinate') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == ""

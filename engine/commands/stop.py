@@ -13,7 +13,6 @@ import argparse
 from typing import Any
 
 from engine.settings import Settings
-from engine.workers.control import stop_run, wait_stopped
 
 __all__ = ["register"]
 
@@ -36,6 +35,10 @@ def register(subparsers: Any) -> None:
 
 
 async def handle(args: argparse.Namespace, settings: Settings) -> int:
+    # The job queue (procrastinate, psycopg) only when a stop is asked for: every other
+    # command, the bot included, starts without it.
+    from engine.workers.control import stop_run, wait_stopped
+
     print(await stop_run(settings, args.run), flush=True)
     if args.wait <= 0:
         return 0

@@ -22,7 +22,6 @@ from typing import Any
 from engine.commands.runs import format_age
 from engine.settings import Settings
 from engine.store.backend import open_database
-from engine.workers.queue import require_postgres
 from engine.workers.store import WorkerStore
 
 __all__ = ["register"]
@@ -63,6 +62,8 @@ async def handle_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def handle_workers(args: argparse.Namespace, settings: Settings) -> int:
+    from engine.workers.queue import require_postgres  # the queue only when asked for
+
     require_postgres(settings.database)
     async with open_database(settings) as db:
         workers = await WorkerStore(db).workers()
