@@ -336,6 +336,22 @@ class PostgresDatabase:
         await self.pool.check()
         return await self._getconn()
 
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of the pool for a caller's own use; give it back with :meth:`checkin`.
+
+        Raises:
+            StoreUnreachableError: no connection can be opened.
+        """
+        return await self._getconn()
+
+    async def checkin(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Give back a connection of :meth:`checkout` (a broken one is replaced)."""
+        await self.pool.putconn(conn)
+
+    async def swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+        """Give back a connection the server dropped and take a fresh one."""
+        return await self._swap(broken)
+
     async def _read(self, sql: str, params: Iterable[Any], make: Any) -> list[Any]:
         """The rows of one query outside a transaction; tried twice if the connection broke.
 
