@@ -141,8 +141,7 @@ async def test_cancelled_waiter_leaves_nothing_locked(pg_url: str, tmp_path: Pat
 async def test_sqlite_keeps_the_file_lock(tmp_path: Path) -> None:
     folder = tmp_path / "task"
     folder.mkdir()
-    async with open_database(tmp_path / "t.db") as db:
-        async with TaskFolders(db).lock(folder):
-            with pytest.raises(LockBusyError):
-                async with hold(FileLock(folder / ".state.lock", make_parent=False), wait=False):
-                    pass
+    async with open_database(tmp_path / "t.db") as db, TaskFolders(db).lock(folder):
+        with pytest.raises(LockBusyError):
+            async with hold(FileLock(folder / ".state.lock", make_parent=False), wait=False):
+                pass
