@@ -229,13 +229,16 @@ class PooledAdvisoryLock:
         suffix = "_shared" if self._shared else ""
         query = f"SELECT {function}{suffix}(%s)".encode()
         conn = await self._db.checkout()
+        held = True
         try:
             try:
                 row = await (await conn.execute(query, (self.key,))).fetchone()
             except psycopg.OperationalError:
                 if not conn.broken:
                     raise
+                held = False  # given back by swap; a fresh one may not come
                 conn = await self._db.swap(conn)  # dropped while idle: nothing was taken
+                held = True
                 row = await (await conn.execute(query, (self.key,))).fetchone()
         except psycopg.Error as exc:
             await self._db.checkin(conn)
@@ -244,9 +247,10 @@ class PooledAdvisoryLock:
                 target=str(self._db.url),
             ) from exc
         except BaseException:
-            # Cancelled while the server made us wait: ending the session ends the wait.
-            await conn.close()
-            await self._db.checkin(conn)
+            if held:
+                # Cancelled while the server made us wait: ending the session ends the wait.
+                await conn.close()
+                await self._db.checkin(conn)
             raise
         if function == "pg_advisory_lock" or (row and row[0]):
             self._conn = conn

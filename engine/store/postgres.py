@@ -157,6 +157,8 @@ class PgConnection:
         self._begin = begin
         #: A statement of the transaction went to the server: it must end (COMMIT/ROLLBACK).
         self.begun = False
+        #: ``conn`` is the pool's, to give back when the transaction ends.
+        self.lent = True
 
     async def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> PgCursor:
         query, params = postgres_query(sql), tuple(parameters or ())
@@ -173,7 +175,9 @@ class PgConnection:
             if self._database is None or not self.conn.broken:
                 raise
             # Nothing of this transaction reached the server: the same, on a fresh one.
+            self.lent = False  # given back by _swap; a fresh one may not come
             self.conn = await self._database._swap(self.conn)
+            self.lent = True
             return await self._first(query, params)
 
     async def _first(self, query: Any, params: tuple[Any, ...]) -> PgCursor:
@@ -359,6 +363,7 @@ class PostgresDatabase:
         """
         query, values = postgres_query(sql), tuple(params)
         conn = await self._getconn()
+        held = True
         try:
             for attempt in (1, 2):
                 try:
@@ -368,10 +373,13 @@ class PostgresDatabase:
                 except psycopg.Error as exc:
                     if attempt == 2 or not conn.broken:
                         raise _translate(exc, conn, str(self.url)) from exc
+                    held = False  # given back by _swap; a fresh one may not come
                     conn = await self._swap(conn)
+                    held = True
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
-            await self.pool.putconn(conn)
+            if held:
+                await self.pool.putconn(conn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgConnection]:
@@ -391,7 +399,8 @@ class PostgresDatabase:
                 except psycopg.Error as exc:
                     raise _translate(exc, handle.conn, str(self.url)) from exc
         finally:
-            await self.pool.putconn(handle.conn)
+            if handle.lent:
+                await self.pool.putconn(handle.conn)
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         """Run one write statement in its own transaction; return the rows changed."""
