@@ -44,6 +44,7 @@ from engine.gates import HUMAN_INTERVENTION  # noqa: E402
 from engine.gates.listing import render_rows  # noqa: E402
 from engine.gates.service import Gates  # noqa: E402
 from engine.gates.store import SqlGateStore  # noqa: E402
+from engine.runs import RunSpec  # noqa: E402
 from engine.settings import load_settings  # noqa: E402
 from engine.sink import NullSink  # noqa: E402
 from engine.store.backend import open_database  # noqa: E402
@@ -82,16 +83,14 @@ async def engine_time(target: str, root: Path, turns: int) -> list[float]:
     ws = git_workspace(root / "ws")
     settings = load_settings(database=target, runs_dir=root / "runs")
     async with open_database(settings) as db:
-        run = await prepare_auto_run(
-            settings,
-            db,
+        spec = RunSpec(
             objective="benchmark objective",
-            tool="command",
+            agent="command",
             workdir=ws,
             agent_cmd=AGENT_CMD,
             max_turns=turns,
-            sink=NullSink(),
         )
+        run = await prepare_auto_run(settings, db, spec, sink=NullSink())
         for i in range(turns // 5):
             run.append_instruction(f"note {i}: keep going")
         timed = TimedChannel(run.channel)

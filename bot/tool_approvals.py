@@ -36,10 +36,10 @@ from engine.approvals import (
     describe_key,
     summarize,
 )
+from engine.approvals.route import write_passfile
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
 from engine.runs import Recovery
-from engine.store.location import sqlite_path
 from engine.store.runs import RunRecord
 
 __all__ = ["ToolApprovalExtension", "request_text"]
@@ -105,18 +105,12 @@ class ToolApprovalExtension(Feature):
     def __init__(self, ctx: BotContext) -> None:
         self.ctx = ctx
         self.policy = ApprovalPolicy(ctx.settings.tool_approval)
-        if self.policy is not ApprovalPolicy.OFF:
-            # The approval server an agent starts opens the database file itself: refuse
-            # at start-up, not at the first run, when there is no file to open.
-            sqlite_path(
-                ctx.settings.database,
-                what=f"TURNSTILE_TOOL_APPROVAL={self.policy.value} (tool approvals)",
-            )
         self.store = SqliteApprovalStore(ctx.db)
         self.watcher = ApprovalWatcher(self.store, self._show)
         self._started = asyncio.Event()
         self._failed: Exception | None = None
         self._closing = False
+        self._passfile_path: str | None = None
         ctx.chats.approvals = self.route
 
     def register(self, dispatch: Dispatch) -> None:
@@ -124,6 +118,15 @@ class ToolApprovalExtension(Feature):
         dispatch.buttons(rf"^{PREFIX}:\d+:[osd]\Z", None, self.on_button)
 
     # -- wiring runs -------------------------------------------------------------------
+
+    def _passfile(self) -> str | None:
+        """The PostgreSQL password file in the watcher's private folder (written once)."""
+        folder = self.watcher.folder
+        if folder is None:
+            return None
+        if self._passfile_path is None or not self._passfile_path.startswith(folder):
+            self._passfile_path = write_passfile(self.ctx.settings.database, folder)
+        return self._passfile_path
 
     async def route(self, run_id: str, binding: Binding) -> ApprovalRoute | None:
         """Where a new chat run's permission requests go (None: the policy is off)."""
@@ -135,11 +138,12 @@ class ToolApprovalExtension(Feature):
         bound = await self.ctx.store.binding(binding.chat_id, binding.thread_id)
         starter = bound.bound_by if bound is not None else None
         return ApprovalRoute(
-            database=self.ctx.settings.sqlite_database,
+            database=self.ctx.settings.database,
             run_id=run_id,
             policy=self.policy,
             starter=starter,
             wake=self.watcher.wake_path,
+            passfile=self._passfile(),
         )
 
     def routes_for(self, tool: str, starter: int | None) -> ApprovalFor | None:
@@ -149,11 +153,12 @@ class ToolApprovalExtension(Feature):
 
         def route_for(run_id: str) -> ApprovalRoute:
             return ApprovalRoute(
-                database=self.ctx.settings.sqlite_database,
+                database=self.ctx.settings.database,
                 run_id=run_id,
                 policy=self.policy,
                 starter=starter,
                 wake=self.watcher.wake_path,
+                passfile=self._passfile(),
             )
 
         return route_for

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from bot.app import BotRuntime
-from engine.errors import BackendUnsupportedError
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import bot_settings, running_bot
 from tests.pg_support import PgCluster
@@ -138,17 +137,21 @@ async def test_a_second_bot_on_one_postgresql_database_is_refused(
                 await first.wait()
 
 
-async def test_tool_approvals_on_postgresql_are_refused_at_start_and_free_the_lock(
-    tmp_path: Path, pg_url: str
-) -> None:
+async def test_tool_approvals_run_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     async with FakeBotApi() as api:
         settings = bot_settings(api, tmp_path, database=pg_url, tool_approval="all")
-        with pytest.raises(BackendUnsupportedError, match="TURNSTILE_TOOL_APPROVAL=all"):
-            async with BotRuntime(settings):
-                pass
-        # Nothing stays held: the same database takes a bot at once.
-        async with running_bot(api, bot_settings(api, tmp_path, database=pg_url)) as rt:
+        async with running_bot(api, settings) as rt:
             assert rt.db.dialect == "postgresql"
+            ext = next(
+                e for e in rt.handlers.extensions if type(e).__name__ == "ToolApprovalExtension"
+            )
+            await ext._started.wait()
+            assert ext._failed is None
+            route = ext.routes_for("claude", None)
+            assert route is not None
+            # The approval server is told the server, never a file.
+            env = route("r1").server_env()
+            assert env["TURNSTILE_APPROVAL_DATABASE"] == pg_url
 
 
 async def test_an_advisory_lock_excludes_a_second_holder_until_released(pg_url: str) -> None:

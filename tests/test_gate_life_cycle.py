@@ -13,7 +13,7 @@ from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, runn
 from tests.fakes.bot_harness import write_script as write_bot_script
 from tests.gates_support import cli_env, phase_rules, run_cli
 
-pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
 
 
 async def test_a_gate_opened_from_the_terminal_is_approved_from_the_chat(

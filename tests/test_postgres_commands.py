@@ -123,13 +123,20 @@ def test_terminal_commands_work_on_a_postgres_url(pg_url: str, tmp_path: Path) -
         assert conn.execute("SELECT count(*) FROM gate_tasks").fetchone() == (1,)
 
 
-def test_tool_approvals_at_the_terminal_say_they_need_sqlite(pg_url: str, tmp_path: Path) -> None:
-    env = _env(tmp_path, _grant(pg_url), TURNSTILE_TOOL_APPROVAL="all")
-    done = _run(tmp_path, env, "auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "-p", "x")
-    assert done.returncode != 0
-    assert "asking for tool approvals at the terminal" in done.stderr
-    assert "SQLite" in done.stderr
+def test_tool_approvals_at_the_terminal_run_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    ws = git_workspace(tmp_path / "ws")
+    env = _env(
+        tmp_path,
+        _grant(pg_url),
+        write_script(tmp_path / "fake", rules=happy_rules()),
+        TURNSTILE_TOOL_APPROVAL="all",
+    )
+    argv = ["auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(ws)]
+    done = _run(tmp_path, env, *argv, "-p", "create result.txt and commit it")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert report_head(done.stdout)[1] == "completed"
     _no_secret(done)
+    assert not list(tmp_path.glob("*.db"))  # nothing fell back to a SQLite file
 
 
 def test_a_wrong_password_is_one_line_without_the_password(

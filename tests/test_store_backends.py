@@ -626,12 +626,12 @@ async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_not
         ["chat", "--tool", "claude"],
     ],
 )
-def test_a_command_not_yet_on_postgres_says_so_and_never_falls_back_to_a_file(
+def test_terminal_tool_approvals_go_to_the_server_and_never_fall_back_to_a_file(
     tmp_path: Path, command: list[str]
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["TURNSTILE_DATABASE"] = "postgresql://bob:hunter2-secret@127.0.0.1:9/team"
-    # Tool approvals at the terminal: the approval server opens the database by its path.
+    # Tool approvals at the terminal open the server too (nobody listens on port 9).
     env["TURNSTILE_TOOL_APPROVAL"] = "all"
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
@@ -644,7 +644,7 @@ def test_a_command_not_yet_on_postgres_says_so_and_never_falls_back_to_a_file(
         check=False,
     )
     assert done.returncode == 1, done
-    assert "works on a SQLite database file only so far" in done.stderr
+    assert "cannot reach the PostgreSQL database" in done.stderr
     assert "postgresql://bob:***@127.0.0.1:9/team" in done.stderr
     assert "hunter2-secret" not in done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []  # no turnstile.db made instead

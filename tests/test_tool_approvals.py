@@ -7,7 +7,10 @@ own stdio client, the way Claude Code calls it; the store is a real SQLite file.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
+import stat
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,11 +34,15 @@ from engine.approvals import (
     summarize,
 )
 from engine.approvals.mcp_server import answer_for
+from engine.approvals.route import write_passfile
 from engine.settings import Settings
+from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import Database
+from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
+from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
 
 
 @pytest.mark.parametrize(
@@ -116,13 +123,28 @@ def test_answers_have_the_shape_claude_code_expects() -> None:
 # -- the store ------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with Database(tmp_path / "t.db") as database:
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AnyDatabase]:
+    """The approvals' database: a SQLite file, or a PostgreSQL database whose role must
+    give its password (so the approval server can only get in through its password file)."""
+    target: Path | PostgresURL = tmp_path / "t.db"
+    if request.param == "postgresql":
+        cluster: PgCluster = request.getfixturevalue("pg_cluster")
+        name = f"ap_{os.getpid()}_{next(_NAMES)}"
+        cluster.admin(f'CREATE DATABASE "{name}" OWNER "{PASSWORD_ROLE}" TEMPLATE template0')
+        target = PostgresURL(cluster.url(name, user=PASSWORD_ROLE, password=PASSWORD))
+    async with open_database(target) as database:
         yield database
 
 
-async def test_a_decision_is_made_once(db: Database) -> None:
+_NAMES = itertools.count()
+
+
+def _target(db: AnyDatabase) -> Path | PostgresURL:
+    return db.path if isinstance(db, Database) else db.url
+
+
+async def test_a_decision_is_made_once(db: AnyDatabase) -> None:
     store = SqliteApprovalStore(db)
     request = await store.open_request("r1", "Bash", {"command": "touch a"}, starter_id=7)
     assert request.state is Decision.PENDING
@@ -134,7 +156,7 @@ async def test_a_decision_is_made_once(db: Database) -> None:
     assert second.request.decided_by == 1
 
 
-async def test_a_session_grant_covers_its_run_tool_and_prefix_only(db: Database) -> None:
+async def test_a_session_grant_covers_its_run_tool_and_prefix_only(db: AnyDatabase) -> None:
     store = SqliteApprovalStore(db)
     request = await store.open_request("r1", "Bash", {"command": "touch a"})
     await store.decide(request.id, Decision.ALLOWED, scope=Scope.SESSION, by=1)
@@ -151,7 +173,7 @@ async def test_a_session_grant_covers_its_run_tool_and_prefix_only(db: Database)
     assert write.state is Decision.PENDING
 
 
-async def test_a_once_allow_grants_nothing(db: Database) -> None:
+async def test_a_once_allow_grants_nothing(db: AnyDatabase) -> None:
     store = SqliteApprovalStore(db)
     request = await store.open_request("r1", "Bash", {"command": "touch a"})
     await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=1)
@@ -159,7 +181,7 @@ async def test_a_once_allow_grants_nothing(db: Database) -> None:
     assert again.state is Decision.PENDING
 
 
-async def test_cancel_pending_by_run(db: Database) -> None:
+async def test_cancel_pending_by_run(db: AnyDatabase) -> None:
     store = SqliteApprovalStore(db)
     a = await store.open_request("r1", "Bash", {"command": "ls"})
     b = await store.open_request("r2", "Bash", {"command": "ls"})
@@ -218,11 +240,10 @@ def test_only_claude_gets_a_route(tmp_path: Path) -> None:
 # -- the MCP server, spoken to over stdio ---------------------------------------------
 
 
-async def _call_server(db_path: Path, run_id: str, arguments: dict[str, Any]) -> Any:
+async def _call_server(route: ApprovalRoute, arguments: dict[str, Any]) -> Any:
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    route = ApprovalRoute(database=db_path, run_id=run_id, policy=ApprovalPolicy.UNLISTED)
     params = StdioServerParameters(
         command=sys.executable,
         args=["-P", "-m", "engine.approvals.mcp_server"],
@@ -237,11 +258,23 @@ async def _call_server(db_path: Path, run_id: str, arguments: dict[str, Any]) ->
 
 @pytest.mark.timeout(120)
 async def test_the_server_waits_for_the_decision_and_answers_in_one_text_block(
-    db: Database, tmp_path: Path
+    db: AnyDatabase, tmp_path: Path
 ) -> None:
     store = SqliteApprovalStore(db)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    route = ApprovalRoute(
+        database=_target(db),
+        run_id="r9",
+        policy=ApprovalPolicy.UNLISTED,
+        passfile=write_passfile(_target(db), str(private)),
+    )
+    # What the CLI's argv shows (the MCP config) never holds the password.
+    assert PASSWORD not in json.dumps(route.mcp_config())
+    if route.passfile is not None:
+        assert stat.S_IMODE(os.stat(route.passfile).st_mode) == 0o600
     arguments = {"tool_name": "Bash", "input": {"command": "touch x"}, "tool_use_id": "toolu_1"}
-    call = asyncio.create_task(_call_server(db.path, "r9", arguments))
+    call = asyncio.create_task(_call_server(route, arguments))
     while not (pending := await store.pending(run_id="r9")):
         assert not call.done(), call
         await asyncio.sleep(0.05)

@@ -17,14 +17,14 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from engine.approvals.policy import Decision
 from engine.approvals.route import ENV_DATABASE, ENV_RUN, ENV_STARTER, ENV_WAKE, SERVER_NAME
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.errors import ConfigError
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase, open_database
+from engine.store.location import parse_database
 
 __all__ = ["PermissionBroker", "answer_for", "main", "nudge"]
 
@@ -106,7 +106,7 @@ class PermissionBroker:
         return answer_for(request)
 
 
-def _broker_from_env(db: Database, env: Mapping[str, str]) -> PermissionBroker:
+def _broker_from_env(db: AnyDatabase, env: Mapping[str, str]) -> PermissionBroker:
     run_id = env.get(ENV_RUN)
     if not run_id:
         raise ConfigError(f"{ENV_RUN} is not set: this server is started by turnstile")
@@ -127,7 +127,8 @@ async def serve(env: Mapping[str, str]) -> None:
     database = env.get(ENV_DATABASE)
     if not database:
         raise ConfigError(f"{ENV_DATABASE} is not set: this server is started by turnstile")
-    async with Database(Path(database), synchronous="NORMAL") as db:
+    # A PostgreSQL URL comes without its password: libpq reads it from PGPASSFILE.
+    async with open_database(parse_database(database), synchronous="NORMAL") as db:
         broker = _broker_from_env(db, env)
         server: MCPServer[Any] = MCPServer(
             SERVER_NAME, instructions="Asks a person before the agent runs a tool."

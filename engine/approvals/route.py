@@ -8,23 +8,31 @@ fails as "permission prompt tool not found", so the connection is made blocking 
 generous connect timeout: the server imports the MCP SDK, about a second). A tool call
 times out after ``MCP_TOOL_TIMEOUT`` ms; the CLI caps it at 2^31-1 ms (24.8 days), which
 turnstile sets, so a request waits for a person, not for a clock.
+
+On PostgreSQL the server gets the database URL without its password: the MCP config is
+an argument of the CLI, readable by every user in ``/proc/PID/cmdline``. The password goes
+in a libpq password file (``PGPASSFILE``, mode 0600) in the front end's private folder
+(0700), which only the front end's user can read, and is gone when the front end stops.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from engine.approvals.policy import ApprovalPolicy
+from engine.store.location import PostgresURL
 
 __all__ = [
     "PERMISSION_TOOL",
     "SERVER_NAME",
     "ApprovalRoute",
     "claude_approval_args",
+    "write_passfile",
 ]
 
 SERVER_NAME: Final = "turnstile"
@@ -44,23 +52,31 @@ class ApprovalRoute:
     """Where one run's permission requests go.
 
     Attributes:
-        database: the store's SQLite file (the server opens it itself).
+        database: the store's SQLite file or PostgreSQL server (the server opens it itself).
         run_id: the run the requests belong to.
         policy: ``unlisted`` or ``all`` (``off`` has no route).
         starter: the user who started the run (may decide unless self-approval is forbidden).
         wake: a Unix datagram socket the front end listens on, nudged after each request.
         python: the interpreter that runs the server.
+        passfile: the password file of a PostgreSQL server (:func:`write_passfile`).
     """
 
-    database: Path
+    database: Path | PostgresURL
     run_id: str
     policy: ApprovalPolicy
     starter: int | None = None
     wake: str | None = None
     python: str = sys.executable
+    passfile: str | None = None
 
     def server_env(self) -> dict[str, str]:
-        env = {ENV_DATABASE: str(self.database.resolve()), ENV_RUN: self.run_id}
+        if isinstance(self.database, PostgresURL):
+            where = self.database.without_password()
+        else:
+            where = str(self.database.resolve())
+        env = {ENV_DATABASE: where, ENV_RUN: self.run_id}
+        if self.passfile is not None:
+            env["PGPASSFILE"] = self.passfile
         if self.starter is not None:
             env[ENV_STARTER] = str(self.starter)
         if self.wake:
@@ -97,3 +113,23 @@ def claude_approval_args(route: ApprovalRoute) -> tuple[list[str], dict[str, str
         "MCP_TOOL_TIMEOUT": _NO_TIMEOUT_MS,
     }
     return argv, env
+
+
+def write_passfile(database: Path | PostgresURL, folder: str) -> str | None:
+    """Write the password of ``database`` into a libpq password file in ``folder``.
+
+    Returns its path, or None when there is no password to pass (a SQLite file, a URL
+    without one). ``folder`` must be private to this user (the watcher's, 0700).
+    """
+    if not isinstance(database, PostgresURL) or database.password is None:
+        return None
+
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace(":", "\\:")
+
+    user = escape(database.username or "*")
+    path = os.path.join(folder, "pgpass")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(f"*:*:*:{user}:{escape(database.password)}\n")
+    return path

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from engine.approvals.policy import ApprovalPolicy, Decision, Scope, describe_key, summarize
-from engine.approvals.route import ApprovalRoute
+from engine.approvals.route import ApprovalRoute, write_passfile
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.approvals.watcher import ApprovalWatcher
-from engine.store.database import Database
-from engine.store.location import PostgresURL, sqlite_path
+from engine.store.backend import open_database
+from engine.store.location import PostgresURL
 
 __all__ = [
     "NO_TERMINAL",
@@ -141,17 +141,20 @@ async def terminal_approvals(
     if policy is ApprovalPolicy.OFF:
         yield None
         return
-    # The approval server the agent starts opens the database by a path of its own.
-    database = sqlite_path(database, what="asking for tool approvals at the terminal")
-    async with Database(database, synchronous="NORMAL") as db:
+    async with open_database(database, synchronous="NORMAL") as db:
         store = SqliteApprovalStore(db)
         approver = TerminalApprover(store, ask_line=ask_line, out=out)
         async with ApprovalWatcher(store, approver.handle) as watcher:
+            passfile = write_passfile(database, watcher.folder) if watcher.folder else None
 
             def route_for(run_id: str) -> ApprovalRoute:
                 approver.run_ids.add(run_id)
                 return ApprovalRoute(
-                    database=database, run_id=run_id, policy=policy, wake=watcher.wake_path
+                    database=database,
+                    run_id=run_id,
+                    policy=policy,
+                    wake=watcher.wake_path,
+                    passfile=passfile,
                 )
 
             try:

@@ -96,6 +96,11 @@ class ApprovalWatcher:
             self._folder = None
         self.wake_path = None
 
+    @property
+    def folder(self) -> str | None:
+        """The watcher's private folder (0700) while it is open."""
+        return self._folder
+
     def poke(self) -> None:
         """Look now (e.g. after a run started)."""
         self._event.set()

@@ -82,7 +82,7 @@ class GateKeeper:
         self.policy = policy or GatePolicy()
         self.clock = clock
         self.track_git = track_git
-        self.folders = folders or TaskFolders()
+        self.folders = folders or TaskFolders(store.db)
         self._listeners: list[Callable[[str], None]] = []
 
     @property

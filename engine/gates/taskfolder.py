@@ -2,7 +2,8 @@
 reading the decomposition it declares.
 
 The store is the truth; the folder is where agents and people work. Writers hold the
-folder's lock (``.state.lock``) exclusively from before their transaction until the
+folder's lock (``.state.lock`` on SQLite, an advisory lock on PostgreSQL so that it holds
+across machines) exclusively from before their transaction until the
 mirror is rewritten; readers that compare ``.state`` with the store hold it shared, so
 nobody ever sees a committed change whose mirror is not written yet.
 """
@@ -14,7 +15,7 @@ import hashlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import safefile
 from engine.errors import UnsafeFileError
@@ -23,7 +24,11 @@ from engine.gates.hashing import sha256_file_async
 from engine.gates.records import ApprovalRecord, TaskRecord
 from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.state_file import write_state
-from engine.locks import FileLock, hold
+from engine.locks import FileLock, Lock, hold
+from engine.store.leases import database_lock
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = ["TaskFolders", "read_decls", "snapshot"]
 
@@ -73,15 +78,22 @@ def read_decls(task: TaskRecord, artifact: str, expected_sha256: str) -> tuple[S
 
 
 class TaskFolders:
-    """Folder locks and the artifact hash cache of one process (share one instance)."""
+    """Folder locks and the artifact hash cache of one process (share one instance).
 
-    def __init__(self) -> None:
+    Args:
+        db: the gates' database: on PostgreSQL a folder's lock is an advisory lock in it
+            (keyed by the folder's path), which excludes writers on every machine; without
+            one (or on SQLite) it is an ``flock`` on ``.state.lock``.
+    """
+
+    def __init__(self, db: AnyDatabase | None = None) -> None:
+        self._db = db
         self._locks: dict[Path, asyncio.Lock] = {}
         self._hashes: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
 
     @asynccontextmanager
     async def lock(self, folder: Path, *, exclusive: bool = True) -> AsyncIterator[None]:
-        """Hold the task folder's lock (``.state.lock``) across processes.
+        """Hold the task folder's lock across processes (on PostgreSQL, across machines).
 
         One coroutine per folder per process waits on the file lock (an asyncio lock in
         front); the wait itself never blocks a thread (:func:`engine.locks.hold`).
@@ -95,9 +107,20 @@ class TaskFolders:
                 yield  # a reader must not create a missing folder (it is a finding)
                 return
             await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-            lock = FileLock(
-                folder / ".state.lock", shared=not exclusive, make_parent=False, mode=0o644
-            )
+            path = folder / ".state.lock"
+            lock: Lock
+            if self._db is None:
+                lock = FileLock(path, shared=not exclusive, make_parent=False, mode=0o644)
+            else:
+                lock = database_lock(
+                    self._db,
+                    f"task folder {folder}",
+                    path,
+                    mode=0o644,
+                    shared=not exclusive,
+                    make_parent=False,
+                    brief=True,
+                )
             async with hold(lock):
                 yield
 

@@ -20,9 +20,9 @@ import psycopg
 from engine.errors import StoreUnreachableError
 from engine.store.dialect import advisory_key
 from engine.store.location import PostgresURL
-from engine.store.postgres import _clean, _login_refused
+from engine.store.postgres import PostgresDatabase, _clean, _login_refused
 
-__all__ = ["AdvisoryLock"]
+__all__ = ["AdvisoryLock", "PooledAdvisoryLock"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -193,3 +193,92 @@ class AdvisoryLock:
         if found is None or not found.startswith("turnstile pid "):
             return None
         return found.removeprefix("turnstile ")
+
+
+class PooledAdvisoryLock:
+    """A session-level advisory lock held on a connection borrowed from the pool.
+
+    For holds of milliseconds on a hot path (a task folder's lock around each transition):
+    no connection of its own to open, and the wait is the server's (``pg_advisory_lock``),
+    not a poll. The connection goes back to the pool once the lock is released; one that
+    fails while the lock is held has lost the lock with its session.
+    """
+
+    def __init__(self, db: PostgresDatabase, name: str, *, shared: bool = False) -> None:
+        self._db = db
+        self._name = name
+        self._shared = shared
+        self.key = advisory_key(name)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self._name} on {self._db.url}"
+
+    @property
+    def shared(self) -> bool:
+        return self._shared
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None and not self._conn.broken
+
+    async def _take(self, function: str) -> bool:
+        if self._conn is not None:
+            raise RuntimeError(f"lock {self.name} is already held by this object")
+        suffix = "_shared" if self._shared else ""
+        query = f"SELECT {function}{suffix}(%s)".encode()
+        conn = await self._db.checkout()
+        held = True
+        try:
+            try:
+                row = await (await conn.execute(query, (self.key,))).fetchone()
+            except psycopg.OperationalError:
+                if not conn.broken:
+                    raise
+                held = False  # given back by swap; a fresh one may not come
+                conn = await self._db.swap(conn)  # dropped while idle: nothing was taken
+                held = True
+                row = await (await conn.execute(query, (self.key,))).fetchone()
+        except psycopg.Error as exc:
+            await self._db.checkin(conn)
+            raise StoreUnreachableError(
+                f"cannot lock {self.name}: {_clean(self._db.url, exc)}",
+                target=str(self._db.url),
+            ) from exc
+        except BaseException:
+            if held:
+                # Cancelled while the server made us wait: ending the session ends the wait.
+                await conn.close()
+                await self._db.checkin(conn)
+            raise
+        if function == "pg_advisory_lock" or (row and row[0]):
+            self._conn = conn
+            return True
+        await self._db.checkin(conn)
+        return False
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if it is free; never waits."""
+        return await self._take("pg_try_advisory_lock")
+
+    async def acquire(self) -> None:
+        """Wait (on the server) until the lock is free and take it; cancellable."""
+        await self._take("pg_advisory_lock")
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        call = "pg_advisory_unlock_shared" if self._shared else "pg_advisory_unlock"
+        try:
+            await conn.execute(f"SELECT {call}(%s)".encode(), (self.key,))
+        except BaseException:
+            # Not unlocked: the session must not go back to the pool still holding it.
+            await conn.close()
+            raise
+        finally:
+            await self._db.checkin(conn)
+
+    async def holder(self) -> int | None:
+        return None  # pooled sessions do not name their process

@@ -23,11 +23,28 @@ if TYPE_CHECKING:
 __all__ = ["database_lock"]
 
 
-def database_lock(db: AnyDatabase, key: str, path: Path, *, mode: int = 0o600) -> Lock:
+def database_lock(
+    db: AnyDatabase,
+    key: str,
+    path: Path,
+    *,
+    mode: int = 0o600,
+    shared: bool = False,
+    make_parent: bool = True,
+    brief: bool = False,
+) -> Lock:
     """The lock for ``key`` on ``db``: an advisory lock on PostgreSQL, else an ``flock``
-    on ``path``."""
-    if isinstance(db, Database):
-        return FileLock(path, mode=mode)
-    from engine.store.advisory import AdvisoryLock  # psycopg only when asked for
+    on ``path``.
 
-    return AdvisoryLock(db.url, key)
+    Args:
+        brief: held for milliseconds at a time (a folder lock around one transition): on
+            PostgreSQL it borrows a connection of the database's pool rather than opening
+            its own.
+    """
+    if isinstance(db, Database):
+        return FileLock(path, shared=shared, make_parent=make_parent, mode=mode)
+    from engine.store.advisory import AdvisoryLock, PooledAdvisoryLock  # psycopg only then
+
+    if brief:
+        return PooledAdvisoryLock(db, key, shared=shared)
+    return AdvisoryLock(db.url, key, shared=shared)

@@ -68,6 +68,20 @@ class PostgresURL:
         """The URL with its password, for the driver only."""
         return self._url
 
+    def without_password(self) -> str:
+        """The URL with its password taken out (libpq finds it in a password file)."""
+        parts = urlsplit(self._url)
+        if parts.password is None:
+            return self._url
+        user = parts.netloc.rpartition("@")[0].partition(":")[0]
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+    @property
+    def username(self) -> str | None:
+        parts = urlsplit(self._url)
+        return unquote(parts.username) if parts.username else None
+
     @property
     def password(self) -> str | None:
         parts = urlsplit(self._url)

@@ -19,6 +19,7 @@ What differs from SQLite, and how it is kept equal:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -133,28 +134,71 @@ class PgCursor:
 class PgConnection:
     """One connection inside a transaction, taking the stores' ``?`` SQL.
 
+    ``BEGIN`` is not a round trip of its own: it goes in one pipeline with the first
+    statement. A connection the server dropped while it sat in the pool fails there, before
+    anything of the transaction was written, and is swapped once for a fresh one.
+
     Args:
         where: the database, as it may be shown (password redacted), for error texts.
+        database: hands out the fresh connection; None for a connection outside the pool.
     """
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], where: str) -> None:
-        self._conn = conn
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        where: str,
+        *,
+        database: PostgresDatabase | None = None,
+        begin: bool = False,
+    ) -> None:
+        self.conn = conn
         self._where = where
+        self._database = database
+        self._begin = begin
+        #: A statement of the transaction went to the server: it must end (COMMIT/ROLLBACK).
+        self.begun = False
+        #: ``conn`` is the pool's, to give back when the transaction ends.
+        self.lent = True
 
     async def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> PgCursor:
-        cursor = self._conn.cursor(row_factory=_row_factory)
+        query, params = postgres_query(sql), tuple(parameters or ())
+        if not self._begin or self.begun:
+            cursor = self.conn.cursor(row_factory=_row_factory)
+            try:
+                await cursor.execute(query, params)
+            except psycopg.Error as exc:
+                raise _translate(exc, self.conn, self._where) from exc
+            return PgCursor(cursor, self._where)
         try:
-            await cursor.execute(postgres_query(sql), tuple(parameters or ()))
+            return await self._first(query, params)
+        except StoreUnreachableError:
+            if self._database is None or not self.conn.broken:
+                raise
+            # Nothing of this transaction reached the server: the same, on a fresh one.
+            self.lent = False  # given back by _swap; a fresh one may not come
+            self.conn = await self._database._swap(self.conn)
+            self.lent = True
+            return await self._first(query, params)
+
+    async def _first(self, query: Any, params: tuple[Any, ...]) -> PgCursor:
+        cursor = self.conn.cursor(row_factory=_row_factory)
+        try:
+            async with self.conn.pipeline():
+                await self.conn.execute(b"BEGIN")
+                self.begun = True
+                await cursor.execute(query, params)
         except psycopg.Error as exc:
-            raise _translate(exc, self._conn, self._where) from exc
+            raise _translate(exc, self.conn, self._where) from exc
         return PgCursor(cursor, self._where)
 
     async def execute_ddl(self, statement: str) -> None:
         """One statement as written: no parameters, so a ``%`` or ``?`` stays as it is."""
+        if self._begin and not self.begun:
+            await self.execute("SELECT 1")
         try:
-            await self._conn.execute(statement.encode())
+            await self.conn.execute(statement.encode())
         except psycopg.Error as exc:
-            raise _translate(exc, self._conn, self._where) from exc
+            raise _translate(exc, self.conn, self._where) from exc
 
 
 class PostgresDatabase:
@@ -234,10 +278,11 @@ class PostgresDatabase:
             self.url.conninfo(),
             min_size=self._min_size,
             max_size=self._max_size,
-            kwargs={"autocommit": True},
-            # A connection the server dropped (restart, idle timeout) is replaced before it
-            # is handed out, rather than failing the next statement.
-            check=AsyncConnectionPool.check_connection,
+            # Statements are prepared on their second use: the stores repeat a few dozen.
+            kwargs={"autocommit": True, "prepare_threshold": 1},
+            # No liveness check per checkout (a round trip each time): a connection the
+            # server dropped fails its first statement, before anything was written, and
+            # that statement is tried once more on a fresh connection (see _swap).
             open=False,
             timeout=self._connect_timeout,
             name="turnstile",
@@ -274,28 +319,90 @@ class PostgresDatabase:
             raise StoreError("database is not open")
         return self._pool
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    def _unreachable(self, exc: BaseException) -> StoreUnreachableError:
+        return StoreUnreachableError(
+            f"lost the PostgreSQL database {self.url}: {self._clean(exc)}",
+            target=str(self.url),
+        )
+
+    async def _getconn(self) -> psycopg.AsyncConnection[Any]:
         try:
-            async with self.pool.connection() as conn:
-                yield conn
+            return await self.pool.getconn()
         except PoolTimeout as exc:
             raise await self._why_unreachable(exc) from None
         except psycopg.OperationalError as exc:
-            raise StoreUnreachableError(
-                f"lost the PostgreSQL database {self.url}: {self._clean(exc)}",
-                target=str(self.url),
-            ) from exc
+            raise self._unreachable(exc) from exc
+
+    async def _swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+        """A fresh connection for one the server dropped, and the pool rid of its likes."""
+        await self.pool.putconn(broken)
+        # The server restarted, most likely: every idle connection is as dead as this one.
+        await self.pool.check()
+        return await self._getconn()
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of the pool for a caller's own use; give it back with :meth:`checkin`.
+
+        Raises:
+            StoreUnreachableError: no connection can be opened.
+        """
+        return await self._getconn()
+
+    async def checkin(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Give back a connection of :meth:`checkout` (a broken one is replaced)."""
+        await self.pool.putconn(conn)
+
+    async def swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+        """Give back a connection the server dropped and take a fresh one."""
+        return await self._swap(broken)
+
+    async def _read(
+        self, sql: str, params: Iterable[Any], make: Any, *, binary: bool = False
+    ) -> list[Any]:
+        """The rows of one query outside a transaction; tried twice if the connection broke.
+
+        A read changes nothing, so a second try on a fresh connection is always safe.
+        """
+        query, values = postgres_query(sql), tuple(params)
+        conn = await self._getconn()
+        held = True
+        try:
+            for attempt in (1, 2):
+                try:
+                    cursor = conn.cursor(row_factory=make, binary=binary)
+                    await cursor.execute(query, values)
+                    return await cursor.fetchall()
+                except psycopg.Error as exc:
+                    if attempt == 2 or not conn.broken:
+                        raise _translate(exc, conn, str(self.url)) from exc
+                    held = False  # given back by _swap; a fresh one may not come
+                    conn = await self._swap(conn)
+                    held = True
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            if held:
+                await self.pool.putconn(conn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgConnection]:
         """One transaction; commits on success, rolls back on error."""
-        async with self._connection() as conn:
+        handle = PgConnection(await self._getconn(), str(self.url), database=self, begin=True)
+        try:
             try:
-                async with conn.transaction():
-                    yield PgConnection(conn, str(self.url))
-            except psycopg.Error as exc:  # the commit, or the rollback after our error
-                raise _translate(exc, conn, str(self.url)) from exc
+                yield handle
+            except BaseException:
+                if handle.begun and not handle.conn.broken:
+                    with contextlib.suppress(psycopg.Error):
+                        await handle.conn.execute(b"ROLLBACK")
+                raise
+            if handle.begun:
+                try:
+                    await handle.conn.execute(b"COMMIT")
+                except psycopg.Error as exc:
+                    raise _translate(exc, handle.conn, str(self.url)) from exc
+        finally:
+            if handle.lent:
+                await self.pool.putconn(handle.conn)
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         """Run one write statement in its own transaction; return the rows changed."""
@@ -304,22 +411,19 @@ class PostgresDatabase:
             return cursor.rowcount
 
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
-        async with self._connection() as conn:
-            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchall()
+        return await self._read(sql, params, _row_factory)
 
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
-        async with self._connection() as conn:
-            return await (await PgConnection(conn, str(self.url)).execute(sql, params)).fetchone()
+        rows = await self._read(sql, params, _row_factory)
+        return rows[0] if rows else None
 
     async def fetch_tuples(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        """Like :meth:`fetchall` with plain tuples: for listings of thousands of rows."""
-        async with self._connection() as conn:
-            cursor = conn.cursor(row_factory=tuple_row)
-            try:
-                await cursor.execute(postgres_query(sql), tuple(params))
-                return await cursor.fetchall()
-            except psycopg.Error as exc:
-                raise _translate(exc, conn, str(self.url)) from exc
+        """Like :meth:`fetchall` with plain tuples: for listings of thousands of rows.
+
+        The rows come in binary (numbers need no parsing: a 10,000-row listing fetched a
+        third faster, measured); the values are the same Python types as in text.
+        """
+        return await self._read(sql, params, tuple_row, binary=True)
 
     async def server_version(self) -> str:
         """The server's version, as it names it (``15.14``)."""
