@@ -55,6 +55,11 @@ class SubmitResult:
     steered: bool = False
 
 
+async def _message_of(store: BotStore, update_id: int | None) -> int | None:
+    """The message an update carried (what the turn's progress and answer reply to)."""
+    return None if update_id is None else await store.message_of_update(update_id)
+
+
 class ChatChannel(BaseChannel):
     """The chat's persistent queue as a :class:`~engine.turn.Channel`."""
 
@@ -78,18 +83,15 @@ class ChatChannel(BaseChannel):
         run.turn_started = time.time()
         # The turn's progress message, under the message that asked, before the turn runs.
         b = run.binding
-        reply_to = None
-        if prompt.update_id is not None:
-            reply_to = await run.store.message_of_update(prompt.update_id)
         run.progress = TurnProgress(
             run.publisher,
             chat_id=b.chat_id,
             thread_id=b.thread_id or None,
             run_id=run.run_id,
             turn=run.turn,
-            reply_to=reply_to,
+            reply_to=None,
         )
-        await run.progress.show()
+        run.progress.open_soon(_message_of(run.store, prompt.update_id))
         run.status_wanted.set()
         return Ready(prompt.body)
 
@@ -99,6 +101,8 @@ class ChatChannel(BaseChannel):
         prompt_id, turn_id, _ = run.current
         b = run.binding
         progress = run.progress
+        if progress is not None:
+            await progress.opened()  # the answer replies where the progress does
         items = await run.publisher.output_items(
             out,
             chat_id=b.chat_id,

@@ -10,16 +10,20 @@ at the next start ("stopped by a restart"), never left saying "running".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from bot.publish import Publisher, format_elapsed
 from bot.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
+
+_LOGGER = logging.getLogger(__name__)
 
 __all__ = ["PREFIX", "STOP_DATA", "TurnProgress", "settle_leftovers", "stop_button"]
 
@@ -90,6 +94,26 @@ class TurnProgress:
         self.text: str | None = None
         self.tools = 0
         self.finished = False
+        self._opening: asyncio.Task[None] | None = None
+
+    def open_soon(self, reply_to: Awaitable[int | None]) -> None:
+        """Post the message without holding up the turn: the agent is spawned meanwhile
+        (finding the message it answers and queueing it are two database round trips)."""
+
+        async def opening() -> None:
+            try:
+                self.reply_to = await reply_to
+                await self.show()
+            except Exception:  # a progress message never fails the turn it shows
+                _LOGGER.warning("could not post the progress of %s", self.ref, exc_info=True)
+
+        self._opening = asyncio.create_task(opening(), name=f"progress {self.ref}")
+
+    async def opened(self) -> None:
+        """Once the message is queued (and ``reply_to`` known)."""
+        task = self._opening
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.shield(task)
 
     def on_event(self, event: AgentEvent) -> bool:
         """Take one agent event; True when the message should change."""
@@ -123,6 +147,7 @@ class TurnProgress:
         return "\n".join(lines)
 
     async def show(self) -> None:
+        await self.opened()
         if self.finished:
             return
         await self._publisher.live(
@@ -137,6 +162,7 @@ class TurnProgress:
 
     async def finish(self, final: str) -> None:
         """Finalize the message in place (no button any more)."""
+        await self.opened()
         if self.finished:
             return
         self.finished = True
