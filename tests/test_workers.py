@@ -95,7 +95,9 @@ class Cluster:
             "TURNSTILE_RUNS_DIR": str(root / "runs"),
         }
 
-    def start_worker(self, name: str, *, concurrency: int = 2) -> WorkerProc:
+    def start_worker(
+        self, name: str, *, concurrency: int = 2, env: dict[str, str] | None = None
+    ) -> WorkerProc:
         root = self.tmp / name
         root.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
@@ -103,7 +105,7 @@ class Cluster:
                 "--log-level", "INFO", "worker", "--name", name, "--concurrency", str(concurrency)
             ),
             cwd=root,
-            env=self.worker_env(name),
+            env={**self.worker_env(name), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -580,3 +582,144 @@ def test_sigterm_lets_the_running_turn_finish_then_the_run_moves_on(cluster: Clu
         w["name"]: w for w in map(json.loads, cluster.cli("workers", "--json").stdout.splitlines())
     }
     assert workers["w1"]["status"] == "stopped"
+
+
+def test_a_run_waits_for_a_worker_with_its_agent_and_goes_to_one(cluster: Cluster) -> None:
+    # w1 has no codex CLI; w2 has one (a stand-in that says where it ran, then fails).
+    mark = cluster.tmp / "codex-ran-on"
+    fake = cluster.tmp / "bin" / "codex"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf %s "$TURNSTILE_WORKER_NAME" > {mark}\nexit 3\n')
+    fake.chmod(0o755)
+    lacking = cluster.start_worker("w1", env={"TURNSTILE_CODEX_BIN": str(cluster.tmp / "none")})
+    done = cluster.cli(
+        "auto", "--detach", "--checkout-repo", "demo", "--tool", "codex", "-p", "make result.txt"
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+
+    def says_why() -> bool:
+        return "waiting for a worker with codex installed" in cluster.cli("runs").stdout
+
+    wait_for("turnstile runs to say why the run waits", says_why)
+    # w1 listens on its agents' queues only: it never took the run (and is still up).
+    workers = {
+        w["name"]: w for w in map(json.loads, cluster.cli("workers", "--json").stdout.splitlines())
+    }
+    assert workers["w1"]["status"] == "alive"
+    assert cluster.query("SELECT 1 FROM turns WHERE run_id = %s", run_id) == []
+    assert cluster.query("SELECT worker FROM worker_runs WHERE run_id = %s", run_id) == [(None,)]
+    assert cluster.runs()[run_id]["status"] == "waiting for a worker with codex installed"
+
+    cluster.start_worker("w2", env={"TURNSTILE_CODEX_BIN": str(fake)})
+    wait_for("the run to end on w2", lambda: _finished(cluster, [run_id]), within=60)
+    assert mark.read_text() == "w2"
+    assert cluster.runs()[run_id]["worker"] == "w2"
+    assert lacking.proc.poll() is None, lacking.output
+    assert run_id not in lacking.output
+
+
+def test_a_job_on_the_shared_queue_is_handed_to_a_worker_with_the_agent(cluster: Cluster) -> None:
+    """A turn queued on the shared queue (before the agent queues) reaches the right worker."""
+    import asyncio
+
+    from engine.workers import queue as queue_mod
+    from engine.workers.store import QueuedRun
+
+    lacking = cluster.start_worker("w1", env={"TURNSTILE_CODEX_BIN": str(cluster.tmp / "none")})
+    run_id = "auto-shared-queue-1"
+    spec = QueuedRun(run_id=run_id, objective="x", tool="codex", project="demo")
+    cluster.query(
+        "INSERT INTO worker_runs (run_id, spec_json, worker, status, note, moves, created_at,"
+        " updated_at) VALUES (%s, %s, NULL, 'waiting', NULL, 0, 0, 0) RETURNING run_id",
+        run_id,
+        spec.to_json(),
+    )
+
+    async def defer() -> None:
+        from engine.store.location import PostgresURL
+
+        app = queue_mod.make_app(PostgresURL(cluster.url))
+        async with app.open_async():
+            await queue_mod.defer_turn(app, run_id, queue=queue_mod.SHARED_QUEUE)
+
+    asyncio.run(defer())
+
+    def handed_on() -> bool:
+        rows = cluster.query(
+            "SELECT queue_name, status FROM procrastinate_jobs WHERE lock = %s", run_id
+        )
+        return ("turnstile.agent.codex", "todo") in rows
+
+    wait_for("w1 to hand the job to the codex queue", handed_on)
+    assert cluster.query("SELECT worker FROM worker_runs WHERE run_id = %s", run_id) == [(None,)]
+    assert lacking.proc.poll() is None, lacking.output
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_auto_and_stop_from_the_bot_reach_a_run_on_a_worker(cluster: Cluster) -> None:
+    import asyncio
+    import re
+
+    from tests.fakes.bot_api import FakeBotApi
+    from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+
+    _script(cluster, _slow_execute(cluster.tmp))
+    # The chat's project is "default": the bot and the worker know it by that name.
+    projects = f"default={cluster.remote}#main"
+    cluster.env["TURNSTILE_PROJECTS"] = projects
+    worker = await asyncio.to_thread(cluster.start_worker, "w1")
+    bot_root = cluster.tmp / "bot"
+    bot_root.mkdir()
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            bot_root,
+            database=cluster.url,
+            execution="workers",
+            projects=projects,
+            worker_heartbeat=float(HEARTBEAT),
+            worker_timeout=float(TIMEOUT),
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
+            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
+            found = re.search(r"Auto run (\S+) is queued", queued.text)
+            assert found is not None
+            run_id = found.group(1)
+            try:
+                pgid = await asyncio.to_thread(
+                    wait_for, "the execute turn to run", lambda: _execute_started(cluster, run_id)
+                )
+            except BaseException:
+                print(worker.output)
+                raise
+            agent_pids = _pids(cluster.tmp / "pids")
+
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(
+                lambda m: f"🤖 auto {run_id} · running on worker w1" in m.text
+            )
+            began = time.monotonic()
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+            await asyncio.to_thread(
+                wait_for, "the run to stop", lambda: cluster.status(run_id) == "stopped", within=30
+            )
+            took = time.monotonic() - began
+            assert took < 20, took  # the grace is 1 s; generous for a loaded machine
+            await asyncio.to_thread(
+                wait_for,
+                "the agent's process group to be gone",
+                lambda: not any(map(_alive, agent_pids)),
+                within=10,
+            )
+            assert not _group_alive(pgid)
+            rows = cluster.query(
+                "SELECT state FROM turns WHERE run_id = %s AND phase = 'execute'", run_id
+            )
+            assert rows == [("interrupted",)]
+            assert cluster.runs()[run_id]["worker"] == "w1"
+            # The stop went through the store (who asked is recorded until the run ends).
+            assert not any(m.text == f"No run {run_id} here." for m in api.sent)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(lambda m: m.text == "No runs in this chat. /help")

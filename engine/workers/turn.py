@@ -36,7 +36,7 @@ from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.store.runs import SqliteRunStore
 from engine.turn import Ready, TurnOutput
-from engine.workers.queue import defer_turn, nudge, worker_queue
+from engine.workers.queue import SHARED_QUEUE, agent_queue, defer_turn, nudge, worker_queue
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
@@ -97,6 +97,7 @@ class TurnRunner:
     """Everything a worker's turn jobs share: its name, settings, database and queue.
 
     Attributes:
+        agents: the agents whose CLI this worker has.
         running: the runs with a turn in flight here (their count is heartbeated).
     """
 
@@ -104,6 +105,7 @@ class TurnRunner:
     settings: Settings
     db: PostgresDatabase
     app: procrastinate.App
+    agents: frozenset[str] = frozenset()
     running: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
     deferrals: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -118,11 +120,13 @@ class TurnRunner:
     def _manager(self) -> WorkspaceManager:
         return WorkspaceManager.from_settings(self.settings, store=SqliteWorkspaceStore(self.db))
 
-    async def job(self, run_id: str, *, user_abort: Callable[[], bool]) -> None:
+    async def job(
+        self, run_id: str, *, user_abort: Callable[[], bool], queue: str | None = None
+    ) -> None:
         """One turn of ``run_id``; cancelled (job aborted), a person's stop ends it cleanly."""
         stop = asyncio.Event()
         inner: asyncio.Task[bool] = asyncio.create_task(
-            self._one(run_id, stop), name=f"turn-{run_id}"
+            self._one(run_id, stop, shared=queue == SHARED_QUEUE), name=f"turn-{run_id}"
         )
         self.running[run_id] = inner
         inner.add_done_callback(lambda _: self.running.pop(run_id, None))
@@ -145,9 +149,18 @@ class TurnRunner:
         if goes_on:
             await self._queue_next(run_id)
 
-    async def _one(self, run_id: str, stop: asyncio.Event) -> bool:
+    async def _one(self, run_id: str, stop: asyncio.Event, *, shared: bool = False) -> bool:
         """Take the run and run its turn; whether its next turn is to be queued here."""
         workers = WorkerStore(self.db)
+        placement = await workers.placement(run_id) if shared else None
+        if placement is not None and placement.worker is None:
+            tool = placement.spec.tool
+            if tool not in self.agents:
+                # A job from the shared queue, and this worker lacks the agent's CLI: hand
+                # it to the queue only workers with that CLI listen on.
+                _LOGGER.info("run %s needs %s, which this worker lacks; handed on", run_id, tool)
+                await defer_turn(self.app, run_id, queue=agent_queue(tool))
+                return False
         before, holder = await workers.take(run_id, self.name)
         if before is None:
             _LOGGER.warning("a turn job for run %s, which is not on the workers", run_id)
