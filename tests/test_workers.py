@@ -11,8 +11,10 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from engine.store.location import PostgresURL
 from tests.automode_support import (
     AGENT_CMD,
     CLARIFY,
@@ -178,6 +181,14 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    found = _make_cluster(tmp_path, pg_url, monkeypatch)
+    try:
+        yield found
+    finally:
+        found.stop_all()
+
+
+def _make_cluster(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     env_git = git_test_env(tmp_path / "home")
     for key, value in env_git.items():
         monkeypatch.setenv(key, value)
@@ -197,11 +208,7 @@ def cluster(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Ite
             "TURNSTILE_WORKSPACES": str(tmp_path / "control-ws"),
         },
     )
-    found = Cluster(tmp_path, pg_url, env, remote)
-    try:
-        yield found
-    finally:
-        found.stop_all()
+    return Cluster(tmp_path, pg_url, env, remote)
 
 
 def _finished(cluster: Cluster, run_ids: list[str]) -> bool:
@@ -637,8 +644,6 @@ def test_a_job_on_the_shared_queue_is_handed_to_a_worker_with_the_agent(cluster:
     )
 
     async def defer() -> None:
-        from engine.store.location import PostgresURL
-
         app = queue_mod.make_app(PostgresURL(cluster.url))
         async with app.open_async():
             await queue_mod.defer_turn(app, run_id, queue=queue_mod.SHARED_QUEUE)
@@ -723,3 +728,63 @@ async def test_auto_and_stop_from_the_bot_reach_a_run_on_a_worker(cluster: Clust
             assert not any(m.text == f"No run {run_id} here." for m in api.sent)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             await api.wait_for_message(lambda m: m.text == "No runs in this chat. /help")
+
+
+def test_a_worker_that_loses_the_database_carries_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own PostgreSQL server goes away for 10 s while it idles; it then takes
+    and completes a new run, in the same process."""
+    import asyncio
+
+    from engine.store.backend import open_database
+    from tests.pg_support import PgCluster, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found")
+    # Its own folder outside tmp_path: the server runs as postgres when we are root.
+    server = PgCluster(bindir, Path(tempfile.mkdtemp(prefix="turnstile-pg-")))
+    server.start()
+    try:
+        server.admin('CREATE DATABASE "t"')
+        url = server.url("t")
+
+        async def migrate() -> None:
+            async with open_database(PostgresURL(url)):
+                pass
+
+        asyncio.run(migrate())
+        found = _make_cluster(tmp_path, url, monkeypatch)
+        try:
+            worker = found.start_worker("w1")
+            first = found.auto(objective="before the outage")
+            wait_for("the first run to end", lambda: _finished(found, [first]), within=60)
+            assert found.status(first) == "completed"
+
+            began = time.monotonic()
+            server.stop()
+            wait_for(
+                "the worker to notice the database is gone",
+                lambda: "heartbeat failed" in worker.output,
+                within=30,
+            )
+            time.sleep(max(0.0, 10 - (time.monotonic() - began)))  # the outage itself
+            server.start_again()
+            assert worker.proc.poll() is None, worker.output
+
+            second = found.auto(objective="after the outage")
+            wait_for("the run after the outage to end", lambda: _finished(found, [second]))
+            assert found.status(second) == "completed", worker.output
+            assert found.runs()[second]["worker"] == "w1"
+            assert worker.proc.poll() is None, worker.output
+            listed = {
+                w["name"]: w
+                for w in map(json.loads, found.cli("workers", "--json").stdout.splitlines())
+            }
+            assert listed["w1"]["status"] == "alive"
+        finally:
+            found.stop_all()
+    finally:
+        server.stop()
+        shutil.rmtree(server.folder, ignore_errors=True)
