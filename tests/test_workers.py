@@ -360,7 +360,7 @@ def test_a_killed_workers_run_continues_on_another_worker(cluster: Cluster) -> N
     pgid = wait_for("the execute turn to run on w1", lambda: _execute_started(cluster, run_id))
     cut_off = _pids(cluster.tmp / "pids")
     assert cluster.runs()[run_id]["worker"] == "w1"
-    cluster.start_worker("w2", concurrency=1)
+    second = cluster.start_worker("w2", concurrency=1)
 
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(timeout=10)
@@ -402,6 +402,8 @@ def test_a_killed_workers_run_continues_on_another_worker(cluster: Cluster) -> N
     }
     assert workers["w1"]["status"] == "lost"
     assert workers["w2"]["status"] == "alive"
+    # w2 prepared the run once (it had moved), then kept it for its next turn.
+    assert second.output.count(f"Resuming auto run {run_id}") == 1, second.output
 
 
 def test_with_no_worker_alive_a_run_waits_visibly_then_runs(cluster: Cluster) -> None:
@@ -439,7 +441,7 @@ def test_with_no_worker_alive_a_run_waits_visibly_then_runs(cluster: Cluster) ->
         assert cluster.runs()[run_id]["status"] == "waiting for a worker"
         assert follow.poll() is None  # nothing timed out
 
-        cluster.start_worker("w1")
+        worker = cluster.start_worker("w1")
         code = follow.wait(timeout=90)
         reader.join(timeout=10)
         out = "".join(lines)
@@ -448,6 +450,8 @@ def test_with_no_worker_alive_a_run_waits_visibly_then_runs(cluster: Cluster) ->
         assert "clarify: finished" in out
         assert "evaluate: finished" in out
         assert cluster.runs()[run_id]["worker"] == "w1"
+        # Prepared once, on its first turn, and kept in memory for the next turns.
+        assert f"Resuming auto run {run_id}" not in worker.output, worker.output
     finally:
         if follow.poll() is None:
             follow.kill()

@@ -216,6 +216,7 @@ class Worker:
             if runner.deferrals:
                 await asyncio.gather(*runner.deferrals, return_exceptions=True)
         finally:
+            await runner.forget_all()
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -240,6 +241,8 @@ class Worker:
                         self.name,
                     )
                     await store.revive(self.name)
+                if runner.held:
+                    await runner.prune(p.run_id for p in await store.runs_of(self.name))
                 if not self._stopping.is_set():
                     await sweep(db, app, silent_after=self.settings.worker_timeout)
             except (TurnstileError, OSError) as exc:
