@@ -312,23 +312,32 @@ class WorkerStore:
         Returns the placement as it stood before, and the holder it had (None: free).
         The holder changes only in this compare-and-set, under the row's lock.
         """
+        before, holder, _ = await self.take_and_check(run_id, worker)
+        return before, holder
+
+    async def take_and_check(
+        self, run_id: str, worker: str
+    ) -> tuple[Placement | None, str | None, bool]:
+        """:meth:`take`, and whether a stop was asked for the run, in one transaction."""
         async with self._db.transaction() as conn:
+            cursor = await conn.execute("SELECT 1 FROM run_stops WHERE run_id = ?", (run_id,))
+            stop_asked = await cursor.fetchone() is not None
             cursor = await conn.execute(
                 f"SELECT * FROM worker_runs WHERE run_id = ?{self._db.for_update}",  # noqa: S608
                 (run_id,),
             )
             row = await cursor.fetchone()
             if row is None:
-                return None, None
+                return None, None, stop_asked
             before = Placement.from_row(row)
             if before.worker not in (None, worker) or before.ended:
-                return before, before.worker
+                return before, before.worker, stop_asked
             await conn.execute(
                 "UPDATE worker_runs SET worker = ?, last_worker = ?, status = ?, updated_at = ?"
                 " WHERE run_id = ?",
                 (worker, worker, PlacementStatus.RUNNING.value, self._clock(), run_id),
             )
-            return before, before.worker
+            return before, before.worker, stop_asked
 
     async def set_placement(
         self,

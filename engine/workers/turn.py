@@ -179,7 +179,7 @@ class TurnRunner:
                 _LOGGER.info("run %s needs %s, which this worker lacks; handed on", run_id, tool)
                 await defer_turn(self.app, run_id, queue=agent_queue(tool))
                 return False
-        before, holder = await workers.take(run_id, self.name)
+        before, holder, stop_asked = await workers.take_and_check(run_id, self.name)
         if before is None:
             _LOGGER.warning("a turn job for run %s, which is not on the workers", run_id)
             return False
@@ -193,6 +193,8 @@ class TurnRunner:
             return False
         with log_context(run_id=run_id):
             try:
+                if stop_asked:
+                    stop.set()
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )
@@ -206,8 +208,6 @@ class TurnRunner:
     async def _drive(self, placement: Placement, *, moved: bool, stop: asyncio.Event) -> bool:
         run_id = placement.run_id
         workers = WorkerStore(self.db)
-        if await workers.stop_requested(run_id):
-            stop.set()
         held = self.held.get(run_id)
         if held is not None and (moved or held.moves != placement.moves):
             await self.forget(run_id, keep_stop=True)  # it went away and came back
@@ -247,7 +247,8 @@ class TurnRunner:
             await asyncio.shield(self.forget(run_id, keep_stop=True))
             raise
         if goes_on:
-            await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
+            if placement.note:  # taking it set it running; only a note is left to clear
+                await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
             return True
         await self.forget(run_id)
         final = PlacementStatus.STOPPED if stop.is_set() else PlacementStatus.FINISHED
