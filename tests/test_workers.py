@@ -618,6 +618,8 @@ def test_a_run_waits_for_a_worker_with_its_agent_and_goes_to_one(cluster: Cluste
         w["name"]: w for w in map(json.loads, cluster.cli("workers", "--json").stdout.splitlines())
     }
     assert workers["w1"]["status"] == "alive"
+    assert "codex" not in workers["w1"]["agents"]
+    assert "command" in workers["w1"]["agents"]
     assert cluster.query("SELECT 1 FROM turns WHERE run_id = %s", run_id) == []
     assert cluster.query("SELECT worker FROM worker_runs WHERE run_id = %s", run_id) == [(None,)]
     assert cluster.runs()[run_id]["status"] == "waiting for a worker with codex installed"
