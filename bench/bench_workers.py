@@ -7,6 +7,7 @@
 2. Throughput: 16 auto runs of a fake agent that sleeps 2 s per turn (4 turns each), on 1,
    2 and 4 workers of capacity 2: wall time from the first enqueue to the last run's end.
    Targets: ≥ 1.8× faster at 2 workers and ≥ 3.3× at 4, against 1.
+3. With ``--rss``: the resident memory of an idle worker (no target).
 
 A throwaway PostgreSQL cluster (tests/pg_support.py) and real ``turnstile worker``
 processes; nothing leaves 127.0.0.1.
@@ -101,7 +102,9 @@ class Setup:
         )
 
     @contextlib.contextmanager
-    def workers(self, env: dict[str, str], count: int, capacity: int) -> Iterator[None]:
+    def workers(
+        self, env: dict[str, str], count: int, capacity: int
+    ) -> Iterator[list[subprocess.Popen[bytes]]]:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for i in range(count):
@@ -127,7 +130,7 @@ class Setup:
                     within=60,
                     what="a worker to start",
                 )
-            yield
+            yield procs
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -252,12 +255,29 @@ def throughput(setup: Setup, workers: int, runs: int, sleep: float) -> float:
         return time.monotonic() - began
 
 
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no VmRSS for pid {pid}")
+
+
+def idle_worker_rss(setup: Setup) -> float:
+    """The resident memory of one ``turnstile worker`` a few heartbeats after it is ready."""
+    script = write_script(setup.tmp / "idle", rules=_rules(0, complete=True))
+    env = setup.env(setup.database(), script)
+    with setup.workers(env, 1, 2) as procs:
+        time.sleep(3)  # a few heartbeats and sweeps: idle, not just started
+        return _rss_mb(procs[0].pid)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=2.0)
     parser.add_argument("--turns", type=int, default=12, help="turns of the latency run")
     parser.add_argument("--workers", default="1,2,4", help="worker counts (empty: latency only)")
+    parser.add_argument("--rss", action="store_true", help="also the idle worker's memory")
     args = parser.parse_args()
     bindir = find_bindir()
     if bindir is None:
@@ -279,6 +299,8 @@ def main() -> int:
             f"worker {worker_gap * 1000:.1f} ms, added {added:.1f} ms (target ≤ 50 ms)"
         )
         ok &= added <= 50
+        if args.rss:
+            print(f"idle worker RSS: {idle_worker_rss(setup):.1f} MB", flush=True)
         walls: dict[int, float] = {}
         for count in (int(x) for x in args.workers.split(",") if x.strip()):
             walls[count] = throughput(setup, count, args.runs, args.sleep)

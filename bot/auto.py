@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from telegram import Update
 from telegram.error import TelegramError
@@ -35,6 +35,7 @@ from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import Recovery, RunMode, RunSpec
 from engine.store.runs import RunStatus
+from engine.workers.store import Placement, WorkerStore
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutoExtension"]
@@ -109,6 +110,9 @@ class AutoExtension(Feature):
         if cannot is not None:
             await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
             return
+        if self.ctx.settings.execution == "workers":
+            await self._auto_on_workers(update, objective, project, place)
+            return
         try:
             # The run's id keys its worktree: its branch is turnstile/<run id>.
             run_id = self.ctx.supervisor.reserve(RunMode.AUTO)
@@ -153,6 +157,70 @@ class AutoExtension(Feature):
             run_id=run.run_id,
             reply_to=message.message_id,
         )
+
+    async def _auto_on_workers(
+        self, update: Update, objective: str, project: str, place: ChatPlace
+    ) -> None:
+        """``/auto`` with TURNSTILE_EXECUTION=workers: queue the run as ``turnstile auto
+        --checkout-repo PROJECT`` does; /status and /stop reach it from this chat."""
+        from engine.workers.control import new_spec, project_reference, start_on_workers
+
+        settings = self.ctx.settings
+        tool = settings.default_agent
+        try:
+            spec = new_spec(
+                objective=objective,
+                tool=tool,
+                project=project_reference(settings, project),
+                agent_cmd=settings.agent_command if tool == "command" else None,
+                passthrough=(),
+                max_turns=None,
+                verify_cmd=None,
+            )
+            spec = replace(spec, chat_id=place.chat_id, thread_id=place.thread_id)
+            await start_on_workers(settings, spec)
+        except ConfigError as exc:
+            await self.ctx.replies.reply(update, f"Cannot start: {exc}")
+            return
+        user = update.effective_user
+        await self.ctx.store.audit(
+            action="auto",
+            outcome="allowed",
+            user_id=user.id if user else None,
+            chat_id=place.chat_id,
+            update_id=update.update_id,
+            reason=spec.run_id,
+        )
+        await self.ctx.replies.reply(
+            update,
+            f"🤖 Auto run {spec.run_id} is queued on the workers. /status shows it; "
+            f"/stop {spec.run_id} stops it.",
+        )
+
+    async def _on_workers(self, chat_id: int, thread: int | None = None) -> list[Placement]:
+        """The unfinished runs on the workers started from this chat (and topic)."""
+        if self.ctx.settings.execution != "workers":
+            return []
+        found = []
+        for placement in await WorkerStore(self.ctx.db).placements():
+            spec = placement.spec
+            if placement.ended or spec.chat_id != chat_id:
+                continue
+            if thread is not None and (spec.thread_id or 0) != thread:
+                continue
+            found.append(placement)
+        return found
+
+    async def _stop_on_workers(self, run_id: str) -> bool:
+        from engine.workers.control import stop_run_in
+
+        try:
+            done = await stop_run_in(self.ctx.settings, self.ctx.db, run_id)
+        except ConfigError as exc:  # it ended meanwhile
+            _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": run_id})
+            return False
+        _LOGGER.info("%s", done, extra={"run_id": run_id})
+        return True
 
     async def _unverifiable(self, project: str) -> str | None:
         """Why no completion could ever be accepted in the project's folder (None: it can).
@@ -282,6 +350,8 @@ class AutoExtension(Feature):
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         active = self.active.get(run_id)
         if active is None or active.place.chat_id != chat_id:
+            if any(p.run_id == run_id for p in await self._on_workers(chat_id)):
+                return await self._stop_on_workers(run_id)
             return False
         # Through the supervisor, like every run's stop (the running turn is pre-empted).
         if not self.ctx.supervisor.stop(run_id):
@@ -294,6 +364,9 @@ class AutoExtension(Feature):
             if not self.ctx.supervisor.stop(active.run.run_id):
                 await active.run.stop()
             stopped.append(active.run.run_id)
+        for placement in await self._on_workers(chat_id, thread):
+            if await self._stop_on_workers(placement.run_id):
+                stopped.append(placement.run_id)
         return stopped
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
@@ -319,6 +392,22 @@ class AutoExtension(Feature):
             )
             if s.run_id in worktrees:
                 lines.append(f"   🌿 {worktrees[s.run_id]}")
+        lines.extend(await self._worker_status_lines(chat_id))
+        return lines
+
+    async def _worker_status_lines(self, chat_id: int) -> list[str]:
+        placements = await self._on_workers(chat_id)
+        if not placements:
+            return []
+        from engine.workers.control import worker_status
+
+        store = WorkerStore(self.ctx.db)
+        lines = []
+        for p in placements:
+            waiting = await worker_status(store, p, silent_after=self.ctx.settings.worker_timeout)
+            where = waiting or f"running on worker {p.worker}"
+            elapsed = int(time.time() - p.created_at)
+            lines.append(f"🤖 auto {p.run_id} · {where} · {format_elapsed(elapsed)}")
         return lines
 
     # -- start-up and shutdown ---------------------------------------------------------

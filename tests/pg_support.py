@@ -110,6 +110,12 @@ class PgCluster:
             "host all all 127.0.0.1/32 trust\n"
         )
         self.port = _free_port()
+        self.start_again()
+        self.admin(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
+
+    def start_again(self) -> None:
+        """Start the server (after :meth:`stop`) on its data folder and port."""
+        data = self.folder / "data"
         options = (
             f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -125,7 +131,6 @@ class PgCluster:
             options,
             "start",
         )
-        self.admin(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
 
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):

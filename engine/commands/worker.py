@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
     )
     parser.set_defaults(handler=handle_worker)
     listing = subparsers.add_parser(
-        "workers", help="list workers: name, host, heartbeat age, running turns, capacity"
+        "workers",
+        help="list workers: name, host, heartbeat age, running turns, capacity, agents",
     )
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(handler=handle_workers)
@@ -82,6 +83,7 @@ async def handle_workers(args: argparse.Namespace, settings: Settings) -> int:
                         "heartbeat_age_seconds": round(now - w.heartbeat_at, 1),
                         "running": w.running,
                         "capacity": w.capacity,
+                        "agents": sorted(w.agents),
                     }
                 )
             )
@@ -89,7 +91,7 @@ async def handle_workers(args: argparse.Namespace, settings: Settings) -> int:
     if not workers:
         print("no workers have started yet")
         return 0
-    rows = [("NAME", "HOST", "STATUS", "HEARTBEAT", "RUNNING", "CAPACITY")]
+    rows = [("NAME", "HOST", "STATUS", "HEARTBEAT", "RUNNING", "CAPACITY", "AGENTS")]
     for w in workers:
         alive = w.alive(now, settings.worker_timeout)
         status = "alive" if alive else ("silent" if w.status.value == "alive" else w.status.value)
@@ -101,6 +103,7 @@ async def handle_workers(args: argparse.Namespace, settings: Settings) -> int:
                 f"{format_age(now - w.heartbeat_at)} ago",
                 str(w.running),
                 str(w.capacity),
+                ", ".join(sorted(w.agents)) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -24,8 +24,8 @@ from engine.store.backend import AnyDatabase, open_database
 from engine.store.location import PostgresURL
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.workers.queue import (
-    SHARED_QUEUE,
     abort_jobs,
+    agent_queue,
     defer_turn,
     ensure_queue_schema,
     live_jobs,
@@ -33,7 +33,7 @@ from engine.workers.queue import (
     require_postgres,
 )
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workers.views import WAITING_FOR_WORKER
+from engine.workers.views import waiting_note
 from engine.workspace.manager import WorkspaceManager
 from engine.workspace.projects import is_repository_reference
 
@@ -45,6 +45,7 @@ __all__ = [
     "project_reference",
     "start_on_workers",
     "stop_run",
+    "stop_run_in",
     "stop_when_asked",
     "worker_status",
 ]
@@ -63,14 +64,15 @@ def project_reference(settings: Settings, reference: str) -> str:
 
 
 async def start_on_workers(settings: Settings, spec: QueuedRun) -> None:
-    """Record ``spec`` and queue its first turn on the shared queue (any worker takes it)."""
+    """Record ``spec`` and queue its first turn on its agent's queue (any worker with that
+    agent's CLI takes it)."""
     url = require_postgres(settings.database)
     async with open_database(settings) as db:
         await ensure_queue_schema(db)
         await WorkerStore(db).place(spec)
         app = make_app(url, pool_size=2)
         async with app.open_async():
-            await defer_turn(app, spec.run_id, queue=SHARED_QUEUE)
+            await defer_turn(app, spec.run_id, queue=agent_queue(spec.tool))
 
 
 def new_spec(
@@ -98,16 +100,10 @@ def new_spec(
 async def worker_status(
     store: WorkerStore, placement: Placement, *, silent_after: float, now: float | None = None
 ) -> str | None:
-    """``waiting for a worker`` while no live worker holds the run, else None."""
-    if placement.ended:
-        return None
-    if placement.worker is None:
-        return WAITING_FOR_WORKER
+    """Why the run waits for a worker while no live worker holds it (see
+    :func:`~engine.workers.views.waiting_note`), else None."""
     now = time.time() if now is None else now
-    for worker in await store.workers():
-        if worker.name == placement.worker:
-            return None if worker.alive(now, silent_after) else WAITING_FOR_WORKER
-    return WAITING_FOR_WORKER
+    return waiting_note(placement, [w for w in await store.workers() if w.alive(now, silent_after)])
 
 
 async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
@@ -197,6 +193,11 @@ async def stop_run(settings: Settings, run_id: str) -> str:
     """
     async with open_database(settings) as db:
         return await _stop(settings, db, run_id)
+
+
+async def stop_run_in(settings: Settings, db: AnyDatabase, run_id: str) -> str:
+    """:func:`stop_run` on an open database (the bot's)."""
+    return await _stop(settings, db, run_id)
 
 
 async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:

@@ -3,8 +3,9 @@
 One task, ``turnstile.run_turn`` (“run one turn of run R”, its only input the run id);
 its jobs carry the run id as their ``lock`` (one turn of a run at a time, across every
 worker) and as their ``queueing_lock`` (one waiting turn per run). A run not yet on any
-worker waits in the shared queue; once a worker holds its worktree, its turns go to that
-worker's own queue.
+worker waits in its agent's queue (``turnstile.agent.codex``), which only the workers
+that have that agent's CLI listen on; once a worker holds its worktree, its turns go to
+that worker's own queue.
 
 procrastinate's schema is applied by its own applier (its SQL as shipped), when a worker
 starts or a command first puts a run on the queue: idempotent, under an advisory lock so
@@ -25,10 +26,13 @@ from procrastinate.schema import SchemaManager
 from engine.errors import ConfigError
 from engine.store.backend import AnyDatabase
 from engine.store.location import PostgresURL
+from engine.workers.store import AGENT_QUEUE_PREFIX
 
 __all__ = [
+    "AGENT_QUEUE_PREFIX",
     "SHARED_QUEUE",
     "TASK_NAME",
+    "agent_queue",
     "ensure_queue_schema",
     "make_app",
     "require_postgres",
@@ -41,6 +45,11 @@ SHARED_QUEUE: Final = "turnstile"
 TASK_NAME: Final = "turnstile.run_turn"
 _SCHEMA_LOCK: Final = 0x7475726E  # "turn": one key for "apply the queue's schema"
 _LIVE: Final = ("todo", "doing")
+
+
+def agent_queue(tool: str) -> str:
+    """The queue of the runs of agent ``tool`` that no worker holds yet."""
+    return f"{AGENT_QUEUE_PREFIX}{tool}"
 
 
 def worker_queue(name: str) -> str:
@@ -119,19 +128,21 @@ async def abort_jobs(app: procrastinate.App, run_id: str) -> tuple[int, int]:
     return cancelled, aborted
 
 
-async def move_to_shared(app: procrastinate.App, run_id: str) -> str:
-    """Give a lost worker's run to whichever worker is free: its running turn is retried
-    (a new attempt) and its waiting turn re-queued on the shared queue; what happened."""
+async def move_to_shared(app: procrastinate.App, run_id: str, tool: str) -> str:
+    """Give a lost worker's run to whichever worker with its agent is free: its running
+    turn is retried (a new attempt) and its waiting turn re-queued on the agent's queue;
+    what happened."""
+    queue = agent_queue(tool)
     retried = False
     for job in await live_jobs(app, run_id):
         if job.status == "doing":
             await app.job_manager.retry_job_by_id_async(
-                job.id, retry_at=datetime.datetime.now(datetime.UTC), queue=SHARED_QUEUE
+                job.id, retry_at=datetime.datetime.now(datetime.UTC), queue=queue
             )
             retried = True
         else:
             await app.job_manager.cancel_job_by_id_async(job.id)
     if retried:
         return "retried"
-    await defer_turn(app, run_id, queue=SHARED_QUEUE)
+    await defer_turn(app, run_id, queue=queue)
     return "requeued"

@@ -20,6 +20,7 @@ from engine.store.backend import AnyDatabase
 from engine.store.database import MigrationSet, load_migrations
 
 __all__ = [
+    "AGENT_QUEUE_PREFIX",
     "OWNER",
     "Placement",
     "PlacementStatus",
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 OWNER: Final = "workers"
+# A worker listens on ``turnstile.agent.NAME`` for each agent whose CLI it has: that is
+# how it records its agents, and how a run's first turn reaches only such workers.
+AGENT_QUEUE_PREFIX: Final = "turnstile.agent."
 
 
 def migrations() -> MigrationSet:
@@ -56,8 +60,10 @@ class QueuedRun:
     """What a worker needs to start an auto run it has never seen: plain data, JSON-safe.
 
     ``project`` is a configured project's name, or a repository URL or absolute path that
-    every worker reaches. A worker turns it into the run's :class:`~engine.runs.RunSpec`
-    once it has checked the project out (:meth:`spec_in`): the worktree is its own.
+    every worker reaches. ``chat_id``/``thread_id``: the chat (and topic) a run started
+    from the bot belongs to, where ``/status`` lists it and ``/stop`` reaches it. A worker
+    turns it into the run's :class:`~engine.runs.RunSpec` once it has checked the project
+    out (:meth:`spec_in`): the worktree is its own.
     """
 
     run_id: str
@@ -68,6 +74,8 @@ class QueuedRun:
     passthrough: tuple[str, ...] = ()
     max_turns: int | None = None
     verify_cmd: str | None = None
+    chat_id: int | None = None
+    thread_id: int | None = None
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -95,6 +103,8 @@ class QueuedRun:
                 "passthrough": list(self.passthrough),
                 "max_turns": self.max_turns,
                 "verify_cmd": self.verify_cmd,
+                "chat_id": self.chat_id,
+                "thread_id": self.thread_id,
             }
         )
 
@@ -110,6 +120,8 @@ class QueuedRun:
             passthrough=tuple(raw.get("passthrough") or ()),
             max_turns=raw.get("max_turns"),
             verify_cmd=raw.get("verify_cmd"),
+            chat_id=raw.get("chat_id"),
+            thread_id=raw.get("thread_id"),
         )
 
 
@@ -124,6 +136,15 @@ class WorkerRecord:
     status: WorkerStatus
     started_at: float
     heartbeat_at: float
+
+    @property
+    def agents(self) -> frozenset[str]:
+        """The agents whose CLI this worker has (the agent queues it listens on)."""
+        return frozenset(
+            q.removeprefix(AGENT_QUEUE_PREFIX)
+            for q in self.queues
+            if q.startswith(AGENT_QUEUE_PREFIX)
+        )
 
     def alive(self, now: float, timeout: float) -> bool:
         """Alive and heard from within ``timeout`` seconds."""
@@ -291,23 +312,32 @@ class WorkerStore:
         Returns the placement as it stood before, and the holder it had (None: free).
         The holder changes only in this compare-and-set, under the row's lock.
         """
+        before, holder, _ = await self.take_and_check(run_id, worker)
+        return before, holder
+
+    async def take_and_check(
+        self, run_id: str, worker: str
+    ) -> tuple[Placement | None, str | None, bool]:
+        """:meth:`take`, and whether a stop was asked for the run, in one transaction."""
         async with self._db.transaction() as conn:
+            cursor = await conn.execute("SELECT 1 FROM run_stops WHERE run_id = ?", (run_id,))
+            stop_asked = await cursor.fetchone() is not None
             cursor = await conn.execute(
                 f"SELECT * FROM worker_runs WHERE run_id = ?{self._db.for_update}",  # noqa: S608
                 (run_id,),
             )
             row = await cursor.fetchone()
             if row is None:
-                return None, None
+                return None, None, stop_asked
             before = Placement.from_row(row)
             if before.worker not in (None, worker) or before.ended:
-                return before, before.worker
+                return before, before.worker, stop_asked
             await conn.execute(
                 "UPDATE worker_runs SET worker = ?, last_worker = ?, status = ?, updated_at = ?"
                 " WHERE run_id = ?",
                 (worker, worker, PlacementStatus.RUNNING.value, self._clock(), run_id),
             )
-            return before, before.worker
+            return before, before.worker, stop_asked
 
     async def set_placement(
         self,

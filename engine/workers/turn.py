@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -36,7 +36,7 @@ from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.store.runs import SqliteRunStore
 from engine.turn import Ready, TurnOutput
-from engine.workers.queue import defer_turn, nudge, worker_queue
+from engine.workers.queue import SHARED_QUEUE, agent_queue, defer_turn, nudge, worker_queue
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
@@ -93,18 +93,36 @@ class _PrimedSession:
 
 
 @dataclass(slots=True)
+class _Held:
+    """A run prepared on this worker, kept between its turns while the worker holds it."""
+
+    run: AutoRun
+    workspace: Workspace
+    project_url: str
+    moves: int
+    pushed: str | None = None
+
+
+@dataclass(slots=True)
 class TurnRunner:
     """Everything a worker's turn jobs share: its name, settings, database and queue.
 
     Attributes:
+        agents: the agents whose CLI this worker has.
         running: the runs with a turn in flight here (their count is heartbeated).
+        held: the runs prepared here, kept between turns (re-prepared only when a run is
+            not here or has moved meanwhile).
+        stops: each held run's stop event (the one its prepared run was given).
     """
 
     name: str
     settings: Settings
     db: PostgresDatabase
     app: procrastinate.App
+    agents: frozenset[str] = frozenset()
     running: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
+    held: dict[str, _Held] = field(default_factory=dict)
+    stops: dict[str, asyncio.Event] = field(default_factory=dict)
     deferrals: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
@@ -118,11 +136,13 @@ class TurnRunner:
     def _manager(self) -> WorkspaceManager:
         return WorkspaceManager.from_settings(self.settings, store=SqliteWorkspaceStore(self.db))
 
-    async def job(self, run_id: str, *, user_abort: Callable[[], bool]) -> None:
+    async def job(
+        self, run_id: str, *, user_abort: Callable[[], bool], queue: str | None = None
+    ) -> None:
         """One turn of ``run_id``; cancelled (job aborted), a person's stop ends it cleanly."""
-        stop = asyncio.Event()
+        stop = self.stops.setdefault(run_id, asyncio.Event())
         inner: asyncio.Task[bool] = asyncio.create_task(
-            self._one(run_id, stop), name=f"turn-{run_id}"
+            self._one(run_id, stop, shared=queue == SHARED_QUEUE), name=f"turn-{run_id}"
         )
         self.running[run_id] = inner
         inner.add_done_callback(lambda _: self.running.pop(run_id, None))
@@ -144,15 +164,27 @@ class TurnRunner:
             raise
         if goes_on:
             await self._queue_next(run_id)
+        elif run_id not in self.held:
+            self.stops.pop(run_id, None)
 
-    async def _one(self, run_id: str, stop: asyncio.Event) -> bool:
+    async def _one(self, run_id: str, stop: asyncio.Event, *, shared: bool = False) -> bool:
         """Take the run and run its turn; whether its next turn is to be queued here."""
         workers = WorkerStore(self.db)
-        before, holder = await workers.take(run_id, self.name)
+        placement = await workers.placement(run_id) if shared else None
+        if placement is not None and placement.worker is None:
+            tool = placement.spec.tool
+            if tool not in self.agents:
+                # A job from the shared queue, and this worker lacks the agent's CLI: hand
+                # it to the queue only workers with that CLI listen on.
+                _LOGGER.info("run %s needs %s, which this worker lacks; handed on", run_id, tool)
+                await defer_turn(self.app, run_id, queue=agent_queue(tool))
+                return False
+        before, holder, stop_asked = await workers.take_and_check(run_id, self.name)
         if before is None:
             _LOGGER.warning("a turn job for run %s, which is not on the workers", run_id)
             return False
         if before.ended:
+            await self.forget(run_id)
             return False
         if holder is not None and holder != self.name:
             # Not ours: its worktree is on that worker (a job queued on the shared queue
@@ -161,6 +193,8 @@ class TurnRunner:
             return False
         with log_context(run_id=run_id):
             try:
+                if stop_asked:
+                    stop.set()
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )
@@ -174,35 +208,73 @@ class TurnRunner:
     async def _drive(self, placement: Placement, *, moved: bool, stop: asyncio.Event) -> bool:
         run_id = placement.run_id
         workers = WorkerStore(self.db)
-        runs = SqliteRunStore(self.db)
-        if await workers.stop_requested(run_id):
-            stop.set()
+        held = self.held.get(run_id)
+        if held is not None and (moved or held.moves != placement.moves):
+            await self.forget(run_id, keep_stop=True)  # it went away and came back
+            held = None
         manager = self._manager()
-        project = manager.project_for(placement.spec.project)
+        record = None
         try:
-            record = await runs.get_run(run_id)
-        except NotFoundError:
-            record = None
-        workspace = await manager.provision(run_id, project)
-        if record is not None and moved:
-            await self._adopt(workspace, project.url, record.state)
-        async with manager.lock(workspace):
-            run = await self._prepare(placement, record, workspace, moved=moved, stop=stop)
-            poller = asyncio.create_task(self._poll_stop(run, stop), name=f"stop-poll-{run_id}")
-            try:
-                goes_on = await self._turn(run, stop)
-            finally:
-                poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await poller
-            await self._push(workspace, project.url)
+            if held is None:
+                project = manager.project_for(placement.spec.project)
+                try:
+                    record = await SqliteRunStore(self.db).get_run(run_id)
+                except NotFoundError:
+                    record = None
+                workspace = await manager.provision(run_id, project)
+                if record is not None and moved:
+                    await self._adopt(workspace, project.url, record.state)
+                project_url = project.url
+            else:
+                workspace, project_url = held.workspace, held.project_url
+            async with manager.lock(workspace):
+                if held is None:
+                    run = await self._prepare(placement, record, workspace, moved=moved, stop=stop)
+                    held = _Held(run, workspace, project_url, placement.moves)
+                    self.held[run_id] = held
+                poller = asyncio.create_task(
+                    self._poll_stop(held.run, stop), name=f"stop-poll-{run_id}"
+                )
+                try:
+                    goes_on = await self._turn(held.run, stop)
+                finally:
+                    poller.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await poller
+                await self._push(held)
+        except BaseException:
+            # Whatever broke (or the worker going down): the next turn starts from the store.
+            await asyncio.shield(self.forget(run_id, keep_stop=True))
+            raise
         if goes_on:
-            await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
+            if placement.note:  # taking it set it running; only a note is left to clear
+                await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
             return True
+        await self.forget(run_id)
         final = PlacementStatus.STOPPED if stop.is_set() else PlacementStatus.FINISHED
         await workers.set_placement(run_id, status=final, note="")
         await workers.clear_stop(run_id)
         return False
+
+    async def forget(self, run_id: str, *, keep_stop: bool = False) -> None:
+        """Let go of the run's prepared state here (its owner lock with it)."""
+        held = self.held.pop(run_id, None)
+        if not keep_stop:
+            self.stops.pop(run_id, None)
+        if held is not None:
+            with contextlib.suppress(TurnstileError, OSError):
+                await held.run.close()
+
+    async def forget_all(self) -> None:
+        for run_id in list(self.held):
+            await self.forget(run_id)
+
+    async def prune(self, still_here: Iterable[str]) -> None:
+        """Forget the runs held here between turns that no longer are this worker's (they
+        ended, were stopped between turns, or moved on)."""
+        keep = set(still_here) | set(self.running)
+        for run_id in [r for r in self.held if r not in keep]:
+            await self.forget(run_id)
 
     async def _prepare(
         self,
@@ -351,10 +423,17 @@ class TurnRunner:
         finally:
             await channel.flush()
 
-    async def _push(self, workspace: Workspace, project_url: str) -> None:
-        """Push the run branch (never forced, no other branch) so another worker can go on."""
-        remote = self.settings.runs_remote or project_url
+    async def _push(self, held: _Held) -> None:
+        """Push the run branch (never forced, no other branch) so another worker can go on;
+        not again when the turn committed nothing since the last push."""
+        workspace = held.workspace
+        git = GitRunner()
+        head = (await git.run(["rev-parse", "HEAD"], cwd=workspace.path)).stdout.strip()
+        if head and head == held.pushed:
+            return
+        remote = self.settings.runs_remote or held.project_url
         branch = run_branch(workspace.run_id)
-        await GitRunner().run(
+        await git.run(
             ["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=workspace.path
         )
+        held.pushed = head

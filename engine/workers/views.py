@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from engine.store.backend import AnyDatabase
-from engine.workers.store import Placement, WorkerStore
+from engine.workers.store import Placement, WorkerRecord, WorkerStore
 
 if TYPE_CHECKING:
     from engine.settings import Settings
 
-__all__ = ["WAITING_FOR_WORKER", "WorkerView", "worker_views"]
+__all__ = ["WAITING_FOR_WORKER", "WorkerView", "waiting_note", "worker_views"]
 
 WAITING_FOR_WORKER: Final = "waiting for a worker"
+
+
+def waiting_note(placement: Placement, alive: Sequence[WorkerRecord]) -> str | None:
+    """Why the run waits (no live worker holds it), or None while it is in a worker's hands.
+
+    A run no worker holds yet waits for a worker with its agent's CLI; when live workers
+    exist but none has it, that is said (they will never take it).
+    """
+    if placement.ended:
+        return None
+    if placement.worker is not None and placement.worker in {w.name for w in alive}:
+        return None
+    tool = placement.spec.tool
+    if alive and not any(tool in w.agents for w in alive):
+        return f"{WAITING_FOR_WORKER} with {tool} installed"
+    return WAITING_FOR_WORKER
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +50,9 @@ async def worker_views(settings: Settings, db: AnyDatabase) -> dict[str, WorkerV
     if not placements:
         return {}
     now = time.time()
-    alive = {w.name for w in await store.workers() if w.alive(now, settings.worker_timeout)}
+    alive = [w for w in await store.workers() if w.alive(now, settings.worker_timeout)]
     views: dict[str, WorkerView] = {}
     for p in placements:
-        waiting = None
-        if not p.ended and (p.worker is None or p.worker not in alive):
-            waiting = WAITING_FOR_WORKER
+        waiting = waiting_note(p, alive)
         views[p.run_id] = WorkerView(worker=p.last_worker, waiting=waiting, placement=p)
     return views

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Final
 import procrastinate
 from procrastinate.job_context import AbortReason, JobContext
 
+from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
+    agent_queue,
     ensure_queue_schema,
     make_app,
     move_to_shared,
@@ -42,10 +44,16 @@ if TYPE_CHECKING:
     from engine.settings import Settings
     from engine.store.postgres import PostgresDatabase
 
-__all__ = ["Worker", "default_worker_name", "sweep"]
+__all__ = ["Worker", "default_worker_name", "sweep", "worker_agents"]
 
 _LOGGER = logging.getLogger(__name__)
 _CONTEXT_KEY: Final = "turnstile"
+
+
+def worker_agents(settings: Settings) -> frozenset[str]:
+    """The agents this worker can run: those whose CLI it has, and the command agent (a run
+    of it brings its own command line)."""
+    return frozenset((*installed_agents(settings), "command"))
 
 
 def default_worker_name() -> str:
@@ -54,7 +62,11 @@ def default_worker_name() -> str:
 
 async def _run_turn_job(context: JobContext, run_id: str) -> None:
     runner: TurnRunner = context.additional_context[_CONTEXT_KEY]
-    await runner.job(run_id, user_abort=lambda: context.abort_reason() is AbortReason.USER_REQUEST)
+    await runner.job(
+        run_id,
+        queue=context.job.queue,
+        user_abort=lambda: context.abort_reason() is AbortReason.USER_REQUEST,
+    )
 
 
 def register_task(app: procrastinate.App) -> None:
@@ -73,14 +85,14 @@ async def sweep(db: PostgresDatabase, app: procrastinate.App, *, silent_after: f
         for placement in await store.runs_of(worker.name):
             if not await store.release(placement.run_id, worker.name):
                 continue  # another sweeper was first
-            how = await move_to_shared(app, placement.run_id)
+            how = await move_to_shared(app, placement.run_id, placement.spec.tool)
             await store.set_placement(
                 placement.run_id,
                 status=PlacementStatus.WAITING,
                 note=f"worker {worker.name} is gone; waiting for another worker",
             )
             _LOGGER.info(
-                "run %s of worker %s %s on the shared queue",
+                "run %s of worker %s %s on its agent's queue",
                 placement.run_id,
                 worker.name,
                 how,
@@ -107,7 +119,15 @@ class Worker:
         self.url = require_postgres(settings.database)
         self.name = name or default_worker_name()
         self.concurrency = concurrency
-        self.queues = (SHARED_QUEUE, worker_queue(self.name), *queues)
+        self.agents = worker_agents(settings)
+        # The shared queue only for jobs queued before the agent queues existed (a worker
+        # without the run's agent hands such a job to the agent's queue).
+        self.queues = (
+            *(agent_queue(a) for a in sorted(self.agents)),
+            worker_queue(self.name),
+            SHARED_QUEUE,
+            *queues,
+        )
         self._signals = 0
         self._stopping = asyncio.Event()
         self._cut_off = asyncio.Event()
@@ -148,7 +168,7 @@ class Worker:
             )
             app = make_app(self.url, pool_size=self.concurrency + 2)
             register_task(app)
-            runner = TurnRunner(self.name, settings, pg, app)
+            runner = TurnRunner(self.name, settings, pg, app, agents=self.agents)
             try:
                 async with app.open_async():
                     await self._serve(pg, app, runner)
@@ -196,6 +216,7 @@ class Worker:
             if runner.deferrals:
                 await asyncio.gather(*runner.deferrals, return_exceptions=True)
         finally:
+            await runner.forget_all()
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -220,6 +241,8 @@ class Worker:
                         self.name,
                     )
                     await store.revive(self.name)
+                if runner.held:
+                    await runner.prune(p.run_id for p in await store.runs_of(self.name))
                 if not self._stopping.is_set():
                     await sweep(db, app, silent_after=self.settings.worker_timeout)
             except (TurnstileError, OSError) as exc:
