@@ -232,24 +232,34 @@ class Worker:
     ) -> None:
         store = WorkerStore(db)
         interval = self.settings.worker_heartbeat
+        # One beat may not hang the next ones: a call into a database that went away (a
+        # connection the pool still believed in, the queue's own pool) is cut off here.
+        limit = max(3 * interval, 10.0)
         while True:
             try:
-                if not await store.heartbeat(self.name, running=len(runner.running)):
-                    _LOGGER.warning(
-                        "worker %s was declared lost while the database was away; "
-                        "its runs have moved on",
-                        self.name,
-                    )
-                    await store.revive(self.name)
-                if runner.held:
-                    await runner.prune(p.run_id for p in await store.runs_of(self.name))
-                if not self._stopping.is_set():
-                    await sweep(db, app, silent_after=self.settings.worker_timeout)
+                async with asyncio.timeout(limit):
+                    await self._beat(store, db, app, runner)
+            except TimeoutError:
+                _LOGGER.warning("heartbeat failed: no answer within %.0f s (will retry)", limit)
             except (TurnstileError, OSError) as exc:
                 _LOGGER.warning("heartbeat failed (will retry): %s", exc)
             except Exception as exc:  # the queue's own errors (database away)
                 _LOGGER.warning("heartbeat failed (will retry): %s", _describe(exc))
             await asyncio.sleep(interval)
+
+    async def _beat(
+        self, store: WorkerStore, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
+    ) -> None:
+        if not await store.heartbeat(self.name, running=len(runner.running)):
+            _LOGGER.warning(
+                "worker %s was declared lost while the database was away; its runs have moved on",
+                self.name,
+            )
+            await store.revive(self.name)
+        if runner.held:
+            await runner.prune(p.run_id for p in await store.runs_of(self.name))
+        if not self._stopping.is_set():
+            await sweep(db, app, silent_after=self.settings.worker_timeout)
 
 
 def _describe(exc: BaseException) -> str:
