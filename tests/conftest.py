@@ -11,7 +11,13 @@ import pytest
 
 from tests.fakes.model_api import FakeModelAPI
 from tests.fakes.realcli import Sandbox
-from tests.pg_support import bot_backend, database, pg_cluster, pg_url  # noqa: F401 - fixtures
+from tests.pg_support import (  # noqa: F401 - fixtures
+    bot_backend,
+    database,
+    db_target,
+    pg_cluster,
+    pg_url,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"

@@ -42,6 +42,7 @@ __all__ = [
     "PgCluster",
     "bot_backend",
     "database",
+    "db_target",
     "find_bindir",
     "pg_cluster",
     "pg_url",
@@ -217,6 +218,19 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         yield db
     if cluster is not None:
         cluster.drop_database(target.database)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | PostgresURL]:
+    """Where a test's database lives, not yet opened: a SQLite file in tmp_path, or a fresh
+    PostgreSQL database (dropped afterwards) — for tests that hand it to Settings."""
+    if request.param == "sqlite":
+        yield tmp_path / "t.db"
+        return
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    url = cluster.new_database()
+    yield PostgresURL(url)
+    cluster.drop_database(url)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,5 +1,6 @@
 """Auto mode end to end in-process: AutoModeChannel + AutoModeRunner over the real command
-agent running the scripted fake agent, a real git workspace and a real SQLite store."""
+agent running the scripted fake agent, a real git workspace and a real store — a SQLite file
+and a fresh PostgreSQL database in turn (``db_target``, tests/pg_support.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from engine.errors import ConfigError, TurnExecError
 from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
 from engine.sink import GateRequest, StatusUpdate
-from engine.store.database import Database
+from engine.store.backend import AnyDatabase, open_database
+from engine.store.location import PostgresURL
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import Closed, Ready
 from tests.automode_support import (
@@ -81,13 +83,13 @@ def env(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def settings(env: Path) -> Settings:
-    return load_settings(database=env / "t.db", runs_dir=env / "runs", preempt_grace=1)
+def settings(env: Path, db_target: Path | PostgresURL) -> Settings:
+    return load_settings(database=db_target, runs_dir=env / "runs", preempt_grace=1)
 
 
 @pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[Database]:
-    async with Database(settings.database) as database:
+async def db(settings: Settings) -> AsyncIterator[AnyDatabase]:
+    async with open_database(settings.database) as database:
         yield database
 
 
@@ -103,7 +105,7 @@ def script(env: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Path:
 
 
 async def start(
-    settings: Settings, db: Database, workspace: Path, sink: HookSink | None = None, **kw: Any
+    settings: Settings, db: AnyDatabase, workspace: Path, sink: HookSink | None = None, **kw: Any
 ) -> AutoRun:
     kw.setdefault("objective", "create result.txt and commit it")
     supervisor = kw.pop("supervisor", None)
@@ -125,7 +127,7 @@ def phases_of(log: list[dict[str, Any]]) -> list[str]:
 
 
 async def test_each_phase_emits_its_prompt_in_order(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script(env, monkeypatch, rules=happy_rules())
     run = await start(settings, db, workspace)
@@ -160,7 +162,7 @@ async def test_each_phase_emits_its_prompt_in_order(
 
 
 async def test_cursor_advances_only_in_publish_output(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script(env, monkeypatch, rules=happy_rules())
     run = await prepare_auto_run(
@@ -191,7 +193,7 @@ async def test_cursor_advances_only_in_publish_output(
 
 
 async def test_nonzero_evaluate_exits_with_its_code_without_abort(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rules = happy_rules()
     rules[3] = {"match": EVALUATE, "text": "evaluation crashed", "exit": 5}
@@ -229,7 +231,7 @@ async def test_nonzero_evaluate_exits_with_its_code_without_abort(
 )
 async def test_required_turn_failure_takes_the_crash_path(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -258,7 +260,7 @@ async def test_required_turn_failure_takes_the_crash_path(
 
 async def test_execute_failure_warns_and_continues(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -285,7 +287,7 @@ async def test_execute_failure_warns_and_continues(
 
 
 async def test_appended_instructions_are_sanitized_before_the_prompt(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     replies = [
         {"text": "goal"},
@@ -346,7 +348,7 @@ async def test_appended_instructions_are_sanitized_before_the_prompt(
 
 
 async def test_prompt_reaches_the_agent_byte_for_byte(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script(env, monkeypatch, rules=happy_rules())
     objective = "Fix `it`; rm -rf / $HOME \"quoted\" 'single' \\ back\n\ttabs — ünïcödé 🚀 {{plan}}"
@@ -362,7 +364,7 @@ async def test_prompt_reaches_the_agent_byte_for_byte(
 
 async def test_unverified_complete_is_a_discrepancy_and_the_loop_goes_on(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -387,7 +389,7 @@ async def test_unverified_complete_is_a_discrepancy_and_the_loop_goes_on(
 
 
 async def test_garbled_marker_counts_as_in_progress(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rules = happy_rules()
     rules[3] = {"match": EVALUATE, "text": "AUTO-MODE STATUS: COMPLETE!!! (I think)"}
@@ -405,7 +407,7 @@ async def test_garbled_marker_counts_as_in_progress(
 @pytest.mark.parametrize(("exit_code", "status"), [(0, AutoStatus.COMPLETED), (1, "stopped")])
 async def test_verify_command_is_evidence(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -424,7 +426,7 @@ async def test_verify_command_is_evidence(
 
 
 async def test_hanging_verify_command_is_preempted_by_stop(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script(env, monkeypatch, rules=happy_rules())
     fifo = env / "verify.fifo"
@@ -453,7 +455,7 @@ async def test_hanging_verify_command_is_preempted_by_stop(
 
 
 async def test_stop_preempts_the_running_turn(
-    settings: Settings, db: Database, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pids = env / "pids"
     monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
@@ -484,7 +486,7 @@ async def test_stop_preempts_the_running_turn(
 
 
 async def test_agent_that_cannot_start_is_a_turn_exec_error(
-    settings: Settings, db: Database, workspace: Path, env: Path
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path
 ) -> None:
     spec = RunSpec(
         objective="o",
@@ -516,7 +518,7 @@ async def test_agent_that_cannot_start_is_a_turn_exec_error(
 )
 async def test_bad_input_is_refused_before_anything_runs(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     kw: dict[str, Any],
@@ -537,7 +539,7 @@ async def test_bad_input_is_refused_before_anything_runs(
 
 
 async def test_template_override_with_unknown_placeholder_is_refused_at_start(
-    settings: Settings, db: Database, workspace: Path, env: Path
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path
 ) -> None:
     folder = env / "prompts"
     folder.mkdir()
@@ -551,16 +553,16 @@ async def test_template_override_with_unknown_placeholder_is_refused_at_start(
 
 
 async def test_runs_folder_inside_the_workdir_is_never_committed_nor_dirty(
-    env: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+    env: Path, workspace: Path, db_target: Path | PostgresURL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = load_settings(database=env / "t.db", runs_dir=workspace / "runs")
+    settings = load_settings(database=db_target, runs_dir=workspace / "runs")
     step = {
         "text": "committed everything",
         "files": {"result.txt": "x"},
         "run": [["git", "add", "-A"], ["git", "commit", "-q", "-m", "all"]],
     }
     script(env, monkeypatch, rules=happy_rules(execute=step))
-    async with Database(settings.database) as db:
+    async with open_database(settings.database) as db:
         run = await start(settings, db, workspace)
         result = await run.task
     assert result.status is AutoStatus.COMPLETED
@@ -572,7 +574,7 @@ async def test_runs_folder_inside_the_workdir_is_never_committed_nor_dirty(
 
 
 async def test_turn_slots_cap_turns_running_at_once_across_runs(
-    settings: Settings, db: Database, env: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db: AnyDatabase, env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rules = [{**rule, "sleep": 0.1} for rule in happy_rules()]
     script(env, monkeypatch, rules=rules)
@@ -591,16 +593,44 @@ async def test_turn_slots_cap_turns_running_at_once_across_runs(
 
 
 async def test_resume_refuses_a_run_another_live_process_drives(
-    settings: Settings, db: Database, workspace: Path
+    settings: Settings, db: AnyDatabase, workspace: Path
 ) -> None:
     run = await prepare_auto_run(
         settings,
         db,
         RunSpec(objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD),
     )
-    other = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import time; time.sleep(60)"
-    )
+    if db.dialect == "sqlite":
+        # One machine: a live pid:start-time owner in the row is enough.
+        other = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import time; time.sleep(60)"
+        )
+    else:
+        # PostgreSQL: a pid says nothing across machines; the owner lock (an advisory lock
+        # the other process holds) is the word.
+        assert isinstance(settings.database, PostgresURL)
+        holder = (
+            "import asyncio, sys\n"
+            "from engine.store.advisory import AdvisoryLock\n"
+            "from engine.store.location import PostgresURL\n"
+            "async def main():\n"
+            "    lock = AdvisoryLock(PostgresURL(sys.argv[1]), sys.argv[2])\n"
+            "    assert await lock.try_acquire()\n"
+            "    print('held', flush=True)\n"
+            "    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)\n"
+            "asyncio.run(main())\n"
+        )
+        other = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            holder,
+            settings.database.conninfo(),
+            f"run:{run.run_id}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert other.stdout is not None
+        assert await asyncio.wait_for(other.stdout.readline(), 30) == b"held\n"
     try:
         store = SqliteRunStore(db)
         state = {**(await store.get_run(run.run_id)).state, "owner": owner_token(other.pid)}
@@ -612,11 +642,12 @@ async def test_resume_refuses_a_run_another_live_process_drives(
         await other.wait()
     resumed = await prepare_resume(settings, db, run.run_id)  # its owner is gone now
     assert resumed.state.owner == owner_token()
+    await resumed.close()  # lets go of its owner lock (a connection of its own on PostgreSQL)
 
 
 async def test_every_log_line_of_a_run_carries_its_run_id(
     settings: Settings,
-    db: Database,
+    db: AnyDatabase,
     workspace: Path,
     env: Path,
     monkeypatch: pytest.MonkeyPatch,

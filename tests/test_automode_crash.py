@@ -1,6 +1,7 @@
 """Crash-then-resume, generated: whatever the verdicts and wherever the process dies (before a
 turn runs, or after it ran and before it was recorded), resuming from the store finishes
-every agent turn exactly once, in order, and ends in the state an uninterrupted run ends in."""
+every agent turn exactly once, in order, and ends in the state an uninterrupted run ends in.
+On a SQLite file and on a fresh PostgreSQL database (tests/pg_support.py) in turn."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 from engine.automode import AutoRun, AutoStatus, Phase, prepare_auto_run, prepare_resume
 from engine.runs import RunSpec
 from engine.settings import load_settings
-from engine.store.database import Database
+from engine.store.backend import open_database
+from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore, TurnState
 from engine.turn import Closed, Ready, TurnOutput
 from tests.automode_support import AGENT_CMD, GIT_ENV, git_workspace
+from tests.pg_support import PgCluster
 
 VERDICTS = ["IN PROGRESS", "NEEDS ADJUSTMENT", "COMPLETE"]
 
@@ -58,13 +61,17 @@ class PhaseAgent:
         return TurnOutput(f"{state.phase.value} done", exit_code=0)
 
 
-async def drive(root: Path, verdicts: list[str], crashes: dict[int, str]) -> tuple[object, ...]:
+async def drive(
+    root: Path, verdicts: list[str], crashes: dict[int, str], pg: str | None = None
+) -> tuple[object, ...]:
+    """One run to its end; ``pg``: on that PostgreSQL database, else on a SQLite file."""
     workspace = root / "ws"
     if not workspace.exists():
         git_workspace(workspace)
     name = "crash" if crashes else "clean"
-    cfg = load_settings(database=root / f"{name}.db", runs_dir=root / f"runs-{name}")
-    async with Database(cfg.database) as db:
+    target = PostgresURL(pg) if pg is not None else root / f"{name}.db"
+    cfg = load_settings(database=target, runs_dir=root / f"runs-{name}")
+    async with open_database(cfg.database) as db:
         spec = RunSpec(
             objective="o", agent="command", workdir=workspace, agent_cmd=AGENT_CMD, max_turns=6
         )
@@ -93,6 +100,7 @@ async def drive(root: Path, verdicts: list[str], crashes: dict[int, str]) -> tup
                 continue
             await run.channel.publish_output(out)
         await run.channel.flush()
+        await run.close()  # the owner lock a resume took (its own connection on PostgreSQL)
         turns = await SqliteRunStore(db).turns(run.run_id)
         record = await SqliteRunStore(db).get_run(run.run_id)
     finished = [t.seq for t in turns if t.state is TurnState.FINISHED]
@@ -127,20 +135,35 @@ async def drive(root: Path, verdicts: list[str], crashes: dict[int, str]) -> tup
     ),
 )
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_crash_then_resume_counts_every_turn_once(
-    verdicts: list[str], crashes: dict[int, str], monkeypatch: pytest.MonkeyPatch
+    backend: str,
+    verdicts: list[str],
+    crashes: dict[int, str],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
+    cluster: PgCluster | None = None
+    urls: list[str | None] = [None, None]
+    if backend == "postgresql":
+        # A database per example (fixtures live across examples), dropped after it.
+        cluster = request.getfixturevalue("pg_cluster")
+        urls = [cluster.new_database(), cluster.new_database()]
     with tempfile.TemporaryDirectory(prefix="crash-") as tmp:
         root = Path(tmp)
         cwd = os.getcwd()
         try:
             os.chdir(root)
-            clean = asyncio.run(drive(root, verdicts, {}))
-            resumed = asyncio.run(drive(root, verdicts, crashes))
+            clean = asyncio.run(drive(root, verdicts, {}, urls[0]))
+            resumed = asyncio.run(drive(root, verdicts, crashes, urls[1]))
         finally:
             os.chdir(cwd)
+            if cluster is not None:
+                for url in urls:
+                    assert url is not None
+                    cluster.drop_database(url)
     assert resumed == clean
     expected = AutoStatus.COMPLETED if "COMPLETE" in verdicts else AutoStatus.STOPPED
     if expected is AutoStatus.COMPLETED and clean[0] is AutoStatus.STOPPED:

@@ -1,4 +1,5 @@
-"""``--checkout-repo`` on ``turnstile auto`` and ``turnstile autopilot``, as subprocesses."""
+"""``--checkout-repo`` on ``turnstile auto`` and ``turnstile autopilot``, as subprocesses, on
+a SQLite file and on a fresh PostgreSQL database in turn (``db_target``, tests/pg_support.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from engine.store.location import PostgresURL
 from tests.automode_support import (
     AGENT_CMD,
     agent_log,
@@ -26,6 +29,15 @@ pytestmark = pytest.mark.timeout(120)
 SECRET = "pw-9f8e7d6c5b4a"
 
 
+def db_rows(target: Path | PostgresURL, sql: str, *params: object) -> list[tuple[object, ...]]:
+    """What ``sql`` (``?`` placeholders) finds in the database the CLI wrote to."""
+    if isinstance(target, PostgresURL):
+        with psycopg.connect(target.conninfo()) as pg:
+            return list(pg.execute(sql.replace("?", "%s").encode(), params).fetchall())
+    with sqlite3.connect(target) as conn:
+        return list(conn.execute(sql, params).fetchall())
+
+
 def run_cli(tmp: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         turnstile(*args), cwd=tmp, env=env, capture_output=True, text=True, timeout=90
@@ -33,7 +45,9 @@ def run_cli(tmp: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 @pytest.fixture
-def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, str]]:
+def setup(
+    tmp_path: Path, db_target: Path | PostgresURL, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, dict[str, str]]:
     env_git = git_test_env(tmp_path / "home")
     for key, value in env_git.items():
         monkeypatch.setenv(key, value)
@@ -47,12 +61,17 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[s
             **env_git,
             "TURNSTILE_WORKSPACES": str(tmp_path / "ws"),
             "TURNSTILE_PROJECTS": f"demo={remote}#main",
+            "TURNSTILE_DATABASE": (
+                db_target.conninfo() if isinstance(db_target, PostgresURL) else str(db_target)
+            ),
         },
     )
     return remote, env
 
 
-def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[str, str]]) -> None:
+def test_auto_runs_in_its_own_worktree(
+    tmp_path: Path, setup: tuple[Path, dict[str, str]], db_target: Path | PostgresURL
+) -> None:
     remote, env = setup
     before = git("rev-parse", "main", cwd=remote)
 
@@ -74,8 +93,7 @@ def test_auto_runs_in_its_own_worktree(tmp_path: Path, setup: tuple[Path, dict[s
     run_id, status = report_head(done.stdout)
     assert status == "completed"
     worktree = tmp_path / "ws" / "worktrees" / "demo" / run_id
-    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
-        (workdir,) = conn.execute("SELECT workdir FROM runs WHERE id = ?", (run_id,)).fetchone()
+    [(workdir,)] = db_rows(db_target, "SELECT workdir FROM runs WHERE id = ?", run_id)
     assert Path(workdir) == worktree
     # Every turn ran in the worktree; the work is on the run's branch only.
     assert {entry["cwd"] for entry in agent_log(tmp_path / "agent.log")} == {str(worktree)}
@@ -134,7 +152,7 @@ def test_auto_refuses_bad_projects(tmp_path: Path, setup: tuple[Path, dict[str, 
 
 
 def test_autopilot_init_checks_out_a_worktree_for_the_task(
-    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+    tmp_path: Path, setup: tuple[Path, dict[str, str]], db_target: Path | PostgresURL
 ) -> None:
     _, env = setup
     done = run_cli(
@@ -153,10 +171,7 @@ def test_autopilot_init_checks_out_a_worktree_for_the_task(
 
     assert done.returncode == 0, done.stderr
     worktree = tmp_path / "ws" / "worktrees" / "demo" / "feature-x"
-    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
-        (workdir,) = conn.execute(
-            "SELECT workdir FROM gate_tasks WHERE name = ?", ("feature-x",)
-        ).fetchone()
+    [(workdir,)] = db_rows(db_target, "SELECT workdir FROM gate_tasks WHERE name = ?", "feature-x")
     assert Path(workdir) == worktree
     assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == "turnstile/feature-x"
 
@@ -169,7 +184,7 @@ def _auto(tmp: Path, env: dict[str, str], repo: str) -> subprocess.CompletedProc
 
 
 def test_checkout_repo_takes_a_file_url_or_a_path(
-    tmp_path: Path, setup: tuple[Path, dict[str, str]]
+    tmp_path: Path, setup: tuple[Path, dict[str, str]], db_target: Path | PostgresURL
 ) -> None:
     _, env = setup
     env = {k: v for k, v in env.items() if k != "TURNSTILE_PROJECTS"}
@@ -192,8 +207,7 @@ def test_checkout_repo_takes_a_file_url_or_a_path(
     second, _ = report_head(by_path.stdout)
     assert (tmp_path / "ws" / "worktrees" / "widgets" / second / "result.txt").exists()
     assert git("rev-parse", "main", cwd=other) == before  # work stays on the run branches
-    with sqlite3.connect(tmp_path / "turnstile.db") as conn:
-        projects = {p for (p,) in conn.execute("SELECT project FROM workspaces")}
+    projects = {p for (p,) in db_rows(db_target, "SELECT project FROM workspaces")}
     assert projects == {"widgets"}
 
 

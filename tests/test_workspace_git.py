@@ -14,7 +14,9 @@ import pytest
 
 from engine.agents.factory import create_agent
 from engine.settings import Settings
-from engine.store import Database, SqliteRunStore
+from engine.store import SqliteRunStore
+from engine.store.backend import AnyDatabase, open_database
+from engine.store.location import PostgresURL
 from engine.workspace import (
     MergeOutcome,
     Project,
@@ -83,8 +85,9 @@ def remote(tmp_path: Path, git_env: dict[str, str]) -> Path:
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with Database(tmp_path / "turnstile.db") as database:
+async def db(db_target: Path | PostgresURL) -> AsyncIterator[AnyDatabase]:
+    """The store on a SQLite file and on a fresh PostgreSQL database in turn."""
+    async with open_database(db_target) as database:
         yield database
 
 
@@ -102,7 +105,7 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def manager(tmp_path: Path, remote: Path, db: Database, clock: Clock) -> WorkspaceManager:
+def manager(tmp_path: Path, remote: Path, db: AnyDatabase, clock: Clock) -> WorkspaceManager:
     return WorkspaceManager(
         tmp_path / "workspaces",
         [Project("demo", str(remote), "main")],
@@ -223,12 +226,12 @@ async def test_a_worktree_is_never_shared(manager: WorkspaceManager) -> None:
 
 _HOLDER = """
 import asyncio, pathlib, sys
-from engine.store import Database
+from engine.store.backend import open_database
 from engine.workspace import Project, SqliteWorkspaceStore, WorkspaceManager
 
 async def main():
     root, db_path, remote = sys.argv[1:4]
-    async with Database(db_path) as db:
+    async with open_database(db_path) as db:
         manager = WorkspaceManager(
             pathlib.Path(root), [Project("demo", remote, "main")], store=SqliteWorkspaceStore(db)
         )
@@ -243,14 +246,15 @@ asyncio.run(main())
 
 @pytest.mark.timeout(90)
 async def test_resume_after_a_crash_finds_the_same_worktree(
-    manager: WorkspaceManager, remote: Path, tmp_path: Path
+    manager: WorkspaceManager, remote: Path, db_target: Path | PostgresURL
 ) -> None:
+    where = db_target.conninfo() if isinstance(db_target, PostgresURL) else str(db_target)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         _HOLDER,
         str(manager.root),
-        str(tmp_path / "turnstile.db"),
+        where,
         str(remote),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
@@ -434,7 +438,7 @@ async def test_cleanup_rescues_a_dirty_worktree_before_removing_it(
 
 
 async def test_cleanup_counts_retention_from_the_runs_table(
-    manager: WorkspaceManager, db: Database, clock: Clock
+    manager: WorkspaceManager, db: AnyDatabase, clock: Clock
 ) -> None:
     runs = SqliteRunStore(db)
     await runs.create_run("run1", mode="auto", agent="command", session_id="s1")
@@ -483,7 +487,7 @@ async def test_wave_merge_refuses_a_parent_on_another_branch(manager: WorkspaceM
 
 
 async def test_run_helpers_provision_and_hold_the_run_worktree(
-    tmp_path: Path, remote: Path, db: Database
+    tmp_path: Path, remote: Path, db: AnyDatabase
 ) -> None:
     from engine.settings import load_settings
     from engine.workspace import (
@@ -563,28 +567,28 @@ async def test_a_worktree_made_but_not_recorded_before_a_crash_is_adopted(
 
 
 async def test_checkout_for_run_removes_the_worktree_if_the_run_cannot_start(
-    tmp_path: Path, remote: Path, db: Database
+    tmp_path: Path, remote: Path, db: AnyDatabase
 ) -> None:
     from engine.errors import ConfigError
     from engine.settings import load_settings
     from engine.workspace import checkout_for_run
 
     settings = load_settings(workspaces=tmp_path / "ws", projects=f"demo={remote}#main")
-    async with checkout_for_run(settings, db, None, prefix="auto") as none:
+    async with checkout_for_run(settings, db, None, run_id="auto-0") as none:
         assert none is None
     with pytest.raises(ConfigError, match="exclude each other"):
-        async with checkout_for_run(settings, db, "demo", workdir=tmp_path):
+        async with checkout_for_run(settings, db, "demo", run_id="auto-x", workdir=tmp_path):
             pass
 
-    async with checkout_for_run(settings, db, "demo", prefix="auto") as kept:
+    async with checkout_for_run(settings, db, "demo", run_id="auto-1") as kept:
         assert kept is not None
-        assert kept.run_id.startswith("auto-")
+        assert kept.run_id == "auto-1"
     assert kept.path.is_dir()
 
     seen: list[Workspace] = []
 
     async def start_run_that_fails() -> None:
-        async with checkout_for_run(settings, db, "demo", prefix="auto") as failed:
+        async with checkout_for_run(settings, db, "demo", run_id="auto-2") as failed:
             assert failed is not None
             seen.append(failed)
             raise RuntimeError("recording failed")
@@ -595,7 +599,7 @@ async def test_checkout_for_run_removes_the_worktree_if_the_run_cannot_start(
 
 
 async def test_cleanup_counts_a_completed_gated_task_as_finished(
-    manager: WorkspaceManager, db: Database, clock: Clock
+    manager: WorkspaceManager, db: AnyDatabase, clock: Clock
 ) -> None:
     ws = await manager.provision("feature-x", "demo")
 

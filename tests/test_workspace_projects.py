@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from engine.cli import build_parser
 from engine.errors import ConfigError
 from engine.settings import load_settings
+from engine.store.location import PostgresURL
 from engine.workspace import (
     GitError,
     Project,
@@ -234,15 +235,21 @@ async def test_cli_lists_projects_without_credentials(
 async def test_cli_worktrees_and_cleanup(
     isolated_env: Path,
     remote: Path,
+    db_target: Path | PostgresURL,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from engine.store import Database
+    from engine.store.backend import open_database
     from engine.workspace import SqliteWorkspaceStore
 
+    # The store on a SQLite file and on a fresh PostgreSQL database in turn; the CLI below
+    # finds it through the same setting.
+    where = db_target.conninfo() if isinstance(db_target, PostgresURL) else str(db_target)
+    monkeypatch.setenv("TURNSTILE_DATABASE", where)
     monkeypatch.setenv("TURNSTILE_PROJECTS", f"demo={remote}#main")
     settings = load_settings()
-    async with Database(settings.database) as db:
+    assert settings.database == db_target
+    async with open_database(settings) as db:
         manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
         ws = await manager.provision("run1", "demo")
         (ws.path / "wip.txt").write_text("wip\n")
