@@ -27,6 +27,7 @@ from tests.fakes.bot_harness import (
     write_script,
 )
 from tests.gates_support import phase_rules
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
@@ -50,6 +51,14 @@ async def _press_reject(api: FakeBotApi, gate: SentMessage) -> SentMessage:
     )
     return await api.wait_for_message(
         lambda m: ", why reject" in m.text and m.message_id not in seen
+    )
+
+
+async def _delivered(rt: Any, message: SentMessage) -> None:
+    """Until the bot has recorded the question as delivered (the fake Bot API shows it a
+    moment before the bot's own bookkeeping: a /cancel in that moment is another test)."""
+    await wait_until(
+        lambda: rt.store.live_by_message(CHAT, message.message_id), what="the question recorded"
     )
 
 
@@ -190,6 +199,7 @@ async def test_cancel_command_drops_the_request(
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         gate = await _research_gate(api, "T3")
         prompt = await _press_reject(api, gate)
+        await _delivered(rt, prompt)
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
         await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
         await api.wait_until(
