@@ -653,30 +653,24 @@ class WarmClaudeAgent(ClaudeAgent):
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise TurnIOError(f"{self.cli_name}'s resident process closed its input") from exc
 
+    def _count(self, size: int) -> None:
+        turn = self._current
+        if turn is not None:
+            turn.stdout_bytes += size
+
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        partial = bytearray()
         failure: BaseException | None = None
         try:
-            while chunk := await proc.stdout.read(_CHUNK):
-                turn = self._current
-                if turn is not None:
-                    turn.stdout_bytes += len(chunk)
-                start = 0
-                while (nl := chunk.find(b"\n", start)) >= 0:
-                    partial += chunk[start:nl]
-                    start = nl + 1
-                    line = bytes(partial)
-                    partial.clear()
-                    self._line(line)
-                partial += chunk[start:]
-                if len(partial) > _MAX_LINE:
-                    raise TurnIOError(
-                        f"{self.cli_name} printed a stdout line over {_MAX_LINE} bytes",
-                        line=self._parser.line + 1,
-                    )
-            if partial:
-                self._line(bytes(partial))
+            await read_lines(
+                proc.stdout,
+                self._line,
+                on_chunk=self._count,
+                too_long=lambda: TurnIOError(
+                    f"{self.cli_name} printed a stdout line over {_MAX_LINE} bytes",
+                    line=self._parser.line + 1,
+                ),
+            )
         except TurnIOError as exc:
             failure = exc
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -888,6 +882,33 @@ async def report_process(preempt: PreemptHandle, pid: int, marker: str | None) -
     except Exception:
         # The turn runs on; only a clean-up after a crash would miss it.
         _LOGGER.exception("recording the resident process pid=%s of the turn failed", pid)
+
+
+async def read_lines(
+    stream: asyncio.StreamReader,
+    on_line: Callable[[bytes], None],
+    *,
+    on_chunk: Callable[[int], None],
+    too_long: Callable[[], BaseException],
+) -> None:
+    """Read a resident CLI's stdout to its end, one JSON line at a time: ``on_line`` for
+    each line (the last one also without its newline), ``on_chunk`` with each read's size;
+    a line growing past :data:`_MAX_LINE` raises ``too_long()``."""
+    partial = bytearray()
+    while chunk := await stream.read(_CHUNK):
+        on_chunk(len(chunk))
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            partial += chunk[start:nl]
+            start = nl + 1
+            line = bytes(partial)
+            partial.clear()
+            on_line(line)
+        partial += chunk[start:]
+        if len(partial) > _MAX_LINE:
+            raise too_long()
+    if partial:
+        on_line(bytes(partial))
 
 
 async def close_agent(agent: object) -> None:

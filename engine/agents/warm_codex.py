@@ -57,6 +57,7 @@ from engine.agents.warm import (
     WarmPreemptHandle,
     WarmSupport,
     _kill_tools,
+    read_lines,
     report_process,
 )
 from engine.errors import TurnExecError, TurnIOError, TurnPreempted
@@ -664,30 +665,24 @@ class WarmCodexAgent(CodexAgent):
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise TurnIOError("Codex's resident process closed its input") from exc
 
+    def _count(self, size: int) -> None:
+        turn = self._current
+        if turn is not None:
+            turn.stdout_bytes += size
+
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        partial = bytearray()
         failure: BaseException | None = None
         try:
-            while chunk := await proc.stdout.read(_CHUNK):
-                turn = self._current
-                if turn is not None:
-                    turn.stdout_bytes += len(chunk)
-                start = 0
-                while (nl := chunk.find(b"\n", start)) >= 0:
-                    partial += chunk[start:nl]
-                    start = nl + 1
-                    line = bytes(partial)
-                    partial.clear()
-                    self._line(line)
-                partial += chunk[start:]
-                if len(partial) > _MAX_LINE:
-                    raise TurnIOError(
-                        f"Codex printed a stdout line over {_MAX_LINE} bytes",
-                        line=self._parser.line + 1,
-                    )
-            if partial:
-                self._line(bytes(partial))
+            await read_lines(
+                proc.stdout,
+                self._line,
+                on_chunk=self._count,
+                too_long=lambda: TurnIOError(
+                    f"Codex printed a stdout line over {_MAX_LINE} bytes",
+                    line=self._parser.line + 1,
+                ),
+            )
         except TurnIOError as exc:
             failure = exc
             with contextlib.suppress(ProcessLookupError, PermissionError):
