@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any, TypeVar
 
 from engine.settings import Settings
 
-__all__ = ["alive", "make_settings", "wait_for_file", "wait_until"]
+__all__ = ["alive", "make_settings", "race_two", "wait_for_file", "wait_until"]
 
 T = TypeVar("T")
 
@@ -80,3 +83,38 @@ async def wait_for_file(path: Path, timeout: float = DEFAULT_TIMEOUT) -> str:
         return path.read_text() if path.exists() and path.read_text().strip() else ""
 
     return await wait_until(written, timeout=timeout, interval=0.02, what=f"{path} written")
+
+
+async def race_two(script: Path, *args: str, cwd: Path) -> list[dict[str, Any]]:
+    """Run ``script ARGS childN`` as two processes that start a race together.
+
+    Each child prints ``ready`` once connected and waits for ``go`` on stdin, so both set
+    off at once; each prints a JSON object as its last line, returned in order.
+    """
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            *args,
+            f"child{i}",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+        )
+        for i in range(2)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line == b"ready\n", (line, await proc.stderr.read() if proc.stderr else b"")
+    for proc in procs:  # both are connected: let them go at once
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    results = []
+    for proc in procs:
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return results

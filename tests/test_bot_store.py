@@ -8,10 +8,6 @@ where PostgreSQL's READ COMMITTED transactions do not serialise by themselves.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,7 @@ import pytest
 from bot.store import OutboxItem, SqlBotStore
 from engine.store import SqliteRunStore
 from engine.turn import TurnOutput
+from tests.support import race_two
 
 REPO = Path(__file__).resolve().parent.parent
 SUPERGROUP = -1001234567890123  # beyond a 4-byte INTEGER
@@ -215,35 +212,7 @@ _CHILD = textwrap.dedent(
 async def _race(tmp_path: Path, mode: str, target: str, count: int) -> list[dict[str, Any]]:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(script),
-            mode,
-            target,
-            str(count),
-            f"child{i}",
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=REPO,
-        )
-        for i in range(2)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line == b"ready\n", (line, await proc.stderr.read() if proc.stderr else b"")
-    for proc in procs:  # both are connected: let them go at once
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        await proc.stdin.drain()
-    results = []
-    for proc in procs:
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
-        assert proc.returncode == 0, err.decode()
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return results
+    return await race_two(script, mode, target, str(count), cwd=REPO)
 
 
 def _target(database: Any) -> str:

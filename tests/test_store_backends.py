@@ -43,6 +43,7 @@ from engine.store.postgres import PostgresDatabase
 from engine.turn import TurnOutput
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
+from tests.support import race_two
 
 REPO = Path(__file__).resolve().parent.parent
 SUPERGROUP = -1001234567890123  # beyond a 4-byte INTEGER
@@ -397,35 +398,7 @@ _CHILD = textwrap.dedent(
 async def _children(tmp_path: Path, mode: str, url: str, count: int = 1) -> list[dict[str, Any]]:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(script),
-            mode,
-            url,
-            str(count),
-            f"child{i}",
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=REPO,
-        )
-        for i in range(2)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        assert line == b"ready\n", (line, await proc.stderr.read() if proc.stderr else b"")
-    for proc in procs:  # both are connected: let them go at once
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        await proc.stdin.drain()
-    results = []
-    for proc in procs:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, err.decode()
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return results
+    return await race_two(script, mode, url, str(count), cwd=REPO)
 
 
 async def _child(tmp_path: Path, mode: str, url: str) -> dict[str, Any]:
