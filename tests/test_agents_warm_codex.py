@@ -52,14 +52,8 @@ def codex_bin() -> Path:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeModelAPI]:
-    async with FakeModelAPI() as server:
-        yield server
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Sandbox:
-    return Sandbox(tmp_path)
+def api(model_api: FakeModelAPI) -> FakeModelAPI:
+    return model_api  # conftest's fake model API (and its sandbox fixture), by a short name
 
 
 @pytest.fixture
