@@ -17,12 +17,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from engine.store.location import PostgresURL
@@ -36,179 +33,20 @@ from tests.automode_support import (
     cli_env,
     commit_step,
     evaluation,
-    happy_rules,
     turnstile,
     write_script,
 )
-from tests.test_workspace_git import git, git_test_env, make_remote
+from tests.test_workspace_git import git
+from tests.workers_support import (
+    HEARTBEAT,
+    TIMEOUT,
+    Cluster,
+    make_cluster,
+    wait_for,
+)
+from tests.workers_support import cluster as cluster  # the fixture
 
 pytestmark = pytest.mark.timeout(180)
-
-HEARTBEAT = "0.3"
-TIMEOUT = "2"
-
-
-def wait_for(what: str, check: Callable[[], Any], *, within: float = 60.0) -> Any:
-    """Poll ``check`` until it returns something true; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-@dataclass
-class WorkerProc:
-    name: str
-    proc: subprocess.Popen[str]
-    root: Path
-    lines: list[str] = field(default_factory=list)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def start_reader(self) -> None:
-        threading.Thread(target=self._read, daemon=True).start()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-
-@dataclass
-class Cluster:
-    """The shared environment: PostgreSQL URL, project, fake agent, and the workers."""
-
-    tmp: Path
-    url: str
-    env: dict[str, str]
-    remote: Path
-    workers: dict[str, WorkerProc] = field(default_factory=dict)
-
-    def worker_env(self, name: str) -> dict[str, str]:
-        root = self.tmp / name
-        return {
-            **self.env,
-            "TURNSTILE_WORKSPACES": str(root / "ws"),
-            "TURNSTILE_RUNS_DIR": str(root / "runs"),
-        }
-
-    def start_worker(
-        self, name: str, *, concurrency: int = 2, env: dict[str, str] | None = None
-    ) -> WorkerProc:
-        root = self.tmp / name
-        root.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(
-            turnstile(
-                "--log-level", "INFO", "worker", "--name", name, "--concurrency", str(concurrency)
-            ),
-            cwd=root,
-            env={**self.worker_env(name), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        worker = WorkerProc(name, proc, root)
-        worker.start_reader()
-        self.workers[name] = worker
-        wait_for(
-            f"worker {name} ready", lambda: "ready" in worker.output or proc.poll() is not None
-        )
-        assert proc.poll() is None, worker.output
-        return worker
-
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            turnstile(*args),
-            cwd=self.tmp,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def auto(self, *extra: str, objective: str = "make result.txt") -> str:
-        done = self.cli(
-            "auto",
-            "--detach",
-            "--checkout-repo",
-            "demo",
-            "--tool",
-            "command",
-            "--agent-cmd",
-            AGENT_CMD,
-            "--max-turns",
-            "6",
-            "-p",
-            objective,
-            *extra,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    def runs(self) -> dict[str, dict[str, Any]]:
-        done = self.cli("runs", "--json", "--limit", "0")
-        assert done.returncode == 0, done.stderr
-        return {r["id"]: r for r in map(json.loads, done.stdout.splitlines())}
-
-    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return list(conn.execute(sql, params).fetchall())
-
-    def status(self, run_id: str) -> str | None:
-        rows = self.query("SELECT status FROM runs WHERE id = %s", run_id)
-        return rows[0][0] if rows else None
-
-    def stop_all(self) -> None:
-        for worker in self.workers.values():
-            if worker.proc.poll() is None:
-                worker.proc.send_signal(signal.SIGTERM)
-        for worker in self.workers.values():
-            try:
-                worker.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.proc.kill()
-                worker.proc.wait(timeout=10)
-            if worker.proc.stdout is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    worker.proc.stdout.close()
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    found = _make_cluster(tmp_path, pg_url, monkeypatch)
-    try:
-        yield found
-    finally:
-        found.stop_all()
-
-
-def _make_cluster(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Cluster:
-    env_git = git_test_env(tmp_path / "home")
-    for key, value in env_git.items():
-        monkeypatch.setenv(key, value)
-    remote = make_remote(tmp_path)
-    script = write_script(tmp_path / "fake", rules=happy_rules())
-    env = cli_env(
-        tmp_path,
-        script,
-        log=tmp_path / "agent.log",
-        extra={
-            **env_git,
-            "TURNSTILE_DATABASE": pg_url,
-            "TURNSTILE_EXECUTION": "workers",
-            "TURNSTILE_PROJECTS": f"demo={remote}#main",
-            "TURNSTILE_WORKER_HEARTBEAT": HEARTBEAT,
-            "TURNSTILE_WORKER_TIMEOUT": TIMEOUT,
-            "TURNSTILE_WORKSPACES": str(tmp_path / "control-ws"),
-        },
-    )
-    return Cluster(tmp_path, pg_url, env, remote)
 
 
 def _finished(cluster: Cluster, run_ids: list[str]) -> bool:
@@ -767,7 +605,7 @@ def test_a_worker_that_loses_the_database_carries_on(
                 pass
 
         asyncio.run(migrate())
-        found = _make_cluster(tmp_path, url, monkeypatch)
+        found = make_cluster(tmp_path, url, monkeypatch)
         try:
             worker = found.start_worker("w1")
             first = found.auto(objective="before the outage")
