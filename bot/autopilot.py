@@ -757,13 +757,9 @@ class AutopilotExtension(Feature):
             await self._retire(live.ref, note)
 
     async def _retire(self, ref: str, note: str) -> None:
-        live = await self.ctx.store.get_live(ref)
-        if live is None or live.markup is None:
-            return
-        await self.ctx.store.set_live(
-            ref, chat_id=live.chat_id, thread_id=live.thread_id, body=f"{live.body}\n{note}"
-        )
-        self.ctx.publisher.wake()
+        # Also when the question is not yet recorded delivered (its send in flight).
+        if await self.ctx.store.retire_live(ref, note):
+            self.ctx.publisher.wake()
 
     # -- /stop, /status ----------------------------------------------------------------
 
