@@ -400,14 +400,20 @@ class AutoExtension(Feature):
         if not placements:
             return []
         from engine.workers.control import worker_status
+        from engine.workers.views import is_warm
 
         store = WorkerStore(self.ctx.db)
+        # Recorded by the worker: its agent process stays between the run's turns there.
+        warm = await store.warm_runs()
         lines = []
         for p in placements:
             waiting = await worker_status(store, p, silent_after=self.ctx.settings.worker_timeout)
             where = waiting or f"running on worker {p.worker}"
             elapsed = int(time.time() - p.created_at)
-            lines.append(f"🤖 auto {p.run_id} · {where} · {format_elapsed(elapsed)}")
+            lines.append(
+                f"🤖 auto {p.run_id} · {where} · {format_elapsed(elapsed)}"
+                + (" · warm" if is_warm(p, waiting, warm) else "")
+            )
         return lines
 
     # -- start-up and shutdown ---------------------------------------------------------

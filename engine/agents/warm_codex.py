@@ -19,11 +19,12 @@ A process that dies (crash, ``kill -9``, eviction, a restart) is simply gone: th
 starts a new one and resumes the same thread. Everything else is the per-turn adapter's
 (:class:`~engine.agents.codex.CodexAgent`): binary lookup, isolation, sandbox from the tool
 allowlist, the :class:`~engine.turn.TurnOutput` it composes and its metadata. The pool that
-bounds resident processes and the ``/stop`` handle are :mod:`engine.agents.warm`'s.
+bounds resident processes, the ``/stop`` handle and the resident process's life (its own
+session, readers, stderr tail, closing) are :mod:`engine.agents.resident`'s, shared with
+Claude Code's warm sessions.
 
-Long: one resident app-server's life (spawn, the JSON-RPC calls, the reader, turn
-bookkeeping, steering, interrupt) is one object, as for Claude Code; what the two share
-(pool, pre-empt handle, tool clean-up) lives in :mod:`engine.agents.warm`.
+Long: the app-server's protocol (the JSON-RPC calls, turn bookkeeping, steering, interrupt)
+is one object, as for Claude Code.
 """
 
 from __future__ import annotations
@@ -38,38 +39,27 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from engine.agents.base import AgentOptions
 from engine.agents.codex import _MISSING, CodexAgent, codex_sandbox_args
+from engine.agents.resident import ResidentAgent, ResidentTurn, WarmPool
 from engine.agents.stream import (
-    TURN_MARKER_VAR,
     EventCallback,
     EventKind,
-    JsonLines,
     TurnState,
     find_binary,
 )
-from engine.agents.warm import (
-    WarmPool,
-    WarmPreemptHandle,
-    WarmSupport,
-    _kill_tools,
-    read_lines,
-    report_process,
-)
-from engine.errors import TurnExecError, TurnIOError, TurnPreempted
+from engine.agents.warm import WarmSupport
+from engine.errors import TurnIOError, TurnPreempted
 from engine.process import (
     STDERR_TAIL,
     PreemptHandle,
     ProcessResult,
-    _wait_group_gone,
-    lifeline,
     validate_prompt,
 )
-from engine.reaper import kill_marked, wait_gone
 from engine.redact import redact, tail
 from engine.turn import TurnOutput
 
@@ -77,16 +67,12 @@ __all__ = ["WarmCodexAgent", "codex_warm_support"]
 
 _LOGGER = logging.getLogger(__name__)
 
-_CHUNK: Final = 64 * 1024
-_MAX_LINE: Final = 64 * 1024 * 1024
-# Bounds on clean-up and on the CLI's answers to set-up requests, never on a turn.
-_CLOSE_GRACE: Final = 5.0
+# Bounds on the CLI's answers to set-up requests, never on a turn.
 _SETUP_TIMEOUT: Final = 120.0
 _SCHEMA_TIMEOUT: Final = 60.0
 # Codex appends the turn to its rollout a moment after it reports the turn complete.
 _ROLLOUT_WAIT: Final = 2.0
 _ROLLOUT_POLL: Final = 0.005
-_TOOLS_GONE_WAIT: Final = 10.0
 
 # What a warm session needs of the app-server (requests, and the notification a turn
 # ends on); steering is used where the CLI has it.
@@ -215,32 +201,23 @@ class _RpcError(Exception):
 
 
 @dataclass(slots=True)
-class _Turn:
+class _Turn(ResidentTurn):
     """The warm turn in flight."""
 
-    started: float = field(default_factory=time.monotonic)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
     turn_id: str | None = None
     completed: dict[str, Any] | None = None
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    stderr: bytearray = field(default_factory=bytearray)
-    exit_code: int | None = None
-    failure: BaseException | None = None
     rollout_offset: int = 0
 
 
-class WarmCodexAgent(CodexAgent):
-    """A Codex thread whose ``codex app-server`` stays resident between turns.
+class WarmCodexAgent(ResidentAgent[_Turn], CodexAgent):
+    """A Codex thread whose ``codex app-server`` stays resident between turns (the
+    process's life is :class:`~engine.agents.resident.ResidentAgent`'s).
 
     Attributes:
-        spawns: how many processes this session started (one unless one died or left).
-        pool: the pool that bounds resident processes (a private one by default).
-        last_used: the pool clock's time at the end of the last turn.
         support: what the installed app-server offers (interrupt, steering).
     """
 
-    warm: ClassVar[bool] = True
+    process_label: ClassVar[str] = "Codex app-server"
 
     def __init__(
         self,
@@ -253,46 +230,19 @@ class WarmCodexAgent(CodexAgent):
         pool: WarmPool | None = None,
         support: CodexWarmSupport | None = None,
     ) -> None:
-        if preempt is None:
-            preempt = WarmPreemptHandle(session_id=session_id)
-        elif not isinstance(preempt, WarmPreemptHandle):
-            raise TypeError("a warm session needs a WarmPreemptHandle")
         super().__init__(
-            options, session_id=session_id, preempt=preempt, resume=resume, on_event=on_event
+            options,
+            session_id=session_id,
+            preempt=preempt,
+            resume=resume,
+            on_event=on_event,
+            pool=pool,
         )
-        self._handle: WarmPreemptHandle = preempt
-        self.pool = pool if pool is not None else WarmPool(max_sessions=1)
         self.support = support or CodexWarmSupport(True, "assumed", interrupt=True, steer=True)
-        self.spawns = 0
-        self.last_used = self.pool.clock()
-        self._proc: asyncio.subprocess.Process | None = None
-        self._marker: str | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._stderr_reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._current: _Turn | None = None
-        self._transient = False
         self._next_id = 0
         self._calls: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._rollout: Path | None = None
-        # stderr while no turn runs (start-up), for the error that says why it failed.
-        self._spare_stderr = bytearray()
-        self._closing = False
-
-    # -- what the pool sees ------------------------------------------------------------
-    @property
-    def busy(self) -> bool:
-        """Whether a turn is in flight (or about to start)."""
-        return self._lock.locked()
-
-    @property
-    def resident(self) -> bool:
-        """Whether this session's process is running."""
-        return self._reader is not None and not self._reader.done()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self.resident else None
 
     # -- argv --------------------------------------------------------------------------
     def server_argv(self, program: str) -> list[str]:
@@ -319,22 +269,6 @@ class WarmCodexAgent(CodexAgent):
         return params
 
     # -- turns -------------------------------------------------------------------------
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        validate_prompt(prompt)
-        self.check_prompt(prompt)
-        async with self._lock:
-            self.turns_started += 1
-            try:
-                return await self._run(prompt)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._kill("the turn was cancelled"))
-                raise
-            finally:
-                self.emit(EventKind.TURN_END)
-                self.pool.touch(self)
-                if self._transient and self.resident:
-                    await asyncio.shield(self._close())
-
     async def _run(self, prompt: str) -> TurnOutput:
         spawned = False
         missing: str | None = None
@@ -421,10 +355,6 @@ class WarmCodexAgent(CodexAgent):
         if turn.turn_id is not None:
             out.metadata["turn_id"] = turn.turn_id
         return out
-
-    async def _report(self) -> None:
-        if self._proc is not None:
-            await report_process(self.preempt, self._proc.pid, self._marker)
 
     def _missing(self, detail: str) -> TurnOutput:
         result = ProcessResult(
@@ -546,36 +476,7 @@ class WarmCodexAgent(CodexAgent):
     async def _spawn(self) -> str | None:
         """Start the app-server and open the thread; the CLI's words if it lost the thread."""
         invocation = self.build_invocation("-")
-        program = invocation.argv[0]
-        argv = self.server_argv(program)
-        admitted = await self.pool.admit(self)
-        self._transient = not admitted
-        marker = os.urandom(16).hex()
-        env = {**self.environment(invocation), TURN_MARKER_VAR: marker}
-        self._parser = JsonLines(self.cli_name)
-        guard = lifeline()
-        guard.begin(marker)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=self.options.cwd,
-                env=env,
-                start_new_session=True,
-                limit=_CHUNK,
-            )
-        except OSError as exc:
-            guard.end(marker)
-            self.pool.forget(self)
-            raise TurnExecError(
-                f"cannot start {program!r}: {exc.strerror or exc}", binary=program
-            ) from exc
-        guard.spawned(marker, proc.pid)
-        self._proc = proc
-        self._marker = marker
-        self.spawns += 1
+        proc = await self._start(self.server_argv(invocation.argv[0]), invocation)
         resuming = self.started
         _LOGGER.info(
             "warm Codex app-server started pid=%s (%s)",
@@ -583,10 +484,7 @@ class WarmCodexAgent(CodexAgent):
             "resuming" if resuming else "new thread",
             extra={"session_id": self.session_id},
         )
-        self._reader = asyncio.create_task(self._read(proc), name=f"warm-stdout-{proc.pid}")
-        self._stderr_reader = asyncio.create_task(
-            self._read_stderr(proc), name=f"warm-stderr-{proc.pid}"
-        )
+        self._watch_output(proc)
         self._watcher = asyncio.create_task(self._watch(proc), name=f"warm-watch-{proc.pid}")
         try:
             async with asyncio.timeout(_SETUP_TIMEOUT):
@@ -656,48 +554,11 @@ class WarmCodexAgent(CodexAgent):
         self._write({"method": method})
 
     def _write(self, message: dict[str, Any]) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdin.is_closing() or self._process_gone():
+        if self._process_gone():
             raise TurnIOError("Codex's resident process is not taking input")
-        line = json.dumps(message, ensure_ascii=False) + "\n"
-        try:
-            proc.stdin.write(line.encode("utf-8"))
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise TurnIOError("Codex's resident process closed its input") from exc
+        self._send(message)
 
-    def _count(self, size: int) -> None:
-        turn = self._current
-        if turn is not None:
-            turn.stdout_bytes += size
-
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        failure: BaseException | None = None
-        try:
-            await read_lines(
-                proc.stdout,
-                self._line,
-                on_chunk=self._count,
-                too_long=lambda: TurnIOError(
-                    f"Codex printed a stdout line over {_MAX_LINE} bytes",
-                    line=self._parser.line + 1,
-                ),
-            )
-        except TurnIOError as exc:
-            failure = exc
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        except OSError as exc:
-            failure = TurnIOError(f"reading Codex's output failed: {exc}")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        code = await proc.wait()
-        if self._marker is not None:
-            lifeline().end(self._marker)
-        if self._stderr_reader is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait({self._stderr_reader}, timeout=_CLOSE_GRACE)
-        self.pool.forget(self)
+    def _exited(self, code: int) -> None:
         for method, future in self._calls.values():
             if not future.done():
                 future.set_exception(
@@ -705,19 +566,6 @@ class WarmCodexAgent(CodexAgent):
                         f"the Codex app-server exited (code {code}) before answering {method}"
                     )
                 )
-        turn = self._current
-        if not self._closing:
-            _LOGGER.info(
-                "warm Codex app-server pid=%s exited with code %s%s",
-                proc.pid,
-                code,
-                " during a turn" if turn is not None else "",
-                extra={"session_id": self.session_id},
-            )
-        if turn is not None and not turn.done.is_set():
-            turn.exit_code = code
-            turn.failure = failure
-            turn.done.set()
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         """When our child exits, its group goes too.
@@ -746,17 +594,6 @@ class WarmCodexAgent(CodexAgent):
         if not self._closing:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-
-    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        self._spare_stderr = bytearray()
-        while chunk := await proc.stderr.read(_CHUNK):
-            target = self._current.stderr if self._current is not None else self._spare_stderr
-            if self._current is not None:
-                self._current.stderr_bytes += len(chunk)
-            target += chunk
-            if len(target) > STDERR_TAIL:
-                del target[: len(target) - STDERR_TAIL]
 
     def _line(self, raw: bytes) -> None:
         record = self._parser.parse(raw)
@@ -890,65 +727,10 @@ class WarmCodexAgent(CodexAgent):
             await self._kill("the interrupt did not end the turn")
             return
         # "Stopped" means the turn's commands are gone too.
-        proc = self._proc
-        if proc is not None and self._marker is not None:
-            await _kill_tools(self._marker, proc.pid)
+        await self._kill_tool_processes()
 
-    async def _kill(self, why: str) -> None:
-        """SIGKILL the process group and every process that carries its marker."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.returncode is None:
-            _LOGGER.info(
-                "killing warm Codex pid=%s: %s",
-                proc.pid,
-                why,
-                extra={"session_id": self.session_id},
-            )
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        await _wait_group_gone(proc.pid)
-        if self._marker is not None:
-            await wait_gone(kill_marked(self._marker), _TOOLS_GONE_WAIT)
-        await self._await_readers()
-
-    async def _await_readers(self) -> None:
-        tasks = (self._reader, self._stderr_reader, self._watcher)
-        readers = {t for t in tasks if t is not None}
-        if readers:
-            await asyncio.wait(readers)
-        self.pool.forget(self)
-
-    async def _close(self) -> None:
-        """Ask the idle process to leave (stdin closed), then make sure it is gone."""
-        proc = self._proc
-        if proc is None:
-            return
-        self._closing = True
-        try:
-            if proc.returncode is None and proc.stdin is not None:
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    proc.stdin.close()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_CLOSE_GRACE):
-                        await proc.wait()
-            await self._kill("it did not leave when asked")
-        finally:
-            self._closing = False
-            self._proc = None
-
-    async def aclose(self) -> None:
-        """Stop the resident process (waits for a running turn to end first)."""
-        async with self._lock:
-            await asyncio.shield(self._close())
-
-    async def __aenter__(self) -> WarmCodexAgent:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    def _tasks(self) -> tuple[asyncio.Task[None] | None, ...]:
+        return (self._reader, self._stderr_reader, self._watcher)
 
 
 def _text_input(text: str) -> dict[str, Any]:

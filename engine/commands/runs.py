@@ -7,7 +7,9 @@ it was cut off (a crash, a kill) and can be continued with ``turnstile auto --re
 
 A running run is *warm* when its agent process stays between turns and is still there:
 the process recorded with its last finished turn still runs (same pid, same start time).
-A per-turn process is gone when its turn ends, so only a resident one counts.
+A per-turn process is gone when its turn ends, so only a resident one counts. A run on a
+worker (another machine, where that pid says nothing) is warm when the live worker holding
+it recorded its resident process in the database.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from engine.reaper import start_time
 from engine.settings import Settings
 from engine.store.backend import open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord
-from engine.workers.views import worker_views
+from engine.workers.views import WorkerView, worker_views
 from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
 if TYPE_CHECKING:
@@ -80,10 +82,19 @@ def _turn(record: RunRecord) -> str:
 
 
 async def _show(
-    store: SqliteRunStore, run_id: str, as_json: bool, worktree: str | None = None
+    store: SqliteRunStore,
+    run_id: str,
+    as_json: bool,
+    worktree: str | None = None,
+    on_worker: WorkerView | None = None,
 ) -> int:
     record = await store.get_run(run_id)
     turns = await store.turns(run_id)
+    warm = (
+        _warm(record, turns)
+        if on_worker is None
+        else on_worker.warm and record.status is RunStatus.RUNNING
+    )
     if as_json:
         print(
             json.dumps(
@@ -93,7 +104,7 @@ async def _show(
                     "status": _status(record),
                     "phase": record.phase,
                     "turn": record.turn,
-                    "warm": _warm(record, turns),
+                    "warm": warm,
                     "exit_code": record.exit_code,
                     "abort_reason": record.abort_reason,
                     "log_dir": record.log_dir,
@@ -116,8 +127,8 @@ async def _show(
             )
         )
         return 0
-    warm = ", warm (agent process kept between turns)" if _warm(record, turns) else ""
-    print(f"run {record.id}: {record.mode} {record.agent}, {_status(record)}{warm}")
+    kept = ", warm (agent process kept between turns)" if warm else ""
+    print(f"run {record.id}: {record.mode} {record.agent}, {_status(record)}{kept}")
     print(f"  phase {record.phase or '-'}, turn {_turn(record)}, exit {record.exit_code}")
     if record.abort_reason:
         print(f"  aborted: {record.abort_reason}")
@@ -142,7 +153,8 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         if args.run is not None:
             # (The worktree helpers are typed for SQLite; their store runs on both.)
             worktree = await run_worktree_summary(settings, cast("Database", db), args.run)
-            return await _show(SqliteRunStore(db), args.run, args.json, worktree)
+            on_worker = (await worker_views(settings, db)).get(args.run)
+            return await _show(SqliteRunStore(db), args.run, args.json, worktree, on_worker)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
         if args.mode:
@@ -158,6 +170,9 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             r.id: _warm(r, await store.turns(r.id)) for r in runs if r.status is RunStatus.RUNNING
         }
         on_workers = await worker_views(settings, db)
+    for run_id, view in on_workers.items():
+        if run_id in warm:
+            warm[run_id] = view.warm
     now = time.time()
     listed = {r.id for r in runs}
     # Runs on the workers whose first turn no worker has taken yet.

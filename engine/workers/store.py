@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -380,6 +380,34 @@ class WorkerStore:
             (worker, PlacementStatus.WAITING.value, PlacementStatus.RUNNING.value),
         )
         return [Placement.from_row(r) for r in rows]
+
+    # -- warm sessions ---------------------------------------------------------------
+    async def mark_warm(self, worker: str, run_ids: Iterable[str]) -> None:
+        """Record that exactly ``run_ids`` have a resident agent process on ``worker``."""
+        warm = sorted(set(run_ids))
+        now = self._clock()
+        async with self._db.transaction() as conn:
+            if warm:
+                marks = ", ".join("?" for _ in warm)
+                await conn.execute(
+                    f"DELETE FROM warm_runs WHERE worker = ? AND run_id NOT IN ({marks})",  # noqa: S608
+                    (worker, *warm),
+                )
+            else:
+                await conn.execute("DELETE FROM warm_runs WHERE worker = ?", (worker,))
+            for run_id in warm:
+                await conn.execute(
+                    "INSERT INTO warm_runs (run_id, worker, since) VALUES (?, ?, ?)"
+                    " ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker,"
+                    " since = CASE WHEN warm_runs.worker = excluded.worker"
+                    " THEN warm_runs.since ELSE excluded.since END",
+                    (run_id, worker, now),
+                )
+
+    async def warm_runs(self) -> dict[str, str]:
+        """run id → the worker its resident agent process is on (as that worker said)."""
+        rows = await self._db.fetchall("SELECT run_id, worker FROM warm_runs")
+        return {r["run_id"]: r["worker"] for r in rows}
 
     # -- stop requests ---------------------------------------------------------------
     async def request_stop(self, run_id: str, by: str | None = None) -> None:

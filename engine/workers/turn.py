@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import procrastinate
 
 from engine.agents.factory import create_agent
+from engine.agents.warm import WarmPool, close_agent
 from engine.automode import AutoRun, prepare_auto_run, prepare_resume
 from engine.automode.channel import STOPPED_BY_PERSON
 from engine.automode.runner import AutoModeRunner
@@ -31,7 +32,7 @@ from engine.automode.state import AutoModeState, AutoStatus
 from engine.errors import NotFoundError, TurnError, TurnPreempted, TurnstileError
 from engine.git import GitRunner
 from engine.logs import log_context
-from engine.runs import AgentEnv
+from engine.runs import AgentEnv, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.store.runs import SqliteRunStore
@@ -87,6 +88,11 @@ class _PrimedSession:
     def session_id(self) -> str:
         return self._runner.session_id
 
+    @property
+    def agent(self) -> AutoModeRunner:
+        """The session it wraps (seen through when its resident process is closed)."""
+        return self._runner
+
     async def run_turn(self, prompt: str) -> TurnOutput:
         primer, self._primer = self._primer, None
         return await self._runner.run_turn(primer + prompt if primer else prompt)
@@ -113,6 +119,10 @@ class TurnRunner:
         held: the runs prepared here, kept between turns (re-prepared only when a run is
             not here or has moved meanwhile).
         stops: each held run's stop event (the one its prepared run was given).
+        warm_pool: bounds this worker's resident agent processes (warm sessions:
+            ``TURNSTILE_MAX_WARM_SESSIONS`` per worker, idle ones closed after
+            ``TURNSTILE_WARM_IDLE_MINUTES``); a held run's process stays between its turns.
+        marked_warm: the runs last recorded warm for this worker (see :meth:`mark_warm`).
     """
 
     name: str
@@ -124,6 +134,8 @@ class TurnRunner:
     held: dict[str, _Held] = field(default_factory=dict)
     stops: dict[str, asyncio.Event] = field(default_factory=dict)
     deferrals: set[asyncio.Task[None]] = field(default_factory=set)
+    warm_pool: WarmPool | None = None
+    marked_warm: frozenset[str] | None = None
 
     @property
     def queue(self) -> str:
@@ -242,6 +254,7 @@ class TurnRunner:
                     with contextlib.suppress(asyncio.CancelledError):
                         await poller
                 await self._push(held)
+            await self.mark_warm()
         except BaseException:
             # Whatever broke (or the worker going down): the next turn starts from the store.
             await asyncio.shield(self.forget(run_id, keep_stop=True))
@@ -262,12 +275,38 @@ class TurnRunner:
         if not keep_stop:
             self.stops.pop(run_id, None)
         if held is not None:
+            # A warm session's resident process ends when the run leaves this worker
+            # (ended, stopped, moved, or the worker stops), not at idle eviction.
+            with contextlib.suppress(TurnstileError, OSError):
+                await close_agent(held.run.runner)
             with contextlib.suppress(TurnstileError, OSError):
                 await held.run.close()
+            await self.mark_warm()
+
+    def warm_runs(self) -> frozenset[str]:
+        """The runs held here whose agent process is resident now."""
+        return frozenset(run_id for run_id, held in self.held.items() if _resident(held.run.runner))
+
+    async def mark_warm(self) -> None:
+        """Record in the database which of this worker's runs are warm (their resident
+        process is running), so ``turnstile runs`` and ``/status`` on other machines show
+        it; written only when it changed. Called after each turn, when a run is let go,
+        and with each heartbeat (a process that died or was closed idle meanwhile)."""
+        warm = self.warm_runs()
+        if warm == self.marked_warm:
+            return
+        try:
+            await WorkerStore(self.db).mark_warm(self.name, warm)
+        except TurnstileError as exc:  # the database may be away a moment: the next beat
+            _LOGGER.warning("cannot record which runs are warm (will retry): %s", exc)
+            return
+        self.marked_warm = warm
 
     async def forget_all(self) -> None:
         for run_id in list(self.held):
             await self.forget(run_id)
+        if self.warm_pool is not None:
+            await self.warm_pool.aclose()
 
     async def prune(self, still_here: Iterable[str]) -> None:
         """Forget the runs held here between turns that no longer are this worker's (they
@@ -286,12 +325,15 @@ class TurnRunner:
         stop: asyncio.Event,
     ) -> AutoRun:
         spec = placement.spec
+        # Its warm session (if any) is counted in this worker's pool.
+        supervisor = RunSupervisor(SqliteRunStore(self.db), warm_pool=self.warm_pool)
         if record is None:
             return await prepare_auto_run(
                 self.settings,
                 self.db,
                 spec.spec_in(workspace.path, AgentEnv(extra_env=self.env)),
                 stop_event=stop,
+                supervisor=supervisor,
             )
         run = await prepare_resume(
             self.settings,
@@ -299,6 +341,7 @@ class TurnRunner:
             spec.run_id,
             env=AgentEnv(extra_env=self.env),
             stop_event=stop,
+            supervisor=supervisor,
         )
         if moved:
             run.runner = _PrimedSession(self._fresh_runner(run), moved_primer(run.state, self.name))
@@ -315,6 +358,7 @@ class TurnRunner:
             agent_cmd=state.config.get("agent_cmd"),
             passthrough=tuple(state.config.get("passthrough", ())),
             extra_env=self.env,
+            warm_pool=self.warm_pool,
         )
         agent.preempt.on_spawn = run.channel.record_process
         return AutoModeRunner(agent)
@@ -437,3 +481,14 @@ class TurnRunner:
             ["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=workspace.path
         )
         held.pushed = head
+
+
+def _resident(session: object) -> bool:
+    """Whether ``session`` (seen through its wrappers) has a resident agent process."""
+    for _ in range(4):
+        if getattr(session, "warm", False):
+            return bool(getattr(session, "resident", False))
+        session = getattr(session, "agent", None)
+        if session is None:
+            return False
+    return False

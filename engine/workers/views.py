@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -13,7 +13,7 @@ from engine.workers.store import Placement, WorkerRecord, WorkerStore
 if TYPE_CHECKING:
     from engine.settings import Settings
 
-__all__ = ["WAITING_FOR_WORKER", "WorkerView", "waiting_note", "worker_views"]
+__all__ = ["WAITING_FOR_WORKER", "WorkerView", "is_warm", "waiting_note", "worker_views"]
 
 WAITING_FOR_WORKER: Final = "waiting for a worker"
 
@@ -41,6 +41,7 @@ class WorkerView:
     worker: str | None
     waiting: str | None
     placement: Placement
+    warm: bool = False
 
 
 async def worker_views(settings: Settings, db: AnyDatabase) -> dict[str, WorkerView]:
@@ -51,8 +52,25 @@ async def worker_views(settings: Settings, db: AnyDatabase) -> dict[str, WorkerV
         return {}
     now = time.time()
     alive = [w for w in await store.workers() if w.alive(now, settings.worker_timeout)]
+    warm = await store.warm_runs()
     views: dict[str, WorkerView] = {}
     for p in placements:
         waiting = waiting_note(p, alive)
-        views[p.run_id] = WorkerView(worker=p.last_worker, waiting=waiting, placement=p)
+        views[p.run_id] = WorkerView(
+            worker=p.last_worker,
+            waiting=waiting,
+            placement=p,
+            warm=is_warm(p, waiting, warm),
+        )
     return views
+
+
+def is_warm(placement: Placement, waiting: str | None, warm: Mapping[str, str]) -> bool:
+    """Whether the run's agent process stays resident on the live worker that holds it
+    (a lost or stopped worker's word no longer counts)."""
+    return (
+        not placement.ended
+        and waiting is None
+        and placement.worker is not None
+        and warm.get(placement.run_id) == placement.worker
+    )

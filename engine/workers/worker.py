@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import procrastinate
 from procrastinate.job_context import AbortReason, JobContext
 
+from engine.agents.factory import new_warm_pool
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
@@ -168,7 +169,9 @@ class Worker:
             )
             app = make_app(self.url, pool_size=self.concurrency + 2)
             register_task(app)
-            runner = TurnRunner(self.name, settings, pg, app, agents=self.agents)
+            runner = TurnRunner(
+                self.name, settings, pg, app, agents=self.agents, warm_pool=new_warm_pool(settings)
+            )
             try:
                 async with app.open_async():
                     await self._serve(pg, app, runner)
@@ -258,6 +261,8 @@ class Worker:
             await store.revive(self.name)
         if runner.held:
             await runner.prune(p.run_id for p in await store.runs_of(self.name))
+        # A resident process that died or was closed idle since the last turn.
+        await runner.mark_warm()
         if not self._stopping.is_set():
             await sweep(db, app, silent_after=self.settings.worker_timeout)
 
