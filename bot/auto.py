@@ -651,11 +651,18 @@ class AutoExtension(Feature):
     async def _placements_followed(self) -> list[Placement]:
         if self.ctx.settings.execution != "workers":
             return []
-        return [
-            p
-            for p in await WorkerStore(self.ctx.db).placements()
-            if not p.ended and p.spec.chat_id is not None
-        ]
+        found = []
+        for placement in await WorkerStore(self.ctx.db).placements():
+            if placement.spec.chat_id is None:
+                continue
+            if placement.ended:
+                # Ended while no bot followed it: followed once more if its chat was not
+                # told yet (its live message still shows it running).
+                live = await self.ctx.store.get_live(f"status:{placement.run_id}")
+                if live is None or _ended_text(live.body):
+                    continue
+            found.append(placement)
+        return found
 
     # -- start-up and shutdown ---------------------------------------------------------
 

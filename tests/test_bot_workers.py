@@ -206,6 +206,8 @@ async def test_a_bot_restart_mid_run_resumes_following_without_duplicates(
             assert await runtime.store.pending_outbox() == 0
         reports = [m for m in api.sent if m.text.startswith(f"Auto run {run_id}:")]
         assert reports == [report]
-        statuses = [m for m in api.sent if f"Auto run {run_id}" in _texts(m)[0]]
-        assert statuses == [status, report]
+        statuses = [
+            m for m in api.sent if m.filename is None and f"Auto run {run_id}" in _texts(m)[0]
+        ]
+        assert statuses == [status, report], [_texts(m) for m in statuses]
         assert len(api.sent) == 7, [_texts(m)[-1][:50] for m in api.sent]
