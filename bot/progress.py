@@ -34,8 +34,8 @@ _RUNNING: Final = "⏳"
 _LINE: Final = 160
 
 
-def stop_button(run_id: str) -> dict[str, Any]:
-    return {"inline_keyboard": [[{"text": "⏹ Stop", "callback_data": f"{STOP_DATA}{run_id}"}]]}
+def stop_button(run_id: str, data: str = STOP_DATA) -> dict[str, Any]:
+    return {"inline_keyboard": [[{"text": "⏹ Stop", "callback_data": f"{data}{run_id}"}]]}
 
 
 # What names a tool call best, of the inputs a CLI reports as JSON (Claude Code's
@@ -80,6 +80,8 @@ class TurnProgress:
         turn: int,
         reply_to: int | None,
         clock: Callable[[], float] = time.time,
+        prefix: str = PREFIX,
+        stop_data: str = STOP_DATA,
     ) -> None:
         self._publisher = publisher
         self.chat_id = chat_id
@@ -87,9 +89,12 @@ class TurnProgress:
         self.run_id = run_id
         self.turn = turn
         self.reply_to = reply_to
-        self.ref = f"{PREFIX}{run_id}:{turn}"
+        self.ref = f"{prefix}{run_id}:{turn}"
+        self._stop_data = stop_data
         self._clock = clock
         self.started = clock()
+        # Where the turn runs, when not here (a worker's name): a line of its own.
+        self.where: str | None = None
         self.tool: str | None = None
         self.text: str | None = None
         self.tools = 0
@@ -140,6 +145,8 @@ class TurnProgress:
                 state += f" · {self.tools} tool call{'s' if self.tools != 1 else ''}"
             return state
         lines = [f"{_RUNNING} working · {elapsed}"]
+        if self.where:
+            lines.append(f"🖥 {self.where}")
         if self.tool:
             lines.append(self.tool)
         if self.text:
@@ -155,7 +162,7 @@ class TurnProgress:
             self.body(),
             chat_id=self.chat_id,
             thread_id=self.thread_id,
-            markup=stop_button(self.run_id),
+            markup=stop_button(self.run_id, self._stop_data),
             run_id=self.run_id,
             reply_to=self.reply_to,
         )

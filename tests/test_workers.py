@@ -532,8 +532,11 @@ async def test_auto_and_stop_from_the_bot_reach_a_run_on_a_worker(cluster: Clust
         )
         async with running_bot(api, settings):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
-            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
-            found = re.search(r"Auto run (\S+) is queued", queued.text)
+            # The run's live status message: its first text (it is edited as turns run).
+            queued = await api.wait_for_message(
+                lambda m: "is queued on the workers" in (m.history or [m.text])[0]
+            )
+            found = re.search(r"Auto run (\S+) is queued", (queued.history or [queued.text])[0])
             assert found is not None
             run_id = found.group(1)
             try:

@@ -41,7 +41,14 @@ from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, pub
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
-__all__ = ["STOPPED_BY_PERSON", "AutoModeChannel", "AutoRunStore", "run_status"]
+__all__ = [
+    "STOPPED_BY_PERSON",
+    "AutoModeChannel",
+    "AutoRunStore",
+    "final_report",
+    "run_status",
+    "turn_text",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -383,25 +390,7 @@ class AutoModeChannel(BaseChannel):
             fh.write(text)
 
     def _final_report(self, state: AutoModeState) -> str:
-        lines = [
-            f"Auto run {state.run_id}: {state.status.value}"
-            + (f" (exit {state.exit_code})" if state.exit_code else ""),
-            f"Objective: {_one_line(state.objective, 200)}",
-            f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}",
-        ]
-        if state.message:
-            lines.append(state.message)
-        if state.abort:
-            lines.append(f"Aborted: {state.abort}")
-        if self.last_verification is not None:
-            v = self.last_verification
-            checked = "" if v.claim is Verdict.COMPLETE else "; no COMPLETE claim was checked"
-            lines.append(f"Evidence (score {v.score:.2f}, threshold {v.threshold:.2f}{checked}):")
-            lines += [f"  - {e.describe()}" for e in v.evidence]
-        if self.last_summary is not None:
-            lines.append(self.last_summary.render())
-        lines.append(f"Log folder: {state.log_dir}")
-        return "\n".join(lines)
+        return final_report(state, self.last_verification, self.last_summary)
 
     async def _announce(
         self,
@@ -422,16 +411,17 @@ class AutoModeChannel(BaseChannel):
             _LOGGER.info(
                 "Work summary:\n%s", self.last_summary.render() if self.last_summary else ""
             )
-        head = out.text[:_PUBLISH_HEAD]
-        more = ""
-        size = out.size if out.size is not None else len(out.text)
-        if size > len(head):
-            more = f"\n… ({size} characters in all; see {self._log_dir}/transcript.md)"
-        failed = ""
-        if code != 0 and out.stderr_tail:
-            failed = f"\nIts error output ended with:\n{out.stderr_tail.strip()}"
         await self._safe_publish(
-            f"[turn {turn}/{state.max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}",
+            turn_text(
+                turn=turn,
+                max_turns=state.max_turns,
+                phase=phase,
+                code=code,
+                text=out.text,
+                size=out.size,
+                stderr_tail=out.stderr_tail,
+                log_dir=str(self._log_dir),
+            ),
             TextKind.TURN,
         )
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
@@ -488,6 +478,56 @@ class AutoModeChannel(BaseChannel):
             await call
         except Exception as exc:
             _LOGGER.exception("run sink failed: %s", exc, extra=self._extra)
+
+
+def final_report(
+    state: AutoModeState,
+    verification: Verification | None = None,
+    summary: WorkSummary | None = None,
+) -> str:
+    """A run's final report; the evidence and work summary when they were measured."""
+    lines = [
+        f"Auto run {state.run_id}: {state.status.value}"
+        + (f" (exit {state.exit_code})" if state.exit_code else ""),
+        f"Objective: {_one_line(state.objective, 200)}",
+        f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}",
+    ]
+    if state.message:
+        lines.append(state.message)
+    if state.abort:
+        lines.append(f"Aborted: {state.abort}")
+    if verification is not None:
+        v = verification
+        checked = "" if v.claim is Verdict.COMPLETE else "; no COMPLETE claim was checked"
+        lines.append(f"Evidence (score {v.score:.2f}, threshold {v.threshold:.2f}{checked}):")
+        lines += [f"  - {e.describe()}" for e in v.evidence]
+    if summary is not None:
+        lines.append(summary.render())
+    lines.append(f"Log folder: {state.log_dir}")
+    return "\n".join(lines)
+
+
+def turn_text(
+    *,
+    turn: int,
+    max_turns: int,
+    phase: Phase,
+    code: int,
+    text: str,
+    size: int | None,
+    stderr_tail: str | None,
+    log_dir: str,
+) -> str:
+    """What a sink is told of one finished turn: its head line, output head, error tail."""
+    head = text[:_PUBLISH_HEAD]
+    more = ""
+    size = size if size is not None else len(text)
+    if size > len(head):
+        more = f"\n… ({size} characters in all; see {log_dir}/transcript.md)"
+    failed = ""
+    if code != 0 and stderr_tail:
+        failed = f"\nIts error output ended with:\n{stderr_tail.strip()}"
+    return f"[turn {turn}/{max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}"
 
 
 _PHASE_LINES: Final[Mapping[Phase, str]] = {

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Final, TextIO
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.automode.run import process_exit_code
 from engine.automode.state import AutoModeState, AutoStatus
-from engine.errors import ConfigError, NotFoundError, TurnstileError
+from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.location import PostgresURL
-from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
+from engine.workers.follow import RunEnded, RunFollower, TurnEnded, Waiting, run_or_none
 from engine.workers.queue import (
     abort_jobs,
     agent_queue,
@@ -106,13 +107,6 @@ async def worker_status(
     return waiting_note(placement, [w for w in await store.workers() if w.alive(now, silent_after)])
 
 
-async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
-    try:
-        return await runs.get_run(run_id)
-    except NotFoundError:
-        return None
-
-
 async def follow_run(
     settings: Settings,
     run_id: str,
@@ -125,44 +119,46 @@ async def follow_run(
     Nothing times out: with no worker alive the run waits, and this says so.
     """
     async with open_database(settings) as db:
-        workers = WorkerStore(db)
-        runs = SqliteRunStore(db)
-        printed: set[tuple[int, int]] = set()
-        last_note: str | None = None
-        asked = False
-        while True:
-            if stop_requested is not None and stop_requested.is_set() and not asked:
-                asked = True
-                print("Stopping the run: the running turn is pre-empted…", file=out, flush=True)
-                await _stop(settings, db, run_id)
-            placement = await workers.placement(run_id)
-            if placement is None:
-                raise ConfigError(f"run {run_id} is not on the workers")
-            record = await _get_run(runs, run_id)
-            note = await worker_status(workers, placement, silent_after=settings.worker_timeout)
-            note = note or placement.note or None
-            if note and note != last_note:
-                print(f"… {note}", file=out, flush=True)
-            last_note = note
-            if record is not None:
-                for turn in await runs.turns(run_id):
-                    key = (turn.seq, turn.attempt)
-                    if turn.state is TurnState.STARTED or key in printed:
-                        continue
-                    printed.add(key)
-                    took = (turn.finished_at or turn.started_at) - turn.started_at
-                    code = "-" if turn.exit_code is None else str(turn.exit_code)
-                    print(
-                        f"turn {turn.seq}"
-                        + (f" (attempt {turn.attempt})" if turn.attempt > 1 else "")
-                        + f" {turn.phase or '-'}: {turn.state.value}, exit {code}, {took:.1f}s"
-                        + (f" · {turn.error}" if turn.error else ""),
-                        file=out,
-                        flush=True,
-                    )
-            if placement.ended and (record is None or record.status is not RunStatus.RUNNING):
-                return _final(run_id, record, placement, out)
-            await asyncio.sleep(_POLL)
+        follower = RunFollower(db, run_id, silent_after=settings.worker_timeout, poll=_POLL)
+        stopper = None
+        if stop_requested is not None:
+            stopper = asyncio.create_task(
+                _stop_once_asked(settings, db, run_id, stop_requested, out),
+                name=f"stop-when-asked-{run_id}",
+            )
+        try:
+            async for event in follower.events():
+                match event:
+                    case Waiting(note=note) if note:
+                        print(f"… {note}", file=out, flush=True)
+                    case TurnEnded(turn=turn):
+                        took = (turn.finished_at or turn.started_at) - turn.started_at
+                        code = "-" if turn.exit_code is None else str(turn.exit_code)
+                        print(
+                            f"turn {turn.seq}"
+                            + (f" (attempt {turn.attempt})" if turn.attempt > 1 else "")
+                            + f" {turn.phase or '-'}: {turn.state.value}, exit {code}, "
+                            f"{took:.1f}s" + (f" · {turn.error}" if turn.error else ""),
+                            file=out,
+                            flush=True,
+                        )
+                    case RunEnded(record=record, placement=placement):
+                        return _final(run_id, record, placement, out)
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stopper
+    raise ConfigError(f"run {run_id} is not on the workers")  # (the follower ends only so)
+
+
+async def _stop_once_asked(
+    settings: Settings, db: AnyDatabase, run_id: str, asked: asyncio.Event, out: TextIO
+) -> None:
+    await asked.wait()
+    print("Stopping the run: the running turn is pre-empted…", file=out, flush=True)
+    with contextlib.suppress(ConfigError):  # it ended meanwhile: the follower says how
+        await _stop(settings, db, run_id)
 
 
 def _final(run_id: str, record: RunRecord | None, placement: Placement, out: TextIO) -> int:
@@ -204,7 +200,7 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
     workers = WorkerStore(db)
     runs = SqliteRunStore(db)
     placement = await workers.placement(run_id)
-    record = await _get_run(runs, run_id)
+    record = await run_or_none(runs, run_id)
     if placement is None and record is None:
         raise ConfigError(f"no run {run_id!r}")
     if (record is not None and record.status is not RunStatus.RUNNING) or (
@@ -258,7 +254,7 @@ async def wait_stopped(settings: Settings, run_id: str, *, within: float) -> boo
         runs = SqliteRunStore(db)
         workers = WorkerStore(db)
         while True:
-            record = await _get_run(runs, run_id)
+            record = await run_or_none(runs, run_id)
             placement = await workers.placement(run_id)
             if record is not None and record.status is not RunStatus.RUNNING:
                 return True

@@ -1,0 +1,192 @@
+"""Follow a run on the workers from the store: its turns as they start and end, its end.
+
+The one follower of the control plane (``turnstile auto`` without ``--detach``, the bot's
+auto runs): nothing here reads a worker's disk. Each interval costs one indexed read (a
+fingerprint of the run's placement, row and turns); only when it changes are the rows
+themselves read. Whether the run waits for a worker depends on heartbeats, which age
+without any write, so that is looked at every few intervals as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from engine.automode.state import AutoModeState
+from engine.errors import ConfigError, NotFoundError
+from engine.store.backend import AnyDatabase
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord, TurnState
+from engine.workers.store import Placement, WorkerStore
+from engine.workers.views import waiting_note
+
+__all__ = [
+    "RunEnded",
+    "RunEvent",
+    "RunFollower",
+    "TurnEnded",
+    "TurnStarted",
+    "Waiting",
+    "run_or_none",
+]
+
+_POLL: Final = 0.25
+# Heartbeats age without a write: the waiting note is re-checked every this many polls.
+_NOTE_EVERY: Final = 4
+
+_FINGERPRINT: Final = (
+    "SELECT w.status, w.worker, w.note, w.moves, w.updated_at, r.status AS run_status,"
+    " r.updated_at AS run_updated,"
+    " (SELECT COUNT(*) FROM turns t WHERE t.run_id = w.run_id) AS turns,"
+    " (SELECT MAX(t.finished_at) FROM turns t WHERE t.run_id = w.run_id) AS turn_end"
+    " FROM worker_runs w LEFT JOIN runs r ON r.id = w.run_id WHERE w.run_id = ?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """A turn began on ``worker`` (``attempt`` > 1: a cut-off turn run again)."""
+
+    run_id: str
+    seq: int
+    attempt: int
+    phase: str | None
+    worker: str | None
+    started_at: float
+    state: AutoModeState
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """A turn ended: finished (with its output and exit code), failed or interrupted."""
+
+    run_id: str
+    turn: TurnRecord
+    worker: str | None
+    state: AutoModeState
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why the run waits for a worker now; ``note`` None: it no longer waits."""
+
+    run_id: str
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """The run ended; ``record`` None when it never started (a bad project, say)."""
+
+    run_id: str
+    record: RunRecord | None
+    placement: Placement
+
+    @property
+    def state(self) -> AutoModeState | None:
+        return AutoModeState.from_json(self.record.state) if self.record is not None else None
+
+
+RunEvent = TurnStarted | TurnEnded | Waiting | RunEnded
+
+
+@dataclass
+class RunFollower:
+    """The events of one run on the workers, in order, until it ends.
+
+    ``started``/``ended``: the turns (``(seq, attempt)``) already seen, for a follower
+    that resumes after a restart: their events are not given again.
+    """
+
+    db: AnyDatabase
+    run_id: str
+    silent_after: float
+    poll: float = _POLL
+    started: set[tuple[int, int]] = field(default_factory=set)
+    ended: set[tuple[int, int]] = field(default_factory=set)
+    reads: int = 0
+
+    async def _fingerprint(self) -> tuple[Any, ...] | None:
+        self.reads += 1
+        row = await self.db.fetchone(_FINGERPRINT, (self.run_id,))
+        return tuple(row) if row is not None else None
+
+    async def events(self) -> AsyncIterator[RunEvent]:
+        """Yield the run's events; the last one is :class:`RunEnded`.
+
+        Raises:
+            ConfigError: the run is not on the workers.
+        """
+        workers = WorkerStore(self.db)
+        runs = SqliteRunStore(self.db)
+        seen: tuple[Any, ...] | None = None
+        note: str | None = None
+        polls = 0
+        while True:
+            mark = await self._fingerprint()
+            if mark is None:
+                raise ConfigError(f"run {self.run_id} is not on the workers")
+            changed = mark != seen
+            seen = mark
+            if changed or polls % _NOTE_EVERY == 0:
+                placement = await workers.placement(self.run_id)
+                if placement is None:
+                    raise ConfigError(f"run {self.run_id} is not on the workers")
+                alive = [
+                    w for w in await workers.workers() if w.alive(time.time(), self.silent_after)
+                ]
+                now_note = waiting_note(placement, alive) or placement.note or None
+                if now_note != note:
+                    note = now_note
+                    yield Waiting(self.run_id, note)
+                if changed:
+                    record = await run_or_none(runs, self.run_id)
+                    if record is not None:
+                        for event in self._turn_events(
+                            await runs.turns(self.run_id), record, placement
+                        ):
+                            yield event
+                    if placement.ended and (
+                        record is None or record.status is not RunStatus.RUNNING
+                    ):
+                        yield RunEnded(self.run_id, record, placement)
+                        return
+            polls += 1
+            await asyncio.sleep(self.poll)
+
+    def _turn_events(
+        self, turns: Iterable[TurnRecord], record: RunRecord, placement: Placement
+    ) -> list[RunEvent]:
+        state = AutoModeState.from_json(record.state)
+        found: list[RunEvent] = []
+        for turn in turns:
+            key = (turn.seq, turn.attempt)
+            if key not in self.started and key not in self.ended:
+                self.started.add(key)
+                found.append(
+                    TurnStarted(
+                        self.run_id,
+                        turn.seq,
+                        turn.attempt,
+                        turn.phase,
+                        placement.worker or placement.last_worker,
+                        turn.started_at,
+                        state,
+                    )
+                )
+            if turn.state is not TurnState.STARTED and key not in self.ended:
+                self.ended.add(key)
+                found.append(
+                    TurnEnded(self.run_id, turn, placement.last_worker or placement.worker, state)
+                )
+        return found
+
+
+async def run_or_none(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
+    """The run's row, or None before its first turn recorded it."""
+    try:
+        return await runs.get_run(run_id)
+    except NotFoundError:
+        return None

@@ -1,0 +1,213 @@
+"""The chat's view of an auto run on the workers: real PostgreSQL, real ``turnstile worker``
+processes, the real bot against the fake Bot API.
+
+The bot follows the run from the store: each turn gets a progress message naming its worker
+(with ⏹ while it runs), the run's live status message and its final report are the ones a run
+of the bot's own process shows, and a bot that restarts mid-run takes the following up again
+without posting anything twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app import BotRuntime
+from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, PLAN, evaluation, write_script
+from tests.fakes.bot_api import FakeBotApi, SentMessage
+from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+from tests.workers_support import HEARTBEAT, TIMEOUT, Cluster, wait_for
+from tests.workers_support import cluster as cluster  # the fixture
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
+
+
+def _script(cluster: Cluster, *, wait_file: Path | None = None) -> None:
+    execute: dict[str, Any] = {
+        "text": "committed",
+        "files": {"result.txt": "done\n"},
+        "run": [
+            ["git", "add", "result.txt"],
+            ["git", "commit", "-q", "-m", "add result.txt"],
+        ],
+    }
+    if wait_file is not None:
+        execute.update(grandchild=True, wait_file=str(wait_file))
+    write_script(
+        cluster.tmp / "fake",
+        rules=[
+            {"match": CLARIFY, "text": "Goal: result.txt exists and is committed."},
+            {"match": PLAN, "text": "1. write result.txt\n2. commit it"},
+            {"match": EXECUTE, **execute},
+            {"match": EVALUATE, **evaluation("COMPLETE")},
+        ],
+    )
+
+
+def _texts(message: SentMessage) -> list[str]:
+    return [*message.history, message.text]
+
+
+@asynccontextmanager
+async def _bot(cluster: Cluster, api: FakeBotApi) -> AsyncIterator[BotRuntime]:
+    root = cluster.tmp / "bot"
+    root.mkdir(exist_ok=True)
+    settings = bot_settings(
+        api,
+        root,
+        database=cluster.url,
+        execution="workers",
+        projects=cluster.env["TURNSTILE_PROJECTS"],
+        worker_heartbeat=float(HEARTBEAT),
+        worker_timeout=float(TIMEOUT),
+    )
+    async with running_bot(api, settings) as runtime:
+        yield runtime
+
+
+def _start(cluster: Cluster) -> None:
+    # The chat's project is "default": the bot and the worker know it by that name.
+    cluster.env["TURNSTILE_PROJECTS"] = f"default={cluster.remote}#main"
+    cluster.start_worker("w1")
+
+
+async def _auto(api: FakeBotApi) -> tuple[str, SentMessage, int]:
+    asked = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
+    status = await api.wait_for_message(lambda m: "is queued on the workers" in _texts(m)[0])
+    found = re.search(r"Auto run (\S+) is queued", _texts(status)[0])
+    assert found is not None
+    return found.group(1), status, api.pushed(asked)["message"]["message_id"]
+
+
+def _progress(api: FakeBotApi, phase: str) -> list[SentMessage]:
+    """The progress messages of the run's turns of ``phase`` ("Execute")."""
+    return [
+        m
+        for m in api.sent
+        if _texts(m)[0].startswith("⏳ working")
+        and any(f"{phase} on worker" in t for t in _texts(m))
+    ]
+
+
+async def test_an_auto_run_on_a_worker_shows_its_turns_and_summary(cluster: Cluster) -> None:
+    _script(cluster)
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api, _bot(cluster, api):
+        run_id, status, asked = await _auto(api)
+        report = await api.wait_for_message(
+            lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
+        )
+        turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+        # Every turn had its progress message, naming the worker, with ⏹ while it ran,
+        # and finalized in place with the turn's outcome (no button left).
+        for phase in ("Clarify", "Plan", "Execute", "Evaluate"):
+            shown = _progress(api, phase)
+            assert len(shown) == 1, (phase, [_texts(m) for m in api.sent])
+            await api.wait_until(lambda m=shown[0], p=phase: m.text.startswith(f"✅ {p} done"))
+            assert "on worker w1" in shown[0].text
+            assert not shown[0].buttons
+        # The run's one live status message, under the /auto, ended as a local run's does.
+        assert status.reply_to == asked
+        await api.wait_until(lambda: "✅ finished" in status.text)
+        assert "Last turn:" in status.text
+        assert any("on worker w1" in t for t in _texts(status))
+        # The final report and the turns document are the local run's (same renderers).
+        assert "last phase: Evaluate" in report.text
+        assert "Objective: make result.txt" in report.text
+        assert turns.document is not None
+        assert b"[turn 1/" in turns.document
+        assert b"Clarify, exit 0]" in turns.document
+        assert b"Evaluate, exit 0]" in turns.document
+        # The live message, four turns, the report and the document: nothing else.
+        assert len(api.sent) == 7, [_texts(m)[-1][:50] for m in api.sent]
+
+
+async def test_stop_on_the_progress_message_stops_the_turn_on_its_worker(
+    cluster: Cluster,
+) -> None:
+    _script(cluster, wait_file=cluster.tmp / "never")
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api, _bot(cluster, api):
+        run_id, status, _ = await _auto(api)
+        execute = await api.wait_for_message(
+            lambda m: m.buttons and "Execute on worker w1" in m.text, timeout=60
+        )
+        assert execute.buttons[0]["callback_data"] == f"sw:{run_id}"
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=execute.buttons[0]["callback_data"],
+            message_id=execute.message_id,
+        )
+        await asyncio.to_thread(
+            wait_for, "the run to stop", lambda: cluster.status(run_id) == "stopped", within=30
+        )
+        # The chat is told once the run has stopped, not only that a stop was asked.
+        report = await api.wait_for_message(
+            lambda m: m.text.startswith(f"Auto run {run_id}: stopped"), timeout=30
+        )
+        assert "Stopped by a person" in report.text
+        await api.wait_until(lambda: execute.text.startswith("⏹ Execute stopped by"))
+        assert "on worker w1" in execute.text
+        assert not execute.buttons
+        await api.wait_until(lambda: "⏹ stopped" in status.text)
+        rows = cluster.query(
+            "SELECT state FROM turns WHERE run_id = %s AND phase = 'execute'", run_id
+        )
+        assert rows == [("interrupted",)]
+
+
+async def test_a_bot_restart_mid_run_resumes_following_without_duplicates(
+    cluster: Cluster,
+) -> None:
+    gate = cluster.tmp / "gate"
+    _script(cluster, wait_file=gate)
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api:
+        async with _bot(cluster, api):
+            run_id, status, _ = await _auto(api)
+            await api.wait_for_message(lambda m: "Execute on worker w1" in m.text, timeout=60)
+            await api.wait_until(lambda: "Last turn:" in status.text)
+        # The bot is gone; the turn goes on on its worker and ends meanwhile.
+        gate.write_text("")
+        await asyncio.to_thread(
+            wait_for,
+            "the execute turn to end",
+            lambda: cluster.query(
+                "SELECT 1 FROM turns WHERE run_id = %s AND phase = 'execute' AND state <> %s",
+                run_id,
+                "started",
+            ),
+            within=30,
+        )
+        async with _bot(cluster, api):
+            report = await api.wait_for_message(
+                lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
+            )
+            await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+            for phase in ("Clarify", "Plan", "Execute", "Evaluate"):
+                shown = _progress(api, phase)
+                assert len(shown) == 1, (phase, [_texts(m) for m in api.sent])
+                await api.wait_until(lambda m=shown[0], p=phase: m.text.startswith(f"✅ {p} done"))
+            await api.wait_until(lambda: "✅ finished" in status.text)
+            # The turns document holds every turn once, those before the restart too.
+            document = next(m for m in api.sent if m.filename == f"turns-{run_id}.md")
+            assert document.document is not None
+            assert document.document.count(b"Clarify, exit 0]") == 1
+            assert document.document.count(b"Evaluate, exit 0]") == 1
+        async with _bot(cluster, api) as runtime:
+            # A third start (its recovery done) finds the run ended and said: nothing more.
+            assert await runtime.store.pending_outbox() == 0
+        reports = [m for m in api.sent if m.text.startswith(f"Auto run {run_id}:")]
+        assert reports == [report]
+        statuses = [
+            m for m in api.sent if m.filename is None and f"Auto run {run_id}" in _texts(m)[0]
+        ]
+        assert statuses == [status, report], [_texts(m) for m in statuses]
+        assert len(api.sent) == 7, [_texts(m)[-1][:50] for m in api.sent]
