@@ -382,6 +382,9 @@ class ChatFeature(Feature):
             f"💬 chat session · {binding.agent}{model}{warm} · {binding.project} · "
             f"{binding.turns} turn(s) · {state} · queue {queued}"
         ]
+        if not binding.workdir:
+            # On the workers: the worktree and the agent's session are on a worker's disk.
+            return lines
         session_id = run.agent.session_id if run is not None else binding.session_id
         resume = self._resume_command(binding, session_id)
         if resume is not None:
