@@ -5,6 +5,10 @@ Each bound chat with work to do has one :class:`ChatRun`: a task running
 whose queue lives in the database. ``next_prompt`` takes the oldest queued message and
 records its turn as started in the same transaction; ``publish_output`` commits the
 output, its outbox messages and the prompt's completion in one transaction.
+
+Long: with ``TURNSTILE_EXECUTION=workers`` the same run, channel and stop paths drive a
+session on the workers (:class:`engine.workers.chat.WorkerChatSession`) instead of an agent
+process here; only where the session comes from differs, so both stay in this module.
 """
 
 from __future__ import annotations
@@ -128,8 +132,9 @@ class ChatChannel(BaseChannel):
             run_id=run.run_id,
             reply_to=progress.reply_to if progress is not None else None,
         )
-        if run.output_files is not None:
-            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer.
+        if run.output_files is not None and b.workdir:
+            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer (not yet
+            # from a worker's disk: a chat on the workers has no folder here).
             items += await run.output_files(b, out, run.run_id)
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id

@@ -101,7 +101,8 @@ class ChatFeature(Feature):
         installed = self._installed()
         if agent not in AGENT_NAMES:
             return f"There is no agent {agent!r}. {self._choices()}"
-        if agent not in installed:
+        # On the workers, a worker with the agent's CLI takes the turns.
+        if agent not in installed and self.ctx.settings.execution != "workers":
             hint = agent_spec(agent).install_hint()
             return (
                 f"{agent} is not installed on the bot's machine ({hint}). Agents installed "

@@ -27,7 +27,8 @@ from procrastinate.job_context import AbortReason, JobContext
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
-from engine.workers.chat import CHAT_MODE, ChatTurnStore
+from engine.workers.chat import CHAT_MODE
+from engine.workers.chatturns import ChatTurnStore
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
