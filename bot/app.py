@@ -319,6 +319,7 @@ class BotRuntime:
                 agent_factory=self._agent_factory,
                 supervisor=self.supervisor,
                 workspaces=SqliteWorkspaceStore(self.db),
+                db=self.db,
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
             # One per process: in-process approvals wake a parked drive at once.

@@ -5,6 +5,10 @@ Each bound chat with work to do has one :class:`ChatRun`: a task running
 whose queue lives in the database. ``next_prompt`` takes the oldest queued message and
 records its turn as started in the same transaction; ``publish_output`` commits the
 output, its outbox messages and the prompt's completion in one transaction.
+
+Long: with ``TURNSTILE_EXECUTION=workers`` the same run, channel and stop paths drive a
+session on the workers (:class:`engine.workers.chat.WorkerChatSession`) instead of an agent
+process here; only where the session comes from differs, so both stay in this module.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from bot.progress import TurnProgress
 from bot.publish import Publisher, format_elapsed
@@ -29,14 +33,18 @@ from engine.agents.warm import close_agent
 from engine.approvals import ApprovalRoute
 from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
 from engine.logs import log_context
-from engine.process import TurnProcess
+from engine.process import PreemptHandle, TurnProcess
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
+from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
 from engine.workspace import WorkspaceError, WorkspaceManager, WorkspaceStore
 
-__all__ = ["AgentFactory", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
+if TYPE_CHECKING:
+    from engine.workers.chat import WorkerChatSession
+
+__all__ = ["AgentFactory", "ChatAgent", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -45,6 +53,20 @@ AgentFactory = Callable[..., ProcessAgent]
 OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
 _STATUS_DEBOUNCE: Final = 0.05
+
+
+class ChatAgent(Protocol):
+    """What a chat run drives: an agent process here (:class:`ProcessAgent`), or, with
+    ``TURNSTILE_EXECUTION=workers``, a session on the workers (nothing runs here: its
+    ``preempt`` is never active, and cancelling its turn stops the turn on its worker)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def preempt(self) -> PreemptHandle: ...
+
+    async def run_turn(self, prompt: str) -> TurnOutput: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +132,9 @@ class ChatChannel(BaseChannel):
             run_id=run.run_id,
             reply_to=progress.reply_to if progress is not None else None,
         )
-        if run.output_files is not None:
-            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer.
+        if run.output_files is not None and b.workdir:
+            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer (not yet
+            # from a worker's disk: a chat on the workers has no folder here).
             items += await run.output_files(b, out, run.run_id)
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
@@ -140,7 +163,7 @@ class ChatRun:
 
     binding: Binding
     run_id: str
-    agent: ProcessAgent
+    agent: ChatAgent
     store: BotStore
     runs: SqliteRunStore
     publisher: Publisher
@@ -230,6 +253,7 @@ class ChatSessions:
         supervisor: RunSupervisor,
         workspaces: WorkspaceStore,
         status_tick: float = 1.0,
+        db: AnyDatabase | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -239,6 +263,8 @@ class ChatSessions:
         self.agent_factory = agent_factory
         self.supervisor = supervisor
         self.status_tick = status_tick
+        # The database a chat's turns on the workers go through (TURNSTILE_EXECUTION).
+        self.db = db
         self.active: dict[tuple[int, int], ChatRun] = {}
         self.output_files: OutputFiles | None = None
         # Where a new run's tool calls ask a person (set by bot.tool_approvals).
@@ -271,6 +297,21 @@ class ChatSessions:
                 f"cannot make the folder of {project} a git repository: {exc}"
             ) from exc
 
+    @property
+    def on_workers(self) -> bool:
+        """Whether chat turns run on ``turnstile worker`` processes (TURNSTILE_EXECUTION)."""
+        return self.settings.execution == "workers"
+
+    def _check_worker_project(self, project: str, branch: str | None) -> None:
+        manager = WorkspaceManager.from_settings(self.settings)
+        if project not in {p.name for p in manager.projects}:
+            raise ConfigError(
+                f"on the workers a chat needs a configured project (TURNSTILE_PROJECTS); "
+                f"{project} is not one"
+            )
+        if branch is not None:
+            raise ConfigError("on the workers a chat starts from the project's default branch")
+
     async def bind(
         self,
         chat_id: int,
@@ -294,7 +335,12 @@ class ChatSessions:
                 f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
             )
         session_id = str(uuid.uuid4())
-        workdir = await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch)
+        if self.on_workers:
+            # Checked out on the worker that takes the session's first turn.
+            workdir = Path()
+            self._check_worker_project(project, branch)
+        else:
+            workdir = await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch)
         if old is not None:
             old.channel.close()
             if old.task is not None:
@@ -304,7 +350,7 @@ class ChatSessions:
             thread_id,
             agent=agent,
             project=project,
-            workdir=str(workdir),
+            workdir="" if self.on_workers else str(workdir),
             session_id=session_id,
             user_id=user_id,
             model=model,
@@ -400,21 +446,25 @@ class ChatSessions:
         settings = self.settings
         if binding.model is not None:
             settings = settings.model_copy(update={"agent_model": binding.model})
-        agent = self.agent_factory(
-            binding.agent,
-            settings,
-            cwd=Path(binding.workdir),
-            session_id=binding.session_id,
-            resume=binding.turns > 0,
-            turns_finished=binding.turns > 0,
-            **extra,
-        )
+        agent: ChatAgent
+        if self.on_workers:
+            agent = self._worker_session(run_id, binding)
+        else:
+            agent = self.agent_factory(
+                binding.agent,
+                settings,
+                cwd=Path(binding.workdir),
+                session_id=binding.session_id,
+                resume=binding.turns > 0,
+                turns_finished=binding.turns > 0,
+                **extra,
+            )
         await self.supervisor.open_run(
             RunMode.CHAT,
             run_id=run_id,
             agent=binding.agent,
             session_id=binding.session_id,
-            workdir=binding.workdir,
+            workdir=binding.workdir or None,
             chat=ChatPlace(binding.chat_id, binding.thread_id or None),
         )
         await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
@@ -437,6 +487,32 @@ class ChatSessions:
             run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
         _LOGGER.info("chat run started", extra={"run_id": run_id, "chat_id": binding.chat_id})
         return run
+
+    def _workers_db(self) -> AnyDatabase:
+        if self.db is None:
+            raise ConfigError("chat sessions on the workers need the bot's database")
+        return self.db
+
+    def _worker_session(self, run_id: str, binding: Binding) -> WorkerChatSession:
+        """The chat run's session on the workers: its turns are jobs (engine.workers.chat)."""
+        from engine.workers.chat import WorkerChatSession
+
+        async def notify(text: str) -> None:
+            await self.publisher.say(
+                binding.chat_id, text, thread_id=binding.thread_id or None, run_id=run_id
+            )
+
+        return WorkerChatSession(
+            self.settings,
+            self._workers_db(),
+            run_id=run_id,
+            tool=binding.agent,
+            project=binding.project,
+            session_id=binding.session_id,
+            resumes=binding.turns > 0,
+            model=binding.model,
+            notify=notify,
+        )
 
     async def _drive(self, run: ChatRun) -> None:
         status = RunStatus.COMPLETED
@@ -471,6 +547,10 @@ class ChatSessions:
             # A warm session's resident process ends with its run.
             with contextlib.suppress(Exception):
                 await close_agent(run.agent)
+            closing = getattr(run.agent, "close", None)
+            if self.on_workers and closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing(stopped=status is RunStatus.STOPPED)
             with contextlib.suppress(Exception):
                 await self.runs.update_run(run.run_id, status=status, finished_at=time.time())
                 await self.store.set_binding_run(run.binding.chat_id, run.binding.thread_id, None)

@@ -101,7 +101,8 @@ class ChatFeature(Feature):
         installed = self._installed()
         if agent not in AGENT_NAMES:
             return f"There is no agent {agent!r}. {self._choices()}"
-        if agent not in installed:
+        # On the workers, a worker with the agent's CLI takes the turns.
+        if agent not in installed and self.ctx.settings.execution != "workers":
             hint = agent_spec(agent).install_hint()
             return (
                 f"{agent} is not installed on the bot's machine ({hint}). Agents installed "
@@ -382,6 +383,9 @@ class ChatFeature(Feature):
             f"💬 chat session · {binding.agent}{model}{warm} · {binding.project} · "
             f"{binding.turns} turn(s) · {state} · queue {queued}"
         ]
+        if not binding.workdir:
+            # On the workers: the worktree and the agent's session are on a worker's disk.
+            return lines
         session_id = run.agent.session_id if run is not None else binding.session_id
         resume = self._resume_command(binding, session_id)
         if resume is not None:

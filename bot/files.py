@@ -174,8 +174,8 @@ class FileDesk(Feature):
             if active_chat is not None
             else await self.ctx.store.binding(chat_id, thread)
         )
-        if binding is None:
-            return None
+        if binding is None or not binding.workdir:
+            return None  # (a chat on the workers has no folder on this machine)
         return _Target(Path(binding.workdir), chat=binding)
 
     async def _not_bound(self, update: Update, message: Message, bot_id: int) -> None:

@@ -11,6 +11,7 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │   ├── TurnExecError          failed to spawn (missing binary, not executable)
 │   ├── TurnIOError            failed to capture or parse what the agent produced
 │   ├── TurnPreempted          a person stopped the turn
+│   ├── TurnCutOff             the worker running the turn stopped answering (not re-run)
 │   └── InvalidPromptError     refused before anything was spawned
 ├── ChannelError               a channel could not feed or publish
 │   ├── ChannelRecvError
@@ -63,6 +64,7 @@ __all__ = [
     "StoreReadOnlyError",
     "StoreUnreachableError",
     "TranscriptionError",
+    "TurnCutOff",
     "TurnError",
     "TurnExecError",
     "TurnIOError",
@@ -112,6 +114,18 @@ class TurnPreempted(TurnError):
     def __init__(self, message: str = "turn pre-empted", *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.session_id = session_id
+
+
+class TurnCutOff(TurnError):
+    """The worker running the turn stopped answering; the turn is reported, not re-run.
+
+    Attributes:
+        worker: the worker's name.
+    """
+
+    def __init__(self, message: str, *, worker: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
 
 
 class InvalidPromptError(TurnError):

@@ -76,6 +76,7 @@ class QueuedRun:
     verify_cmd: str | None = None
     chat_id: int | None = None
     thread_id: int | None = None
+    mode: str = "auto"
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -105,6 +106,7 @@ class QueuedRun:
                 "verify_cmd": self.verify_cmd,
                 "chat_id": self.chat_id,
                 "thread_id": self.thread_id,
+                "mode": self.mode,
             }
         )
 
@@ -122,6 +124,7 @@ class QueuedRun:
             verify_cmd=raw.get("verify_cmd"),
             chat_id=raw.get("chat_id"),
             thread_id=raw.get("thread_id"),
+            mode=str(raw.get("mode") or "auto"),
         )
 
 

@@ -37,6 +37,7 @@ from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.store.runs import SqliteRunStore
 from engine.turn import Ready, TurnOutput
+from engine.workers.chat import CHAT_MODE, run_chat_turn
 from engine.workers.queue import SHARED_QUEUE, agent_queue, defer_turn, nudge, worker_queue
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
@@ -207,6 +208,18 @@ class TurnRunner:
             try:
                 if stop_asked:
                     stop.set()
+                if before.spec.mode == CHAT_MODE:
+                    # A chat turn: the bot queues each one, so none is queued from here.
+                    await run_chat_turn(
+                        worker=self.name,
+                        settings=self.settings,
+                        db=self.db,
+                        manager=self._manager(),
+                        spec=before.spec,
+                        stop=stop,
+                        env=self.env,
+                    )
+                    return False
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )

@@ -28,6 +28,8 @@ from engine.agents.factory import new_warm_pool
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
+from engine.workers.chat import CHAT_MODE
+from engine.workers.chatturns import ChatTurnStore
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
@@ -86,6 +88,9 @@ async def sweep(db: PostgresDatabase, app: procrastinate.App, *, silent_after: f
         for placement in await store.runs_of(worker.name):
             if not await store.release(placement.run_id, worker.name):
                 continue  # another sweeper was first
+            if placement.spec.mode == CHAT_MODE:
+                # A cut-off chat turn is reported in the chat, not re-run.
+                await ChatTurnStore(db).interrupt(placement.run_id, worker.name)
             how = await move_to_shared(app, placement.run_id, placement.spec.tool)
             await store.set_placement(
                 placement.run_id,
