@@ -27,6 +27,7 @@ from procrastinate.job_context import AbortReason, JobContext
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
+from engine.workers.autopilot import wake_parked
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
@@ -258,6 +259,7 @@ class Worker:
             await store.revive(self.name)
         if runner.held:
             await runner.prune(p.run_id for p in await store.runs_of(self.name))
+        await wake_parked(runner)
         if not self._stopping.is_set():
             await sweep(db, app, silent_after=self.settings.worker_timeout)
 
