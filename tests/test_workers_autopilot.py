@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -86,6 +87,10 @@ AGENT = textwrap.dedent(
     with open(conf["started"], "a") as fh:
         fh.write(json.dumps(entry) + "\\n")
     time.sleep(float(conf.get("sleep", {}).get(phase, 0)))
+    once = conf.get("stall_once", {}).get(phase)
+    if once and not os.path.exists(once):
+        Path(once).write_text("")
+        time.sleep(60)
     if phase == "decomposition":
         content = conf["decomposition"]
     else:
@@ -238,8 +243,14 @@ def test_a_drive_parks_at_its_gate_and_an_approval_from_another_process_moves_it
         text=True,
     )
     try:
+        assert follower.stdout is not None
+        seen = ""
+        while not seen.startswith("t1:"):  # following, before the approval
+            seen = follower.stdout.readline()
+            assert seen, "the follower ended early"
         approve(cluster, "t1")
         out, err = follower.communicate(timeout=60)
+        out = seen + out
     finally:
         if follower.poll() is None:
             follower.kill()
@@ -335,3 +346,27 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_dead_workers_drive_goes_on_on_another_worker(cluster: Cluster) -> None:
+    agent_cmd = setup_pilot(cluster, stall_once={"research": str(cluster.tmp / "stalled")})
+    first = cluster.start_worker("w1", concurrency=1)
+    run_id = start_drive(cluster, agent_cmd)
+    started = wait_for("the research turn on w1", lambda: entries(cluster, "started.log"))
+    assert started[0]["worker"] == "w1"
+    cluster.start_worker("w2", concurrency=1)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+
+    wait_for("the drive parked on w2", lambda: parked_at(cluster, run_id, "t1", "research"))
+    assert placement(cluster, run_id)[1] == "w2"
+    log = entries(cluster)
+    assert [(e["phase"], e["worker"]) for e in log] == [("research", "w2")]
+    assert log[0]["session"] != started[0]["session"]  # a new session, told why
+    assert log[0]["cwd"].startswith(str(cluster.tmp / "w2"))
+    turns = cluster.query(
+        "SELECT seq, attempt, state FROM turns WHERE run_id = %s ORDER BY id", run_id
+    )
+    assert turns == [(1, 1, "interrupted"), (1, 2, "finished")]
+    wait_for("the cut-off agent gone", lambda: not _alive(started[0]["pid"]), within=10)
+    assert ".turnstile/tasks/t1/research.md" in branch_files(cluster, run_id)

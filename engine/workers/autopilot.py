@@ -41,6 +41,7 @@ from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.errors import ConfigError, NotFoundError
 from engine.gates.autopilot import Autopilot, DriveOutcome
 from engine.gates.records import TaskRecord
+from engine.gates.state_file import STATE_FILE
 from engine.gates.store import SqlGateStore
 from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
@@ -48,8 +49,8 @@ from engine.git import GitRunner
 from engine.runs import RunMode, new_run_id
 from engine.sink import LogSink
 from engine.store.backend import open_database
-from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
-from engine.turn import AgentSession
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
+from engine.turn import AgentSession, TurnOutput
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
@@ -127,6 +128,7 @@ class _StepPilot(Autopilot):
         workdir: Path,
         remote: str,
         env: Mapping[str, str],
+        primer: str | None = None,
     ) -> None:
         spec = placement.spec
         super().__init__(
@@ -147,9 +149,10 @@ class _StepPilot(Autopilot):
         self.env = env
         self.stepped = False
         self.waiting_for: list[str] = []
+        self.primer = primer
 
     def _make_agent(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
-        return create_agent(
+        agent = create_agent(
             self.tool,
             self.settings,
             cwd=task.workdir,
@@ -158,6 +161,9 @@ class _StepPilot(Autopilot):
             resume=resume,
             extra_env=self.env,
         )
+        if self.primer is None:
+            return agent
+        return _Primed(agent, self.primer)
 
     def run_id(self, name: str) -> str:
         return self.placement.run_id if name == self.placement.spec.task else super().run_id(name)
@@ -320,6 +326,46 @@ class _StepPilot(Autopilot):
         return problems
 
 
+class _Primed:
+    """The first prompt of a new session starts with where the drive stands, in plain
+    words (the earlier conversation was on a lost worker's disk)."""
+
+    def __init__(self, agent: AgentSession, primer: str) -> None:
+        self.agent = agent
+        self._primer: str | None = primer
+
+    @property
+    def session_id(self) -> str:
+        return self.agent.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        primer, self._primer = self._primer, None
+        return await self.agent.run_turn(primer + prompt if primer else prompt)
+
+
+def moved_primer(task: TaskRecord, run_id: str, worker: str) -> str:
+    """What the agent is told first in the new session of a drive that changed machines."""
+    return (
+        "Note before this turn: this drive moved to another machine (worker "
+        f"{worker}) because the one it ran on stopped answering. Your earlier conversation "
+        "was kept on that machine and is gone, so this is a new session. The working tree "
+        f"is the branch {run_branch_of(run_id)} as it was pushed after the last finished "
+        "step; anything not committed by then is not in it, and the task's earlier "
+        f"artifacts are in {task.folder}. Task {task.name} is at {task.label}"
+        + (f"; its summary: {task.summary}" if task.summary else "")
+        + ".\n\n---\n\n"
+    )
+
+
+async def _interrupt_cut_off(runs: SqliteRunStore, run_id: str) -> None:
+    """The turns a lost worker was running are on record as interrupted."""
+    for turn in await runs.turns(run_id):
+        if turn.state is TurnState.STARTED:
+            await runs.fail_turn(
+                turn.id, TurnState.INTERRUPTED, "the worker running it stopped answering"
+            )
+
+
 def run_branch_of(run_id: str) -> str:
     from engine.workers.turn import run_branch
 
@@ -367,12 +413,17 @@ async def _locate(store: TaskStore, spec: QueuedRun, worktree: Path) -> TaskReco
         if task.folder.is_relative_to(task.workdir)
         else worktree / TASKS_DIR / task.name
     )
-    if (folder, worktree) != (task.folder, task.workdir):
+    moved = (folder, worktree) != (task.folder, task.workdir)
+    if moved:
         gate_store = store.gate_store
         assert isinstance(gate_store, SqlGateStore)
         await gate_store.set_location(task.name, folder, worktree)
         folder.mkdir(parents=True, exist_ok=True)
-    return await store.get(spec.task)
+    task = await store.get(spec.task)
+    if moved or not (folder / STATE_FILE).exists():
+        # The mirror as the store has it (the branch may predate the last transition).
+        await store.folders.write_mirror(task, await store.gate_approvals(task))
+    return task
 
 
 async def _fetch_reset(git: GitRunner, cwd: Path, remote: str, branch: str) -> bool:
@@ -451,7 +502,9 @@ async def run_step(
             await _fetch_reset(git, worktree, remote, run_branch_of(run_id))
             # The agent's conversation was on the lost worker's disk: a new session.
             await gates.store.save_session(spec.task, spec.tool, str(uuid.uuid4()), False)
+            await _interrupt_cut_off(runs, run_id)
         task = await _locate(gates.store, spec, worktree)
+        primer = moved_primer(task, run_id, runner.name) if moved else None
         pilot = _StepPilot(
             gates.store,
             settings,
@@ -461,6 +514,7 @@ async def run_step(
             workdir=worktree,
             remote=remote,
             env=runner.env,
+            primer=primer,
         )
         outcome, stopped = await _drive_one(pilot, spec.task, run_id, workers, stop, first)
         task = await gates.store.get(spec.task)
