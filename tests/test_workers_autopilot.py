@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.workers_support import cluster as cluster
 pytestmark = pytest.mark.timeout(120)
 
 APPROVER = "42"
+BOT_APPROVER = 22  # tests.fakes.bot_harness.APPROVER
 
 # A short workflow: two approval gates, then one automatic phase (where sub-tasks start).
 WORKFLOW = textwrap.dedent(
@@ -132,7 +134,7 @@ def setup_pilot(cluster: Cluster, **conf: Any) -> str:
     cluster.env.update(
         {
             "TURNSTILE_WORKFLOW_FILE": str(tmp / "workflow.toml"),
-            "TURNSTILE_APPROVERS": APPROVER,
+            "TURNSTILE_APPROVERS": f"{APPROVER},{BOT_APPROVER}",
             "TURNSTILE_TASKS_ROOT": str(tmp / "tasks"),
             "PILOT_AGENT_CONF": str(tmp / "agent.json"),
         }
@@ -370,3 +372,65 @@ def test_a_dead_workers_drive_goes_on_on_another_worker(cluster: Cluster) -> Non
     assert turns == [(1, 1, "interrupted"), (1, 2, "finished")]
     wait_for("the cut-off agent gone", lambda: not _alive(started[0]["pid"]), within=10)
     assert ".turnstile/tasks/t1/research.md" in branch_files(cluster, run_id)
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_autopilot_from_the_bot_runs_on_a_worker_and_its_gates_come_to_the_chat(
+    cluster: Cluster,
+) -> None:
+    import asyncio
+
+    from tests.fakes.bot_api import FakeBotApi
+    from tests.fakes.bot_harness import APPROVER as BOT_APPROVER_ID
+    from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+
+    assert BOT_APPROVER_ID == BOT_APPROVER
+    agent_cmd = setup_pilot(cluster)
+    # The chat's project is "default": the bot and the worker know it by that name.
+    projects = f"default={cluster.remote}#main"
+    cluster.env["TURNSTILE_PROJECTS"] = projects
+    await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
+    bot_root = cluster.tmp / "bot"
+    bot_root.mkdir()
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            bot_root,
+            database=cluster.url,
+            execution="workers",
+            projects=projects,
+            agent_command=agent_cmd,
+            workflow_file=cluster.tmp / "workflow.toml",
+            worker_heartbeat=0.3,
+            worker_timeout=2.0,
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
+            found = re.search(r"\(run (\S+)\)", queued.text)
+            assert found is not None
+            run_id = found.group(1)
+
+            def gate_of(phase: str) -> Any:
+                return lambda m: (
+                    m.text.startswith("🛂 Gate: task T1") and f"phase {phase}" in m.text
+                )
+
+            gate = await api.wait_for_message(gate_of("research"), timeout=60)
+            assert placement(cluster, run_id)[:2] == ("parked", "w1")
+            approve = next(
+                b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve")
+            )
+            api.push_callback(
+                chat_id=CHAT, user_id=BOT_APPROVER, data=approve, message_id=gate.message_id
+            )
+            # Approved in the chat: the drive goes on on the worker, to its next gate.
+            await api.wait_for_message(gate_of("decomposition"), timeout=60)
+            assert [(e["phase"], e["worker"]) for e in entries(cluster)] == [
+                ("research", "w1"),
+                ("decomposition", "w1"),
+            ]
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+            await asyncio.to_thread(
+                wait_for, "the drive stopped", lambda: placement(cluster, run_id)[0] == "stopped"
+            )

@@ -33,12 +33,14 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
+from engine import safefile
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
-from engine.errors import ConfigError, NotFoundError
+from engine.errors import ConfigError, NotFoundError, UnsafeFileError
 from engine.gates.autopilot import Autopilot, DriveOutcome
 from engine.gates.records import TaskRecord
 from engine.gates.state_file import STATE_FILE
@@ -47,8 +49,8 @@ from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.git import GitRunner
 from engine.runs import RunMode, new_run_id
-from engine.sink import LogSink
-from engine.store.backend import open_database
+from engine.sink import GateRequest, LogSink
+from engine.store.backend import AnyDatabase, open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
@@ -66,9 +68,12 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTOPILOT",
     "TASKS_DIR",
+    "QueuedDrive",
     "drive_on_workers",
     "follow_drive",
+    "gate_requests",
     "new_drive_spec",
+    "queue_drive",
     "run_step",
     "wake_parked",
 ]
@@ -711,9 +716,37 @@ def _exit_code(placement: Placement, task: TaskRecord | None) -> int:
     return EXIT_HUMAN
 
 
-async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
-    """``turnstile autopilot`` with ``TURNSTILE_EXECUTION=workers``: put the drive on the
-    workers (or find the one there), then follow it unless ``--detach``."""
+@dataclass(frozen=True, slots=True)
+class QueuedDrive:
+    """What :func:`queue_drive` did: the drive on the workers, and whether it is new."""
+
+    spec: QueuedRun
+    new: bool
+
+
+async def queue_drive(
+    settings: Settings,
+    db: AnyDatabase,
+    task_name: str,
+    *,
+    init: bool,
+    summary: str | None = None,
+    project: str | None = None,
+    tool: str | None = None,
+    agent_cmd: str | None = None,
+    chat: tuple[int, int | None] | None = None,
+) -> QueuedDrive | None:
+    """Put a drive of ``task_name`` on the workers, or find the one there; None when the
+    task is complete.
+
+    ``project`` (a configured name, or a URL or path every worker reaches) is needed for a
+    task the workers have not driven yet; ``init`` creates the task on its first step.
+
+    Raises:
+        ConfigError: an unknown agent, no such task (without ``init``), no project, or a
+            task that was not started on the workers.
+        GateRefused: an invalid task name.
+    """
     from engine.agents.factory import AGENT_NAMES
     from engine.gates.names import check_task_name
     from engine.gates.service import Gates
@@ -721,52 +754,108 @@ async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
     from engine.workers.queue import require_postgres
 
     require_postgres(settings.database)
+    check_task_name(task_name)
+    task = await Gates(db, settings).store.find(task_name)
+    current = (await _drives_by_task(WorkerStore(db))).get(task_name)
+    # A task goes on with the agent of its last drive unless told otherwise.
+    tool = tool or (current.spec.tool if current is not None else settings.default_agent)
+    if tool not in AGENT_NAMES:
+        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
+    if task is not None and task.phase == COMPLETE:
+        return None
+    if current is not None and not current.ended:
+        return QueuedDrive(current.spec, new=False)  # already on the workers
+    if task is None and not init:
+        raise ConfigError(f"no task {task_name!r}: give --init --checkout-repo PROJECT")
+    if current is not None:
+        where = current.spec.project
+    elif task is None and project is not None:
+        where = project_reference(settings, project)
+    elif task is None:
+        raise ConfigError("on the workers a new task needs a project: give --checkout-repo")
+    else:
+        raise ConfigError(
+            f"task {task_name} was not started on the workers; drive it without "
+            "TURNSTILE_EXECUTION=workers"
+        )
+    same_tool = current is not None and tool == current.spec.tool
+    spec = new_drive_spec(
+        task=task_name,
+        summary=summary or (task.summary if task is not None else None) or task_name,
+        tool=tool,
+        project=where,
+        agent_cmd=agent_cmd
+        or (current.spec.agent_cmd if current is not None and same_tool else None)
+        or (settings.agent_command if tool == "command" else None),
+        chat=chat,
+    )
+    await start_on_workers(settings, spec)
+    return QueuedDrive(spec, new=True)
+
+
+async def gate_requests(
+    settings: Settings, db: AnyDatabase, *, chat_only: bool = True
+) -> list[GateRequest]:
+    """The open gates of the drives parked on the workers (of those started from a chat,
+    by default), as the in-process drive announces them."""
+    from engine.gates.service import Gates
+
+    store = Gates(db, settings).store
+    found: list[GateRequest] = []
+    for placement in (await _drives_by_task(WorkerStore(db))).values():
+        if placement.status is not PlacementStatus.PARKED or placement.spec.task is None:
+            continue
+        if chat_only and placement.spec.chat_id is None:
+            continue
+        task = await store.find(placement.spec.task)
+        if task is None or not task.awaiting_approval or task.gate_sha256 is None:
+            continue
+        spec = store.workflow.phase(task.phase)
+        found.append(
+            GateRequest(
+                task=task.name,
+                phase=spec.name,
+                artifact_name=spec.artifact,
+                artifact_path=task.folder / spec.artifact,
+                sha256=task.gate_sha256,
+                excerpt=await asyncio.to_thread(_excerpt, task.folder, spec.artifact),
+                run_id=placement.run_id,
+            )
+        )
+    return found
+
+
+def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
+    try:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
+        return ""
+    return raw.decode("utf-8", errors="replace")[:limit]
+
+
+async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """``turnstile autopilot`` with ``TURNSTILE_EXECUTION=workers``: put the drive on the
+    workers (or find the one there), then follow it unless ``--detach``."""
     if args.folder is not None or args.workdir is not None:
         raise ConfigError(
             "on the workers a task works in a worktree of its project (--checkout-repo); "
             "--folder and --workdir are for drives in this process"
         )
-    check_task_name(args.task)
     async with open_database(settings) as db:
-        task = await Gates(db, settings).store.find(args.task)
-        current = (await _drives_by_task(WorkerStore(db))).get(args.task)
-    # A task goes on with the agent of its last drive unless told otherwise.
-    tool = args.tool or (current.spec.tool if current is not None else settings.default_agent)
-    if tool not in AGENT_NAMES:
-        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
-    if task is not None and task.phase == COMPLETE:
-        print(f"{task.name}: complete", flush=True)
-        return 0
-    if current is not None and not current.ended:
-        spec = current.spec  # already on the workers: follow that drive
-    elif task is None and not args.init:
-        raise ConfigError(f"no task {args.task!r}: give --init --checkout-repo PROJECT")
-    else:
-        if current is not None:
-            project = current.spec.project
-        elif task is None and args.checkout_repo is not None:
-            project = project_reference(settings, args.checkout_repo)
-        elif task is None:
-            raise ConfigError("on the workers a new task needs a project: give --checkout-repo")
-        else:
-            raise ConfigError(
-                f"task {args.task} was not started on the workers; drive it without "
-                "TURNSTILE_EXECUTION=workers"
-            )
-        spec = new_drive_spec(
-            task=args.task,
-            summary=args.summary or (task.summary if task is not None else None) or args.task,
-            tool=tool,
-            project=project,
-            agent_cmd=args.agent_cmd
-            or (
-                current.spec.agent_cmd
-                if current is not None and tool == current.spec.tool
-                else None
-            )
-            or (settings.agent_command if tool == "command" else None),
+        queued = await queue_drive(
+            settings,
+            db,
+            args.task,
+            init=args.init,
+            summary=args.summary,
+            project=args.checkout_repo,
+            tool=args.tool,
+            agent_cmd=args.agent_cmd,
         )
-        await start_on_workers(settings, spec)
+    if queued is None:
+        print(f"{args.task}: complete", flush=True)
+        return 0
+    spec = queued.spec
     if args.detach:
         print(spec.run_id, flush=True)
         return 0
