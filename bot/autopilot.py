@@ -40,7 +40,7 @@ from bot.replies import thread_of
 from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
-from engine.errors import UnsafeFileError
+from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates import (
     COMPLETE,
     HUMAN_INTERVENTION,
@@ -55,6 +55,7 @@ from engine.gates.hashing import sha256_file_async
 from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
 from engine.turn import AgentSession
+from engine.workers.store import WorkerStore
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutopilotExtension"]
@@ -93,6 +94,7 @@ class AutopilotExtension(Feature):
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self.closing = False
         self._stopped_by: dict[str, int] = {}
+        self._gate_watch: asyncio.Task[None] | None = None
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
         ctx.sink.describe_tasks_with(self.task_facts)
@@ -193,6 +195,10 @@ class AutopilotExtension(Feature):
         text = message.text or ""
         parts = text.split(maxsplit=2)
         summary = parts[2].strip() if len(parts) > 2 else None
+        if self.ctx.settings.execution == "workers":
+            thread = message.message_thread_id if message.is_topic_message else None
+            await self._autopilot_on_workers(update, name, summary, ChatPlace(chat.id, thread))
+            return
         current = self.drives.get(name)
         if current is not None and not current.done:
             await self.ctx.replies.reply(update, f"Task {name} is already being driven. /status")
@@ -232,6 +238,78 @@ class AutopilotExtension(Feature):
             thread_id=thread,
             run_id=_RUN_PREFIX + name,
         )
+
+    async def _autopilot_on_workers(
+        self, update: Update, name: str, summary: str | None, place: ChatPlace
+    ) -> None:
+        """``/autopilot`` with TURNSTILE_EXECUTION=workers: queue the drive as ``turnstile
+        autopilot --init --checkout-repo PROJECT`` does (the chat's project); its gates are
+        posted here as they open, and /stop RUN reaches it."""
+        from engine.workers.autopilot import queue_drive
+
+        binding = await self.ctx.store.binding(place.chat_id, place.thread_id or 0)
+        project = binding.project if binding is not None else "default"
+        try:
+            queued = await queue_drive(
+                self.ctx.settings,
+                self.ctx.db,
+                name,
+                init=True,
+                summary=summary,
+                project=project,
+                chat=(place.chat_id, place.thread_id),
+            )
+        except (ConfigError, GateRefused) as exc:
+            await self.ctx.replies.reply(update, f"Cannot start: {exc}")
+            return
+        if queued is None:
+            await self.ctx.replies.reply(update, f"Task {name} is already complete.")
+            return
+        run_id = queued.spec.run_id
+        user = update.effective_user
+        self.places[name] = place
+        await self.ctx.store.save_task_place(
+            name, place.chat_id, place.thread_id, user.id if user else None
+        )
+        await self.ctx.store.audit(
+            action="autopilot",
+            outcome="allowed",
+            user_id=user.id if user else None,
+            chat_id=place.chat_id,
+            update_id=update.update_id,
+            reason=f"{name} {run_id}",
+        )
+        self.watch_worker_gates()
+        verb = "is queued on the workers" if queued.new else "is already on the workers"
+        await self.ctx.replies.reply(
+            update,
+            f"🛂 Autopilot for task {name} {verb} (run {run_id}). Gates come here with "
+            f"Approve / Reject buttons. /stop {run_id} stops the drive (the task keeps its "
+            "phase).",
+        )
+
+    def watch_worker_gates(self) -> None:
+        """Post the gates of the chats' drives on the workers as they open (once running,
+        it runs until shutdown)."""
+        if self._gate_watch is None or self._gate_watch.done():
+            self._gate_watch = asyncio.create_task(
+                self._watch_worker_gates(), name="autopilot-worker-gates"
+            )
+
+    async def _watch_worker_gates(self) -> None:
+        from engine.workers.autopilot import gate_requests
+
+        interval = max(0.2, min(2.0, self.ctx.settings.worker_heartbeat))
+        while not self.closing:
+            try:
+                for request in await gate_requests(self.ctx.settings, self.ctx.db):
+                    place = self.places.get(request.task)
+                    if place is None:
+                        continue
+                    await self.post_gate(request, place)
+            except TurnstileError as exc:  # the database may be away a moment
+                _LOGGER.warning("cannot read the workers' gates: %s", exc)
+            await asyncio.sleep(interval)
 
     async def _topic(self, chat_id: int, name: str) -> int | None:
         try:
@@ -833,9 +911,14 @@ class AutopilotExtension(Feature):
         gate's message is refreshed instead)."""
         for task_name, chat_id, thread_id in await self.ctx.store.task_places():
             self.places[task_name] = ChatPlace(chat_id, thread_id)
+        on_workers = self.ctx.settings.execution == "workers"
+        if on_workers:
+            self.watch_worker_gates()
         for run in report.drives:
             if run.task is None or run.chat_id is None:
                 continue
+            if on_workers and await WorkerStore(self.ctx.db).placement(run.id) is not None:
+                continue  # driven on the workers, not here
             name = run.task
             current = self.drives.get(name)
             if current is not None and not current.done:
@@ -853,6 +936,10 @@ class AutopilotExtension(Feature):
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True
+        if self._gate_watch is not None:
+            self._gate_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gate_watch
         # No new turn of a drive starts; without ``park`` the running ones finish.
         self.ctx.supervisor.park()
         if not park:

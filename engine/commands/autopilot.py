@@ -58,6 +58,11 @@ def register(subparsers: Any) -> None:
         help="--init: work in a fresh git worktree of this project (TURNSTILE_PROJECTS) on "
         "branch turnstile/<task>; see `turnstile projects`",
     )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="with TURNSTILE_EXECUTION=workers: print the drive's run id and return",
+    )
     parser.set_defaults(handler=run_autopilot)
 
 
@@ -68,6 +73,10 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     from engine.sink import LogSink
     from engine.store.backend import open_database
 
+    if settings.execution == "workers" and not args.manual:
+        from engine.workers.autopilot import drive_on_workers  # the queue only when asked for
+
+        return await drive_on_workers(args, settings)
     try:
         async with open_database(settings) as db:
             # The gates store's SQL runs on both databases; its annotations name SQLite's.

@@ -413,6 +413,14 @@ class SqlGateStore:
             "UPDATE gate_tasks SET workdir = ? WHERE name = ?", (str(workdir), name)
         )
 
+    async def set_location(self, name: str, folder: Path, workdir: Path) -> None:
+        """Point the task at its folder and workdir on this machine (a drive on a worker
+        works in a worktree of its own; the task's files travel on the pushed branch)."""
+        await self._db.execute(
+            "UPDATE gate_tasks SET folder = ?, workdir = ? WHERE name = ?",
+            (str(folder), str(workdir), name),
+        )
+
     # -- agent sessions ------------------------------------------------------------------
 
     async def get_session(self, name: str) -> SessionRecord | None:

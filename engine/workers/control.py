@@ -203,7 +203,9 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
     record = await run_or_none(runs, run_id)
     if placement is None and record is None:
         raise ConfigError(f"no run {run_id!r}")
-    if (record is not None and record.status is not RunStatus.RUNNING) or (
+    # A drive parked on the workers (at a gate, or for its sub-tasks) can still be stopped.
+    parked = placement is not None and placement.status is PlacementStatus.PARKED
+    if (record is not None and record.status is not RunStatus.RUNNING and not parked) or (
         record is None and placement is not None and placement.ended
     ):
         raise ConfigError(f"run {run_id} has ended; there is nothing to stop")
@@ -226,7 +228,14 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
 async def _end_stopped(
     workers: WorkerStore, runs: SqliteRunStore, record: RunRecord | None, run_id: str
 ) -> None:
-    if record is not None:
+    if record is not None and record.mode == RunMode.AUTOPILOT.value:
+        await runs.update_run(
+            run_id,
+            status=RunStatus.STOPPED,
+            exit_code=STOP_EXIT_CODE,
+            finished_at=time.time(),
+        )
+    elif record is not None:
         now = time.time()
         state = replace(
             AutoModeState.from_json(record.state),

@@ -53,6 +53,8 @@ class PlacementStatus(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
     STOPPED = "stopped"
+    PARKED = "parked"
+    """An autopilot drive waiting at an approval gate or for its sub-tasks (no job queued)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,11 @@ class QueuedRun:
     from the bot belongs to, where ``/status`` lists it and ``/stop`` reaches it. A worker
     turns it into the run's :class:`~engine.runs.RunSpec` once it has checked the project
     out (:meth:`spec_in`): the worktree is its own.
+
+    ``mode`` is ``auto`` or ``autopilot``. An autopilot drive names its ``task``
+    (``objective`` is the task's summary); a wave's sub-task names the run it starts from
+    (``base_run``, whose pushed branch its worktree is cut from) and the drive to wake when
+    it ends (``parent_run``).
     """
 
     run_id: str
@@ -77,6 +84,9 @@ class QueuedRun:
     chat_id: int | None = None
     thread_id: int | None = None
     mode: str = "auto"
+    task: str | None = None
+    base_run: str | None = None
+    parent_run: str | None = None
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -107,6 +117,9 @@ class QueuedRun:
                 "chat_id": self.chat_id,
                 "thread_id": self.thread_id,
                 "mode": self.mode,
+                "task": self.task,
+                "base_run": self.base_run,
+                "parent_run": self.parent_run,
             }
         )
 
@@ -125,6 +138,9 @@ class QueuedRun:
             chat_id=raw.get("chat_id"),
             thread_id=raw.get("thread_id"),
             mode=str(raw.get("mode") or "auto"),
+            task=raw.get("task"),
+            base_run=raw.get("base_run"),
+            parent_run=raw.get("parent_run"),
         )
 
 
@@ -379,8 +395,13 @@ class WorkerStore:
 
     async def runs_of(self, worker: str) -> list[Placement]:
         rows = await self._db.fetchall(
-            "SELECT * FROM worker_runs WHERE worker = ? AND status IN (?, ?)",
-            (worker, PlacementStatus.WAITING.value, PlacementStatus.RUNNING.value),
+            "SELECT * FROM worker_runs WHERE worker = ? AND status IN (?, ?, ?)",
+            (
+                worker,
+                PlacementStatus.WAITING.value,
+                PlacementStatus.RUNNING.value,
+                PlacementStatus.PARKED.value,
+            ),
         )
         return [Placement.from_row(r) for r in rows]
 

@@ -220,6 +220,11 @@ class TurnRunner:
                         env=self.env,
                     )
                     return False
+                if before.spec.mode == "autopilot":
+                    from engine.workers.autopilot import run_step
+
+                    moved = holder is None and before.moves > 0
+                    return await run_step(self, before, moved=moved, stop=stop)
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )

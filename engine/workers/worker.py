@@ -28,6 +28,7 @@ from engine.agents.factory import new_warm_pool
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
+from engine.workers.autopilot import wake_parked
 from engine.workers.chat import CHAT_MODE
 from engine.workers.chatturns import ChatTurnStore
 from engine.workers.queue import (
@@ -268,6 +269,7 @@ class Worker:
             await runner.prune(p.run_id for p in await store.runs_of(self.name))
         # A resident process that died or was closed idle since the last turn.
         await runner.mark_warm()
+        await wake_parked(runner)
         if not self._stopping.is_set():
             await sweep(db, app, silent_after=self.settings.worker_timeout)
 

@@ -1,0 +1,882 @@
+"""Autopilot drives on the workers: one job per phase step, waves as their own job chains.
+
+A drive on the workers is a placement of mode ``autopilot`` naming its task. Each job runs
+one step of the drive (a phase's agent turn and its checks, or passing an approved gate)
+in the worktree this worker holds for the drive, then commits the task's folder, pushes
+the run branch and, while the drive goes on, queues its next step on this worker's queue.
+A step that reaches an approval gate parks the drive: no job waits. The worker holding a
+parked drive looks at its gate on every heartbeat and queues the next step once the gate
+is approved or rejected, whichever front end recorded it.
+
+A wave's sub-tasks are placements of their own, queued on their agent's queue so that
+whichever workers are free take them; each one's worktree is cut from the parent's pushed
+branch and its own branch is pushed to the runs remote. The drive parks until the wave is
+done (the last sub-task to end wakes it), then its worker fetches the sub-tasks' branches
+and merges them into the drive's branch (``--no-ff``), as the in-process drive does with
+local worktrees.
+
+The task's folder lives in the drive's worktree (``.turnstile/tasks/NAME`` for a task
+created on the workers) and is committed after every step, so another worker can go on
+from the pushed branch: each step points the task's recorded folder and workdir at this
+worker's worktree first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, TextIO
+
+from engine import safefile
+from engine.agents.factory import create_agent
+from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
+from engine.errors import ConfigError, NotFoundError, UnsafeFileError
+from engine.gates.autopilot import Autopilot, DriveOutcome
+from engine.gates.records import TaskRecord
+from engine.gates.state_file import STATE_FILE
+from engine.gates.store import SqlGateStore
+from engine.gates.tasks import TaskStore
+from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
+from engine.git import GitRunner
+from engine.runs import RunMode, new_run_id
+from engine.sink import GateRequest, LogSink
+from engine.store.backend import AnyDatabase, open_database
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
+from engine.turn import AgentSession, TurnOutput
+from engine.workers.queue import agent_queue, defer_turn, worker_queue
+from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.views import waiting_note
+from engine.workspace.manager import WorkspaceManager
+from engine.workspace.store import SqliteWorkspaceStore
+
+if TYPE_CHECKING:
+    import procrastinate
+
+    from engine.settings import Settings
+    from engine.workers.turn import TurnRunner
+
+__all__ = [
+    "AUTOPILOT",
+    "TASKS_DIR",
+    "QueuedDrive",
+    "drive_on_workers",
+    "follow_drive",
+    "gate_requests",
+    "new_drive_spec",
+    "queue_drive",
+    "run_step",
+    "wake_parked",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+AUTOPILOT: Final = "autopilot"
+#: Where a task created on the workers keeps its folder, inside the drive's worktree.
+TASKS_DIR: Final = Path(".turnstile") / "tasks"
+_STOP_POLL: Final = 0.25
+_FOLLOW_POLL: Final = 0.25
+_MERGED: Final = "wave_merged"
+_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
+
+EXIT_PARKED: Final = 3
+EXIT_HUMAN: Final = 4
+
+
+def new_drive_spec(
+    *,
+    task: str,
+    summary: str,
+    tool: str,
+    project: str,
+    agent_cmd: str | None,
+    chat: tuple[int, int | None] | None = None,
+) -> QueuedRun:
+    """A drive of ``task`` to put on the workers."""
+    return QueuedRun(
+        run_id=new_run_id(RunMode.AUTOPILOT),
+        objective=summary,
+        tool=tool,
+        project=project,
+        agent_cmd=agent_cmd,
+        chat_id=chat[0] if chat is not None else None,
+        thread_id=chat[1] if chat is not None else None,
+        mode=AUTOPILOT,
+        task=task,
+    )
+
+
+# -- the worker's side ---------------------------------------------------------------------
+
+
+class _StepPilot(Autopilot):
+    """The in-process driver, cut into steps: each phase step (or gate passed) ends the
+    drive's loop, and a wave's sub-tasks are queued as drives of their own."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        settings: Settings,
+        *,
+        placement: Placement,
+        app: procrastinate.App,
+        workers: WorkerStore,
+        workdir: Path,
+        remote: str,
+        env: Mapping[str, str],
+        primer: str | None = None,
+    ) -> None:
+        spec = placement.spec
+        super().__init__(
+            store,
+            settings,
+            LogSink(),
+            tool=spec.tool,
+            agent_cmd=spec.agent_cmd,
+            wait_for_approval=False,
+            agent_factory=self._make_agent,
+            chat=(spec.chat_id, spec.thread_id) if spec.chat_id is not None else None,
+        )
+        self.placement = placement
+        self.app = app
+        self.workers = workers
+        self.workdir = workdir
+        self.remote = remote
+        self.env = env
+        self.stepped = False
+        self.waiting_for: list[str] = []
+        self.primer = primer
+
+    def _make_agent(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
+        agent = create_agent(
+            self.tool,
+            self.settings,
+            cwd=task.workdir,
+            session_id=session_id,
+            agent_cmd=self.agent_cmd,
+            resume=resume,
+            extra_env=self.env,
+        )
+        if self.primer is None:
+            return agent
+        return _Primed(agent, self.primer)
+
+    def run_id(self, name: str) -> str:
+        return self.placement.run_id if name == self.placement.spec.task else super().run_id(name)
+
+    async def _open_run(self, task: TaskRecord, parent: str | None = None) -> str:
+        # The drive's run has the placement's id, made by its first step.
+        run_id = self.placement.run_id
+        try:
+            await self.runs.get_run(run_id)
+        except NotFoundError:
+            session = await self.store.get_session(task.name)
+            await self.supervisor.open_run(
+                RunMode.AUTOPILOT,
+                agent=self.tool,
+                session_id=session.session_id if session is not None else "",
+                run_id=run_id,
+                objective=task.summary,
+                workdir=str(task.workdir),
+                task=task.name,
+                phase=task.phase,
+                parent=self.placement.spec.parent_run,
+            )
+        else:
+            await self.runs.update_run(
+                run_id,
+                status=RunStatus.RUNNING,
+                phase=task.phase,
+                workdir=str(task.workdir),
+                finished_at=None,
+            )
+        self._run_ids[task.name] = run_id
+        return run_id
+
+    async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
+        if self.stepped or self.waiting_for:
+            status = RunStatus.RUNNING  # the drive goes on in its next job
+        await super()._close_run(run_id, name, status)
+
+    async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
+        outcome = await super()._phase(task)
+        if outcome is None:
+            self.stepped = True
+            return DriveOutcome.PARKED
+        return outcome
+
+    async def _gate(self, task: TaskRecord) -> DriveOutcome | None:
+        outcome = await super()._gate(task)
+        if outcome is None:
+            self.stepped = True  # passed (or changed meanwhile): the next job looks again
+            return DriveOutcome.PARKED
+        return outcome
+
+    async def _waves(self, task: TaskRecord) -> DriveOutcome | None:
+        wf = self.store.workflow
+        if task.parent is not None or wf.decomposition is None:
+            return None
+        if not wf.has(task.phase) or wf.index(task.phase) <= wf.index(wf.decomposition):
+            return None
+        subs = await self.store.subtasks(task.name)
+        if not subs:
+            return None
+        drives = await _drives_by_task(self.workers)
+        merged = {
+            str(e.detail)
+            for e in await self.store.audit_events(task.name, limit=5000)
+            if e.event == _MERGED
+        }
+        for wave in sorted({s.wave or 1 for s in subs}):
+            members = [s for s in subs if (s.wave or 1) == wave]
+            pending = [s for s in members if not s.finished]
+            if pending:
+                return await self._queue_wave(task, wave, pending, drives)
+            if str(wave) in merged:
+                continue
+            problems = await self._merge_wave(task, members, drives)
+            if problems:
+                listed = "; ".join(f"{k}: {v}" for k, v in problems.items())
+                return await self._to_human(task, f"wave {wave} did not merge: {listed}")
+            await self.store.record_audit(_MERGED, "merged", task=task.name, detail=str(wave))
+            await self._say(task, f"[{task.name}] wave {wave} merged into the task's branch")
+        stuck = [s for s in subs if s.phase == HUMAN_INTERVENTION]
+        if stuck and not await self._resumed_since(task, max(s.updated_at for s in stuck)):
+            names = ", ".join(s.name for s in stuck)
+            return await self._to_human(task, f"sub-tasks need a person: {names}")
+        return None
+
+    async def _queue_wave(
+        self,
+        task: TaskRecord,
+        wave: int,
+        pending: list[TaskRecord],
+        drives: Mapping[str, Placement],
+    ) -> DriveOutcome:
+        ended = [(s, drives[s.name]) for s in pending if s.name in drives and drives[s.name].ended]
+        if ended:
+            listed = "; ".join(f"{s.name}: {p.note or p.status.value}" for s, p in ended)
+            return await self._to_human(task, f"sub-tasks of wave {wave} did not finish: {listed}")
+        fresh = [s for s in pending if s.name not in drives]
+        parent = self.placement
+        for sub in fresh:
+            spec = QueuedRun(
+                run_id=new_run_id(RunMode.AUTOPILOT),
+                objective=sub.summary or sub.name,
+                tool=parent.spec.tool,
+                project=parent.spec.project,
+                agent_cmd=parent.spec.agent_cmd,
+                chat_id=parent.spec.chat_id,
+                thread_id=parent.spec.thread_id,
+                mode=AUTOPILOT,
+                task=sub.name,
+                base_run=parent.run_id,
+                parent_run=parent.run_id,
+            )
+            await self.workers.place(spec)
+            # Any free worker with the agent takes it: the wave runs in parallel.
+            await defer_turn(self.app, spec.run_id, queue=agent_queue(spec.tool))
+        if fresh:
+            await self._say(
+                task,
+                f"[{task.name}] wave {wave}: queued {', '.join(s.name for s in fresh)} "
+                "for the workers",
+            )
+        self.waiting_for = [s.name for s in pending]
+        return DriveOutcome.PARKED
+
+    async def _merge_wave(
+        self, task: TaskRecord, members: list[TaskRecord], drives: Mapping[str, Placement]
+    ) -> dict[str, str]:
+        git = GitRunner()
+        identity = await _identity(git, self.workdir)
+        problems: dict[str, str] = {}
+        for sub in members:
+            if sub.phase != COMPLETE or sub.name not in drives:
+                continue
+            branch = run_branch_of(drives[sub.name].run_id)
+            fetched = await git.run(
+                ["fetch", "--no-tags", self.remote, f"refs/heads/{branch}"],
+                cwd=self.workdir,
+                check=False,
+            )
+            if fetched.exit_code != 0:
+                problems[sub.name] = f"its branch {branch} could not be fetched"
+                continue
+            merged = await git.run(
+                [
+                    *identity,
+                    "merge",
+                    "--no-ff",
+                    "--no-edit",
+                    "-m",
+                    f"Merge sub-task {sub.name} ({branch})",
+                    "FETCH_HEAD",
+                ],
+                cwd=self.workdir,
+                check=False,
+            )
+            if merged.exit_code != 0:
+                await git.run(["merge", "--abort"], cwd=self.workdir, check=False)
+                problems[sub.name] = f"merging {branch} conflicted"
+        return problems
+
+
+class _Primed:
+    """The first prompt of a new session starts with where the drive stands, in plain
+    words (the earlier conversation was on a lost worker's disk)."""
+
+    def __init__(self, agent: AgentSession, primer: str) -> None:
+        self.agent = agent
+        self._primer: str | None = primer
+
+    @property
+    def session_id(self) -> str:
+        return self.agent.session_id
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        primer, self._primer = self._primer, None
+        return await self.agent.run_turn(primer + prompt if primer else prompt)
+
+
+def moved_primer(task: TaskRecord, run_id: str, worker: str) -> str:
+    """What the agent is told first in the new session of a drive that changed machines."""
+    return (
+        "Note before this turn: this drive moved to another machine (worker "
+        f"{worker}) because the one it ran on stopped answering. Your earlier conversation "
+        "was kept on that machine and is gone, so this is a new session. The working tree "
+        f"is the branch {run_branch_of(run_id)} as it was pushed after the last finished "
+        "step; anything not committed by then is not in it, and the task's earlier "
+        f"artifacts are in {task.folder}. Task {task.name} is at {task.label}"
+        + (f"; its summary: {task.summary}" if task.summary else "")
+        + ".\n\n---\n\n"
+    )
+
+
+async def _interrupt_cut_off(runs: SqliteRunStore, run_id: str) -> None:
+    """The turns a lost worker was running are on record as interrupted."""
+    for turn in await runs.turns(run_id):
+        if turn.state is TurnState.STARTED:
+            await runs.fail_turn(
+                turn.id, TurnState.INTERRUPTED, "the worker running it stopped answering"
+            )
+
+
+def run_branch_of(run_id: str) -> str:
+    from engine.workers.turn import run_branch
+
+    return run_branch(run_id)
+
+
+async def _identity(git: GitRunner, cwd: Path) -> tuple[str, ...]:
+    """``-c user.*`` for the commits turnstile makes itself, where git has no identity."""
+    if os.environ.get("GIT_COMMITTER_EMAIL") and os.environ.get("GIT_AUTHOR_EMAIL"):
+        return ()
+    found = await git.run(["config", "--get", "user.email"], cwd=cwd, check=False)
+    return () if found.exit_code == 0 else _IDENTITY
+
+
+async def _drives_by_task(workers: WorkerStore) -> dict[str, Placement]:
+    """The latest drive on the workers of each task."""
+    out: dict[str, Placement] = {}
+    for placement in sorted(await workers.placements(), key=lambda p: p.created_at):
+        if placement.spec.mode == AUTOPILOT and placement.spec.task is not None:
+            out[placement.spec.task] = placement
+    return out
+
+
+async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
+    try:
+        return await runs.get_run(run_id)
+    except NotFoundError:
+        return None
+
+
+async def _locate(store: TaskStore, spec: QueuedRun, worktree: Path) -> TaskRecord:
+    """The drive's task, pointed at its folder in this worker's worktree (created here on
+    the drive's first step when the workers started it)."""
+    assert spec.task is not None
+    task = await store.find(spec.task)
+    if task is None:
+        return await store.init_task(
+            spec.task,
+            folder=worktree / TASKS_DIR / spec.task,
+            workdir=worktree,
+            summary=spec.objective,
+        )
+    folder = (
+        worktree / task.folder.relative_to(task.workdir)
+        if task.folder.is_relative_to(task.workdir)
+        else worktree / TASKS_DIR / task.name
+    )
+    moved = (folder, worktree) != (task.folder, task.workdir)
+    if moved:
+        gate_store = store.gate_store
+        assert isinstance(gate_store, SqlGateStore)
+        await gate_store.set_location(task.name, folder, worktree)
+        folder.mkdir(parents=True, exist_ok=True)
+    task = await store.get(spec.task)
+    if moved or not (folder / STATE_FILE).exists():
+        # The mirror as the store has it (the branch may predate the last transition).
+        await store.folders.write_mirror(task, await store.gate_approvals(task))
+    return task
+
+
+async def _fetch_reset(git: GitRunner, cwd: Path, remote: str, branch: str) -> bool:
+    fetched = await git.run(
+        ["fetch", "--no-tags", remote, f"refs/heads/{branch}"], cwd=cwd, check=False
+    )
+    if fetched.exit_code != 0:
+        return False
+    await git.run(["reset", "--hard", "FETCH_HEAD"], cwd=cwd)
+    return True
+
+
+async def _commit_and_push(
+    git: GitRunner, worktree: Path, task: TaskRecord, remote: str, branch: str
+) -> None:
+    """Commit the task's folder (its artifacts and ``.state``) and push the run branch:
+    never forced, no other branch."""
+    if task.folder.is_relative_to(worktree):
+        rel = str(task.folder.relative_to(worktree))
+        await git.run(["add", "-A", "--", rel], cwd=worktree)
+        staged = await git.run(["diff", "--cached", "--quiet"], cwd=worktree, check=False)
+        if staged.exit_code != 0:
+            identity = await _identity(git, worktree)
+            await git.run(
+                [
+                    *identity,
+                    "commit",
+                    "--no-verify",
+                    "-q",
+                    "-m",
+                    f"turnstile: {task.name} at {task.label}",
+                ],
+                cwd=worktree,
+            )
+    await git.run(["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=worktree)
+
+
+async def _watch_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            if await workers.stop_requested(run_id):
+                stop.set()
+                return
+        await asyncio.sleep(_STOP_POLL)
+
+
+async def run_step(
+    runner: TurnRunner, placement: Placement, *, moved: bool, stop: asyncio.Event
+) -> bool:
+    """One step of the drive ``placement``; whether its next step is to be queued here."""
+    spec = placement.spec
+    run_id = placement.run_id
+    workers = WorkerStore(runner.db)
+    if spec.task is None:
+        raise ConfigError(f"run {run_id} is an autopilot drive without a task")
+    if stop.is_set():
+        await _end(runner, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+        return False
+    from engine.gates.service import Gates
+
+    settings = runner.settings
+    gates = Gates(runner.db, settings)
+    manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(runner.db))
+    project = manager.project_for(spec.project)
+    remote = settings.runs_remote or project.url
+    runs = SqliteRunStore(runner.db)
+    first = await _get_run(runs, run_id) is None
+    git = GitRunner()
+    workspace = await manager.provision(run_id, project)
+    worktree = Path(workspace.path)
+    async with manager.lock(workspace):
+        if first and spec.base_run is not None:
+            if not await _fetch_reset(git, worktree, remote, run_branch_of(spec.base_run)):
+                raise ConfigError(f"the branch of run {spec.base_run} could not be fetched")
+        elif moved:
+            await _fetch_reset(git, worktree, remote, run_branch_of(run_id))
+            # The agent's conversation was on the lost worker's disk: a new session.
+            await gates.store.save_session(spec.task, spec.tool, str(uuid.uuid4()), False)
+            await _interrupt_cut_off(runs, run_id)
+        task = await _locate(gates.store, spec, worktree)
+        primer = moved_primer(task, run_id, runner.name) if moved else None
+        pilot = _StepPilot(
+            gates.store,
+            settings,
+            placement=placement,
+            app=runner.app,
+            workers=workers,
+            workdir=worktree,
+            remote=remote,
+            env=runner.env,
+            primer=primer,
+        )
+        outcome, stopped = await _drive_one(pilot, spec.task, run_id, workers, stop, first)
+        task = await gates.store.get(spec.task)
+        await _commit_and_push(git, worktree, task, remote, run_branch_of(run_id))
+    if stopped:
+        await _end(runner, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+        return False
+    if pilot.stepped:
+        await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
+        return True
+    if outcome is DriveOutcome.PARKED:
+        note = (
+            f"waiting for its sub-tasks: {', '.join(pilot.waiting_for)}"
+            if pilot.waiting_for
+            else f"waiting for approval at {task.label}"
+        )
+        await workers.set_placement(run_id, status=PlacementStatus.PARKED, note=note)
+        return False
+    note = "complete" if outcome is DriveOutcome.COMPLETE else f"needs a person at {task.label}"
+    await _end(runner, placement, PlacementStatus.FINISHED, note)
+    return False
+
+
+async def _drive_one(
+    pilot: _StepPilot,
+    name: str,
+    run_id: str,
+    workers: WorkerStore,
+    stop: asyncio.Event,
+    first: bool,
+) -> tuple[DriveOutcome | None, bool]:
+    """Run one step; (its outcome, whether a person stopped it)."""
+    drive = asyncio.create_task(pilot.drive(name, audit_at_start=first), name=f"step-{run_id}")
+    watch = asyncio.create_task(_watch_stop(workers, run_id, stop), name=f"stop-{run_id}")
+    stopped = asyncio.create_task(stop.wait(), name=f"stopped-{run_id}")
+    try:
+        await asyncio.wait({drive, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if drive.done():
+            return drive.result(), False
+        pilot.cancelled_as = RunStatus.STOPPED
+        drive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drive
+        return None, True
+    except asyncio.CancelledError:
+        # The worker is going down: the step is cut off and re-run elsewhere.
+        pilot.cancelled_as = RunStatus.RUNNING
+        drive.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(drive)
+        raise
+    finally:
+        for task in (watch, stopped):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _end(
+    runner: TurnRunner, placement: Placement, status: PlacementStatus, note: str
+) -> None:
+    """The drive has ended here; a wave's sub-task wakes its parent's drive."""
+    workers = WorkerStore(runner.db)
+    run_id = placement.run_id
+    if status is PlacementStatus.STOPPED:
+        await _record_stopped(SqliteRunStore(runner.db), run_id)
+    await workers.set_placement(run_id, status=status, note=note)
+    await workers.clear_stop(run_id)
+    parent = placement.spec.parent_run
+    if parent is not None:
+        await _wake(runner.app, workers, parent)
+
+
+async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
+    record = await _get_run(runs, run_id)
+    if record is not None and record.status in (RunStatus.RUNNING, RunStatus.PARKED):
+        await runs.update_run(
+            run_id, status=RunStatus.STOPPED, exit_code=STOP_EXIT_CODE, finished_at=time.time()
+        )
+
+
+async def _wake(app: procrastinate.App, workers: WorkerStore, run_id: str) -> None:
+    placement = await workers.placement(run_id)
+    if placement is None or placement.status is not PlacementStatus.PARKED:
+        return  # still in its step (its holder's heartbeat wakes it once parked) or ended
+    queue = (
+        worker_queue(placement.worker)
+        if placement.worker is not None
+        else agent_queue(placement.spec.tool)
+    )
+    await defer_turn(app, run_id, queue=queue)
+
+
+async def _ready(store: TaskStore, workers: WorkerStore, placement: Placement) -> bool:
+    """Whether a parked drive can take its next step: its gate was decided, or the wave it
+    waits for is done."""
+    if placement.spec.task is None:
+        return False
+    task = await store.find(placement.spec.task)
+    if task is None:
+        return False
+    if task.awaiting_approval:
+        approvers = {a.approver for a in await store.gate_approvals(task)}
+        return len(approvers) >= store.policy.quorum
+    drives = await _drives_by_task(workers)
+    return not any(
+        not s.finished and s.name in drives and not drives[s.name].ended
+        for s in await store.subtasks(task.name)
+    )
+
+
+async def wake_parked(runner: TurnRunner) -> int:
+    """Queue the next step of each drive parked here that can go on; how many."""
+    workers = WorkerStore(runner.db)
+    parked = [
+        p
+        for p in await workers.runs_of(runner.name)
+        if p.status is PlacementStatus.PARKED and p.spec.mode == AUTOPILOT
+    ]
+    if not parked:
+        return 0
+    from engine.gates.service import Gates
+
+    store = Gates(runner.db, runner.settings).store
+    woken = 0
+    for placement in parked:
+        if not await _ready(store, workers, placement):
+            continue
+        if await defer_turn(runner.app, placement.run_id, queue=runner.queue) is not None:
+            woken += 1
+            _LOGGER.info("drive %s goes on", placement.run_id)
+    return woken
+
+
+# -- the control plane's side ----------------------------------------------------------------
+
+
+async def follow_drive(
+    settings: Settings,
+    run_id: str,
+    task_name: str,
+    out: TextIO = sys.stdout,
+    *,
+    wait_for_approval: bool = True,
+    stop_requested: asyncio.Event | None = None,
+) -> int:
+    """Print the drive's progress until it ends (or parks, without ``wait_for_approval``);
+    its exit status as ``turnstile autopilot``'s."""
+    from engine.gates.service import Gates
+    from engine.workers.control import stop_run_in
+
+    async with open_database(settings) as db:
+        workers = WorkerStore(db)
+        store = Gates(db, settings).store
+        last: tuple[str | None, str | None] = (None, None)
+        asked = False
+        while True:
+            if stop_requested is not None and stop_requested.is_set() and not asked:
+                asked = True
+                print("Stopping the drive…", file=out, flush=True)
+                with contextlib.suppress(ConfigError):
+                    await stop_run_in(settings, db, run_id)
+            placement = await workers.placement(run_id)
+            if placement is None:
+                raise ConfigError(f"run {run_id} is not on the workers")
+            task = await store.find(task_name)
+            label = task.label if task is not None else None
+            alive = [
+                w for w in await workers.workers() if w.alive(time.time(), settings.worker_timeout)
+            ]
+            note = waiting_note(placement, alive) or placement.note or None
+            if (label, note) != last:
+                where = f" on {placement.worker}" if placement.worker else ""
+                print(
+                    f"{task_name}: {label or 'not started'}{where}"
+                    + (f" · {note}" if note else ""),
+                    file=out,
+                    flush=True,
+                )
+                last = (label, note)
+            if placement.ended:
+                return _exit_code(placement, task)
+            if placement.status is PlacementStatus.PARKED and not wait_for_approval:
+                print(f"{task_name}: parked at {label}", file=out, flush=True)
+                return EXIT_PARKED
+            await asyncio.sleep(_FOLLOW_POLL)
+
+
+def _exit_code(placement: Placement, task: TaskRecord | None) -> int:
+    if placement.status is PlacementStatus.STOPPED:
+        return STOP_EXIT_CODE
+    if task is not None and task.phase == COMPLETE:
+        return 0
+    return EXIT_HUMAN
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedDrive:
+    """What :func:`queue_drive` did: the drive on the workers, and whether it is new."""
+
+    spec: QueuedRun
+    new: bool
+
+
+async def queue_drive(
+    settings: Settings,
+    db: AnyDatabase,
+    task_name: str,
+    *,
+    init: bool,
+    summary: str | None = None,
+    project: str | None = None,
+    tool: str | None = None,
+    agent_cmd: str | None = None,
+    chat: tuple[int, int | None] | None = None,
+) -> QueuedDrive | None:
+    """Put a drive of ``task_name`` on the workers, or find the one there; None when the
+    task is complete.
+
+    ``project`` (a configured name, or a URL or path every worker reaches) is needed for a
+    task the workers have not driven yet; ``init`` creates the task on its first step.
+
+    Raises:
+        ConfigError: an unknown agent, no such task (without ``init``), no project, or a
+            task that was not started on the workers.
+        GateRefused: an invalid task name.
+    """
+    from engine.agents.factory import AGENT_NAMES
+    from engine.gates.names import check_task_name
+    from engine.gates.service import Gates
+    from engine.workers.control import project_reference, start_on_workers
+    from engine.workers.queue import require_postgres
+
+    require_postgres(settings.database)
+    check_task_name(task_name)
+    task = await Gates(db, settings).store.find(task_name)
+    current = (await _drives_by_task(WorkerStore(db))).get(task_name)
+    # A task goes on with the agent of its last drive unless told otherwise.
+    tool = tool or (current.spec.tool if current is not None else settings.default_agent)
+    if tool not in AGENT_NAMES:
+        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
+    if task is not None and task.phase == COMPLETE:
+        return None
+    if current is not None and not current.ended:
+        return QueuedDrive(current.spec, new=False)  # already on the workers
+    if task is None and not init:
+        raise ConfigError(f"no task {task_name!r}: give --init --checkout-repo PROJECT")
+    if current is not None:
+        where = current.spec.project
+    elif task is None and project is not None:
+        where = project_reference(settings, project)
+    elif task is None:
+        raise ConfigError("on the workers a new task needs a project: give --checkout-repo")
+    else:
+        raise ConfigError(
+            f"task {task_name} was not started on the workers; drive it without "
+            "TURNSTILE_EXECUTION=workers"
+        )
+    same_tool = current is not None and tool == current.spec.tool
+    spec = new_drive_spec(
+        task=task_name,
+        summary=summary or (task.summary if task is not None else None) or task_name,
+        tool=tool,
+        project=where,
+        agent_cmd=agent_cmd
+        or (current.spec.agent_cmd if current is not None and same_tool else None)
+        or (settings.agent_command if tool == "command" else None),
+        chat=chat,
+    )
+    await start_on_workers(settings, spec)
+    return QueuedDrive(spec, new=True)
+
+
+async def gate_requests(
+    settings: Settings, db: AnyDatabase, *, chat_only: bool = True
+) -> list[GateRequest]:
+    """The open gates of the drives parked on the workers (of those started from a chat,
+    by default), as the in-process drive announces them."""
+    from engine.gates.service import Gates
+
+    store = Gates(db, settings).store
+    found: list[GateRequest] = []
+    for placement in (await _drives_by_task(WorkerStore(db))).values():
+        if placement.status is not PlacementStatus.PARKED or placement.spec.task is None:
+            continue
+        if chat_only and placement.spec.chat_id is None:
+            continue
+        task = await store.find(placement.spec.task)
+        if task is None or not task.awaiting_approval or task.gate_sha256 is None:
+            continue
+        spec = store.workflow.phase(task.phase)
+        found.append(
+            GateRequest(
+                task=task.name,
+                phase=spec.name,
+                artifact_name=spec.artifact,
+                artifact_path=task.folder / spec.artifact,
+                sha256=task.gate_sha256,
+                excerpt=await asyncio.to_thread(_excerpt, task.folder, spec.artifact),
+                run_id=placement.run_id,
+            )
+        )
+    return found
+
+
+def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
+    try:
+        raw = safefile.read_head(folder, artifact, limit * 4)
+    except (OSError, UnsafeFileError):
+        return ""
+    return raw.decode("utf-8", errors="replace")[:limit]
+
+
+async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """``turnstile autopilot`` with ``TURNSTILE_EXECUTION=workers``: put the drive on the
+    workers (or find the one there), then follow it unless ``--detach``."""
+    if args.folder is not None or args.workdir is not None:
+        raise ConfigError(
+            "on the workers a task works in a worktree of its project (--checkout-repo); "
+            "--folder and --workdir are for drives in this process"
+        )
+    async with open_database(settings) as db:
+        queued = await queue_drive(
+            settings,
+            db,
+            args.task,
+            init=args.init,
+            summary=args.summary,
+            project=args.checkout_repo,
+            tool=args.tool,
+            agent_cmd=args.agent_cmd,
+        )
+    if queued is None:
+        print(f"{args.task}: complete", flush=True)
+        return 0
+    spec = queued.spec
+    if args.detach:
+        print(spec.run_id, flush=True)
+        return 0
+    print(f"Autopilot {args.task} · run {spec.run_id} · {spec.tool} · on the workers", flush=True)
+    print("Ctrl-C stops the drive.", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        return await follow_drive(
+            settings,
+            spec.run_id,
+            args.task,
+            sys.stdout,
+            wait_for_approval=not args.no_wait,
+            stop_requested=stop,
+        )
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
