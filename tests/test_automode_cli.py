@@ -1,9 +1,10 @@
 """``turnstile auto`` and ``turnstile runs`` as real subprocesses: end to end, exit codes,
 bad input, steering with --append, Ctrl-C, and crash recovery with --resume after SIGKILL.
 
-What the store carries (runs listed, resumed, steered, stopped, raced for) runs on a SQLite
-file and on a fresh PostgreSQL database in turn (``db_target``, tests/pg_support.py); bad
-input and warnings that never reach the store run on SQLite only."""
+What the store carries (runs crashed, steered, stopped, killed and resumed, listed, raced
+for) runs on a SQLite file and on a fresh PostgreSQL database in turn (``db_target``,
+tests/pg_support.py); the plain end to end run (its listing is also checked after the
+SIGKILL), bad input and warnings that never reach the store run on SQLite only."""
 
 from __future__ import annotations
 
@@ -125,9 +126,9 @@ def run_id_from(line: str) -> str:
     return line.split("Auto run ", 1)[1].split()[0]
 
 
-def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path, db_target: Target) -> None:
+def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path) -> None:
     script = write_script(tmp_path / "fake", rules=happy_rules())
-    env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
+    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
     done = run_cli(tmp_path, env, *auto_args(ws, "-p", "create result.txt"))
     assert done.returncode == 0, done.stderr
     run_id, status = report_head(done.stdout)
