@@ -258,6 +258,7 @@ def _peak_rss_kib(pid: int) -> int:
     raise AssertionError("no VmHWM in /proc/PID/status")
 
 
+@pytest.mark.timeout(180)  # 30 MB through a real bot: over 60 s on a loaded 2-core machine
 async def test_a_30_mb_output_is_streamed_whole_to_the_document(
     tmp_path: Path, api: FakeBotApi
 ) -> None:
