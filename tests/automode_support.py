@@ -149,11 +149,12 @@ async def _kill_after_turn(argv: list[str]) -> None:
     from engine.automode import prepare_auto_run
     from engine.runs import RunSpec
     from engine.settings import load_settings
-    from engine.store.database import Database
+    from engine.store.backend import open_database
 
-    n, db_path, runs_dir, workdir, agent_cmd, objective = argv
-    settings = load_settings(database=Path(db_path), runs_dir=Path(runs_dir))
-    async with Database(settings.database) as db:
+    # DB: a SQLite file or a postgresql:// URL.
+    n, database, runs_dir, workdir, agent_cmd, objective = argv
+    settings = load_settings(database=database, runs_dir=Path(runs_dir))
+    async with open_database(settings) as db:
         spec = RunSpec(
             objective=objective, agent="command", workdir=Path(workdir), agent_cmd=agent_cmd
         )

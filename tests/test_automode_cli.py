@@ -1,12 +1,16 @@
 """``turnstile auto`` and ``turnstile runs`` as real subprocesses: end to end, exit codes,
-bad input, steering with --append, Ctrl-C, and crash recovery with --resume after SIGKILL."""
+bad input, steering with --append, Ctrl-C, and crash recovery with --resume after SIGKILL.
+
+What the store carries (runs crashed, steered, stopped, killed and resumed, listed, raced
+for) runs on a SQLite file and on a fresh PostgreSQL database in turn (``db_target``,
+tests/pg_support.py); the plain end to end run (its listing is also checked after the
+SIGKILL), bad input and warnings that never reach the store run on SQLite only."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests import db_support
 from tests.automode_support import (
     AGENT_CMD,
     EVALUATE,
@@ -29,6 +34,7 @@ from tests.automode_support import (
     turnstile,
     write_script,
 )
+from tests.db_support import Target
 from tests.fakes.realcli import alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,20 +68,24 @@ def auto_args(ws: Path, *extra: str) -> list[str]:
     return ["auto", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(ws), *extra]
 
 
-def turns_of(tmp: Path, run_id: str) -> list[tuple[int, int, str, str]]:
-    with sqlite3.connect(tmp / "turnstile.db") as conn:
-        rows = conn.execute(
-            "SELECT seq, attempt, phase, state FROM turns WHERE run_id = ? ORDER BY seq, attempt",
-            (run_id,),
-        ).fetchall()
-    return [tuple(r) for r in rows]
+def on(target: Target, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the run's database at ``target``."""
+    return {**env, "TURNSTILE_DATABASE": db_support.setting(target)}
 
 
-def run_row(tmp: Path, run_id: str) -> dict[str, Any]:
-    with sqlite3.connect(tmp / "turnstile.db") as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return dict(row)
+def turns_of(target: Target, run_id: str) -> list[tuple[int, int, str, str]]:
+    found = db_support.rows(
+        target,
+        "SELECT seq, attempt, phase, state FROM turns WHERE run_id = ? ORDER BY seq, attempt",
+        run_id,
+    )
+    return [(int(a), int(b), str(c), str(d)) for a, b, c, d in found]
+
+
+def run_row(target: Target, run_id: str) -> dict[str, Any]:
+    found = db_support.row(target, "SELECT * FROM runs WHERE id = ?", run_id)
+    assert found is not None, run_id
+    return found
 
 
 class Cli:
@@ -150,26 +160,38 @@ def test_prompt_and_passthrough_after_double_dash(tmp_path: Path, ws: Path) -> N
     done = run_cli(tmp_path, env, *auto_args(ws, "--max-turns", "2", "--", "-p", "goal", "xtra"))
     assert done.returncode == 0, done.stderr
     run_id = report_head(done.stdout)[0]
-    state = json.loads(run_row(tmp_path, run_id)["state_json"])
+    state = json.loads(run_row(tmp_path / "turnstile.db", run_id)["state_json"])
     assert state["objective"] == "goal"
     assert state["config"]["passthrough"] == ["xtra"]
     assert "Reached max turns without verified completion" in done.stderr
-    assert [(s, p) for s, _, p, _ in turns_of(tmp_path, run_id)] == [(1, "clarify"), (2, "plan")]
+    turns = turns_of(tmp_path / "turnstile.db", run_id)
+    assert [(s, p) for s, _, p, _ in turns] == [(1, "clarify"), (2, "plan")]
 
 
 @pytest.mark.parametrize(
-    ("failing", "code", "status", "crashed"),
-    [(EVALUATE, 5, "error", False), (": clarify the objective\n", 3, "crashed", True)],
+    ("failing", "code", "status", "crashed", "db_target"),
+    [
+        (EVALUATE, 5, "error", False, "sqlite"),
+        (": clarify the objective\n", 3, "crashed", True, "sqlite"),
+        (": clarify the objective\n", 3, "crashed", True, "postgresql"),
+    ],
+    indirect=["db_target"],
 )
 def test_exit_codes_follow_the_contract(
-    tmp_path: Path, ws: Path, failing: str, code: int, status: str, crashed: bool
+    tmp_path: Path,
+    ws: Path,
+    failing: str,
+    code: int,
+    status: str,
+    crashed: bool,
+    db_target: Target,
 ) -> None:
     rules = [{"match": failing, "text": "boom", "exit": code}, *happy_rules()]
     script = write_script(tmp_path / "fake", rules=rules)
-    done = run_cli(tmp_path, cli_env(tmp_path, script), *auto_args(ws, "-p", "x"))
+    done = run_cli(tmp_path, on(db_target, cli_env(tmp_path, script)), *auto_args(ws, "-p", "x"))
     assert done.returncode == code
     run_id = report_head(done.stdout)[0]
-    row = run_row(tmp_path, run_id)
+    row = run_row(db_target, run_id)
     assert row["status"] == status
     assert row["exit_code"] == code
     assert (row["abort_reason"] is not None) is crashed
@@ -216,7 +238,9 @@ def test_resume_refuses_unknown_and_finished_runs(tmp_path: Path, ws: Path) -> N
     assert "no run 'auto-nope'" in missing.stderr
 
 
-async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> None:
+async def test_append_steers_the_next_execute_turn(
+    tmp_path: Path, ws: Path, db_target: Target
+) -> None:
     gate = tmp_path / "go"
     replies = [
         {"text": "goal"},
@@ -227,7 +251,7 @@ async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> 
         evaluation("COMPLETE"),
     ]
     script = write_script(tmp_path / "fake", replies=replies)
-    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     started = await cli.wait_for("Auto run ")
     await cli.wait_for("Turn 3/10: Executing")
@@ -251,14 +275,22 @@ async def test_append_steers_the_next_execute_turn(tmp_path: Path, ws: Path) -> 
     assert "no auto run is running here" in nothing.stderr
 
 
-@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("sig", "expected", "db_target"),
+    [
+        (signal.SIGINT, 130, "sqlite"),
+        (signal.SIGTERM, 143, "sqlite"),
+        (signal.SIGTERM, 143, "postgresql"),
+    ],
+    indirect=["db_target"],
+)
 async def test_ctrl_c_stops_the_run_and_the_agent(
-    tmp_path: Path, ws: Path, sig: signal.Signals, expected: int
+    tmp_path: Path, ws: Path, sig: signal.Signals, expected: int, db_target: Target
 ) -> None:
     pids = tmp_path / "pids"
     rules = happy_rules(execute={"text": "slow", "grandchild": True, "sleep": 600})
     script = write_script(tmp_path / "fake", rules=rules)
-    env = cli_env(tmp_path, script, extra={"FAKE_AGENT_PIDS": str(pids)})
+    env = on(db_target, cli_env(tmp_path, script, extra={"FAKE_AGENT_PIDS": str(pids)}))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     started = await cli.wait_for("Auto run ")
     await cli.wait_for("Turn 3/10: Executing")
@@ -267,20 +299,20 @@ async def test_ctrl_c_stops_the_run_and_the_agent(
     assert code == expected, err
     assert report_head(out) == (run_id_from(started), "stopped")
     run_id = run_id_from(started)
-    assert [t[3] for t in turns_of(tmp_path, run_id)] == ["finished", "finished", "interrupted"]
-    assert run_row(tmp_path, run_id)["status"] == "stopped"
+    assert [t[3] for t in turns_of(db_target, run_id)] == ["finished", "finished", "interrupted"]
+    assert run_row(db_target, run_id)["status"] == "stopped"
     for line in pids.read_text().splitlines() if pids.exists() else []:
         for pid in map(int, line.split()):
             # Gone: no such process, or a zombie the init process has not reaped yet.
             assert not alive(pid), pid
 
 
-async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
+async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path, db_target: Target) -> None:
     gate = tmp_path / "go"
     rules = happy_rules(execute={"text": "executed", "wait_file": str(gate)})
     rules[3] = {"match": EVALUATE, **commit_step("result.txt", text="AUTO-MODE STATUS: COMPLETE")}
     script = write_script(tmp_path / "fake", rules=rules)
-    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     run_id = run_id_from(await cli.wait_for("Auto run "))
     await cli.wait_for("Turn 3/10: Executing")
@@ -295,14 +327,14 @@ async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
     assert "Resuming auto run" in resumed.stderr
     assert "1 interrupted turn(s) re-run" in resumed.stderr
     assert report_head(resumed.stdout)[1] == "completed"
-    assert turns_of(tmp_path, run_id) == [
+    assert turns_of(db_target, run_id) == [
         (1, 1, "clarify", "finished"),
         (2, 1, "plan", "finished"),
         (3, 1, "execute", "interrupted"),
         (3, 2, "execute", "finished"),
         (4, 1, "evaluate", "finished"),
     ]
-    row = run_row(tmp_path, run_id)
+    row = run_row(db_target, run_id)
     assert row["status"] == "completed"
     assert json.loads(Path(row["log_dir"], "state.json").read_text())["status"] == "completed"
     shown = await asyncio.to_thread(run_cli, tmp_path, env, "runs", run_id)
@@ -319,10 +351,10 @@ async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path) -> None:
 
 
 async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
-    tmp_path: Path, ws: Path
+    tmp_path: Path, ws: Path, db_target: Target
 ) -> None:
     script = write_script(tmp_path / "fake", rules=happy_rules())
-    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     killer = subprocess.run(
         [
             sys.executable,
@@ -330,7 +362,7 @@ async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
             "tests.automode_support",
             "kill-after-turn",
             "3",
-            str(tmp_path / "turnstile.db"),
+            db_support.setting(db_target),
             str(tmp_path / "runs"),
             str(ws),
             AGENT_CMD,
@@ -345,11 +377,11 @@ async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
     assert killer.returncode == -signal.SIGKILL, killer.stderr
     run_id = killer.stderr.split("RUN ", 1)[1].split()[0]
     # The execute turn ran (and committed) but its end was never recorded.
-    assert turns_of(tmp_path, run_id)[-1] == (3, 1, "execute", "started")
+    assert turns_of(db_target, run_id)[-1] == (3, 1, "execute", "started")
     # --resume also takes the agent session id.
-    resumed = run_cli(tmp_path, env, "auto", "--resume", run_row(tmp_path, run_id)["session_id"])
+    resumed = run_cli(tmp_path, env, "auto", "--resume", run_row(db_target, run_id)["session_id"])
     assert resumed.returncode == 0, resumed.stderr
-    turns = turns_of(tmp_path, run_id)
+    turns = turns_of(db_target, run_id)
     assert turns == [
         (1, 1, "clarify", "finished"),
         (2, 1, "plan", "finished"),
@@ -359,14 +391,14 @@ async def test_sigkill_between_turn_end_and_store_write_reruns_the_turn_once(
     ]
     finished = [seq for seq, _, _, state in turns if state == "finished"]
     assert len(finished) == len(set(finished))  # each turn recorded finished once
-    assert run_row(tmp_path, run_id)["status"] == "completed"
+    assert run_row(db_target, run_id)["status"] == "completed"
 
 
 async def test_two_resumes_at_once_one_drives_the_other_is_refused(
-    tmp_path: Path, ws: Path
+    tmp_path: Path, ws: Path, db_target: Target
 ) -> None:
     script = write_script(tmp_path / "fake", rules=happy_rules())
-    env = cli_env(tmp_path, script, log=tmp_path / "agent.log")
+    env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     killer = await asyncio.to_thread(
         subprocess.run,
         [
@@ -375,7 +407,7 @@ async def test_two_resumes_at_once_one_drives_the_other_is_refused(
             "tests.automode_support",
             "kill-after-turn",
             "2",
-            str(tmp_path / "turnstile.db"),
+            db_support.setting(db_target),
             str(tmp_path / "runs"),
             str(ws),
             AGENT_CMD,
@@ -399,7 +431,7 @@ async def test_two_resumes_at_once_one_drives_the_other_is_refused(
         text in loser.stderr
         for text in ("still driven by process", "just resumed by another process", "has ended")
     )
-    finished = [seq for seq, _, _, state in turns_of(tmp_path, run_id) if state == "finished"]
+    finished = [seq for seq, _, _, state in turns_of(db_target, run_id) if state == "finished"]
     assert finished == [1, 2, 3, 4]
 
 

@@ -1,5 +1,6 @@
 """One auto run with the real Claude Code CLI against the fake model API: the scripted
-model writes and commits a file, reports COMPLETE, and the verifier accepts it."""
+model writes and commits a file, reports COMPLETE, and the verifier accepts it — its turns
+recorded in a SQLite file and in a fresh PostgreSQL database in turn (``db_target``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 from engine.automode import AutoStatus, start_auto_run
 from engine.runs import AgentEnv, RunSpec
 from engine.settings import load_settings
-from engine.store.database import Database
+from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
 from tests.agent_clis import ensure_cli
 from tests.automode_support import GIT_ENV, git_workspace
+from tests.db_support import Target
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
 from tests.fakes.realcli import Sandbox
 
@@ -26,7 +28,7 @@ def claude_bin() -> Path:
 
 
 async def test_auto_run_with_claude_code_commits_and_is_verified(
-    claude_bin: Path, model_api: FakeModelAPI, isolated_env: Path
+    claude_bin: Path, model_api: FakeModelAPI, isolated_env: Path, db_target: Target
 ) -> None:
     api = model_api
     sandbox = Sandbox(isolated_env / "sandbox")
@@ -44,12 +46,12 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
         Text("hello.txt is committed and the tree is clean.\nAUTO-MODE STATUS: COMPLETE"),
     )
     settings = load_settings(
-        database=isolated_env / "t.db",
+        database=db_target,
         runs_dir=isolated_env / "runs",
         claude_bin=str(claude_bin),
         allowed_tools=("view", "create", "bash"),
     )
-    async with Database(settings.database) as db:
+    async with open_database(settings) as db:
         spec = RunSpec(
             objective="create hello.txt containing hello and commit it",
             agent="claude",

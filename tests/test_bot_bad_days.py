@@ -4,6 +4,10 @@ a revoked token, permanent delivery failures and a huge agent output.
 The bot is the real one: in-process against the fake Bot API (``running_bot``) where only
 its behaviour matters, or as a child process (``python -m engine.cli bot``) where its exit
 code, its last words on stderr or its memory are what is tested.
+
+What the store keeps on a bad day (the undelivered answer, the audit of refusals and lost
+messages) is checked on both databases (``db_target``, ``bot_backend``); a read-only file,
+a token refused before anything is stored and the 30 MB output are SQLite only.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.store import Database
+from engine.store import Database, open_database
 from tests.bot_process import CHAT, OPERATOR, bot_env, spawn
+from tests.db_support import Target, setting
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import ADMIN as H_ADMIN
 from tests.fakes.bot_harness import bot_settings, running_bot
@@ -114,9 +119,10 @@ async def test_read_only_database_fails_doctor_and_stops_the_bot_in_one_line(
 
 
 async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
-    tmp_path: Path, api: FakeBotApi
+    tmp_path: Path, api: FakeBotApi, db_target: Target
 ) -> None:
-    bot = await spawn(tmp_path, bot_env(tmp_path, api), "bot")
+    env = bot_env(tmp_path, api, TURNSTILE_DATABASE=setting(db_target))
+    bot = await spawn(tmp_path, env, "bot")
     try:
         await bot.wait_log("running (polling)")
         await api.wait_until(lambda: bool(api.calls_of("getUpdates")))
@@ -133,7 +139,7 @@ async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
     assert "TURNSTILE_TELEGRAM_TOKEN" in last
     assert api.token not in bot.log
     # The answer is not failed for good: a new token delivers it.
-    async with Database(tmp_path / "turnstile.db") as db:
+    async with open_database(db_target) as db:
         rows = await db.fetchall("SELECT state, body FROM bot_outbox")
     assert [r["state"] for r in rows] == ["pending"]
     assert "turnstile drives coding agents" in rows[0]["body"]
@@ -154,10 +160,17 @@ async def test_token_refused_at_start_is_one_line(tmp_path: Path, api: FakeBotAp
 
 @pytest.mark.usefixtures("isolated_env")
 @pytest.mark.parametrize(
-    ("status", "said"), [(403, "bot was blocked"), (404, "Not Found"), (400, "Chat not found")]
+    ("status", "said", "bot_backend"),
+    [
+        (403, "bot was blocked", "sqlite"),
+        (403, "bot was blocked", "postgresql"),
+        (404, "Not Found", "sqlite"),
+        (400, "Chat not found", "sqlite"),
+    ],
+    indirect=["bot_backend"],
 )
 async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
-    tmp_path: Path, status: int, said: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, status: int, said: str, bot_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with FakeBotApi() as fake, running_bot(fake, bot_settings(fake, tmp_path)) as rt:
         fake.fail(["sendMessage"], status, count=1)
@@ -182,7 +195,7 @@ async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
 # --- a flood of strangers ---------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("isolated_env")
+@pytest.mark.usefixtures("isolated_env", "bot_backend")
 async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -> None:
     strangers, backlog = 150, 10
     async with FakeBotApi() as fake:
@@ -245,6 +258,7 @@ def _peak_rss_kib(pid: int) -> int:
     raise AssertionError("no VmHWM in /proc/PID/status")
 
 
+@pytest.mark.timeout(180)  # 30 MB through a real bot: over 60 s on a loaded 2-core machine
 async def test_a_30_mb_output_is_streamed_whole_to_the_document(
     tmp_path: Path, api: FakeBotApi
 ) -> None:

@@ -1,8 +1,9 @@
 """The one place every feature's handlers are wrapped (bot/handlers.py ``Dispatch``).
 
 A real python-telegram-bot ``Application`` on the fake Bot API (initialized, not started:
-updates are handed to ``process_update`` directly) and a real SQLite store; what the bot
-says is read from the outbox, button answers from the fake API.
+updates are handed to ``process_update`` directly) and a real store, on a SQLite file and
+on a fresh PostgreSQL database in turn (``database``); what the bot says is read from the
+outbox, button answers from the fake API.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from bot.publish import Publisher
 from bot.replies import Replies
 from bot.store import BotStore, SqlBotStore
 from engine.redact import Redactor
-from engine.store.database import Database
 from tests.fakes.bot_api import FakeBotApi
 from tests.support import make_settings
 
 CHAT = 100
 ADMIN = 1
 STRANGER = 9
+
+# Routing alone, nothing written: the store's part runs on SQLite only.
+_ROUTING_ONLY = pytest.mark.parametrize("database", ["sqlite"], indirect=True)
 
 
 def _text(update_id: int, text: str, user: int = ADMIN) -> dict[str, Any]:
@@ -86,8 +89,8 @@ class _Bench:
 
 
 @asynccontextmanager
-async def _bench(tmp_path: Path) -> AsyncIterator[_Bench]:
-    async with FakeBotApi() as api, Database(tmp_path / "bot.db") as db:
+async def _bench(tmp_path: Path, db: Any) -> AsyncIterator[_Bench]:
+    async with FakeBotApi() as api:
         store = SqlBotStore(db)
         authorizer = Authorizer.from_ids(
             admins=[ADMIN], approvers=[], operators=[], allowed_chats=[CHAT]
@@ -114,7 +117,10 @@ async def _bench(tmp_path: Path) -> AsyncIterator[_Bench]:
             await app.shutdown()
 
 
-async def test_texts_go_to_features_in_order_until_one_takes_it(tmp_path: Path) -> None:
+@_ROUTING_ONLY
+async def test_texts_go_to_features_in_order_until_one_takes_it(
+    tmp_path: Path, database: Any
+) -> None:
     seen: list[tuple[str, str]] = []
 
     def feature(name: str, takes: str | None) -> Any:
@@ -124,7 +130,7 @@ async def test_texts_go_to_features_in_order_until_one_takes_it(tmp_path: Path) 
 
         return on_text
 
-    async with _bench(tmp_path) as bench:
+    async with _bench(tmp_path, database) as bench:
         bench.dispatch.text(feature("approvals", "APPROVED"))
         bench.dispatch.text(feature("steering", "steer me"))
         bench.dispatch.text(feature("chat", None))
@@ -143,7 +149,7 @@ async def test_texts_go_to_features_in_order_until_one_takes_it(tmp_path: Path) 
 
 
 async def test_a_failing_feature_is_answered_once_and_no_later_feature_sees_it(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, database: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     later: list[str] = []
 
@@ -154,7 +160,7 @@ async def test_a_failing_feature_is_answered_once_and_no_later_feature_sees_it(
         later.append(text)
         return True
 
-    async with _bench(tmp_path) as bench:
+    async with _bench(tmp_path, database) as bench:
         bench.dispatch.text(fails)
         bench.dispatch.text(chat)
         bench.dispatch.finish()
@@ -167,13 +173,14 @@ async def test_a_failing_feature_is_answered_once_and_no_later_feature_sees_it(
 
 async def test_commands_check_the_right_and_the_usage_before_the_feature(
     tmp_path: Path,
+    database: Any,
 ) -> None:
     called: list[list[str]] = []
 
     async def cmd(update: Update, args: list[str]) -> None:
         called.append(args)
 
-    async with _bench(tmp_path) as bench:
+    async with _bench(tmp_path, database) as bench:
         bench.dispatch.command("auto", Action.START_RUN, cmd, usage="Usage: /auto OBJECTIVE")
         bench.dispatch.finish()
         await bench.feed(_text(1, "/auto"))
@@ -188,13 +195,16 @@ async def test_commands_check_the_right_and_the_usage_before_the_feature(
     assert [(e.user_id, e.action) for e in refused] == [(STRANGER, "start_run")]
 
 
-async def test_buttons_go_by_pattern_and_the_rest_is_only_answered(tmp_path: Path) -> None:
+@_ROUTING_ONLY
+async def test_buttons_go_by_pattern_and_the_rest_is_only_answered(
+    tmp_path: Path, database: Any
+) -> None:
     pressed: list[str] = []
 
     async def on_button(update: Update, data: str) -> None:
         pressed.append(data)
 
-    async with _bench(tmp_path) as bench:
+    async with _bench(tmp_path, database) as bench:
         bench.dispatch.buttons(r"^ap(:|\Z)", Action.APPROVE, on_button)
         bench.dispatch.buttons(r"^tq:\d+:[osd]\Z", None, on_button)
         bench.dispatch.finish()

@@ -1,4 +1,5 @@
-"""The real ``turnstile bot`` process killed with SIGKILL mid-run, then started again."""
+"""The real ``turnstile bot`` process killed with SIGKILL mid-run, then started again: on a
+SQLite file and on a fresh PostgreSQL database in turn (``db_target``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import asyncio
 import contextlib
 import os
 import signal
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.automode_support import GIT_ENV, git_workspace, happy_rules
 from tests.bot_process import bot_env, start_polling
+from tests.db_support import Target, rows, setting
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import OPERATOR, wait_for_file, write_script
 
@@ -22,11 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 CHAT = OPERATOR  # a private chat: the group flood limit is not under test here
 
 
-def _env(api: FakeBotApi, root: Path) -> dict[str, str]:
+def _env(api: FakeBotApi, root: Path, db: Target) -> dict[str, str]:
     return bot_env(
         root,
         api,
-        TURNSTILE_DATABASE=str(root / "bot.db"),
+        TURNSTILE_DATABASE=setting(db),
         TURNSTILE_ALLOWED_CHATS=str(CHAT),
         TURNSTILE_PREEMPT_GRACE="1",
         # the fake agent's script, state and pid files, set by each test
@@ -34,17 +35,16 @@ def _env(api: FakeBotApi, root: Path) -> dict[str, str]:
     )
 
 
-async def _start(api: FakeBotApi, root: Path) -> asyncio.subprocess.Process:
-    return await start_polling(api, root, _env(api, root), timeout=30)
+async def _start(api: FakeBotApi, root: Path, db: Target) -> asyncio.subprocess.Process:
+    return await start_polling(api, root, _env(api, root, db), timeout=30)
 
 
-def _outbox(root: Path) -> list[tuple[str, str]]:
-    with contextlib.closing(sqlite3.connect(root / "bot.db")) as conn:
-        return list(conn.execute("SELECT body, state FROM bot_outbox ORDER BY id"))
+def _outbox(db: Target) -> list[tuple[str, str]]:
+    return [(str(b), str(s)) for b, s in rows(db, "SELECT body, state FROM bot_outbox ORDER BY id")]
 
 
 async def test_sigkill_mid_run_then_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_target: Target
 ) -> None:
     pids = tmp_path / "pids"
     monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
@@ -63,7 +63,7 @@ async def test_sigkill_mid_run_then_restart(
         monkeypatch,
     )
     async with FakeBotApi() as api:
-        bot = await _start(api, tmp_path)
+        bot = await _start(api, tmp_path, db_target)
         try:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
             await api.wait_for_message(lambda m: "bound" in m.text)
@@ -73,7 +73,7 @@ async def test_sigkill_mid_run_then_restart(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="second")
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="third")
             await wait_for_file(pids)  # the second turn's agent is running
-            assert ("answer: first", "pending") in _outbox(tmp_path)
+            assert ("answer: first", "pending") in _outbox(db_target)
             bot.send_signal(signal.SIGKILL)
             await bot.wait()
         finally:
@@ -83,7 +83,7 @@ async def test_sigkill_mid_run_then_restart(
         api.failures.clear()
         sent_before = len(api.sent)
 
-        bot = await _start(api, tmp_path)
+        bot = await _start(api, tmp_path, db_target)
         try:
             await api.wait_for_message(lambda m: m.text == "answer: third", timeout=30)
             await api.wait_for_message(lambda m: "was cut off" in m.text)
@@ -105,11 +105,11 @@ async def test_sigkill_mid_run_then_restart(
     cut = [t for t in after if "was cut off" in t]
     assert len(cut) == 1
     assert "Prompt was: second" in cut[0]
-    assert all(state == "sent" for _, state in _outbox(tmp_path))
+    assert all(state == "sent" for _, state in _outbox(db_target))
 
 
 async def test_auto_run_resumes_after_sigkill(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_target: Target
 ) -> None:
     pids = tmp_path / "pids"
     monkeypatch.setenv("FAKE_AGENT_PIDS", str(pids))
@@ -125,7 +125,7 @@ async def test_auto_run_resumes_after_sigkill(
         monkeypatch,
     )
     async with FakeBotApi() as api:
-        bot = await _start(api, tmp_path)
+        bot = await _start(api, tmp_path, db_target)
         try:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
             started = await api.wait_for_message(lambda m: "Auto run" in m.text)
@@ -140,7 +140,7 @@ async def test_auto_run_resumes_after_sigkill(
             for pid in pids.read_text().split():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-        bot = await _start(api, tmp_path)
+        bot = await _start(api, tmp_path, db_target)
         try:
             await api.wait_for_message(lambda m: f"Auto run {run_id} resumed" in m.text)
             await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=60)
@@ -153,11 +153,10 @@ async def test_auto_run_resumes_after_sigkill(
     cut = [t for t in api.texts() if "was cut off" in t]
     assert len(cut) == 1
     assert run_id in cut[0]
-    with contextlib.closing(sqlite3.connect(tmp_path / "bot.db")) as conn:
-        status = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
-        attempts = conn.execute(
-            "SELECT seq, attempt, state FROM turns WHERE run_id = ? ORDER BY id", (run_id,)
-        ).fetchall()
+    [(status,)] = rows(db_target, "SELECT status FROM runs WHERE id = ?", run_id)
+    attempts = rows(
+        db_target, "SELECT seq, attempt, state FROM turns WHERE run_id = ? ORDER BY id", run_id
+    )
     assert status == "completed"
     assert attempts[0][2] == "interrupted"
     assert attempts[1][:2] == (attempts[0][0], 2)

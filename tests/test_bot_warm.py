@@ -1,4 +1,8 @@
-"""A warm chat session in the real bot: the fake Bot API, the real ``claude``, the fake model."""
+"""A warm chat session in the real bot: the fake Bot API, the real ``claude``, the fake model.
+
+The auto run and the autopilot drive (their runs, gates and drive locks in the store) run on
+both databases (``bot_backend``); the rest is about the resident agent process and runs on
+SQLite only."""
 
 from __future__ import annotations
 
@@ -185,6 +189,7 @@ async def test_a_warm_codex_chat_session_says_so_in_status_and_takes_steering(
         assert not run.agent.resident
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_a_warm_auto_run_says_so_in_status_and_its_process_ends_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,6 +280,7 @@ async def test_an_auto_run_counts_in_the_warm_cap_with_the_chat_sessions(
     assert marked_processes(box.marker) == []
 
 
+@pytest.mark.usefixtures("bot_backend")
 async def test_a_warm_autopilot_drive_says_so_in_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

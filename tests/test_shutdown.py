@@ -4,6 +4,11 @@ The bot runs as a child process against the fake Bot API server in this test's e
 its agent is the scripted fake agent. First SIGTERM: stop taking updates, let the running
 turn finish (or park it, by setting), flush the outbox, exit 0. A second SIGTERM pre-empts
 the running turn. The bot's logs (at DEBUG) are grepped for the token on the way.
+
+The shutdown paths that write the store (a finished turn, a pre-empted or parked one, the
+flushed outbox, a write cancelled mid-transaction) run on a SQLite file and on a fresh
+PostgreSQL database in turn (``db_target``, ``database``); the quick start from
+``.env.example`` and webhook mode (no store of their own) run on SQLite only.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from bot.store import SqlBotStore
-from engine.store import Database, SqliteRunStore
+from engine.store import SqliteRunStore, open_database
 from tests.bot_process import CHAT, FAKE_AGENT, OPERATOR, ROOT, BotProcess, bot_env, spawn
+from tests.db_support import Target, setting
 from tests.fakes.bot_api import FakeBotApi
 from tests.support import alive, wait_for_file, wait_until
 
@@ -82,39 +89,42 @@ async def _bind_and_start_turn(api: FakeBotApi, root: Path, text: str) -> None:
     await wait_until(lambda: any((root / "agent-state").glob("*.turns")), interval=0.02)
 
 
-async def _pending_outbox(root: Path) -> int:
-    async with Database(root / "turnstile.db") as db:
+async def _pending_outbox(target: Target) -> int:
+    async with open_database(target) as db:
         return await SqlBotStore(db).pending_outbox()
 
 
-async def _turn_states(root: Path) -> list[str]:
-    async with Database(root / "turnstile.db") as db:
+async def _turn_states(target: Target) -> list[str]:
+    async with open_database(target) as db:
         runs = SqliteRunStore(db)
         return [t.state.value for r in await runs.list_runs() for t in await runs.turns(r.id)]
 
 
 @pytest.mark.timeout(120)
 async def test_sigterm_finishes_the_running_turn_flushes_and_exits_0(
-    tmp_path: Path, api: FakeBotApi, gate: Path
+    tmp_path: Path, api: FakeBotApi, gate: Path, db_target: Target
 ) -> None:
-    bot = await _start(tmp_path, _env(tmp_path, api))
+    env = _env(tmp_path, api, TURNSTILE_DATABASE=setting(db_target))
+    on_sqlite = isinstance(db_target, Path)
+    bot = await _start(tmp_path, env)
     try:
         await _bind_and_start_turn(api, tmp_path, "slow question")
-        # `turnstile backup` while the bot runs a turn (docs/deploy.md: no need to stop it).
-        backup = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "backup",
-            str(tmp_path / "copy.db"),
-            cwd=tmp_path,
-            env=_env(tmp_path, api),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        backup_out, backup_err = await backup.communicate()
-        assert backup.returncode == 0, backup_err.decode()
-        assert b"integrity check ok" in backup_out
+        if on_sqlite:  # a PostgreSQL backup is pg_dump's (tests/test_backup.py)
+            # `turnstile backup` while the bot runs a turn (docs/deploy.md: no need to stop it).
+            backup = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "backup",
+                str(tmp_path / "copy.db"),
+                cwd=tmp_path,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            backup_out, backup_err = await backup.communicate()
+            assert backup.returncode == 0, backup_err.decode()
+            assert b"integrity check ok" in backup_out
         bot.signal()
         await bot.wait_log("shutdown requested")
         # Taken no more: this message is neither run now nor lost (still unconfirmed).
@@ -126,20 +136,21 @@ async def test_sigterm_finishes_the_running_turn_flushes_and_exits_0(
     assert code == 0, bot.log
     assert "finished: slow question" in api.texts(CHAT)  # delivered before the exit
     assert _agent_prompts(tmp_path) == ["slow question"]
-    assert await _pending_outbox(tmp_path) == 0
-    assert await _turn_states(tmp_path) == ["finished"]
+    assert await _pending_outbox(db_target) == 0
+    assert await _turn_states(db_target) == ["finished"]
     assert api.token not in bot.log
     assert api.token.split(":")[1] not in bot.log
     assert "DEBUG" in bot.log  # the grep above looked at real, verbose logs
-    copy = sqlite3.connect(f"{(tmp_path / 'copy.db').as_uri()}?mode=ro", uri=True)
-    try:  # the copy taken mid-turn: the turn is in it, still running
-        assert copy.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert copy.execute("SELECT state FROM turns").fetchall() == [("started",)]
-    finally:
-        copy.close()
+    if on_sqlite:
+        copy = sqlite3.connect(f"{(tmp_path / 'copy.db').as_uri()}?mode=ro", uri=True)
+        try:  # the copy taken mid-turn: the turn is in it, still running
+            assert copy.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert copy.execute("SELECT state FROM turns").fetchall() == [("started",)]
+        finally:
+            copy.close()
 
     # The next start takes the message that arrived during the shutdown.
-    bot = await _start(tmp_path, _env(tmp_path, api))
+    bot = await _start(tmp_path, env)
     try:
         await api.wait_for_message(lambda m: "echo: after the signal" in m.text)
         bot.signal()
@@ -153,9 +164,9 @@ async def test_sigterm_finishes_the_running_turn_flushes_and_exits_0(
 
 @pytest.mark.timeout(120)
 async def test_second_sigterm_preempts_a_long_turn(
-    tmp_path: Path, api: FakeBotApi, gate: Path
+    tmp_path: Path, api: FakeBotApi, gate: Path, db_target: Target
 ) -> None:
-    bot = await _start(tmp_path, _env(tmp_path, api))
+    bot = await _start(tmp_path, _env(tmp_path, api, TURNSTILE_DATABASE=setting(db_target)))
     try:
         await _bind_and_start_turn(api, tmp_path, "forever and ever")
         # The agent is another process: a file it writes is the only signal it can give.
@@ -172,8 +183,8 @@ async def test_second_sigterm_preempts_a_long_turn(
         await bot.kill()
     assert code == 0, bot.log
     assert not any(alive(p) for p in pids)  # the agent and its grandchild are gone
-    assert await _turn_states(tmp_path) == ["interrupted"]
-    assert await _pending_outbox(tmp_path) == 0
+    assert await _turn_states(db_target) == ["interrupted"]
+    assert await _pending_outbox(db_target) == 0
     # the turn's progress message says it was parked, without its Stop button
     progress = next(m for m in api.sent if any(h.startswith("⏳ working") for h in m.history))
     assert progress.text.startswith("⏸ parked")
@@ -183,9 +194,15 @@ async def test_second_sigterm_preempts_a_long_turn(
 
 @pytest.mark.timeout(120)
 async def test_park_setting_parks_at_the_first_sigterm_and_resumes_on_start(
-    tmp_path: Path, api: FakeBotApi, gate: Path
+    tmp_path: Path, api: FakeBotApi, gate: Path, db_target: Target
 ) -> None:
-    env = _env(tmp_path, api, TURNSTILE_SHUTDOWN_TURNS="park", TURNSTILE_LOG_FORMAT="json")
+    env = _env(
+        tmp_path,
+        api,
+        TURNSTILE_SHUTDOWN_TURNS="park",
+        TURNSTILE_LOG_FORMAT="json",
+        TURNSTILE_DATABASE=setting(db_target),
+    )
     bot = await _start(tmp_path, env)
     try:
         await _bind_and_start_turn(api, tmp_path, "slow but parked")
@@ -198,7 +215,7 @@ async def test_park_setting_parks_at_the_first_sigterm_and_resumes_on_start(
     about_runs = [r for r in records if r["msg"].startswith("chat run")]
     assert [r["msg"] for r in about_runs] == ["chat run started", "chat run ended parked"]
     assert all(r["run_id"] for r in about_runs)
-    assert await _turn_states(tmp_path) == ["interrupted"]
+    assert await _turn_states(db_target) == ["interrupted"]
     assert "finished: slow but parked" not in api.texts(CHAT)
 
     gate.touch()
@@ -214,25 +231,26 @@ async def test_park_setting_parks_at_the_first_sigterm_and_resumes_on_start(
     assert api.token not in bot.log
 
 
-async def test_a_write_cancelled_by_a_shutdown_never_wedges_the_database(tmp_path: Path) -> None:
-    """Parking cancels tasks wherever they are, also inside ``BEGIN IMMEDIATE``.
+async def test_a_write_cancelled_by_a_shutdown_never_wedges_the_database(database: Any) -> None:
+    """Parking cancels tasks wherever they are, also inside ``BEGIN IMMEDIATE`` (or a pooled
+    PostgreSQL connection's transaction).
 
     Found by the park test above: a cancelled BEGIN left the connection inside a
     transaction and every later write failed, so the bot exited 1.
     """
-    async with Database(tmp_path / "turnstile.db") as db:
-        await db.execute("CREATE TABLE t (x INTEGER)")
-        for i in range(50):
-            task = asyncio.create_task(db.execute("INSERT INTO t VALUES (?)", (i,)))
-            for _ in range(i % 5):  # cancel at every point of the transaction's life
-                await asyncio.sleep(0)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await db.execute("INSERT INTO t VALUES (-1)")
-        row = await db.fetchone("SELECT count(*) FROM t WHERE x = -1")
-        assert row is not None
-        assert row[0] == 50
+    db = database
+    await db.execute("CREATE TABLE t (x INTEGER)")
+    for i in range(50):
+        task = asyncio.create_task(db.execute("INSERT INTO t VALUES (?)", (i,)))
+        for _ in range(i % 5):  # cancel at every point of the transaction's life
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await db.execute("INSERT INTO t VALUES (-1)")
+    row = await db.fetchone("SELECT count(*) FROM t WHERE x = -1")
+    assert row is not None
+    assert row[0] == 50
 
 
 def _dotenv(root: Path, **values: str) -> None:
