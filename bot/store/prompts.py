@@ -7,6 +7,7 @@ from typing import Protocol
 
 from bot.store.records import Binding, InboundState, OutboxItem, PromptRow, prompt_from_row
 from bot.store.tables import Tables
+from engine.store.backend import execute_later
 from engine.store.runs import TurnState
 from engine.turn import TurnOutput
 
@@ -200,7 +201,8 @@ class PromptTables(Tables):
             if await cursor.fetchone() is None:  # the same update, queued from another chat
                 return True, waiting
             if update_id is not None:
-                await conn.execute(
+                await execute_later(
+                    conn,
                     "UPDATE bot_inbound SET state = ?, handled_at = ? WHERE update_id = ?",
                     (InboundState.HANDLED.value, self._clock(), update_id),
                 )
@@ -272,8 +274,9 @@ class PromptTables(Tables):
                 return None
             # Updating the run's row first locks it: the next attempt goes to one writer at
             # a time (as the runs store's start_turn does), counted in the insert itself.
-            await conn.execute(
-                "UPDATE runs SET turn = ?, updated_at = ? WHERE id = ?", (seq, now, run_id)
+            # (On PostgreSQL the update goes in one round trip with the insert.)
+            await execute_later(
+                conn, "UPDATE runs SET turn = ?, updated_at = ? WHERE id = ?", (seq, now, run_id)
             )
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
@@ -284,7 +287,8 @@ class PromptTables(Tables):
             inserted = await cursor.fetchone()
             assert inserted is not None
             turn_id = int(inserted[0])
-            await conn.execute(
+            await execute_later(
+                conn,
                 "UPDATE bot_prompts SET state = 'running', run_id = ?, turn_id = ? WHERE id = ?",
                 (run_id, turn_id, row["id"]),
             )

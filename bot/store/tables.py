@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from bot.store.records import OutboxItem
 from engine.store.audit import SqliteAuditLog
-from engine.store.backend import AnyDatabase
+from engine.store.backend import AnyDatabase, execute_later
 from engine.store.dialect import advisory_key
 
 __all__ = ["AUDIT_ORIGIN", "Tables"]
@@ -42,11 +42,13 @@ class Tables:
         there ``name`` becomes an advisory transaction lock (released at commit or rollback).
         """
         if self.db.dialect == "postgresql":
-            await conn.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(name),))
+            # Sent with the transaction's next statement: the server takes the lock first.
+            await execute_later(conn, "SELECT pg_advisory_xact_lock(?)", (advisory_key(name),))
 
     @staticmethod
     async def _insert_outbox(conn: Any, item: OutboxItem, now: float) -> None:
-        await conn.execute(
+        await execute_later(
+            conn,
             "INSERT INTO bot_outbox (chat_id, thread_id, kind, body, entities_json, filename,"
             " caption, markup_json, reply_to, run_id, ref, state, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",

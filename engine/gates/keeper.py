@@ -170,8 +170,10 @@ class GateKeeper:
         async with self.folders.lock(folder, exclusive=exclusive):
             yield
 
-    async def _write_mirror(self, name: str) -> None:
-        latest = await self.get(name)
+    async def _write_mirror(self, name: str, latest: TaskRecord | None = None) -> None:
+        """Rewrite ``name``'s ``.state``; ``latest``: the task as just committed, if known."""
+        if latest is None:
+            latest = await self.get(name)
         await self.folders.write_mirror(latest, await self.gate_approvals(latest))
 
     async def sync_state(self, name: str) -> None:
@@ -520,8 +522,8 @@ class GateKeeper:
         """Write ``change`` (compare-and-set), then the mirror, under the folder lock."""
         task = change.task
         async with self.folder_lock(task.folder):
-            await self.gate_store.commit(change)
-            await self._write_mirror(task.name)
+            latest = await self.gate_store.commit(change)
+            await self._write_mirror(task.name, latest)
         _LOGGER.info(
             "task %s v%d %s → %s (%s)",
             task.name,

@@ -28,6 +28,7 @@ from engine.gates.records import (
     TransitionRecord,
 )
 from engine.gates.refusals import GateRefused, Refusal
+from engine.store.backend import execute_later
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -173,8 +174,9 @@ class GateStore(Protocol):
         """Create ``task``; False when the name is taken (nothing written)."""
         ...
 
-    async def commit(self, change: Change) -> None:
-        """Apply ``change``. Raises GateRefused(CONFLICT) when the task moved on."""
+    async def commit(self, change: Change) -> TaskRecord:
+        """Apply ``change``; the task as it now is. Raises GateRefused(CONFLICT) when the
+        task moved on."""
         ...
 
     async def record_approval(self, request: ApprovalRequest) -> Tally:
@@ -318,17 +320,19 @@ class SqlGateStore:
         )  # fmt: skip
         return True
 
-    async def commit(self, change: Change) -> None:
+    async def commit(self, change: Change) -> TaskRecord:
         task = change.task
         columns = "".join(f"{key} = ?, " for key in change.sets)
         entry = change.entry
         async with self._db.transaction() as conn:
+            # The row as changed comes back with the change: no read after it.
             cursor = await conn.execute(
                 f"UPDATE gate_tasks SET {columns}version = version + 1, "  # noqa: S608
-                "updated_at = ? WHERE name = ? AND version = ?",
+                f"updated_at = ? WHERE name = ? AND version = ? RETURNING {_TASK_COLS}",
                 [*change.sets.values(), change.at, task.name, task.version],
             )
-            if cursor.rowcount != 1:
+            changed = list(await cursor.fetchall())
+            if len(changed) != 1:
                 raise GateRefused(
                     Refusal.CONFLICT,
                     f"task {task.name} changed concurrently (it is no longer at version "
@@ -336,12 +340,15 @@ class SqlGateStore:
                     task=task.name,
                 )
             reason = entry.reason[:MAX_REASON] if entry.reason else entry.reason
-            await conn.execute(
+            # Sent with the COMMIT (one round trip on PostgreSQL).
+            await execute_later(
+                conn,
                 _INSERT_HISTORY,
                 (task.name, task.version + 1, entry.kind, task.phase, task.sub_state,
                  change.to_phase, change.to_sub, entry.actor, reason, entry.sha256,
                  entry.git_fingerprint, change.at),
             )  # fmt: skip
+        return TaskRecord.from_row(changed[0])
 
     async def record_approval(self, request: ApprovalRequest) -> Tally:
         task = request.task

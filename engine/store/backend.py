@@ -12,7 +12,7 @@ from engine.store.location import PostgresURL, parse_database
 if TYPE_CHECKING:
     from engine.store.postgres import PostgresDatabase
 
-__all__ = ["AnyDatabase", "open_database"]
+__all__ = ["AnyDatabase", "execute_later", "open_database"]
 
 #: What the stores take: either backend, with one interface.
 AnyDatabase: TypeAlias = "Database | PostgresDatabase"
@@ -37,3 +37,18 @@ def open_database(
 
         return PostgresDatabase(location, migrations=migrations)
     return Database(location, migrations=migrations, synchronous=synchronous)
+
+
+async def execute_later(conn: Any, sql: str, parameters: Sequence[Any] = ()) -> None:
+    """Run ``sql`` in the transaction ``conn``, its result unread (a write, a lock).
+
+    On PostgreSQL it goes to the server with the transaction's next statement or with its
+    COMMIT, in one round trip (:meth:`engine.store.postgres.PgConnection.later`); an error
+    it raises fails the transaction there. On SQLite, where nothing crosses a network, it
+    runs now.
+    """
+    later = getattr(conn, "later", None)
+    if later is not None:
+        later(sql, parameters)
+    else:
+        await conn.execute(sql, parameters)
