@@ -246,3 +246,12 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
             gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
             assert "findings from a worker" in gate.text
             assert _sha(body)[:12] in gate.text
+
+
+def test_blob_columns_are_bytea_on_postgresql() -> None:
+    from engine.store.dialect import postgres_ddl
+
+    ddl = "CREATE TABLE a (content BLOB NOT NULL, note TEXT DEFAULT 'BLOB') -- a BLOB"
+    assert postgres_ddl(ddl) == (
+        "CREATE TABLE a (content BYTEA NOT NULL, note TEXT DEFAULT 'BLOB') -- a BLOB"
+    )
