@@ -103,6 +103,24 @@ async def test_an_artifact_too_large_keeps_its_gate_shut(tmp_path: Path) -> None
 
 
 @pytest.mark.usefixtures("gate_backend")
+async def test_the_autopilot_hands_a_too_large_artifact_to_a_person(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in agent_env(tmp_path, write_script(tmp_path, {"rules": phase_rules()})).items():
+        monkeypatch.setenv(key, value)
+    async with open_gates(make_settings(tmp_path, artifact_max_bytes=8)) as gates:
+        await gates.init_task("t")
+        sink = EventSink()
+        handle = gates.start_autopilot("t", sink, tool="command", agent_cmd=AGENT_CMD)
+        assert await handle.wait() is DriveOutcome.HUMAN_INTERVENTION
+        assert sink.gates == []
+        said = "\n".join(sink.texts)
+        assert "larger than the 8 bytes a gate keeps for review" in said
+        assert "revision" in said or "still has problems" in said
+        assert await _rows(gates.store.db) == []
+
+
+@pytest.mark.usefixtures("gate_backend")
 async def test_approved_then_edited_is_refused_and_asked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
