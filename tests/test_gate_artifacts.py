@@ -80,9 +80,12 @@ async def test_two_gates_with_the_same_content_share_one_row(tmp_path: Path) -> 
         assert [s for s, _ in await _rows(gates.store.db)] == sorted(
             [_sha(body), _sha("other findings\n")]
         )
-        stored = await SqlArtifactStore(gates.store.db).get(_sha(body))
+        store = SqlArtifactStore(gates.store.db)
+        stored = await store.get(_sha(body))
         assert stored is not None
         assert stored.content == body.encode()
+        assert await store.head(_sha(body), 10) == body.encode()[:10]
+        assert await store.head(_sha("never stored"), 10) is None
 
 
 @pytest.mark.usefixtures("gate_backend")
@@ -264,6 +267,19 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
             gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
             assert "findings from a worker" in gate.text
             assert _sha(body)[:12] in gate.text
+            # A gate whose content is not stored: nothing is attached, and the chat says so.
+            missing = GateRequest(
+                task="W1",
+                phase="research",
+                artifact_name="research.md",
+                artifact_path=task.folder / "research.md",
+                sha256=_sha("never stored"),
+                excerpt="",
+                run_id="autopilot:W1",
+            )
+            await pilot.post_gate(missing, ChatPlace(CHAT, None))
+            await api.wait_for_message(lambda m: "is not stored" in m.text, timeout=30)
+            assert len([m for m in api.sent if m.filename == "research.md"]) == 1
 
 
 def test_blob_columns_are_bytea_on_postgresql() -> None:
