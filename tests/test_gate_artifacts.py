@@ -80,9 +80,12 @@ async def test_two_gates_with_the_same_content_share_one_row(tmp_path: Path) -> 
         assert [s for s, _ in await _rows(gates.store.db)] == sorted(
             [_sha(body), _sha("other findings\n")]
         )
-        stored = await SqlArtifactStore(gates.store.db).get(_sha(body))
+        store = SqlArtifactStore(gates.store.db)
+        stored = await store.get(_sha(body))
         assert stored is not None
         assert stored.content == body.encode()
+        assert await store.head(_sha(body), 10) == body.encode()[:10]
+        assert await store.head(_sha("never stored"), 10) is None
 
 
 @pytest.mark.usefixtures("gate_backend")
@@ -100,6 +103,24 @@ async def test_an_artifact_too_large_keeps_its_gate_shut(tmp_path: Path) -> None
         # At the bound it opens.
         (task.folder / "research.md").write_bytes(b"x" * 1000)
         assert (await gates.store.transition("t", GATE)).awaiting_approval
+
+
+@pytest.mark.usefixtures("gate_backend")
+async def test_the_autopilot_hands_a_too_large_artifact_to_a_person(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in agent_env(tmp_path, write_script(tmp_path, {"rules": phase_rules()})).items():
+        monkeypatch.setenv(key, value)
+    async with open_gates(make_settings(tmp_path, artifact_max_bytes=8)) as gates:
+        await gates.init_task("t")
+        sink = EventSink()
+        handle = gates.start_autopilot("t", sink, tool="command", agent_cmd=AGENT_CMD)
+        assert await handle.wait() is DriveOutcome.HUMAN_INTERVENTION
+        assert sink.gates == []
+        said = "\n".join(sink.texts)
+        assert "larger than the 8 bytes a gate keeps for review" in said
+        assert "revision" in said or "still has problems" in said
+        assert await _rows(gates.store.db) == []
 
 
 @pytest.mark.usefixtures("gate_backend")
@@ -246,3 +267,25 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
             gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
             assert "findings from a worker" in gate.text
             assert _sha(body)[:12] in gate.text
+            # A gate whose content is not stored: nothing is attached, and the chat says so.
+            missing = GateRequest(
+                task="W1",
+                phase="research",
+                artifact_name="research.md",
+                artifact_path=task.folder / "research.md",
+                sha256=_sha("never stored"),
+                excerpt="",
+                run_id="autopilot:W1",
+            )
+            await pilot.post_gate(missing, ChatPlace(CHAT, None))
+            await api.wait_for_message(lambda m: "is not stored" in m.text, timeout=30)
+            assert len([m for m in api.sent if m.filename == "research.md"]) == 1
+
+
+def test_blob_columns_are_bytea_on_postgresql() -> None:
+    from engine.store.dialect import postgres_ddl
+
+    ddl = "CREATE TABLE a (content BLOB NOT NULL, note TEXT DEFAULT 'BLOB') -- a BLOB"
+    assert postgres_ddl(ddl) == (
+        "CREATE TABLE a (content BYTEA NOT NULL, note TEXT DEFAULT 'BLOB') -- a BLOB"
+    )

@@ -51,6 +51,10 @@ class ArtifactStore(Protocol):
         """Whether ``sha256`` is stored (without reading the content)."""
         ...
 
+    async def head(self, sha256: str, limit: int) -> bytes | None:
+        """The first ``limit`` bytes stored under ``sha256`` (an excerpt), or None."""
+        ...
+
 
 class SqlArtifactStore:
     """:class:`ArtifactStore` over a SQLite or PostgreSQL database (migration 0011).
@@ -82,6 +86,13 @@ class SqlArtifactStore:
         if row is None:
             return None
         return StoredArtifact(str(row[0]), int(row[1]), bytes(row[2]))
+
+    async def head(self, sha256: str, limit: int) -> bytes | None:
+        # substr counts bytes of a BLOB (SQLite) and of a bytea (PostgreSQL) alike.
+        row = await self._db.fetchone(
+            "SELECT substr(content, 1, ?) FROM gate_artifacts WHERE sha256 = ?", (limit, sha256)
+        )
+        return None if row is None else bytes(row[0])
 
     async def has(self, sha256: str) -> bool:
         row = await self._db.fetchone("SELECT 1 FROM gate_artifacts WHERE sha256 = ?", (sha256,))

@@ -335,10 +335,8 @@ class GateKeeper:
 
     async def excerpt(self, sha256: str | None, limit: int) -> str:
         """The first ``limit`` characters of the stored artifact ("" when none is stored)."""
-        stored = await self.artifacts.get(sha256) if sha256 is not None else None
-        if stored is None:
-            return ""
-        return stored.content[: limit * 4].decode("utf-8", errors="replace")[:limit]
+        head = await self.artifacts.head(sha256, limit * 4) if sha256 is not None else None
+        return "" if head is None else head.decode("utf-8", errors="replace")[:limit]
 
     async def _capture(self, task: TaskRecord, phase: str) -> str:
         """Store the content of ``phase``'s artifact in ``task``'s folder; its SHA-256.
