@@ -37,6 +37,7 @@ from procrastinate.job_context import AbortReason, JobContext
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
+from engine.store.runs import SqliteRunStore, TurnState
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
@@ -58,6 +59,7 @@ __all__ = ["Worker", "default_worker_name", "sweep", "worker_agents"]
 
 _LOGGER = logging.getLogger(__name__)
 _CONTEXT_KEY: Final = "turnstile"
+_LIVE_PLACEMENTS: Final = (PlacementStatus.WAITING, PlacementStatus.RUNNING)
 _RETRY: Final = 1.0  # seconds between attempts while the database is away
 
 
@@ -257,24 +259,56 @@ class Worker:
             pg: PostgresDatabase = db  # type: ignore[assignment]
             await ensure_queue_schema(pg)
             store = WorkerStore(pg)
-            await store.register(
-                self.name,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                capacity=self.concurrency,
-                queues=self.queues,
-            )
             app = make_app(self.url, pool_size=self.concurrency + 2)
             register_task(app)
-            runner = TurnRunner(self.name, settings, pg, app, agents=self.agents)
-            try:
-                async with app.open_async():
+            async with app.open_async():
+                await self._take_over_from_earlier(pg, app, store)
+                await store.register(
+                    self.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    capacity=self.concurrency,
+                    queues=self.queues,
+                )
+                runner = TurnRunner(self.name, settings, pg, app, agents=self.agents)
+                try:
                     await self._serve(pg, app, runner)
-            finally:
-                with contextlib.suppress(TurnstileError):
-                    await store.set_worker_status(self.name, WorkerStatus.STOPPED)
+                finally:
+                    with contextlib.suppress(TurnstileError):
+                        await store.set_worker_status(self.name, WorkerStatus.STOPPED)
         _LOGGER.info("worker %s stopped", self.name)
         return 0
+
+    async def _take_over_from_earlier(
+        self, db: PostgresDatabase, app: procrastinate.App, store: WorkerStore
+    ) -> None:
+        """Clean up after an earlier worker of this name on this machine that died (its
+        watchdog killed with it, say): kill what its cut-off turns left running here, and
+        move its runs on as a lost worker's (their cut-off turns re-run as new attempts)."""
+        host = socket.gethostname()
+        earlier = next((w for w in await store.workers() if w.name == self.name), None)
+        if earlier is None or earlier.host != host:
+            return
+        if earlier.status is WorkerStatus.ALIVE:
+            if _pid_alive(earlier.pid):
+                return  # register says so: a live worker has this name
+            _LOGGER.warning(
+                "worker %s (pid %d) died without stopping; taking over", self.name, earlier.pid
+            )
+            await store.set_worker_status(self.name, WorkerStatus.LOST)
+        runs = SqliteRunStore(db)
+        for placement in await store.placements():
+            if placement.last_worker != self.name or placement.status not in _LIVE_PLACEMENTS:
+                continue
+            for turn in await runs.turns(placement.run_id):
+                if turn.state is TurnState.STARTED and turn.kill_remains():
+                    _LOGGER.info(
+                        "killed what was left of turn %d of run %s",
+                        turn.seq,
+                        placement.run_id,
+                        extra={"run_id": placement.run_id},
+                    )
+        await sweep(db, app, silent_after=self.settings.worker_timeout)
 
     async def _serve(
         self, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
@@ -383,6 +417,16 @@ class Worker:
         if steady and not self._stopping.is_set():
             await sweep(db, app, silent_after=silent_after)
         return in_time
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _describe(exc: BaseException) -> str:
