@@ -16,6 +16,8 @@ Behaviour comes from a JSON script named by ``FAKE_AGENT_SCRIPT`` (no script: re
 - ``stdout_bytes`` / ``stderr_bytes``: extra bytes written to stdout / stderr;
 - ``stderr``: text written to stderr;
 - ``grandchild``: spawn a sleeping grandchild (its pid written to ``FAKE_AGENT_PIDS``);
+- ``escapee``: spawn a sleeping process in a session of its own (out of the turn's
+  process group, like a tool's daemon; its pid written to ``FAKE_AGENT_PIDS``);
 - ``files``: ``{relative path: content}`` written in the cwd;
 - ``run``: a list of argv lists run in the cwd (e.g. ``git commit``);
 - ``ignore_term``: ignore SIGTERM (to test the grace period and SIGKILL).
@@ -101,6 +103,18 @@ def main() -> int:
         if pids:
             with open(pids, "a") as fh:
                 fh.write(f"{os.getpid()} {child.pid}\n")
+    if step.get("escapee"):
+        escapee = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(3600)"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        pids = os.environ.get("FAKE_AGENT_PIDS")
+        if pids:
+            with open(pids, "a") as fh:
+                fh.write(f"{escapee.pid}\n")
     if step.get("progress"):
         sys.stdout.write(str(step["progress"]))
         sys.stdout.flush()

@@ -577,12 +577,6 @@ async def test_auto_and_stop_from_the_bot_reach_a_run_on_a_worker(cluster: Clust
             await api.wait_for_message(lambda m: m.text == "No runs in this chat. /help")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (issue 17, open): after the server comes back the worker's job fetching "
-    "sometimes does not resume within the test's minute; its heartbeat does since each beat "
-    "is cut off after a bounded wait",
-)
 def test_a_worker_that_loses_the_database_carries_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,12 @@ procrastinate retries stalled jobs only when told to; this sweep is what tells i
 SIGTERM (or Ctrl-C) lets the running turns finish, then the worker says it stopped and
 its runs move on; a second signal cuts the running turns off (their process groups are
 killed; the turns are re-run elsewhere as new attempts).
+
+The database may go away a while (a restart, a network cut). The worker carries on: the
+queue's worker (procrastinate's, see ``_QueueWorker``) keeps fetching, listening and
+heartbeating through it and picks up where it was once the server answers; and a worker
+that was cut off itself declares nobody lost until it has been back for as long as it
+gives the others (they were cut off too).
 """
 
 from __future__ import annotations
@@ -18,16 +24,21 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import procrastinate
+import psycopg
+from procrastinate import exceptions as pexc
+from procrastinate import worker as pworker
 from procrastinate.job_context import AbortReason, JobContext
 
 from engine.agents.factory import new_warm_pool
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
+from engine.store.runs import SqliteRunStore, TurnState
 from engine.workers.autopilot import wake_parked
 from engine.workers.chat import CHAT_MODE
 from engine.workers.chatturns import ChatTurnStore
@@ -52,6 +63,8 @@ __all__ = ["Worker", "default_worker_name", "sweep", "worker_agents"]
 
 _LOGGER = logging.getLogger(__name__)
 _CONTEXT_KEY: Final = "turnstile"
+_LIVE_PLACEMENTS: Final = (PlacementStatus.WAITING, PlacementStatus.RUNNING)
+_RETRY: Final = 1.0  # seconds between attempts while the database is away
 
 
 def worker_agents(settings: Settings) -> frozenset[str]:
@@ -107,6 +120,93 @@ async def sweep(db: PostgresDatabase, app: procrastinate.App, *, silent_after: f
             )
             moved.append(placement.run_id)
     return moved
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether a queue error means the database is out of reach (not a wrong query)."""
+    return isinstance(exc, pexc.ConnectorException) and isinstance(
+        exc.__cause__, psycopg.OperationalError
+    )
+
+
+class _QueueWorker(pworker.Worker):
+    """procrastinate's worker, made to live through a database outage.
+
+    As shipped (3.x) a lost database ends it or leaves it half alive: a failed job fetch
+    (no connection within the pool's wait) stops the worker; the listener gives up for
+    good when its reconnection is refused, and so does the heartbeat on its first failed
+    update, unnoticed (the side-task monitor returns as soon as the periodic deferrer
+    does, at once when no task is periodic); a job that ends while the server is away
+    stays "doing" for ever, holding its run's lock. Here each of these waits and tries
+    again; a fetch refused because another worker pruned this one's row (its heartbeat
+    was silent) registers it anew.
+    """
+
+    def _start_side_tasks(self) -> list[asyncio.Task[Any]]:
+        # No periodic deferrer: turnstile has no periodic task.
+        tasks = [
+            asyncio.create_task(self._update_heartbeat(), name="update_heartbeats"),
+            asyncio.create_task(
+                self._poll_jobs_to_abort(),  # type: ignore[no-untyped-call]
+                name="poll_jobs_to_abort",
+            ),
+        ]
+        if self.listen_notify:
+            tasks.append(asyncio.create_task(self._listen(), name="listener"))
+        return tasks
+
+    async def _listen(self) -> None:
+        failing = False
+        while True:
+            try:
+                await self.app.job_manager.listen_for_jobs(
+                    on_notification=self._handle_notification, queues=self.queues
+                )
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+                if not failing:
+                    _LOGGER.warning("the queue's listener lost the database (will retry)")
+                failing = True
+            # Notifications may have been missed meanwhile: fetch again.
+            self._new_job_event.set()
+            await asyncio.sleep(_RETRY)
+
+    async def _update_heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.update_heartbeat_interval)
+            assert self.worker_id is not None
+            try:
+                await self.app.job_manager.update_heartbeat(self.worker_id)
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+
+    async def _fetch_and_process_jobs(self) -> None:
+        try:
+            await super()._fetch_and_process_jobs()  # type: ignore[no-untyped-call]
+        except pexc.ConnectorException as exc:
+            if isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+                # Our row was pruned (silent too long): be a new queue worker.
+                self.worker_id = await self.app.job_manager.register_worker()
+                _LOGGER.warning("the queue had forgotten this worker; registered it again")
+                self._new_job_event.set()
+                return
+            if not _connection_lost(exc):
+                raise
+            _LOGGER.warning("cannot fetch jobs: the database is away (will retry)")
+            await asyncio.sleep(_RETRY)
+
+    async def _persist_job_status(self, *args: Any, **kwargs: Any) -> None:
+        while True:
+            try:
+                await super()._persist_job_status(*args, **kwargs)
+                return
+            except pexc.ConnectorException as exc:
+                if not _connection_lost(exc):
+                    raise
+                _LOGGER.warning("cannot record a job's end: the database is away (will retry)")
+                await asyncio.sleep(_RETRY)
 
 
 class Worker:
@@ -166,45 +266,84 @@ class Worker:
             pg: PostgresDatabase = db  # type: ignore[assignment]
             await ensure_queue_schema(pg)
             store = WorkerStore(pg)
-            await store.register(
-                self.name,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                capacity=self.concurrency,
-                queues=self.queues,
-            )
             app = make_app(self.url, pool_size=self.concurrency + 2)
             register_task(app)
-            runner = TurnRunner(
-                self.name, settings, pg, app, agents=self.agents, warm_pool=new_warm_pool(settings)
-            )
-            try:
-                async with app.open_async():
+            async with app.open_async():
+                await self._take_over_from_earlier(pg, app, store)
+                await store.register(
+                    self.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    capacity=self.concurrency,
+                    queues=self.queues,
+                )
+                runner = TurnRunner(
+                    self.name,
+                    settings,
+                    pg,
+                    app,
+                    agents=self.agents,
+                    warm_pool=new_warm_pool(settings),
+                )
+                try:
                     await self._serve(pg, app, runner)
-            finally:
-                with contextlib.suppress(TurnstileError):
-                    await store.set_worker_status(self.name, WorkerStatus.STOPPED)
+                finally:
+                    with contextlib.suppress(TurnstileError):
+                        await store.set_worker_status(self.name, WorkerStatus.STOPPED)
         _LOGGER.info("worker %s stopped", self.name)
         return 0
+
+    async def _take_over_from_earlier(
+        self, db: PostgresDatabase, app: procrastinate.App, store: WorkerStore
+    ) -> None:
+        """Clean up after an earlier worker of this name on this machine that died (its
+        watchdog killed with it, say): kill what its cut-off turns left running here, and
+        move its runs on as a lost worker's (their cut-off turns re-run as new attempts)."""
+        host = socket.gethostname()
+        earlier = next((w for w in await store.workers() if w.name == self.name), None)
+        if earlier is None or earlier.host != host:
+            return
+        if earlier.status is WorkerStatus.ALIVE:
+            if _pid_alive(earlier.pid):
+                return  # register says so: a live worker has this name
+            _LOGGER.warning(
+                "worker %s (pid %d) died without stopping; taking over", self.name, earlier.pid
+            )
+            await store.set_worker_status(self.name, WorkerStatus.LOST)
+        runs = SqliteRunStore(db)
+        for placement in await store.placements():
+            if placement.last_worker != self.name or placement.status not in _LIVE_PLACEMENTS:
+                continue
+            for turn in await runs.turns(placement.run_id):
+                if turn.state is TurnState.STARTED and turn.kill_remains():
+                    _LOGGER.info(
+                        "killed what was left of turn %d of run %s",
+                        turn.seq,
+                        placement.run_id,
+                        extra={"run_id": placement.run_id},
+                    )
+        await sweep(db, app, silent_after=self.settings.worker_timeout)
 
     async def _serve(
         self, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
     ) -> None:
         settings = self.settings
+        queue_worker = _QueueWorker(
+            app,
+            queues=list(self.queues),
+            name=self.name,
+            concurrency=self.concurrency,
+            wait=True,
+            install_signal_handlers=False,
+            additional_context={_CONTEXT_KEY: runner},
+            update_heartbeat_interval=settings.worker_heartbeat,
+            stalled_worker_timeout=settings.worker_timeout,
+            fetch_job_polling_interval=min(2.0, settings.worker_heartbeat),
+            abort_job_polling_interval=min(1.0, settings.worker_heartbeat),
+            delete_jobs="successful",
+        )
         serving = asyncio.create_task(
-            app.run_worker_async(
-                queues=list(self.queues),
-                name=self.name,
-                concurrency=self.concurrency,
-                wait=True,
-                install_signal_handlers=False,
-                additional_context={_CONTEXT_KEY: runner},
-                update_heartbeat_interval=settings.worker_heartbeat,
-                stalled_worker_timeout=settings.worker_timeout,
-                fetch_job_polling_interval=min(2.0, settings.worker_heartbeat),
-                abort_job_polling_interval=min(1.0, settings.worker_heartbeat),
-                delete_jobs="successful",
-            ),
+            queue_worker.run(),  # type: ignore[no-untyped-call]
             name=f"worker-{self.name}",
         )
         beat = asyncio.create_task(self._heartbeat(db, app, runner), name="worker-heartbeat")
@@ -244,22 +383,41 @@ class Worker:
         # One beat may not hang the next ones: a call into a database that went away (a
         # connection the pool still believed in, the queue's own pool) is cut off here.
         limit = max(3 * interval, 10.0)
+        # Since when the beats have gone through in good time; -inf: from the start.
+        steady_since = float("-inf")
         while True:
             try:
                 async with asyncio.timeout(limit):
-                    await self._beat(store, db, app, runner)
+                    if not await self._beat(store, db, app, runner, steady_since=steady_since):
+                        # A beat this slow (the database coming back) may have written a
+                        # stale time: this worker was as cut off as the others were.
+                        steady_since = time.monotonic()
             except TimeoutError:
                 _LOGGER.warning("heartbeat failed: no answer within %.0f s (will retry)", limit)
+                steady_since = time.monotonic()
             except (TurnstileError, OSError) as exc:
                 _LOGGER.warning("heartbeat failed (will retry): %s", exc)
+                steady_since = time.monotonic()
             except Exception as exc:  # the queue's own errors (database away)
                 _LOGGER.warning("heartbeat failed (will retry): %s", _describe(exc))
+                steady_since = time.monotonic()
             await asyncio.sleep(interval)
 
     async def _beat(
-        self, store: WorkerStore, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
-    ) -> None:
-        if not await store.heartbeat(self.name, running=len(runner.running)):
+        self,
+        store: WorkerStore,
+        db: PostgresDatabase,
+        app: procrastinate.App,
+        runner: TurnRunner,
+        *,
+        steady_since: float,
+    ) -> bool:
+        """One beat, and a sweep when this worker is steady; whether the beat was in time."""
+        began = time.monotonic()
+        beaten = await store.heartbeat(self.name, running=len(runner.running))
+        silent_after = self.settings.worker_timeout
+        in_time = time.monotonic() - began < silent_after / 2
+        if not beaten:
             _LOGGER.warning(
                 "worker %s was declared lost while the database was away; its runs have moved on",
                 self.name,
@@ -270,8 +428,22 @@ class Worker:
         # A resident process that died or was closed idle since the last turn.
         await runner.mark_warm()
         await wake_parked(runner)
-        if not self._stopping.is_set():
-            await sweep(db, app, silent_after=self.settings.worker_timeout)
+        # Judge the others only once this worker has been back as long as it gives them:
+        # after an outage of the database every worker's last beat is old.
+        steady = in_time and time.monotonic() - steady_since >= silent_after
+        if steady and not self._stopping.is_set():
+            await sweep(db, app, silent_after=silent_after)
+        return in_time
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _describe(exc: BaseException) -> str:
