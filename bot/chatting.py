@@ -25,6 +25,7 @@ from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
 from engine.errors import ConfigError
 from engine.settings import Settings
+from engine.workers.chatturns import ChatTurnStore, chat_session_key
 from engine.workspace import WorkspaceManager
 from engine.workspace.manager import RESERVED_FOLDERS
 from engine.workspace.runs import worktree_summaries
@@ -385,6 +386,12 @@ class ChatFeature(Feature):
         ]
         if not binding.workdir:
             # On the workers: the worktree and the agent's session are on a worker's disk.
+            worker = await ChatTurnStore(ctx.db).last_worker(chat_session_key(binding.session_id))
+            lines.append(
+                f"   🖥 on the workers · last turn on worker {worker}"
+                if worker
+                else "   🖥 on the workers · no turn yet"
+            )
             return lines
         session_id = run.agent.session_id if run is not None else binding.session_id
         resume = self._resume_command(binding, session_id)

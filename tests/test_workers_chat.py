@@ -27,6 +27,7 @@ from tests.workers_support import cluster as cluster
 pytestmark = pytest.mark.timeout(120)
 
 SLOW = "take your time"
+SECRET = "sk-live1234567890abcdefXYZ"
 
 
 def _script(cluster: Cluster) -> None:
@@ -34,13 +35,14 @@ def _script(cluster: Cluster) -> None:
     write_script(
         cluster.tmp / "fake",
         rules=[
+            {"match": "hello two", "text": f"two: the key is {SECRET}, done"},
             {
                 "match": SLOW,
                 "progress": "working",
                 "grandchild": True,
                 "sleep": 120,
                 "text": "slow done",
-            }
+            },
         ],
     )
     cluster.env["FAKE_AGENT_PIDS"] = str(cluster.tmp / "pids")
@@ -114,7 +116,11 @@ async def test_two_chat_turns_run_on_a_worker_in_one_resumed_session(cluster: Cl
         _say(api, "hello one")
         await api.wait_for_message(_text("echo: hello one"), timeout=60)
         _say(api, "hello two")
-        await api.wait_for_message(_text("echo: hello two"), timeout=60)
+        reply = await api.wait_for_message(_text("two: the key is"), timeout=60)
+        # Redacted on its way to the chat, as a local turn's reply.
+        assert SECRET not in reply.text
+        assert reply.text.endswith(", done")
+        assert not any(SECRET in m.text for m in api.sent)
 
         turns = _chat_turns(cluster)
         assert [(seq, status, worker) for _, seq, status, worker, _ in turns] == [
@@ -130,6 +136,8 @@ async def test_two_chat_turns_run_on_a_worker_in_one_resumed_session(cluster: Cl
         run = cluster.runs()[run_id]
         assert run["worker"] == "w1"
         assert run["mode"] == "chat"
+        _say(api, "/status")
+        await api.wait_for_message(_text("on the workers · last turn on worker w1"))
 
 
 async def test_stop_in_the_chat_stops_the_turn_on_its_worker(cluster: Cluster) -> None:
