@@ -75,6 +75,7 @@ __all__ = [
     "new_drive_spec",
     "queue_drive",
     "run_step",
+    "wake_drive",
     "wake_parked",
 ]
 
@@ -655,6 +656,25 @@ async def wake_parked(runner: TurnRunner) -> int:
 
 
 # -- the control plane's side ----------------------------------------------------------------
+
+
+async def wake_drive(settings: Settings, db: AnyDatabase, task_name: str) -> bool:
+    """After a gate of ``task_name`` was decided: queue the next step of its drive parked
+    on the workers at once (its worker's heartbeat would, a beat later); whether one was
+    queued."""
+    from engine.gates.service import Gates
+    from engine.workers.queue import make_app, require_postgres
+
+    workers = WorkerStore(db)
+    placement = (await _drives_by_task(workers)).get(task_name)
+    if placement is None or placement.status is not PlacementStatus.PARKED:
+        return False
+    if not await _ready(Gates(db, settings).store, workers, placement):
+        return False
+    app = make_app(require_postgres(settings.database), pool_size=2)
+    async with app.open_async():
+        await _wake(app, workers, placement.run_id)
+    return True
 
 
 async def follow_drive(
