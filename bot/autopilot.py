@@ -25,7 +25,6 @@ import logging
 import re
 import secrets
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final
 
 from telegram import Update
@@ -40,7 +39,6 @@ from bot.render import excerpt as render_excerpt
 from bot.replies import thread_of
 from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
-from engine import safefile
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates import (
@@ -393,18 +391,9 @@ class AutopilotExtension(Feature):
             run_id=request.run_id,
         )
         publisher = self.ctx.publisher
-        try:
-            content = await asyncio.to_thread(_read_artifact, request.artifact_path)
-        except UnsafeFileError as exc:
-            # Never attach what the gate did not hash (a link out of the task folder, ...).
-            content = None
-            await publisher.say(
-                place.chat_id,
-                f"{request.task} · {request.phase}: {exc.message}. It is not attached, and "
-                "approvals are refused until it is a plain file in the task folder again.",
-                thread_id=place.thread_id,
-                run_id=request.run_id,
-            )
+        # From the database, by the hash the gate shows: the task folder may be on a
+        # worker's disk, and the bot attaches exactly what people approve.
+        content = await self._artifact_text(request, place)
         if content is not None:
             await publisher.document(
                 place.chat_id,
@@ -430,6 +419,33 @@ class AutopilotExtension(Feature):
             markdown=excerpt,
             tail=tail,
         )
+
+    async def _artifact_text(self, request: GateRequest, place: ChatPlace) -> str | None:
+        """The gate's stored artifact as text to attach; None (said in the chat) when the
+        database does not hold it or it is too large to attach."""
+        stored = await self.gates.artifact(request.sha256)
+        problem = None
+        if stored is None:
+            problem = (
+                f"{request.artifact_name} (sha256 {request.short_hash}) is not stored, so it "
+                "is not attached, and it cannot be approved until it is"
+            )
+        elif stored.size > _MAX_DOCUMENT:
+            problem = (
+                f"{request.artifact_name} is too large to attach here "
+                f"({stored.size // (1024 * 1024)} MiB); read it with "
+                f"turnstile status --task {request.task} --artifact"
+            )
+        if problem is not None:
+            await self.ctx.publisher.say(
+                place.chat_id,
+                f"{request.task} · {request.phase}: {problem}.",
+                thread_id=place.thread_id,
+                run_id=request.run_id,
+            )
+            return None
+        assert stored is not None
+        return stored.content.decode("utf-8", errors="replace")
 
     @staticmethod
     def _gate_text(request: GateRequest, gate_id: str) -> tuple[str, str, str]:
@@ -848,13 +864,9 @@ class AutopilotExtension(Feature):
             await self._retire(live.ref, note)
 
     async def _retire(self, ref: str, note: str) -> None:
-        live = await self.ctx.store.get_live(ref)
-        if live is None or live.markup is None:
-            return
-        await self.ctx.store.set_live(
-            ref, chat_id=live.chat_id, thread_id=live.thread_id, body=f"{live.body}\n{note}"
-        )
-        self.ctx.publisher.wake()
+        # Also when the question is not yet recorded delivered (its send in flight).
+        if await self.ctx.store.retire_live(ref, note):
+            self.ctx.publisher.wake()
 
     # -- /stop, /status ----------------------------------------------------------------
 
@@ -989,20 +1001,3 @@ def _duration(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.0f} minutes"
     return f"{seconds:.0f} seconds" if seconds >= 2 else f"{seconds:g} seconds"
-
-
-def _read_artifact(path: Path) -> str | None:
-    """The artifact's text to attach; None when it is gone or too large to attach.
-
-    Raises:
-        UnsafeFileError: it leads outside the task folder or is not a regular file.
-    """
-    try:
-        raw = safefile.read_bytes(path.parent, path.name, limit=_MAX_DOCUMENT)
-    except UnsafeFileError as exc:
-        if exc.reason == safefile.Unsafe.TOO_LARGE:
-            return None
-        raise
-    except OSError:
-        return None
-    return raw.decode("utf-8", errors="replace")

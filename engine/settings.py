@@ -129,6 +129,8 @@ class Settings(BaseSettings):
     reason_request_seconds: float = Field(default=300.0, gt=0)
     forbid_self_approval: bool = False
     workflow_file: Path | None = None
+    # The largest artifact a gate stores in the database (bigger: refused at the gate)
+    artifact_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
 
     # Auto mode
     max_turns: int = Field(default=10, ge=1)

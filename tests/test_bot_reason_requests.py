@@ -221,6 +221,40 @@ async def test_cancel_command_drops_the_request(
 
 
 @pytest.mark.usefixtures("bot_backend")
+async def test_cancel_before_the_question_is_recorded_delivered_still_marks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        gate = await _research_gate(api, "T5")
+        # The question reaches the chat, but Telegram's answer (its message id) is late:
+        # the bot has not recorded it delivered when /cancel comes in.
+        api.hold_answers(["sendMessage"])
+        prompt = await _press_reject(api, gate)
+        assert await rt.store.live_by_message(CHAT, prompt.message_id) is None
+
+        async def cancelled() -> bool:
+            entries = await rt.store.audit_entries(limit=50)
+            return any(e.action == "reject" and e.outcome == "cancelled" for e in entries)
+
+        api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
+        await wait_until(cancelled, what="the /cancel handled")
+        assert await rt.store.live_by_message(CHAT, prompt.message_id) is None
+        api.release()
+        await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
+        await api.wait_until(
+            lambda: (
+                "✖ Cancelled; nothing was rejected." in api.messages[(CHAT, prompt.message_id)].text
+            )
+        )
+        shown = api.messages[(CHAT, prompt.message_id)].text
+        assert shown.count("Cancelled; nothing was rejected") == 1
+        assert shown.startswith(prompt.text.split("\n")[0])
+        assert await _still_awaiting(rt, "T5")
+        assert await rt.store.reason_request(CHAT, APPROVER) is None
+
+
+@pytest.mark.usefixtures("bot_backend")
 async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
     async with FakeBotApi() as api:

@@ -97,12 +97,13 @@ async def test_one_gigabyte_artifact_through_the_gate(tmp_path: Path) -> None:
         task = await gates.init_task("big")
         with (task.folder / "research.md").open("wb") as fh:
             fh.truncate(1024**3)
-        moved = await gates.store.transition("big", f"research:{AWAITING_APPROVAL}")
-        assert moved.gate_sha256 is not None
-        assert moved.gate_sha256.startswith("49bc20df15e4")
-        requests = await gates.pending_gates()
-        assert len(requests) == 1
-        assert len(requests[0].excerpt) <= 1500
+        # Hashed by streaming, then refused: a gate keeps its artifact in the database,
+        # which holds at most TURNSTILE_ARTIFACT_MAX_BYTES (16 MiB by default).
+        with pytest.raises(GateRefused) as info:
+            await gates.store.transition("big", f"research:{AWAITING_APPROVAL}")
+        assert info.value.reason is Refusal.INVALID_ARTIFACT
+        assert "1024.0 MiB, larger than the 16.0 MiB" in info.value.detail
+        assert await gates.pending_gates() == []
 
 
 async def _init(env: dict[str, str], *extra: str) -> None:

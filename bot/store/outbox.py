@@ -52,6 +52,8 @@ class LiveMessages(Protocol):
         reply_to: int | None = None,
     ) -> None: ...
 
+    async def retire_live(self, ref: str, note: str) -> bool: ...
+
     async def rename_live(self, old: str, new: str) -> bool: ...
 
     async def live_with_prefix(self, prefix: str) -> list[LiveMessage]: ...
@@ -271,6 +273,45 @@ class LiveTables(Tables):
                 reply_to=reply_to,
             )
             await self._insert_outbox(conn, item, now)
+
+    async def retire_live(self, ref: str, note: str) -> bool:
+        """The message ``ref`` loses its buttons and gets ``note`` as its last line, once
+        (a message without buttons is left as it is); False when there was nothing to do.
+
+        Delivered or not yet: a message whose send is still queued or in flight (Telegram
+        may already show it, but the bot has not recorded it delivered) carries the change
+        in its outbox row, and recording the delivery turns it into an edit.
+        """
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            # Against the delivery being recorded, or another retirement, in between.
+            await self._serialize(conn, _live_key(ref))
+            cursor = await conn.execute(
+                "SELECT body, markup_json FROM bot_live WHERE ref = ?", (ref,)
+            )
+            live = await cursor.fetchone()
+            if live is not None:
+                if live["markup_json"] is None:
+                    return False
+                await conn.execute(
+                    "UPDATE bot_live SET body = ?, markup_json = NULL, dirty = 1,"
+                    " updated_at = ? WHERE ref = ?",
+                    (f"{live['body']}\n{note}", now, ref),
+                )
+                return True
+            cursor = await conn.execute(
+                "SELECT id, body, markup_json FROM bot_outbox WHERE ref = ? AND state = 'pending'"
+                " ORDER BY id DESC LIMIT 1",
+                (ref,),
+            )
+            queued = await cursor.fetchone()
+            if queued is None or queued["markup_json"] is None:
+                return False
+            await conn.execute(
+                "UPDATE bot_outbox SET body = ?, markup_json = NULL WHERE id = ?",
+                (f"{queued['body']}\n{note}", queued["id"]),
+            )
+            return True
 
     async def rename_live(self, old: str, new: str) -> bool:
         """Give the live message ``old`` the ref ``new`` (queued or sent); False when there

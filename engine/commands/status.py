@@ -49,6 +49,11 @@ def register(subparsers: Any) -> None:
     verbs.add_argument("--approve", action="store_true", help="approve the open gate")
     verbs.add_argument("--reject", action="store_true", help="reject the open gate")
     verbs.add_argument("--audit", action="store_true", help="check every task")
+    verbs.add_argument(
+        "--artifact",
+        action="store_true",
+        help="print the artifact of the open gate (or of --sha256 HASH) as stored for review",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--folder", type=Path, help="task folder (default: TASKS_ROOT/T)")
     parser.add_argument("--workdir", type=Path, help="code workspace (default: the folder)")
@@ -60,7 +65,9 @@ def register(subparsers: Any) -> None:
         "--reason", help="--reject: why (fed back to the agent); --transition: recorded"
     )
     parser.add_argument(
-        "--sha256", metavar="HASH", help="--approve: the artifact hash you reviewed (>= 8 hex)"
+        "--sha256",
+        metavar="HASH",
+        help="--approve: the artifact hash you reviewed; --artifact: which one (>= 8 hex)",
     )
     parser.set_defaults(handler=run_status)
 
@@ -92,7 +99,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from engine.store.backend import open_database
 
     needs_task = args.init or args.validate_folder or args.transition or args.approve
-    needs_task = needs_task or args.reject
+    needs_task = needs_task or args.reject or args.artifact
     if needs_task and not args.task:
         raise ConfigError("this verb needs --task T")
     if (args.approve or args.reject) and not args.by:
@@ -123,6 +130,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         if args.validate_folder:
             return await _validate(args, gates)
+        if args.artifact:
+            return await _artifact(args, gates)
         if args.transition:
             task = await gates.transition(
                 args.task, args.transition, actor=args.by, reason=args.reason
@@ -157,6 +166,24 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             _out(args, result.as_dict(), text)
             return 0
         return await _show(args, gates)
+
+
+async def _artifact(args: argparse.Namespace, gates: Gates) -> int:
+    """The stored artifact (from the database: the task folder may be on a worker)."""
+    name, stored = await gates.task_artifact(args.task, args.sha256)
+    if args.json:
+        payload = {
+            "task": args.task,
+            "artifact": name,
+            "sha256": stored.sha256,
+            "size": stored.size,
+            "content": stored.content.decode("utf-8", errors="replace"),
+        }
+        print(json.dumps(payload, indent=1))
+    else:
+        sys.stdout.buffer.write(stored.content)
+        sys.stdout.flush()
+    return 0
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:

@@ -29,10 +29,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from engine import safefile
 from engine.agents.factory import create_agent
 from engine.agents.warm import close_agent
-from engine.errors import ConfigError, TurnstileError, UnsafeFileError
+from engine.errors import ConfigError, TurnstileError
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
@@ -597,6 +596,9 @@ class Autopilot:
             return await self._to_human(
                 task, facts.artifact_error or f"{spec.artifact} disappeared at the gate"
             )
+        missing = await self.store.ensure_artifact(task)
+        if missing is not None:
+            return await self._to_human(task, f"the {spec.name} gate cannot be shown: {missing}")
         if facts.approvals >= facts.quorum:
             try:
                 moved = await self.store.transition(
@@ -632,7 +634,7 @@ class Autopilot:
 
     async def _gate_request(self, task: TaskRecord, spec: PhaseSpec) -> GateRequest:
         path = task.folder / spec.artifact
-        excerpt = await asyncio.to_thread(_head, task.folder, spec.artifact, EXCERPT)
+        excerpt = await self.store.excerpt(task.gate_sha256, EXCERPT)
         notes = (
             f"approve: turnstile status --task {task.name} --approve --by USER_ID",
             f"reject: turnstile status --task {task.name} --reject --by USER_ID --reason TEXT",
@@ -736,16 +738,6 @@ class Autopilot:
         (they looked at the stuck sub-tasks and chose to go on without them)."""
         history = await self.store.history(task.name)
         return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
-
-
-def _head(folder: Path, artifact: str, limit: int) -> str:
-    """The artifact's first ``limit`` characters ("" when it cannot be read safely: the
-    gate message then shows no excerpt)."""
-    try:
-        raw = safefile.read_head(folder, artifact, limit * 4)
-    except (OSError, UnsafeFileError):
-        return ""
-    return raw.decode("utf-8", errors="replace")[:limit]
 
 
 def _lock_of(store: TaskStore, task: TaskRecord) -> Lock:

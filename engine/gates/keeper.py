@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine import safefile
 from engine.errors import UnsafeFileError
 from engine.gates import policy as rules
+from engine.gates.artifacts import ArtifactStore, SqlArtifactStore, StoredArtifact
 from engine.gates.decomposition import SubtaskDecl
 from engine.gates.folder import Violation, effective_phase, inspect_folder, validate_folder
 from engine.gates.gitwatch import fingerprint
@@ -61,6 +64,8 @@ class GateKeeper:
         track_git: record a code fingerprint of git workdirs on every transition.
         audit_log: the system's audit log (default: over the gate store's database).
         folders: the process's folder locks and hash cache.
+        artifacts: where gates keep their artifacts (default: over the gate store's
+            database).
     """
 
     def __init__(
@@ -74,8 +79,10 @@ class GateKeeper:
         track_git: bool = True,
         audit_log: AuditLog | None = None,
         folders: TaskFolders | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.gate_store = store
+        self.artifacts: ArtifactStore = artifacts or SqlArtifactStore(store.db, clock=clock)
         self.audit_log: AuditLog = audit_log or SqliteAuditLog(store.db, clock=clock)
         self.workflow = workflow
         self.tasks_root = tasks_root
@@ -291,7 +298,9 @@ class GateKeeper:
         except UnsafeFileError as exc:
             digest = None
             artifact_error = await self._unsafe_artifact(task, exc, "check")
-        if digest is not None and phase == self.workflow.decomposition:
+        if digest is not None and spec.approval and artifact_error is None:
+            artifact_error = await self._too_large(task.folder / spec.artifact)
+        if digest is not None and artifact_error is None and phase == self.workflow.decomposition:
             try:
                 decls = await self._decls(task, digest)
                 artifact_error = await self._subtask_clash(task, decls)
@@ -307,6 +316,77 @@ class GateKeeper:
             return_phase=task.return_phase,
             artifact_error=artifact_error,
         )
+
+    async def _too_large(self, path: Path) -> str | None:
+        """Why the artifact at ``path`` is too large for its gate to store, or None."""
+        try:
+            size = (await asyncio.to_thread(os.stat, path)).st_size
+        except OSError:
+            return None  # gone meanwhile: storing it says so
+        return rules.artifact_too_large(self.policy, path.name, size)
+
+    # -- stored artifacts ----------------------------------------------------------------
+
+    async def artifact(self, sha256: str) -> StoredArtifact | None:
+        """The artifact content a gate stored under ``sha256``, or None."""
+        return await self.artifacts.get(sha256)
+
+    async def excerpt(self, sha256: str | None, limit: int) -> str:
+        """The first ``limit`` characters of the stored artifact ("" when none is stored)."""
+        stored = await self.artifacts.get(sha256) if sha256 is not None else None
+        if stored is None:
+            return ""
+        return stored.content[: limit * 4].decode("utf-8", errors="replace")[:limit]
+
+    async def _capture(self, task: TaskRecord, phase: str) -> str:
+        """Store the content of ``phase``'s artifact in ``task``'s folder; its SHA-256.
+
+        Raises:
+            GateRefused: ``missing_artifact``, or ``invalid_artifact`` (unsafe, too large).
+        """
+        artifact = self.workflow.phase(phase).artifact
+        limit = self.policy.artifact_max_bytes
+        try:
+            content = await asyncio.to_thread(
+                safefile.read_bytes, task.folder, artifact, limit=limit
+            )
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise GateRefused(
+                Refusal.MISSING_ARTIFACT,
+                f"{artifact} disappeared while it was read",
+                task=task.name,
+            ) from exc
+        except UnsafeFileError as exc:
+            if exc.reason == safefile.Unsafe.TOO_LARGE:
+                text = await self._too_large(task.folder / artifact) or (
+                    f"{artifact} is larger than {limit} bytes"
+                )
+                await self.record_audit(
+                    "gate_artifact", "refused:too_large", task=task.name, phase=phase, detail=text
+                )
+            else:
+                text = await self._unsafe_artifact(task, exc, "store")
+            raise GateRefused(Refusal.INVALID_ARTIFACT, text, task=task.name) from exc
+        return await self.artifacts.put(content)
+
+    async def ensure_artifact(self, task: TaskRecord) -> str | None:
+        """None when the content of ``task``'s open gate is in the database; else why not.
+
+        A gate stores its artifact when it opens; one opened before gates did (an older
+        version) is stored now from the task folder, if the file still has the gate's hash.
+        """
+        if task.gate_sha256 is None or not self.workflow.has(task.phase):
+            return f"{task.name} has no open gate"
+        if await self.artifacts.has(task.gate_sha256):
+            return None
+        what = f"{self.workflow.phase(task.phase).artifact} (sha256 {task.gate_sha256[:12]})"
+        try:
+            stored = await self._capture(task, task.phase)
+        except GateRefused as exc:
+            return f"{what} is not in the database: {exc.detail}"
+        if stored != task.gate_sha256:
+            return f"{what} is not in the database, and the file now has sha256 {stored[:12]}"
+        return None
 
     async def _unsafe_artifact(self, task: TaskRecord, exc: UnsafeFileError, when: str) -> str:
         """Audit a refused artifact (a link out of the folder, a pipe, ...); the text to
@@ -375,6 +455,15 @@ class GateKeeper:
                         refused[0], refused[1] + "; the gate was re-opened", task=name
                     )
                 raise GateRefused(refused[0], refused[1], task=name)
+            if goal.sub_state == AWAITING_APPROVAL:
+                # The gate shows what the database holds: people review, and approve, that.
+                stored = await self._capture(task, goal.phase)
+                if stored != facts.artifact_sha256:
+                    raise GateRefused(
+                        Refusal.CONFLICT,
+                        "the artifact changed while its gate was opening; look again",
+                        task=name,
+                    )
             git = None
             if self.track_git:
                 git = await fingerprint(task.workdir, exclude=task.folder)
@@ -446,10 +535,18 @@ class GateKeeper:
 
     async def _reopen(self, task: TaskRecord, new_sha: str, actor: str | None) -> None:
         """The artifact changed under an open gate: void its approvals (new round) and show
-        the new hash."""
+        the new hash, stored in the database (if it can be: approvals are refused until
+        it is)."""
+        problem = None
+        try:
+            new_sha = await self._capture(task, task.phase)
+        except GateRefused as exc:
+            problem = exc.detail
         now = self.clock()
         sets = {"gate_round": task.gate_round + 1, "gate_sha256": new_sha, "gate_opened_at": now}
         reason = f"artifact changed from {str(task.gate_sha256)[:12]} to {new_sha[:12]}"
+        if problem is not None:
+            reason += f"; not stored: {problem}"
         entry = HistoryEntry("reopen", actor=actor, reason=reason, sha256=new_sha)
         try:
             await self._commit(Change(task, sets, entry, now))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 __all__ = [
     "ListEntry",
@@ -186,15 +186,29 @@ def render_groups(groups: list[TaskGroup]) -> str:
     return "\n".join(lines)
 
 
+def _extras(sub: str | None, sha: str | None, notes: str | None) -> str:
+    """What :func:`_format` appends after the version: the open gate's hash, the notes."""
+    gate = f"  gate {sha[:12]}" if sha and sub == _AWAITING else ""
+    return gate + (f"  notes: {notes[:40]!r}" if notes else "")
+
+
+#: :func:`_format`'s line without extras, for a task and for a sub-task (``%`` formatting
+#: is the quickest of Python's ways here: a 10,000-task listing formats in a few ms).
+_TOP_LINE: Final = "%-40s %-36s v%s"
+_SUB_LINE: Final = "    " + _TOP_LINE
+
+
 def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
     """:func:`render_groups` of :func:`group_tasks`, straight from the listing rows.
 
-    One pass over the rows in the query's order, no object per row: the listing of
-    10,000 tasks is a hot path (the admin board). The output is the same text.
+    One pass over the rows in the query's order, no object per row and no call per row
+    for the common line: the listing of 10,000 tasks is a hot path (``status --list``,
+    the admin board). The output is the same text.
     """
     gated: list[list[str]] = []
     rest: list[list[str]] = []
     lines: list[str] = []
+    add = lines.append
     current: str | None = None
     wave_seen: int | None = None
     gate_open = False
@@ -204,18 +218,26 @@ def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
             if current is not None:
                 (gated if gate_open else rest).append(lines)
             current, lines, wave_seen, gate_open = key, [], None, False
+            add = lines.append
             if parent is not None:
-                lines.append(f"{parent} (parent not found)")
-        if sub == _AWAITING:
-            gate_open = True
+                add(f"{parent} (parent not found)")
+        if sub:
+            label = f"{phase}:{sub}"
+            if sub == _AWAITING:
+                gate_open = True
+        else:
+            label = phase
         if parent is None:
-            lines.append(_format("", name, phase, sub, version, sha, notes))
-            continue
-        number = wave or 1
-        if number != wave_seen:
-            lines.append(f"  wave {number}:")
-            wave_seen = number
-        lines.append(_format("    ", name, phase, sub, version, sha, notes))
+            line = _TOP_LINE % (name, label, version)
+        else:
+            number = wave or 1
+            if number != wave_seen:
+                add(f"  wave {number}:")
+                wave_seen = number
+            line = _SUB_LINE % (name, label, version)
+        if sha or notes:
+            line += _extras(sub, sha, notes)
+        add(line)
     if current is None:
         return "no tasks"
     (gated if gate_open else rest).append(lines)

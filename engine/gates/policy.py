@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.gates.artifacts import DEFAULT_MAX_BYTES
 from engine.gates.decomposition import SubtaskDecl
 from engine.gates.records import ApprovalOutcome, TaskRecord
 from engine.gates.refusals import Refusal
@@ -21,6 +22,7 @@ __all__ = [
     "Verdict",
     "approval_outcome",
     "approver_refusal",
+    "artifact_too_large",
     "gate_expired",
     "norm_actor",
     "open_gate_refusal",
@@ -34,12 +36,14 @@ Verdict = tuple[Refusal, str] | None
 
 @dataclass(frozen=True, slots=True)
 class GatePolicy:
-    """Who may approve, how many approvals a gate needs, and how long it stays open."""
+    """Who may approve, how many approvals a gate needs, how long it stays open, and how
+    large an artifact it stores for people to review."""
 
     approvers: frozenset[str] = frozenset()
     quorum: int = 1
     expiry_seconds: float | None = None
     forbid_self_approval: bool = False
+    artifact_max_bytes: int = DEFAULT_MAX_BYTES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatePolicy:
@@ -49,6 +53,7 @@ class GatePolicy:
             quorum=settings.approval_quorum,
             expiry_seconds=settings.approval_expiry_seconds,
             forbid_self_approval=settings.forbid_self_approval,
+            artifact_max_bytes=settings.artifact_max_bytes,
         )
 
 
@@ -106,6 +111,25 @@ def open_gate_refusal(
                 f"you approved {want[:12]!r} but the gate now shows {task.gate_sha256[:12]}",
             )
     return None
+
+
+def artifact_too_large(policy: GatePolicy, artifact: str, size: int) -> str | None:
+    """Why ``artifact`` of ``size`` bytes may not be stored for its gate, or None."""
+    limit = policy.artifact_max_bytes
+    if size <= limit:
+        return None
+    return (
+        f"{artifact} is {_size(size)}, larger than the {_size(limit)} a gate keeps for "
+        f"review (TURNSTILE_ARTIFACT_MAX_BYTES={limit}): make it shorter"
+    )
+
+
+def _size(n: int) -> str:
+    if n >= 1024 * 1024:
+        return f"{n / (1024 * 1024):.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n} bytes"
 
 
 def approval_outcome(*, fresh: bool, approvers: int, quorum: int) -> ApprovalOutcome:

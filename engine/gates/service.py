@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import safefile
-from engine.errors import UnsafeFileError
+from engine.gates.artifacts import StoredArtifact
 from engine.gates.audit import AuditReport, run_audit
 from engine.gates.autopilot import (
     AgentFactory,
@@ -30,6 +29,7 @@ from engine.gates.records import (
     TaskRecord,
     TransitionRecord,
 )
+from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.store import GateStore, SqlGateStore
 from engine.gates.tasks import TaskStore
 from engine.gates.workflow import Workflow, load_workflow
@@ -234,6 +234,48 @@ class Gates:
             task, by=by, reason=reason, chat_id=chat_id, update_id=update_id
         )
 
+    async def artifact(self, sha256: str) -> StoredArtifact | None:
+        """The artifact content a gate stored under ``sha256`` (what people review)."""
+        return await self.store.artifact(sha256)
+
+    async def task_artifact(
+        self, task: str, sha256: str | None = None
+    ) -> tuple[str, StoredArtifact]:
+        """The artifact (its file name and stored content) of ``task``'s open gate, or the
+        one with ``sha256`` (full or >= 8 hex characters) among the gates in its history.
+
+        Raises:
+            GateRefused: unknown task, no open gate (``not_awaiting_approval``), or no
+                such artifact stored (``missing_artifact``).
+        """
+        record = await self.store.get(task)
+        history = await self.store.history(record.name)
+        known = {h.sha256: h.to_phase for h in history if h.sha256 is not None}
+        if record.gate_sha256 is not None:
+            known[record.gate_sha256] = record.phase
+        if sha256 is None:
+            if not record.awaiting_approval or record.gate_sha256 is None:
+                raise GateRefused(
+                    Refusal.NOT_AWAITING,
+                    f"{record.name} is at {record.label}, no gate is open: name the artifact "
+                    "with --sha256 HASH (see its history)",
+                    task=record.name,
+                )
+            want = record.gate_sha256
+        else:
+            want = sha256.strip().lower()
+        matches = [h for h in known if len(want) >= 8 and h.startswith(want)]
+        stored = await self.store.artifact(matches[0]) if len(matches) == 1 else None
+        if stored is None:
+            raise GateRefused(
+                Refusal.MISSING_ARTIFACT,
+                f"no artifact of {record.name} with sha256 {want[:12]} is stored",
+                task=record.name,
+            )
+        phase = known[stored.sha256]
+        name = self.workflow.phase(phase).artifact if self.workflow.has(phase) else phase
+        return name, stored
+
     async def pending_gates(self) -> list[GateRequest]:
         """Every open gate, to re-post or refresh gate messages on start-up."""
         out: list[GateRequest] = []
@@ -244,7 +286,7 @@ class Gates:
                 continue
             spec = self.workflow.phase(task.phase)
             path = task.folder / spec.artifact
-            excerpt = await asyncio.to_thread(_excerpt, task.folder, spec.artifact)
+            excerpt = await self.store.excerpt(task.gate_sha256, 1500)
             out.append(
                 GateRequest(
                     task=task.name,
@@ -321,11 +363,3 @@ class Gates:
         for handle in list(self._drives.values()):
             await handle.stop()
         self._drives.clear()
-
-
-def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
-    try:
-        raw = safefile.read_head(folder, artifact, limit * 4)
-    except (OSError, UnsafeFileError):
-        return ""
-    return raw.decode("utf-8", errors="replace")[:limit]

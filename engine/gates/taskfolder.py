@@ -30,7 +30,10 @@ from engine.store.leases import database_lock
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
-__all__ = ["TaskFolders", "read_decls", "snapshot"]
+__all__ = ["MAX_DECLS_BYTES", "TaskFolders", "parse_decls", "read_decls", "snapshot"]
+
+#: The largest decomposition whose sub-task block is read.
+MAX_DECLS_BYTES = 1024 * 1024
 
 
 def snapshot(task: TaskRecord, approvals: Sequence[ApprovalRecord]) -> dict[str, Any]:
@@ -57,7 +60,7 @@ def read_decls(task: TaskRecord, artifact: str, expected_sha256: str) -> tuple[S
     """
     path = task.folder / artifact
     try:
-        raw = safefile.read_bytes(task.folder, artifact, limit=1024 * 1024)
+        raw = safefile.read_bytes(task.folder, artifact, limit=MAX_DECLS_BYTES)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise GateRefused(
             Refusal.MISSING_ARTIFACT, f"{path.name} disappeared while it was read", task=task.name
@@ -68,11 +71,28 @@ def read_decls(task: TaskRecord, artifact: str, expected_sha256: str) -> tuple[S
         raise GateRefused(
             Refusal.STALE_APPROVAL, f"{path.name} changed while it was read", task=task.name
         )
+    return parse_decls(task, path.name, raw)
+
+
+def parse_decls(task: TaskRecord, artifact: str, raw: bytes) -> tuple[SubtaskDecl, ...]:
+    """Parse the decomposition block in ``raw`` (the content of ``artifact``, as the gate
+    stored it).
+
+    Raises:
+        GateRefused: too large, not UTF-8, or not a valid block.
+    """
+    if len(raw) > MAX_DECLS_BYTES:
+        raise GateRefused(
+            Refusal.INVALID_ARTIFACT,
+            f"{artifact} is larger than {MAX_DECLS_BYTES} bytes",
+            task=task.name,
+            line=1,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise GateRefused(
-            Refusal.INVALID_ARTIFACT, f"{path.name} is not UTF-8", task=task.name, line=1
+            Refusal.INVALID_ARTIFACT, f"{artifact} is not UTF-8", task=task.name, line=1
         ) from exc
     return parse_decomposition(text)
 

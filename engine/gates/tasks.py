@@ -9,6 +9,8 @@ decisions on a gate: the approval rules are :mod:`engine.gates.policy`, the SQL 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine.errors import UnsafeFileError
 from engine.gates import policy as rules
 from engine.gates.decomposition import SubtaskDecl
@@ -27,6 +29,7 @@ from engine.gates.records import (
 )
 from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.store import ApprovalRequest, Change, HistoryEntry, NewTask, Tally
+from engine.gates.taskfolder import parse_decls
 
 __all__ = [
     "ApprovalOutcome",
@@ -125,8 +128,10 @@ class TaskStore(GateKeeper):
     async def _approval_request(
         self, task: TaskRecord, actor: str, chat_id: int | None, update_id: int | None
     ) -> ApprovalRequest:
-        """Check the artifact still has the gate's hash (re-opening the gate if not) and
-        read the sub-tasks a decomposition declares. Raises GateRefused."""
+        """Check the gate's artifact is in the database (the approval binds to that content)
+        and, where its file is on this machine, that it still has the gate's hash
+        (re-opening the gate if not); read the sub-tasks a decomposition declares from the
+        stored content. Raises GateRefused."""
         assert task.gate_sha256 is not None
         if not self.workflow.has(task.phase):
             raise GateRefused(
@@ -135,27 +140,19 @@ class TaskStore(GateKeeper):
                 task=task.name,
             )
         artifact = task.folder / self.workflow.phase(task.phase).artifact
-        try:
-            digest = await sha256_file_async(artifact, root=task.folder)
-        except UnsafeFileError as exc:
-            text = await self._unsafe_artifact(task, exc, f"approval by {actor}")
-            raise GateRefused(Refusal.INVALID_ARTIFACT, text, task=task.name) from exc
-        if digest is None:
+        await self._check_file(task, artifact, actor)
+        missing = await self.ensure_artifact(task)
+        stored = await self.artifact(task.gate_sha256) if missing is None else None
+        if stored is None:
             raise GateRefused(
-                Refusal.MISSING_ARTIFACT, f"{artifact.name} has disappeared", task=task.name
-            )
-        if digest != task.gate_sha256:
-            await self._reopen(task, digest, actor)
-            raise GateRefused(
-                Refusal.STALE_APPROVAL,
-                f"{artifact.name} changed since the gate opened (gate "
-                f"{task.gate_sha256[:12]}, now {digest[:12]}); the gate was re-opened: "
-                "review it again",
+                Refusal.MISSING_ARTIFACT,
+                missing or f"{artifact.name} is not in the database",
                 task=task.name,
             )
+        digest = stored.sha256
         decls: tuple[SubtaskDecl, ...] = ()
         if task.phase == self.workflow.decomposition:
-            decls = await self._decls(task, digest)
+            decls = parse_decls(task, artifact.name, stored.content)
             clash = await self._subtask_clash(task, decls)
             if clash is not None:
                 raise GateRefused(Refusal.INVALID_ARTIFACT, clash, task=task.name)
@@ -176,6 +173,30 @@ class TaskStore(GateKeeper):
             subtasks=tuple(self._subtask(task, decl, now) for decl in decls),
             clash=clash_with,
         )
+
+    async def _check_file(self, task: TaskRecord, artifact: Path, actor: str) -> None:
+        """Where the artifact's file is on this machine, it still has the gate's hash.
+        Raises GateRefused (and re-opens the gate for a changed artifact).
+
+        On a setup with workers the task folder is on a worker's disk, not here; a file
+        deleted meanwhile is not here either: the drive checks the file against the
+        approved hash before it passes the gate, and a missing one does not pass.
+        """
+        assert task.gate_sha256 is not None
+        try:
+            digest = await sha256_file_async(artifact, root=task.folder)
+        except UnsafeFileError as exc:
+            text = await self._unsafe_artifact(task, exc, f"approval by {actor}")
+            raise GateRefused(Refusal.INVALID_ARTIFACT, text, task=task.name) from exc
+        if digest is not None and digest != task.gate_sha256:
+            await self._reopen(task, digest, actor)
+            raise GateRefused(
+                Refusal.STALE_APPROVAL,
+                f"{artifact.name} changed since the gate opened (gate "
+                f"{task.gate_sha256[:12]}, now {digest[:12]}); the gate was re-opened: "
+                "review it again",
+                task=task.name,
+            )
 
     def _subtask(self, task: TaskRecord, decl: SubtaskDecl, now: float) -> NewTask:
         folder = task.folder / "subtasks" / decl.name

@@ -11,7 +11,9 @@ recorded; failures (429 with ``retry_after``, 5xx, and the permanent 400/401/403
 Telegram's descriptions) can be injected per method, once or as a storm;
 :meth:`FakeBotApi.revoke_token` makes every call answer 401 the way Telegram does after a
 token is revoked; :meth:`FakeBotApi.hold` parks calls until released (a slow Telegram,
-deterministically).
+deterministically); :meth:`FakeBotApi.hold_answers` handles calls at once (the message is
+in the chat) but parks their answers until released (the moment between Telegram showing a
+message and the bot learning it was delivered).
 
 Usage::
 
@@ -119,7 +121,9 @@ class FakeBotApi:
         self._script: list[int] = []
         self._script_methods: frozenset[str] = frozenset()
         self._held: frozenset[str] = frozenset()
+        self._held_answers: frozenset[str] = frozenset()
         self._release = asyncio.Event()
+        self.parked_answers = 0
         self.parked = 0
         self.files: dict[str, tuple[str, bytes]] = {}
         self.downloads: list[str] = []
@@ -430,8 +434,15 @@ class FakeBotApi:
         self._held = frozenset(methods)
         self._release.clear()
 
+    def hold_answers(self, methods: Iterable[str]) -> None:
+        """Handle every call of ``methods`` (a sent message is in the chat at once) but
+        park its answer until :meth:`release`."""
+        self._held_answers = frozenset(methods)
+        self._release.clear()
+
     def release(self) -> None:
         self._held = frozenset()
+        self._held_answers = frozenset()
         self._release.set()
 
     # -- waiting -----------------------------------------------------------------------
@@ -541,6 +552,10 @@ class FakeBotApi:
             self._notify()
             return self._error(exc.status, exc.description)
         self._notify()
+        if method in self._held_answers:
+            self.parked_answers += 1
+            self._notify()
+            await self._release.wait()
         return web.json_response({"ok": True, "result": result})
 
     def script(self, methods: Iterable[str], statuses: Iterable[int]) -> None:
