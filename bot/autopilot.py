@@ -494,6 +494,7 @@ class AutopilotExtension(Feature):
             update_id=update.update_id,
             expected_sha256=gate.sha256,
         )
+        await self._wake_on_workers(gate.task)
         await self._report(update, gate, result, user.id, "approve")
 
     async def _reject(self, update: Update, gate: GateRecord, reason: str) -> None:
@@ -504,7 +505,19 @@ class AutopilotExtension(Feature):
         result = await self.gates.reject(
             gate.task, by=user.id, reason=reason, chat_id=chat.id, update_id=update.update_id
         )
+        await self._wake_on_workers(gate.task)
         await self._report(update, gate, result, user.id, "reject")
+
+    async def _wake_on_workers(self, task: str) -> None:
+        """A decided gate of a drive on the workers: its next step is queued now."""
+        if self.ctx.settings.execution != "workers":
+            return
+        from engine.workers.autopilot import wake_drive
+
+        try:
+            await wake_drive(self.ctx.settings, self.ctx.db, task)
+        except Exception as exc:  # its worker's heartbeat queues it a beat later
+            _LOGGER.warning("could not wake the drive of %s: %s", task, exc)
 
     async def _report(
         self, update: Update, gate: GateRecord, result: ApprovalResult, user_id: int, verb: str

@@ -337,6 +337,32 @@ def test_a_parked_drive_is_stopped_without_a_worker_turn(cluster: Cluster) -> No
     assert follow.stdout.strip() != run_id  # a new drive, not the stopped one
 
 
+def test_stopping_a_drive_stops_the_drives_of_its_wave(cluster: Cluster) -> None:
+    agent_cmd = setup_pilot(cluster, decomposition=THREE, sleep={"implement": 60})
+    cluster.start_worker("w1", concurrency=3)
+    run_id = start_drive(cluster, agent_cmd, task="p")
+    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
+    approve(cluster, "p")
+    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
+    approve(cluster, "p")
+
+    def three_started() -> list[dict[str, Any]] | None:
+        found = [e for e in entries(cluster, "started.log") if e["phase"] == "implement"]
+        return found if len(found) == 3 else None
+
+    subs = wait_for("the wave's three turns", three_started)
+    assert placement(cluster, run_id)[0] == "parked"  # waiting for its sub-tasks
+    done = cluster.cli("stop", run_id)
+    assert done.returncode == 0, done.stderr
+    children = [r for (r,) in cluster.query("SELECT id FROM runs WHERE parent_id = %s", run_id)]
+    assert len(children) == 3
+    for child in (run_id, *children):
+        wait_for(f"{child} stopped", lambda c=child: placement(cluster, c)[0] == "stopped")
+    for entry in subs:
+        wait_for("the sub-task's agent gone", lambda e=entry: not _alive(e["pid"]), within=10)
+    assert cluster.status(run_id) == "stopped"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

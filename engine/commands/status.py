@@ -156,6 +156,10 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
                         file=sys.stderr,
                     )
                 return result.reason.exit_code
+            if settings.execution == "workers":
+                from engine.workers.autopilot import wake_drive  # the queue only when asked for
+
+                await wake_drive(settings, db, args.task)
             text = f"{result.task}: {result.outcome.value} ({result.detail})"
             if result.subtasks_created:
                 text += "\nsub-tasks created: " + ", ".join(result.subtasks_created)

@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
-from engine import safefile
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
-from engine.errors import ConfigError, NotFoundError, UnsafeFileError
+from engine.errors import ConfigError, NotFoundError
 from engine.gates.autopilot import Autopilot, DriveOutcome
 from engine.gates.records import TaskRecord
 from engine.gates.state_file import STATE_FILE
@@ -75,6 +74,7 @@ __all__ = [
     "new_drive_spec",
     "queue_drive",
     "run_step",
+    "wake_drive",
     "wake_parked",
 ]
 
@@ -657,6 +657,25 @@ async def wake_parked(runner: TurnRunner) -> int:
 # -- the control plane's side ----------------------------------------------------------------
 
 
+async def wake_drive(settings: Settings, db: AnyDatabase, task_name: str) -> bool:
+    """After a gate of ``task_name`` was decided: queue the next step of its drive parked
+    on the workers at once (its worker's heartbeat would, a beat later); whether one was
+    queued."""
+    from engine.gates.service import Gates
+    from engine.workers.queue import make_app, require_postgres
+
+    workers = WorkerStore(db)
+    placement = (await _drives_by_task(workers)).get(task_name)
+    if placement is None or placement.status is not PlacementStatus.PARKED:
+        return False
+    if not await _ready(Gates(db, settings).store, workers, placement):
+        return False
+    app = make_app(require_postgres(settings.database), pool_size=2)
+    async with app.open_async():
+        await _wake(app, workers, placement.run_id)
+    return True
+
+
 async def follow_drive(
     settings: Settings,
     run_id: str,
@@ -797,7 +816,8 @@ async def gate_requests(
     settings: Settings, db: AnyDatabase, *, chat_only: bool = True
 ) -> list[GateRequest]:
     """The open gates of the drives parked on the workers (of those started from a chat,
-    by default), as the in-process drive announces them."""
+    by default), as the in-process drive announces them: the excerpt from the artifact's
+    content in the database (the worker stored it when the gate opened)."""
     from engine.gates.service import Gates
 
     store = Gates(db, settings).store
@@ -818,19 +838,11 @@ async def gate_requests(
                 artifact_name=spec.artifact,
                 artifact_path=task.folder / spec.artifact,
                 sha256=task.gate_sha256,
-                excerpt=await asyncio.to_thread(_excerpt, task.folder, spec.artifact),
+                excerpt=await store.excerpt(task.gate_sha256, 1500),
                 run_id=placement.run_id,
             )
         )
     return found
-
-
-def _excerpt(folder: Path, artifact: str, limit: int = 1500) -> str:
-    try:
-        raw = safefile.read_head(folder, artifact, limit * 4)
-    except (OSError, UnsafeFileError):
-        return ""
-    return raw.decode("utf-8", errors="replace")[:limit]
 
 
 async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:

@@ -209,6 +209,12 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
         record is None and placement is not None and placement.ended
     ):
         raise ConfigError(f"run {run_id} has ended; there is nothing to stop")
+    if placement is not None and placement.spec.mode == "autopilot":
+        # A drive's wave goes with it: its sub-tasks' drives are stopped too.
+        for child in await workers.placements():
+            if child.spec.parent_run == run_id and not child.ended:
+                with contextlib.suppress(ConfigError):
+                    await _stop(settings, db, child.run_id)
     who = f"{getpass.getuser()}@{socket.gethostname()}"
     await workers.request_stop(run_id, by=who)
     if placement is None or not isinstance(settings.database, PostgresURL):
