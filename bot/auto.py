@@ -625,7 +625,10 @@ class AutoExtension(Feature):
                 last_event=state.message or event.record.status.value,
             )
         )
-        await self.sink.publish_kind(run_id, final_report(state), TextKind.FINAL)
+        # The worker's report (with the evidence and work summary it measured), else what
+        # the store says of the run.
+        report = event.placement.report or final_report(state)
+        await self.sink.publish_kind(run_id, report, TextKind.FINAL)
 
     async def on_worker_stop_button(self, update: Update, data: str) -> None:
         chat = update.effective_chat

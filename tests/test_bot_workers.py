@@ -119,6 +119,8 @@ async def test_an_auto_run_on_a_worker_shows_its_turns_and_summary(cluster: Clus
         assert any("on worker w1" in t for t in _texts(status))
         # The final report and the turns document are the local run's (same renderers).
         assert "last phase: Evaluate" in report.text
+        assert "Evidence (score" in report.text  # measured on the worker, in its worktree
+        assert "Commits since start: 1" in report.text
         assert "Objective: make result.txt" in report.text
         assert turns.document is not None
         assert b"[turn 1/" in turns.document

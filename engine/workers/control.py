@@ -165,6 +165,9 @@ def _final(run_id: str, record: RunRecord | None, placement: Placement, out: Tex
     if record is None:
         print(f"Auto run {run_id}: did not start: {placement.note or 'stopped'}", file=out)
         return 1 if placement.status is PlacementStatus.FINISHED else STOP_EXIT_CODE
+    if placement.report:  # the worker's, as `turnstile auto` prints a local run's
+        print(placement.report, file=out, flush=True)
+        return process_exit_code(record.exit_code or 0)
     state = AutoModeState.from_json(record.state)
     line = f"Auto run {run_id}: {record.status.value}"
     if record.exit_code:

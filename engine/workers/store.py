@@ -197,6 +197,8 @@ class Placement:
     moves: int
     created_at: float
     updated_at: float
+    # The run's final report as its worker wrote it (None: not ended, or nothing written).
+    report: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Placement:
@@ -210,6 +212,7 @@ class Placement:
             moves=row["moves"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
+            report=row["report"],
         )
 
     @property
@@ -382,6 +385,12 @@ class WorkerStore:
         await self._db.execute(
             f"UPDATE worker_runs SET {', '.join(sets)} WHERE run_id = ?",  # noqa: S608
             params,
+        )
+
+    async def set_report(self, run_id: str, report: str) -> None:
+        """Keep the run's final report (written before the run is set ended)."""
+        await self._db.execute(
+            "UPDATE worker_runs SET report = ? WHERE run_id = ?", (report, run_id)
         )
 
     async def release(self, run_id: str, worker: str) -> bool:

@@ -281,6 +281,8 @@ class TurnRunner:
             if placement.note:  # taking it set it running; only a note is left to clear
                 await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
             return True
+        if held.run.channel.report:  # what the chat and the terminal show of its end
+            await workers.set_report(run_id, held.run.channel.report)
         await self.forget(run_id)
         final = PlacementStatus.STOPPED if stop.is_set() else PlacementStatus.FINISHED
         await workers.set_placement(run_id, status=final, note="")
