@@ -335,12 +335,12 @@ class ChatSessions:
                 f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
             )
         session_id = str(uuid.uuid4())
+        # On the workers: no folder here, it is checked out on the worker of the first turn.
+        workdir = ""
         if self.on_workers:
-            # Checked out on the worker that takes the session's first turn.
-            workdir = Path()
             self._check_worker_project(project, branch)
         else:
-            workdir = await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch)
+            workdir = str(await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch))
         if old is not None:
             old.channel.close()
             if old.task is not None:
@@ -350,7 +350,7 @@ class ChatSessions:
             thread_id,
             agent=agent,
             project=project,
-            workdir="" if self.on_workers else str(workdir),
+            workdir=workdir,
             session_id=session_id,
             user_id=user_id,
             model=model,
