@@ -185,6 +185,9 @@ async def test_approved_and_shown_without_the_task_folder(tmp_path: Path) -> Non
         away = tmp_path / "on-the-worker"
         task.folder.rename(away)
         env = cli_env(settings)
+        rc, out, err = await run_cli("status", "--task", "t", env=env)
+        assert rc == 0, err
+        assert f"artifact  {len(body)} bytes: turnstile status --task t --artifact" in out
         rc, out, err = await run_cli("status", "--task", "t", "--artifact", env=env)
         assert rc == 0, err
         assert out == body

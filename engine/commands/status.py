@@ -236,6 +236,13 @@ async def _show(args: argparse.Namespace, gates: Gates) -> int:
         lines.append(
             f"gate      {str(task.gate_sha256)[:12]}  approvals {view.approvers}/{view.quorum}"
         )
+        stored = await gates.artifact(str(task.gate_sha256))
+        payload["gate_artifact_size"] = stored.size if stored is not None else None
+        lines.append(
+            f"artifact  {stored.size} bytes: turnstile status --task {task.name} --artifact"
+            if stored is not None
+            else "artifact  not in the database: it cannot be approved until it is"
+        )
     if task.revision_notes:
         lines.append(f"notes     {task.revision_notes[:200]!r}")
     lines.append(f"next      {view.next_step}")
