@@ -237,6 +237,34 @@ async def test_a_killed_resident_process_is_resumed_and_a_stopping_worker_closes
     assert row["warm"] is False
 
 
+@realcli
+async def test_a_killed_worker_leaves_no_resident_process(
+    warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
+) -> None:
+    cluster, sandbox = warm_cluster
+    first = Hold(text="Goal: nothing.")
+    model_api.enqueue(first)
+    worker = await blocking(cluster.start_worker, "w1")
+    run_id = await start_auto(cluster, turns=3)
+    await asyncio.wait_for(first.arrived.wait(), 120)
+    with held_between_turns(cluster, run_id):
+        first.release.set()
+        await wait_until(
+            lambda: finished_turns(cluster, run_id), timeout=60, what="turn 1 finished"
+        )
+        pid = turn_process(cluster, run_id, 1)
+        assert pid is not None
+        assert alive(pid)
+        await wait_until(lambda: warm_marks(cluster) == {run_id: "w1"}, what="marked warm")
+        worker.proc.kill()
+        await blocking(worker.proc.wait, 30)
+        # The turn watchdog outlives the worker and kills what it started.
+        await wait_until(lambda: not alive(pid), timeout=30, what="resident process gone")
+        assert agent_processes(sandbox) == []
+        # Its word no longer counts once the worker is not heard from.
+        await wait_until(lambda: not cluster.runs()[run_id]["warm"], timeout=30, what="shown cold")
+
+
 async def test_a_warm_mark_counts_only_from_the_live_worker_that_holds_the_run(
     database: Any, tmp_path: Path
 ) -> None:
