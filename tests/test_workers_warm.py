@@ -23,14 +23,17 @@ import psycopg
 import pytest
 
 from engine.agents.stream import TURN_MARKER_VAR
+from engine.workers.store import PlacementStatus, QueuedRun, WorkerStatus, WorkerStore
+from engine.workers.views import worker_views
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Text
 from tests.fakes.realcli import MARKER_VAR, Sandbox, alive
-from tests.support import wait_until
+from tests.support import make_settings, wait_until
 from tests.workers_support import Cluster, WorkerProc
 from tests.workers_support import cluster as cluster  # the fixture
 
-pytestmark = [pytest.mark.realcli, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
+realcli = pytest.mark.realcli
 
 T = TypeVar("T")
 STARTED = "warm Claude Code process started"
@@ -99,6 +102,11 @@ def turn_process(cluster: Cluster, run_id: str, seq: int) -> int | None:
     return rows[0][0] if rows and rows[0][0] else None
 
 
+def placement_status(cluster: Cluster, run_id: str) -> str | None:
+    rows = cluster.query("SELECT status FROM worker_runs WHERE run_id = %s", run_id)
+    return str(rows[0][0]) if rows else None
+
+
 def warm_marks(cluster: Cluster) -> dict[str, str]:
     return dict(cluster.query("SELECT run_id, worker FROM warm_runs"))
 
@@ -142,6 +150,7 @@ def starts(worker: WorkerProc) -> int:
     return worker.output.count(STARTED)
 
 
+@realcli
 async def test_three_turns_of_an_auto_run_on_a_worker_share_one_process(
     warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
 ) -> None:
@@ -179,6 +188,7 @@ async def test_three_turns_of_an_auto_run_on_a_worker_share_one_process(
     assert (await runs_json(cluster, run_id))["warm"] is False
 
 
+@realcli
 async def test_a_killed_resident_process_is_resumed_and_a_stopping_worker_closes_it(
     warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
 ) -> None:
@@ -225,3 +235,117 @@ async def test_a_killed_resident_process_is_resumed_and_a_stopping_worker_closes
     row = await runs_json(cluster, run_id)
     assert row["status"] == "waiting for a worker"  # it moves on to another worker
     assert row["warm"] is False
+
+
+@realcli
+async def test_a_killed_worker_leaves_no_resident_process(
+    warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
+) -> None:
+    cluster, sandbox = warm_cluster
+    first = Hold(text="Goal: nothing.")
+    model_api.enqueue(first)
+    worker = await blocking(cluster.start_worker, "w1")
+    run_id = await start_auto(cluster, turns=3)
+    await asyncio.wait_for(first.arrived.wait(), 120)
+    with held_between_turns(cluster, run_id):
+        first.release.set()
+        await wait_until(
+            lambda: finished_turns(cluster, run_id), timeout=60, what="turn 1 finished"
+        )
+        pid = turn_process(cluster, run_id, 1)
+        assert pid is not None
+        assert alive(pid)
+        await wait_until(lambda: warm_marks(cluster) == {run_id: "w1"}, what="marked warm")
+        worker.proc.kill()
+        await blocking(worker.proc.wait, 30)
+        # The turn watchdog outlives the worker and kills what it started.
+        await wait_until(lambda: not alive(pid), timeout=30, what="resident process gone")
+        assert agent_processes(sandbox) == []
+        # Its word no longer counts once the worker is not heard from.
+        await wait_until(lambda: not cluster.runs()[run_id]["warm"], timeout=30, what="shown cold")
+
+
+async def test_a_warm_mark_counts_only_from_the_live_worker_that_holds_the_run(
+    database: Any, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, worker_timeout=60.0)
+    store = WorkerStore(database)
+    for name in ("w1", "w2"):
+        await store.register(name, host="h", pid=1, capacity=1, queues=())
+    for run_id in ("a", "b"):
+        await store.place(QueuedRun(run_id=run_id, objective="o", tool="claude", project="p"))
+        await store.take(run_id, "w1")
+
+    async def warm() -> dict[str, bool]:
+        return {r: v.warm for r, v in (await worker_views(settings, database)).items()}
+
+    assert await warm() == {"a": False, "b": False}
+    await store.mark_warm("w1", ["a", "b"])
+    assert await warm() == {"a": True, "b": True}
+    # The set is replaced: b's process stopped.
+    await store.mark_warm("w1", ["a"])
+    assert await warm() == {"a": True, "b": False}
+    assert await store.warm_runs() == {"a": "w1"}
+    # Another worker's word about a run w1 holds does not count.
+    await store.mark_warm("w2", ["b"])
+    assert await warm() == {"a": True, "b": False}
+    # An ended run, or a worker no longer alive, is not warm whatever was recorded.
+    await store.set_placement("a", status=PlacementStatus.FINISHED)
+    assert await warm() == {"a": False, "b": False}
+    await store.set_placement("a", status=PlacementStatus.RUNNING)
+    await store.set_worker_status("w1", WorkerStatus.LOST)
+    assert await warm() == {"a": False, "b": False}
+    await store.mark_warm("w1", [])
+    assert await store.warm_runs() == {"b": "w2"}
+
+
+@realcli
+@pytest.mark.usefixtures("isolated_env")
+async def test_status_in_the_chat_shows_a_run_on_a_worker_warm(
+    warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
+) -> None:
+    from tests.fakes.bot_api import FakeBotApi
+    from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+    from tests.workers_support import HEARTBEAT, TIMEOUT
+
+    cluster, _ = warm_cluster
+    projects = f"default={cluster.remote}#main"
+    cluster.env["TURNSTILE_PROJECTS"] = projects
+    cluster.env["TURNSTILE_MAX_TURNS"] = "2"  # the worker's: a run from the chat has no cap
+    second = Hold(text="1. Say the word.")
+    model_api.enqueue(Text("Goal: say the word."), second)
+    await blocking(cluster.start_worker, "w1")
+    bot_root = cluster.tmp / "bot"
+    bot_root.mkdir()
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            bot_root,
+            database=cluster.url,
+            execution="workers",
+            projects=projects,
+            default_agent="claude",
+            worker_heartbeat=float(HEARTBEAT),
+            worker_timeout=float(TIMEOUT),
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto say the word")
+            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
+            run_id = queued.text.split("Auto run ", 1)[1].split()[0]
+            # Turn 2 runs on the process turn 1 left resident on the worker.
+            await asyncio.wait_for(second.arrived.wait(), 120)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            line = f"🤖 auto {run_id} · running on worker w1 · "
+            status = await api.wait_for_message(lambda m: line in m.text)
+            [shown] = [t for t in status.text.splitlines() if line in t]
+            assert shown.endswith(" · warm"), shown
+            second.release.set()
+            # The run has ended on the worker (its process closed) once its placement has.
+            await wait_until(
+                lambda: placement_status(cluster, run_id) in ("finished", "stopped"),
+                timeout=120,
+                what="run ends",
+            )
+            assert warm_marks(cluster) == {}
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(lambda m: m.text == "No runs in this chat. /help")
