@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Final
 
 from telegram import Update
@@ -55,6 +56,7 @@ WORKER_STOP: Final = "sw:"
 # How often a follower reads the store, and a running turn's message shows its time.
 _FOLLOW_POLL: Final = 1.0
 _TICK: Final = 5.0
+_RETRY: Final = 2.0
 
 
 @dataclass
@@ -75,7 +77,6 @@ class _Followed:
     progress: TurnProgress | None = None
     stopped_by: int | None = None
     ticker: asyncio.Task[None] | None = None
-    shown: set[str] = field(default_factory=set)
 
 
 def _thread_key(place: ChatPlace) -> int:
@@ -476,23 +477,32 @@ class AutoExtension(Feature):
             silent_after=self.ctx.settings.worker_timeout,
             poll=_FOLLOW_POLL,
         )
-        followed.ticker = asyncio.create_task(self._tick(followed), name=f"tick-{run_id}")
+        ticker = asyncio.create_task(self._tick(followed), name=f"tick-{run_id}")
         try:
-            async for event in follower.events():
-                match event:
-                    case TurnStarted():
-                        await self._turn_started(followed, event)
-                    case TurnEnded():
-                        await self._turn_ended(followed, event)
-                    case RunEnded():
-                        await self._run_ended(followed, event)
+            while True:
+                try:
+                    # The follower keeps the turns it has given: a retry gives no turn twice.
+                    async for event in follower.events():
+                        match event:
+                            case TurnStarted():
+                                await self._turn_started(followed, event)
+                            case TurnEnded():
+                                await self._turn_ended(followed, event)
+                            case RunEnded():
+                                await self._run_ended(followed, event)
+                    return
+                except TurnstileError as exc:
+                    # The database may be away a moment; the run goes on on its worker.
+                    _LOGGER.warning("following paused: %s", exc, extra={"run_id": run_id})
+                    await asyncio.sleep(_RETRY)
         except asyncio.CancelledError:
             raise
         except Exception:
-            # Following is reading: a broken read is logged; the run goes on on its worker.
             _LOGGER.exception("could not follow the run", extra={"run_id": run_id})
         finally:
-            followed.ticker.cancel()
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
             self.followed.pop(run_id, None)
 
     async def _tick(self, followed: _Followed) -> None:
@@ -500,9 +510,19 @@ class AutoExtension(Feature):
             await asyncio.sleep(_TICK)  # a refresh of the elapsed time, not a hand-off
             progress = followed.progress
             if progress is not None and not progress.finished:
-                await progress.show()
+                try:
+                    await progress.show()
+                except TurnstileError as exc:
+                    _LOGGER.warning("progress not refreshed: %s", exc)
 
-    def _progress(self, followed: _Followed, seq: int, started_at: float) -> TurnProgress:
+    def _progress(
+        self,
+        followed: _Followed,
+        seq: int,
+        attempt: int,
+        started_at: float,
+        clock: Callable[[], float] = time.time,
+    ) -> TurnProgress:
         progress = TurnProgress(
             self.ctx.publisher,
             chat_id=followed.place.chat_id,
@@ -510,9 +530,13 @@ class AutoExtension(Feature):
             run_id=followed.run_id,
             turn=seq,
             reply_to=None,
+            clock=clock,
             prefix=WORKER_TURN,
             stop_data=WORKER_STOP,
         )
+        # A turn run again (its worker was lost) gets a message of its own.
+        if attempt > 1:
+            progress.ref += f".{attempt}"
         progress.started = started_at
         return progress
 
@@ -533,7 +557,7 @@ class AutoExtension(Feature):
                 + (f" on worker {event.worker}" if event.worker else ""),
             )
         )
-        progress = self._progress(followed, event.seq, event.started_at)
+        progress = self._progress(followed, event.seq, event.attempt, event.started_at)
         progress.where = where
         followed.progress = progress
         known = await self.ctx.store.get_live(progress.ref)
@@ -574,27 +598,18 @@ class AutoExtension(Feature):
             final = f"⚠️ {phase.label} failed" + (f": {turn.error}" if turn.error else "")
         if event.worker:
             final += f" on worker {event.worker}"
-        progress = followed.progress
-        if progress is None or progress.turn != turn.seq:
-            progress = self._progress(followed, turn.seq, turn.started_at)
         finished_at = turn.finished_at or turn.started_at
-        done = TurnProgress(
-            self.ctx.publisher,
-            chat_id=progress.chat_id,
-            thread_id=progress.thread_id,
-            run_id=progress.run_id,
-            turn=progress.turn,
-            reply_to=None,
-            clock=lambda: finished_at,
-            prefix=WORKER_TURN,
-            stop_data=WORKER_STOP,
+        # Finalized with the turn's own duration (also when replayed after a restart).
+        done = self._progress(
+            followed, turn.seq, turn.attempt, turn.started_at, clock=lambda: finished_at
         )
-        done.started = turn.started_at
-        progress.finished = True
+        progress = followed.progress
+        if progress is not None and progress.ref == done.ref:
+            progress.finished = True
+            followed.progress = None
         known = await self.ctx.store.get_live(done.ref)
         if known is None or known.markup is not None:
             await done.finish(final)
-        followed.progress = None
 
     async def _run_ended(self, followed: _Followed, event: RunEnded) -> None:
         place, run_id = followed.place, followed.run_id

@@ -131,28 +131,31 @@ class RunFollower:
             changed = mark != seen
             seen = mark
             if changed or polls % _NOTE_EVERY == 0:
+                # The turns before the placement: a worker takes the run before it starts a
+                # turn, so the placement read next names the worker of every turn read.
+                record = await run_or_none(runs, self.run_id) if changed else None
+                turns = await runs.turns(self.run_id) if record is not None else []
                 placement = await workers.placement(self.run_id)
                 if placement is None:
                     raise ConfigError(f"run {self.run_id} is not on the workers")
-                alive = [
-                    w for w in await workers.workers() if w.alive(time.time(), self.silent_after)
-                ]
+                now = time.time()
+                alive = [w for w in await workers.workers() if w.alive(now, self.silent_after)]
                 now_note = waiting_note(placement, alive) or placement.note or None
                 if now_note != note:
                     note = now_note
                     yield Waiting(self.run_id, note)
-                if changed:
-                    record = await run_or_none(runs, self.run_id)
-                    if record is not None:
-                        for event in self._turn_events(
-                            await runs.turns(self.run_id), record, placement
-                        ):
-                            yield event
-                    if placement.ended and (
-                        record is None or record.status is not RunStatus.RUNNING
-                    ):
-                        yield RunEnded(self.run_id, record, placement)
-                        return
+                if record is not None:
+                    for event in self._turn_events(turns, record, placement):
+                        yield event
+                # (A row read before a write that ended the run changes the next fingerprint,
+                # so the end is seen at the next interval.)
+                if (
+                    changed
+                    and placement.ended
+                    and (record is None or record.status is not RunStatus.RUNNING)
+                ):
+                    yield RunEnded(self.run_id, record, placement)
+                    return
             polls += 1
             await asyncio.sleep(self.poll)
 
