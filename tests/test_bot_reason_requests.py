@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.store import SqlBotStore
+from bot.store import OutboxItem, SqlBotStore
 from engine.gates import Gates
 from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi, SentMessage
@@ -320,3 +320,41 @@ async def test_the_store_expires_requests_by_its_clock(database: Any) -> None:
         pending = await store.reason_request(CHAT, APPROVER, max_age=60)
         assert pending is not None
         assert pending.gate_id == "g5"
+
+
+async def test_retiring_a_question_reaches_it_queued_in_flight_or_delivered(database: Any) -> None:
+    store = SqlBotStore(database)
+    force = {"force_reply": True, "selective": True}
+    for n in (1, 2):
+        await store.enqueue([OutboxItem(chat_id=CHAT, body=f"why {n}?", markup=force, ref=f"q{n}")])
+    # q1: retired while its send is in flight (read by the sender, not yet recorded).
+    in_flight = await store.next_outbox()
+    assert in_flight is not None
+    assert in_flight.item.ref == "q1"
+    await store.outbox_sending(in_flight.id)
+    assert await store.retire_live("q1", "✖ Cancelled.")
+    await store.outbox_sent(in_flight, 501)
+    live = await store.get_live("q1")
+    assert live is not None
+    assert (live.body, live.markup, live.message_id) == ("why 1?\n✖ Cancelled.", None, 501)
+    assert [m.ref for m in await store.dirty_live()] == ["q1"]  # it will be edited
+    assert not await store.retire_live("q1", "✖ Cancelled.")  # once only
+    # q2: retired before its send began: it goes out already retired, with no edit due.
+    assert await store.retire_live("q2", "⌛ Lapsed.")
+    queued = await store.next_outbox()
+    assert queued is not None
+    assert (queued.item.body, queued.item.markup) == ("why 2?\n⌛ Lapsed.", None)
+    await store.outbox_sent(queued, 502)
+    assert [m.ref for m in await store.dirty_live()] == ["q1"]
+    # Delivered first, then retired: an edit.
+    await store.live_edited("q1", "why 1?\n✖ Cancelled.", 0.0)
+    await store.enqueue([OutboxItem(chat_id=CHAT, body="why 3?", markup=force, ref="q3")])
+    third = await store.next_outbox()
+    assert third is not None
+    await store.outbox_sent(third, 503)
+    assert await store.retire_live("q3", "✍️ Reason received.")
+    live = await store.get_live("q3")
+    assert live is not None
+    assert (live.body, live.markup) == ("why 3?\n✍️ Reason received.", None)
+    assert [m.ref for m in await store.dirty_live()] == ["q3"]
+    assert not await store.retire_live("nothing", "x")
