@@ -302,10 +302,11 @@ class AutopilotExtension(Feature):
         interval = max(0.2, min(2.0, self.ctx.settings.worker_heartbeat))
         while not self.closing:
             try:
-                for request in await gate_requests(self.ctx.settings, self.ctx.db):
-                    place = self.places.get(request.task)
-                    if place is None:
-                        continue
+                for request, drive in await gate_requests(self.ctx.settings, self.ctx.db):
+                    assert drive.chat_id is not None  # (only the chats' drives are listed)
+                    place = self.places.get(request.task) or ChatPlace(
+                        drive.chat_id, drive.thread_id
+                    )
                     await self.post_gate(request, place)
             except TurnstileError as exc:  # the database may be away a moment
                 _LOGGER.warning("cannot read the workers' gates: %s", exc)

@@ -19,7 +19,7 @@ from tests.automode_support import turnstile
 from tests.workers_support import Cluster, wait_for
 from tests.workers_support import cluster as cluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # generous: worker suites share a loaded machine
 
 APPROVER = "42"
 BOT_APPROVER = 22  # tests.fakes.bot_harness.APPROVER
@@ -230,6 +230,13 @@ def test_a_drive_parks_at_its_gate_and_an_approval_from_another_process_moves_it
     assert ".turnstile/tasks/t1/research.md" in branch_files(cluster, run_id)
     assert [(e["phase"], e["worker"]) for e in entries(cluster)] == [("research", "w1")]
 
+    # A rejection from another process re-runs the phase on the worker; it parks again.
+    rejected = cluster.cli(
+        "status", "--task", "t1", "--reject", "--by", APPROVER, "--reason", "say more"
+    )
+    assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+    wait_for("the research phase re-run", lambda: len(entries(cluster)) == 2)
+    wait_for("the drive parked again", lambda: parked_at(cluster, run_id, "t1", "research"))
     approve(cluster, "t1")
     wait_for(
         "the drive parked at decomposition",
@@ -263,7 +270,7 @@ def test_a_drive_parks_at_its_gate_and_an_approval_from_another_process_moves_it
     assert label(cluster, "t1") == "complete"
     assert placement(cluster, run_id)[0] == "finished"
     log = entries(cluster)
-    assert [e["phase"] for e in log] == ["research", "decomposition", "implement"]
+    assert [e["phase"] for e in log] == ["research", "research", "decomposition", "implement"]
     assert {e["worker"] for e in log} == {"w1"}
     # One agent session for the whole drive, resumed step after step.
     assert len({e["session"] for e in log}) == 1

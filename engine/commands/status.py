@@ -159,7 +159,14 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             if settings.execution == "workers":
                 from engine.workers.autopilot import wake_drive  # the queue only when asked for
 
-                await wake_drive(settings, db, args.task)
+                try:
+                    await wake_drive(settings, db, args.task)
+                except Exception as exc:  # recorded all the same; its worker sees it a beat later
+                    print(
+                        "turnstile: note: recorded; the drive goes on when its worker next "
+                        f"checks, within seconds ({type(exc).__name__})",
+                        file=sys.stderr,
+                    )
             text = f"{result.task}: {result.outcome.value} ({result.detail})"
             if result.subtasks_created:
                 text += "\nsub-tasks created: " + ", ".join(result.subtasks_created)

@@ -814,14 +814,15 @@ async def queue_drive(
 
 async def gate_requests(
     settings: Settings, db: AnyDatabase, *, chat_only: bool = True
-) -> list[GateRequest]:
+) -> list[tuple[GateRequest, QueuedRun]]:
     """The open gates of the drives parked on the workers (of those started from a chat,
-    by default), as the in-process drive announces them: the excerpt from the artifact's
-    content in the database (the worker stored it when the gate opened)."""
+    by default), as the in-process drive announces them, each with its drive (whose chat
+    a wave's sub-task shares with its parent): the excerpt from the artifact's content in
+    the database (the worker stored it when the gate opened)."""
     from engine.gates.service import Gates
 
     store = Gates(db, settings).store
-    found: list[GateRequest] = []
+    found: list[tuple[GateRequest, QueuedRun]] = []
     for placement in (await _drives_by_task(WorkerStore(db))).values():
         if placement.status is not PlacementStatus.PARKED or placement.spec.task is None:
             continue
@@ -831,17 +832,16 @@ async def gate_requests(
         if task is None or not task.awaiting_approval or task.gate_sha256 is None:
             continue
         spec = store.workflow.phase(task.phase)
-        found.append(
-            GateRequest(
-                task=task.name,
-                phase=spec.name,
-                artifact_name=spec.artifact,
-                artifact_path=task.folder / spec.artifact,
-                sha256=task.gate_sha256,
-                excerpt=await store.excerpt(task.gate_sha256, 1500),
-                run_id=placement.run_id,
-            )
+        request = GateRequest(
+            task=task.name,
+            phase=spec.name,
+            artifact_name=spec.artifact,
+            artifact_path=task.folder / spec.artifact,
+            sha256=task.gate_sha256,
+            excerpt=await store.excerpt(task.gate_sha256, 1500),
+            run_id=placement.run_id,
         )
+        found.append((request, placement.spec))
     return found
 
 
