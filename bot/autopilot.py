@@ -245,7 +245,7 @@ class AutopilotExtension(Feature):
         """``/autopilot`` with TURNSTILE_EXECUTION=workers: queue the drive as ``turnstile
         autopilot --init --checkout-repo PROJECT`` does (the chat's project); its gates are
         posted here as they open, and /stop RUN reaches it."""
-        from engine.workers.autopilot import queue_drive
+        from engine.workers.drives import queue_drive
 
         binding = await self.ctx.store.binding(place.chat_id, place.thread_id or 0)
         project = binding.project if binding is not None else "default"
@@ -297,7 +297,7 @@ class AutopilotExtension(Feature):
             )
 
     async def _watch_worker_gates(self) -> None:
-        from engine.workers.autopilot import gate_requests
+        from engine.workers.drives import gate_requests
 
         interval = max(0.2, min(2.0, self.ctx.settings.worker_heartbeat))
         while not self.closing:
@@ -513,7 +513,7 @@ class AutopilotExtension(Feature):
         """A decided gate of a drive on the workers: its next step is queued now."""
         if self.ctx.settings.execution != "workers":
             return
-        from engine.workers.autopilot import wake_drive
+        from engine.workers.drives import wake_drive
 
         try:
             await wake_drive(self.ctx.settings, self.ctx.db, task)

@@ -74,7 +74,7 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     from engine.store.backend import open_database
 
     if settings.execution == "workers" and not args.manual:
-        from engine.workers.autopilot import drive_on_workers  # the queue only when asked for
+        from engine.workers.drives import drive_on_workers  # the queue only when asked for
 
         return await drive_on_workers(args, settings)
     try:

@@ -157,7 +157,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 return result.reason.exit_code
             if settings.execution == "workers":
-                from engine.workers.autopilot import wake_drive  # the queue only when asked for
+                from engine.workers.drives import wake_drive  # the queue only when asked for
 
                 try:
                     await wake_drive(settings, db, args.task)

@@ -23,19 +23,15 @@ worker's worktree first.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Final, Protocol
 
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
@@ -48,71 +44,62 @@ from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.git import GitRunner
 from engine.runs import RunMode, new_run_id
-from engine.sink import GateRequest, LogSink
-from engine.store.backend import AnyDatabase, open_database
+from engine.sink import LogSink
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workers.views import waiting_note
-from engine.workspace.manager import WorkspaceManager
+from engine.workspace.manager import WorkspaceManager, run_branch
 from engine.workspace.store import SqliteWorkspaceStore
 
 if TYPE_CHECKING:
     import procrastinate
 
     from engine.settings import Settings
-    from engine.workers.turn import TurnRunner
+    from engine.store.postgres import PostgresDatabase
 
 __all__ = [
     "AUTOPILOT",
+    "EXIT_HUMAN",
+    "EXIT_PARKED",
     "TASKS_DIR",
-    "QueuedDrive",
-    "drive_on_workers",
-    "follow_drive",
-    "gate_requests",
-    "new_drive_spec",
-    "queue_drive",
+    "StepRunner",
+    "drive_ready",
+    "drives_by_task",
     "run_step",
-    "wake_drive",
     "wake_parked",
+    "wake_parked_drive",
 ]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+class StepRunner(Protocol):
+    """What a drive's step needs of the worker running it (its :class:`TurnRunner`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def db(self) -> PostgresDatabase: ...
+    @property
+    def app(self) -> procrastinate.App: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def queue(self) -> str: ...
+
 
 AUTOPILOT: Final = "autopilot"
 #: Where a task created on the workers keeps its folder, inside the drive's worktree.
 TASKS_DIR: Final = Path(".turnstile") / "tasks"
 _STOP_POLL: Final = 0.25
-_FOLLOW_POLL: Final = 0.25
 _MERGED: Final = "wave_merged"
 _IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
 
 EXIT_PARKED: Final = 3
 EXIT_HUMAN: Final = 4
-
-
-def new_drive_spec(
-    *,
-    task: str,
-    summary: str,
-    tool: str,
-    project: str,
-    agent_cmd: str | None,
-    chat: tuple[int, int | None] | None = None,
-) -> QueuedRun:
-    """A drive of ``task`` to put on the workers."""
-    return QueuedRun(
-        run_id=new_run_id(RunMode.AUTOPILOT),
-        objective=summary,
-        tool=tool,
-        project=project,
-        agent_cmd=agent_cmd,
-        chat_id=chat[0] if chat is not None else None,
-        thread_id=chat[1] if chat is not None else None,
-        mode=AUTOPILOT,
-        task=task,
-    )
 
 
 # -- the worker's side ---------------------------------------------------------------------
@@ -230,7 +217,7 @@ class _StepPilot(Autopilot):
         subs = await self.store.subtasks(task.name)
         if not subs:
             return None
-        drives = await _drives_by_task(self.workers)
+        drives = await drives_by_task(self.workers)
         merged = {
             str(e.detail)
             for e in await self.store.audit_events(task.name, limit=5000)
@@ -372,8 +359,6 @@ async def _interrupt_cut_off(runs: SqliteRunStore, run_id: str) -> None:
 
 
 def run_branch_of(run_id: str) -> str:
-    from engine.workers.turn import run_branch
-
     return run_branch(run_id)
 
 
@@ -385,7 +370,7 @@ async def _identity(git: GitRunner, cwd: Path) -> tuple[str, ...]:
     return () if found.exit_code == 0 else _IDENTITY
 
 
-async def _drives_by_task(workers: WorkerStore) -> dict[str, Placement]:
+async def drives_by_task(workers: WorkerStore) -> dict[str, Placement]:
     """The latest drive on the workers of each task."""
     out: dict[str, Placement] = {}
     for placement in sorted(await workers.placements(), key=lambda p: p.created_at):
@@ -476,7 +461,7 @@ async def _watch_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) ->
 
 
 async def run_step(
-    runner: TurnRunner, placement: Placement, *, moved: bool, stop: asyncio.Event
+    runner: StepRunner, placement: Placement, *, moved: bool, stop: asyncio.Event
 ) -> bool:
     """One step of the drive ``placement``; whether its next step is to be queued here."""
     spec = placement.spec
@@ -579,7 +564,7 @@ async def _drive_one(
 
 
 async def _end(
-    runner: TurnRunner, placement: Placement, status: PlacementStatus, note: str
+    runner: StepRunner, placement: Placement, status: PlacementStatus, note: str
 ) -> None:
     """The drive has ended here; a wave's sub-task wakes its parent's drive."""
     workers = WorkerStore(runner.db)
@@ -590,7 +575,7 @@ async def _end(
     await workers.clear_stop(run_id)
     parent = placement.spec.parent_run
     if parent is not None:
-        await _wake(runner.app, workers, parent)
+        await wake_parked_drive(runner.app, workers, parent)
 
 
 async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
@@ -601,7 +586,7 @@ async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
         )
 
 
-async def _wake(app: procrastinate.App, workers: WorkerStore, run_id: str) -> None:
+async def wake_parked_drive(app: procrastinate.App, workers: WorkerStore, run_id: str) -> None:
     placement = await workers.placement(run_id)
     if placement is None or placement.status is not PlacementStatus.PARKED:
         return  # still in its step (its holder's heartbeat wakes it once parked) or ended
@@ -613,7 +598,7 @@ async def _wake(app: procrastinate.App, workers: WorkerStore, run_id: str) -> No
     await defer_turn(app, run_id, queue=queue)
 
 
-async def _ready(store: TaskStore, workers: WorkerStore, placement: Placement) -> bool:
+async def drive_ready(store: TaskStore, workers: WorkerStore, placement: Placement) -> bool:
     """Whether a parked drive can take its next step: its gate was decided, or the wave it
     waits for is done."""
     if placement.spec.task is None:
@@ -624,14 +609,14 @@ async def _ready(store: TaskStore, workers: WorkerStore, placement: Placement) -
     if task.awaiting_approval:
         approvers = {a.approver for a in await store.gate_approvals(task)}
         return len(approvers) >= store.policy.quorum
-    drives = await _drives_by_task(workers)
+    drives = await drives_by_task(workers)
     return not any(
         not s.finished and s.name in drives and not drives[s.name].ended
         for s in await store.subtasks(task.name)
     )
 
 
-async def wake_parked(runner: TurnRunner) -> int:
+async def wake_parked(runner: StepRunner) -> int:
     """Queue the next step of each drive parked here that can go on; how many."""
     workers = WorkerStore(runner.db)
     parked = [
@@ -646,249 +631,9 @@ async def wake_parked(runner: TurnRunner) -> int:
     store = Gates(runner.db, runner.settings).store
     woken = 0
     for placement in parked:
-        if not await _ready(store, workers, placement):
+        if not await drive_ready(store, workers, placement):
             continue
         if await defer_turn(runner.app, placement.run_id, queue=runner.queue) is not None:
             woken += 1
             _LOGGER.info("drive %s goes on", placement.run_id)
     return woken
-
-
-# -- the control plane's side ----------------------------------------------------------------
-
-
-async def wake_drive(settings: Settings, db: AnyDatabase, task_name: str) -> bool:
-    """After a gate of ``task_name`` was decided: queue the next step of its drive parked
-    on the workers at once (its worker's heartbeat would, a beat later); whether one was
-    queued."""
-    from engine.gates.service import Gates
-    from engine.workers.queue import make_app, require_postgres
-
-    workers = WorkerStore(db)
-    placement = (await _drives_by_task(workers)).get(task_name)
-    if placement is None or placement.status is not PlacementStatus.PARKED:
-        return False
-    if not await _ready(Gates(db, settings).store, workers, placement):
-        return False
-    app = make_app(require_postgres(settings.database), pool_size=2)
-    async with app.open_async():
-        await _wake(app, workers, placement.run_id)
-    return True
-
-
-async def follow_drive(
-    settings: Settings,
-    run_id: str,
-    task_name: str,
-    out: TextIO = sys.stdout,
-    *,
-    wait_for_approval: bool = True,
-    stop_requested: asyncio.Event | None = None,
-) -> int:
-    """Print the drive's progress until it ends (or parks, without ``wait_for_approval``);
-    its exit status as ``turnstile autopilot``'s."""
-    from engine.gates.service import Gates
-    from engine.workers.control import stop_run_in
-
-    async with open_database(settings) as db:
-        workers = WorkerStore(db)
-        store = Gates(db, settings).store
-        last: tuple[str | None, str | None] = (None, None)
-        asked = False
-        while True:
-            if stop_requested is not None and stop_requested.is_set() and not asked:
-                asked = True
-                print("Stopping the drive…", file=out, flush=True)
-                with contextlib.suppress(ConfigError):
-                    await stop_run_in(settings, db, run_id)
-            placement = await workers.placement(run_id)
-            if placement is None:
-                raise ConfigError(f"run {run_id} is not on the workers")
-            task = await store.find(task_name)
-            label = task.label if task is not None else None
-            alive = [
-                w for w in await workers.workers() if w.alive(time.time(), settings.worker_timeout)
-            ]
-            note = waiting_note(placement, alive) or placement.note or None
-            if (label, note) != last:
-                where = f" on {placement.worker}" if placement.worker else ""
-                print(
-                    f"{task_name}: {label or 'not started'}{where}"
-                    + (f" · {note}" if note else ""),
-                    file=out,
-                    flush=True,
-                )
-                last = (label, note)
-            if placement.ended:
-                return _exit_code(placement, task)
-            if placement.status is PlacementStatus.PARKED and not wait_for_approval:
-                print(f"{task_name}: parked at {label}", file=out, flush=True)
-                return EXIT_PARKED
-            await asyncio.sleep(_FOLLOW_POLL)
-
-
-def _exit_code(placement: Placement, task: TaskRecord | None) -> int:
-    if placement.status is PlacementStatus.STOPPED:
-        return STOP_EXIT_CODE
-    if task is not None and task.phase == COMPLETE:
-        return 0
-    return EXIT_HUMAN
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedDrive:
-    """What :func:`queue_drive` did: the drive on the workers, and whether it is new."""
-
-    spec: QueuedRun
-    new: bool
-
-
-async def queue_drive(
-    settings: Settings,
-    db: AnyDatabase,
-    task_name: str,
-    *,
-    init: bool,
-    summary: str | None = None,
-    project: str | None = None,
-    tool: str | None = None,
-    agent_cmd: str | None = None,
-    chat: tuple[int, int | None] | None = None,
-) -> QueuedDrive | None:
-    """Put a drive of ``task_name`` on the workers, or find the one there; None when the
-    task is complete.
-
-    ``project`` (a configured name, or a URL or path every worker reaches) is needed for a
-    task the workers have not driven yet; ``init`` creates the task on its first step.
-
-    Raises:
-        ConfigError: an unknown agent, no such task (without ``init``), no project, or a
-            task that was not started on the workers.
-        GateRefused: an invalid task name.
-    """
-    from engine.agents.factory import AGENT_NAMES
-    from engine.gates.names import check_task_name
-    from engine.gates.service import Gates
-    from engine.workers.control import project_reference, start_on_workers
-    from engine.workers.queue import require_postgres
-
-    require_postgres(settings.database)
-    check_task_name(task_name)
-    task = await Gates(db, settings).store.find(task_name)
-    current = (await _drives_by_task(WorkerStore(db))).get(task_name)
-    # A task goes on with the agent of its last drive unless told otherwise.
-    tool = tool or (current.spec.tool if current is not None else settings.default_agent)
-    if tool not in AGENT_NAMES:
-        raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
-    if task is not None and task.phase == COMPLETE:
-        return None
-    if current is not None and not current.ended:
-        return QueuedDrive(current.spec, new=False)  # already on the workers
-    if task is None and not init:
-        raise ConfigError(f"no task {task_name!r}: give --init --checkout-repo PROJECT")
-    if current is not None:
-        where = current.spec.project
-    elif task is None and project is not None:
-        where = project_reference(settings, project)
-    elif task is None:
-        raise ConfigError("on the workers a new task needs a project: give --checkout-repo")
-    else:
-        raise ConfigError(
-            f"task {task_name} was not started on the workers; drive it without "
-            "TURNSTILE_EXECUTION=workers"
-        )
-    same_tool = current is not None and tool == current.spec.tool
-    spec = new_drive_spec(
-        task=task_name,
-        summary=summary or (task.summary if task is not None else None) or task_name,
-        tool=tool,
-        project=where,
-        agent_cmd=agent_cmd
-        or (current.spec.agent_cmd if current is not None and same_tool else None)
-        or (settings.agent_command if tool == "command" else None),
-        chat=chat,
-    )
-    await start_on_workers(settings, spec)
-    return QueuedDrive(spec, new=True)
-
-
-async def gate_requests(
-    settings: Settings, db: AnyDatabase, *, chat_only: bool = True
-) -> list[tuple[GateRequest, QueuedRun]]:
-    """The open gates of the drives parked on the workers (of those started from a chat,
-    by default), as the in-process drive announces them, each with its drive (whose chat
-    a wave's sub-task shares with its parent): the excerpt from the artifact's content in
-    the database (the worker stored it when the gate opened)."""
-    from engine.gates.service import Gates
-
-    store = Gates(db, settings).store
-    found: list[tuple[GateRequest, QueuedRun]] = []
-    for placement in (await _drives_by_task(WorkerStore(db))).values():
-        if placement.status is not PlacementStatus.PARKED or placement.spec.task is None:
-            continue
-        if chat_only and placement.spec.chat_id is None:
-            continue
-        task = await store.find(placement.spec.task)
-        if task is None or not task.awaiting_approval or task.gate_sha256 is None:
-            continue
-        spec = store.workflow.phase(task.phase)
-        request = GateRequest(
-            task=task.name,
-            phase=spec.name,
-            artifact_name=spec.artifact,
-            artifact_path=task.folder / spec.artifact,
-            sha256=task.gate_sha256,
-            excerpt=await store.excerpt(task.gate_sha256, 1500),
-            run_id=placement.run_id,
-        )
-        found.append((request, placement.spec))
-    return found
-
-
-async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
-    """``turnstile autopilot`` with ``TURNSTILE_EXECUTION=workers``: put the drive on the
-    workers (or find the one there), then follow it unless ``--detach``."""
-    if args.folder is not None or args.workdir is not None:
-        raise ConfigError(
-            "on the workers a task works in a worktree of its project (--checkout-repo); "
-            "--folder and --workdir are for drives in this process"
-        )
-    async with open_database(settings) as db:
-        queued = await queue_drive(
-            settings,
-            db,
-            args.task,
-            init=args.init,
-            summary=args.summary,
-            project=args.checkout_repo,
-            tool=args.tool,
-            agent_cmd=args.agent_cmd,
-        )
-    if queued is None:
-        print(f"{args.task}: complete", flush=True)
-        return 0
-    spec = queued.spec
-    if args.detach:
-        print(spec.run_id, flush=True)
-        return 0
-    print(f"Autopilot {args.task} · run {spec.run_id} · {spec.tool} · on the workers", flush=True)
-    print("Ctrl-C stops the drive.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
-        return await follow_drive(
-            settings,
-            spec.run_id,
-            args.task,
-            sys.stdout,
-            wait_for_approval=not args.no_wait,
-            stop_requested=stop,
-        )
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)

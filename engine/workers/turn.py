@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -40,7 +40,7 @@ from engine.turn import Ready, TurnOutput
 from engine.workers.chat import CHAT_MODE, run_chat_turn
 from engine.workers.queue import SHARED_QUEUE, agent_queue, defer_turn, nudge, worker_queue
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
-from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
+from engine.workspace.manager import WorkspaceManager, run_branch
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
 if TYPE_CHECKING:
@@ -52,10 +52,6 @@ _LOGGER = logging.getLogger(__name__)
 
 MOVED_NOTE: Final = "moved to another worker"
 _STOP_POLL: Final = 0.25
-
-
-def run_branch(run_id: str) -> str:
-    return f"{BRANCH_PREFIX}{run_id}"
 
 
 def moved_primer(state: AutoModeState, worker: str) -> str:
@@ -110,6 +106,11 @@ class _Held:
     pushed: str | None = None
 
 
+#: One turn of a run of another mode on this worker: ``(runner, placement, moved=,
+#: stop=) -> whether its next turn is to be queued here``.
+ModeStep = Callable[..., Awaitable[bool]]
+
+
 @dataclass(slots=True)
 class TurnRunner:
     """Everything a worker's turn jobs share: its name, settings, database and queue.
@@ -123,6 +124,8 @@ class TurnRunner:
         warm_pool: bounds this worker's resident agent processes (warm sessions:
             ``TURNSTILE_MAX_WARM_SESSIONS`` per worker, idle ones closed after
             ``TURNSTILE_WARM_IDLE_MINUTES``); a held run's process stays between its turns.
+        modes: the run modes whose turns another module drives (autopilot drives), by
+            mode; auto runs are this class's own.
         marked_warm: the runs last recorded warm for this worker (see :meth:`mark_warm`).
     """
 
@@ -137,6 +140,7 @@ class TurnRunner:
     deferrals: set[asyncio.Task[None]] = field(default_factory=set)
     warm_pool: WarmPool | None = None
     marked_warm: frozenset[str] | None = None
+    modes: Mapping[str, ModeStep] = field(default_factory=dict)
 
     @property
     def queue(self) -> str:
@@ -220,11 +224,10 @@ class TurnRunner:
                         env=self.env,
                     )
                     return False
-                if before.spec.mode == "autopilot":
-                    from engine.workers.autopilot import run_step
-
+                step = self.modes.get(before.spec.mode)
+                if step is not None:
                     moved = holder is None and before.moves > 0
-                    return await run_step(self, before, moved=moved, stop=stop)
+                    return await step(self, before, moved=moved, stop=stop)
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )

@@ -39,7 +39,7 @@ from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
-from engine.workers.autopilot import wake_parked
+from engine.workers.autopilot import AUTOPILOT, run_step, wake_parked
 from engine.workers.chat import CHAT_MODE
 from engine.workers.chatturns import ChatTurnStore
 from engine.workers.queue import (
@@ -284,6 +284,7 @@ class Worker:
                     app,
                     agents=self.agents,
                     warm_pool=new_warm_pool(settings),
+                    modes={AUTOPILOT: run_step},
                 )
                 try:
                     await self._serve(pg, app, runner)

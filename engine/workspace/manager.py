@@ -52,12 +52,20 @@ __all__ = [
     "WorkspaceStatus",
     "disk_usage",
     "format_size",
+    "run_branch",
     "subtask_workspace_id",
 ]
 
 _LOGGER = logging.getLogger(__name__)
 
 BRANCH_PREFIX: Final = "turnstile/"
+
+
+def run_branch(run_id: str) -> str:
+    """The branch of run ``run_id`` (its worktree's, and the one pushed to the runs remote)."""
+    return f"{BRANCH_PREFIX}{run_id}"
+
+
 RESCUE_PREFIX: Final = "turnstile/rescue/"
 # The layout under the workspaces root (see the package docstring): the only place the
 # folder names are spelled. Front ends ask RESERVED_FOLDERS before using a name of theirs.
