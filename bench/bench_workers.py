@@ -355,7 +355,14 @@ def bot_rss(setup: Setup, runs: int, *, sample_for: float = 8.0) -> float:
                     within=300,
                     what="the workers to be busy",
                 )
-                in_flight.append(_count(url, "SELECT count(*) FROM runs WHERE status = 'running'"))
+                # Placed on the workers and not ended (a run waiting for a worker has no
+                # run row yet).
+                in_flight.append(
+                    _count(
+                        url,
+                        "SELECT count(*) FROM worker_runs WHERE status IN ('waiting', 'running')",
+                    )
+                )
                 other = [m.text for m in api.sent if "is queued on the workers" not in m.text]
                 if queued < runs:
                     print(f"  the bot queued {queued} of {runs} runs; other replies: {other[:3]}")
