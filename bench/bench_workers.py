@@ -7,7 +7,11 @@
 2. Throughput: 16 auto runs of a fake agent that sleeps 2 s per turn (4 turns each), on 1,
    2 and 4 workers of capacity 2: wall time from the first enqueue to the last run's end.
    Targets: ≥ 1.8× faster at 2 workers and ≥ 3.3× at 4, against 1.
-3. With ``--rss``: the resident memory of an idle worker (no target).
+3. With ``--rss``: the resident memory of an idle worker (no target), and the control
+   plane's: ``turnstile bot`` (against the fake Bot API of tests/fakes) following 50 auto
+   runs started with ``/auto`` (50 chats, one run each) on 4 workers of capacity 2, while
+   all 50 are in flight (8 in an Execute turn that waits, 42 waiting for a worker); the
+   peak of samples over a few seconds. Target: ≤ 100 MB.
 
 A throwaway PostgreSQL cluster (tests/pg_support.py) and real ``turnstile worker``
 processes; nothing leaves 127.0.0.1.
@@ -43,6 +47,7 @@ from tests.automode_support import (  # noqa: E402
     EXECUTE,
     PLAN,
     cli_env,
+    commit_step,
     git_workspace,
     turnstile,
     write_script,
@@ -59,7 +64,12 @@ def _rules(sleep: float, *, complete: bool) -> list[dict[str, object]]:
     return [
         {"match": CLARIFY, "text": "Goal: result.txt", **pause},
         {"match": PLAN, "text": "1. write result.txt", **pause},
-        {"match": EXECUTE, "text": "done", **pause},
+        # A finished run commits (the completion check wants a commit): 4 turns a run.
+        {
+            "match": EXECUTE,
+            **(commit_step("result.txt") if complete else {"text": "done"}),
+            **pause,
+        },
         {"match": EVALUATE, "text": f"ok\nAUTO-MODE STATUS: {verdict}\n", **pause},
     ]
 
@@ -69,7 +79,7 @@ def _wait(check: object, *, within: float, what: str) -> None:
     while not check():  # type: ignore[operator]
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 class Setup:
@@ -103,8 +113,9 @@ class Setup:
 
     @contextlib.contextmanager
     def workers(
-        self, env: dict[str, str], count: int, capacity: int
+        self, env: dict[str, str], count: int, capacity: int, *, kill: bool = False
     ) -> Iterator[list[subprocess.Popen[bytes]]]:
+        """``count`` workers; stopped at the end (``kill``: kill -9, their turns with them)."""
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for i in range(count):
@@ -133,7 +144,7 @@ class Setup:
             yield procs
         finally:
             for proc in procs:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             for proc in procs:
                 try:
                     proc.wait(timeout=60)
@@ -234,25 +245,45 @@ def throughput(setup: Setup, workers: int, runs: int, sleep: float) -> float:
     env = setup.env(url, script)
     with setup.workers(env, workers, 2):
         began = time.monotonic()
-        run_ids = [
-            _cli(
-                env,
-                setup.tmp,
-                "auto",
-                "--detach",
-                "--checkout-repo",
-                "demo",
-                "--tool",
-                "command",
-                "--agent-cmd",
-                AGENT_CMD,
-                "-p",
-                f"bench {i}",
-            ).strip()
-            for i in range(runs)
-        ]
+        # All runs are queued by one process: the wall time is the workers', not that of
+        # 16 `turnstile auto` start-ups one after the other.
+        run_ids = _start_runs(env, setup.tmp, [f"bench {i}" for i in range(runs)])
         _wait(lambda: _ended(url, run_ids), within=1800, what="the runs to end")
         return time.monotonic() - began
+
+
+_ENQUEUE = """
+import asyncio, sys
+from engine.settings import Settings
+from engine.workers.control import new_spec, start_on_workers
+
+async def main():
+    settings = Settings()
+    for objective in sys.argv[2:]:
+        spec = new_spec(objective=objective, tool="command", project="demo",
+                        agent_cmd=sys.argv[1], passthrough=(), max_turns=None, verify_cmd=None)
+        await start_on_workers(settings, spec)
+        print(spec.run_id, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def _start_runs(env: dict[str, str], cwd: Path, objectives: list[str]) -> list[str]:
+    """Queue one auto run per objective from one process, the way ``turnstile auto
+    --detach`` does (one control plane asked for them all); their ids."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ENQUEUE, AGENT_CMD, *objectives],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"queueing the runs failed: {done.stderr}")
+    return done.stdout.split()
 
 
 def _rss_mb(pid: int) -> float:
@@ -271,13 +302,100 @@ def idle_worker_rss(setup: Setup) -> float:
         return _rss_mb(procs[0].pid)
 
 
+def bot_rss(setup: Setup, runs: int, *, sample_for: float = 8.0) -> float:
+    """The bot's peak RSS (MB) while it follows ``runs`` auto runs in flight on workers."""
+    import asyncio
+
+    from tests.bot_process import bot_env, spawn
+    from tests.fakes.bot_api import FakeBotApi
+
+    gate = setup.tmp / "never"  # the Execute turns wait for it: the runs stay in flight
+    rules = _rules(0, complete=True)
+    rules[2] = {"match": EXECUTE, "text": "done", "wait_file": str(gate)}
+    script = write_script(setup.tmp / "bot-rss", rules=rules)
+    url = setup.database()
+    chats = [-2000 - i for i in range(runs)]
+    projects = f"default={setup.remote}#main"
+    env = setup.env(url, script, TURNSTILE_PROJECTS=projects)
+    bot_root = setup.tmp / "bot"
+    bot_root.mkdir()
+
+    in_flight: list[int] = []
+
+    async def measure() -> float:
+        async with FakeBotApi() as api:
+            benv = bot_env(
+                bot_root,
+                api,
+                TURNSTILE_DATABASE=url,
+                TURNSTILE_EXECUTION="workers",
+                TURNSTILE_PROJECTS=projects,
+                TURNSTILE_ALLOWED_CHATS=",".join(map(str, chats)),
+                TURNSTILE_WORKER_HEARTBEAT="1",
+                TURNSTILE_WORKER_TIMEOUT="5",
+                TURNSTILE_STATUS_EDIT_INTERVAL="1",
+                TURNSTILE_LOG_LEVEL="WARNING",
+                FAKE_AGENT_SCRIPT=str(script),
+                **setup.home,
+            )
+            bot = await spawn(bot_root, benv, "bot")
+            try:
+                await api.wait_until(lambda: bool(api.calls_of("deleteWebhook")), timeout=60)
+                for chat in chats:
+                    api.push_message(chat_id=chat, user_id=11, text="/auto make result.txt")
+                with contextlib.suppress(TimeoutError):
+                    await api.wait_until(
+                        lambda: sum("is queued on the workers" in m.text for m in api.sent) >= runs,
+                        timeout=240,
+                    )
+                queued = sum("is queued on the workers" in m.text for m in api.sent)
+                await asyncio.to_thread(
+                    _wait,
+                    lambda: _count(url, "SELECT count(*) FROM turns WHERE state = 'started'") >= 8,
+                    within=300,
+                    what="the workers to be busy",
+                )
+                # Placed on the workers and not ended (a run waiting for a worker has no
+                # run row yet).
+                in_flight.append(
+                    _count(
+                        url,
+                        "SELECT count(*) FROM worker_runs WHERE status IN ('waiting', 'running')",
+                    )
+                )
+                other = [m.text for m in api.sent if "is queued on the workers" not in m.text]
+                if queued < runs:
+                    print(f"  the bot queued {queued} of {runs} runs; other replies: {other[:3]}")
+                assert bot.proc.pid is not None
+                peak = 0.0
+                ends = time.monotonic() + sample_for
+                while time.monotonic() < ends:
+                    peak = max(peak, _rss_mb(bot.proc.pid))
+                    await asyncio.sleep(0.5)
+                return peak
+            finally:
+                await bot.kill()
+
+    with setup.workers(env, 4, 2, kill=True):
+        peak = asyncio.run(measure())
+    print(f"  runs in flight while sampled: {in_flight[0] if in_flight else 0}")
+    return peak
+
+
+def _count(url: str, sql: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=2.0)
     parser.add_argument("--turns", type=int, default=12, help="turns of the latency run")
     parser.add_argument("--workers", default="1,2,4", help="worker counts (empty: latency only)")
-    parser.add_argument("--rss", action="store_true", help="also the idle worker's memory")
+    parser.add_argument("--rss", action="store_true", help="also the memory figures")
+    parser.add_argument("--bot-runs", type=int, default=50, help="runs the bot follows (--rss)")
     args = parser.parse_args()
     bindir = find_bindir()
     if bindir is None:
@@ -301,6 +419,13 @@ def main() -> int:
         ok &= added <= 50
         if args.rss:
             print(f"idle worker RSS: {idle_worker_rss(setup):.1f} MB", flush=True)
+            rss = bot_rss(setup, args.bot_runs)
+            print(
+                f"control plane (turnstile bot) RSS, {args.bot_runs} runs in flight on "
+                f"4 workers: {rss:.1f} MB (target ≤ 100 MB)",
+                flush=True,
+            )
+            ok &= rss <= 100
         walls: dict[int, float] = {}
         for count in (int(x) for x in args.workers.split(",") if x.strip()):
             walls[count] = throughput(setup, count, args.runs, args.sleep)

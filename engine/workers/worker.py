@@ -197,6 +197,15 @@ class _QueueWorker(pworker.Worker):
             _LOGGER.warning("cannot fetch jobs: the database is away (will retry)")
             await asyncio.sleep(_RETRY)
 
+    async def _process_job(self, context: JobContext) -> None:
+        try:
+            await super()._process_job(context)
+        finally:
+            # The job's end is recorded: the run's next turn (queued here, waiting on the
+            # run's lock) can start. Fetch at once rather than at the next poll or after a
+            # notification's round trip through the database.
+            self._new_job_event.set()
+
     async def _persist_job_status(self, *args: Any, **kwargs: Any) -> None:
         while True:
             try:
