@@ -177,19 +177,16 @@ class PromptTables(Tables):
             # Counted, then inserted: one writer of a chat's queue at a time, or two could
             # both see room for one more.
             await self._serialize(conn, _queue_key(chat_id, thread_id))
+            # The queue's length and whether this update is queued already, in one read.
             cursor = await conn.execute(
-                "SELECT COUNT(*) FROM bot_prompts WHERE chat_id = ? AND thread_id = ?"
-                " AND state = 'queued'",
-                (chat_id, thread_id),
+                "SELECT COUNT(*), (SELECT 1 FROM bot_prompts WHERE update_id = ?)"
+                " FROM bot_prompts WHERE chat_id = ? AND thread_id = ? AND state = 'queued'",
+                (update_id, chat_id, thread_id),
             )
             row = await cursor.fetchone()
             waiting = int(row[0]) if row else 0
-            if update_id is not None:
-                cursor = await conn.execute(
-                    "SELECT 1 FROM bot_prompts WHERE update_id = ?", (update_id,)
-                )
-                if await cursor.fetchone() is not None:
-                    return True, waiting
+            if update_id is not None and row is not None and row[1] is not None:
+                return True, waiting
             if waiting >= depth:
                 return False, waiting
             cursor = await conn.execute(
