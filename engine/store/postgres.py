@@ -15,6 +15,9 @@ What differs from SQLite, and how it is kept equal:
   of ``schema_versions``. Migrations run under a transaction-level advisory lock, so two
   processes starting on an empty database migrate it once.
 - A database migrated by a newer turnstile is refused on open (:class:`SchemaTooNewError`).
+
+Long: one connection wrapper with its pool, the reconnect-once rule, the pipelined
+statements and the error mapping; they share the connection's state.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ The task's folder lives in the drive's worktree (``.turnstile/tasks/NAME`` for a
 created on the workers) and is committed after every step, so another worker can go on
 from the pushed branch: each step points the task's recorded folder and workdir at this
 worker's worktree first.
+
+Long: one step driver with its wave handling (cut, wake, merge back); both work in the
+step's worktree and commit and push it the same way.
 """
 
 from __future__ import annotations
