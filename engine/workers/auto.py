@@ -7,15 +7,18 @@ The run is checked out on whichever worker takes its first turn, so it needs a p
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 import sys
 
 from engine.agents.factory import AGENT_NAMES
 from engine.errors import ConfigError
 from engine.settings import Settings
-from engine.workers.control import follow_run, new_spec, project_reference, start_on_workers
+from engine.workers.control import (
+    follow_run,
+    new_spec,
+    project_reference,
+    start_on_workers,
+    stop_on_signals,
+)
 from engine.workers.queue import require_postgres
 
 __all__ = ["run_on_workers"]
@@ -54,15 +57,5 @@ async def run_on_workers(
         return 0
     print(f"Auto run {spec.run_id} · {tool} · on the workers", flush=True)
     print("Ctrl-C stops the run.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
+    with stop_on_signals() as stop:
         return await follow_run(settings, spec.run_id, sys.stdout, stop_requested=stop)
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TextIO
 
@@ -45,6 +46,7 @@ __all__ = [
     "follow_run",
     "project_reference",
     "start_on_workers",
+    "stop_on_signals",
     "stop_run",
     "stop_run_in",
     "stop_when_asked",
@@ -105,6 +107,24 @@ async def worker_status(
     :func:`~engine.workers.views.waiting_note`), else None."""
     now = time.time() if now is None else now
     return waiting_note(placement, [w for w in await store.workers() if w.alive(now, silent_after)])
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by Ctrl-C or SIGTERM while the block runs (a terminal following a run
+    on the workers stops it then); the loop's handlers are put back after."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        yield stop
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 async def follow_run(

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from engine.gates.workflow import COMPLETE
 from engine.runs import RunMode, new_run_id
 from engine.sink import GateRequest
 from engine.store.backend import AnyDatabase, open_database
+from engine.workers.control import stop_on_signals
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
 
@@ -290,14 +290,7 @@ async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"Autopilot {args.task} · run {spec.run_id} · {spec.tool} · on the workers", flush=True)
     print("Ctrl-C stops the drive.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
+    with stop_on_signals() as stop:
         return await follow_drive(
             settings,
             spec.run_id,
@@ -306,6 +299,3 @@ async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
             wait_for_approval=not args.no_wait,
             stop_requested=stop,
         )
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
