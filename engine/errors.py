@@ -12,6 +12,8 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │   ├── TurnIOError            failed to capture or parse what the agent produced
 │   ├── TurnPreempted          a person stopped the turn
 │   ├── TurnCutOff             the worker running the turn stopped answering (not re-run)
+│   ├── TurnSuperseded         the turn was recorded ended meanwhile (its run moved on);
+│   │                          its result is not kept
 │   └── InvalidPromptError     refused before anything was spawned
 ├── ChannelError               a channel could not feed or publish
 │   ├── ChannelRecvError
@@ -69,6 +71,7 @@ __all__ = [
     "TurnExecError",
     "TurnIOError",
     "TurnPreempted",
+    "TurnSuperseded",
     "TurnstileError",
     "UnsafeFileError",
 ]
@@ -114,6 +117,11 @@ class TurnPreempted(TurnError):
     def __init__(self, message: str = "turn pre-empted", *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.session_id = session_id
+
+
+class TurnSuperseded(TurnError):
+    """The turn was recorded ended while it ran (its worker was declared lost and the run
+    moved on): its result is not kept and the run is left to whoever has it now."""
 
 
 class TurnCutOff(TurnError):

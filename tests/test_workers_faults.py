@@ -173,3 +173,44 @@ def test_a_worker_restarted_under_its_name_reaps_what_its_last_life_left(
         run_id,
     )
     assert execute == [(1, "interrupted"), (2, "finished")], execute
+
+
+def test_a_worker_declared_lost_while_alive_cuts_its_running_turn_off(cluster: Cluster) -> None:
+    """The others declared w1 lost (it froze, or its link was slower than the timeout) and
+    run its turn again: w1's copy of the turn is gone (on one machine the taker's reaper
+    kills it at once; on another, w1 cuts it off itself at its next beat, hearing it was
+    declared lost), the run completes once on w2 and w1 carries on."""
+    gate = cluster.tmp / "go-on"
+    _script(cluster, gate)
+    cluster.start_worker("w1", concurrency=1)
+    run_id = cluster.auto()
+    wait_for("the execute turn to run on w1", lambda: _in_execute(cluster, run_id))
+    first = _agent_pids(cluster)
+    (cluster.tmp / "pids").unlink()
+    cluster.start_worker("w2", concurrency=1)
+
+    # w1 freezes (its agent goes on working): the others hear nothing from it, declare it
+    # lost and run its turn again.
+    w1 = cluster.workers["w1"]
+    w1.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for("the turn to run again on w2", lambda: _in_execute(cluster, run_id), within=60)
+    finally:
+        w1.proc.send_signal(signal.SIGCONT)
+    wait_for(
+        "w1 to cut its copy of the turn off",
+        lambda: not any(map(_alive, first)),
+        within=30,
+    )
+    gate.write_text("")
+    wait_for("the run to end", lambda: cluster.status(run_id) not in (None, "running"), within=90)
+    run = cluster.runs()[run_id]
+    assert run["status"] == "completed", run
+    assert run["worker"] == "w2"
+    execute = cluster.query(
+        "SELECT attempt, state FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY id",
+        run_id,
+    )
+    assert execute == [(1, "interrupted"), (2, "finished")], execute
+    assert "declared lost" in w1.output, w1.output
+    assert w1.proc.poll() is None, w1.output

@@ -34,7 +34,7 @@ from engine.automode.state import (
 )
 from engine.automode.summary import WorkSummary, WorkSummaryGenerator
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
-from engine.errors import ChannelPublishError
+from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
 from engine.reaper import TurnProcess
 from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, publish
@@ -68,7 +68,7 @@ class AutoRunStore(Protocol):
         self, turn_id: int, out: TurnOutput, run_id: str, **fields: Any
     ) -> None: ...
 
-    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None: ...
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool: ...
 
     async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None: ...
 
@@ -294,8 +294,10 @@ class AutoModeChannel(BaseChannel):
     async def record_preempted(self, error: str) -> None:
         """A person pre-empted the running turn: record it interrupted, end the run stopped."""
         flight, self._in_flight = self._in_flight, None
-        if flight is not None:
-            await self._store.fail_turn(flight.turn_id, TurnState.INTERRUPTED, error)
+        if flight is not None and not await self._store.fail_turn(
+            flight.turn_id, TurnState.INTERRUPTED, error
+        ):
+            raise TurnSuperseded(f"turn {flight.turn_id} was recorded ended while it ran")
         await self._close_stopped()
 
     async def record_turn_error(self, error: str) -> None:
@@ -304,8 +306,12 @@ class AutoModeChannel(BaseChannel):
         The cursor is left where it was, so ``--resume`` re-runs the same turn.
         """
         flight, self._in_flight = self._in_flight, None
-        if flight is not None:
-            await self._store.fail_turn(flight.turn_id, TurnState.FAILED, error)
+        if flight is not None and not await self._store.fail_turn(
+            flight.turn_id, TurnState.FAILED, error
+        ):
+            # Its worker was declared lost and the run moved on: the run is not this
+            # process's to end.
+            raise TurnSuperseded(f"turn {flight.turn_id} was recorded ended while it ran")
         await self._store.update_run(
             self._state.run_id,
             status=RunStatus.CRASHED,

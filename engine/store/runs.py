@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.errors import NotFoundError
+from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
 from engine.turn import TurnOutput
 
@@ -177,7 +177,7 @@ class RunStore(Protocol):
 
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None: ...
 
-    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None: ...
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool: ...
 
     async def turns(self, run_id: str) -> list[TurnRecord]: ...
 
@@ -313,9 +313,9 @@ class SqliteRunStore:
         """
         sql, params = self._run_update(run_id, fields)
         async with self._db.transaction() as conn:
-            await conn.execute(
+            finished = await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ? AND state = ?",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
@@ -325,8 +325,13 @@ class SqliteRunStore:
                     TurnState.FINISHED.value,
                     self._clock(),
                     turn_id,
+                    TurnState.STARTED.value,
                 ),
             )
+            if finished.rowcount == 0:
+                # Recorded cut off meanwhile (its worker declared lost, the run moved on):
+                # neither the turn's result nor the run's new state may land.
+                raise TurnSuperseded(f"turn {turn_id} was recorded ended while it ran")
             cursor = await conn.execute(sql, params)
             if cursor.rowcount == 0:
                 raise NotFoundError(f"no run {run_id!r}")
@@ -401,11 +406,14 @@ class SqliteRunStore:
             ),
         )
 
-    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> None:
-        await self._db.execute(
-            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE id = ?",
-            (state.value, error, self._clock(), turn_id),
+    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool:
+        """Record the started turn ended in ``state``; False when its end was recorded
+        already (the first end recorded stands)."""
+        changed = await self._db.execute(
+            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE id = ? AND state = ?",
+            (state.value, error, self._clock(), turn_id, TurnState.STARTED.value),
         )
+        return changed > 0
 
     async def turns(self, run_id: str) -> list[TurnRecord]:
         rows = await self._db.fetchall(

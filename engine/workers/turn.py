@@ -29,7 +29,13 @@ from engine.automode import AutoRun, prepare_auto_run, prepare_resume
 from engine.automode.channel import STOPPED_BY_PERSON
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, AutoStatus
-from engine.errors import NotFoundError, TurnError, TurnPreempted, TurnstileError
+from engine.errors import (
+    NotFoundError,
+    TurnError,
+    TurnPreempted,
+    TurnstileError,
+    TurnSuperseded,
+)
 from engine.git import GitRunner
 from engine.logs import log_context
 from engine.runs import AgentEnv, RunSupervisor
@@ -231,6 +237,12 @@ class TurnRunner:
                 return await self._drive(
                     before, moved=holder is None and before.moves > 0, stop=stop
                 )
+            except TurnSuperseded as exc:
+                # This worker was declared lost while the turn ran and the run moved on: the
+                # turn's result was not kept, and the run is its new holder's (no push, no
+                # next turn from here).
+                _LOGGER.warning("run %s moved on while its turn ran here: %s", run_id, exc)
+                return False
             except TurnstileError as exc:
                 # Bad input or a broken checkout: the run cannot go on; say why where
                 # `turnstile runs` and the following terminal read it.

@@ -432,6 +432,10 @@ class Worker:
                 "worker %s was declared lost while the database was away; its runs have moved on",
                 self.name,
             )
+            # Its runs were moved and their cut-off turns are re-run elsewhere: the turns
+            # still running here must not go on beside them.
+            for task in list(runner.running.values()):
+                task.cancel()
             await store.revive(self.name)
         if runner.held:
             await runner.prune(p.run_id for p in await store.runs_of(self.name))
