@@ -49,7 +49,9 @@ from engine.files import (
     sanitize_name,
     save_upload,
     send_markers,
+    sent_caption,
     type_refused,
+    upload_prompt,
     zip_folder,
 )
 from engine.transcribe import HttpTranscriber, Transcriber
@@ -68,23 +70,6 @@ def _thread(message: Message) -> int:
     if message.is_topic_message and message.message_thread_id is not None:
         return int(message.message_thread_id)
     return 0
-
-
-def upload_prompt(files: list[SavedFile], captions: list[str]) -> str:
-    """The prompt for files that arrived: the caption(s), then which files and where."""
-    lines = [f"- {f.relative} ({f.mime}, {human_size(f.size)})" for f in files]
-    what = "a file" if len(files) == 1 else f"{len(files)} files"
-    text = "\n".join(c for c in captions if c.strip())
-    note = (
-        f"[Sent from the chat with this message: {what}, saved in your working folder]"
-        if text
-        else f"[Sent from the chat without a message: {what}, saved in your working folder]"
-    )
-    hint = (
-        f"(To hand a file back to the chat, put a line `{SEND_MARKER} path/to/file` in your "
-        "answer.)"
-    )
-    return "\n".join(filter(None, [text, "" if text else None, note, *lines, hint]))
 
 
 @dataclass
@@ -609,7 +594,7 @@ class FileDesk(Feature):
                 count, size = await asyncio.to_thread(
                     zip_folder, workdir, shown, dest=dest, max_bytes=limit, redact=redact
                 )
-                caption = f"📦 {shown} · {count} file(s) zipped · {human_size(size)}"
+                caption = sent_caption(shown, size, zipped=count)
             else:
                 out = await asyncio.to_thread(
                     read_for_send, workdir, shown, max_bytes=limit, redact=redact
@@ -617,9 +602,7 @@ class FileDesk(Feature):
                 name = sanitize_name(out.name)
                 dest = self.spool / f"{tag}-{name}"
                 await asyncio.to_thread(dest.write_bytes, out.data)
-                caption = f"📎 {shown} · {human_size(len(out.data))}"
-                if out.redacted:
-                    caption += " · secrets in it were hidden"
+                caption = sent_caption(shown, len(out.data), redacted=out.redacted)
         except OSError as exc:
             raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
         return OutboxItem(
