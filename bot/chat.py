@@ -39,6 +39,7 @@ from engine.settings import Settings
 from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
+from engine.workers.chatfiles import SENT_FILES
 from engine.workspace import WorkspaceError, WorkspaceManager, WorkspaceStore
 
 if TYPE_CHECKING:
@@ -132,9 +133,9 @@ class ChatChannel(BaseChannel):
             run_id=run.run_id,
             reply_to=progress.reply_to if progress is not None else None,
         )
-        if run.output_files is not None and b.workdir:
-            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer (not yet
-            # from a worker's disk: a chat on the workers has no folder here).
+        if run.output_files is not None and (b.workdir or SENT_FILES in out.metadata):
+            # Files the agent hands over (TURNSTILE-SEND lines) follow its answer (on the
+            # workers: read on the worker's disk and stored in the database).
             items += await run.output_files(b, out, run.run_id)
         await run.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id

@@ -49,11 +49,22 @@ from engine.files import (
     sanitize_name,
     save_upload,
     send_markers,
+    sent_caption,
     type_refused,
+    upload_prompt,
     zip_folder,
 )
+from engine.gates.artifacts import SqlArtifactStore
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.turn import TurnOutput
+from engine.workers.chatfiles import (
+    SENT_FILES,
+    ChatUpload,
+    SentFile,
+    store_upload,
+    upload_message,
+)
+from engine.workers.chatturns import chat_session_key
 
 __all__ = ["FileDesk", "upload_prompt"]
 
@@ -70,23 +81,6 @@ def _thread(message: Message) -> int:
     return 0
 
 
-def upload_prompt(files: list[SavedFile], captions: list[str]) -> str:
-    """The prompt for files that arrived: the caption(s), then which files and where."""
-    lines = [f"- {f.relative} ({f.mime}, {human_size(f.size)})" for f in files]
-    what = "a file" if len(files) == 1 else f"{len(files)} files"
-    text = "\n".join(c for c in captions if c.strip())
-    note = (
-        f"[Sent from the chat with this message: {what}, saved in your working folder]"
-        if text
-        else f"[Sent from the chat without a message: {what}, saved in your working folder]"
-    )
-    hint = (
-        f"(To hand a file back to the chat, put a line `{SEND_MARKER} path/to/file` in your "
-        "answer.)"
-    )
-    return "\n".join(filter(None, [text, "" if text else None, note, *lines, hint]))
-
-
 @dataclass
 class _Target:
     """Where a file or voice note goes: a chat session or a running auto run."""
@@ -94,6 +88,9 @@ class _Target:
     workdir: Path
     chat: Binding | None = None
     auto: AutoRun | None = None
+    # A chat session on the workers: its folder is on a worker's disk, files go through
+    # the database (engine.workers.chatfiles).
+    remote: bool = False
 
     @property
     def action(self) -> Action:
@@ -108,7 +105,7 @@ class _Album:
     update_id: int
     user_id: int
     reply_to: int
-    files: list[SavedFile] = field(default_factory=list)
+    files: list[SavedFile | ChatUpload] = field(default_factory=list)
     captions: list[str] = field(default_factory=list)
     update_ids: list[int] = field(default_factory=list)
     timer: asyncio.Task[None] | None = None
@@ -174,8 +171,13 @@ class FileDesk(Feature):
             if active_chat is not None
             else await self.ctx.store.binding(chat_id, thread)
         )
-        if binding is None or not binding.workdir:
-            return None  # (a chat on the workers has no folder on this machine)
+        if binding is None:
+            return None
+        if not binding.workdir:
+            # A chat on the workers has no folder on this machine.
+            if not self.ctx.chats.on_workers or self.ctx.chats.db is None:
+                return None
+            return _Target(Path(), chat=binding, remote=True)
         return _Target(Path(binding.workdir), chat=binding)
 
     async def _not_bound(self, update: Update, message: Message, bot_id: int) -> None:
@@ -312,7 +314,9 @@ class FileDesk(Feature):
             raise FileRefusedError(f"{what} is empty; nothing to save", reason="empty")
         return data
 
-    async def _download_and_save(self, incoming: _Incoming, target: _Target) -> SavedFile:
+    async def _download_and_save(
+        self, incoming: _Incoming, target: _Target
+    ) -> SavedFile | ChatUpload:
         settings = self.ctx.settings
         refused = type_refused(incoming.name, incoming.mime, settings.upload_refused_types)
         if refused is not None:
@@ -322,6 +326,20 @@ class FileDesk(Feature):
                 reason="type",
             )
         data = await self._download(incoming.file_id, incoming.size, incoming.name)
+        if target.remote:
+            # Stored for the worker that runs the turn; it writes the file where it goes.
+            db = self.ctx.chats.db
+            assert db is not None
+            assert target.chat is not None
+            upload = await store_upload(
+                db,
+                chat_session_key(target.chat.session_id),
+                incoming.name,
+                data,
+                mime=incoming.mime,
+            )
+            _LOGGER.info("upload stored for the workers (%d bytes)", upload.size)
+            return upload
         try:
             saved = await asyncio.to_thread(
                 save_upload,
@@ -355,7 +373,7 @@ class FileDesk(Feature):
         message: Message,
         target: _Target,
         thread: int,
-        saved: SavedFile,
+        saved: SavedFile | ChatUpload,
         caption: str,
         group: str,
     ) -> None:
@@ -417,7 +435,7 @@ class FileDesk(Feature):
         update: Update | None,
         target: _Target,
         thread: int,
-        files: list[SavedFile],
+        files: list[SavedFile | ChatUpload],
         captions: list[str],
         update_id: int,
         *,
@@ -425,7 +443,12 @@ class FileDesk(Feature):
         chat_id: int | None = None,
         reply_to: int | None = None,
     ) -> None:
-        text = upload_prompt(files, captions)
+        stored = [f for f in files if isinstance(f, ChatUpload)]
+        if stored:
+            # The worker names the files in the prompt once written (engine.workers.chatfiles).
+            text = upload_message(stored, captions)
+        else:
+            text = upload_prompt([f for f in files if isinstance(f, SavedFile)], captions)
         await self._hand_over(
             update,
             target,
@@ -559,6 +582,13 @@ class FileDesk(Feature):
                 update, "No run here to take files from: send /chat first."
             )
             return
+        if target.remote:
+            await self.ctx.replies.reply(
+                update,
+                "This chat's files are on the worker that runs its turns, not here: ask the "
+                f"agent to send them (a line {SEND_MARKER} path in its answer).",
+            )
+            return
         try:
             item = await self._outgoing(
                 target.workdir,
@@ -609,7 +639,7 @@ class FileDesk(Feature):
                 count, size = await asyncio.to_thread(
                     zip_folder, workdir, shown, dest=dest, max_bytes=limit, redact=redact
                 )
-                caption = f"📦 {shown} · {count} file(s) zipped · {human_size(size)}"
+                caption = sent_caption(shown, size, zipped=count)
             else:
                 out = await asyncio.to_thread(
                     read_for_send, workdir, shown, max_bytes=limit, redact=redact
@@ -617,9 +647,7 @@ class FileDesk(Feature):
                 name = sanitize_name(out.name)
                 dest = self.spool / f"{tag}-{name}"
                 await asyncio.to_thread(dest.write_bytes, out.data)
-                caption = f"📎 {shown} · {human_size(len(out.data))}"
-                if out.redacted:
-                    caption += " · secrets in it were hidden"
+                caption = sent_caption(shown, len(out.data), redacted=out.redacted)
         except OSError as exc:
             raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
         return OutboxItem(
@@ -638,10 +666,65 @@ class FileDesk(Feature):
     ) -> list[OutboxItem]:
         """The files a chat turn's ``TURNSTILE-SEND:`` lines ask for (or why each is not
         sent), committed with the turn's output. Never raises."""
+        if not binding.workdir:
+            return await self._sent_from_worker(binding, out, run_id)
         paths = send_markers(out.text, limit=_MARKERS_PER_TURN)
         return await self._marked(
             Path(binding.workdir), paths, binding.chat_id, binding.thread_id, run_id
         )
+
+    async def _sent_from_worker(
+        self, binding: Binding, out: TurnOutput, run_id: str
+    ) -> list[OutboxItem]:
+        """The files a turn on a worker sent (read and checked there, stored in the
+        database), as a local chat's: the same captions and refusals."""
+        db = self.ctx.chats.db
+        raw = out.metadata.get(SENT_FILES)
+        if db is None or not isinstance(raw, list):
+            return []
+        store = SqlArtifactStore(db)
+        chat_id, thread = binding.chat_id, binding.thread_id
+        items: list[OutboxItem] = []
+        for entry in raw[:_MARKERS_PER_TURN]:
+            sent = SentFile.from_json(entry)
+            try:
+                if sent.refused:
+                    raise FileRefusedError(sent.refused, reason="worker")
+                content = await store.get(sent.sha256)
+                if content is None:
+                    raise FileRefusedError(
+                        f"{sent.given} is no longer stored; ask for it again", reason="missing"
+                    )
+                await asyncio.to_thread(self.spool.mkdir, parents=True, exist_ok=True)
+                name = sanitize_name(sent.name)
+                dest = self.spool / f"{secrets.token_hex(6)}-{name}"
+                await asyncio.to_thread(dest.write_bytes, content.content)
+            except FileRefusedError as exc:
+                items.append(
+                    OutboxItem(
+                        chat_id=chat_id,
+                        thread_id=thread or None,
+                        body=self.ctx.redactor(f"⚠️ Not sent ({SEND_MARKER} {sent.given}): {exc}"),
+                        run_id=run_id,
+                    )
+                )
+                continue
+            except Exception:
+                # The turn's output goes out whatever happens to its files.
+                _LOGGER.exception("preparing %s from the worker failed", sent.given)
+                continue
+            items.append(
+                OutboxItem(
+                    chat_id=chat_id,
+                    thread_id=thread or None,
+                    kind="file",
+                    body=str(dest),
+                    filename=name,
+                    caption=sent.caption[:1024],
+                    run_id=run_id,
+                )
+            )
+        return items
 
     async def send_marked(
         self, place: ChatPlace, run_id: str, workdir: Path, paths: list[str]

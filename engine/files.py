@@ -43,7 +43,9 @@ __all__ = [
     "sanitize_name",
     "save_upload",
     "send_markers",
+    "sent_caption",
     "type_refused",
+    "upload_prompt",
     "zip_folder",
 ]
 
@@ -450,3 +452,34 @@ def _append_exclude(workdir: Path, top: Path, exclude_path: Path, folder: str) -
             fh.write("\n")
         fh.write(f"# files sent from the chat (turnstile)\n{pattern}\n")
     return True
+
+
+def upload_prompt(files: list[SavedFile], captions: list[str]) -> str:
+    """The prompt for files that arrived: the caption(s), then which files and where."""
+    lines = [f"- {f.relative} ({f.mime}, {human_size(f.size)})" for f in files]
+    what = "a file" if len(files) == 1 else f"{len(files)} files"
+    text = "\n".join(c for c in captions if c.strip())
+    note = (
+        f"[Sent from the chat with this message: {what}, saved in your working folder]"
+        if text
+        else f"[Sent from the chat without a message: {what}, saved in your working folder]"
+    )
+    hint = (
+        f"(To hand a file back to the chat, put a line `{SEND_MARKER} path/to/file` in your "
+        "answer.)"
+    )
+    return "\n".join(filter(None, [text, "" if text else None, note, *lines, hint]))
+
+
+def sent_caption(
+    shown: str, size: int, *, zipped: int | None = None, redacted: bool = False
+) -> str:
+    """The caption of a file sent to the chat (``zipped``: how many files a folder's zip
+    holds), at most Telegram's 1,024 characters."""
+    if zipped is not None:
+        caption = f"📦 {shown} · {zipped} file(s) zipped · {human_size(size)}"
+    else:
+        caption = f"📎 {shown} · {human_size(size)}"
+        if redacted:
+            caption += " · secrets in it were hidden"
+    return caption[:1024]

@@ -22,16 +22,24 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engine.errors import TurnCutOff, TurnError, TurnPreempted, TurnstileError
+from engine.errors import FileRefusedError, TurnCutOff, TurnError, TurnPreempted, TurnstileError
 from engine.git import GitRunner
 from engine.process import PreemptHandle
+from engine.redact import Redactor
 from engine.runs.stop import until_stopped
 from engine.store.backend import AnyDatabase
 from engine.store.runs import SqliteRunStore
 from engine.turn import TurnOutput
+from engine.workers.chatfiles import (
+    SENT_FILES,
+    collect_sends,
+    split_upload_message,
+    write_uploads,
+)
 from engine.workers.chatturns import (
     ChatTurn,
     ChatTurnStatus,
@@ -194,17 +202,42 @@ async def _run(
         poller = asyncio.create_task(_poll_stop(workers, spec.run_id, stop), name="chat-stop-poll")
         status, output, error = ChatTurnStatus.DONE, None, None
         try:
+            prompt = turn.prompt
+            if turn.uploads:
+                # The files sent with the message, where a local chat puts them.
+                prompt = await write_uploads(
+                    db,
+                    workspace.path,
+                    turn.session_key,
+                    turn.uploads,
+                    prompt,
+                    settings.uploads_dir,
+                )
             out = await until_stopped(
-                agent.run_turn(primer + turn.prompt if primer else turn.prompt),
+                agent.run_turn(primer + prompt if primer else prompt),
                 stop,
                 what="the turn",
                 session_id=session,
             )
+            # The files the answer hands back (TURNSTILE-SEND lines), stored for the bot.
+            sent = await collect_sends(
+                db,
+                workspace.path,
+                out.text,
+                max_bytes=settings.send_max_bytes,
+                redact=Redactor(settings.secret_values()),
+            )
+            if sent:
+                out = replace(
+                    out, metadata={**out.metadata, SENT_FILES: [f.to_json() for f in sent]}
+                )
             output = output_to_json(out)
         except TurnPreempted as exc:
             status, error = ChatTurnStatus.STOPPED, str(exc)
         except TurnError as exc:
             status, error = ChatTurnStatus.FAILED, str(exc)[:500]
+        except (FileRefusedError, OSError) as exc:
+            status, error = ChatTurnStatus.FAILED, f"the files sent could not be written: {exc}"
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -311,6 +344,7 @@ class WorkerChatSession:
         self._seq += 1
         seq = self._seq
         turns = ChatTurnStore(self.db)
+        uploads, prompt = split_upload_message(prompt)
         await turns.add(
             self.run_id,
             seq,
@@ -319,6 +353,7 @@ class WorkerChatSession:
             resumes=self._resumes or seq > 1,
             model=self._model,
             prompt=prompt,
+            uploads=tuple(uploads),
         )
         try:
             await self._queue()

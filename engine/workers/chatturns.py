@@ -65,6 +65,8 @@ class ChatTurn:
     output_json: str | None
     error: str | None
     created_at: float
+    # The files sent with the message (ids of worker_chat_uploads rows; see chatfiles).
+    uploads: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -86,6 +88,7 @@ class ChatTurn:
             output_json=row["output_json"],
             error=row["error"],
             created_at=row["created_at"],
+            uploads=tuple(i for i in (row["uploads"] or "").split(",") if i),
         )
 
 
@@ -133,10 +136,12 @@ class ChatTurnStore:
         resumes: bool,
         model: str | None,
         prompt: str,
+        uploads: tuple[str, ...] = (),
     ) -> None:
         await self._db.execute(
             "INSERT INTO worker_chat_turns (run_id, seq, session_key, session_id, resumes,"
-            " model, prompt, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " model, prompt, status, created_at, uploads)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 seq,
@@ -147,6 +152,7 @@ class ChatTurnStore:
                 prompt,
                 ChatTurnStatus.QUEUED.value,
                 self._clock(),
+                ",".join(uploads) or None,
             ),
         )
 

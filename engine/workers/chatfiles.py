@@ -1,0 +1,223 @@
+"""Files to and from a chat session on the workers, through the database.
+
+The chat's worktree is on a worker's disk, so neither side can reach the other's files:
+
+- A file sent to the chat: the bot stores its bytes (already bounded by the chat's upload
+  limit) in the content-addressed ``gate_artifacts`` store and one row of
+  ``worker_chat_uploads``; the queued message names the rows (:func:`upload_message`),
+  the turn's row carries them (``uploads``), and the worker writes them into the chat's
+  worktree with the local chat's safe-file rules before the turn runs
+  (:func:`write_uploads`), then prompts the agent as a local chat does.
+- A ``TURNSTILE-SEND:`` line in the agent's answer: the worker resolves and reads the file
+  with the same containment rules and limit (:func:`collect_sends`), stores its bytes and
+  records it, or why it was refused, in the turn's output (:data:`SENT_FILES`); the bot
+  sends it to the chat as a local chat's file (:func:`sent_files`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from engine.errors import FileRefusedError
+from engine.files import (
+    SavedFile,
+    exclude_in_git,
+    read_for_send,
+    resolve_inside,
+    sanitize_name,
+    save_upload,
+    send_markers,
+    sent_caption,
+    upload_prompt,
+    zip_folder,
+)
+from engine.gates.artifacts import SqlArtifactStore
+from engine.store.backend import AnyDatabase
+
+__all__ = [
+    "SENT_FILES",
+    "ChatUpload",
+    "SentFile",
+    "collect_sends",
+    "split_upload_message",
+    "store_upload",
+    "upload_message",
+    "write_uploads",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+#: The key of a turn's output metadata that lists the files the agent sent.
+SENT_FILES: Final = "turnstile_sent_files"
+# The first line of a queued message that brings files (ids of worker_chat_uploads rows).
+_MARK: Final = "\x1e[files "
+_MARKERS_PER_TURN: Final = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ChatUpload:
+    """A file sent to a chat session on the workers, as stored."""
+
+    id: str
+    session_key: str
+    name: str
+    mime: str
+    size: int
+    sha256: str
+
+
+async def store_upload(
+    db: AnyDatabase,
+    session_key: str,
+    name: str,
+    data: bytes,
+    *,
+    mime: str,
+    clock: Callable[[], float] = time.time,
+) -> ChatUpload:
+    """Store a file sent to the chat (the caller has bounded its size); its row."""
+    digest = await SqlArtifactStore(db, clock=clock).put(data)
+    upload = ChatUpload(str(uuid.uuid4()), session_key, name, mime, len(data), digest)
+    await db.execute(
+        "INSERT INTO worker_chat_uploads (id, session_key, name, mime, size, sha256,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (upload.id, session_key, name, mime, upload.size, digest, clock()),
+    )
+    return upload
+
+
+def upload_message(uploads: Sequence[ChatUpload], captions: Sequence[str]) -> str:
+    """The queued message of files sent to the chat: which rows, then the caption(s)."""
+    text = "\n".join(c for c in captions if c.strip())
+    return f"{_MARK}{','.join(u.id for u in uploads)}]\n{text}"
+
+
+def split_upload_message(message: str) -> tuple[list[str], str]:
+    """The upload ids a queued message names (none: a plain message) and its text."""
+    if not message.startswith(_MARK):
+        return [], message
+    head, _, text = message.partition("\n")
+    ids = head.removeprefix(_MARK).removesuffix("]")
+    return [i for i in ids.split(",") if i], text
+
+
+async def write_uploads(
+    db: AnyDatabase, workdir: Path, session_key: str, ids: Sequence[str], text: str, uploads: str
+) -> str:
+    """Write a turn's files into the worktree below ``uploads`` (the local chat's rules: no
+    symlink followed, nothing overwritten) and return the turn's prompt, naming them as a
+    local chat's prompt does. Only rows of this chat session are taken.
+
+    Raises:
+        FileRefusedError: a file is missing from the store, or the uploads folder is unsafe.
+        OSError: writing failed.
+    """
+    store = SqlArtifactStore(db)
+    saved: list[SavedFile] = []
+    for upload_id in ids:
+        row = await db.fetchone(
+            "SELECT name, mime, sha256 FROM worker_chat_uploads WHERE id = ? AND session_key = ?",
+            (upload_id, session_key),
+        )
+        content = await store.get(str(row["sha256"])) if row is not None else None
+        if row is None or content is None:
+            raise FileRefusedError(
+                "a file sent with this message is no longer stored; send it again",
+                reason="missing",
+            )
+        saved.append(
+            await asyncio.to_thread(
+                save_upload,
+                workdir,
+                uploads,
+                sanitize_name(str(row["name"])),
+                content.content,
+                mime=str(row["mime"]),
+            )
+        )
+        _LOGGER.info("upload written as %s (%d bytes)", saved[-1].relative, saved[-1].size)
+    with contextlib.suppress(OSError, FileRefusedError):
+        await exclude_in_git(workdir, uploads)
+    return upload_prompt(saved, [text])
+
+
+@dataclass(frozen=True, slots=True)
+class SentFile:
+    """One ``TURNSTILE-SEND:`` line of a turn on a worker: the stored file, or why not."""
+
+    given: str
+    name: str = ""
+    sha256: str = ""
+    caption: str = ""
+    refused: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "given": self.given,
+            "name": self.name,
+            "sha256": self.sha256,
+            "caption": self.caption,
+            "refused": self.refused,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SentFile:
+        fields = ("given", "name", "sha256", "caption", "refused")
+        return cls(*(str(raw.get(k) or "") for k in fields))
+
+
+def _pack(
+    workdir: Path, shown: str, max_bytes: int, redact: Callable[[str], str]
+) -> tuple[str, bytes, str]:
+    """(name, bytes, caption) of one file to send, a folder zipped (as a local chat)."""
+    try:
+        is_dir = resolve_inside(workdir, shown).is_dir()
+    except FileRefusedError:
+        is_dir = False
+    try:
+        if is_dir:
+            name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
+            with tempfile.TemporaryDirectory(prefix="turnstile-send-") as tmp:
+                dest = Path(tmp) / name
+                count, size = zip_folder(
+                    workdir, shown, dest=dest, max_bytes=max_bytes, redact=redact
+                )
+                return name, dest.read_bytes(), sent_caption(shown, size, zipped=count)
+        out = read_for_send(workdir, shown, max_bytes=max_bytes, redact=redact)
+        caption = sent_caption(shown, len(out.data), redacted=out.redacted)
+        return sanitize_name(out.name), out.data, caption
+    except OSError as exc:
+        raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
+
+
+async def collect_sends(
+    db: AnyDatabase,
+    workdir: Path,
+    text: str,
+    *,
+    max_bytes: int,
+    redact: Callable[[str], str],
+) -> list[SentFile]:
+    """The files an agent's answer asks to send, read from the worktree (refused outside
+    it, too large, empty ...) and stored for the bot. Never raises for one file."""
+    store = SqlArtifactStore(db)
+    sent: list[SentFile] = []
+    for given in send_markers(text, limit=_MARKERS_PER_TURN):
+        shown = given.strip()
+        try:
+            name, data, caption = await asyncio.to_thread(_pack, workdir, shown, max_bytes, redact)
+        except FileRefusedError as exc:
+            sent.append(SentFile(given=given, refused=str(exc)))
+            continue
+        digest = await store.put(data)
+        sent.append(SentFile(given=given, name=name, sha256=digest, caption=caption))
+    return sent
