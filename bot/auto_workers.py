@@ -143,6 +143,8 @@ class WorkerRuns:
         _LOGGER.info("%s", done, extra={"run_id": run_id})
         spec = placement.spec
         assert spec.chat_id is not None
+        if spec.mode != "auto":
+            return True  # an autopilot drive: its own messages say it stopped (bot.autopilot)
         followed = self.followed.get(run_id)
         place = followed.place if followed is not None else ChatPlace(spec.chat_id, spec.thread_id)
         where = f" on worker {placement.worker}" if placement.worker else ""
