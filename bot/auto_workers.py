@@ -232,7 +232,7 @@ class WorkerRuns:
     def _follow(self, run_id: str, place: ChatPlace) -> None:
         if run_id in self.followed:
             return
-        self.sink.register(run_id, place)
+        self.sink.register(run_id, place, steered=False)  # (no steering reaches a worker)
         followed = _Followed(run_id, place)
         self.followed[run_id] = followed
         followed.task = asyncio.create_task(self._follow_run(followed), name=f"follow-{run_id}")

@@ -188,6 +188,9 @@ async def test_an_auto_run_on_a_worker_looks_in_the_chat_like_a_local_one(
             for t in _texts(status)
         ), _texts(status)
         assert not any(m.text.startswith("⏳") for m in api.sent)
+        # It names /stop, not steering by message (which reaches no run on a worker).
+        assert any(f"\n/stop {run_id} stops it." in t for t in _texts(status))
+        assert not any("/steer" in t for t in _texts(status))
         # The run's one live status message, under the /auto, ended as a local run's does.
         assert status.reply_to == asked
         await api.wait_until(lambda: "✅ finished" in status.text)
