@@ -252,8 +252,12 @@ async def test_a_bot_restart_mid_run_resumes_following_without_duplicates(
     async with FakeBotApi() as api:
         async with _bot(cluster, api):
             run_id, status, _ = await _auto(api)
-            await api.wait_until(lambda: "Execute running on worker w1" in status.text, timeout=60)
-            assert "Last turn:" in status.text
+            await api.wait_until(
+                lambda: (
+                    "Execute running on worker w1" in status.text and "Last turn:" in status.text
+                ),
+                timeout=60,
+            )
         # The bot is gone; the turn goes on on its worker and ends meanwhile.
         gate.write_text("")
         await asyncio.to_thread(
