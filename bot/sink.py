@@ -161,6 +161,8 @@ class BotSink:
         self._task_facts: TaskFacts | None = None
         self._phases: dict[str, _PhaseView] = {}
         self._autos: dict[str, _AutoView] = {}
+        # Auto runs a chat message cannot steer (those on the workers: bot.auto_workers).
+        self._unsteered: set[str] = set()
 
     # -- what features plug in ---------------------------------------------------------
 
@@ -194,8 +196,12 @@ class BotSink:
 
     # -- places ------------------------------------------------------------------------
 
-    def register(self, run_id: str, place: ChatPlace, *, task: str | None = None) -> None:
+    def register(
+        self, run_id: str, place: ChatPlace, *, task: str | None = None, steered: bool = True
+    ) -> None:
         self._places[run_id] = place
+        if not steered:
+            self._unsteered.add(run_id)
         if task is not None:
             self._tasks[task] = place
 
@@ -380,7 +386,10 @@ class BotSink:
         if view.last:
             text += f"\nLast turn: {view.last}"
         if view.status.status == "running":
-            text += f"\nMessages here or /steer add instructions; /stop {run_id} stops it."
+            steer = "Messages here or /steer add instructions; "
+            if run_id in self._unsteered:
+                steer = ""
+            text += f"\n{steer}/stop {run_id} stops it."
             if view.verdicts:
                 text += f"\n{view.verdicts[-1]}"
         await self._publisher.live(
