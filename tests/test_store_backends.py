@@ -31,6 +31,7 @@ from engine.errors import (
     SchemaTooNewError,
     StoreError,
     StoreUnreachableError,
+    TurnSuperseded,
 )
 from engine.settings import load_settings
 from engine.store import RunStatus, SqliteAuditLog, SqliteRunStore, TurnState
@@ -192,10 +193,31 @@ async def test_turn_attempts_interruptions_and_finish(database: Any) -> None:
     assert (await runs.get_run("r1")).status is RunStatus.COMPLETED
     with pytest.raises(NotFoundError):
         await runs.start_turn("nope", 1, "x", None)
+    fourth = await runs.start_turn("r1", 3, "again", None)
     with pytest.raises(NotFoundError):
         await runs.finish_turn_and_update_run(
-            third, TurnOutput(text="x", exit_code=0), "nope", turn=2
+            fourth, TurnOutput(text="x", exit_code=0), "nope", turn=3
         )
+    # Nothing of that landed: the turn is still started.
+    assert (await runs.turns("r1"))[-1].state is TurnState.STARTED
+
+
+async def test_a_turns_end_is_recorded_once(database: Any) -> None:
+    """A turn recorded ended (cut off by a sweeper, its run moved on) can be neither
+    finished nor failed again by a stale copy, and the run's state is left alone."""
+    runs = SqliteRunStore(database)
+    await runs.create_run("r1", mode="auto", agent="claude", session_id="s")
+    turn = await runs.start_turn("r1", 1, "do it", "execute")
+    assert await runs.interrupt_run_turns("r1", "its worker stopped answering") == 1
+    with pytest.raises(TurnSuperseded):
+        await runs.finish_turn_and_update_run(
+            turn, TurnOutput(text="late", exit_code=0), "r1", turn=1, status=RunStatus.COMPLETED
+        )
+    assert await runs.fail_turn(turn, TurnState.FAILED, "late error") is False
+    (only,) = await runs.turns("r1")
+    assert only.state is TurnState.INTERRUPTED
+    assert only.output != "late"
+    assert (await runs.get_run("r1")).status is RunStatus.RUNNING
 
 
 async def test_a_failed_transaction_leaves_nothing(database: Any) -> None:
