@@ -24,12 +24,12 @@ pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
 async def test_a_second_bot_through_a_symlinked_database_is_refused(tmp_path: Path) -> None:
     async with FakeBotApi() as api:
-        first = await _start(api, tmp_path)
+        first = await _start(api, tmp_path, tmp_path / "bot.db")
         try:
             link = tmp_path / "other" / "same.db"
             link.parent.mkdir()
             link.symlink_to(tmp_path / "bot.db")
-            env = _env(api, tmp_path) | {"TURNSTILE_DATABASE": str(link)}
+            env = _env(api, tmp_path, tmp_path / "bot.db") | {"TURNSTILE_DATABASE": str(link)}
             second = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -68,7 +68,7 @@ async def test_a_second_bot_on_one_postgresql_database_is_refused(
     # A password in the URL (the server trusts loopback and ignores it): never shown.
     url = pg_url.replace("postgres@", "postgres:hunter2-secret@", 1)
     async with FakeBotApi() as api:
-        env = _env(api, tmp_path) | {"TURNSTILE_DATABASE": url}
+        env = _env(api, tmp_path, tmp_path / "bot.db") | {"TURNSTILE_DATABASE": url}
         with open(tmp_path / "first.log", "wb") as log:
             first = await asyncio.create_subprocess_exec(
                 sys.executable,
