@@ -23,7 +23,6 @@ import pytest
 from engine.approvals import ApprovalPolicy
 from engine.settings import Settings
 from engine.store.location import PostgresURL
-from engine.workers.chat import _approvals
 from engine.workers.store import QueuedRun
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
@@ -168,6 +167,8 @@ async def test_with_approvals_off_the_worker_s_agent_is_not_wired(cluster: Clust
 
 
 def test_the_worker_s_route_keeps_the_password_in_a_private_file(tmp_path: Path) -> None:
+    from engine.workers.chat import _approvals
+
     url = PostgresURL("postgresql://turnstile:s3cret-pw@127.0.0.1:5432/db")
     settings = Settings(_env_file=None, database=url)  # type: ignore[call-arg]
     spec = QueuedRun(
