@@ -204,3 +204,20 @@ def test_the_worker_s_route_keeps_the_password_in_a_private_file(tmp_path: Path)
         if k not in ("tool_approval", "approval_starter")
     }
     assert QueuedRun.from_json(json.dumps(older)).tool_approval is None
+
+
+async def test_stop_while_a_worker_turn_waits_withdraws_the_request(cluster: Cluster) -> None:
+    _fake_claude(cluster)
+    await asyncio.to_thread(cluster.start_worker, "w1")
+    async with _bot(cluster, "all") as api:
+        _say(api, "please run: touch never.txt")
+        ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text, timeout=60)
+        _say(api, "/stop")
+        await api.wait_for_message(lambda m: "stopped during turn 1" in m.text, timeout=30)
+        await api.wait_until(lambda: "Not decided: the turn was stopped" in ask.text)
+        assert not ask.buttons
+        assert [r[3] for r in _requests(cluster)] == ["cancelled"]
+        # The chat goes on, on the same worker.
+        _say(api, "hello after")
+        await api.wait_for_message(lambda m: "echo: hello after" in m.text, timeout=60)
+    assert not list((cluster.tmp / "w1" / "ws").rglob("never.txt"))
