@@ -102,6 +102,7 @@ async def test_a_worker_turn_asks_in_the_chat_and_goes_on_when_approved_or_denie
         _say(api, "please run: touch approved.txt")
         ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text, timeout=60)
         assert "$ touch approved.txt" in ask.text
+        assert "(on worker w1) asks to use Bash" in ask.text
         assert "The turn waits" in ask.text
         # The turn waits on the worker for the person: no answer yet.
         assert not any("ran touch" in m.text for m in api.sent)
@@ -119,6 +120,7 @@ async def test_a_worker_turn_asks_in_the_chat_and_goes_on_when_approved_or_denie
         )
         assert reply.chat_id == CHAT
         await api.wait_until(lambda: f"Allowed once by {APPROVER}" in ask.text)
+        assert "(on worker w1)" in ask.text
         # The command ran on the worker, in the chat's worktree there.
         made = list((cluster.tmp / "w1" / "ws").rglob("approved.txt"))
         assert len(made) == 1, made
