@@ -449,7 +449,7 @@ class ChatSessions:
             settings = settings.model_copy(update={"agent_model": binding.model})
         agent: ChatAgent
         if self.on_workers:
-            agent = self._worker_session(run_id, binding)
+            agent = self._worker_session(run_id, binding, route)
         else:
             agent = self.agent_factory(
                 binding.agent,
@@ -494,7 +494,9 @@ class ChatSessions:
             raise ConfigError("chat sessions on the workers need the bot's database")
         return self.db
 
-    def _worker_session(self, run_id: str, binding: Binding) -> WorkerChatSession:
+    def _worker_session(
+        self, run_id: str, binding: Binding, approval: ApprovalRoute | None
+    ) -> WorkerChatSession:
         """The chat run's session on the workers: its turns are jobs (engine.workers.chat)."""
         from engine.workers.chat import WorkerChatSession
 
@@ -513,6 +515,7 @@ class ChatSessions:
             resumes=binding.turns > 0,
             model=binding.model,
             notify=notify,
+            approval=approval,
         )
 
     async def _drive(self, run: ChatRun) -> None:

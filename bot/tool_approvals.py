@@ -71,10 +71,16 @@ def _buttons(request_id: int) -> dict[str, Any]:
     }
 
 
-def request_text(request: ToolRequest, outcome: str | None = None) -> str:
-    """The request as people read it; ``outcome`` replaces the footer once decided."""
+def request_text(
+    request: ToolRequest, outcome: str | None = None, *, worker: str | None = None
+) -> str:
+    """The request as people read it; ``outcome`` replaces the footer once decided.
+
+    ``worker``: the worker whose turn asks (a chat session on the workers).
+    """
+    where = f" (on worker {worker})" if worker else ""
     lines = [
-        f"🔐 Run {request.run_id} asks to use {request.tool}:",
+        f"🔐 Run {request.run_id}{where} asks to use {request.tool}:",
         summarize(request.tool, request.input),
         "",
     ]
@@ -194,7 +200,7 @@ class ToolApprovalExtension(Feature):
             return True
         await self.ctx.publisher.live(
             _ref(request.id),
-            request_text(request),
+            request_text(request, worker=await self._worker_of(run.id)),
             chat_id=run.chat_id,
             thread_id=run.thread_id,
             markup=_buttons(request.id),
@@ -203,13 +209,26 @@ class ToolApprovalExtension(Feature):
         _LOGGER.info("tool request %s of run %s posted", request.id, run.id)
         return True
 
+    async def _worker_of(self, run_id: str) -> str | None:
+        """The worker running the run's turns (None: the bot runs them itself)."""
+        if self.ctx.settings.execution != "workers":
+            return None
+        from engine.workers.store import WorkerStore
+
+        placement = await WorkerStore(self.ctx.db).placement(run_id)
+        if placement is None:
+            return None
+        return placement.worker or placement.last_worker
+
     async def _refresh(self, request: ToolRequest) -> None:
         live = await self.ctx.store.get_live(_ref(request.id))
         if live is None:
             return
         await self.ctx.publisher.live(
             _ref(request.id),
-            request_text(request, outcome_text(request)),
+            request_text(
+                request, outcome_text(request), worker=await self._worker_of(request.run_id)
+            ),
             chat_id=live.chat_id,
             thread_id=live.thread_id,
             markup=None,

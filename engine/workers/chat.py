@@ -12,6 +12,13 @@ A turn cut off by a dead worker is reported, never re-run (:class:`~engine.error
 the next message goes to another worker, in a new agent session told so in plain words
 (the conversation was on the lost machine's disk), in the worktree pushed after the last
 finished turn.
+
+Tool approvals (``TURNSTILE_TOOL_APPROVAL`` on the bot): the run's spec names the policy
+and the session's starter, and the worker wires its agent to turnstile's permission server
+as the bot does for a local turn. The server runs on the worker's machine and writes the
+request to the shared database (the password in a 0600 password file in a private folder
+of this turn); the bot finds it there, posts it to the chat and records the decision, which
+the server reads.
 """
 
 from __future__ import annotations
@@ -19,14 +26,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engine.errors import FileRefusedError, TurnCutOff, TurnError, TurnPreempted, TurnstileError
+from engine.approvals.policy import ApprovalPolicy
+from engine.approvals.route import ApprovalRoute, write_passfile
+from engine.errors import (
+    ConfigError,
+    FileRefusedError,
+    TurnCutOff,
+    TurnError,
+    TurnPreempted,
+    TurnstileError,
+)
 from engine.git import GitRunner
 from engine.process import PreemptHandle
 from engine.redact import Redactor
@@ -118,7 +136,8 @@ async def run_chat_turn(
         _LOGGER.info("run %s has no chat turn waiting", spec.run_id)
         return
     try:
-        await _run(worker, settings, db, manager, spec, turn, stop, env)
+        with _approvals(settings, spec) as approval:
+            await _run(worker, settings, db, manager, spec, turn, stop, env, approval)
     except asyncio.CancelledError:
         # The worker is going down with the turn in flight: reported like a lost worker.
         await asyncio.shield(
@@ -148,6 +167,7 @@ async def _run(
     turn: ChatTurn,
     stop: asyncio.Event,
     env: Mapping[str, str],
+    approval: ApprovalRoute | None = None,
 ) -> None:
     from engine.agents.factory import create_agent
 
@@ -198,6 +218,7 @@ async def _run(
             extra_env=env,
             resume=resume,
             turns_finished=finished,
+            approval=approval,
         )
         poller = asyncio.create_task(_poll_stop(workers, spec.run_id, stop), name="chat-stop-poll")
         status, output, error = ChatTurnStatus.DONE, None, None
@@ -250,6 +271,31 @@ async def _run(
     _LOGGER.info("chat turn %d of run %s: %s", turn.seq, spec.run_id, status.value)
 
 
+@contextlib.contextmanager
+def _approvals(settings: Settings, spec: QueuedRun) -> Iterator[ApprovalRoute | None]:
+    """Where the turn's tool calls ask a person (None: nobody is asked), for the turn's
+    length: a PostgreSQL password goes in a password file in a private folder (0700),
+    removed after the turn."""
+    try:
+        policy = ApprovalPolicy(spec.tool_approval or ApprovalPolicy.OFF)
+    except ValueError as exc:
+        raise ConfigError(f"unknown tool approval setting {spec.tool_approval!r}") from exc
+    if policy is ApprovalPolicy.OFF or spec.tool != "claude":
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="turnstile-ap-")
+    try:
+        yield ApprovalRoute(
+            database=settings.database,
+            run_id=spec.run_id,
+            policy=policy,
+            starter=spec.approval_starter,
+            passfile=write_passfile(settings.database, folder),
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def _poll_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -293,6 +339,8 @@ class WorkerChatSession:
 
     Args:
         notify: tells the chat something (the turn waits for a worker, ...).
+        approval: the bot's route for the run's tool calls (its policy and starter travel
+            to the worker; the bot posts the requests as a local run's).
     """
 
     resident: Final = False
@@ -309,6 +357,7 @@ class WorkerChatSession:
         resumes: bool,
         model: str | None,
         notify: Callable[[str], Awaitable[None]],
+        approval: ApprovalRoute | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -320,6 +369,9 @@ class WorkerChatSession:
             project=project,
             agent_cmd=settings.agent_command if tool == "command" else None,
             mode=CHAT_MODE,
+            # The worker wires the agent to the permission server with these.
+            tool_approval=approval.policy.value if approval is not None else None,
+            approval_starter=approval.starter if approval is not None else None,
         )
         self.session_key = chat_session_key(session_id)
         self._session_id = session_id

@@ -71,6 +71,10 @@ class QueuedRun:
     (``objective`` is the task's summary); a wave's sub-task names the run it starts from
     (``base_run``, whose pushed branch its worktree is cut from) and the drive to wake when
     it ends (``parent_run``).
+
+    A chat run whose tool calls ask a person (``TURNSTILE_TOOL_APPROVAL`` on the bot) names
+    the policy (``tool_approval``) and who bound the session (``approval_starter``): the
+    worker wires its agent to the approval server with them.
     """
 
     run_id: str
@@ -87,6 +91,8 @@ class QueuedRun:
     task: str | None = None
     base_run: str | None = None
     parent_run: str | None = None
+    tool_approval: str | None = None
+    approval_starter: int | None = None
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -120,6 +126,8 @@ class QueuedRun:
                 "task": self.task,
                 "base_run": self.base_run,
                 "parent_run": self.parent_run,
+                "tool_approval": self.tool_approval,
+                "approval_starter": self.approval_starter,
             }
         )
 
@@ -141,6 +149,8 @@ class QueuedRun:
             task=raw.get("task"),
             base_run=raw.get("base_run"),
             parent_run=raw.get("parent_run"),
+            tool_approval=raw.get("tool_approval"),
+            approval_starter=raw.get("approval_starter"),
         )
 
 
