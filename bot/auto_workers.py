@@ -373,8 +373,8 @@ class WorkerRuns:
             return []
         found = []
         for placement in await WorkerStore(self.ctx.db).placements():
-            if placement.spec.chat_id is None:
-                continue
+            if placement.spec.chat_id is None or placement.spec.mode != "auto":
+                continue  # (a drive's is bot.autopilot_workers)
             if placement.ended:
                 # Ended while no bot followed it: followed once more if its chat was not
                 # told yet (its live message still shows it running).

@@ -1,0 +1,153 @@
+"""/autopilot on the workers shows in the chat what a drive in the bot's process shows:
+one message per phase (a gated phase's becomes its gate), the artifacts, the completion
+summary; counted side by side with a local drive of the same agent and workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.bot_api import FakeBotApi, SentMessage
+from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
+from tests.test_workers_autopilot import NO_SPLIT, WORKFLOW
+from tests.workers_support import Cluster
+from tests.workers_support import cluster as cluster
+
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(240)]
+
+# Writes its phase's artifact (the decomposition from its configuration) and says so.
+AGENT = textwrap.dedent(
+    """
+    import json, os, re, sys
+    from pathlib import Path
+
+    prompt = sys.argv[sys.argv.index("--prompt") + 1]
+    conf = json.loads(Path(os.environ["PILOT_AGENT_CONF"]).read_text())
+    phase = re.search(r"^Phase: (\\w+) \\(", prompt, re.M).group(1)
+    artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    artifact.write_text(conf["decomposition"] if phase == "decomposition" else f"# {phase}\\n")
+    with open(conf["log"], "a") as fh:
+        fh.write(phase + "\\n")
+    print(f"## {phase}\\n\\nwrote {artifact.name}")
+    """
+)
+
+
+def _setup(root: Path) -> tuple[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "workflow.toml").write_text(WORKFLOW)
+    (root / "agent.py").write_text(AGENT)
+    conf = {"log": str(root / "phases.log"), "decomposition": NO_SPLIT}
+    (root / "agent.json").write_text(json.dumps(conf))
+    command = f"{sys.executable} {root / 'agent.py'} --session {{session_id}} --prompt {{prompt}}"
+    return command, root / "agent.json"
+
+
+def _kind(m: SentMessage) -> str:
+    if m.filename is not None:
+        return f"document {m.filename}"
+    if m.text.startswith("🛂 Gate: task T1"):
+        phase = re.search(r"phase (\w+)", m.text)
+        return f"gate {phase.group(1) if phase else '?'}"
+    if m.text.startswith("🛂 T1 · "):
+        return "phase " + m.text.splitlines()[0].removeprefix("🛂 T1 · ")
+    if m.text.startswith("🏁 Task T1 is complete"):
+        return "summary"
+    return "other"
+
+
+async def _drive(api: FakeBotApi, started: str) -> tuple[Counter[str], SentMessage]:
+    """/autopilot T1, both gates approved by their buttons, until the summary: the kinds of
+    message posted after the bot's answer to /autopilot, and the summary."""
+    api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+    answer = await api.wait_for_message(lambda m: started in m.text, timeout=30)
+    for phase in ("research", "decomposition"):
+
+        def gate(m: SentMessage, phase: str = phase) -> bool:
+            return m.text.startswith("🛂 Gate: task T1") and f"phase {phase}" in m.text
+
+        message = await api.wait_for_message(gate, timeout=90)
+        # The gate message is the phase's message: it showed the phase running first.
+        assert any("⏳ running" in old for old in message.history), message.history
+        await api.wait_until(lambda m=message: bool(m.buttons), timeout=30)
+        approve = next(b["callback_data"] for b in message.buttons if b["text"].endswith("Approve"))
+        api.push_callback(chat_id=CHAT, user_id=APPROVER, data=approve, message_id=message.message_id)
+        await api.wait_until(lambda m=message: "✅ Approved by" in m.text, timeout=60)
+    summary = await api.wait_for_message(lambda m: "Task T1 is complete" in m.text, timeout=90)
+    # (a beat for the last edits: the implement phase's message says it is done)
+    await api.wait_until(
+        lambda: any(m.text.startswith("🛂 T1 · implement\n✅") for m in api.sent), timeout=30
+    )
+    after = [m for m in api.sent if m.message_id > answer.message_id and m.chat_id == CHAT]
+    return Counter(_kind(m) for m in after), summary
+
+
+async def test_a_drive_on_the_workers_shows_what_a_local_drive_shows(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The drive in the bot's own process (SQLite, the bot's disk).
+    command, conf = _setup(tmp_path / "local")
+    monkeypatch.setenv("PILOT_AGENT_CONF", str(conf))
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            tmp_path / "local",
+            agent_command=command,
+            workflow_file=tmp_path / "local" / "workflow.toml",
+        )
+        async with running_bot(api, settings):
+            local, local_summary = await _drive(api, "Autopilot for task T1 started")
+
+    # The same on the workers (PostgreSQL, a worker subprocess, the project's worktree).
+    command, conf = _setup(cluster.tmp / "pilot")
+    projects = f"default={cluster.remote}#main"
+    cluster.env.update(
+        {
+            "TURNSTILE_PROJECTS": projects,
+            "TURNSTILE_WORKFLOW_FILE": str(cluster.tmp / "pilot" / "workflow.toml"),
+            "TURNSTILE_APPROVERS": str(APPROVER),
+            "TURNSTILE_TASKS_ROOT": str(cluster.tmp / "tasks"),
+            "PILOT_AGENT_CONF": str(conf),
+        }
+    )
+    await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
+    bot_root = cluster.tmp / "bot"
+    bot_root.mkdir()
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            bot_root,
+            database=cluster.url,
+            execution="workers",
+            projects=projects,
+            agent_command=command,
+            workflow_file=cluster.tmp / "pilot" / "workflow.toml",
+            worker_heartbeat=0.3,
+            worker_timeout=2.0,
+        )
+        async with running_bot(api, settings):
+            remote, remote_summary = await _drive(api, "is queued on the workers")
+
+    expected: dict[str, Any] = {
+        "gate research": 1,
+        "document research.md": 1,
+        "gate decomposition": 1,
+        "document decomposition.md": 1,
+        "phase implement": 1,
+        "summary": 1,
+    }
+    assert dict(local) == expected, local
+    assert dict(remote) == dict(local), (remote, local)
+    for summary in (local_summary, remote_summary):
+        assert "research approved by" in summary.text
+        assert "decomposition approved by" in summary.text
+        assert re.search(r"\n3 turns in \d+(m\d+)?s\.", summary.text), summary.text
