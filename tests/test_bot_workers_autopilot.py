@@ -80,7 +80,9 @@ async def _drive(api: FakeBotApi, started: str) -> tuple[Counter[str], SentMessa
         assert any("⏳ running" in old for old in message.history), message.history
         await api.wait_until(lambda m=message: bool(m.buttons), timeout=30)
         approve = next(b["callback_data"] for b in message.buttons if b["text"].endswith("Approve"))
-        api.push_callback(chat_id=CHAT, user_id=APPROVER, data=approve, message_id=message.message_id)
+        api.push_callback(
+            chat_id=CHAT, user_id=APPROVER, data=approve, message_id=message.message_id
+        )
         await api.wait_until(lambda m=message: "✅ Approved by" in m.text, timeout=60)
     summary = await api.wait_for_message(lambda m: "Task T1 is complete" in m.text, timeout=90)
     # (a beat for the last edits: the implement phase's message says it is done)
