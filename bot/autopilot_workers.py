@@ -38,6 +38,10 @@ _RETRY: Final = 1.0
 _RUN_PREFIX: Final = "autopilot:"
 
 
+def _phase_of(event: TurnStarted | TurnEnded) -> str | None:
+    return event.phase if isinstance(event, TurnStarted) else event.turn.phase
+
+
 def _person_ref(run_id: str) -> str:
     return f"person:{run_id}"
 
@@ -125,7 +129,11 @@ class WorkerDrives:
             while True:
                 try:
                     async for event in follower.events():
-                        await self._steps(drive)
+                        match event:
+                            case TurnStarted() | TurnEnded():
+                                await self._steps(drive, _phase_of(event))
+                            case _:
+                                await self._steps(drive, None)
                         match event:
                             case TurnStarted():
                                 await self._status(drive, "running", event.phase, event.seq)
@@ -157,16 +165,21 @@ class WorkerDrives:
         task = await self._task(drive.task)
         drive.label = task.label if task is not None else None
 
-    async def _steps(self, drive: _Drive) -> None:
-        """A phase the drive left since the last look: its message says it is done."""
+    async def _steps(self, drive: _Drive, busy: str | None) -> None:
+        """A phase the drive left since the last look: its message says it is done (once
+        the turns of that phase read with it are shown: ``busy``, the phase of the turn
+        about to be shown)."""
         task = await self._task(drive.task)
         if task is None:
             return
-        before, drive.label = drive.label, task.label
+        before = drive.label
+        if before is not None and busy is not None and before.split(":", 1)[0] == busy:
+            return  # said after this turn of the phase
+        drive.label = task.label
         if before is None or before == task.label or ":" in before:
             return  # the first look, no change, or a gate passed (its message says it)
-        if before in (COMPLETE, HUMAN_INTERVENTION):
-            return
+        if before in (COMPLETE, HUMAN_INTERVENTION) or task.phase == HUMAN_INTERVENTION:
+            return  # (sent to a person: said when the drive ends)
         await self.sink.publish_kind(
             _RUN_PREFIX + drive.task, f"[{drive.task}] {before} done → {task.label}", TextKind.STEP
         )
