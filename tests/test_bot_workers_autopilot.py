@@ -220,3 +220,28 @@ async def test_a_restarted_bot_goes_on_following_a_drive_without_posting_twice(
     assert kinds - before == Counter({"phase decomposition": 1, "other": 1}), shown
     assert sum(person(m) for m in api.sent) == 1
     assert len(api.sent) == after_person
+
+
+async def test_a_drive_stopped_from_the_chat_says_so_once(cluster: Cluster) -> None:
+    command, projects = _on_workers(cluster)
+    await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
+
+    def stopped(m: SentMessage) -> bool:
+        return m.text.startswith("⏹ Autopilot for T1 stopped on the workers")
+
+    async with FakeBotApi() as api:
+        settings = _bot_on_workers(api, cluster, command, projects)
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
+            found = re.search(r"\(run (\S+)\)", queued.text)
+            assert found is not None
+            await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate: task T1"), timeout=90)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {found.group(1)}")
+            said = await api.wait_for_message(stopped, timeout=60)
+            assert "/autopilot T1 resumes it" in said.text
+        async with running_bot(api, settings) as rt:
+            assert rt.features is not None
+            pilot = next(f for f in rt.features.extensions if isinstance(f, AutopilotExtension))
+            assert not pilot.worker_drives.followed  # its end was said: not followed again
+    assert sum(stopped(m) for m in api.sent) == 1
