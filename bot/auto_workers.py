@@ -290,10 +290,12 @@ class WorkerRuns:
     async def _turn_started(self, followed: _Followed, event: TurnStarted) -> None:
         label = Phase(event.phase).label if event.phase else "Turn"
         where = f" on worker {event.worker}" if event.worker else ""
+        assert event.state is not None  # (an auto run's)
         await self._status(followed, event.state, event.phase, event.seq, f"{label} running{where}")
 
     async def _turn_ended(self, followed: _Followed, event: TurnEnded) -> None:
         turn, state = event.turn, event.state
+        assert state is not None  # (an auto run's)
         phase = Phase(turn.phase) if turn.phase else state.phase
         if turn.state is TurnState.FINISHED and turn.exit_code is not None:
             # Folded by the sink into the live message and the final turns document.
@@ -373,8 +375,8 @@ class WorkerRuns:
             return []
         found = []
         for placement in await WorkerStore(self.ctx.db).placements():
-            if placement.spec.chat_id is None:
-                continue
+            if placement.spec.chat_id is None or placement.spec.mode != "auto":
+                continue  # (a drive's is bot.autopilot_workers)
             if placement.ended:
                 # Ended while no bot followed it: followed once more if its chat was not
                 # told yet (its live message still shows it running).

@@ -31,6 +31,7 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from bot.auth import Action
+from bot.autopilot_workers import WorkerDrives
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -95,6 +96,8 @@ class AutopilotExtension(Feature):
         self.closing = False
         self._stopped_by: dict[str, int] = {}
         self._gate_watch: asyncio.Task[None] | None = None
+        # The chats' drives on the workers, followed from the database.
+        self.worker_drives = WorkerDrives(ctx, ctx.sink)
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
         ctx.sink.describe_tasks_with(self.task_facts)
@@ -280,6 +283,7 @@ class AutopilotExtension(Feature):
             reason=f"{name} {run_id}",
         )
         self.watch_worker_gates()
+        self.worker_drives.follow(run_id, name, place)
         verb = "is queued on the workers" if queued.new else "is already on the workers"
         await self.ctx.replies.reply(
             update,
@@ -928,6 +932,7 @@ class AutopilotExtension(Feature):
         on_workers = self.ctx.settings.execution == "workers"
         if on_workers:
             self.watch_worker_gates()
+            await self.worker_drives.resume()
         for run in report.drives:
             if run.task is None or run.chat_id is None:
                 continue
@@ -954,6 +959,7 @@ class AutopilotExtension(Feature):
             self._gate_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._gate_watch
+        await self.worker_drives.close()
         # No new turn of a drive starts; without ``park`` the running ones finish.
         self.ctx.supervisor.park()
         if not park:

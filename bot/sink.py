@@ -18,7 +18,15 @@ from engine.runs import ChatPlace
 from engine.sink import GateRequest, StatusUpdate, TextKind
 from engine.store.runs import SqliteRunStore
 
-__all__ = ["BotSink", "ChatPlace", "humane", "last_line", "status_text", "words"]
+__all__ = [
+    "BotSink",
+    "ChatPlace",
+    "humane",
+    "last_line",
+    "status_text",
+    "summary_ref",
+    "words",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -59,6 +67,12 @@ def humane(text: str) -> str:
         piece = _LABEL.sub(lambda m: f"{m[1].replace('_', ' ')}, waiting for approval", pieces[i])
         pieces[i] = piece.replace("human_intervention", "waiting for a person")
     return "".join(pieces)
+
+
+def summary_ref(task: str, key: str) -> str:
+    """The ref of the completion summary of ``task``'s drive ``key`` (a run on the workers,
+    followed again after a restart: its summary is posted once)."""
+    return f"summary:{task}:{key}"
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -163,6 +177,9 @@ class BotSink:
         self._autos: dict[str, _AutoView] = {}
         # Auto runs a chat message cannot steer (those on the workers: bot.auto_workers).
         self._unsteered: set[str] = set()
+        # Tasks driven on the workers: their messages' refs are made from the drive's run
+        # and turn, so a follower that starts again after a restart edits the same ones.
+        self._keys: dict[str, str] = {}
 
     # -- what features plug in ---------------------------------------------------------
 
@@ -197,13 +214,22 @@ class BotSink:
     # -- places ------------------------------------------------------------------------
 
     def register(
-        self, run_id: str, place: ChatPlace, *, task: str | None = None, steered: bool = True
+        self,
+        run_id: str,
+        place: ChatPlace,
+        *,
+        task: str | None = None,
+        steered: bool = True,
+        key: str | None = None,
     ) -> None:
+        """``key``: the drive's run on the workers (its messages' refs are made from it)."""
         self._places[run_id] = place
         if not steered:
             self._unsteered.add(run_id)
         if task is not None:
             self._tasks[task] = place
+            if key is not None:
+                self._keys[task] = key
 
     def place_of_task(self, task: str) -> ChatPlace | None:
         return self._tasks.get(task)
@@ -332,7 +358,9 @@ class BotSink:
         view = self._phases.get(task)
         if update.status == "running":
             if view is None or view.gated or view.phase != phase or view.state != "running":
-                view = _PhaseView(task, phase, f"phase:{task}:{phase}:{secrets.token_hex(3)}")
+                key = self._keys.get(task)
+                mark = f"{key}:{update.turn}" if key is not None else secrets.token_hex(3)
+                view = _PhaseView(task, phase, f"phase:{task}:{phase}:{mark}")
                 self._phases[task] = view
             view.event = update.last_event
         elif view is not None and not view.gated and update.status != "awaiting_approval":
@@ -367,8 +395,9 @@ class BotSink:
             # The last phase's output, rendered (never raw Markdown).
             head = view.excerpt
             text += f"\n\nLast phase ({view.phase.replace('_', ' ')}), its output:\n"
+        key = self._keys.get(task)
         await self._publisher.live(
-            f"summary:{task}:{secrets.token_hex(3)}",
+            summary_ref(task, key) if key is not None else f"summary:{task}:{secrets.token_hex(3)}",
             text,
             chat_id=place.chat_id,
             thread_id=place.thread_id,

@@ -248,6 +248,9 @@ async def gate_requests(
         task = await store.find(placement.spec.task)
         if task is None or not task.awaiting_approval or task.gate_sha256 is None:
             continue
+        approvers = {a.approver for a in await store.gate_approvals(task)}
+        if len(approvers) >= store.policy.quorum:
+            continue  # approved: the drive passes the gate at its next step (not a new gate)
         spec = store.workflow.phase(task.phase)
         request = GateRequest(
             task=task.name,

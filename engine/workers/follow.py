@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from engine.automode.state import AutoModeState
 from engine.errors import ConfigError, NotFoundError
+from engine.runs import RunMode
 from engine.store.backend import AnyDatabase
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord, TurnState
 from engine.workers.store import Placement, WorkerStore
@@ -47,7 +48,8 @@ _FINGERPRINT: Final = (
 
 @dataclass(frozen=True, slots=True)
 class TurnStarted:
-    """A turn began on ``worker`` (``attempt`` > 1: a cut-off turn run again)."""
+    """A turn began on ``worker`` (``attempt`` > 1: a cut-off turn run again); ``state``
+    None: a turn of an autopilot drive (which keeps no auto-mode state)."""
 
     run_id: str
     seq: int
@@ -55,17 +57,18 @@ class TurnStarted:
     phase: str | None
     worker: str | None
     started_at: float
-    state: AutoModeState
+    state: AutoModeState | None
 
 
 @dataclass(frozen=True, slots=True)
 class TurnEnded:
-    """A turn ended: finished (with its output and exit code), failed or interrupted."""
+    """A turn ended: finished (with its output and exit code), failed or interrupted;
+    ``state`` None: a turn of an autopilot drive."""
 
     run_id: str
     turn: TurnRecord
     worker: str | None
-    state: AutoModeState
+    state: AutoModeState | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,7 @@ class RunEnded:
 
     @property
     def state(self) -> AutoModeState | None:
-        return AutoModeState.from_json(self.record.state) if self.record is not None else None
+        return _auto_state(self.record) if self.record is not None else None
 
 
 RunEvent = TurnStarted | TurnEnded | Waiting | RunEnded
@@ -162,7 +165,7 @@ class RunFollower:
     def _turn_events(
         self, turns: Iterable[TurnRecord], record: RunRecord, placement: Placement
     ) -> list[RunEvent]:
-        state = AutoModeState.from_json(record.state)
+        state = _auto_state(record)
         found: list[RunEvent] = []
         for turn in turns:
             key = (turn.seq, turn.attempt)
@@ -185,6 +188,11 @@ class RunFollower:
                     TurnEnded(self.run_id, turn, placement.last_worker or placement.worker, state)
                 )
         return found
+
+
+def _auto_state(record: RunRecord) -> AutoModeState | None:
+    """An auto run's state; None for an autopilot drive's run (its task holds its state)."""
+    return AutoModeState.from_json(record.state) if record.mode == RunMode.AUTO else None
 
 
 async def run_or_none(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
