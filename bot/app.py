@@ -60,6 +60,7 @@ from engine.store.backend import open_database
 from engine.store.database import Database
 from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
+from engine.workers.store import WorkerStore
 from engine.workspace.store import SqliteWorkspaceStore
 
 if TYPE_CHECKING:
@@ -460,7 +461,12 @@ class BotRuntime:
         # only tells the chats and lets each feature resume what the report says.
         # A drive of a chat's task that a terminal took over and still runs is left alone.
         assert self.gates is not None
-        report = await self.supervisor.recover(drive_alive=self.gates.drive_alive)
+        # The turns of runs placed on the workers are theirs (a lost worker's are cut off by
+        # the worker that takes the run over): a start-up here neither ends nor kills them.
+        on_workers = [p.run_id for p in await WorkerStore(self.db).placements() if not p.ended]
+        report = await self.supervisor.recover(
+            drive_alive=self.gates.drive_alive, elsewhere=on_workers
+        )
         for cut in report.cut_off:
             turn, run = cut.turn, cut.run
             if run.chat_id is None:

@@ -291,3 +291,38 @@ async def test_a_bot_restart_mid_run_resumes_following_without_duplicates(
         ]
         assert statuses == [status, report], [_texts(m) for m in statuses]
         assert len(api.sent) == 3, [_texts(m)[-1][:50] for m in api.sent]
+
+
+async def test_a_bot_starting_while_a_turn_runs_on_a_worker_leaves_that_turn_alone(
+    cluster: Cluster,
+) -> None:
+    """The bot's start-up recovery ends and kills the turns a crash of its own cut off; a
+    turn recorded started by a worker (same database, same machine here) is not one: the
+    restarted bot must neither mark it interrupted nor kill its agent, or the run (its turn
+    "moved on" under its worker) never ends."""
+    gate = cluster.tmp / "gate"
+    _script(cluster, wait_file=gate)
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api:
+        async with _bot(cluster, api):
+            run_id, status, _ = await _auto(api)
+            await api.wait_until(lambda: "Execute running on worker w1" in status.text, timeout=60)
+        # The Execute turn still runs on its worker (it waits for the gate) while the bot
+        # starts again and recovers.
+        async with _bot(cluster, api):
+            rows = cluster.query(
+                "SELECT state FROM turns WHERE run_id = %s AND phase = 'execute'", run_id
+            )
+            assert rows == [("started",)]
+            gate.write_text("")
+            report = await api.wait_for_message(
+                lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
+            )
+            document = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+            await api.wait_until(lambda: "✅ finished" in status.text)
+            assert document.document is not None
+            assert document.document.count(b"Execute, exit 0]") == 1
+        states = cluster.query("SELECT DISTINCT state FROM turns WHERE run_id = %s", run_id)
+        assert states == [("finished",)]
+        assert [m for m in api.sent if m.text.startswith(f"Auto run {run_id}:")] == [report]
+        assert len(api.sent) == 3, [_texts(m)[-1][:50] for m in api.sent]

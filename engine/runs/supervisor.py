@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -281,7 +281,9 @@ class RunSupervisor:
 
     # -- start-up ----------------------------------------------------------------------
 
-    async def recover(self, *, drive_alive: DriveProbe | None = None) -> Recovery:
+    async def recover(
+        self, *, drive_alive: DriveProbe | None = None, elsewhere: Collection[str] = ()
+    ) -> Recovery:
         """The one start-up recovery path (call once, before any run starts).
 
         Turns still recorded as started were cut off: what they left running is killed and
@@ -292,8 +294,10 @@ class RunSupervisor:
         Args:
             drive_alive: tells a drive still alive in another process (a terminal took the
                 task over): it is not reported. None: no drive is alive elsewhere.
+            elsewhere: runs whose turns another process runs (on the workers): their
+                started turns are not this process's, and are left alone.
         """
-        interrupted = await self.runs.mark_interrupted()
+        interrupted = await self.runs.mark_interrupted(leave=elsewhere)
         # What a cut-off turn left running dies first (the watchdog of the process that
         # ran it normally did that already, unless it was killed too).
         for turn in interrupted:

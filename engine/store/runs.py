@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -181,7 +181,7 @@ class RunStore(Protocol):
 
     async def turns(self, run_id: str) -> list[TurnRecord]: ...
 
-    async def mark_interrupted(self) -> list[TurnRecord]: ...
+    async def mark_interrupted(self, *, leave: Collection[str] = ()) -> list[TurnRecord]: ...
 
 
 _RUN_FIELDS = frozenset(
@@ -421,24 +421,27 @@ class SqliteRunStore:
         )
         return [TurnRecord.from_row(r) for r in rows]
 
-    async def mark_interrupted(self) -> list[TurnRecord]:
-        """On start-up: every turn still marked started was cut off by a crash."""
+    async def mark_interrupted(self, *, leave: Collection[str] = ()) -> list[TurnRecord]:
+        """On start-up: every turn still marked started was cut off by a crash, but those of
+        the runs ``leave`` (held by another process sharing the database: a worker's)."""
         rows = await self._db.fetchall(
             "SELECT * FROM turns WHERE state = ?", (TurnState.STARTED.value,)
         )
-        if not rows:
+        ids = [r["id"] for r in rows if r["run_id"] not in leave]
+        if not ids:
             return []  # (and no empty "IN ()", which PostgreSQL refuses)
+        marks = ",".join("?" * len(ids))
         await self._db.execute(
-            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE state = ?",
+            f"UPDATE turns SET state = ?, error = ?, finished_at = ?"  # noqa: S608 - only marks
+            f" WHERE state = ? AND id IN ({marks})",
             (
                 TurnState.INTERRUPTED.value,
                 "the process stopped while this turn ran",
                 self._clock(),
                 TurnState.STARTED.value,
+                *ids,
             ),
         )
-        ids = [r["id"] for r in rows]
-        marks = ",".join("?" * len(ids))
         refreshed = await self._db.fetchall(
             f"SELECT * FROM turns WHERE id IN ({marks}) ORDER BY id",  # noqa: S608 - only marks
             ids,
