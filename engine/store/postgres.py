@@ -49,6 +49,9 @@ _LOGGER = logging.getLogger(__name__)
 # While the server is away the pool logs every failed reconnect (a warning of several lines
 # each); the store's own error says it once, with the reason.
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+#: How often a transaction's first statement is tried on fresh connections when the server
+#: dropped the one it had (nothing of the transaction was written yet).
+_FRESH_TRIES: Final = 3
 # pg_advisory_xact_lock key of the migrations ("trnstl" in ASCII).
 _MIGRATION_LOCK: Final = 0x74726E73746C
 _BOOKKEEPING: Final = (
@@ -194,17 +197,20 @@ class PgConnection:
             return PgCursor(cursor, self._where)
         if self.begun:
             return await self._pipelined(query, params)
-        try:
-            return await self._pipelined(query, params)
-        except StoreUnreachableError:
-            if self._database is None or not self.conn.broken:
-                raise
-            # Nothing of this transaction reached the server: the same, on a fresh one.
+        for _ in range(_FRESH_TRIES - 1):
+            try:
+                return await self._pipelined(query, params)
+            except StoreUnreachableError:
+                if self._database is None:
+                    raise
+            # Nothing of this transaction reached the server (its BEGIN went with this
+            # statement): the same on a fresh connection. The pool may hand out a second
+            # connection the server dropped before noticing it, hence more than one try.
             self.begun = False
             self.lent = False  # given back by _swap; a fresh one may not come
             self.conn = await self._database._swap(self.conn)
             self.lent = True
-            return await self._pipelined(query, params)
+        return await self._pipelined(query, params)
 
     async def _pipelined(self, query: Any, params: tuple[Any, ...]) -> PgCursor:
         """``BEGIN`` (if not sent yet), the queued statements and this one: one round trip.
