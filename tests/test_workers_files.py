@@ -9,17 +9,15 @@ fake Bot API on 127.0.0.1) and the fake agent CLI.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.automode_support import agent_log, write_script
-from tests.fakes.bot_api import FakeBotApi
-from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
-from tests.workers_support import HEARTBEAT, TIMEOUT, Cluster
+from tests.fakes.bot_harness import CHAT, OPERATOR
+from tests.test_workers_chat import _bot  # the bot bound to a chat on the workers
+from tests.workers_support import Cluster
 from tests.workers_support import cluster as cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,26 +41,6 @@ def _script(cluster: Cluster) -> None:
         ],
     )
     cluster.env["TURNSTILE_PROJECTS"] = f"default={cluster.remote}#main"
-
-
-@contextlib.asynccontextmanager
-async def _bot(cluster: Cluster) -> AsyncIterator[FakeBotApi]:
-    root = cluster.tmp / "bot"
-    root.mkdir(exist_ok=True)
-    async with FakeBotApi() as api:
-        settings = bot_settings(
-            api,
-            root,
-            database=cluster.url,
-            execution="workers",
-            projects=cluster.env["TURNSTILE_PROJECTS"],
-            worker_heartbeat=float(HEARTBEAT),
-            worker_timeout=float(TIMEOUT),
-        )
-        async with running_bot(api, settings):
-            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
-            await api.wait_for_message(lambda m: "bound to a new command session" in m.text)
-            yield api
 
 
 async def test_a_file_goes_to_the_worker_and_files_come_back(cluster: Cluster) -> None:
