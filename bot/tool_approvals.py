@@ -4,7 +4,8 @@ With ``TURNSTILE_TOOL_APPROVAL`` on, a chat session's Claude Code asks turnstile
 permission server before a tool call its allowlist does not cover; the request lands in
 the store, this extension posts it to the run's chat, and the press decides it. Who may
 decide: approvers (and admins), and the operator who bound the session unless
-``TURNSTILE_FORBID_SELF_APPROVAL``. Every decision and every refused press is audited.
+``TURNSTILE_FORBID_SELF_APPROVAL``. A press counts only on the request's own message
+(not before it is delivered). Every decision and every refused press is audited.
 
 ``/stop`` ends the turn (the permission server dies with the CLI) and the request's
 buttons go. A bot shutdown while a request waits parks that turn: it runs again after the
@@ -36,7 +37,6 @@ from engine.approvals import (
     describe_key,
     summarize,
 )
-from engine.approvals.route import write_passfile
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
 from engine.runs import Recovery
@@ -53,6 +53,9 @@ RESTARTED: Final = "the bot restarted while it waited"
 STOPPED: Final = "the turn was stopped"
 PARKED: Final = RESTARTED + "; the turn runs again and asks again"
 SHUTTING_DOWN: Final = "the bot is shutting down; the agent was told no"
+MISPLACED: Final = "⛔ This button does not belong to this message."
+UNDELIVERED: Final = "its message is not delivered yet"
+NOT_YET: Final = "⏳ This request's message is still being delivered; press again."
 
 
 def _ref(request_id: int) -> str:
@@ -116,7 +119,6 @@ class ToolApprovalExtension(Feature):
         self._started = asyncio.Event()
         self._failed: Exception | None = None
         self._closing = False
-        self._passfile_path: str | None = None
         ctx.chats.approvals = self.route
 
     def register(self, dispatch: Dispatch) -> None:
@@ -124,15 +126,6 @@ class ToolApprovalExtension(Feature):
         dispatch.buttons(rf"^{PREFIX}:\d+:[osd]\Z", None, self.on_button)
 
     # -- wiring runs -------------------------------------------------------------------
-
-    def _passfile(self) -> str | None:
-        """The PostgreSQL password file in the watcher's private folder (written once)."""
-        folder = self.watcher.folder
-        if folder is None:
-            return None
-        if self._passfile_path is None or not self._passfile_path.startswith(folder):
-            self._passfile_path = write_passfile(self.ctx.settings.database, folder)
-        return self._passfile_path
 
     async def route(self, run_id: str, binding: Binding) -> ApprovalRoute | None:
         """Where a new chat run's permission requests go (None: the policy is off)."""
@@ -149,7 +142,6 @@ class ToolApprovalExtension(Feature):
             policy=self.policy,
             starter=starter,
             wake=self.watcher.wake_path,
-            passfile=self._passfile(),
         )
 
     def routes_for(self, tool: str, starter: int | None) -> ApprovalFor | None:
@@ -164,7 +156,6 @@ class ToolApprovalExtension(Feature):
                 policy=self.policy,
                 starter=starter,
                 wake=self.watcher.wake_path,
-                passfile=self._passfile(),
             )
 
         return route_for
@@ -249,7 +240,8 @@ class ToolApprovalExtension(Feature):
         except NotFoundError:
             await self.ctx.replies.answer(update, "This request is unknown.")
             return
-        refusal = self._refusal(user.id, chat.id, request)
+        misplaced = await self._misplaced(update, request)
+        refusal = misplaced or self._refusal(user.id, chat.id, request)
         if refusal is not None:
             await self.ctx.store.audit(
                 action="tool_approval",
@@ -260,8 +252,11 @@ class ToolApprovalExtension(Feature):
                 reason=f"request {request.id} ({request.tool}): {refusal}",
             )
             _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
-            said = refusal[0].upper() + refusal[1:]
-            await self.ctx.replies.answer(update, f"⛔ {said}. Your id: {user.id}")
+            if misplaced is not None:
+                answer = NOT_YET if misplaced == UNDELIVERED else MISPLACED
+            else:
+                answer = f"⛔ {refusal[0].upper()}{refusal[1:]}. Your id: {user.id}"
+            await self.ctx.replies.answer(update, answer)
             return
         decision, scope = choice
         result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
@@ -288,6 +283,28 @@ class ToolApprovalExtension(Feature):
         await self._refresh(decided)
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
+
+    async def _misplaced(self, update: Update, request: ToolRequest) -> str | None:
+        """Why this press is not one on the request's own message (None: it is).
+
+        The data of a button is the client's to send: a press counts only on the message
+        the request was posted as. A message id is unique within its chat, so the chat and
+        the message pin the forum topic too.
+        """
+        query = update.callback_query
+        chat = update.effective_chat
+        pressed = query.message if query is not None else None
+        live = await self.ctx.store.get_live(_ref(request.id))
+        if live is None or live.message_id is None:
+            return UNDELIVERED
+        if pressed is None or chat is None:
+            return "pressed on no message"
+        if (chat.id, pressed.message_id) != (live.chat_id, live.message_id):
+            return (
+                f"pressed on message {pressed.message_id} in chat {chat.id}, not on its own "
+                f"(message {live.message_id} in chat {live.chat_id})"
+            )
+        return None
 
     def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
         """Why ``user_id`` may not decide ``request`` (None: they may)."""

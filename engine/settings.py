@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -18,6 +19,7 @@ __all__ = ["SECRET_SETTINGS", "AgentName", "Settings", "load_settings"]
 
 AgentName = Literal["claude", "copilot", "codex", "command"]
 IdList = Annotated[tuple[int, ...], NoDecode]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 # A SQLite file (the default) or a postgresql:// URL (its password never shown).
 DatabaseTarget = Annotated[Path | PostgresURL, BeforeValidator(parse_database)]
 
@@ -79,6 +81,13 @@ class Settings(BaseSettings):
     dangerous_tools: bool = False
     # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all
     tool_approval: Literal["off", "unlisted", "all"] = "off"
+    # The agent's walls (engine/sandbox.py, docs/security.md): every agent turn runs under
+    # bubblewrap unless an operator turns it off; more paths to hide; its network.
+    sandbox: Literal["on", "off"] = "on"
+    sandbox_hide: Annotated[tuple[Path, ...], NoDecode] = ()
+    sandbox_network: bool = True
+    # Variables (names, or NAME* prefixes) agents get besides those their CLI needs.
+    agent_env: Annotated[tuple[str, ...], NoDecode] = ()
 
     # Limits owned by channels (operator policy, never turn timeouts)
     max_concurrent_turns: int = Field(default=4, ge=1)
@@ -203,6 +212,26 @@ class Settings(BaseSettings):
         if value.strip().startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError("a folder name inside the run's folder, such as uploads")
         return "/".join(parts)
+
+    @field_validator("sandbox_hide", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(Path(p.strip()) for p in value.split(",") if p.strip())
+        return value
+
+    @field_validator("agent_env", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(p.strip() for p in value.split(",") if p.strip())
+        if isinstance(value, tuple):
+            for name in value:
+                if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                    raise ValueError(f"expected variable names or NAME* prefixes; got {name!r}")
+                if name.upper().startswith("TURNSTILE_"):
+                    raise ValueError(f"turnstile's own settings never reach an agent: {name}")
+        return value
 
     @field_validator("allowed_tools", "upload_refused_types", mode="before")
     @classmethod

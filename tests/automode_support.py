@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support import clean_env
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
 AGENT_CMD = f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
@@ -97,7 +99,7 @@ def cli_env(
     tmp: Path, script: Path | None, *, log: Path | None = None, extra: Mapping[str, str] = ()
 ) -> dict[str, str]:
     """The environment of a ``turnstile`` subprocess: isolated settings, fake agent, git id."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env.update(GIT_ENV)
     env["TURNSTILE_DATABASE"] = str(tmp / "turnstile.db")
     env["TURNSTILE_RUNS_DIR"] = str(tmp / "runs")

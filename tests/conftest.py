@@ -18,6 +18,7 @@ from tests.pg_support import (  # noqa: F401 - fixtures
     pg_cluster,
     pg_url,
 )
+from tests.support import UNCONFINED
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -25,6 +26,8 @@ FAKE_AGENT = REPO / "tests" / "fake_agent.py"
 # Loopback only: httpx and aiohttp must never route test traffic through a proxy.
 os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 os.environ["no_proxy"] = "127.0.0.1,localhost"
+# The scripted fake agents run unconfined unless a test puts them in the sandbox.
+os.environ.update(UNCONFINED)
 
 
 @pytest.fixture
@@ -39,6 +42,8 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for key in list(os.environ):
         if key.startswith("TURNSTILE_"):
             monkeypatch.delenv(key)
+    for key, value in UNCONFINED.items():
+        monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

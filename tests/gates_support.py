@@ -26,6 +26,7 @@ from engine.store.backend import open_database
 from engine.store.location import PostgresURL
 from tests import support
 from tests.pg_support import PgCluster
+from tests.support import clean_env
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -141,7 +142,7 @@ def database_setting(settings: Settings) -> str:
 
 
 def cli_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env.update(
         {
             "TURNSTILE_DATABASE": database_setting(settings),

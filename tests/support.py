@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,9 +20,31 @@ from typing import Any, TypeVar
 
 from engine.settings import Settings
 
-__all__ = ["alive", "make_settings", "race_two", "wait_for_file", "wait_until"]
+__all__ = [
+    "UNCONFINED",
+    "alive",
+    "clean_env",
+    "make_settings",
+    "race_two",
+    "wait_for_file",
+    "wait_until",
+]
 
 T = TypeVar("T")
+
+# The scripted fake agents live beside the test's database and report through FAKE_*
+# variables: the suites that are not about the sandbox run them unconfined, with those
+# variables passed on, as an operator would configure it (tests/test_sandbox*.py and the
+# real-CLI suites run the agents in the sandbox).
+UNCONFINED: dict[str, str] = {"TURNSTILE_SANDBOX": "off", "TURNSTILE_AGENT_ENV": "FAKE_*"}
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without turnstile's settings, with :data:`UNCONFINED`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.update(UNCONFINED)
+    return env
+
 
 # A loaded machine (2 cores, several sessions) can be slow to start a python; a deadline
 # is a bound on a hang, never a timing target.

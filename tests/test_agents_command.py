@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents import CommandAgent, ToolAllowlist, build_turn_argv, parse_template
+from engine.agents import (
+    AgentOptions,
+    CommandAgent,
+    ToolAllowlist,
+    build_turn_argv,
+    parse_template,
+)
 from engine.agents.factory import create_agent
 from engine.errors import ConfigError, InvalidPromptError, TurnExecError
 from engine.settings import Settings
@@ -129,7 +135,8 @@ async def test_session_loop_over_fake_agent_resumes_same_session(
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("FAKE_AGENT_LOG", str(log))
     monkeypatch.setenv("FAKE_AGENT_STATE", str(tmp_path / "state"))
-    agent = CommandAgent(fake_agent_cmd, cwd=tmp_path, session_id="chat-1")
+    options = AgentOptions(binary=sys.executable, cwd=tmp_path, pass_env=("FAKE_*",))
+    agent = CommandAgent(fake_agent_cmd, cwd=tmp_path, options=options, session_id="chat-1")
     assert isinstance(agent, AgentSession)
     channel = RecordingChannel(["one", "two", "three"])
     await run_session_loop(agent, channel)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from engine.commands.backup import backup_database
 from engine.errors import ConfigError
 from engine.store import Database
+from tests.support import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ print(n, flush=True)
 
 
 def _env(database: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env.update(TURNSTILE_DATABASE=str(database), PYTHONPATH=str(ROOT))
     return env
 

@@ -26,6 +26,7 @@ from tests.fakes.bot_harness import (
     write_script,
 )
 from tests.gates_support import EventSink, phase_rules
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
 
@@ -209,6 +210,65 @@ async def test_a_gate_approved_elsewhere_goes_stale_in_the_chat(
             lambda: any(a.get("text") == "This gate is closed." for a in api.callback_answers)
         )
     assert not any(m.text.startswith("✅ Approved T4") for m in api.sent)
+
+
+async def _press(api: FakeBotApi, *, chat_id: int, data: str, message_id: int) -> str:
+    """An approver's press; the bot's answer to it."""
+    answered = len(api.callback_answers)
+    api.push_callback(chat_id=chat_id, user_id=APPROVER, data=data, message_id=message_id)
+    await api.wait_until(lambda: len(api.callback_answers) > answered)
+    return str(api.callback_answers[-1].get("text", ""))
+
+
+async def test_gate_buttons_count_only_on_the_gate_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_chat = -1002
+    write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, allowed_chats=(CHAT, other_chat))
+        async with running_bot(api, settings) as rt:
+            # a message of the bot in another allowed chat, for a forged press to be on
+            api.push_message(chat_id=other_chat, user_id=OPERATOR, text="/help")
+            elsewhere = await api.wait_for_message(lambda m: m.chat_id == other_chat)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T7")
+            started = await api.wait_for_message(
+                lambda m: "Autopilot for task T7 started" in m.text
+            )
+            gate = await _gate_message(api, "research")
+            approve, reject = (b["callback_data"] for b in gate.buttons)
+            gate_id = approve.split(":")[1]
+
+            async def delivered() -> bool:
+                live = await rt.store.get_live(f"gate:{gate_id}")
+                return live is not None and live.message_id == gate.message_id
+
+            await wait_until(delivered)
+            forged = [
+                (other_chat, elsewhere.message_id),  # another allowed chat
+                (other_chat, gate.message_id),  # the gate's message id, in another chat
+                (CHAT, started.message_id),  # another message in the gate's chat
+            ]
+            for data in (approve, reject):
+                for chat, message in forged:
+                    answer = await _press(api, chat_id=chat, data=data, message_id=message)
+                    assert answer == "⛔ This button does not belong to this message."
+            # nothing was decided, no reason was asked for, the gate still waits
+            assert not any("why reject" in m.text for m in api.sent)
+            assert "Waiting for approval" in gate.text
+            assert gate.buttons
+            assert (await Gates(rt.db, rt.settings).open_gate("T7")) is not None
+            refused = [
+                (e.action, e.chat_id)
+                for e in reversed(await rt.store.audit_entries())
+                if e.outcome == "refused" and f"gate {gate_id}" in (e.reason or "")
+            ]
+            assert refused == [("approve", c) for c, _ in forged] + [
+                ("reject", c) for c, _ in forged
+            ]
+            # the press on the gate's own message still approves it
+            await _press(api, chat_id=CHAT, data=approve, message_id=gate.message_id)
+            await api.wait_for_message(approved("T7", "research"))
 
 
 async def test_stop_task_stops_the_drive_and_autopilot_resumes_it(

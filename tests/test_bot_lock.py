@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.app import BotRuntime
+from engine.store.location import PostgresURL
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import bot_settings, running_bot
 from tests.pg_support import PgCluster
@@ -149,9 +150,10 @@ async def test_tool_approvals_run_on_postgresql(tmp_path: Path, pg_url: str) -> 
             assert ext._failed is None
             route = ext.routes_for("claude", None)
             assert route is not None
-            # The approval server is told the server, never a file.
-            env = route("r1").server_env()
-            assert env["TURNSTILE_APPROVAL_DATABASE"] == pg_url
+            # The permission server (in the bot's process) opens the server, never a file.
+            target = route("r1").database
+            assert isinstance(target, PostgresURL)
+            assert target.conninfo() == pg_url
 
 
 async def test_an_advisory_lock_excludes_a_second_holder_until_released(pg_url: str) -> None:

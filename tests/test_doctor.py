@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import sys
 import time
@@ -31,7 +30,7 @@ from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import TOKEN as FAKE_API_TOKEN
 from tests.fakes.bot_api import FakeBotApi
 from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
-from tests.support import make_settings
+from tests.support import clean_env, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
@@ -103,7 +102,7 @@ def _settings(tmp_path: Path, **overrides: object) -> Settings:
 
 
 def _env(tmp_path: Path, base_url: str, token: str = TOKEN) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     codex = _fake_cli(tmp_path, "codex", 'echo "codex-cli 0.171.0"')
     env.update(
         TURNSTILE_TELEGRAM_TOKEN=token,
@@ -239,7 +238,7 @@ def test_empty_settings_fail_each_with_a_fix(
 
 
 async def test_missing_env_file_is_named(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(ROOT)
     code, out, _ = await _doctor(tmp_path, env, "--offline")
     assert code == 1
@@ -369,7 +368,7 @@ async def test_command_agent_found(tmp_path: Path) -> None:
 async def test_env_example_copied_as_is_gives_the_readme_first_run(tmp_path: Path) -> None:
     """README command 1 on a fresh machine: `cp -n .env.example .env`, then `turnstile bot`."""
     (tmp_path / ".env").write_text((ROOT / ".env.example").read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(ROOT)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

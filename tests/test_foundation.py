@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from engine.settings import load_settings
 from engine.store import Database, RunStatus, SqliteRunStore, TurnState
 from engine.turn import TurnOutput
 from tests.conftest import REPO
+from tests.support import clean_env as _clean_env
 
 TURNSTILE = [sys.executable, "-m", "engine.cli"]
 
@@ -74,7 +74,7 @@ def run_cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedP
 
 
 def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = _clean_env()
     env["PYTHONPATH"] = str(REPO)
     return env
 

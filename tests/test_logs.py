@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import logging
-import os
 import shlex
 import sys
 import threading
@@ -23,6 +22,7 @@ from engine.settings import Settings
 from engine.store import Database
 from engine.testing import RecordingChannel, ScriptedSession
 from engine.turn import TurnOutput, run_session_loop
+from tests.support import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-Jc"
@@ -228,7 +228,7 @@ async def test_full_command_scenario_never_prints_the_token(
     )
     async with Database(tmp_path / "turnstile.db"):
         pass
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env.update(PYTHONPATH=str(ROOT), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1")
     commands = [
         ["--help"],

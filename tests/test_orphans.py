@@ -54,11 +54,12 @@ PARENT = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from engine.agents import CommandAgent
+    from engine.agents import AgentOptions, CommandAgent
 
     folder = Path(sys.argv[1])
     template = f"{sys.executable} {folder / 'agent.py'} {folder} {{prompt}}"
-    asyncio.run(CommandAgent(template, cwd=folder).run_turn("go"))
+    options = AgentOptions(binary=sys.executable, cwd=folder, pass_env=("FAKE_*",))
+    asyncio.run(CommandAgent(template, cwd=folder, options=options).run_turn("go"))
     """
 )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.agents import AgentOptions
 from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
 from engine.process import (
     PreemptHandle,
@@ -280,7 +281,8 @@ async def test_serial_driver_with_real_processes_records_no_overlap(
         steps = [{"sleep": 0.2, "text": "t{turn}"}] * 4
         (tmp_path / "script.json").write_text(json.dumps({"replies": steps}))
         os.environ["FAKE_AGENT_SCRIPT"] = str(tmp_path / "script.json")
-        agent = CommandAgent(fake_agent_cmd, cwd=tmp_path, session_id="serial")
+        options = AgentOptions(binary=sys.executable, cwd=tmp_path, pass_env=("FAKE_*",))
+        agent = CommandAgent(fake_agent_cmd, cwd=tmp_path, options=options, session_id="serial")
         driver = SerialTurnDriver(agent)
         await asyncio.gather(*(driver.run_turn(f"p{i}") for i in range(4)))
     finally:

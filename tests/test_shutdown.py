@@ -30,7 +30,7 @@ from engine.store import SqliteRunStore, open_database
 from tests.bot_process import CHAT, FAKE_AGENT, OPERATOR, ROOT, BotProcess, bot_env, spawn
 from tests.db_support import Target, setting
 from tests.fakes.bot_api import FakeBotApi
-from tests.support import alive, wait_for_file, wait_until
+from tests.support import UNCONFINED, alive, wait_for_file, wait_until
 
 
 def _env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
@@ -270,6 +270,7 @@ async def test_readme_quick_start_from_env_example_to_an_answer(
 ) -> None:
     """The README's quick start, step by step, with only .env edited (no TURNSTILE_ env)."""
     env = {k: v for k, v in _env(tmp_path, api).items() if not k.startswith("TURNSTILE_")}
+    env.update(UNCONFINED)  # the fake agent's script lies beside the database
     command = f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
     # Steps 1-3: a token (and, here, the fake server's URL) in .env; the lists stay empty.
     first = {"telegram_token": api.token, "telegram_base_url": api.base_url}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from engine.store.postgres import PostgresDatabase
 from engine.turn import TurnOutput
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
-from tests.support import race_two
+from tests.support import clean_env, race_two
 
 REPO = Path(__file__).resolve().parent.parent
 SUPERGROUP = -1001234567890123  # beyond a 4-byte INTEGER
@@ -624,7 +623,7 @@ async def test_a_dropped_connection_is_replaced_and_a_cut_transaction_leaves_not
 def test_terminal_tool_approvals_go_to_the_server_and_never_fall_back_to_a_file(
     tmp_path: Path, command: list[str]
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env["TURNSTILE_DATABASE"] = "postgresql://bob:hunter2-secret@127.0.0.1:9/team"
     # Tool approvals at the terminal open the server too (nobody listens on port 9).
     env["TURNSTILE_TOOL_APPROVAL"] = "all"

@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,9 @@ from engine.approvals import (
     grant_key,
     summarize,
 )
+from engine.approvals.listener import ApprovalListener
 from engine.approvals.mcp_server import answer_for
-from engine.approvals.route import write_passfile
+from engine.errors import TurnExecError
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import Database
@@ -43,6 +43,7 @@ from engine.store.runs import SqliteRunStore
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
 from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
+from tests.support import wait_until
 
 
 @pytest.mark.parametrize(
@@ -195,7 +196,7 @@ async def test_cancel_pending_by_run(db: AnyDatabase) -> None:
 # -- flags ----------------------------------------------------------------------------
 
 
-def _claude(tmp_path: Path, policy: ApprovalPolicy | None, allow: list[str]) -> list[str]:
+async def _claude(tmp_path: Path, policy: ApprovalPolicy | None, allow: list[str]) -> list[str]:
     route = (
         ApprovalRoute(database=tmp_path / "t.db", run_id="r1", policy=policy) if policy else None
     )
@@ -206,14 +207,18 @@ def _claude(tmp_path: Path, policy: ApprovalPolicy | None, allow: list[str]) -> 
         approval=route,
     )
     agent = ClaudeAgent(options)
-    return agent.turn_argv("claude") + [f"{k}={v}" for k, v in agent.turn_env().items()]
+    if route is None:
+        return agent.turn_argv("claude") + [f"{k}={v}" for k, v in agent.turn_env().items()]
+    async with ApprovalListener(route) as listener:
+        agent._listener = listener
+        return agent.turn_argv("claude") + [f"{k}={v}" for k, v in agent.turn_env().items()]
 
 
-def test_claude_flags_per_policy(tmp_path: Path) -> None:
-    off = _claude(tmp_path, None, ["bash"])
+async def test_claude_flags_per_policy(tmp_path: Path) -> None:
+    off = await _claude(tmp_path, None, ["bash"])
     assert "--allowedTools=Bash" in off
     assert "--permission-prompt-tool" not in off
-    unlisted = _claude(tmp_path, ApprovalPolicy.UNLISTED, ["bash"])
+    unlisted = await _claude(tmp_path, ApprovalPolicy.UNLISTED, ["bash"])
     assert "--allowedTools=Bash" in unlisted
     assert unlisted[unlisted.index("--permission-prompt-tool") + 1] == PERMISSION_TOOL
     assert f"--disallowedTools={PERMISSION_TOOL}" in unlisted
@@ -221,11 +226,22 @@ def test_claude_flags_per_policy(tmp_path: Path) -> None:
     assert "MCP_TOOL_TIMEOUT=2147483647" in unlisted
     config = json.loads(unlisted[unlisted.index("--mcp-config") + 1])
     server = config["mcpServers"]["turnstile"]
-    assert server["args"] == ["-P", "-m", "engine.approvals.mcp_server"]
-    assert server["env"]["TURNSTILE_APPROVAL_RUN"] == "r1"
-    every = _claude(tmp_path, ApprovalPolicy.ALL, ["bash"])
+    # The CLI starts a relay to the listener's socket: its argv names no database, no run.
+    assert server["args"][:2] == ["-I", "-S"]
+    assert server["args"][2].endswith("relay.py")
+    assert server["env"] == {}
+    assert "t.db" not in json.dumps(config)
+    assert "TURNSTILE" not in json.dumps(config)
+    every = await _claude(tmp_path, ApprovalPolicy.ALL, ["bash"])
     assert not any(a.startswith("--allowedTools") for a in every)
     assert "--permission-prompt-tool" in every
+
+
+def test_a_turn_without_its_listener_is_refused(tmp_path: Path) -> None:
+    route = ApprovalRoute(database=tmp_path / "t.db", run_id="r1", policy=ApprovalPolicy.ALL)
+    agent = ClaudeAgent(AgentOptions(binary="claude", cwd=tmp_path, approval=route))
+    with pytest.raises(TurnExecError, match="permission server"):
+        agent.turn_argv("claude")
 
 
 def test_only_claude_gets_a_route(tmp_path: Path) -> None:
@@ -240,15 +256,15 @@ def test_only_claude_gets_a_route(tmp_path: Path) -> None:
 # -- the MCP server, spoken to over stdio ---------------------------------------------
 
 
-async def _call_server(route: ApprovalRoute, arguments: dict[str, Any]) -> Any:
+async def _call_server(listener: ApprovalListener, arguments: dict[str, Any]) -> Any:
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-P", "-m", "engine.approvals.mcp_server"],
-        env=route.server_env(),
-    )
+    # What the CLI starts: the relay named by the MCP config, with the CLI's environment.
+    server = listener.mcp_config()["mcpServers"]
+    assert isinstance(server, dict)
+    spec = server["turnstile"]
+    params = StdioServerParameters(command=spec["command"], args=spec["args"], env={})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = await session.list_tools()
@@ -261,35 +277,35 @@ async def test_the_server_waits_for_the_decision_and_answers_in_one_text_block(
     db: AnyDatabase, tmp_path: Path
 ) -> None:
     store = SqliteApprovalStore(db)
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    route = ApprovalRoute(
-        database=_target(db),
-        run_id="r9",
-        policy=ApprovalPolicy.UNLISTED,
-        passfile=write_passfile(_target(db), str(private)),
-    )
-    # What the CLI's argv shows (the MCP config) never holds the password.
-    assert PASSWORD not in json.dumps(route.mcp_config())
-    if route.passfile is not None:
-        assert stat.S_IMODE(os.stat(route.passfile).st_mode) == 0o600
-    arguments = {"tool_name": "Bash", "input": {"command": "touch x"}, "tool_use_id": "toolu_1"}
-    call = asyncio.create_task(_call_server(route, arguments))
-    while not (pending := await store.pending(run_id="r9")):
-        assert not call.done(), call
-        await asyncio.sleep(0.05)
-    [request] = pending
-    assert (request.tool, dict(request.input), request.tool_use_id) == (
-        "Bash",
-        {"command": "touch x"},
-        "toolu_1",
-    )
-    assert not call.done()
-    await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=3)
-    result = await asyncio.wait_for(call, 60)
+    route = ApprovalRoute(database=_target(db), run_id="r9", policy=ApprovalPolicy.UNLISTED)
+    async with ApprovalListener(route) as listener:
+        # What the CLI's argv shows (the MCP config) names no database and no password.
+        assert PASSWORD not in json.dumps(listener.mcp_config())
+        assert str(_target(db)) not in json.dumps(listener.mcp_config())
+        assert stat.S_IMODE(os.stat(listener.folder).st_mode) == 0o700
+        arguments = {
+            "tool_name": "Bash",
+            "input": {"command": "touch x"},
+            "tool_use_id": "toolu_1",
+        }
+        call = asyncio.create_task(_call_server(listener, arguments))
+        while not (pending := await store.pending(run_id="r9")):
+            assert not call.done(), call
+            await asyncio.sleep(0.05)
+        [request] = pending
+        assert (request.tool, dict(request.input), request.tool_use_id) == (
+            "Bash",
+            {"command": "touch x"},
+            "toolu_1",
+        )
+        assert not call.done()
+        await store.decide(request.id, Decision.ALLOWED, scope=Scope.ONCE, by=3)
+        result = await asyncio.wait_for(call, 60)
+        folder = listener.folder
     [block] = result.content
     assert block.type == "text"
     assert json.loads(block.text) == {"behavior": "allow", "updatedInput": {"command": "touch x"}}
+    assert not folder.exists()
 
 
 # -- the bot, with requests written to the store directly ----------------------------
@@ -331,6 +347,93 @@ async def test_self_approval_can_be_forbidden(tmp_path: Path) -> None:
             api.push_callback(chat_id=CHAT, user_id=APPROVER, data=data, message_id=ask.message_id)
             await api.wait_until(lambda: "Allowed once by 22" in ask.text)
             assert (await store.get(request_id)).state is Decision.ALLOWED
+
+
+OTHER_CHAT = -1002
+MISPLACED = "⛔ This button does not belong to this message."
+
+
+async def _delivered(rt: Any, request_id: int) -> bool:
+    live = await rt.store.get_live(f"tool:{request_id}")
+    return live is not None and live.message_id is not None
+
+
+async def _press(api: FakeBotApi, *, chat_id: int, data: str, message_id: int) -> str:
+    """An approver's press; the bot's answer to it."""
+    answered = len(api.callback_answers)
+    api.push_callback(chat_id=chat_id, user_id=APPROVER, data=data, message_id=message_id)
+    await api.wait_until(lambda: len(api.callback_answers) > answered)
+    return str(api.callback_answers[-1].get("text", ""))
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_a_press_counts_only_on_the_requests_own_message(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api, tmp_path, tool_approval="unlisted", allowed_chats=(CHAT, OTHER_CHAT)
+        )
+        async with running_bot(api, settings) as rt:
+            # a message of the bot in another allowed chat, for a forged press to be on
+            api.push_message(chat_id=OTHER_CHAT, user_id=OPERATOR, text="/help")
+            elsewhere = await api.wait_for_message(
+                lambda m: m.chat_id == OTHER_CHAT and "Tool approvals" in m.text
+            )
+            request_id = await _request_in_bot(rt, starter=OPERATOR)
+            ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text)
+            await wait_until(lambda: _delivered(rt, request_id))
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: "waits for a decision" in m.text)
+            allow = ask.buttons[0]["callback_data"]
+            store = SqliteApprovalStore(rt.db)
+            forged = [
+                (OTHER_CHAT, elsewhere.message_id),  # another allowed chat
+                (OTHER_CHAT, ask.message_id),  # the request's message id, in another chat
+                (CHAT, status.message_id),  # another message in the request's chat
+            ]
+            for chat, message in forged:
+                answer = await _press(api, chat_id=chat, data=allow, message_id=message)
+                assert answer == MISPLACED
+                assert (await store.get(request_id)).state is Decision.PENDING
+            assert "The turn waits." in ask.text
+            assert ask.buttons
+            refused = [
+                (e.chat_id, e.reason)
+                for e in await rt.store.audit_entries()
+                if (e.action, e.outcome) == ("tool_approval", "refused")
+            ]
+            assert [chat for chat, _ in reversed(refused)] == [c for c, _ in forged]
+            assert all(
+                f"not on its own (message {ask.message_id} in chat {CHAT})" in (reason or "")
+                for _, reason in refused
+            )
+            # the press on the request's own message still decides it
+            api.push_callback(chat_id=CHAT, user_id=APPROVER, data=allow, message_id=ask.message_id)
+            await api.wait_until(lambda: "Allowed once by 22" in ask.text)
+            assert (await store.get(request_id)).state is Decision.ALLOWED
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_a_request_not_yet_delivered_cannot_be_decided_by_a_press(tmp_path: Path) -> None:
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, tool_approval="unlisted")
+        async with running_bot(api, settings) as rt:
+            # Telegram has the message, the bot has not heard back: no message id recorded
+            api.hold_answers(["sendMessage"])
+            request_id = await _request_in_bot(rt, starter=OPERATOR)
+            ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text)
+            deny = ask.buttons[-1]["callback_data"]
+            answer = await _press(api, chat_id=CHAT, data=deny, message_id=ask.message_id)
+            assert answer == "⏳ This request's message is still being delivered; press again."
+            store = SqliteApprovalStore(rt.db)
+            assert (await store.get(request_id)).state is Decision.PENDING
+            [entry] = [e for e in await rt.store.audit_entries() if e.action == "tool_approval"]
+            assert entry.outcome == "refused"
+            assert "not delivered yet" in (entry.reason or "")
+            api.release()
+            await wait_until(lambda: _delivered(rt, request_id))
+            api.push_callback(chat_id=CHAT, user_id=APPROVER, data=deny, message_id=ask.message_id)
+            await api.wait_until(lambda: "Denied by 22" in ask.text)
+            assert (await store.get(request_id)).state is Decision.DENIED
 
 
 @pytest.mark.usefixtures("isolated_env")

@@ -35,6 +35,7 @@ from tests.fakes.bot_harness import (
 )
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
 from tests.fakes.realcli import MARKER_VAR, Sandbox, marked_processes
+from tests.support import clean_env
 
 pytestmark = [
     pytest.mark.realcli,
@@ -231,7 +232,7 @@ async def test_a_restart_while_a_request_waits_runs_the_turn_again_and_asks_agai
 
 
 def _terminal_env(root: Path, claude_bin: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = clean_env()
     env.update(
         {
             "TURNSTILE_TOOL_APPROVAL": "unlisted",
@@ -342,7 +343,7 @@ async def test_a_crash_while_a_request_waits_reports_it_after_the_restart(
     cut off, as every turn a crash cut off is."""
     model.enqueue(TOUCH, Text("the orphan went on"))
     async with FakeBotApi() as api:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+        env = clean_env()
         env.update(
             {
                 "TURNSTILE_TELEGRAM_TOKEN": api.token,

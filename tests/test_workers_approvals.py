@@ -148,10 +148,11 @@ async def test_a_worker_turn_asks_in_the_chat_and_goes_on_when_approved_or_denie
     for argv in argvs:
         assert "--permission-prompt-tool" in argv
         config = json.loads(argv[argv.index("--mcp-config") + 1])
-        server_env = config["mcpServers"]["turnstile"]["env"]
-        assert server_env["TURNSTILE_APPROVAL_RUN"] == run_id
-        # No wake socket: the bot is not on the worker's machine (it scans the store).
-        assert "TURNSTILE_APPROVAL_WAKE" not in server_env
+        # A relay to the worker's own permission server: no database, password or run.
+        server = config["mcpServers"]["turnstile"]
+        assert server["env"] == {}
+        assert server["args"][2].endswith("relay.py")
+        assert "postgresql" not in json.dumps(config)
 
 
 async def test_with_approvals_off_the_worker_s_agent_is_not_wired(cluster: Cluster) -> None:

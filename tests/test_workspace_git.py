@@ -26,6 +26,7 @@ from engine.workspace import (
     WorkspaceManager,
     WorkspaceStateError,
 )
+from tests.support import UNCONFINED
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -60,6 +61,8 @@ def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
     for key in list(os.environ):
         if key.startswith("TURNSTILE_") or key.lower().endswith("_proxy"):
             monkeypatch.delenv(key)
+    for key, value in UNCONFINED.items():
+        monkeypatch.setenv(key, value)
     return env
 
 

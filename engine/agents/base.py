@@ -6,9 +6,10 @@ import asyncio
 import os
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from engine.agents.allowlist import ToolAllowlist
 from engine.approvals.route import ApprovalRoute
@@ -20,30 +21,50 @@ from engine.process import (
     run_process,
     validate_prompt,
 )
-from engine.redact import is_credential_name, redact
-from engine.settings import SECRET_SETTINGS
+from engine.sandbox import Walls
 from engine.turn import TurnOutput
 
-__all__ = ["AgentOptions", "Invocation", "ProcessAgent", "inherited_environment"]
+__all__ = [
+    "AGENT_ENV_NAMES",
+    "AgentOptions",
+    "Invocation",
+    "ProcessAgent",
+    "agent_environment",
+]
 
-# An agent may run shell commands and print its environment, so turnstile's secrets never
-# reach it: the secret settings (bot token, webhook secret, project URLs that may hold
-# credentials), any TURNSTILE_ variable named like a credential, and any whose value holds
-# one (a database URL with a password). The rest stays: an agent may run `turnstile
-# status`, which needs the database and folders. The per-turn marker is set per turn.
-_PREFIX = "TURNSTILE_"
+# What an agent gets of this process's environment: an allowlist, never the rest. Its CLI
+# needs its key and endpoint, PATH, the locale, proxies and CA bundles; git needs an
+# identity. turnstile's own settings (TURNSTILE_*: the database, the bot token, the
+# folders) never reach it, nor anything else this process holds (PG*, DATABASE_URL...).
+AGENT_ENV_NAMES: Final = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+        "COLORTERM", "NO_COLOR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+        "http_proxy", "https_proxy", "no_proxy", "all_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
+        "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GH_TOKEN",
+        "GITHUB_TOKEN", "GH_HOST", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL",
+        "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "DISABLE_AUTOUPDATER",
+    }
+)  # fmt: skip
+AGENT_ENV_PREFIXES: Final = ("LC_", "ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "COPILOT_")
+_PREFIX: Final = "TURNSTILE_"
 
 
-def _withheld(name: str, value: str) -> bool:
-    upper = name.upper()
-    if not upper.startswith(_PREFIX):
+def _passes(name: str, extra: Sequence[str]) -> bool:
+    if name.upper().startswith(_PREFIX):
         return False
-    return upper in SECRET_SETTINGS or is_credential_name(upper) or redact(value) != value
+    if name in AGENT_ENV_NAMES or name.startswith(AGENT_ENV_PREFIXES):
+        return True
+    return any(
+        name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+        for pattern in extra
+    )
 
 
-def inherited_environment() -> dict[str, str]:
-    """This process's environment, less turnstile's secrets."""
-    return {k: v for k, v in os.environ.items() if not _withheld(k, v)}
+def agent_environment(extra: Sequence[str] = ()) -> dict[str, str]:
+    """The variables of this process an agent may have (``extra``: names or ``NAME*``
+    prefixes a person configured, ``TURNSTILE_AGENT_ENV``)."""
+    return {k: v for k, v in os.environ.items() if _passes(k, extra)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +82,8 @@ class AgentOptions:
         spill_limit: stdout bytes kept in memory before spilling to a file.
         spill_dir: where spilled outputs go.
         approval: where tool calls outside the allowlist ask a person (CLIs that can ask).
+        walls: the sandbox every process of the session runs in (None: unconfined).
+        pass_env: variables (names, ``NAME*`` prefixes) the agent gets besides its CLI's.
     """
 
     binary: str
@@ -73,6 +96,8 @@ class AgentOptions:
     spill_limit: int = DEFAULT_SPILL_LIMIT
     spill_dir: Path | None = None
     approval: ApprovalRoute | None = None
+    walls: Walls | None = None
+    pass_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,18 +150,38 @@ class ProcessAgent(ABC):
         """Turn a finished process into the turn's output (stdout verbatim by default)."""
         return result.to_turn_output()
 
+    def base_environment(self) -> dict[str, str]:
+        """The allowlisted variables, and inside walls a home and ``/tmp`` that exist there."""
+        env = agent_environment(self.options.pass_env)
+        if self.options.walls is not None:
+            env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own, private /tmp
+            if self.options.config_dir is not None:
+                env["HOME"] = str(self.options.config_dir)
+        return env
+
     def environment(self, invocation: Invocation) -> dict[str, str]:
-        env = inherited_environment()
+        env = self.base_environment()
         env.update(self.options.extra_env)
         env.update(invocation.env)
         return env
+
+    def confine(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` inside the session's walls (unchanged when it has none)."""
+        walls = self.options.walls
+        if walls is None:
+            return list(argv)
+        return walls.adding(readable=self.turn_paths()).wrap(argv, self.options.cwd)
+
+    def turn_paths(self) -> tuple[Path, ...]:
+        """Paths a turn needs shown read-only inside the walls (a permission relay's)."""
+        return ()
 
     async def run_turn(self, prompt: str) -> TurnOutput:
         validate_prompt(prompt)
         async with self._lock:
             invocation = self.build_invocation(prompt)
             spec = ProcessSpec(
-                argv=invocation.argv,
+                argv=self.confine(invocation.argv),
                 cwd=self.options.cwd,
                 env=self.environment(invocation),
                 stdin=invocation.stdin,

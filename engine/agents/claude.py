@@ -25,8 +25,10 @@ from typing import Any, ClassVar
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import Invocation
 from engine.agents.stream import EventKind, JsonStreamAgent, text_of
+from engine.approvals.listener import ApprovalListener
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.route import claude_approval_args
+from engine.errors import TurnExecError
 from engine.process import ProcessResult
 from engine.turn import TurnOutput
 
@@ -164,6 +166,21 @@ class ClaudeAgent(JsonStreamAgent):
 
     cli_name: ClassVar[str] = "Claude Code"
     agent_name: ClassVar[str] = "claude"
+    #: The permission server of the running process, while a person decides tool calls.
+    _listener: ApprovalListener | None = None
+
+    async def run_turn(self, prompt: str) -> TurnOutput:
+        if self.options.approval is None:
+            return await super().run_turn(prompt)
+        async with ApprovalListener(self.options.approval) as listener:
+            self._listener = listener
+            try:
+                return await super().run_turn(prompt)
+            finally:
+                self._listener = None
+
+    def turn_paths(self) -> tuple[Path, ...]:
+        return self._listener.shown_paths() if self._listener is not None else ()
 
     def transcript_path(self) -> Path:
         """The session's transcript in the CLI's store, for this agent's environment."""
@@ -246,7 +263,9 @@ class ClaudeAgent(JsonStreamAgent):
         route = self.options.approval
         if route is None:
             return claude_permission_args(self.options.allowlist)
-        argv, env = claude_approval_args(route)
+        if self._listener is None:
+            raise TurnExecError("the permission server of this turn is not running")
+        argv, env = claude_approval_args(self._listener.mcp_config())
         if route.policy is ApprovalPolicy.ALL:
             return argv, env
         listed, listed_env = claude_permission_args(self.options.allowlist)

@@ -10,21 +10,38 @@ Tools map to a sandbox mode: read-only unless the allowlist lets the agent edit 
 run commands (then ``workspace-write``); "dangerous" adds network access to
 ``workspace-write``. ``danger-full-access`` and
 ``--dangerously-bypass-approvals-and-sandbox`` are never used.
+
+Codex runs every shell command of the model through its Linux sandbox helper
+(``codex-linux-sandbox``, a name for the ``codex`` binary itself) under bubblewrap; see
+:func:`codex_tmpdir_redirect` for what that needs when ``CODEX_HOME`` is in a temp dir.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from engine.agents.allowlist import ToolAllowlist
+from engine.agents.base import Invocation
 from engine.agents.stream import EventKind, JsonStreamAgent
 from engine.errors import InvalidPromptError
 from engine.process import ProcessResult
 from engine.redact import redact
 from engine.turn import TurnOutput
 
-__all__ = ["CODEX_MAX_PROMPT_CHARS", "WRITE_TOOLS", "CodexAgent", "codex_sandbox_args"]
+__all__ = [
+    "CODEX_MAX_PROMPT_CHARS",
+    "WRITE_TOOLS",
+    "CodexAgent",
+    "TmpdirRedirect",
+    "codex_sandbox_args",
+    "codex_tmpdir_redirect",
+]
 
 # Codex refuses longer input ("input_too_large"); we refuse it before spawning.
 CODEX_MAX_PROMPT_CHARS: Final = 1_048_576
@@ -46,6 +63,67 @@ def codex_sandbox_args(allowlist: ToolAllowlist) -> list[str]:
     return ["-s", "read-only"]
 
 
+@dataclass(frozen=True, slots=True)
+class TmpdirRedirect:
+    """Where Codex's own ``TMPDIR`` points, and the one its commands keep.
+
+    Attributes:
+        codex: Codex's own ``TMPDIR`` (``$CODEX_HOME/tmp``).
+        tools: the ``TMPDIR`` the model's commands get (what they would have had).
+    """
+
+    codex: str
+    tools: str
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it, as Rust's ``Path::starts_with`` sees it
+    (either spelling: as given, or with symlinks resolved)."""
+    if root == "":
+        return True  # Rust: every path starts with the empty path
+    if not os.path.isabs(root):
+        return False
+    paths = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}
+    roots = {Path(os.path.abspath(root)), Path(os.path.realpath(root))}
+    return any(p.is_relative_to(r) for p in paths for r in roots)
+
+
+def codex_tmpdir_redirect(env: Mapping[str, str]) -> TmpdirRedirect | None:
+    """The ``TMPDIR`` Codex needs for its sandbox to run commands, given its environment
+    ``env`` (None: it needs nothing).
+
+    Codex (0.171.0) runs each shell command as ``bwrap ... -- codex-linux-sandbox ...``,
+    the sandbox helper being its own binary under that name. With a bubblewrap that has
+    ``--argv0`` (0.9.0 and later, or the copy bundled with Codex, used when none is on
+    PATH) it names the binary by path. The system bubblewrap Codex prefers when one is on
+    PATH may be older (Debian 12's is 0.8.0): then Codex names the helper through the
+    aliases it makes at start-up in ``$CODEX_HOME/tmp/arg0-linux`` and puts first on
+    PATH. It refuses to make them when ``CODEX_HOME`` is inside its temp dir
+    (``$TMPDIR``, else ``/tmp``: "Refusing to create helper binaries under temporary
+    dir"), and then every command fails with ``bwrap: execvp codex-linux-sandbox: No
+    such file or directory``. Codex reports that only to the model (no
+    ``command_execution`` item): the turn succeeds and nothing was run.
+
+    So when ``CODEX_HOME`` is inside the temp dir Codex's own ``TMPDIR`` becomes
+    ``$CODEX_HOME/tmp`` (not an ancestor of ``CODEX_HOME``, and already writable by the
+    sandboxed commands, being inside the temp dir), and its commands keep the temp dir
+    they had (``shell_environment_policy.set.TMPDIR``, :meth:`CodexAgent.codex_config_args`).
+    The sandbox itself is unchanged: read-only writes nothing, workspace-write writes the
+    working directory, ``/tmp`` and ``$TMPDIR`` (now ``$CODEX_HOME/tmp``; a ``TMPDIR``
+    outside ``/tmp`` that held ``CODEX_HOME`` is no longer writable to them).
+    """
+    home = env.get("CODEX_HOME") or (os.path.join(env["HOME"], ".codex") if env.get("HOME") else "")
+    if not home or not os.path.isabs(home):
+        return None
+    temp = env.get("TMPDIR", "/tmp")  # noqa: S108 - Rust's temp_dir(), even an empty TMPDIR
+    if not _within(home, temp):
+        return None
+    return TmpdirRedirect(
+        codex=os.path.join(os.path.realpath(home), "tmp"),
+        tools=temp or "/tmp",  # noqa: S108 - the default temp dir
+    )
+
+
 class CodexAgent(JsonStreamAgent):
     """A Codex thread, resumed every turn."""
 
@@ -64,6 +142,7 @@ class CodexAgent(JsonStreamAgent):
         argv = [program, "exec", "--json", "--skip-git-repo-check"]
         argv += ["-c", "check_for_update_on_startup=false", "-c", "analytics.enabled=false"]
         argv += codex_sandbox_args(self.options.allowlist)
+        argv += self.codex_config_args()
         if self.options.model:
             argv += ["-m", self.options.model]
         argv += list(self.options.passthrough)
@@ -77,6 +156,32 @@ class CodexAgent(JsonStreamAgent):
             return {}
         home = self.options.config_dir
         return {"HOME": str(home), "CODEX_HOME": str(home / ".codex")}
+
+    def _tmpdir_redirect(self, env: Mapping[str, str] | None = None) -> TmpdirRedirect | None:
+        if env is None:
+            env = super().environment(Invocation(argv=[], env=self.turn_env()))
+        return codex_tmpdir_redirect(env)
+
+    def codex_config_args(self) -> list[str]:
+        """``-c`` overrides every Codex process of this session gets (both modes): the
+        model's commands keep their ``TMPDIR`` when Codex's own is redirected
+        (:func:`codex_tmpdir_redirect`)."""
+        redirect = self._tmpdir_redirect()
+        if redirect is None:
+            return []
+        value = json.dumps(redirect.tools, ensure_ascii=False)  # a TOML string
+        return ["-c", f"shell_environment_policy.set.TMPDIR={value}"]
+
+    def environment(self, invocation: Invocation) -> dict[str, str]:
+        env = super().environment(invocation)
+        redirect = self._tmpdir_redirect(env)
+        if redirect is not None:
+            # Codex makes it at start-up (its aliases go in tmp/arg0-linux); made here
+            # too, so Codex's TMPDIR exists even if it could not.
+            with contextlib.suppress(OSError):
+                os.mkdir(redirect.codex, mode=0o700)
+            env["TMPDIR"] = redirect.codex
+        return env
 
     def handle(self, record: dict[str, Any]) -> None:
         kind = record.get("type")

@@ -16,6 +16,7 @@ from engine.agents.stream import JsonStreamAgent
 from engine.approvals.route import ApprovalRoute
 from engine.errors import ConfigError
 from engine.process import PreemptHandle
+from engine.sandbox import agent_home, walls_for
 from engine.settings import Settings
 
 if TYPE_CHECKING:
@@ -117,21 +118,30 @@ def create_agent(
 
         preempt = WarmPreemptHandle(grace=settings.preempt_grace, session_id=session_id)
     preempt = preempt or PreemptHandle(grace=settings.preempt_grace, session_id=session_id)
-    if spec.template:
-        template = agent_cmd or spec.configured(settings)
-        if not template:
-            raise ConfigError(
-                f"the command agent needs a template: set {spec.env_var} or pass "
-                "--agent-cmd, e.g. 'my-agent --session {session_id} -p {prompt}'",
-                setting=spec.env_var,
-            )
+    template = (agent_cmd or spec.configured(settings)) if spec.template else None
+    if spec.template and not template:
+        raise ConfigError(
+            f"the command agent needs a template: set {spec.env_var} or pass "
+            "--agent-cmd, e.g. 'my-agent --session {session_id} -p {prompt}'",
+            setting=spec.env_var,
+        )
+    binary = template.split()[0] if template else spec.configured(settings)
+    walls = None
+    if settings.sandbox == "on":
+        # Inside the walls the CLI writes only its worktree and a home of its own.
+        config_dir = config_dir or agent_home(settings, cwd)
+        walls = walls_for(settings, cwd=cwd, home=config_dir, binary=binary or None)
+    if template:
         options = AgentOptions(
             binary=template.split()[0],
             cwd=cwd,
             extra_env=dict(extra_env or {}),
+            config_dir=config_dir,
             passthrough=passthrough,
             allowlist=tools,
             spill_limit=settings.spill_limit,
+            walls=walls,
+            pass_env=settings.agent_env,
         )
         agent: ProcessAgent = CommandAgent(
             template, cwd=cwd, options=options, session_id=session_id, preempt=preempt
@@ -148,6 +158,8 @@ def create_agent(
         allowlist=tools,
         spill_limit=settings.spill_limit,
         approval=approval if tool == "claude" else None,
+        walls=walls,
+        pass_env=settings.agent_env,
     )
     if warm and tool == "codex":
         from engine.agents.warm_codex import WarmCodexAgent, codex_warm_support

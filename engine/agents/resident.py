@@ -407,6 +407,10 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
     def _exited(self, code: int) -> None:
         """The process exited (before the turn in flight, if any, is ended)."""
 
+    async def _release_process(self) -> None:
+        """Release what lived as long as the process (called once it is gone, and again
+        when it is closed: it must be idempotent)."""
+
     def _tasks(self) -> tuple[asyncio.Task[None] | None, ...]:
         """The tasks that live as long as the process (awaited when it is gone)."""
         return (self._reader, self._stderr_reader)
@@ -453,7 +457,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         guard.begin(marker)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
+                *self.confine(argv),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -530,6 +534,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
                 await asyncio.wait({self._stderr_reader}, timeout=_CLOSE_GRACE)
         self.pool.forget(self)
         self._exited(code)
+        await self._release_process()
         turn = self._current
         if not self._closing:
             _LOGGER.info(
@@ -608,6 +613,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         finally:
             self._closing = False
             self._proc = None
+            await self._release_process()
 
     async def aclose(self) -> None:
         """Stop the resident process (waits for a running turn to end first)."""

@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from engine.agents.base import AgentOptions, Invocation, ProcessAgent, inherited_environment
+from engine.agents.base import AgentOptions, Invocation, ProcessAgent
 from engine.agents.registry import AGENTS
 from engine.errors import ConfigError, TurnExecError, TurnIOError
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
@@ -294,7 +294,7 @@ class JsonStreamAgent(ProcessAgent):
         )
 
     def environment(self, invocation: Invocation) -> dict[str, str]:
-        env = inherited_environment()
+        env = self.base_environment()
         env.update(self.default_env())
         env.update(self.isolation_env())
         env.update(self.options.extra_env)

@@ -57,6 +57,7 @@ from engine.agents.resident import (
     report_process,
 )
 from engine.agents.stream import EventCallback, find_binary
+from engine.approvals.listener import ApprovalListener
 from engine.errors import TurnIOError, TurnPreempted
 from engine.process import STDERR_TAIL, PreemptHandle, ProcessResult, validate_prompt
 from engine.redact import tail
@@ -348,9 +349,19 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
 
     # -- the process ---------------------------------------------------------------------
     async def _spawn(self) -> None:
+        # The permission server lives as long as the process (the CLI connects once).
+        await self._release_process()
+        if self.options.approval is not None:
+            listener = ApprovalListener(self.options.approval)
+            await listener.__aenter__()
+            self._listener = listener
         # The per-turn adapter's invocation: binary lookup, argv (resume or create),
         # environment with isolation, allowlist and the marker every descendant inherits.
-        invocation = self.build_invocation("-")
+        try:
+            invocation = self.build_invocation("-")
+        except BaseException:
+            await self._release_process()
+            raise
         self._cost_base = 0.0
         proc = await self._start(invocation.argv, invocation)
         _LOGGER.info(
@@ -366,6 +377,11 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         message.setdefault("parent_tool_use_id", None)
         message.setdefault("session_id", self.session_id)
         self._send(message)
+
+    async def _release_process(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.aclose()
 
     def _exited(self, code: int) -> None:
         for future in self._controls.values():

@@ -252,6 +252,9 @@ class WarmCodexAgent(ResidentAgent[_Turn], CodexAgent):
         sandbox = codex_sandbox_args(self.options.allowlist)
         # ``-s MODE`` is a thread parameter here; any ``-c`` override stays a flag.
         argv += [a for i, a in enumerate(sandbox) if a == "-c" or (i and sandbox[i - 1] == "-c")]
+        # As ``codex exec``: the commands keep their TMPDIR when Codex's own is moved so
+        # that its sandbox can run them (:func:`~engine.agents.codex.codex_tmpdir_redirect`).
+        argv += self.codex_config_args()
         argv += list(self.options.passthrough)
         return argv
 

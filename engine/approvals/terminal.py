@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from engine.approvals.policy import ApprovalPolicy, Decision, Scope, describe_key, summarize
-from engine.approvals.route import ApprovalRoute, write_passfile
+from engine.approvals.route import ApprovalRoute
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.approvals.watcher import ApprovalWatcher
 from engine.store.backend import open_database
@@ -145,8 +145,6 @@ async def terminal_approvals(
         store = SqliteApprovalStore(db)
         approver = TerminalApprover(store, ask_line=ask_line, out=out)
         async with ApprovalWatcher(store, approver.handle) as watcher:
-            passfile = write_passfile(database, watcher.folder) if watcher.folder else None
-
             def route_for(run_id: str) -> ApprovalRoute:
                 approver.run_ids.add(run_id)
                 return ApprovalRoute(
@@ -154,7 +152,6 @@ async def terminal_approvals(
                     run_id=run_id,
                     policy=policy,
                     wake=watcher.wake_path,
-                    passfile=passfile,
                 )
 
             try:

@@ -31,7 +31,6 @@ from engine.agents.command import parse_template
 from engine.agents.factory import turn_mode
 from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.agents.stream import TURN_MARKER_VAR
-from engine.approvals import route as approval_route
 from engine.errors import ConfigError, SchemaTooNewError, StoreError, StoreUnreachableError
 from engine.redact import Redactor
 from engine.settings import Settings
@@ -193,18 +192,9 @@ async def run_checks(
 
 PREFIX = "TURNSTILE_"
 # TURNSTILE_ variables that are not settings but are ours all the same: set by turnstile
-# for the processes it starts (an agent turn, the tool-approval server), and the test
-# suite's cache of real agent CLIs.
-_NOT_SETTINGS = frozenset(
-    {
-        TURN_MARKER_VAR,
-        approval_route.ENV_DATABASE,
-        approval_route.ENV_RUN,
-        approval_route.ENV_STARTER,
-        approval_route.ENV_WAKE,
-        "TURNSTILE_CLI_CACHE",
-    }
-)
+# for the processes it starts (an agent turn's marker), and the test suite's cache of
+# real agent CLIs.
+_NOT_SETTINGS = frozenset({TURN_MARKER_VAR, "TURNSTILE_CLI_CACHE"})
 
 
 def known_setting_names() -> list[str]:

@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from engine.approvals.policy import ApprovalPolicy
-from engine.approvals.route import ApprovalRoute, write_passfile
+from engine.approvals.route import ApprovalRoute
 from engine.errors import (
     ConfigError,
     FileRefusedError,
@@ -273,9 +271,8 @@ async def _run(
 
 @contextlib.contextmanager
 def _approvals(settings: Settings, spec: QueuedRun) -> Iterator[ApprovalRoute | None]:
-    """Where the turn's tool calls ask a person (None: nobody is asked), for the turn's
-    length: a PostgreSQL password goes in a password file in a private folder (0700),
-    removed after the turn."""
+    """Where the turn's tool calls ask a person (None: nobody is asked): the worker's own
+    permission server, outside the agent's sandbox, with the worker's store."""
     try:
         policy = ApprovalPolicy(spec.tool_approval or ApprovalPolicy.OFF)
     except ValueError as exc:
@@ -283,17 +280,12 @@ def _approvals(settings: Settings, spec: QueuedRun) -> Iterator[ApprovalRoute | 
     if policy is ApprovalPolicy.OFF or spec.tool != "claude":
         yield None
         return
-    folder = tempfile.mkdtemp(prefix="turnstile-ap-")
-    try:
-        yield ApprovalRoute(
-            database=settings.database,
-            run_id=spec.run_id,
-            policy=policy,
-            starter=spec.approval_starter,
-            passfile=write_passfile(settings.database, folder),
-        )
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield ApprovalRoute(
+        database=settings.database,
+        run_id=spec.run_id,
+        policy=policy,
+        starter=spec.approval_starter,
+    )
 
 
 async def _poll_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) -> None:

@@ -25,7 +25,7 @@ __all__ = [
     "parent_of",
 ]
 
-MARKER_VAR = "TURNSTILE_TEST_MARKER"
+MARKER_VAR = "FAKE_TEST_MARKER"  # FAKE_*: passed on to the agents (TURNSTILE_AGENT_ENV)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,314 @@
+"""The agent's walls: every agent turn runs under bubblewrap (``bwrap``).
+
+Inside, the filesystem is read-only; the session's own folders (its worktree, the git
+folder that worktree commits into, the CLI's per-run home) are writable; ``/tmp`` is a
+private, empty one; the control plane — the database file and its folder, ``.env``, the
+tasks root, the workspaces root, the runs folder, PostgreSQL's socket folders and every
+path in ``TURNSTILE_SANDBOX_HIDE`` — is not there at all (an empty folder, or an empty
+file, mounted over it). The agent gets its own PID namespace: it cannot see or signal the
+bot, and everything it starts dies with the turn. Network stays on unless
+``TURNSTILE_SANDBOX_NETWORK=false`` (the model API needs it). As root, every capability
+is dropped, so the agent cannot undo the mounts.
+
+Running agents unconfined is an operator's explicit choice (``TURNSTILE_SANDBOX=off``),
+shown by ``turnstile doctor`` and ``/status``. Where ``bwrap`` is missing or cannot make
+a sandbox (no user namespaces), :func:`walls_for` raises :class:`SandboxUnavailable` with
+the fix, so no agent starts unconfined by accident. See ``docs/security.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+from urllib.parse import parse_qs, urlsplit
+
+from engine.errors import ConfigError
+from engine.store.location import PostgresURL
+
+if TYPE_CHECKING:
+    from engine.settings import Settings
+
+__all__ = [
+    "SandboxUnavailable",
+    "Walls",
+    "agent_home",
+    "control_plane_paths",
+    "probe_sandbox",
+    "sandbox_state",
+    "walls_for",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+# Inside the walls /tmp is the sandbox's own, empty and private (a tmpfs).
+_TMP: Final = "/tmp"  # noqa: S108
+
+# Where PostgreSQL puts its Unix sockets on Debian and most distributions.
+_PG_SOCKET_DIRS: Final = ("/var/run/postgresql", "/run/postgresql")
+_FIX: Final = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+    "bubblewrap) and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; in a "
+    "container, the seccomp profile in deploy/), or set TURNSTILE_SANDBOX=off to run agents "
+    "unconfined"
+)
+
+
+class SandboxUnavailable(ConfigError):
+    """The agent sandbox is on but cannot be made here (``TURNSTILE_SANDBOX=off`` opts out)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Walls:
+    """What one agent session sees: the mounts of its sandbox.
+
+    Attributes:
+        bwrap: the bubblewrap program.
+        hidden: control-plane paths that are not there inside (folders and files).
+        writable: the session's own folders, writable inside (its cwd first).
+        readable: paths shown read-only even inside a hidden folder (the CLI's install).
+        network: whether the agent shares the machine's network.
+    """
+
+    bwrap: str
+    hidden: tuple[Path, ...]
+    writable: tuple[Path, ...]
+    readable: tuple[Path, ...] = ()
+    network: bool = True
+
+    def adding(self, *, writable: Iterable[Path] = (), readable: Iterable[Path] = ()) -> Walls:
+        """These walls with more paths shown (a turn's own sockets, say)."""
+        return replace(
+            self,
+            writable=(*self.writable, *writable),
+            readable=(*self.readable, *readable),
+        )
+
+    def wrap(self, argv: Sequence[str], cwd: Path | None = None) -> list[str]:
+        """``argv`` run inside these walls, in ``cwd`` (each element still one argument)."""
+        args = [
+            self.bwrap,
+            "--ro-bind", "/", "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--tmpfs", _TMP,
+        ]  # fmt: skip
+        shown = [*self.readable, *self.writable]
+        hidden = [p for p in self.hidden if p != Path("/")]
+        args += _hide(hidden)
+        for path in self.readable:
+            if path.exists():
+                args += ["--ro-bind", str(path), str(path)]
+        for path in self.writable:
+            if path.exists():
+                args += ["--bind", str(path), str(path)]
+        # A control-plane path inside a folder shown again (a database in the worktree)
+        # stays hidden: later mounts win.
+        args += _hide([h for h in hidden if any(_inside(h, s) and h != s for s in shown)])
+        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if not self.network:
+            args.append("--unshare-net")
+        if _is_root():
+            # Root keeps its capabilities in a sandbox unless told: without them it cannot
+            # unmount what hides the control plane.
+            args += ["--cap-drop", "ALL"]
+        args.append("--die-with-parent")
+        if cwd is not None:
+            args += ["--chdir", str(cwd)]
+        args.append("--")
+        args += list(argv)
+        return args
+
+
+def _hide(paths: Iterable[Path]) -> list[str]:
+    args: list[str] = []
+    for path in paths:
+        if path.is_dir():
+            args += ["--tmpfs", str(path)]
+        elif path.exists():
+            args += ["--ro-bind", "/dev/null", str(path)]
+    return args
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _resolved(path: Path) -> Path:
+    return Path(os.path.realpath(path.expanduser()))
+
+
+def control_plane_paths(settings: Settings) -> tuple[Path, ...]:
+    """What an agent must never see: the database (and its folder), ``.env``, turnstile's
+    roots, PostgreSQL's sockets and ``TURNSTILE_SANDBOX_HIDE``."""
+    found: list[Path] = []
+    database = settings.database
+    if isinstance(database, PostgresURL):
+        found += _pg_socket_dirs(database)
+    else:
+        db = _resolved(database)
+        found += [db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal"), db.parent]
+    found.append(_resolved(Path(".env")))
+    found += [_resolved(settings.tasks_root), _resolved(settings.workspaces)]
+    found.append(_resolved(settings.runs_dir))
+    found += [_resolved(Path(p)) for p in _PG_SOCKET_DIRS]
+    found += [_resolved(p) for p in settings.sandbox_hide]
+    return tuple(dict.fromkeys(found))
+
+
+def _pg_socket_dirs(url: PostgresURL) -> list[Path]:
+    hosts = [url.host or ""]
+    hosts += parse_qs(urlsplit(url.conninfo()).query).get("host", [])
+    return [_resolved(Path(h)) for h in hosts if h.startswith("/")]
+
+
+def agent_home(settings: Settings, cwd: Path) -> Path:
+    """The per-run home of the agent CLI working in ``cwd`` (its config and sessions).
+
+    Made on first use and seeded with the CLIs' sign-in files from the real home (a
+    ``claude login``, ``codex login`` keeps working); the agent may read them anyway,
+    since its CLI needs them.
+    """
+    key = hashlib.sha256(str(_resolved(cwd)).encode()).hexdigest()[:24]
+    home = _resolved(settings.runs_dir) / "agent-homes" / key
+    if not home.is_dir():
+        home.mkdir(parents=True, mode=0o700)
+        _seed(home)
+    return home
+
+
+# The sign-in files of each CLI, relative to the real home and to the per-run home.
+_SIGN_IN: Final = (
+    (".claude/.credentials.json", ".credentials.json"),
+    (".codex/auth.json", ".codex/auth.json"),
+    (".codex/config.toml", ".codex/config.toml"),
+    (".copilot/config.json", "config.json"),
+)
+
+
+def _seed(home: Path) -> None:
+    real = Path.home()
+    for source, target in _SIGN_IN:
+        src = real / source
+        if src.is_file():
+            dst = home / target
+            dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            shutil.copyfile(src, dst)
+            dst.chmod(0o600)
+
+
+def _git_dirs(cwd: Path) -> list[Path]:
+    """The git folder a worktree in ``cwd`` commits into (objects, refs, its own index)."""
+    dot = cwd / ".git"
+    if not dot.is_file():
+        return []
+    try:
+        line = dot.read_text(encoding="utf-8").strip()
+    except OSError:
+        return []
+    if not line.startswith("gitdir:"):
+        return []
+    gitdir = Path(line.removeprefix("gitdir:").strip())
+    if not gitdir.is_absolute():
+        gitdir = cwd / gitdir
+    found = [_resolved(gitdir)]
+    common = gitdir / "commondir"
+    try:
+        shared = Path(common.read_text(encoding="utf-8").strip())
+    except OSError:
+        return found
+    found.append(_resolved(shared if shared.is_absolute() else gitdir / shared))
+    return found
+
+
+def _install_root(binary: str) -> Path | None:
+    """The folder a CLI is installed in (a node package's ``node_modules``, else its own)."""
+    located = shutil.which(binary)
+    if located is None:
+        return None
+    real = _resolved(Path(located))
+    for parent in real.parents:
+        if parent.name == "node_modules":
+            return parent
+    return real.parent
+
+
+@functools.cache
+def probe_sandbox(bwrap: str) -> str | None:
+    """Why ``bwrap`` cannot make an agent's sandbox here (None: it can).
+
+    Tried once per process: a real sandbox like an agent's runs ``true``.
+    """
+    walls = Walls(bwrap=bwrap, hidden=(), writable=())
+    try:
+        done = subprocess.run(
+            walls.wrap(["true"]), capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not run: {exc}"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"{bwrap} cannot make a sandbox here: {said[-1] if said else done.returncode}"
+    return None
+
+
+def sandbox_state(settings: Settings) -> tuple[bool, str]:
+    """Whether agents run confined here, and a sentence that says so (or why not)."""
+    if settings.sandbox == "off":
+        return False, "agents run unconfined (TURNSTILE_SANDBOX=off)"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False, f"bubblewrap (bwrap) is not installed: {_FIX}"
+    problem = probe_sandbox(bwrap)
+    if problem is not None:
+        return False, f"{problem}: {_FIX}"
+    network = "with network" if settings.sandbox_network else "without network"
+    return True, f"agents run in a bubblewrap sandbox ({bwrap}, {network})"
+
+
+def walls_for(
+    settings: Settings,
+    *,
+    cwd: Path,
+    home: Path | None = None,
+    binary: str | None = None,
+) -> Walls | None:
+    """The walls of an agent session working in ``cwd`` (None: the sandbox is off).
+
+    Raises:
+        SandboxUnavailable: the sandbox is on, and bwrap is missing or cannot make one.
+    """
+    if settings.sandbox == "off":
+        return None
+    confined, why = sandbox_state(settings)
+    if not confined:
+        raise SandboxUnavailable(f"cannot start the agent in its sandbox: {why}")
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    hidden = control_plane_paths(settings)
+    writable = [_resolved(cwd), *_git_dirs(cwd)]
+    if home is not None:
+        writable.append(_resolved(home))
+    readable: list[Path] = []
+    if binary:
+        root = _install_root(binary)
+        if root is not None and any(_inside(root, h) for h in (*hidden, Path(_TMP))):
+            readable.append(root)
+    return Walls(
+        bwrap=bwrap,
+        hidden=hidden,
+        writable=tuple(dict.fromkeys(writable)),
+        readable=tuple(readable),
+        network=settings.sandbox_network,
+    )
