@@ -19,6 +19,7 @@ from bot.replies import thread_of
 from bot.sink import words
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
+from engine.sandbox import sandbox_state
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -140,9 +141,20 @@ class AdminFeature(Feature):
         lines: list[str] = []
         for owner in self.owners:
             lines.extend(await owner.status_lines(chat.id, thread))
-        await self.ctx.replies.reply(
-            update, "\n".join(lines) if lines else "No runs in this chat. /help"
-        )
+        if not lines:
+            lines.append("No runs in this chat. /help")
+        walls = sandbox_state(self.ctx.settings)
+        if not walls.confined and self.ctx.settings.sandbox == "off":
+            lines.append(
+                "⚠️ Agents run unconfined here: the sandbox is turned off, so an agent can "
+                "read the bot's database and settings."
+            )
+        elif not walls.confined:
+            lines.append(
+                f"⚠️ Agents cannot start here: their sandbox is not available ({walls.detail})."
+                " An admin can run turnstile doctor for the fix."
+            )
+        await self.ctx.replies.reply(update, "\n".join(lines))
 
     # -- /tasks and /audit -------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from engine.gates import Gates
 from engine.locks import FileLock, Lock
 from engine.redact import Redactor
 from engine.runs import Recovery, RunSupervisor
+from engine.sandbox import sandbox_state
 from engine.settings import Settings
 from engine.store.backend import open_database
 from engine.store.database import Database
@@ -443,6 +444,13 @@ class BotRuntime:
             await self.app.bot.delete_webhook()
             self._poller = asyncio.create_task(self._poll(), name="telegram-poller")
         await self._replay_inbound()
+        walls = sandbox_state(self.settings)
+        if walls.confined:
+            _LOGGER.info("%s", walls.detail)
+        elif self.settings.sandbox == "off":
+            _LOGGER.warning("%s", walls.detail)
+        else:
+            _LOGGER.error("agents will not start: %s; %s", walls.detail, walls.fix)
         _LOGGER.info(
             "bot @%s running (%s)",
             self.username,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from engine.settings import Settings
 
 __all__ = [
+    "SandboxState",
     "SandboxUnavailable",
     "Walls",
     "agent_home",
@@ -263,18 +264,32 @@ def probe_sandbox(bwrap: str) -> str | None:
     return None
 
 
-def sandbox_state(settings: Settings) -> tuple[bool, str]:
+@dataclass(frozen=True, slots=True)
+class SandboxState:
+    """Whether agents run confined here, in words (``fix``: how to confine them)."""
+
+    confined: bool
+    detail: str
+    fix: str | None = None
+
+
+def sandbox_state(settings: Settings) -> SandboxState:
     """Whether agents run confined here, and a sentence that says so (or why not)."""
     if settings.sandbox == "off":
-        return False, "agents run unconfined (TURNSTILE_SANDBOX=off)"
+        return SandboxState(
+            False,
+            "agents run unconfined (TURNSTILE_SANDBOX=off): an agent can read the database "
+            "and .env and act as the bot",
+            "install bubblewrap and remove TURNSTILE_SANDBOX=off",
+        )
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return False, f"bubblewrap (bwrap) is not installed: {_FIX}"
+        return SandboxState(False, "bubblewrap (bwrap) is not installed", _FIX)
     problem = probe_sandbox(bwrap)
     if problem is not None:
-        return False, f"{problem}: {_FIX}"
+        return SandboxState(False, problem, _FIX)
     network = "with network" if settings.sandbox_network else "without network"
-    return True, f"agents run in a bubblewrap sandbox ({bwrap}, {network})"
+    return SandboxState(True, f"agents run in a bubblewrap sandbox ({bwrap}, {network})")
 
 
 def walls_for(
@@ -291,9 +306,11 @@ def walls_for(
     """
     if settings.sandbox == "off":
         return None
-    confined, why = sandbox_state(settings)
-    if not confined:
-        raise SandboxUnavailable(f"cannot start the agent in its sandbox: {why}")
+    state = sandbox_state(settings)
+    if not state.confined:
+        raise SandboxUnavailable(
+            f"cannot start the agent in its sandbox: {state.detail}; {state.fix}"
+        )
     bwrap = shutil.which("bwrap")
     assert bwrap is not None
     hidden = control_plane_paths(settings)

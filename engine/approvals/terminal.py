@@ -145,6 +145,7 @@ async def terminal_approvals(
         store = SqliteApprovalStore(db)
         approver = TerminalApprover(store, ask_line=ask_line, out=out)
         async with ApprovalWatcher(store, approver.handle) as watcher:
+
             def route_for(run_id: str) -> ApprovalRoute:
                 approver.run_ids.add(run_id)
                 return ApprovalRoute(

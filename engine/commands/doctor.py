@@ -33,6 +33,7 @@ from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.agents.stream import TURN_MARKER_VAR
 from engine.errors import ConfigError, SchemaTooNewError, StoreError, StoreUnreachableError
 from engine.redact import Redactor
+from engine.sandbox import sandbox_state
 from engine.settings import Settings
 from engine.store import Database
 from engine.store.database import ENGINE, discover_migrations, read_schema_versions
@@ -180,6 +181,7 @@ async def run_checks(
         *check_setting_names(os.environ, Path(".env")),
         *check_paths(settings),
         await check_database(settings.database, migrate=migrate),
+        check_sandbox(settings),
         *await check_agents(settings),
     ]
     if network:
@@ -456,6 +458,16 @@ def _compare(
 
 
 # --- agents --------------------------------------------------------------------------
+
+
+def check_sandbox(settings: Settings) -> Check:
+    """Whether agent turns run in their sandbox (off is an operator's choice, shown)."""
+    state = sandbox_state(settings)
+    if state.confined:
+        return _ok("agent sandbox", state.detail)
+    if settings.sandbox == "off":
+        return _warn("agent sandbox", state.detail, state.fix)
+    return _fail("agent sandbox", f"{state.detail}: agents will not start", state.fix or "")
 
 
 async def check_agents(settings: Settings) -> list[Check]:

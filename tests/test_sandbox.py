@@ -1,0 +1,274 @@
+"""The agent's walls: a hostile agent reaches nothing of the control plane.
+
+A real bot (in-process, against the fake Bot API) runs a chat turn of
+``tests/hostile_agent.py`` in the sandbox, on SQLite and on PostgreSQL (a role that
+must give its password, as in production). The agent knows every path and id; it tries
+to read the database, ``.env``, a sibling run's file, to write outside its folders, to
+signal and inspect the bot, to reach PostgreSQL's socket, to approve an open gate with
+the ``turnstile`` CLI and to decide a tool request in the store. Every attempt fails, and
+its real work (a file written and committed in its worktree) lands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.approvals import Decision, SqliteApprovalStore
+from engine.sandbox import Walls, control_plane_paths, walls_for
+from engine.settings import Settings
+from engine.store.location import PostgresURL
+from tests.automode_support import GIT_ENV, git_workspace
+from tests.conftest import REPO
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
+from tests.gates_support import cli_env, run_cli
+from tests.pg_support import PASSWORD, PASSWORD_ROLE, PgCluster
+from tests.support import make_settings, wait_until
+
+HOSTILE = REPO / "tests" / "hostile_agent.py"
+ATTACKS = {
+    "read_database",
+    "read_env_file",
+    "read_sibling",
+    "write_outside",
+    "signal_bot",
+    "list_bot_proc",
+    "pg_socket",
+    "approve_gate",
+    "decide_tool",
+    "settings_in_env",
+}
+_NAMES = itertools.count()
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Where the bot keeps its state: a SQLite file in the test's folder, or a PostgreSQL
+    database whose role logs in with a password (nothing else gets in over TCP)."""
+    if request.param == "sqlite":
+        yield {"database": tmp_path / "state" / "turnstile.db", "socket": None}
+        return
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    name = f"sbx_{os.getpid()}_{next(_NAMES)}"
+    cluster.admin(f'CREATE DATABASE "{name}" OWNER "{PASSWORD_ROLE}" TEMPLATE template0')
+    url = cluster.url(name, user=PASSWORD_ROLE, password=PASSWORD)
+    socket = str(Path(cluster.folder) / f".s.PGSQL.{cluster.port}")
+    yield {"database": url, "socket": socket}
+    cluster.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _report(workdir: Path) -> dict[str, dict[str, Any]]:
+    report: dict[str, dict[str, Any]] = json.loads((workdir / "hostile-report.json").read_text())
+    return report
+
+
+@pytest.mark.timeout(180)
+async def test_a_hostile_agent_in_a_chat_reaches_nothing_of_the_control_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: dict[str, Any]
+) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    repo = git_workspace(tmp_path / "origin")
+    outside = [tmp_path / "outside.txt", REPO / ".hostile-was-here"]
+    sibling = tmp_path / "ws" / "worktrees" / "web" / "another-run" / "notes.txt"
+    sibling.parent.mkdir(parents=True)
+    sibling.write_text("another run's work\n")
+    async with FakeBotApi() as api:
+        # The bot's .env (the composition root reads it from its working folder).
+        (tmp_path / ".env").write_text(f"TURNSTILE_TELEGRAM_TOKEN={api.token}\n")
+        settings = bot_settings(
+            api,
+            tmp_path,
+            database=backend["database"],
+            projects=f"web={repo}",
+            sandbox="on",
+            agent_env=("FAKE_*",),
+            agent_command=f"{sys.executable} {HOSTILE} {{prompt}}",
+        )
+        cli = cli_env(settings)
+        assert (await run_cli("status", "--task", "g1", "--init", env=cli))[0] == 0
+        (settings.tasks_root / "g1" / "research.md").write_text("# research\n")
+        rc, _, err = await run_cli(
+            "status", "--task", "g1", "--transition", "research:awaiting_approval", env=cli
+        )
+        assert rc == 0, err
+        async with running_bot(api, settings) as rt:
+            request = await SqliteApprovalStore(rt.db).open_request(
+                "someone-else", "Bash", {"command": "rm -rf /srv"}
+            )
+            database = settings.database
+            where = (
+                database.without_password()
+                if isinstance(database, PostgresURL)
+                else str(database.resolve())
+            )
+            targets = {
+                "database": where,
+                "env_file": str(tmp_path / ".env"),
+                "token": api.token,
+                "sibling": str(sibling),
+                "outside": [str(p) for p in outside],
+                "bot_pid": os.getpid(),
+                "pg_socket": backend["socket"],
+                "task": "g1",
+                "tasks_root": str(settings.tasks_root.resolve()),
+                "approver": APPROVER,
+                "request_id": request.id,
+                "repo": str(REPO),
+            }
+            monkeypatch.setenv("FAKE_HOSTILE", json.dumps(targets))
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command web")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="go")
+            reply = await api.wait_for_message(lambda m: m.text.startswith("attempts:"), 120)
+            assert reply.text == f"attempts: {len(ATTACKS)}; held: {len(ATTACKS)}; work committed"
+            binding = await rt.store.binding(CHAT, 0)
+            assert binding is not None
+            workdir = Path(binding.workdir)
+            # Nothing was decided behind the people's backs.
+            still = await SqliteApprovalStore(rt.db).get(request.id)
+            assert still.state is Decision.PENDING
+        rc, out, err = await run_cli("status", "--task", "g1", "--json", env=cli)
+        assert rc == 0, err
+        shown = json.loads(out)
+        assert shown["history"][-1]["to"] == "research:awaiting_approval"
+        assert shown["approvals"] == [] or not shown["approvals"], shown.get("approvals")
+    report = _report(workdir)
+    assert set(report) == ATTACKS
+    # Writes are judged on the host (below): inside, /tmp is the sandbox's own.
+    assert {n: r for n, r in report.items() if r["got_in"] and n != "write_outside"} == {}
+    assert str(REPO / ".hostile-was-here") not in report["write_outside"]["detail"]
+    # What each wall answered (the agent's view).
+    if backend["socket"] is None:
+        assert "No such file" in report["read_database"]["detail"]
+        assert (
+            "No such file" in report["decide_tool"]["detail"]
+            or "unable to open" in (report["decide_tool"]["detail"])
+        )
+    else:
+        assert "No such file" in report["pg_socket"]["detail"]
+        assert "password" in report["decide_tool"]["detail"]
+    assert "No such file" in report["read_sibling"]["detail"]
+    assert "No such process" in report["signal_bot"]["detail"]
+    assert "No such file" in report["list_bot_proc"]["detail"]
+    assert not any(p.exists() for p in outside)
+    # The turn itself worked: its file is committed on the run's branch.
+    log = subprocess.run(
+        ["git", "log", "-1", "--format=%s", "--", "work.txt"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert log.stdout.strip() == "hostile agent's work"
+    assert (workdir / "work.txt").read_text() == "done\n"
+
+
+# -- the walls themselves -------------------------------------------------------------
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return make_settings(tmp_path / "ctl", sandbox="on", **overrides)
+
+
+def test_the_control_plane_is_hidden_and_the_worktree_shown_again(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, sandbox_hide=(tmp_path / "keys",))
+    worktree = settings.workspaces / "worktrees" / "web" / "r1"
+    worktree.mkdir(parents=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    walls = walls_for(settings, cwd=worktree, home=home)
+    assert isinstance(walls, Walls)
+    hidden = control_plane_paths(settings)
+    for path in (
+        settings.database.resolve(),  # type: ignore[union-attr]
+        settings.tasks_root.resolve(),
+        settings.workspaces.resolve(),
+        (tmp_path / "keys").resolve(),
+    ):
+        assert path in hidden
+    argv = walls.wrap(["true"], worktree)
+    # The worktree is bound back after the workspaces root is hidden.
+    assert argv.index(str(settings.workspaces.resolve())) < argv.index(str(worktree.resolve()))
+    assert ["--bind", str(worktree.resolve()), str(worktree.resolve())] == argv[
+        argv.index(str(worktree.resolve())) - 1 : argv.index(str(worktree.resolve())) + 2
+    ]
+    assert "--unshare-pid" in argv
+    assert "--die-with-parent" in argv
+    assert "--unshare-net" not in argv
+    assert argv[-2:] == ["--", "true"]
+    if os.geteuid() == 0:
+        assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    off = walls_for(_settings(tmp_path, sandbox_network=False), cwd=worktree)
+    assert off is not None
+    assert "--unshare-net" in off.wrap(["true"])
+
+
+def test_with_the_sandbox_off_there_are_no_walls(tmp_path: Path) -> None:
+    assert walls_for(make_settings(tmp_path, sandbox="off"), cwd=tmp_path) is None
+
+
+def test_without_bwrap_agents_refuse_to_start_and_say_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.agents.factory import create_agent
+    from engine.sandbox import SandboxUnavailable
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    settings = _settings(tmp_path, agent_command="echo {prompt}")
+    with pytest.raises(
+        SandboxUnavailable, match=r"bwrap\) is not installed.*TURNSTILE_SANDBOX=off"
+    ):
+        create_agent("command", settings, cwd=tmp_path)
+
+
+async def test_a_turn_in_the_walls_writes_its_worktree_and_its_children_die_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real turn through the command agent: its own PID namespace, a private /tmp, the
+    worktree writable, the rest read-only; a process it leaves behind dies with it."""
+    from engine.agents.factory import create_agent
+
+    settings = _settings(tmp_path, agent_command="sh -c {prompt}")
+    worktree = tmp_path / "wt"
+    worktree.mkdir()
+    probe = tmp_path / "host-only"  # beside the worktree, in the host's /tmp
+    probe.write_text("the host's /tmp\n")
+    script = (
+        f"echo mine > mine.txt; echo pid=$$; cat {probe} 2>/dev/null | wc -l; "
+        f"touch {REPO}/.sandbox-probe 2>/dev/null || echo read-only; "
+        "(sleep 600 &) ; echo left-a-sleeper"
+    )
+    agent = create_agent("command", settings, cwd=worktree)
+    out = await agent.run_turn(script)
+    assert out.exit_code == 0, out.metadata
+    lines = out.text.split()
+    assert "pid=2" in lines or "pid=1" in lines  # the first processes of its own namespace
+    assert lines[1] == "0"  # its /tmp is its own: the host's files are not in it
+    assert "read-only" in lines
+    assert (worktree / "mine.txt").read_text() == "mine\n"
+    assert not (REPO / ".sandbox-probe").exists()
+
+    def sleepers() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd == b"sleep\x00600\x00":
+                found.append(int(entry))
+        return found
+
+    await wait_until(lambda: not sleepers(), timeout=20, what="the sleeper dies with the turn")
