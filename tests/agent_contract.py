@@ -202,5 +202,6 @@ def make_agent(
         config_dir=sandbox.config,
         extra_env=sandbox.env(profile.env(api, sandbox.config)),
         allowlist=allowlist,
+        walls=sandbox.walls(str(binary)),
     )
     return profile.adapter(options, session_id=session_id, resume=resume, preempt=preempt)

@@ -78,6 +78,7 @@ def make_agent(
         config_dir=sandbox.config,
         extra_env=sandbox.env(api.claude_env(sandbox.config)),
         allowlist=allowlist,
+        walls=sandbox.walls(str(claude_bin)),
     )
     return WarmClaudeAgent(
         options,

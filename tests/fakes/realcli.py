@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.sandbox import Walls, walls_for
+from engine.settings import Settings
 from tests.support import alive
 
 __all__ = [
@@ -50,6 +52,27 @@ class Sandbox:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """``base`` plus the marker."""
         return {**base, MARKER_VAR: self.marker}
+
+    @property
+    def control(self) -> Path:
+        """Where this test's control plane would live (hidden from the agent)."""
+        path = self.root / "control"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def walls(self, binary: str | None = None) -> Walls:
+        """The sandbox the agent runs in, as turnstile makes it for a session here."""
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            database=self.control / "turnstile.db",
+            tasks_root=self.control / "tasks",
+            workspaces=self.control / "ws",
+            runs_dir=self.control / "runs",
+            sandbox="on",
+        )
+        walls = walls_for(settings, cwd=self.workspace, home=self.config, binary=binary)
+        assert walls is not None
+        return walls
 
 
 def marked_processes(marker: str) -> list[int]:
