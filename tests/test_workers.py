@@ -128,7 +128,7 @@ def _slow_execute(tmp: Path, *, wait_file: Path | None = None) -> dict[str, Any]
         "text": "committed",
         "files": {"result.txt": "done\n"},
         "run": [
-            ["sh", "-c", 'printf %s "$TURNSTILE_WORKER_NAME" > worker.txt'],
+            ["sh", "-c", 'printf %s "$AGENT_WORKER_NAME" > worker.txt'],
             ["git", "add", "result.txt", "worker.txt"],
             ["git", "commit", "-q", "-m", "add result.txt"],
         ],
@@ -438,7 +438,7 @@ def test_a_run_waits_for_a_worker_with_its_agent_and_goes_to_one(cluster: Cluste
     mark = cluster.tmp / "codex-ran-on"
     fake = cluster.tmp / "bin" / "codex"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nprintf %s "$TURNSTILE_WORKER_NAME" > {mark}\nexit 3\n')
+    fake.write_text(f'#!/bin/sh\nprintf %s "$AGENT_WORKER_NAME" > {mark}\nexit 3\n')
     fake.chmod(0o755)
     lacking = cluster.start_worker("w1", env={"TURNSTILE_CODEX_BIN": str(cluster.tmp / "none")})
     done = cluster.cli(

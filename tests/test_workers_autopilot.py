@@ -84,7 +84,7 @@ AGENT = textwrap.dedent(
     task = re.search(r"^You are the .* for task (\\S+)\\.$", prompt, re.M).group(1)
     artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
     entry = {"task": task, "phase": phase, "session": session, "pid": os.getpid(),
-             "worker": os.environ.get("TURNSTILE_WORKER_NAME"), "cwd": os.getcwd(),
+             "worker": os.environ.get("AGENT_WORKER_NAME"), "cwd": os.getcwd(),
              "started": time.time()}
     with open(conf["started"], "a") as fh:
         fh.write(json.dumps(entry) + "\\n")

@@ -30,6 +30,7 @@ __all__ = [
     "Invocation",
     "ProcessAgent",
     "agent_environment",
+    "without_settings",
 ]
 
 # What an agent gets of this process's environment: an allowlist, never the rest. Its CLI
@@ -59,6 +60,11 @@ def _passes(name: str, extra: Sequence[str]) -> bool:
         name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
         for pattern in extra
     )
+
+
+def without_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less any turnstile setting, wherever it came from (a run's extra variables)."""
+    return {k: v for k, v in env.items() if not k.upper().startswith(_PREFIX)}
 
 
 def agent_environment(extra: Sequence[str] = ()) -> dict[str, str]:
@@ -163,7 +169,7 @@ class ProcessAgent(ABC):
         env = self.base_environment()
         env.update(self.options.extra_env)
         env.update(invocation.env)
-        return env
+        return without_settings(env)
 
     def confine(self, argv: Sequence[str]) -> list[str]:
         """``argv`` inside the session's walls (unchanged when it has none)."""

@@ -12,8 +12,13 @@ run commands (then ``workspace-write``); "dangerous" adds network access to
 ``--dangerously-bypass-approvals-and-sandbox`` are never used.
 
 Codex runs every shell command of the model through its Linux sandbox helper
-(``codex-linux-sandbox``, a name for the ``codex`` binary itself) under bubblewrap; see
-:func:`codex_tmpdir_redirect` for what that needs when ``CODEX_HOME`` is in a temp dir.
+(``codex-linux-sandbox``, a name for the ``codex`` binary itself) under bubblewrap, in a
+user namespace of its own; see :func:`codex_tmpdir_redirect` for what that needs when
+``CODEX_HOME`` is in a temp dir. It nests inside an outer bubblewrap sandbox (the agent's
+walls) as long as the process there may map its uid into a new user namespace: not uid 0
+without ``CAP_SETFCAP`` (root with every capability dropped and no user namespace), where
+each command fails with ``bwrap: setting up uid map: Operation not permitted``; a user
+namespace with a non-zero uid around it (``--unshare-user --uid 1000``) works.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from engine.agents.base import AgentOptions, Invocation, ProcessAgent
+from engine.agents.base import AgentOptions, Invocation, ProcessAgent, without_settings
 from engine.agents.registry import AGENTS
 from engine.errors import ConfigError, TurnExecError, TurnIOError
 from engine.process import PreemptHandle, ProcessResult, default_spill_dir
@@ -299,7 +299,7 @@ class JsonStreamAgent(ProcessAgent):
         env.update(self.isolation_env())
         env.update(self.options.extra_env)
         env.update(invocation.env)
-        return env
+        return without_settings(env)
 
     def build_invocation(self, prompt: str) -> Invocation:
         self.check_prompt(prompt)

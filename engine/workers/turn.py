@@ -154,7 +154,7 @@ class TurnRunner:
 
     @property
     def env(self) -> Mapping[str, str]:
-        return {"TURNSTILE_WORKER_NAME": self.name}
+        return {"AGENT_WORKER_NAME": self.name}  # which worker runs it (not a setting)
 
     def _manager(self) -> WorkspaceManager:
         return WorkspaceManager.from_settings(self.settings, store=SqliteWorkspaceStore(self.db))
