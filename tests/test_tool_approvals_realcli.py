@@ -34,7 +34,7 @@ from tests.fakes.bot_harness import (
     running_bot,
 )
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
-from tests.fakes.realcli import MARKER_VAR, Sandbox, marked_processes
+from tests.fakes.realcli import MARKER_VAR, Sandbox, cmdline, marked_processes
 from tests.support import clean_env
 
 pytestmark = [
@@ -70,6 +70,8 @@ def settings_for(api: FakeBotApi, root: Path, claude_bin: Path, **overrides: Any
         "default_agent": "claude",
         "claude_bin": str(claude_bin),
         "tool_approval": "unlisted",
+        # In the sandbox: the permission server is reached through its relay.
+        "sandbox": "on",
     }
     values.update(overrides)
     return bot_settings(api, root, **values)
@@ -188,7 +190,11 @@ async def test_stop_while_a_request_waits_ends_the_turn_and_removes_the_buttons(
     async with FakeBotApi() as api, running_bot(api, settings_for(api, tmp_path, claude_bin)) as rt:
         ask = await bind_and_ask(api)
         allow = ask.buttons[0]["callback_data"]
-        assert marked_processes(sandbox.marker)
+        waiting = marked_processes(sandbox.marker)
+        # The CLI and the relay it started run in the sandbox; the server is the bot's.
+        argvs = [cmdline(pid) for pid in waiting]
+        assert any(Path(a[0]).name == "bwrap" for a in argvs if a), argvs
+        assert any(a[-2].endswith("relay.py") for a in argvs if len(a) >= 2), argvs
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
         await api.wait_for_message(lambda m: "stopped during turn 1" in m.text, timeout=60)
         await api.wait_until(lambda: ask.buttons == [] and "the turn was stopped by 11" in ask.text)
@@ -239,6 +245,7 @@ def _terminal_env(root: Path, claude_bin: Path) -> dict[str, str]:
             "TURNSTILE_DEFAULT_AGENT": "claude",
             "TURNSTILE_CLAUDE_BIN": str(claude_bin),
             "TURNSTILE_DATABASE": str(root / "turnstile.db"),
+            "TURNSTILE_SANDBOX": "on",
             MARKER_VAR: os.environ[MARKER_VAR],
         }
     )
@@ -360,6 +367,7 @@ async def test_a_crash_while_a_request_waits_reports_it_after_the_restart(
                 "TURNSTILE_CLAUDE_BIN": str(claude_bin),
                 "TURNSTILE_TOOL_APPROVAL": "unlisted",
                 "TURNSTILE_STATUS_EDIT_INTERVAL": "0.05",
+                "TURNSTILE_SANDBOX": "on",
             }
         )
 
