@@ -34,7 +34,9 @@ from tests.fakes.realcli import Sandbox
 
 SHELL = ToolAllowlist.from_flags(["bash"])
 READ_ONLY = ToolAllowlist.read_only_default()
-HELPER_FAILURE = "codex-linux-sandbox"
+# How a command that never got into Codex's sandbox reads to the model: bubblewrap's own
+# error ("bwrap: execvp codex-linux-sandbox: ...", "bwrap: setting up uid map: ...").
+HELPER_FAILURE = "bwrap:"
 
 
 # -- where Codex's TMPDIR goes -----------------------------------------------------------
@@ -234,11 +236,26 @@ def _bubblewrap(codex_bin: Path) -> str:
     return str(bundled)
 
 
+# The outer sandboxes: as the agent's walls (the system read-only, a private /tmp, the
+# worktree and the CLI's home writable), the second one also the way root can drop every
+# capability and still let Codex nest its own: a user namespace with a non-zero uid. As
+# uid 0 without CAP_SETFCAP (--cap-drop ALL, no user namespace) Codex's bubblewrap cannot
+# map uid 0 into its user namespace (Linux 5.12 and later) and every command fails with
+# "bwrap: setting up uid map: Operation not permitted".
+OUTERS = {
+    "plain": "--unshare-pid",
+    "userns-no-caps": "--unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup-try"
+    " --unshare-user --uid 1000 --gid 1000 --cap-drop ALL",
+}
+
+
 @pytest.mark.realcli
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("allowlist", [SHELL, READ_ONLY], ids=["workspace-write", "read-only"])
+@pytest.mark.parametrize("outer", list(OUTERS))
 async def test_codex_sandbox_nests_inside_an_outer_bubblewrap_sandbox(
+    outer: str,
     mode: str,
     allowlist: ToolAllowlist,
     codex_bin: Path,
@@ -247,8 +264,6 @@ async def test_codex_sandbox_nests_inside_an_outer_bubblewrap_sandbox(
     pool: WarmPool,
     outside: Path,
 ) -> None:
-    # The walls turnstile puts around a turn: the system read-only, a private /tmp, the
-    # worktree and the CLI's config folder writable.
     workspace, config = sandbox.workspace, sandbox.config
     walls = sandbox.root / "walls"
     walls.mkdir()
@@ -256,7 +271,7 @@ async def test_codex_sandbox_nests_inside_an_outer_bubblewrap_sandbox(
     wrapper.write_text(
         "#!/bin/sh\n"
         f"exec {_bubblewrap(codex_bin)} --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp"
-        f" --bind {workspace} {workspace} --bind {config} {config} --unshare-pid"
+        f" --bind {workspace} {workspace} --bind {config} {config} {OUTERS[outer]}"
         f' --die-with-parent --chdir {workspace} -- {codex_bin} "$@"\n'
     )
     wrapper.chmod(0o755)
