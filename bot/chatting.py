@@ -308,9 +308,18 @@ class ChatFeature(Feature):
             return True
         if not await ctx.replies.authorize(update, Action.PROMPT):
             return True
-        result = await ctx.chats.submit(
-            chat.id, thread, update_id=update.update_id, user_id=user.id, text=text
-        )
+        try:
+            result = await ctx.chats.submit(
+                chat.id, thread, update_id=update.update_id, user_id=user.id, text=text
+            )
+        except ConfigError as exc:
+            # The message is queued; the agent could not start (no sandbox here, say): say
+            # why, and the message runs once the agent can start.
+            ctx.handled_in_transaction(update.update_id)
+            await ctx.replies.reply(
+                update, f"⛔ The agent could not start: {exc}. Your message waits in the queue."
+            )
+            return True
         ctx.handled_in_transaction(update.update_id)
         if result.steered:
             await ctx.replies.reply(update, "↪️ Sent to the running turn: the agent has it now.")

@@ -309,7 +309,7 @@ def walls_for(
     state = sandbox_state(settings)
     if not state.confined:
         raise SandboxUnavailable(
-            f"cannot start the agent in its sandbox: {state.detail}; {state.fix}"
+            f"agents run in a sandbox, and it cannot be made here ({state.detail}); {state.fix}"
         )
     bwrap = shutil.which("bwrap")
     assert bwrap is not None

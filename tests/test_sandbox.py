@@ -272,3 +272,37 @@ async def test_a_turn_in_the_walls_writes_its_worktree_and_its_children_die_with
         return found
 
     await wait_until(lambda: not sleepers(), timeout=20, what="the sleeper dies with the turn")
+
+
+# -- where the sandbox cannot be had --------------------------------------------------
+
+
+async def test_without_user_namespaces_the_bot_refuses_agents_and_status_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap that cannot make a namespace (a kernel or container that forbids them): the
+    chat's turn is refused with the fix, /status says agents cannot start; with the sandbox
+    turned off explicitly, /status says agents run unconfined."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path, sandbox="on")
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await api.wait_for_message(lambda m: "bound" in m.text)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
+            failed = await api.wait_for_message(lambda m: "could not start" in m.text)
+            assert "sandbox" in failed.text
+            assert "No permissions to create new namespace" in failed.text
+            assert "TURNSTILE_SANDBOX=off" in failed.text
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            status = await api.wait_for_message(lambda m: "Agents cannot start here" in m.text)
+            assert "turnstile doctor" in status.text
+    async with FakeBotApi() as api:
+        settings = bot_settings(api, tmp_path / "off", sandbox="off")
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
+            await api.wait_for_message(lambda m: "Agents run unconfined here" in m.text)
