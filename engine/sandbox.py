@@ -49,6 +49,8 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
+# The uid an agent has inside when turnstile runs as root (mapped to root outside).
+_SANDBOX_UID: Final = 1000
 # Inside the walls /tmp is the sandbox's own, empty and private (a tmpfs).
 _TMP: Final = "/tmp"  # noqa: S108
 
@@ -118,7 +120,11 @@ class Walls:
             args.append("--unshare-net")
         if _is_root():
             # Root keeps its capabilities in a sandbox unless told: without them it cannot
-            # unmount what hides the control plane.
+            # unmount what hides the control plane. In a user namespace of its own, as an
+            # ordinary uid (files it writes are still the host's root's), so a CLI's own
+            # bubblewrap (Codex's) can still map its uid; an unprivileged bwrap does this
+            # by itself.
+            args += ["--unshare-user", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID)]
             args += ["--cap-drop", "ALL"]
         args.append("--die-with-parent")
         if cwd is not None:
