@@ -6,7 +6,10 @@ No Docker engine runs here, so the image itself is not built.
 
 from __future__ import annotations
 
+import ctypes.util
+import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -19,6 +22,7 @@ import pytest
 import yaml
 
 from engine.agents.factory import AGENT_NAMES
+from engine.sandbox import Walls, probe_sandbox
 from tests.agent_clis import PINNED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -361,6 +365,152 @@ def test_the_postgres_compose_file_layers_a_server_under_turnstile() -> None:
     assert server["image"] == "postgres:15"
 
 
+# --- the agents' sandbox in a container ----------------------------------------------
+
+# What bubblewrap needs beyond Docker's default profile, for a process without capabilities.
+SANDBOX_CALLS = ["clone", "mount", "pivot_root", "umount2", "unshare"]
+SECCOMP = DEPLOY / "seccomp-bwrap.json"
+SANDBOX_OPTIONS = [
+    "no-new-privileges:true",
+    f"seccomp={SECCOMP.name}",
+    "systempaths=unconfined",
+    "apparmor=unconfined",
+]
+
+
+def test_every_service_that_runs_agents_can_make_their_sandbox_and_gets_no_more() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    agents = {"turnstile", "worker-1", "worker-2"}
+    assert agents <= set(compose["services"])
+    for name in agents:
+        service = compose["services"][name]
+        assert service["security_opt"] == SANDBOX_OPTIONS, name
+        # Compose reads the profile relative to the project folder, deploy/.
+        assert (DEPLOY / SECCOMP.name).is_file()
+        # Never root, never privileged, no capability: unmasked /proc and no AppArmor are
+        # safe only for the image's own unprivileged user.
+        for key in ("user", "privileged", "cap_add"):
+            assert key not in service, (name, key)
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["read_only"] is True, name
+    # The PostgreSQL layer changes none of it.
+    layer = yaml.safe_load((DEPLOY / "compose.postgres.yaml").read_text())
+    turnstile = layer["services"]["turnstile"]
+    for key in ("security_opt", "user", "privileged", "cap_add", "cap_drop"):
+        assert key not in turnstile, key
+
+
+def test_the_seccomp_profile_is_dockers_default_plus_the_sandboxs_calls() -> None:
+    profile = json.loads(SECCOMP.read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert profile["defaultErrnoRet"] == 1  # EPERM, as Docker's
+    ours, docker, *rest = profile["syscalls"]
+    assert ours["names"] == SANDBOX_CALLS
+    assert ours["action"] == "SCMP_ACT_ALLOW"
+    assert "moby/profiles" in docker["comment"]  # where the rest comes from
+    assert "docs/deploy.md" in docker["comment"]  # and how it was made
+    rules = [ours, docker, *rest]
+    # The container has no capabilities: nothing is conditional on one.
+    assert not [r for r in rules if "caps" in (r.get("includes") or {})]
+    allowed = {n for r in rules if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
+    # Still refused, as by Docker's default profile for a container without capabilities.
+    for call in (
+        "setns", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+        "kexec_load", "init_module", "finit_module", "delete_module", "open_tree",
+        "move_mount", "fsopen", "fsmount", "mount_setattr", "chroot", "umount",
+        "sethostname", "setdomainname", "reboot", "swapon", "settimeofday",
+        "clock_settime", "open_by_handle_at", "iopl", "ioperm",
+    ):  # fmt: skip
+        assert call not in allowed, call
+    # clone3 answers "not implemented", so the C library falls back to clone.
+    [clone3] = [r for r in rules if "clone3" in r["names"]]
+    assert clone3["action"] == "SCMP_ACT_ERRNO"
+    assert clone3["errnoRet"] == 38
+
+
+# Loads a profile in Docker's format for a process without capabilities with libseccomp
+# (what runc does, in short), then runs argv under it. argv[1]: the profile; argv[2]: calls
+# to leave out (comma separated); the rest: the command.
+_UNDER_PROFILE = r"""
+import ctypes, json, os, platform, sys
+arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+subs = {"amd64": [b"x86", b"x32"], "arm64": [b"arm"]}[arch]
+ALLOW = 0x7FFF0000
+def errno(n): return 0x00050000 | (n & 0xFFFF)
+ops = {"SCMP_CMP_NE": 1, "SCMP_CMP_LT": 2, "SCMP_CMP_LE": 3, "SCMP_CMP_EQ": 4,
+       "SCMP_CMP_GE": 5, "SCMP_CMP_GT": 6, "SCMP_CMP_MASKED_EQ": 7}
+class Cmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+lib = ctypes.CDLL(os.environ["LIBSECCOMP"])
+lib.seccomp_init.restype = ctypes.c_void_p
+lib.seccomp_init.argtypes = [ctypes.c_uint32]
+lib.seccomp_arch_resolve_name.restype = ctypes.c_uint32
+lib.seccomp_arch_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+lib.seccomp_rule_add_array.argtypes = [
+    ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(Cmp)]
+lib.seccomp_load.argtypes = [ctypes.c_void_p]
+profile = json.load(open(sys.argv[1]))
+left_out = set(sys.argv[2].split(","))
+ctx = lib.seccomp_init(errno(profile["defaultErrnoRet"]))
+for sub in subs:
+    lib.seccomp_arch_add(ctx, lib.seccomp_arch_resolve_name(sub))
+kernel = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+for rule in profile["syscalls"]:
+    inc = rule.get("includes") or {}
+    if inc.get("arches") and arch not in inc["arches"]:
+        continue
+    if "minKernel" in inc and kernel < tuple(int(x) for x in inc["minKernel"].split(".")):
+        continue
+    act = ALLOW if rule["action"] == "SCMP_ACT_ALLOW" else errno(rule.get("errnoRet", 1))
+    args = rule.get("args") or []
+    cmps = (Cmp * len(args))(
+        *[Cmp(a["index"], ops[a["op"]], a["value"], a.get("valueTwo", 0)) for a in args])
+    for name in rule["names"]:
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        if name not in left_out and nr >= 0:
+            assert lib.seccomp_rule_add_array(ctx, act, nr, len(args), cmps) == 0, name
+assert lib.seccomp_load(ctx) == 0
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "aarch64"), reason="the profile is for amd64/arm64"
+)
+def test_the_seccomp_profile_lets_bubblewrap_make_an_agents_sandbox(tmp_path: Path) -> None:
+    """The walls an agent gets, under the shipped profile (as a container would load it):
+    made with it, refused with Docker's default (the same profile without the five calls).
+
+    What the profile cannot show: Docker's masked /proc paths and its AppArmor profile,
+    the other two options (docs/deploy.md says how each was measured)."""
+    bwrap = _tool("bwrap")
+    if probe_sandbox(bwrap) is not None:
+        pytest.skip("bubblewrap cannot make a sandbox on this machine")
+    library = ctypes.util.find_library("seccomp")
+    if library is None:
+        pytest.skip("libseccomp is not installed")
+    walls = Walls(bwrap=bwrap, hidden=(), writable=(tmp_path,))
+    argv = walls.wrap(["sh", "-c", "echo made > proof && cat proof"], tmp_path)
+
+    def under(left_out: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-I", "-c", _UNDER_PROFILE, str(SECCOMP), ",".join(left_out), *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            env={**os.environ, "LIBSECCOMP": library},
+        )
+
+    made = under([])
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == "made"
+    refused = under(SANDBOX_CALLS)
+    assert refused.returncode != 0
+    assert "bwrap" in refused.stderr
+
+
 def test_nginx_example_matches_its_settings() -> None:
     text = (DEPLOY / "nginx.conf").read_text()
     url = re.search(r"TURNSTILE_WEBHOOK_URL=(\S+)", text)
@@ -418,7 +568,9 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/deploy.md", "deploy/README.md"])
+@pytest.mark.parametrize(
+    "doc", ["README.md", "docs/deploy.md", "deploy/README.md", "docs/security.md"]
+)
 def test_relative_links_and_anchors_resolve(doc: str) -> None:
     path = ROOT / doc
     text = path.read_text()
