@@ -86,10 +86,14 @@ class GitRunner:
         # No hooks in the engine's own git commands: hooks live in the shared clone, where
         # any run's agent could have put one that would then run on every checkout and
         # merge of every other run.
+        # Nor a file-system monitor: a program a repository's config names, run by `git
+        # status` (the agent's sandbox keeps the config read-only; this holds regardless).
         count = int(env.get("GIT_CONFIG_COUNT", "0") or "0")
-        env[f"GIT_CONFIG_KEY_{count}"] = "core.hooksPath"
-        env[f"GIT_CONFIG_VALUE_{count}"] = os.devnull
-        env["GIT_CONFIG_COUNT"] = str(count + 1)
+        for key, value in (("core.hooksPath", os.devnull), ("core.fsmonitor", "false")):
+            env[f"GIT_CONFIG_KEY_{count}"] = key
+            env[f"GIT_CONFIG_VALUE_{count}"] = value
+            count += 1
+        env["GIT_CONFIG_COUNT"] = str(count)
         if extra:
             env.update(extra)
         return env

@@ -78,6 +78,8 @@ class Walls:
         writable: the session's own folders, writable inside (its cwd first).
         readable: paths shown read-only even inside a hidden folder (the CLI's install).
         network: whether the agent shares the machine's network.
+        locked: paths inside the writable ones that stay read-only (git's control files:
+            what turnstile's own git, outside the walls, reads and could be made to run).
     """
 
     bwrap: str
@@ -85,6 +87,7 @@ class Walls:
     writable: tuple[Path, ...]
     readable: tuple[Path, ...] = ()
     network: bool = True
+    locked: tuple[Path, ...] = ()
 
     def adding(self, *, writable: Iterable[Path] = (), readable: Iterable[Path] = ()) -> Walls:
         """These walls with more paths shown (a turn's own sockets, say)."""
@@ -112,6 +115,10 @@ class Walls:
         for path in self.writable:
             if path.exists():
                 args += ["--bind", str(path), str(path)]
+        for path in self.locked:
+            if path.exists():
+                # A mount point cannot be renamed or removed, so neither can be swapped.
+                args += ["--ro-bind", str(path), str(path)]
         # A control-plane path inside a folder shown again (a database in the worktree)
         # stays hidden: later mounts win.
         args += _hide([h for h in hidden if any(_inside(h, s) and h != s for s in shown)])
@@ -215,28 +222,37 @@ def _seed(home: Path) -> None:
             dst.chmod(0o600)
 
 
-def _git_dirs(cwd: Path) -> list[Path]:
-    """The git folder a worktree in ``cwd`` commits into (objects, refs, its own index)."""
+def _git_dirs(cwd: Path) -> tuple[list[Path], list[Path]]:
+    """The git folders a repository or worktree in ``cwd`` writes (objects, refs, index),
+    and its control files, which stay read-only: the config (a program it names runs when
+    turnstile's own git, outside the walls, works in the tree), the hooks, and the links
+    that say which folder is the repository."""
     dot = cwd / ".git"
+    if dot.is_dir():
+        # The folder itself is bound too: a mount point cannot be renamed out of the way.
+        return [_resolved(dot)], [_resolved(dot / name) for name in ("config", "hooks")]
     if not dot.is_file():
-        return []
+        return [], []
     try:
         line = dot.read_text(encoding="utf-8").strip()
     except OSError:
-        return []
+        return [], []
     if not line.startswith("gitdir:"):
-        return []
+        return [], []
     gitdir = Path(line.removeprefix("gitdir:").strip())
     if not gitdir.is_absolute():
         gitdir = cwd / gitdir
-    found = [_resolved(gitdir)]
-    common = gitdir / "commondir"
+    gitdir = _resolved(gitdir)
+    writable = [gitdir]
+    locked = [_resolved(dot), gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree"]
     try:
-        shared = Path(common.read_text(encoding="utf-8").strip())
+        shared = Path((gitdir / "commondir").read_text(encoding="utf-8").strip())
     except OSError:
-        return found
-    found.append(_resolved(shared if shared.is_absolute() else gitdir / shared))
-    return found
+        return writable, locked
+    common = _resolved(shared if shared.is_absolute() else gitdir / shared)
+    writable.append(common)
+    locked += [common / "config", common / "hooks"]
+    return writable, locked
 
 
 def _install_root(binary: str) -> Path | None:
@@ -320,7 +336,8 @@ def walls_for(
     bwrap = shutil.which("bwrap")
     assert bwrap is not None
     hidden = control_plane_paths(settings)
-    writable = [_resolved(cwd), *_git_dirs(cwd)]
+    git_writable, git_locked = _git_dirs(cwd)
+    writable = [_resolved(cwd), *git_writable]
     if home is not None:
         writable.append(_resolved(home))
     readable: list[Path] = []
@@ -334,4 +351,5 @@ def walls_for(
         writable=tuple(dict.fromkeys(writable)),
         readable=tuple(readable),
         network=settings.sandbox_network,
+        locked=tuple(git_locked),
     )

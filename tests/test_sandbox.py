@@ -306,3 +306,82 @@ async def test_without_user_namespaces_the_bot_refuses_agents_and_status_says_so
         async with running_bot(api, settings):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             await api.wait_for_message(lambda m: "Agents run unconfined here" in m.text)
+
+
+async def test_the_verify_command_runs_in_the_agents_walls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Auto mode's verify command runs code the agent wrote (its tests): inside the
+    agent's walls, with the agent's environment, never this process's settings."""
+    from engine.agents.factory import create_agent
+    from engine.automode import CompletionVerifier, Verdict
+    from engine.automode.run import _verifier_env
+
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TURNSTILE_DATABASE", "/somewhere/turnstile.db")
+    settings = _settings(tmp_path, agent_command="sh -c {prompt}")
+    settings.database.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+    settings.database.write_text("the store")  # type: ignore[union-attr]
+    repo = git_workspace(tmp_path / "wt")
+    agent = create_agent("command", settings, cwd=repo)
+    check = (
+        f"cat {settings.database} || echo hidden; "
+        "env | grep '^TURNSTILE_' | grep -vc '^TURNSTILE_TURN_ID=' || true; "
+        "echo ok > verified.txt"
+    )
+    verifier = CompletionVerifier(
+        repo,
+        base_commit=None,
+        verify_cmd=["sh", "-c", check],
+        walls=agent.options.walls,
+        env=_verifier_env(agent),
+    )
+    result = await verifier.verify(Verdict.COMPLETE)
+    [evidence] = [e for e in result.evidence if e.name == "verify_cmd"]
+    assert evidence.value == 1.0, evidence.detail
+    assert "the store" not in evidence.detail
+    assert "hidden | 0" in evidence.detail
+    assert (repo / "verified.txt").read_text() == "ok\n"
+
+
+async def test_the_agent_cannot_make_turnstiles_own_git_run_its_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """turnstile runs git in the worktree outside the walls (rescue commits, merges,
+    pushes): a program named in the repository's config (a file-system monitor, a hook)
+    would run there. Inside, the config, the hooks and the links to the repository are
+    read-only, and a mount point cannot be moved out of the way."""
+    from engine.agents.factory import create_agent
+    from engine.git import GitRunner
+
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    origin = git_workspace(tmp_path / "origin")
+    worktree = tmp_path / "ctl" / "ws" / "worktrees" / "web" / "r1"
+    worktree.parent.mkdir(parents=True)
+    subprocess.run(
+        ["git", "worktree", "add", "-q", "-b", "run", str(worktree)], cwd=origin, check=True
+    )
+    evil = tmp_path / "evil.sh"
+    ran = tmp_path / "evil-ran"
+    evil.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    evil.chmod(0o755)
+    settings = _settings(tmp_path, agent_command="sh -c {prompt}")
+    attacks = [
+        f"git config core.fsmonitor {evil}",
+        f"printf '[core]\\n\\tfsmonitor = {evil}\\n' >> {origin}/.git/config",
+        f"mkdir -p {origin}/.git/hooks && cp {evil} {origin}/.git/hooks/post-checkout",
+        "mv .git .git-moved",
+        f"echo 'gitdir: {tmp_path}/fake' > .git",
+        f"echo {tmp_path}/fake > $(sed 's/gitdir: //' .git)/commondir",
+    ]
+    script = "; ".join(f"{a} 2>/dev/null && echo 'got in: {a[:20]}'" for a in attacks)
+    agent = create_agent("command", settings, cwd=worktree)
+    out = await agent.run_turn(script + "; echo done")
+    assert out.text.strip().splitlines() == ["done"], out.text
+    git = GitRunner()
+    await git.run(["status", "--porcelain"], cwd=worktree)
+    await git.run(["checkout", "-q", "-b", "after"], cwd=worktree)
+    assert not ran.exists()
+    assert "fsmonitor" not in (origin / ".git" / "config").read_text()

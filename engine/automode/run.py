@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
+from engine.agents.base import ProcessAgent, without_settings
 from engine.agents.factory import AGENT_NAMES, create_agent
 from engine.agents.warm import close_agent
 from engine.approvals.route import ApprovalRoute
@@ -230,6 +231,11 @@ class AutoRun:
         return self.result()
 
 
+def _verifier_env(agent: ProcessAgent) -> dict[str, str]:
+    """The verify command's environment: the agent's (it runs the agent's code)."""
+    return without_settings({**agent.base_environment(), **agent.options.extra_env})
+
+
 def _verify_argv(verify_cmd: str | None, workdir: Path) -> list[str] | None:
     if verify_cmd is None or not verify_cmd.strip():
         return None
@@ -316,6 +322,8 @@ def _build(
         exclude=[log_dir],
         stop=stop,
         spill_dir=log_dir,
+        walls=agent.options.walls,
+        env=_verifier_env(agent),
     )
     inbox = InstructionInbox(log_dir)
     inbox.ensure()

@@ -27,6 +27,7 @@ from engine.errors import TurnExecError, TurnPreempted
 from engine.process import ProcessSpec, run_process
 from engine.redact import tail
 from engine.runs.stop import until_stopped
+from engine.sandbox import Walls
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -191,8 +192,14 @@ class CompletionVerifier:
         gh_bin: str = "gh",
         stop: asyncio.Event | None = None,
         spill_dir: Path | None = None,
+        walls: Walls | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        # The verify command runs code the agent wrote: inside the agent's walls, with the
+        # agent's environment (never this process's settings).
+        self.walls = walls
+        self.env = env
         self.base_commit = base_commit
         self.verify_cmd = tuple(verify_cmd) if verify_cmd else None
         self.threshold = threshold
@@ -252,7 +259,16 @@ class CompletionVerifier:
         try:
             result = await until_stopped(
                 run_process(
-                    ProcessSpec(argv=self.verify_cmd, cwd=self.workdir), spill_dir=self.spill_dir
+                    ProcessSpec(
+                        argv=(
+                            self.walls.wrap(self.verify_cmd, self.workdir)
+                            if self.walls is not None
+                            else self.verify_cmd
+                        ),
+                        cwd=self.workdir,
+                        env=self.env,
+                    ),
+                    spill_dir=self.spill_dir,
                 ),
                 self.stop_event,
                 what="the verify command",
