@@ -58,9 +58,9 @@ _TMP: Final = "/tmp"  # noqa: S108
 _PG_SOCKET_DIRS: Final = ("/var/run/postgresql", "/run/postgresql")
 _FIX: Final = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
-    "bubblewrap) and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; in a "
-    "container, the seccomp profile in deploy/), or set TURNSTILE_SANDBOX=off to run agents "
-    "unconfined"
+    "bubblewrap) and allow user namespaces (for the kernel, systemd and containers see "
+    "docs/deploy.md, the agent sandbox in production), or set TURNSTILE_SANDBOX=off to run "
+    "agents unconfined"
 )
 
 

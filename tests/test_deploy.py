@@ -124,7 +124,10 @@ def test_systemd_exposure_score_is_low(tmp_path: Path) -> None:
     )
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
     assert match is not None, result.stdout + result.stderr
-    assert float(match.group(1)) <= 2.0, result.stdout
+    # 1.7 before the agents' sandbox; what bubblewrap needs opened (user, mount and pid
+    # namespaces, its mounts, an unmasked /proc) costs about 1.1: the agent behind the
+    # walls is worth more than the points (docs/security.md).
+    assert float(match.group(1)) <= 3.0, result.stdout
 
 
 def test_service_hardening_and_restart_policy() -> None:
