@@ -118,12 +118,16 @@ class ProcessSpec:
         cwd: working directory (pinned per session by the adapters).
         env: the complete environment, or None to inherit ours.
         stdin: bytes written to the process's stdin, or None for no stdin.
+        sandboxed: argv starts the agent in its sandbox (engine.sandbox): a stop asks the
+            agent to end, not the sandbox around it, which would take the agent with it
+            before it can save its session.
     """
 
     argv: Sequence[str]
     cwd: Path | None = None
     env: Mapping[str, str] | None = None
     stdin: bytes | None = None
+    sandboxed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,10 +223,18 @@ class PreemptHandle:
 class _Turn:
     """The processes of one running turn: the leader, its group, its marked descendants."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, exited: asyncio.Event, marker: str):
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        exited: asyncio.Event,
+        marker: str,
+        *,
+        sandboxed: bool = False,
+    ):
         self.proc = proc
         self.exited = exited
         self.marker = marker
+        self.sandboxed = sandboxed
 
     def kill(self) -> None:
         """SIGKILL the group and every process that carries the marker, wherever it went."""
@@ -232,9 +244,20 @@ class _Turn:
             _LOGGER.info("killed %d process(es) of pid=%s's turn", len(killed), self.proc.pid)
 
     async def terminate(self, grace: float) -> None:
-        """SIGTERM everything, wait ``grace`` for the leader, SIGKILL everything, wait."""
-        _signal_group(self.proc, signal.SIGTERM)
-        signal_marked(self.marker, signal.SIGTERM)
+        """SIGTERM everything, wait ``grace`` for the leader, SIGKILL everything, wait.
+
+        In a sandbox, everything but the sandbox's own processes (the leader and the
+        first process of its PID namespace): the sandbox ends when the agent does.
+        """
+        if self.sandboxed:
+            own = {self.proc.pid, *_children(self.proc.pid)}
+            for pid in marked_pids(self.marker):
+                if pid not in own:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGTERM)
+        else:
+            _signal_group(self.proc, signal.SIGTERM)
+            signal_marked(self.marker, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             # The exit itself, not proc.wait(): that one also waits for the pipes.
             await asyncio.wait_for(self.exited.wait(), timeout=grace)
@@ -259,6 +282,27 @@ async def _wait_group_gone(pgid: int) -> None:
             _LOGGER.warning("processes of group %s are still running after SIGKILL", pgid)
             return
         await asyncio.sleep(0.01)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (none where /proc is unavailable)."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
 
 
 def _group_running(pgid: int) -> bool:
@@ -499,7 +543,7 @@ async def _run(
     except OSError as exc:
         raise TurnExecError(f"cannot start {program!r}: {exc.strerror}", binary=program) from exc
 
-    turn = _Turn(proc, exited, marker)
+    turn = _Turn(proc, exited, marker, sandboxed=spec.sandboxed)
     info: TurnProcess | None = None
     if preempt is not None and preempt.on_spawn is not None:
         # Read right after the spawn: the leader cannot have been reaped yet (we reap it).

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.fakes.bot_api import FakeBotApi
-from tests.support import UNCONFINED
+from tests.support import agent_settings
 
 __all__ = [
     "ADMIN",
@@ -88,7 +88,7 @@ class BotProcess:
 def bot_env(root: Path, api: FakeBotApi, **extra: str) -> dict[str, str]:
     """The environment of a bot on ``api`` with everything under ``root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "FAKE_"))}
-    env.update(UNCONFINED)
+    env.update(agent_settings())
     env.update(
         PYTHONPATH=str(ROOT),
         NO_PROXY="127.0.0.1,localhost",

@@ -18,7 +18,7 @@ from tests.pg_support import (  # noqa: F401 - fixtures
     pg_cluster,
     pg_url,
 )
-from tests.support import UNCONFINED
+from tests.support import UNCONFINED, agent_settings
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "fake_agent.py"
@@ -28,6 +28,15 @@ os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 os.environ["no_proxy"] = "127.0.0.1,localhost"
 # The scripted fake agents run unconfined unless a test puts them in the sandbox.
 os.environ.update(UNCONFINED)
+
+
+@pytest.fixture(autouse=True)
+def _real_clis_in_the_sandbox(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real agent CLI runs in the sandbox, as it does by default for a user."""
+    if request.node.get_closest_marker("realcli") is not None:
+        monkeypatch.setenv("TURNSTILE_SANDBOX", "on")
 
 
 @pytest.fixture
@@ -42,7 +51,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for key in list(os.environ):
         if key.startswith("TURNSTILE_"):
             monkeypatch.delenv(key)
-    for key, value in UNCONFINED.items():
+    for key, value in agent_settings().items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
     return tmp_path

@@ -22,6 +22,7 @@ from engine.settings import Settings
 
 __all__ = [
     "UNCONFINED",
+    "agent_settings",
     "alive",
     "clean_env",
     "make_settings",
@@ -34,15 +35,20 @@ T = TypeVar("T")
 
 # The scripted fake agents live beside the test's database and report through FAKE_*
 # variables: the suites that are not about the sandbox run them unconfined, with those
-# variables passed on, as an operator would configure it (tests/test_sandbox*.py and the
-# real-CLI suites run the agents in the sandbox).
+# variables passed on, as an operator would configure it. The real-CLI suites (marked
+# ``realcli``) and tests/test_sandbox*.py run the agents in the sandbox.
 UNCONFINED: dict[str, str] = {"TURNSTILE_SANDBOX": "off", "TURNSTILE_AGENT_ENV": "FAKE_*"}
 
 
+def agent_settings() -> dict[str, str]:
+    """:data:`UNCONFINED`, or the sandbox on where this test turned it on (realcli)."""
+    return {**UNCONFINED, "TURNSTILE_SANDBOX": os.environ.get("TURNSTILE_SANDBOX", "off")}
+
+
 def clean_env() -> dict[str, str]:
-    """This process's environment without turnstile's settings, with :data:`UNCONFINED`."""
+    """This process's environment without turnstile's settings, with :func:`agent_settings`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-    env.update(UNCONFINED)
+    env.update(agent_settings())
     return env
 
 

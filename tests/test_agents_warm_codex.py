@@ -80,6 +80,7 @@ def make_agent(
         config_dir=sandbox.config,
         extra_env=sandbox.env(api.codex_env(sandbox.config)),
         allowlist=allowlist,
+        walls=sandbox.walls(str(codex_bin)),
     )
     return WarmCodexAgent(
         options,

@@ -11,6 +11,7 @@ its real work (a file written and committed in its worktree) lands.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -385,3 +386,28 @@ async def test_the_agent_cannot_make_turnstiles_own_git_run_its_program(
     await git.run(["checkout", "-q", "-b", "after"], cwd=worktree)
     assert not ran.exists()
     assert "fsmonitor" not in (origin / ".git" / "config").read_text()
+
+
+async def test_a_stop_lets_the_agent_in_its_sandbox_save_before_it_ends(
+    tmp_path: Path,
+) -> None:
+    """/stop asks the agent to end (SIGTERM), not the sandbox around it: an agent that
+    saves its session on SIGTERM (Claude Code flushes its transcript) gets to; then
+    nothing of the turn is left."""
+    from engine.agents.factory import create_agent
+    from engine.errors import TurnPreempted
+
+    settings = _settings(tmp_path, agent_command="sh -c {prompt}")
+    worktree = tmp_path / "wt"
+    worktree.mkdir()
+    script = (
+        "trap 'sleep 1; echo saved > saved.txt; exit 0' TERM; "
+        "echo started > started.txt; sleep 600 & wait"
+    )
+    agent = create_agent("command", settings, cwd=worktree)
+    turn = asyncio.create_task(agent.run_turn(script))
+    await wait_until(lambda: (worktree / "started.txt").exists(), what="the agent started")
+    assert await agent.preempt.stop()
+    with pytest.raises(TurnPreempted):
+        await turn
+    assert (worktree / "saved.txt").read_text() == "saved\n"

@@ -191,6 +191,7 @@ class ProcessAgent(ABC):
                 cwd=self.options.cwd,
                 env=self.environment(invocation),
                 stdin=invocation.stdin,
+                sandboxed=self.options.walls is not None,
             )
             self.turns_started += 1
             result = await run_process(

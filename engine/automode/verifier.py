@@ -267,6 +267,7 @@ class CompletionVerifier:
                         ),
                         cwd=self.workdir,
                         env=self.env,
+                        sandboxed=self.walls is not None,
                     ),
                     spill_dir=self.spill_dir,
                 ),
