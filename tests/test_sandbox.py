@@ -411,3 +411,41 @@ async def test_a_stop_lets_the_agent_in_its_sandbox_save_before_it_ends(
     with pytest.raises(TurnPreempted):
         await turn
     assert (worktree / "saved.txt").read_text() == "saved\n"
+
+
+def test_doctor_reports_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.commands.doctor import Status, check_sandbox
+
+    on = check_sandbox(_settings(tmp_path))
+    assert (on.status, on.name) == (Status.OK, "agent sandbox")
+    assert "bubblewrap sandbox" in on.detail
+    off = check_sandbox(make_settings(tmp_path, sandbox="off"))
+    assert off.status is Status.WARN
+    assert "unconfined" in off.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    missing = check_sandbox(_settings(tmp_path))
+    assert missing.status is Status.FAIL
+    assert "not installed" in missing.detail
+    assert missing.fix is not None
+    assert "apt-get install bubblewrap" in missing.fix
+
+
+@pytest.mark.parametrize("network", [True, False])
+async def test_the_network_is_the_agents_unless_turned_off(tmp_path: Path, network: bool) -> None:
+    import socket
+
+    from engine.agents.factory import create_agent
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        probe = (
+            f"{sys.executable} -c 'import socket; socket.create_connection"
+            f'(("127.0.0.1", {port}), 5); print("reached")\' 2>/dev/null || echo cut-off'
+        )
+        settings = _settings(tmp_path, agent_command="sh -c {prompt}", sandbox_network=network)
+        worktree = tmp_path / "wt"
+        worktree.mkdir(exist_ok=True)
+        out = await create_agent("command", settings, cwd=worktree).run_turn(probe)
+    assert out.text.strip() == ("reached" if network else "cut-off")
