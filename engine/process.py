@@ -21,7 +21,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -284,13 +284,13 @@ async def _wait_group_gone(pgid: int) -> None:
         await asyncio.sleep(0.01)
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (none where /proc is unavailable)."""
-    found: list[int] = []
+def _stats() -> Iterator[tuple[int, list[bytes]]]:
+    """Each process's pid and the fields of its ``/proc/PID/stat`` after the name (state,
+    parent, group, ...); nothing where /proc is unavailable."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -299,30 +299,20 @@ def _children(pid: int) -> list[int]:
                 stat = fh.read()
         except OSError:
             continue
-        fields = stat.rsplit(b")", 1)[1].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
+        yield int(entry), stat.rsplit(b")", 1)[1].split()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    return [child for child, fields in _stats() if len(fields) > 1 and int(fields[1]) == pid]
 
 
 def _group_running(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still runs (False where /proc is unavailable)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return False
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(b")", 1)[1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+    return any(
+        len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+        for _, fields in _stats()
+    )
 
 
 async def _stop_spawned(
