@@ -146,7 +146,7 @@ class AdminFeature(Feature):
         walls = sandbox_state(self.ctx.settings)
         if not walls.confined and self.ctx.settings.sandbox == "off":
             lines.append(
-                "⚠️ Agents run unconfined here: the sandbox is turned off, so an agent can "
+                "⚠️ Agents run unconfined here: the sandbox is switched off, so an agent can "
                 "read the bot's database and settings."
             )
         elif not walls.confined:

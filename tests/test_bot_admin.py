@@ -25,6 +25,7 @@ from tests.fakes.bot_harness import (
     agent_log,
     bot_settings,
     running_bot,
+    runs_shown,
     wait_for_run_status,
     write_script,
 )
@@ -114,7 +115,9 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
         status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
         assert "proj-a" in status.text
         assert re.search(
-            r"· \d+ turn\(s\) · ⏳ a turn is running · \d+s · 🔧 Bash: ls · queue 1$", status.text
+            r"· \d+ turn\(s\) · ⏳ a turn is running · \d+s · 🔧 Bash: ls · queue 1$",
+            status.text,
+            re.M,
         )
         # one turn count, not the session's and the run's side by side
         assert len(re.findall(r"turn", status.text)) == 2
@@ -192,7 +195,7 @@ async def test_chat_on_a_configured_project_gets_its_own_worktree(
             # /status shows the session's branch and the worktree's disk usage.
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
-            head, worktree = status.text.splitlines()
+            head, worktree = runs_shown(status.text)
             assert "web" in head
             assert re.fullmatch(
                 rf"   🌿 turnstile/chat-{binding.session_id[:8]} · \d+(\.\d)? (kB|MB)", worktree
@@ -234,7 +237,7 @@ async def test_status_shows_the_branch_and_disk_usage_of_an_auto_runs_worktree(
             finally:  # the turn never ends by itself
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
                 await wait_for_run_status(rt, run_id, RunStatus.STOPPED, timeout=10)
-    lines = status.text.splitlines()
+    lines = runs_shown(status.text)
     auto_line = next(i for i, line in enumerate(lines) if line.startswith(f"🤖 auto {run_id}"))
     branch = f"turnstile/{Path(workdir).name}"
     assert branch.startswith("turnstile/auto-")
@@ -259,7 +262,7 @@ async def test_status_shows_the_worktree_of_a_checked_out_autopilot_task(
             await api.wait_for_message(lambda m: "Autopilot for task T5" in m.text)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             status = await api.wait_for_message(lambda m: m.text.startswith("🛂 autopilot T5 · "))
-    _head, worktree = status.text.splitlines()
+    _head, worktree = runs_shown(status.text)
     assert re.fullmatch(r"   🌿 turnstile/T5 · \d+(\.\d)? (kB|MB)", worktree), status.text
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import stat
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -169,7 +168,8 @@ async def test_with_approvals_off_the_worker_s_agent_is_not_wired(cluster: Clust
     assert not list((cluster.tmp / "w1" / "ws").rglob("nope.txt"))
 
 
-def test_the_worker_s_route_keeps_the_password_in_a_private_file(tmp_path: Path) -> None:
+async def test_the_worker_s_route_never_hands_the_password_to_the_agent(tmp_path: Path) -> None:
+    from engine.approvals.listener import ApprovalListener
     from engine.workers.chat import _approvals
 
     url = PostgresURL("postgresql://turnstile:s3cret-pw@127.0.0.1:5432/db")
@@ -186,13 +186,13 @@ def test_the_worker_s_route_keeps_the_password_in_a_private_file(tmp_path: Path)
     with _approvals(settings, spec) as route:
         assert route is not None
         assert (route.run_id, route.policy, route.starter) == ("rchat1", ApprovalPolicy.ALL, 7)
-        assert "s3cret-pw" not in json.dumps(route.mcp_config())
-        assert route.passfile is not None
-        passfile = Path(route.passfile)
-        assert stat.S_IMODE(passfile.stat().st_mode) == 0o600
-        assert stat.S_IMODE(passfile.parent.stat().st_mode) == 0o700
-        assert "s3cret-pw" in passfile.read_text()
-    assert not passfile.parent.exists()
+        # The permission server is the worker's own (it opens the store itself); what the
+        # agent's CLI is told is a relay to its socket: no address, no password.
+        assert route.database is settings.database
+        async with ApprovalListener(route) as listener:
+            config = json.dumps(listener.mcp_config())
+        assert "s3cret-pw" not in config
+        assert "127.0.0.1:5432" not in config
     for off in (
         QueuedRun(run_id="r", objective="", tool="claude", project="p"),
         QueuedRun(run_id="r", objective="", tool="command", project="p", tool_approval="all"),

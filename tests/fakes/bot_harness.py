@@ -34,6 +34,7 @@ __all__ = [
     "approved",
     "bot_settings",
     "running_bot",
+    "runs_shown",
     "wait_for_file",
     "wait_for_run_status",
     "write_script",
@@ -71,6 +72,12 @@ def bot_settings(api: FakeBotApi, root: Path, **overrides: Any) -> Settings:
         values["database"] = DATABASE
     values.update(overrides)
     return make_settings(root, **values)
+
+
+def runs_shown(status: str) -> list[str]:
+    """The lines of a /status answer about runs (without the note that agents run
+    unconfined, which the suites with the sandbox off get last)."""
+    return [line for line in status.splitlines() if not line.startswith("⚠️ Agents run")]
 
 
 def approved(task: str, phase: str = "") -> Callable[[SentMessage], bool]:
