@@ -19,6 +19,7 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │   ├── ChannelRecvError
 │   └── ChannelPublishError
 ├── ConfigError                bad settings or bad command-line input
+│   ├── SandboxUnavailable     agents run in a sandbox that cannot be made here (engine.sandbox)
 │   ├── ProjectError           unknown or badly configured project (engine.workspace.projects)
 │   └── WorkflowError          the workflow file is invalid (engine.gates.workflow)
 ├── FileRefusedError           a file from or for a chat is refused (path, size, type)

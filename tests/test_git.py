@@ -162,7 +162,7 @@ async def test_the_environment_is_non_interactive(tmp_path: Path) -> None:
         "GIT_TERMINAL_PROMPT=0",
         "LC_ALL=C",
         "GIT_OPTIONAL_LOCKS=None",
-        "GIT_CONFIG_COUNT=1",
+        "GIT_CONFIG_COUNT=2",  # no hooks, no file-system monitor
     ]
     reading = await GitRunner(binary=str(fake), optional_locks=False).run(["status"], cwd=tmp_path)
     assert "GIT_OPTIONAL_LOCKS=0" in reading.stdout.split()

@@ -237,11 +237,12 @@ def test_secret_settings_never_reach_an_agent(
         "TURNSTILE_TELEGRAM_TOKEN",
         "TURNSTILE_SOMETHING_TOKEN",
         "TURNSTILE_DATABASE",  # a database URL with a password
+        "TURNSTILE_TASKS_ROOT",  # not even turnstile's plain folders: no setting at all
     ):
         assert name not in env, name
-    # what an agent may use: its own credentials, and turnstile's plain folders
+    assert not [k for k in env if k.startswith("TURNSTILE_")]
+    # what an agent may use: its own credentials
     assert env["GH_TOKEN"] == "an-agent-needs-this-1"
-    assert env["TURNSTILE_TASKS_ROOT"] == str(tmp_path / "tasks")
 
 
 @pytest.mark.parametrize(
@@ -323,7 +324,12 @@ async def test_an_agent_printing_its_credentials_reaches_the_chat_redacted(
         monkeypatch.setenv(name, value)
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
-    api_settings: dict[str, Any] = {"agent_command": f"{sys.executable} {script} {{prompt}}"}
+    api_settings: dict[str, Any] = {
+        "agent_command": f"{sys.executable} {script} {{prompt}}",
+        # Passed on as an operator would for an agent that needs them (CODEX_* and GH_TOKEN
+        # are an agent's anyway): what it prints of them is redacted on its way out.
+        "agent_env": ("FAKE_*", "DB_PASSWORD", "AWS_*", "KEY_BODY", "MY_SERVICE_CREDENTIAL"),
+    }
     async with FakeBotApi() as api:
         settings = bot_settings(api, tmp_path, **api_settings)
         async with running_bot(api, settings):
