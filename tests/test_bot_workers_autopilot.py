@@ -31,7 +31,7 @@ AGENT = textwrap.dedent(
     from pathlib import Path
 
     prompt = sys.argv[sys.argv.index("--prompt") + 1]
-    conf = json.loads(Path(os.environ["PILOT_AGENT_CONF"]).read_text())
+    conf = json.loads(Path(os.environ["FAKE_PILOT_AGENT_CONF"]).read_text())
     phase = re.search(r"^Phase: (\\w+) \\(", prompt, re.M).group(1)
     artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
     if phase not in conf.get("skip", []):  # (a phase it skips fails its checks)
@@ -106,7 +106,7 @@ def _on_workers(cluster: Cluster, **conf: Any) -> tuple[str, str]:
             "TURNSTILE_WORKFLOW_FILE": str(cluster.tmp / "pilot" / "workflow.toml"),
             "TURNSTILE_APPROVERS": str(APPROVER),
             "TURNSTILE_TASKS_ROOT": str(cluster.tmp / "tasks"),
-            "PILOT_AGENT_CONF": str(path),
+            "FAKE_PILOT_AGENT_CONF": str(path),
         }
     )
     return command, projects
@@ -131,7 +131,7 @@ async def test_a_drive_on_the_workers_shows_what_a_local_drive_shows(
 ) -> None:
     # The drive in the bot's own process (SQLite, the bot's disk).
     command, conf = _setup(tmp_path / "local")
-    monkeypatch.setenv("PILOT_AGENT_CONF", str(conf))
+    monkeypatch.setenv("FAKE_PILOT_AGENT_CONF", str(conf))
     async with FakeBotApi() as api:
         settings = bot_settings(
             api,

@@ -79,7 +79,7 @@ AGENT = textwrap.dedent(
 
     prompt = sys.argv[sys.argv.index("--prompt") + 1]
     session = sys.argv[sys.argv.index("--session") + 1]
-    conf = json.loads(Path(os.environ["PILOT_AGENT_CONF"]).read_text())
+    conf = json.loads(Path(os.environ["FAKE_PILOT_AGENT_CONF"]).read_text())
     phase = re.search(r"^Phase: (\\w+) \\(", prompt, re.M).group(1)
     task = re.search(r"^You are the .* for task (\\S+)\\.$", prompt, re.M).group(1)
     artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
@@ -136,7 +136,7 @@ def setup_pilot(cluster: Cluster, **conf: Any) -> str:
             "TURNSTILE_WORKFLOW_FILE": str(tmp / "workflow.toml"),
             "TURNSTILE_APPROVERS": f"{APPROVER},{BOT_APPROVER}",
             "TURNSTILE_TASKS_ROOT": str(tmp / "tasks"),
-            "PILOT_AGENT_CONF": str(tmp / "agent.json"),
+            "FAKE_PILOT_AGENT_CONF": str(tmp / "agent.json"),
         }
     )
     return f"{sys.executable} {agent} --session {{session_id}} --prompt {{prompt}}"
