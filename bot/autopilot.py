@@ -37,7 +37,7 @@ from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.publish import format_elapsed
 from bot.render import excerpt as render_excerpt
-from bot.replies import thread_of
+from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
@@ -74,8 +74,6 @@ _TASK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_DOCUMENT: Final = 20 * 1024 * 1024
 _EXCERPT: Final = 700
 _RUN_PREFIX: Final = "autopilot:"
-_MISPLACED: Final = "⛔ This button does not belong to this message."
-_UNDELIVERED: Final = "its message is not delivered yet"
 _NOT_YET: Final = "⏳ This gate's message is still being delivered; press again."
 
 
@@ -686,7 +684,7 @@ class AutopilotExtension(Feature):
             if gate is None:
                 await self.ctx.replies.answer(update, "This gate is closed.")
                 return
-            misplaced = await self._misplaced(update, gate)
+            misplaced = await misplaced_press(self.ctx.store, update, f"gate:{gate.gate_id}")
             if misplaced is not None:
                 action = Action.APPROVE if verb == "ap" else Action.REJECT
                 await self.ctx.store.audit(
@@ -699,7 +697,7 @@ class AutopilotExtension(Feature):
                 )
                 _LOGGER.info("gate %s: press by %s refused (%s)", gate.gate_id, user.id, misplaced)
                 await self.ctx.replies.answer(
-                    update, _NOT_YET if misplaced == _UNDELIVERED else _MISPLACED
+                    update, _NOT_YET if misplaced == NOT_DELIVERED else MISPLACED
                 )
                 return
             if not await self._is_open(gate):
@@ -721,28 +719,6 @@ class AutopilotExtension(Feature):
             await self.ctx.replies.answer(update)
             await self._confirmed_reason(update, gate_id, reason)
             return
-
-    async def _misplaced(self, update: Update, gate: GateRecord) -> str | None:
-        """Why this press is not one on the gate's own message (None: it is).
-
-        The data of a button is the client's to send: Approve and Reject count only on the
-        message the gate was posted as. A message id is unique within its chat, so the
-        chat and the message pin the forum topic too.
-        """
-        query = update.callback_query
-        chat = update.effective_chat
-        pressed = query.message if query is not None else None
-        live = await self.ctx.store.get_live(f"gate:{gate.gate_id}")
-        if live is None or live.message_id is None:
-            return _UNDELIVERED
-        if pressed is None or chat is None:
-            return "pressed on no message"
-        if (chat.id, pressed.message_id) != (live.chat_id, live.message_id):
-            return (
-                f"pressed on message {pressed.message_id} in chat {chat.id}, not on its own "
-                f"(message {live.message_id} in chat {live.chat_id})"
-            )
-        return None
 
     # -- reasons for a Reject button press ---------------------------------------------
 

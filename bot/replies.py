@@ -6,6 +6,7 @@ across them all.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Final
@@ -22,6 +23,42 @@ _LOGGER = logging.getLogger(__name__)
 
 _REFUSAL_EVERY: Final = 60.0
 _UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
+
+
+MISPLACED: Final = "⛔ This button does not belong to this message."
+NOT_DELIVERED: Final = "its message is not delivered yet"
+# A press can come in before the bot has heard back from Telegram that the message was
+# sent (and so knows its id): wait that long for it before refusing.
+_DELIVERY_WAIT: Final = 3.0
+
+
+async def misplaced_press(
+    store: BotStore, update: Update, ref: str, *, wait: float = _DELIVERY_WAIT
+) -> str | None:
+    """Why this button press is not one on the message ``ref`` was posted as (None: it is).
+
+    A button's data is the client's to send: Approve, Reject, Allow and Deny count only on
+    their own message. A message id is unique within its chat, so the chat and the message
+    pin the forum topic too. :data:`NOT_DELIVERED` when its message id is still unknown.
+    """
+    deadline = time.monotonic() + wait
+    live = await store.get_live(ref)
+    while (live is None or live.message_id is None) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        live = await store.get_live(ref)
+    if live is None or live.message_id is None:
+        return NOT_DELIVERED
+    query = update.callback_query
+    chat = update.effective_chat
+    pressed = query.message if query is not None else None
+    if pressed is None or chat is None:
+        return "pressed on no message"
+    if (chat.id, pressed.message_id) != (live.chat_id, live.message_id):
+        return (
+            f"pressed on message {pressed.message_id} in chat {chat.id}, not on its own "
+            f"(message {live.message_id} in chat {live.chat_id})"
+        )
+    return None
 
 
 def thread_of(message: Message | None) -> int:

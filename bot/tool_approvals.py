@@ -25,6 +25,7 @@ from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
 from bot.store import Binding
 from engine.approvals import (
     ApprovalPolicy,
@@ -53,8 +54,6 @@ RESTARTED: Final = "the bot restarted while it waited"
 STOPPED: Final = "the turn was stopped"
 PARKED: Final = RESTARTED + "; the turn runs again and asks again"
 SHUTTING_DOWN: Final = "the bot is shutting down; the agent was told no"
-MISPLACED: Final = "⛔ This button does not belong to this message."
-UNDELIVERED: Final = "its message is not delivered yet"
 NOT_YET: Final = "⏳ This request's message is still being delivered; press again."
 
 
@@ -240,7 +239,7 @@ class ToolApprovalExtension(Feature):
         except NotFoundError:
             await self.ctx.replies.answer(update, "This request is unknown.")
             return
-        misplaced = await self._misplaced(update, request)
+        misplaced = await misplaced_press(self.ctx.store, update, _ref(request.id))
         refusal = misplaced or self._refusal(user.id, chat.id, request)
         if refusal is not None:
             await self.ctx.store.audit(
@@ -253,7 +252,7 @@ class ToolApprovalExtension(Feature):
             )
             _LOGGER.info("tool request %s: press by %s refused (%s)", request.id, user.id, refusal)
             if misplaced is not None:
-                answer = NOT_YET if misplaced == UNDELIVERED else MISPLACED
+                answer = NOT_YET if misplaced == NOT_DELIVERED else MISPLACED
             else:
                 answer = f"⛔ {refusal[0].upper()}{refusal[1:]}. Your id: {user.id}"
             await self.ctx.replies.answer(update, answer)
@@ -283,28 +282,6 @@ class ToolApprovalExtension(Feature):
         await self._refresh(decided)
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
-
-    async def _misplaced(self, update: Update, request: ToolRequest) -> str | None:
-        """Why this press is not one on the request's own message (None: it is).
-
-        The data of a button is the client's to send: a press counts only on the message
-        the request was posted as. A message id is unique within its chat, so the chat and
-        the message pin the forum topic too.
-        """
-        query = update.callback_query
-        chat = update.effective_chat
-        pressed = query.message if query is not None else None
-        live = await self.ctx.store.get_live(_ref(request.id))
-        if live is None or live.message_id is None:
-            return UNDELIVERED
-        if pressed is None or chat is None:
-            return "pressed on no message"
-        if (chat.id, pressed.message_id) != (live.chat_id, live.message_id):
-            return (
-                f"pressed on message {pressed.message_id} in chat {chat.id}, not on its own "
-                f"(message {live.message_id} in chat {live.chat_id})"
-            )
-        return None
 
     def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
         """Why ``user_id`` may not decide ``request`` (None: they may)."""
