@@ -162,21 +162,15 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
         started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
         run_id = started.text.split()[3]
-        verdict = (
-            "🔎 Turn 3 claimed complete; not accepted. Evidence: no commit since the run "
-            "started, tree dirty (1 uncommitted path(s): result.txt) (score 0.00, 0.80 "
-            "needed). The run goes on."
-        )
-        # the refusal is the live message's last line while the run goes on
-        await api.wait_until(
-            lambda: any(t.endswith(verdict) for t in [*started.history, started.text]),
-            timeout=40,
-        )
         final = await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
         assert (await rt.runs.get_run(run_id)).status is RunStatus.COMPLETED
-        # and the final report lists it
+        # The final report says why the claim was refused (a durable outcome: the live
+        # message showed it too, but a throttled edit may skip any line in between).
         assert "Claims of completion not accepted:" in final.text
-        assert "Turn 3 claimed complete; not accepted. Evidence: no commit" in final.text
+        assert (
+            "Turn 3 claimed complete; not accepted. Evidence: no commit since the run "
+            "started, tree dirty (1 uncommitted path(s): result.txt)"
+        ) in final.text
         turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
         assert turns.document is not None
         assert b"Turn 3 claimed complete; not accepted" in turns.document
