@@ -7,6 +7,7 @@ No Docker engine runs here, so the image itself is not built.
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -372,7 +374,8 @@ def test_the_postgres_compose_file_layers_a_server_under_turnstile() -> None:
 
 # What bubblewrap needs beyond Docker's default profile, for a process without capabilities.
 SANDBOX_CALLS = ["clone", "mount", "pivot_root", "umount2", "unshare"]
-SECCOMP = DEPLOY / "seccomp-bwrap.json"
+SECCOMP = DEPLOY / "seccomp-bwrap.json"  # made by MAKER on the operator's machine
+MAKER = DEPLOY / "seccomp_bwrap.py"
 SANDBOX_OPTIONS = [
     "no-new-privileges:true",
     f"seccomp={SECCOMP.name}",
@@ -388,8 +391,9 @@ def test_every_service_that_runs_agents_can_make_their_sandbox_and_gets_no_more(
     for name in agents:
         service = compose["services"][name]
         assert service["security_opt"] == SANDBOX_OPTIONS, name
-        # Compose reads the profile relative to the project folder, deploy/.
-        assert (DEPLOY / SECCOMP.name).is_file()
+        # Compose reads the profile relative to the project folder, deploy/, where the
+        # maker writes it (docs/deploy.md).
+        assert MAKER.is_file()
         # Never root, never privileged, no capability: unmasked /proc and no AppArmor are
         # safe only for the image's own unprivileged user.
         for key in ("user", "privileged", "cap_add"):
@@ -403,32 +407,79 @@ def test_every_service_that_runs_agents_can_make_their_sandbox_and_gets_no_more(
         assert key not in turnstile, key
 
 
-def test_the_seccomp_profile_is_dockers_default_plus_the_sandboxs_calls() -> None:
-    profile = json.loads(SECCOMP.read_text())
-    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
-    assert profile["defaultErrnoRet"] == 1  # EPERM, as Docker's
-    ours, docker, *rest = profile["syscalls"]
+def _maker() -> Any:
+    spec = importlib.util.spec_from_file_location("seccomp_bwrap", MAKER)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _docker_like(allowed: list[str]) -> dict[str, Any]:
+    """A profile in Docker's format, shaped as Docker's default is (our own sample)."""
+    flags = 2114060288  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+    return {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": 1,
+        "archMap": [
+            {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86"]},
+            {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
+            {"architecture": "SCMP_ARCH_S390X", "subArchitectures": ["SCMP_ARCH_S390"]},
+        ],
+        "syscalls": [
+            {"names": allowed, "action": "SCMP_ACT_ALLOW"},
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ALLOW",
+                "args": [{"index": 0, "value": flags, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+                "excludes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+            {
+                "names": ["clone3"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": 38,
+                "excludes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+            {
+                "names": ["clone", "mount", "pivot_root", "setns", "umount2", "unshare"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+            {
+                "names": ["s390_pci_mmio_read"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"arches": ["s390x"]},
+            },
+        ],
+    }
+
+
+def test_the_profile_maker_adds_the_sandboxs_calls_to_dockers_default() -> None:
+    made = _maker().sandbox_profile(_docker_like(["read", "write"]))
+    assert (made["defaultAction"], made["defaultErrnoRet"]) == ("SCMP_ACT_ERRNO", 1)
+    ours, *rest = made["syscalls"]
     assert ours["names"] == SANDBOX_CALLS
     assert ours["action"] == "SCMP_ACT_ALLOW"
-    assert "moby/profiles" in docker["comment"]  # where the rest comes from
-    assert "docs/deploy.md" in docker["comment"]  # and how it was made
-    rules = [ours, docker, *rest]
-    # The container has no capabilities: nothing is conditional on one.
-    assert not [r for r in rules if "caps" in (r.get("includes") or {})]
-    allowed = {n for r in rules if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
-    # Still refused, as by Docker's default profile for a container without capabilities.
-    for call in (
-        "setns", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
-        "kexec_load", "init_module", "finit_module", "delete_module", "open_tree",
-        "move_mount", "fsopen", "fsmount", "mount_setattr", "chroot", "umount",
-        "sethostname", "setdomainname", "reboot", "swapon", "settimeofday",
-        "clock_settime", "open_by_handle_at", "iopl", "ioperm",
-    ):  # fmt: skip
-        assert call not in allowed, call
-    # clone3 answers "not implemented", so the C library falls back to clone.
-    [clone3] = [r for r in rules if "clone3" in r["names"]]
-    assert clone3["action"] == "SCMP_ACT_ERRNO"
-    assert clone3["errnoRet"] == 38
+    # What needs a capability is gone (the container has none), and so is the narrow
+    # clone rule ours replaces; what is refused stays refused; other machines' calls go.
+    assert [r["names"] for r in rest] == [["read", "write"], ["clone3"]]
+    assert rest[1]["errnoRet"] == 38  # clone3: "not implemented", the C library uses clone
+    assert not [r for r in made["syscalls"] if "excludes" in r or "includes" in r]
+    allowed = {n for r in made["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
+    assert "setns" not in allowed
+    arches = [a["architecture"] for a in made["archMap"]]
+    assert arches == ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]
+    # As a command: Docker's profile in, ours out.
+    done = subprocess.run(
+        [sys.executable, str(MAKER), "-"],
+        input=json.dumps(_docker_like(["read"])),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(done.stdout)["syscalls"][0]["names"] == SANDBOX_CALLS
 
 
 # Loads a profile in Docker's format for a process without capabilities with libseccomp
@@ -481,24 +532,38 @@ os.execvp(sys.argv[3], sys.argv[3:])
 @pytest.mark.skipif(
     platform.machine() not in ("x86_64", "aarch64"), reason="the profile is for amd64/arm64"
 )
-def test_the_seccomp_profile_lets_bubblewrap_make_an_agents_sandbox(tmp_path: Path) -> None:
-    """The walls an agent gets, under the shipped profile (as a container would load it):
-    made with it, refused with Docker's default (the same profile without the five calls).
+def test_the_made_profile_lets_bubblewrap_make_an_agents_sandbox(tmp_path: Path) -> None:
+    """The walls an agent gets, under a profile the maker made (loaded as a container
+    would load it): every call this machine has allowed but the five and those Docker
+    keeps for a capability, as in Docker's default; made with the maker's rule, refused
+    without it.
 
-    What the profile cannot show: Docker's masked /proc paths and its AppArmor profile,
-    the other two options (docs/deploy.md says how each was measured)."""
+    What a profile cannot show: Docker's masked /proc paths and its AppArmor profile, the
+    other two options (docs/deploy.md says how each was measured)."""
     bwrap = _tool("bwrap")
     if probe_sandbox(bwrap) is not None:
         pytest.skip("bubblewrap cannot make a sandbox on this machine")
     library = ctypes.util.find_library("seccomp")
     if library is None:
         pytest.skip("libseccomp is not installed")
+    seccomp = ctypes.CDLL(library)
+    seccomp.seccomp_syscall_resolve_num_arch.restype = ctypes.c_void_p
+    seccomp.seccomp_syscall_resolve_num_arch.argtypes = [ctypes.c_uint32, ctypes.c_int]
+    names = []
+    for number in range(1024):
+        pointer = seccomp.seccomp_syscall_resolve_num_arch(0, number)  # this machine's
+        if pointer:
+            names.append(ctypes.string_at(pointer).decode())
+    kept_for_a_capability = {*SANDBOX_CALLS, "setns", "clone3"}
+    everyday = sorted(n for n in names if n not in kept_for_a_capability)
+    profile = tmp_path / "seccomp-bwrap.json"
+    profile.write_text(json.dumps(_maker().sandbox_profile(_docker_like(everyday))))
     walls = Walls(bwrap=bwrap, hidden=(), writable=(tmp_path,))
     argv = walls.wrap(["sh", "-c", "echo made > proof && cat proof"], tmp_path)
 
     def under(left_out: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-I", "-c", _UNDER_PROFILE, str(SECCOMP), ",".join(left_out), *argv],
+            [sys.executable, "-I", "-c", _UNDER_PROFILE, str(profile), ",".join(left_out), *argv],
             capture_output=True,
             text=True,
             check=False,
