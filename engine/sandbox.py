@@ -255,16 +255,27 @@ def _git_dirs(cwd: Path) -> tuple[list[Path], list[Path]]:
     return writable, locked
 
 
-def _install_root(binary: str) -> Path | None:
-    """The folder a CLI is installed in (a node package's ``node_modules``, else its own)."""
+def _program_paths(binary: str, program: Sequence[str]) -> list[Path]:
+    """What the agent's program needs to be seen: the CLI's install (a node package's
+    ``node_modules``, else its folder), the folder it was found in (a link to it), the
+    virtual environment an interpreter belongs to, and the files its command names."""
+    found: list[Path] = []
     located = shutil.which(binary)
-    if located is None:
-        return None
-    real = _resolved(Path(located))
-    for parent in real.parents:
-        if parent.name == "node_modules":
-            return parent
-    return real.parent
+    words = [Path(w) for w in program if w.startswith("/") and Path(w).is_file()]
+    if located is not None:
+        link = Path(os.path.abspath(located))
+        found.append(link.parent)
+        real = _resolved(link)
+        roots = [parent for parent in real.parents if parent.name == "node_modules"]
+        found.append(roots[0] if roots else real.parent)
+        words.append(link)
+    # The operator's command (the template's fixed words, never a prompt): its script,
+    # and the virtual environment an interpreter there belongs to.
+    for word in words:
+        found.append(Path(os.path.abspath(word)))
+        if (word.parent.parent / "pyvenv.cfg").is_file():
+            found.append(Path(os.path.abspath(word.parent.parent)))
+    return found
 
 
 @functools.cache
@@ -320,8 +331,13 @@ def walls_for(
     cwd: Path,
     home: Path | None = None,
     binary: str | None = None,
+    program: Sequence[str] = (),
 ) -> Walls | None:
     """The walls of an agent session working in ``cwd`` (None: the sandbox is off).
+
+    ``binary`` is the agent's program and ``program`` the fixed words of its command: those
+    of them inside a hidden folder or the host's ``/tmp`` are shown read-only (what they
+    hold of the control plane stays hidden).
 
     Raises:
         SandboxUnavailable: the sandbox is on, and bwrap is missing or cannot make one.
@@ -341,15 +357,17 @@ def walls_for(
     if home is not None:
         writable.append(_resolved(home))
     readable: list[Path] = []
-    if binary:
-        root = _install_root(binary)
-        if root is not None and any(_inside(root, h) for h in (*hidden, Path(_TMP))):
-            readable.append(root)
+    # (A control-plane path inside one of them is hidden again: Walls.wrap.)
+    for path in _program_paths(binary, program) if binary else []:
+        if any(_inside(path, h) for h in (*hidden, Path(_TMP))):
+            readable.append(path)
+    # One mount for a folder and what is in it (a link inside is shown with it).
+    readable = [p for p in readable if not any(p != q and _inside(p, q) for q in readable)]
     return Walls(
         bwrap=bwrap,
         hidden=hidden,
         writable=tuple(dict.fromkeys(writable)),
-        readable=tuple(readable),
+        readable=tuple(dict.fromkeys(readable)),
         network=settings.sandbox_network,
         locked=tuple(git_locked),
     )

@@ -81,7 +81,9 @@ async def test_a_hostile_agent_in_a_chat_reaches_nothing_of_the_control_plane(
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
     repo = git_workspace(tmp_path / "origin")
-    outside = [tmp_path / "outside.txt", REPO / ".hostile-was-here"]
+    # Beside the test (the host's /tmp: the sandbox has its own) and in the real home
+    # (read-only inside), the write must reach neither.
+    outside = [tmp_path / "outside.txt", Path.home() / f".hostile-was-here-{os.getpid()}"]
     sibling = tmp_path / "ws" / "worktrees" / "web" / "another-run" / "notes.txt"
     sibling.parent.mkdir(parents=True)
     sibling.write_text("another run's work\n")
@@ -149,7 +151,7 @@ async def test_a_hostile_agent_in_a_chat_reaches_nothing_of_the_control_plane(
     assert set(report) == ATTACKS
     # Writes are judged on the host (below): inside, /tmp is the sandbox's own.
     assert {n: r for n, r in report.items() if r["got_in"] and n != "write_outside"} == {}
-    assert str(REPO / ".hostile-was-here") not in report["write_outside"]["detail"]
+    assert str(outside[1]) not in report["write_outside"]["detail"]  # read-only inside
     # What each wall answered (the agent's view).
     if backend["socket"] is None:
         assert "No such file" in report["read_database"]["detail"]
@@ -441,10 +443,12 @@ async def test_the_network_is_the_agents_unless_turned_off(tmp_path: Path, netwo
         server.listen()
         port = server.getsockname()[1]
         probe = (
-            f"{sys.executable} -c 'import socket; socket.create_connection"
-            f'(("127.0.0.1", {port}), 5); print("reached")\' 2>/dev/null || echo cut-off'
+            "import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), 5)\n    print('reached')\n"
+            "except OSError:\n    print('cut-off')\n"
         )
-        settings = _settings(tmp_path, agent_command="sh -c {prompt}", sandbox_network=network)
+        agent_command = f"{sys.executable} -c {{prompt}}"
+        settings = _settings(tmp_path, agent_command=agent_command, sandbox_network=network)
         worktree = tmp_path / "wt"
         worktree.mkdir(exist_ok=True)
         out = await create_agent("command", settings, cwd=worktree).run_turn(probe)

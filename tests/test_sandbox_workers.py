@@ -44,7 +44,9 @@ async def test_a_hostile_chat_turn_on_a_worker_reaches_nothing(
     sibling = worker_root / "ws" / "worktrees" / "demo" / "another-run" / "notes.txt"
     sibling.parent.mkdir(parents=True)
     sibling.write_text("another run's work\n")
-    outside = [tmp_path / "outside.txt", REPO / ".hostile-was-here"]
+    # Beside the test (the host's /tmp: the sandbox has its own) and in the real home
+    # (read-only inside), the write must reach neither.
+    outside = [tmp_path / "outside.txt", Path.home() / f".hostile-was-here-{os.getpid()}"]
     try:
         async with FakeBotApi() as api:
             settings = bot_settings(

@@ -130,7 +130,10 @@ def create_agent(
     if settings.sandbox == "on":
         # Inside the walls the CLI writes only its worktree and a home of its own.
         config_dir = config_dir or agent_home(settings, cwd)
-        walls = walls_for(settings, cwd=cwd, home=config_dir, binary=binary or None)
+        program = template.split() if template else []
+        walls = walls_for(
+            settings, cwd=cwd, home=config_dir, binary=binary or None, program=program
+        )
     if template:
         options = AgentOptions(
             binary=template.split()[0],

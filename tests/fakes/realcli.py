@@ -9,6 +9,7 @@ none is left after a pre-emption.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,8 @@ class Sandbox:
         return path
 
     def walls(self, binary: str | None = None) -> Walls:
-        """The sandbox the agent runs in, as turnstile makes it for a session here."""
+        """The sandbox the agent runs in, as turnstile makes it for a session here (with
+        this interpreter shown: a stand-in CLI may be a Python script)."""
         settings = Settings(  # type: ignore[call-arg]
             _env_file=None,
             database=self.control / "turnstile.db",
@@ -70,7 +72,13 @@ class Sandbox:
             runs_dir=self.control / "runs",
             sandbox="on",
         )
-        walls = walls_for(settings, cwd=self.workspace, home=self.config, binary=binary)
+        walls = walls_for(
+            settings,
+            cwd=self.workspace,
+            home=self.config,
+            binary=binary,
+            program=(sys.executable,),
+        )
         assert walls is not None
         return walls
 
