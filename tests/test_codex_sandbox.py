@@ -268,9 +268,13 @@ async def test_codex_sandbox_nests_inside_an_outer_bubblewrap_sandbox(
     walls = sandbox.root / "walls"
     walls.mkdir()
     wrapper = walls / "codex"
+    # The CLI's install is shown again (it may lie under the host's /tmp, which the outer
+    # sandbox replaces with its own).
+    install = codex_bin.parent.parent
     wrapper.write_text(
         "#!/bin/sh\n"
         f"exec {_bubblewrap(codex_bin)} --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp"
+        f" --ro-bind {install} {install}"
         f" --bind {workspace} {workspace} --bind {config} {config} {OUTERS[outer]}"
         f' --die-with-parent --chdir {workspace} -- {codex_bin} "$@"\n'
     )
