@@ -99,17 +99,26 @@ def sanitize_name(name: str | None, *, fallback: str = "file") -> str:
     """One safe file name from what a sender called the file.
 
     Folders are dropped (``../x`` and ``a\\b`` keep only the last part), Unicode is
-    normalized to NFC, control and reserved characters become ``_``, leading dots and
+    normalized to NFC, invisible format characters (bidi overrides, zero widths) go,
+    control and reserved characters (and lone surrogates) become ``_``, leading dots and
     spaces go (no hidden files, no ``..``), and the name is cut to 120 bytes keeping its
     extension. An empty result becomes ``fallback``.
     """
     text = unicodedata.normalize("NFC", name or "")
     text = re.split(r"[/\\]", text)[-1]
+    # Invisible format characters go (a right-to-left override shows "evil\u202etxt.sh"
+    # as "evilhs.txt"); a lone surrogate, which no file system or chat can carry, and the
+    # other control characters become "_".
+    text = "".join("_" if _category(c) in ("Cs", "Cc") else c for c in text if _category(c) != "Cf")
     text = _UNSAFE.sub("_", text)
     text = text.strip().lstrip(". ").rstrip(". ")
     if not text or set(text) <= {"_"}:
         text = fallback
     return _cut(text, _NAME_BYTES)
+
+
+def _category(char: str) -> str:
+    return unicodedata.category(char)
 
 
 def _cut(name: str, limit: int) -> str:

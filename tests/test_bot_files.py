@@ -70,6 +70,31 @@ def tree(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
 
 
+async def test_an_upload_named_to_deceive_or_unwritable_keeps_its_file_and_caption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A right-to-left override made "evil\u202etxt.sh" show as "evilhs.txt"; a lone
+    surrogate in a name crashed the handler and lost the file and its caption."""
+    write_script(tmp_path, {}, monkeypatch)
+    async with FakeBotApi() as api, bound_chat(api, tmp_path) as (_, workdir):
+        for name, caption, saved in (
+            ("evil\u202etxt.sh", "what is in it?", "eviltxt.sh"),
+            ("\udcffnotes.txt", "and this one?", "_notes.txt"),
+        ):
+            api.push_document(
+                chat_id=CHAT,
+                user_id=OPERATOR,
+                data=b"#!/bin/sh\n",
+                file_name=name,
+                mime_type="text/plain",
+                caption=caption,
+            )
+            reply = await answer(api, f"echo: {caption}")
+            assert (workdir / "uploads" / saved).read_bytes() == b"#!/bin/sh\n"
+            assert f"uploads/{saved} (text/plain, 10 bytes)" in reply.text
+            assert "\u202e" not in reply.text
+
+
 async def test_a_document_lands_in_uploads_and_its_caption_is_the_prompt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

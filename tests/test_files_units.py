@@ -58,6 +58,12 @@ def test_all_lists_real_names(package: str) -> None:
         ("cafe\u0301.txt", "caf\u00e9.txt"),
         ("trailing dots...", "trailing dots"),
         ('what?*:"<>|.txt', "what_______.txt"),
+        # A right-to-left override showed "evil\u202etxt.sh" as "evilhs.txt".
+        ("evil\u202etxt.sh", "eviltxt.sh"),
+        ("in\u200bvisible\u2066.txt", "invisible.txt"),
+        # A lone surrogate crashed the upload (the file and its caption were lost).
+        ("\udcff.txt", "_.txt"),
+        ("next\u0085line.txt", "next_line.txt"),
     ],
 )
 def test_sanitize_name(given: str | None, expected: str) -> None:
@@ -76,6 +82,13 @@ def test_any_sanitized_name_is_one_plain_visible_name(name: str) -> None:
     assert len(clean.encode()) <= 120
     assert unicodedata.is_normalized("NFC", clean)
     assert sanitize_name(clean) == clean
+
+
+@for_all(st.text(alphabet=st.characters(exclude_categories=()), max_size=200))
+def test_a_sanitized_name_holds_nothing_invisible_and_can_be_written(name: str) -> None:
+    clean = sanitize_name(name)
+    assert not [c for c in clean if unicodedata.category(c) in ("Cf", "Cs", "Cc")]
+    clean.encode("utf-8")  # what a file system and a chat take
 
 
 def test_long_names_are_cut_keeping_the_extension() -> None:
