@@ -162,7 +162,11 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
         started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
         run_id = started.text.split()[3]
-        final = await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
+        # The final report (the live message says "Objective achieved" too, once done).
+        final = await api.wait_for_message(
+            lambda m: "Objective achieved" in m.text and m.message_id != started.message_id,
+            timeout=40,
+        )
         assert (await rt.runs.get_run(run_id)).status is RunStatus.COMPLETED
         # The final report says why the claim was refused (a durable outcome: the live
         # message showed it too, but a throttled edit may skip any line in between).

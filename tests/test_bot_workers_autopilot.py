@@ -77,9 +77,9 @@ async def _drive(api: FakeBotApi, started: str) -> tuple[Counter[str], SentMessa
         def gate(m: SentMessage, phase: str = phase) -> bool:
             return m.text.startswith("🛂 Gate: task T1") and f"phase {phase}" in m.text
 
+        # The gate message is the phase's message (edited from "running", unless the
+        # throttled edits went straight to the gate: a display may skip a state).
         message = await api.wait_for_message(gate, timeout=90)
-        # The gate message is the phase's message: it showed the phase running first.
-        assert any("⏳ running" in old for old in message.history), message.history
         await api.wait_until(lambda m=message: bool(m.buttons), timeout=30)
         approve = next(b["callback_data"] for b in message.buttons if b["text"].endswith("Approve"))
         api.push_callback(
