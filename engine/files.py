@@ -104,14 +104,17 @@ def sanitize_name(name: str | None, *, fallback: str = "file") -> str:
     spaces go (no hidden files, no ``..``), and the name is cut to 120 bytes keeping its
     extension. An empty result becomes ``fallback``.
     """
-    text = unicodedata.normalize("NFC", name or "")
-    text = re.split(r"[/\\]", text)[-1]
     # Invisible format characters go (a right-to-left override shows "evil\u202etxt.sh"
     # as "evilhs.txt"); a lone surrogate, which no file system or chat can carry, and the
-    # other control characters become "_".
-    text = "".join("_" if _category(c) in ("Cs", "Cc") else c for c in text if _category(c) != "Cf")
+    # other control characters become "_". Then NFC: what was kept apart may now combine.
+    kept = (c for c in name or "" if _category(c) != "Cf")
+    text = "".join("_" if _category(c) in ("Cs", "Cc") else c for c in kept)
+    text = unicodedata.normalize("NFC", text)
+    text = re.split(r"[/\\]", text)[-1]
     text = _UNSAFE.sub("_", text)
-    text = text.strip().lstrip(". ").rstrip(". ")
+    # Until nothing changes: a dot can hide a space behind it (". \xa0x").
+    while (trimmed := text.strip().lstrip(". ").rstrip(". ")) != text:
+        text = trimmed
     if not text or set(text) <= {"_"}:
         text = fallback
     return _cut(text, _NAME_BYTES)
