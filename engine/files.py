@@ -107,8 +107,8 @@ def sanitize_name(name: str | None, *, fallback: str = "file") -> str:
     # Invisible format characters go (a right-to-left override shows "evil\u202etxt.sh"
     # as "evilhs.txt"); a lone surrogate, which no file system or chat can carry, and the
     # other control characters become "_". Then NFC: what was kept apart may now combine.
-    kept = (c for c in name or "" if _category(c) != "Cf")
-    text = "".join("_" if _category(c) in ("Cs", "Cc") else c for c in kept)
+    kept = (c for c in name or "" if unicodedata.category(c) != "Cf")
+    text = "".join("_" if unicodedata.category(c) in ("Cs", "Cc") else c for c in kept)
     text = unicodedata.normalize("NFC", text)
     text = re.split(r"[/\\]", text)[-1]
     text = _UNSAFE.sub("_", text)
@@ -118,10 +118,6 @@ def sanitize_name(name: str | None, *, fallback: str = "file") -> str:
     if not text or set(text) <= {"_"}:
         text = fallback
     return _cut(text, _NAME_BYTES)
-
-
-def _category(char: str) -> str:
-    return unicodedata.category(char)
 
 
 def _cut(name: str, limit: int) -> str:
