@@ -52,7 +52,7 @@ from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
 from engine.errors import ConfigError
 from engine.gates import Gates
-from engine.locks import FileLock, Lock
+from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
 from engine.runs import Recovery, RunSupervisor
 from engine.sandbox import sandbox_state
@@ -226,9 +226,10 @@ class BotRuntime:
     async def _lock(self) -> None:
         """One bot per database: two would drive the same sessions and poll one token.
 
-        On SQLite the lock sits beside the resolved database file, so a second path to
-        the same file (a symlink, a relative path) finds it taken. On PostgreSQL it is a
-        session advisory lock in the database itself: it holds across machines.
+        On SQLite the lock is on the database file itself (its inode), so every other way
+        to the same file (a symlink to it or to its folder, a hard link, a relative path)
+        finds it taken. On PostgreSQL it is a session advisory lock in the database itself:
+        it holds across machines.
         """
         where = self.settings.database
         lock: Lock
@@ -240,7 +241,8 @@ class BotRuntime:
             keep: AdvisoryLock | None = advisory
         else:
             where = where.resolve()
-            lock = FileLock(where.with_name(f"{where.name}.bot.lock"))
+            # Released in _close() after the database: see InodeLock.
+            lock = InodeLock(where)
             who = functools.partial(_holder_pid, lock)
             keep = None
         if not await lock.try_acquire():
