@@ -272,6 +272,7 @@ class ChatSessions:
         self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
+        self._submitting: dict[tuple[int, int], asyncio.Lock] = {}
 
     # -- binding -----------------------------------------------------------------------
 
@@ -383,19 +384,23 @@ class ChatSessions:
         """Queue one message as the next turn; start the chat's run when needed.
 
         A message arriving while a warm session's turn runs goes to that turn instead
-        (``steered``), when the agent takes it up.
+        (``steered``), when the agent takes it up and no earlier message of the session
+        waits in the queue: messages are taken in the order they were sent.
         """
-        steered = await self._steer(chat_id, thread_id, update_id, user_id, text)
-        if steered is not None:
-            return steered
-        queued, waiting = await self.store.queue_prompt(
-            chat_id,
-            thread_id,
-            update_id=update_id,
-            user_id=user_id,
-            body=text,
-            depth=self.settings.queue_depth,
-        )
+        # One message of a session at a time: the next one is decided only once this one
+        # is queued, steered, or back in the queue because the turn ended first.
+        async with self._submitting.setdefault((chat_id, thread_id), asyncio.Lock()):
+            steered = await self._steer(chat_id, thread_id, update_id, user_id, text)
+            if steered is not None:
+                return steered
+            queued, waiting = await self.store.queue_prompt(
+                chat_id,
+                thread_id,
+                update_id=update_id,
+                user_id=user_id,
+                body=text,
+                depth=self.settings.queue_depth,
+            )
         run = self.active.get((chat_id, thread_id))
         busy = run is not None and run.busy
         if queued:
@@ -408,6 +413,10 @@ class ChatSessions:
         run = self.active.get((chat_id, thread_id))
         steer = getattr(run.agent, "steer", None) if run is not None and run.busy else None
         if run is None or steer is None or not run.agent.preempt.active:
+            return None
+        if await self.store.queued_count(chat_id, thread_id):
+            # An earlier message waits for the next turn (it came while this turn was
+            # starting, or before a restart): this one queues behind it.
             return None
         prompt_id = await self.store.hold_for_steering(
             chat_id, thread_id, update_id=update_id, user_id=user_id, body=text
