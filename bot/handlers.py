@@ -6,7 +6,8 @@ command handlers, a ``CallbackQueryHandler`` with a pattern for its buttons, mes
 filters for text and media. Dispatch adds what every handler shares, in one place:
 
 - the gatekeeper (group -1): what is not for us is ignored, chats not allowed are refused,
-  chat migrations are followed, over-long and empty texts are answered or dropped;
+  chat migrations are followed, over-long and empty texts are answered or dropped (an
+  over-long one from someone without a role is audited, not answered);
 - the right check before a command or a button (refusals are audited and answered once
   with the user's numeric id, see :mod:`bot.replies`), and a command's usage line;
 - plain texts go to the features in the order they registered, each in a handler group of
@@ -269,6 +270,19 @@ class Dispatch:
             raise ApplicationHandlerStop
         if message is not None and message.text is not None:
             limit = self._settings.max_inbound_chars
+            if len(message.text) > limit and not self._authorizer.roles(user.id):
+                # Someone without a role may do nothing with it: audited, and not answered
+                # (an answer would spend the chat's message budget on a stranger).
+                await self._store.audit(
+                    action="any",
+                    outcome="refused",
+                    user_id=user.id,
+                    chat_id=chat.id,
+                    update_id=update.update_id,
+                    reason=f"a message over {limit:,} characters from someone without a "
+                    "role; not answered",
+                )
+                raise ApplicationHandlerStop
             if len(message.text) > limit:
                 await self._replies.reply(
                     update,

@@ -1,7 +1,8 @@
 """Reply, answer and authorize: how every feature of the bot talks back to a person.
 
-One instance serves every feature, so the once-a-minute limit on refusal answers holds
-across them all.
+One instance serves every feature, so the once-a-minute limits on refusal answers hold
+across them all: per person, and per group for people without any role (a group's 20
+messages a minute are the team's, not a crowd of strangers').
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ _LOGGER = logging.getLogger(__name__)
 
 _REFUSAL_EVERY: Final = 60.0
 _UNANSWERED: Final = "; not answered: too many refusals waiting (TURNSTILE_REFUSAL_BACKLOG)"
+# Past this many remembered refusals, the ones older than a minute are forgotten.
+_REMEMBERED: Final = 1024
 
 
 MISPLACED: Final = "⛔ This button does not belong to this message."
@@ -95,8 +98,9 @@ class Replies:
         self.people = publisher.people
         self._authorizer = authorizer
         self._store = store
-        # Per user: when the last refusal was answered, and whether it said "muted".
-        self._last_refusal: dict[int, tuple[float, bool]] = {}
+        # Per person ("user", id) and per group ("group", id): when the last refusal was
+        # answered, and whether it said "muted".
+        self._last_refusal: dict[tuple[str, int], tuple[float, bool]] = {}
 
     async def reply(self, update: Update, text: str, **kw: Any) -> None:
         """Say ``text`` in the update's chat and topic, as a reply to its message."""
@@ -126,7 +130,8 @@ class Replies:
         """Check the right; a refusal is audited and answered with the role it needs.
 
         A person refused again within a minute is told once that further refusals are
-        muted for that minute; only those are not answered (every one is audited).
+        muted for that minute; only those are not answered (every one is audited). In a
+        group, people without any role get one answer a minute between them all.
         """
         user = update.effective_user
         chat = update.effective_chat
@@ -140,18 +145,26 @@ class Replies:
         roles = needed_roles(action)
         if update.callback_query is None and user_id is not None:
             what = _refused_what(update, action)
-            answer = self._refusal_answer(user_id)
+            crowd = chat.type != "private" and not self._authorizer.roles(user_id)
+            if crowd:
+                answer = self._refusal_answer(("group", chat.id), mute_note=False)
+            else:
+                answer = self._refusal_answer(("user", user_id))
             text = None
             if answer == "tell":
                 text = (
                     f"⛔ {what} needs the {roles} role. Your Telegram user id is {user_id}; "
                     "an admin can grant the role in the bot's settings."
                 )
+                if crowd:
+                    text += " In this group, refusals are answered at most once a minute."
             elif answer == "mute":
                 text = (
                     f"⛔ {what} needs the {roles} role too. Further refusals for you are "
                     f"muted for {int(_REFUSAL_EVERY)} s."
                 )
+            elif crowd:
+                reason += "; not answered: a group gets one refusal a minute"
             else:
                 reason += "; not answered: refusals muted for a minute"
             if text is not None and not self.refuse(update, text):
@@ -186,17 +199,22 @@ class Replies:
 
     def may_tell(self, user_id: int) -> bool:
         """Whether a refusal may be answered in full now (once a minute per user)."""
-        return self._refusal_answer(user_id) == "tell"
+        return self._refusal_answer(("user", user_id)) == "tell"
 
-    def _refusal_answer(self, user_id: int) -> str:
-        """Answer in full (``tell``), say once that it is muted (``mute``), or stay ``silent``."""
+    def _refusal_answer(self, key: tuple[str, int], *, mute_note: bool = True) -> str:
+        """Answer in full (``tell``), say once that it is muted (``mute``, unless not
+        ``mute_note``), or stay ``silent``; once a minute per ``key``."""
         now = time.monotonic()
-        last = self._last_refusal.get(user_id)
+        if len(self._last_refusal) > _REMEMBERED:
+            self._last_refusal = {
+                k: v for k, v in self._last_refusal.items() if now - v[0] < _REFUSAL_EVERY
+            }
+        last = self._last_refusal.get(key)
         if last is None or now - last[0] >= _REFUSAL_EVERY:
-            self._last_refusal[user_id] = (now, False)
+            self._last_refusal[key] = (now, False)
             return "tell"
-        if not last[1]:
-            self._last_refusal[user_id] = (now, True)
+        if mute_note and not last[1]:
+            self._last_refusal[key] = (now, True)
             return "mute"
         return "silent"
 
