@@ -1,8 +1,19 @@
 """Secret redaction for anything that leaves the engine: error texts, logs, chat output.
 
-Three layers: credential *shapes* (``sk-…``, ``ghp_…``, ``NAME_TOKEN=…``), the exact
-values a :class:`Redactor` is given (turnstile's own secrets and every credential variable
-an agent is handed, see :func:`credential_values`), and credentials inside URLs.
+Three layers: credential *shapes* (``sk-…``, ``ghp_…``, private key blocks, chat webhook
+URLs, ``NAME_TOKEN=…``), the exact values a :class:`Redactor` is given (turnstile's own
+secrets and every credential variable an agent is handed, see :func:`credential_values`),
+and credentials inside URLs.
+
+The shapes are our own table of regular expressions (:data:`SHAPES`), not a scanner
+such as Yelp's ``detect-secrets``. That scanner was measured for this job and left out:
+it reports a value, not where it is (a private key is reported as its ``BEGIN`` line, a
+GitHub token as ``ghp``), so the places to hide would have to be searched again; its
+keyword plugin misses ``DB_PASS=…`` and ``export NAME=…`` outside source files; it has
+no Discord or Teams webhook shape; its settings are one process-wide object; and its
+entropy plugins, where they fire, take git hashes and UUIDs for secrets. Its plugin list
+served as the checklist of shapes instead. Every shape is cheap (no nested repetition,
+bounded lengths): :func:`redact` runs on every message that leaves for a chat.
 
 Rendered chat text also carries entities (offsets into the text): :meth:`Redactor.passes`
 yields the edits one pass at a time so that a renderer can move its offsets with them.
@@ -16,8 +27,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "REDACTED",
+    "SHAPES",
     "Edit",
     "Redactor",
+    "Shape",
     "apply_edits",
     "credential_values",
     "is_credential_name",
@@ -27,35 +40,167 @@ __all__ = [
 
 REDACTED = "[REDACTED]"
 
-# Words that make a variable or key a credential when they are one of its parts
-# (GH_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY, apiKey): "input_tokens" is not one.
+# Words that make a variable or key a credential wherever they stand in its name
+# (GH_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY, apiKey, mytoken): "input_tokens" is not one.
 _CREDENTIAL_WORD = (
     r"(?:api[_-]?key|apikey|access[_-]?key|private[_-]?key|auth[_-]?key|token|secret"
     r"|password|passwd|passphrase|credentials?)"
 )
+# Kinds of key that are not secrets: SORT_KEY=name, PUBLIC_KEY=ssh-ed25519 …
+_PLAIN_KEYS = (
+    "primary", "foreign", "public", "pub", "sort", "partition", "cache", "hash", "range",
+    "object", "unique", "index", "dict", "map", "lookup", "translation", "i18n", "row",
+    "hot", "short", "idempotency", "group", "shard", "routing", "dedup", "s3", "gpg_pub",
+)  # fmt: skip
+# Short words that make a credential only as a whole part after another one (DB_PASS,
+# SMTP_PWD, STRIPE_KEY, dbPass, secretKey): not PWD (the shell's folder), not bypass.
+_SHORT_WORD = (
+    r"(?:(?<=[A-Za-z0-9][_.\-])"
+    + "".join(rf"(?<!{w}.)" for w in _PLAIN_KEYS)
+    + r"(?:pass|pwd|pw|key)"
+    + r"|(?<=[a-z0-9])(?-i:Pass|Pwd|Key)"
+    + "".join(rf"(?<!{w})" for w in _PLAIN_KEYS)
+    + r")"
+)
+# The lookahead first: it turns most positions away at once (the lookbehinds are slow).
+_WORD = rf"(?=[acpkstACPKST])(?:{_CREDENTIAL_WORD}|{_SHORT_WORD})"
 # After the word only whole parts may follow (GH_TOKEN_FILE, not input_tokens); what
 # comes before it (CODEX_, AWS_, my) is left as it is. Bounded: no quadratic matching.
 _PARTS = r"(?:[_.\-][A-Za-z0-9]{1,24}){0,4}"
-_NAME = re.compile(rf"(?i)^[A-Za-z0-9_.\-]*?{_CREDENTIAL_WORD}{_PARTS}$")
+_NAME = re.compile(rf"(?i)^[A-Za-z0-9_.\-]*?{_WORD}{_PARTS}$")
+# A credential's value: quoted (spaces allowed, to the closing quote) or one word.
+_VALUE = r"""(?P<q>["'])?(?P<secret>(?(q)[^"'\n]{6,512}|[^\s"']{6,}))"""
 
 # Markdown markup inside a key ("sk-ant-*abc*", "sk\\-ant") is part of the key in raw
 # text (documents, plain messages): stopping at it would leave the rest visible. A key
 # ends on a letter or digit, so that a closing "`" or "*" stays.
 _MARKUP = r"*`\\~_"
-# Shapes of credentials commonly found in agent output, environment dumps and headers.
-_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(rf"(?<![A-Za-z0-9])sk\\?-[A-Za-z0-9\-{_MARKUP}]{{7,}}[A-Za-z0-9]"),
-    re.compile(
-        rf"(?<![A-Za-z0-9])(?:ghp|gho|ghu|ghs|ghr)\\?_[A-Za-z0-9{_MARKUP}]{{19,}}[A-Za-z0-9]"
+_END = r"(?![A-Za-z0-9])"
+
+
+def _after(prefix: int) -> str:
+    """Placed after a prefix of ``prefix`` characters: it must not follow a letter or digit."""
+    return rf"(?<![A-Za-z0-9][^\n]{{{prefix}}})"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One kind of secret: a name people understand and its pattern. Where the pattern
+    has a ``secret`` group, only that group is hidden (``DB_PASS=`` stays)."""
+
+    name: str
+    pattern: re.Pattern[str]
+
+
+def _shape(name: str, pattern: str) -> Shape:
+    return Shape(name, re.compile(pattern))
+
+
+SHAPES: tuple[Shape, ...] = (
+    _shape(
+        "private key block",
+        # PEM (RSA, EC, DSA, PKCS#8, encrypted), OpenSSH and PGP; a block cut short
+        # (no END line) is hidden up to its last line of key text.
+        # The body never holds five dashes: it cannot run on past another block's start.
+        r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:(?:[^-]|-(?!----)){0,65536}-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        r"|(?:[ \t]*\r?\n(?:[A-Za-z0-9+/=]+|[A-Za-z][A-Za-z\-]{1,30}:[^\r\n]*)?)*)",
     ),
-    re.compile(rf"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9{_MARKUP}]{{19,}}[A-Za-z0-9]"),
-    re.compile(rf"(?<![A-Za-z0-9])xox[abprs]\\?-[A-Za-z0-9\-{_MARKUP}]{{9,}}[A-Za-z0-9]"),
-    re.compile(r"(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}\b"),
-    re.compile(rf"\b\d{{6,12}}:[A-Za-z0-9\-{_MARKUP}]{{29,}}[A-Za-z0-9_\-]"),  # bot tokens
-    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]+=*"),
-    # NAME=value, NAME: value, "name": "value" where NAME is a credential name.
-    re.compile(rf"(?i)({_CREDENTIAL_WORD}{_PARTS}[\"']?\s*[=:]\s*)([\"']?)[^\s\"']{{6,}}"),
-    re.compile(r"(?i)(://[^/\s:@]+:)[^@\s/]+(@)"),  # credentials inside URLs
+    _shape(
+        "PuTTY private key",
+        r"(?i)Private-Lines:[ \t]*\d+[ \t]*\r?\n(?P<secret>(?:[A-Za-z0-9+/=]+[ \t]*\r?\n?)+)",
+    ),
+    # Each token shape starts with its literal prefix, which the regular expression
+    # engine searches for quickly; the check that it starts a word comes after it.
+    _shape("OpenAI or Anthropic key", rf"sk{_after(2)}\\?-[A-Za-z0-9\-{_MARKUP}]{{7,}}[A-Za-z0-9]"),
+    _shape("Stripe secret key", rf"[sr]k_{_after(3)}(?:live|test)_[A-Za-z0-9]{{10,}}"),
+    _shape(
+        "GitHub token",
+        rf"(?:gh[pousr]{_after(3)}\\?_|github_pat_{_after(11)})"
+        rf"[A-Za-z0-9{_MARKUP}]{{19,}}[A-Za-z0-9]",
+    ),
+    _shape(
+        "GitLab token",
+        rf"(?:gl{_after(2)}(?:pat|dt|rt|ptt|oas|cbt|ffct|imt|agent|soat|ft|wt)-"
+        rf"|GR1348941{_after(9)})[A-Za-z0-9_\-]{{20,}}",
+    ),
+    _shape(
+        "Slack token",
+        rf"(?:xox[abposr]|xapp){_after(4)}\\?-[A-Za-z0-9\-{_MARKUP}]{{9,}}[A-Za-z0-9]",
+    ),
+    _shape("AWS access key", rf"(?:AKIA|ASIA|ABIA|ACCA){_after(4)}[0-9A-Z]{{16}}{_END}"),
+    _shape("Google API key", rf"AIza{_after(4)}[0-9A-Za-z_\-]{{35}}"),
+    _shape("npm token", rf"npm_{_after(4)}[A-Za-z0-9]{{36}}{_END}"),
+    _shape("PyPI token", rf"pypi-AgE{_after(8)}[A-Za-z0-9_\-]{{50,}}"),
+    _shape("Hugging Face token", rf"hf_{_after(3)}[A-Za-z0-9]{{30,}}{_END}"),
+    _shape("SendGrid key", rf"SG\.{_after(3)}[A-Za-z0-9_\-]{{16,32}}\.[A-Za-z0-9_\-]{{16,64}}"),
+    _shape("Twilio key", rf"SK{_after(2)}[0-9a-f]{{32}}{_END}"),
+    _shape(
+        "Discord bot token",
+        rf"[MNO]{_after(1)}[A-Za-z0-9_\-]{{23,27}}\.[A-Za-z0-9_\-]{{6}}\.[A-Za-z0-9_\-]{{27,40}}",
+    ),
+    # "bot123456:AAH…" in an API URL too: the digits need not start a word.
+    _shape(
+        "Telegram bot token",
+        rf"\d(?<![0-9]\d)\d{{5,11}}:[A-Za-z0-9\-{_MARKUP}]{{29,}}[A-Za-z0-9_\-]",
+    ),
+    _shape(
+        "JSON web token",
+        rf"eyJ{_after(3)}[A-Za-z0-9_\-]{{8,}}\.eyJ[A-Za-z0-9_\-]{{8,}}\.[A-Za-z0-9_\-]*",
+    ),
+    # Chat webhooks: the URL is the credential; the service's host stays readable.
+    _shape(
+        "Slack webhook",
+        r"(?i)hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/"
+        r"(?P<secret>[A-Za-z0-9_/\-]{8,})",
+    ),
+    _shape(
+        "Discord webhook",
+        r"(?i)(?:discord|discordapp)\.com/api/(?:v\d+/)?webhooks/(?P<secret>\d+/[A-Za-z0-9_\-]+)",
+    ),
+    _shape(
+        "Teams webhook",
+        r"(?i)(?:\.webhook\.office\.com|outlook\.office(?:365)?\.com)/"
+        r"(?P<secret>webhook[^\s\"'<>()\[\]]{8,})",
+    ),
+    _shape(
+        "credential in a query string",
+        r"(?i)[?&](?:sig|signature|token|access_token|refresh_token|id_token|api_key|apikey"
+        r"|key|secret|client_secret|password|passwd|pwd|auth)=(?P<secret>[^&#\s\"'<>]{6,})",
+    ),
+    _shape("password in a URL", r"://[^/\s:@]+:(?P<secret>[^@\s/]+)@"),
+    _shape(
+        "Authorization header",
+        # Proxy-Authorization too: the match starts at "authorization".
+        r"[aA](?i:uthorization)(?<![A-Za-z0-9_].{13})[\"']?\s*[:=]\s*[\"']?"
+        r"(?i:(?:bearer|basic|token|bot|digest|negotiate|ntlm|apikey)\s+)?"
+        r"(?P<secret>[^\s\"',]{6,})",
+    ),
+    _shape(
+        "bearer token",
+        # Not the words of prose about them ("bearer tokens expire").
+        r"[bB](?i:earer)(?<![A-Za-z0-9_].{6})\s+"
+        r"(?!(?i:tokens?|auth\w*|headers?|scheme|credentials?)\b)[A-Za-z0-9._~+/\-]+=*",
+    ),
+    _shape(
+        "user and password for curl",
+        # Not a user and group id (docker run -u 1000:1000).
+        r"-(?<![A-Za-z0-9\-]-)(?:u|-user)[ \t]+[^\s:\"']+:(?P<secret>(?![0-9]+\b)[^\s\"']{4,})",
+    ),
+    # set NAME value, setx, setenv (csh), ENV NAME value (Dockerfile), --password value.
+    _shape(
+        "credential set by a command",
+        # The name must look like a variable (an upper-case letter or "_" in it): "set
+        # token expiry to 1h" is prose.
+        rf"(?i)(?=[se-])(?:(?<![A-Za-z0-9_\-])(?:set|setx|setenv|env)[ \t]+(?:-[A-Za-z]+[ \t]+)*"
+        rf"(?=[A-Za-z0-9.\-]*(?-i:[A-Z_]))[A-Za-z0-9_.\-]*?"
+        rf"|(?<![A-Za-z0-9\-])--[A-Za-z0-9\-]*?){_WORD}{_PARTS}[ \t]+{_VALUE}",
+    ),
+    # NAME=value, export NAME=value, NAME: value, "name": "value", name := value.
+    _shape(
+        "credential assignment",
+        rf"(?i){_WORD}{_PARTS}[\"']?\s*(?::=|=>|[=:])\s*{_VALUE}",
+    ),
 )
 
 # Values shorter than this are not redacted verbatim: "true" or "1" would blank out
@@ -96,6 +241,9 @@ def apply_edits(text: str, edits: Sequence[Edit]) -> str:
         pos = edit.end
     out.append(text[pos:])
     return "".join(out)
+
+
+_PATTERNS: tuple[re.Pattern[str], ...] = tuple(shape.pattern for shape in SHAPES)
 
 
 class Redactor:
@@ -158,12 +306,11 @@ def _edit(match: re.Match[str]) -> Edit | None:
 
 
 def _replacement(match: re.Match[str]) -> str:
-    groups = match.groups()
-    if len(groups) == 2 and groups[1] == "@":
-        return f"{groups[0]}{REDACTED}@"
-    if len(groups) == 2:
-        return f"{groups[0]}{groups[1]}{REDACTED}"
-    return REDACTED
+    if "secret" not in match.re.groupindex or match.group("secret") is None:
+        return REDACTED
+    whole, base = match.group(0), match.start()
+    start, end = match.span("secret")
+    return f"{whole[: start - base]}{REDACTED}{whole[end - base :]}"
 
 
 _DEFAULT = Redactor()
