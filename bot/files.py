@@ -636,10 +636,10 @@ class FileDesk(Feature):
             if await asyncio.to_thread(_is_dir, workdir, shown):
                 name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
                 dest = self.spool / f"{tag}-{name}"
-                count, size = await asyncio.to_thread(
+                zipped = await asyncio.to_thread(
                     zip_folder, workdir, shown, dest=dest, max_bytes=limit, redact=redact
                 )
-                caption = sent_caption(shown, size, zipped=count)
+                caption = sent_caption(shown, zipped)
             else:
                 out = await asyncio.to_thread(
                     read_for_send, workdir, shown, max_bytes=limit, redact=redact
@@ -647,7 +647,7 @@ class FileDesk(Feature):
                 name = sanitize_name(out.name)
                 dest = self.spool / f"{tag}-{name}"
                 await asyncio.to_thread(dest.write_bytes, out.data)
-                caption = sent_caption(shown, len(out.data), redacted=out.redacted)
+                caption = sent_caption(shown, out)
         except OSError as exc:
             raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
         return OutboxItem(

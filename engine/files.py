@@ -9,7 +9,8 @@ Everything here treats names and paths from a chat or an agent as hostile:
   with ``O_CREAT | O_EXCL``) and without overwriting (a ``-1``, ``-2`` … suffix).
 - :func:`resolve_inside` resolves a path given by a person or an agent inside the run's
   folder: absolute paths, ``..`` and symlinks that leave the folder are refused.
-- :func:`read_for_send` / :func:`zip_folder` produce what is sent to the chat, capped.
+- :func:`read_for_send` / :func:`zip_folder` produce what is sent to the chat, capped,
+  and checked for secrets whatever the file's encoding (see :func:`read_for_send`).
 - :func:`send_markers` finds ``TURNSTILE-SEND: path`` lines in an agent's output.
 """
 
@@ -21,7 +22,7 @@ import os
 import re
 import unicodedata
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
@@ -29,12 +30,15 @@ from typing import Final
 from engine import safefile
 from engine.errors import FileRefusedError, UnsafeFileError
 from engine.git import GitRunner
+from engine.secretscan import Unsendable, scan
 
 __all__ = [
     "SEND_MARKER",
     "UNKNOWN_MIME",
+    "LeftOut",
     "OutgoingFile",
     "SavedFile",
+    "ZippedFolder",
     "clean_mime",
     "exclude_in_git",
     "human_size",
@@ -280,22 +284,70 @@ def _open_inside(base: Path, real: Path, shown: str) -> tuple[int, os.stat_resul
 
 @dataclass(frozen=True, slots=True)
 class OutgoingFile:
-    """A file to send: its name in the chat and its (possibly redacted) content."""
+    """A file to send: its name in the chat and its (possibly redacted) content.
+
+    ``hidden`` counts the secrets replaced in it; ``encoding`` is the text encoding it was
+    read (and written back) in, empty for a file that is not text.
+    """
 
     name: str
     data: bytes
-    redacted: bool = False
+    hidden: int = 0
+    encoding: str = ""
+
+    @property
+    def redacted(self) -> bool:
+        """Whether anything in the file was hidden."""
+        return self.hidden > 0
 
 
-def _redact_text(data: bytes, redact: Callable[[str], str] | None) -> tuple[bytes, bool]:
-    if redact is None:
-        return data, False
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data, False
-    clean = redact(text)
-    return (clean.encode("utf-8"), True) if clean != text else (data, False)
+@dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A file left out of a folder's zip: ``secret`` (it holds one that cannot be hidden
+    in it) or ``unchecked`` (it could not be checked for secrets)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ZippedFolder:
+    """What :func:`zip_folder` wrote: how many files, the zip's size, how many secrets
+    were hidden in its files, and the files left out for what they may hold."""
+
+    files: int
+    size: int
+    hidden: int = 0
+    left_out: tuple[LeftOut, ...] = ()
+
+
+def _member_name(name: str) -> str:
+    """A name from inside an archive, safe to show (no control characters, bounded)."""
+    shown = "".join(c if c.isprintable() else "_" for c in name)
+    return shown if len(shown) <= 80 else shown[:79] + "…"
+
+
+def _refusal(shown: str, exc: Unsendable) -> FileRefusedError:
+    """What the chat is told about a file that is not sent."""
+    if exc.reason == "unchecked":
+        where = f" ({_member_name(exc.where)} in it)" if exc.where else ""
+        return FileRefusedError(
+            f"{shown} could not be checked for secrets{where}: {exc.why}",
+            reason="unchecked",
+        )
+    if exc.where:
+        return FileRefusedError(
+            f"{shown} is an archive with what looks like a secret (a key, token or password) "
+            f"in {_member_name(exc.where)}; an archive is sent as it is, so the secret "
+            "cannot be hidden in it. Send the files unpacked instead: secrets in text files "
+            "are hidden.",
+            reason="secret",
+        )
+    return FileRefusedError(
+        f"{shown} looks like it holds a secret (a key, token or password), and it is not "
+        "a text file in which it could be hidden",
+        reason="secret",
+    )
 
 
 def read_for_send(
@@ -303,10 +355,15 @@ def read_for_send(
 ) -> OutgoingFile:
     """The content of one regular file inside ``root``, at most ``max_bytes``.
 
-    Text files pass through ``redact`` (secrets never leave for a chat).
+    With ``redact``, secrets never leave: text in any common encoding (UTF-8, also with
+    stray bad bytes; UTF-16 and UTF-32 with or without a byte order mark; Latin-1 and
+    other 8-bit text) is redacted and kept in its encoding; any other file is checked
+    (its printable runs, each file in an archive) and refused if it holds a secret.
 
     Raises:
-        FileRefusedError: outside the folder, not a regular file, empty or too large.
+        FileRefusedError: outside the folder, not a regular file, empty or too large; a
+            secret that cannot be hidden (reason ``secret``) or a file that could not be
+            checked for them (``unchecked``).
     """
     real = resolve_inside(root, given)
     base = root.resolve()
@@ -329,8 +386,13 @@ def read_for_send(
         os.close(fd)
     if len(data) > max_bytes:
         raise FileRefusedError(f"{shown} grew past {human_size(max_bytes)}", reason="size")
-    data, redacted = _redact_text(data, redact)
-    return OutgoingFile(real.name, data, redacted)
+    if redact is None:
+        return OutgoingFile(real.name, data)
+    try:
+        sent = scan(data, redact)
+    except Unsendable as exc:
+        raise _refusal(shown, exc) from None
+    return OutgoingFile(real.name, sent.data, sent.hidden, sent.encoding)
 
 
 def zip_folder(
@@ -341,22 +403,26 @@ def zip_folder(
     max_bytes: int,
     max_files: int = 10_000,
     redact: Callable[[str], str] | None = None,
-) -> tuple[int, int]:
-    """Zip the folder ``given`` (inside ``root``) into ``dest``; returns (files, bytes).
+) -> ZippedFolder:
+    """Zip the folder ``given`` (inside ``root``) into ``dest``.
 
-    Symlinks and ``.git`` are left out (nothing outside the folder is ever read); text
-    files pass through ``redact``. The zip is cut off, removed and refused once it would
-    pass ``max_bytes`` or hold ``max_files``.
+    Symlinks and ``.git`` are left out (nothing outside the folder is ever read). With
+    ``redact`` each file is checked as :func:`read_for_send` checks one: secrets in text
+    are hidden, and a file holding one that cannot be hidden, or that cannot be checked,
+    is left out (and named in the result). The zip is cut off, removed and refused once
+    it would pass ``max_bytes`` or hold ``max_files``.
 
     Raises:
-        FileRefusedError: outside the folder, not a folder, empty, or the zip is too large.
+        FileRefusedError: outside the folder, not a folder, empty, nothing in it could be
+            sent, or the zip is too large.
     """
     real = resolve_inside(root, given)
     base = root.resolve()
     shown = given.strip() or "."
     if not real.is_dir():
         raise FileRefusedError(f"{shown} is not a folder", reason="not-folder")
-    count = 0
+    count = hidden = 0
+    left_out: list[LeftOut] = []
     try:
         with open(dest, "xb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
             for folder, dirs, files in os.walk(real, followlinks=False):
@@ -383,12 +449,22 @@ def zip_folder(
                         os.close(fd)
                     if len(data) > max_bytes:
                         raise _too_big(shown, max_bytes)
-                    data, _ = _redact_text(data, redact)
+                    try:
+                        sent = scan(data, redact) if redact else None
+                    except Unsendable as exc:
+                        left_out.append(LeftOut(arcname, exc.reason))
+                        continue
+                    if sent is not None:
+                        data, hidden = sent.data, hidden + sent.hidden
                     zf.writestr(arcname, data)
                     count += 1
                     if raw.tell() > max_bytes:
                         raise _too_big(shown, max_bytes)
         size = dest.stat().st_size
+        if count == 0 and left_out:
+            raise FileRefusedError(
+                f"nothing in {shown} could be sent; {_left_out(left_out)}", reason="secret"
+            )
         if count == 0:
             raise FileRefusedError(f"{shown} holds no files to send", reason="empty")
         if size > max_bytes:
@@ -400,7 +476,7 @@ def zip_folder(
         with contextlib.suppress(OSError):
             dest.unlink()
         raise
-    return count, size
+    return ZippedFolder(count, size, hidden, tuple(left_out))
 
 
 def _too_big(shown: str, max_bytes: int) -> FileRefusedError:
@@ -479,15 +555,42 @@ def upload_prompt(files: list[SavedFile], captions: list[str]) -> str:
     return "\n".join(filter(None, [text, "" if text else None, note, *lines, hint]))
 
 
-def sent_caption(
-    shown: str, size: int, *, zipped: int | None = None, redacted: bool = False
-) -> str:
-    """The caption of a file sent to the chat (``zipped``: how many files a folder's zip
-    holds), at most Telegram's 1,024 characters."""
-    if zipped is not None:
-        caption = f"📦 {shown} · {zipped} file(s) zipped · {human_size(size)}"
+def sent_caption(shown: str, sent: OutgoingFile | ZippedFolder) -> str:
+    """The caption of a file (or a folder's zip) sent to the chat as ``shown``: its size,
+    how many secrets were hidden in it, and the files left out of a zip, at most
+    Telegram's 1,024 characters."""
+    if isinstance(sent, ZippedFolder):
+        caption = f"📦 {shown} · {sent.files} file(s) zipped · {human_size(sent.size)}"
     else:
-        caption = f"📎 {shown} · {human_size(size)}"
-        if redacted:
-            caption += " · secrets in it were hidden"
-    return caption[:1024]
+        caption = f"📎 {shown} · {human_size(len(sent.data))}"
+    if sent.hidden:
+        caption += f" · sent with {_count(sent.hidden, 'secret')} hidden"
+    if isinstance(sent, ZippedFolder) and sent.left_out:
+        caption += f" · {_left_out(sent.left_out)}"
+    return caption if len(caption) <= 1024 else caption[:1023] + "…"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _left_out(files: Sequence[LeftOut], shown: int = 5) -> str:
+    """Which files were left out of a zip and why, the first few of each by name."""
+    why = {
+        "secret": (
+            "it holds what looks like a secret that cannot be hidden in it",
+            "they hold what look like secrets that cannot be hidden in them",
+        ),
+        "unchecked": (
+            "it could not be checked for secrets",
+            "they could not be checked for secrets",
+        ),
+    }
+    parts = []
+    for reason, (one, many) in why.items():
+        names = [_member_name(f.name) for f in files if f.reason == reason]
+        if names:
+            more = len(names) - shown
+            listed = ", ".join(names[:shown]) + (f" and {more:,} more" if more > 0 else "")
+            parts.append(f"left out, as {one if len(names) == 1 else many}: {listed}")
+    return " · ".join(parts)

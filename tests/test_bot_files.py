@@ -393,7 +393,7 @@ async def test_get_sends_a_file_and_a_folder_and_refuses_what_leaves_the_folder(
             assert redacted.document is not None
             assert api.token.encode() not in redacted.document
             assert b"[REDACTED]" in redacted.document
-            assert "secrets in it were hidden" in redacted.text
+            assert "sent with 1 secret hidden" in redacted.text
 
             api.push_message(chat_id=CHAT, user_id=STRANGER, text="/get out/report.html")
             await answer(api, "/get needs the operator or approver role")

@@ -207,9 +207,9 @@ def test_zip_folder_leaves_out_symlinks_and_git_and_is_capped(tmp_path: Path) ->
     (tmp_path / "secret").write_text("s")
     (root / "docs" / "leak").symlink_to(tmp_path / "secret")
     dest = tmp_path / "docs.zip"
-    count, size = zip_folder(root, "docs", dest=dest, max_bytes=10_000)
-    assert count == 2
-    assert size == dest.stat().st_size
+    zipped = zip_folder(root, "docs", dest=dest, max_bytes=10_000)
+    assert zipped.files == 2
+    assert zipped.size == dest.stat().st_size
     with zipfile.ZipFile(dest) as zf:
         assert sorted(zf.namelist()) == ["a.md", "deep/b.md"]
     (root / "docs" / "noise.bin").write_bytes(os.urandom(20_000))

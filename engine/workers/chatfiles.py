@@ -188,13 +188,10 @@ def _pack(
             name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
             with tempfile.TemporaryDirectory(prefix="turnstile-send-") as tmp:
                 dest = Path(tmp) / name
-                count, size = zip_folder(
-                    workdir, shown, dest=dest, max_bytes=max_bytes, redact=redact
-                )
-                return name, dest.read_bytes(), sent_caption(shown, size, zipped=count)
+                zipped = zip_folder(workdir, shown, dest=dest, max_bytes=max_bytes, redact=redact)
+                return name, dest.read_bytes(), sent_caption(shown, zipped)
         out = read_for_send(workdir, shown, max_bytes=max_bytes, redact=redact)
-        caption = sent_caption(shown, len(out.data), redacted=out.redacted)
-        return sanitize_name(out.name), out.data, caption
+        return sanitize_name(out.name), out.data, sent_caption(shown, out)
     except OSError as exc:
         raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
 
