@@ -170,7 +170,9 @@ class AdminFeature(Feature):
         assert chat is not None
         ref, _, page = data.partition(":")[2].rpartition(":")
         await self.ctx.replies.answer(update)
-        await self._show_tasks(chat.id, None, ref, int(page) if page.isdigit() else 0)
+        # isdigit() alone admits "²", which int() refuses.
+        number = int(page) if page.isascii() and page.isdigit() else 0
+        await self._show_tasks(chat.id, None, ref, number)
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
         ctx = self.ctx

@@ -65,6 +65,7 @@ FollowMigration = Callable[[Update], Awaitable[None]]
 PtbCallback = Callable[[Update, Context], Coroutine[Any, Any, None]]
 
 _FAILED: Final = "⚠️ Something went wrong handling that; it is in the log."
+_NO_LONGER_VALID: Final = "That button is no longer valid."
 _MEDIA: Final = (
     filters.Document.ALL
     | filters.PHOTO
@@ -177,8 +178,8 @@ class Dispatch:
             await self._replies.reply(update, "Unknown command. /help lists what I understand.")
 
         async def unknown_button(update: Update, context: Context) -> None:
-            # Not ours (an old keyboard, another bot's data): answered, ignored.
-            await self._replies.answer(update)
+            # Not ours (an old keyboard, data no button of ours carries): answered, ignored.
+            await self._replies.answer(update, _NO_LONGER_VALID)
 
         self._app.add_handler(
             MessageHandler(

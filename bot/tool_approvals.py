@@ -122,7 +122,9 @@ class ToolApprovalExtension(Feature):
 
     def register(self, dispatch: Dispatch) -> None:
         # Who may decide is the request's business (approvers, or its starter): see _refusal.
-        dispatch.buttons(rf"^{PREFIX}:\d+:[osd]\Z", None, self.on_button)
+        # An id of at most 18 ASCII digits fits every database's integer; anything else
+        # (an oversized or negative number, another script's digits) is no button of ours.
+        dispatch.buttons(rf"^{PREFIX}:[0-9]{{1,18}}:[osd]\Z", None, self.on_button)
 
     # -- wiring runs -------------------------------------------------------------------
 
