@@ -17,10 +17,18 @@ lane in memory, sent only when nothing else is waiting: a flood of strangers can
 delay a real answer, and beyond the bound a refusal is not answered (the handler audits
 that). They are courtesy replies to people without a right: not kept over a restart.
 
-A refusal Telegram will repeat (a chat that blocked the bot, an unknown chat) marks the
-row failed for good, with an audit entry. A 401/404 is first checked with ``getMe``: when
-the token itself is refused (revoked in BotFather), nothing is marked failed, the sender
-stops and says so through ``on_token_refused`` (the bot then stops with that error).
+A refusal Telegram will repeat (a chat that blocked or removed the bot, an unknown chat)
+marks the row failed for good, with an audit entry. A 401/404 is first checked with
+``getMe``: when the token itself is refused (revoked in BotFather), nothing is marked
+failed, the sender stops and says so through ``on_token_refused`` (the bot then stops with
+that error). Another 401, or a 403 not saying the chat is gone, may pass: the row is tried
+again with the back-off, ``refusal_retries`` times, before it is failed for good.
+
+When Telegram answered success but the answer cannot be read (not JSON, not a message),
+the message is in the chat: it is recorded delivered, with no message id (a live message
+then goes on as a new one, bot.store), never sent twice. A send that timed out or lost its
+connection is sent again: most such failures come before Telegram has the message, and an
+answer that never arrives is worse than one that arrives twice (docs/telegram.md).
 """
 
 from __future__ import annotations
@@ -68,6 +76,11 @@ _MAX_EDIT_INTERVAL: Final = 60.0
 _EASE: Final = 0.75
 # Seconds to upload one document from disk (up to 45 MB on a slow uplink).
 _UPLOAD_TIMEOUT: Final = 300.0
+# How often a passing refusal (a 401 with a valid token, a 403 not saying the chat is gone)
+# is tried again, with the sender's back-off, before the message is failed for good.
+_REFUSAL_RETRIES: Final = 5
+# What Telegram says in a 403 when the chat is gone for the bot (it will say it again).
+_GONE: Final = ("blocked", "kicked", "not a member", "deactivated", "deleted", "can't")
 
 
 def _entities(raw: tuple[dict[str, Any], ...]) -> list[MessageEntity] | None:
@@ -134,6 +147,27 @@ def _not_modified(exc: BadRequest) -> bool:
     return "message is not modified" in exc.message.lower()
 
 
+def _gone(exc: Forbidden) -> bool:
+    """A 403 saying the chat is gone for the bot (blocked, removed): it will not pass."""
+    return any(words in exc.message.lower() for words in _GONE)
+
+
+def _unauthorized(exc: InvalidToken) -> bool:
+    """A 401 (PTB raises InvalidToken for 404 too, which names the method it cannot find)."""
+    return "unauthorized" in exc.message.lower()
+
+
+class _RefusedForNow(Exception):
+    """Telegram refused a send in a way that may pass: tried again after the back-off."""
+
+
+class _Unreadable:
+    """The answer of a send Telegram took could not be read: delivered, id unknown."""
+
+
+_UNREADABLE: Final = _Unreadable()
+
+
 class OutboxSender:
     """Delivers the outbox; call :meth:`wake` after queueing."""
 
@@ -148,6 +182,7 @@ class OutboxSender:
         on_token_refused: Callable[[str], Any] | None = None,
         first_backoff: float = 0.5,
         refusal_backlog: int = 20,
+        refusal_retries: int = _REFUSAL_RETRIES,
     ) -> None:
         self._bot = bot
         self._store = store
@@ -168,6 +203,9 @@ class OutboxSender:
         self._just_slowed: set[int] = set()  # the retried call itself does not ease
         self._refusals: deque[OutboxItem] = deque()
         self._refusal_backlog = refusal_backlog
+        self._refusal_retries = refusal_retries
+        # Passing refusals so far, per outbox row (an int) or live message (its ref).
+        self._refused: dict[int | str, int] = {}
         self.sent = 0
         self.failed = 0
 
@@ -235,7 +273,7 @@ class OutboxSender:
             try:
                 progressed, due_in = await self._step()
                 backoff = self._first_backoff
-            except (TimedOut, NetworkError) as exc:
+            except (TimedOut, NetworkError, _RefusedForNow) as exc:
                 _LOGGER.warning("delivery failed (%s); retrying in %.1fs", exc, backoff)
                 await self._pause(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -343,33 +381,62 @@ class OutboxSender:
                 self._on_migrate(item.chat_id, new_chat)
             return
         except BadRequest as exc:
-            fallback = await self._fallback(row, exc)
-            if fallback is None:
-                return
-            message = fallback
+            await self._fallback(row, exc)
+            return
         except InvalidToken as exc:
             if await self._token_refused(exc):
                 return
+            if _unauthorized(exc):
+                await self._refused_for_now(row, exc)
             await self._give_up(row, exc.message)
             return
         except Forbidden as exc:
+            if not _gone(exc):
+                await self._refused_for_now(row, exc)
             await self._give_up(row, exc.message)
             return
         except (NetworkError, RetryAfter):
             # Retried later (BadRequest, a NetworkError too, was handled above). A send that
-            # timed out may still have arrived: docs/telegram.md says so.
+            # timed out may still have arrived: see the module's docstring.
             await self._store.outbox_not_sent(row.id)
             raise
         except TelegramError as exc:
             # Anything else Telegram refuses (an unknown endpoint...) would refuse again.
             await self._give_up(row, exc.message)
             return
+        await self._delivered(row, message)
+
+    async def _delivered(self, row: OutboxRow, message: Message | _Unreadable) -> None:
+        item = row.item
         self.sent += 1
-        await self._store.outbox_sent(row, message.message_id if message else None)
+        self._refused.pop(row.id, None)
+        message_id = message.message_id if isinstance(message, Message) else None
+        await self._store.outbox_sent(row, message_id)
         _drop_spool(item)
         self._last_in_chat[item.chat_id] = self._clock()
 
-    async def _fallback(self, row: OutboxRow, exc: BadRequest) -> Message | None:
+    async def _refused_for_now(self, row: OutboxRow, exc: TelegramError) -> None:
+        """A refusal that may pass: raises to try the row again after the back-off, until
+        it was refused ``refusal_retries`` times (then returns: the caller gives up)."""
+        attempt = self._again(row.id)
+        if attempt is None:
+            return
+        await self._store.outbox_not_sent(row.id)
+        raise _RefusedForNow(
+            f"message {row.id} to chat {row.item.chat_id} refused ({exc.message}),"
+            f" attempt {attempt} of {self._refusal_retries + 1}"
+        ) from exc
+
+    def _again(self, key: int | str) -> int | None:
+        """Count one more passing refusal of ``key``: its attempt, None when spent."""
+        seen = self._refused.get(key, 0) + 1
+        if seen > self._refusal_retries:
+            self._refused.pop(key, None)
+            return None
+        self._refused[key] = seen
+        return seen
+
+    async def _fallback(self, row: OutboxRow, exc: BadRequest) -> None:
         """A refused message is sent once more without what Telegram objected to."""
         item = row.item
         text = exc.message.lower()
@@ -378,13 +445,14 @@ class OutboxSender:
                 # The converter produced entities Telegram refuses: send the same text
                 # without formatting rather than dropping it.
                 _LOGGER.warning("entities refused for outbox %s: %s", row.id, exc.message)
-                return await self._send(row, with_entities=False)
+                await self._delivered(row, await self._send(row, with_entities=False))
+                return
             if item.reply_to is not None and "repl" in text:
-                return await self._send(row, reply=False)
+                await self._delivered(row, await self._send(row, reply=False))
+                return
         except BadRequest as again:
             exc = again
         await self._give_up(row, exc.message)
-        return None
 
     async def _give_up(self, row: OutboxRow, error: str) -> None:
         """A permanent refusal: the row is failed for good, logged and audited."""
@@ -395,6 +463,7 @@ class OutboxSender:
             error,
         )
         self.failed += 1
+        self._refused.pop(row.id, None)
         await self._store.outbox_failed(row, error)
         _drop_spool(row.item)
 
@@ -420,7 +489,28 @@ class OutboxSender:
 
     async def _send(
         self, row: OutboxRow, *, with_entities: bool = True, reply: bool = True
-    ) -> Message:
+    ) -> Message | _Unreadable:
+        """Send ``row``; :data:`_UNREADABLE` when Telegram took it but its answer cannot be
+        read (PTB raises a TelegramError subclass for every refusal and network failure, a
+        bare one for a success answer not JSON, a reading error for one not a message)."""
+        try:
+            return await self._call(row, with_entities=with_entities, reply=reply)
+        except TelegramError as exc:
+            if type(exc) is not TelegramError:
+                raise
+            detail: BaseException = exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            detail = exc
+        _LOGGER.warning(
+            "message %s to chat %s: Telegram took it but its answer could not be read (%s);"
+            " recorded as delivered, not sent again",
+            row.id,
+            row.item.chat_id,
+            f"{type(detail).__name__}: {detail}"[:200],
+        )
+        return _UNREADABLE
+
+    async def _call(self, row: OutboxRow, *, with_entities: bool, reply: bool) -> Message:
         item = row.item
         entities = _entities(item.entities) if with_entities else None
         reply_params = (
@@ -468,6 +558,7 @@ class OutboxSender:
     async def _edit(self, live: LiveMessage) -> None:
         assert live.message_id is not None
         self._last_edit[live.ref] = self._last_in_chat[live.chat_id] = self._clock()
+        passing: TelegramError | None = None
         try:
             await self._bot.edit_message_text(
                 chat_id=live.chat_id,
@@ -482,13 +573,28 @@ class OutboxSender:
         except InvalidToken as exc:
             if await self._token_refused(exc):
                 return
+            passing = exc if _unauthorized(exc) else None
             _LOGGER.warning("edit of %s failed: %s", live.ref, exc)
-        except (Forbidden, TelegramError) as exc:
-            if isinstance(exc, NetworkError | RetryAfter):
-                raise
+        except Forbidden as exc:
+            passing = None if _gone(exc) else exc
             _LOGGER.warning("edit of %s failed: %s", live.ref, exc)
+        except (NetworkError, RetryAfter):
+            raise
+        except (TelegramError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            # A bare TelegramError or a reading error: the edit went through, its answer
+            # could not be read (see _send). Any other refusal would come again.
+            _LOGGER.warning("edit of %s: %s", live.ref, exc)
         else:
             self._eased(live.chat_id)
+            self._refused.pop(live.ref, None)
         # The pause runs from the answer (a retried 429 took its retry_after).
         self._last_edit[live.ref] = self._last_in_chat[live.chat_id] = self._clock()
+        if passing is not None:
+            attempt = self._again(live.ref)
+            if attempt is not None:
+                # Left due: the same edit is tried again after the back-off.
+                raise _RefusedForNow(
+                    f"edit of {live.ref} refused ({passing.message}),"
+                    f" attempt {attempt} of {self._refusal_retries + 1}"
+                ) from passing
         await self._store.live_edited(live.ref, live.body, time.time())

@@ -142,7 +142,9 @@ class OutboxTables(Tables):
             )
             current = await cursor.fetchone()
             ref = current["ref"] if current is not None else item.ref
-            if ref is not None and message_id is not None:
+            if ref is not None and message_id is None:
+                await self._continue_unaddressable(conn, row.id, item.body, now)
+            elif ref is not None:
                 body = current["body"] if current is not None else item.body
                 cursor = await conn.execute("SELECT body FROM bot_live WHERE ref = ?", (ref,))
                 live = await cursor.fetchone()
@@ -171,6 +173,23 @@ class OutboxTables(Tables):
                         " dirty = CASE WHEN body = ? THEN 0 ELSE 1 END WHERE ref = ?",
                         (message_id, now, item.body, ref),
                     )
+
+    async def _continue_unaddressable(
+        self, conn: Any, row_id: int, sent_body: str, now: float
+    ) -> None:
+        """A live message Telegram took without the bot learning its id: nothing can edit
+        it or count a press of its buttons. It stays an ordinary delivered message, and the
+        live message goes on as a new one: at once when it has buttons or changed while its
+        send was in flight, else with its next change."""
+        cursor = await conn.execute("SELECT * FROM bot_outbox WHERE id = ?", (row_id,))
+        current = await cursor.fetchone()
+        await conn.execute("UPDATE bot_outbox SET ref = NULL WHERE id = ?", (row_id,))
+        if current is None:
+            return
+        item = OutboxRow.from_row(current).item
+        buttons = bool(item.markup and item.markup.get("inline_keyboard"))
+        if buttons or item.body != sent_body:
+            await self._insert_outbox(conn, item, now)
 
     async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
         """The run a delivered message belongs to (a reply to it addresses that run)."""

@@ -8,7 +8,9 @@ with offsets, ``sendMessage``, ``editMessageText``, ``editMessageReplyMarkup``,
 over Telegram's 20 MB the way Telegram refuses them). Files, photos (albums with
 ``media_group_id``), voice notes and audio can be pushed as updates. Every call is
 recorded; failures (429 with ``retry_after``, 5xx, and the permanent 400/401/403/404 with
-Telegram's descriptions) can be injected per method, once or as a storm;
+Telegram's descriptions, or a description of the test's own) can be injected per method,
+once or as a storm; :meth:`FakeBotApi.garble_answers` takes calls (a sent message is in the
+chat) but answers 200 with a body that is not the Bot API's JSON;
 :meth:`FakeBotApi.revoke_token` makes every call answer 401 the way Telegram does after a
 token is revoked; :meth:`FakeBotApi.hold` parks calls until released (a slow Telegram,
 deterministically); :meth:`FakeBotApi.hold_answers` handles calls at once (the message is
@@ -84,7 +86,9 @@ class SentMessage:
 
 @dataclass
 class Failure:
-    """An injected failure: ``count`` next calls of ``methods`` answer ``status``."""
+    """An injected failure: ``count`` next calls of ``methods`` answer ``status``
+    (with ``description``, or Telegram's usual one); with ``answer``, they are handled and
+    then answered 200 with those bytes."""
 
     methods: frozenset[str]
     status: int
@@ -92,6 +96,8 @@ class Failure:
     retry_after: int | None = None
     every: int | None = None
     seen: int = 0
+    description: str | None = None
+    answer: bytes | None = None
 
 
 class FakeBotApi:
@@ -419,9 +425,21 @@ class FakeBotApi:
         count: int = 1,
         retry_after: int | None = None,
         every: int | None = None,
+        description: str | None = None,
     ) -> Failure:
         """Answer ``status`` to the next ``count`` calls of ``methods`` (or every n-th call)."""
-        failure = Failure(frozenset(methods), status, count, retry_after, every)
+        failure = Failure(
+            frozenset(methods), status, count, retry_after, every, description=description
+        )
+        self.failures.append(failure)
+        return failure
+
+    def garble_answers(
+        self, methods: Iterable[str], *, count: int = 1, body: bytes = b"<html>Bad Gateway"
+    ) -> Failure:
+        """Handle the next ``count`` calls of ``methods`` (a sent message is in the chat)
+        but answer each 200 with ``body``: an answer the bot cannot read."""
+        failure = Failure(frozenset(methods), 200, count, answer=body)
         self.failures.append(failure)
         return failure
 
@@ -531,13 +549,17 @@ class FakeBotApi:
         if method == "getUpdates":
             self._notify()  # a long poll is parked: waiters may want to know it arrived
         failure = self._injected(method)
+        if failure is not None and failure.answer is not None:
+            garbled, failure = failure.answer, None
+        else:
+            garbled = None
         if failure is not None:
             call.status = failure.status
             self._notify()
             extra = (
                 {"retry_after": failure.retry_after} if failure.retry_after is not None else None
             )
-            text = _DESCRIPTIONS.get(failure.status, "Bad Gateway")
+            text = failure.description or _DESCRIPTIONS.get(failure.status, "Bad Gateway")
             return self._error(failure.status, text, extra)
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
@@ -556,6 +578,8 @@ class FakeBotApi:
             self.parked_answers += 1
             self._notify()
             await self._release.wait()
+        if garbled is not None:
+            return web.Response(body=garbled, status=200, content_type="application/json")
         return web.json_response({"ok": True, "result": result})
 
     def script(self, methods: Iterable[str], statuses: Iterable[int]) -> None:
