@@ -24,7 +24,7 @@ import signal
 import time
 from collections.abc import Awaitable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from urllib.parse import urlsplit
 
 from telegram import Update
@@ -50,7 +50,7 @@ from bot.sink import BotSink
 from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StoreError, StoreUnreachableError, raise_if_cancelled
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["BotRuntime", "Features", "serve"]
 
 _LOGGER = logging.getLogger(__name__)
+_T = TypeVar("_T")
 _POLL_TIMEOUT: Final = 25
 _RATE_LIMIT_RETRIES: Final = 8
 # Handled updates and delivered messages are kept this long (duplicates older than this
@@ -259,11 +260,13 @@ class BotRuntime:
             self.spawn(self._keep_lock(keep), "bot-lock-keeper")
 
     async def _keep_lock(self, lock: AdvisoryLock) -> None:
-        await lock.keep(self._lock_check_interval)
+        holder = await lock.keep(self._lock_check_interval)
+        if holder is None:
+            return  # released: the bot is stopping
         if self.fatal is None:
             self.fatal = ConfigError(
-                f"this bot lost its connection to {lock.url} and another turnstile bot "
-                "started on it meanwhile; this one stops",
+                f"this bot lost its connection to {lock.url} for a while and {holder} "
+                "took the one-bot lock meanwhile; this one stops",
                 setting="TURNSTILE_DATABASE",
             )
             _LOGGER.error("%s", self.fatal)
@@ -620,6 +623,14 @@ class BotRuntime:
             try:
                 await self._accept(list(updates))
                 await self.store.sync()
+            except StoreUnreachableError as exc:
+                # The database is away (an outage, a restart): not recorded, so not confirmed
+                # either; Telegram keeps them and hands them over again.
+                raise_if_cancelled()
+                _LOGGER.warning("cannot record updates yet (%s); retrying in %.0fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+                continue
             except Exception:
                 # Not recorded: the offset stays, Telegram hands them over again.
                 _LOGGER.exception("recording updates failed; retrying in %.0fs", backoff)
@@ -697,7 +708,12 @@ class BotRuntime:
         await self._shutdown.wait()
 
     async def shutdown(self) -> int:
-        """Stop taking updates, finish or park turns, flush the outbox. Returns the exit code."""
+        """Stop taking updates, finish or park turns, flush the outbox. Returns the exit code.
+
+        A database that cannot be reached meanwhile (an outage) does not hold it up: what
+        was not recorded or sent is kept (Telegram hands unconfirmed updates over again;
+        the outbox keeps what it did not deliver) and goes out at the next start.
+        """
         assert self.chats is not None
         assert self.sender is not None
         assert self.app is not None
@@ -707,7 +723,7 @@ class BotRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
-            await self._confirm_offset()
+            await self._unless_unreachable("confirming the updates", self._confirm_offset())
         if self._webhook is not None:
             await self._webhook.cleanup()
             self._webhook = None
@@ -717,24 +733,41 @@ class BotRuntime:
             waits = [self.chats.shutdown(park=park)]
             if self.features is not None:
                 waits.append(self.features.shutdown(park=park, preempt=self._preempt))
-            await asyncio.gather(*waits)
+            for failed in await asyncio.gather(*waits, return_exceptions=True):
+                if isinstance(failed, StoreError):
+                    _LOGGER.warning("stopping without the database: %s", failed)
+                elif isinstance(failed, BaseException):
+                    raise failed
         finally:
             preempter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await preempter
         if self.app.running:
             await self.app.stop()
-        flushed = await self.sender.drain(self.settings.shutdown_flush_seconds)
+        flushed = await self._unless_unreachable(
+            "delivering the last messages",
+            self.sender.drain(self.settings.shutdown_flush_seconds),
+        )
         if not flushed:
+            left = await self._unless_unreachable("counting them", self.store.pending_outbox())
             _LOGGER.warning(
-                "%d message(s) still undelivered at shutdown; they go out on the next start",
-                await self.store.pending_outbox(),
+                "%s message(s) still undelivered at shutdown; they go out on the next start",
+                "some" if left is None else left,
             )
         self.sender.stop()
         if self._sender_task is not None:
             await self._sender_task
             self._sender_task = None
         return 0
+
+    @staticmethod
+    async def _unless_unreachable(what: str, step: Awaitable[_T]) -> _T | None:
+        """``step``'s result, or None when the database could not be reached for it."""
+        try:
+            return await step
+        except StoreError as exc:
+            _LOGGER.warning("stopping: %s was left (%s)", what, exc)
+            return None
 
     async def _preempt_on_second_signal(self) -> None:
         assert self.chats is not None

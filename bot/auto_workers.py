@@ -21,7 +21,7 @@ from bot.publish import format_elapsed
 from bot.sink import ChatPlace, words
 from engine.automode.channel import final_report, turn_text
 from engine.automode.state import AutoModeState, Phase
-from engine.errors import ConfigError, TurnstileError
+from engine.errors import ConfigError, TurnstileError, raise_if_cancelled
 from engine.sink import StatusUpdate, TextKind
 from engine.store.runs import RunStatus, TurnState
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
@@ -262,6 +262,7 @@ class WorkerRuns:
                     return
                 except TurnstileError as exc:
                     # The database may be away a moment; the run goes on on its worker.
+                    raise_if_cancelled()
                     _LOGGER.warning("following paused: %s", exc, extra={"run_id": run_id})
                     await asyncio.sleep(_RETRY)
         except asyncio.CancelledError:

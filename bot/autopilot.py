@@ -41,7 +41,7 @@ from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
-from engine.errors import ConfigError, TurnstileError, UnsafeFileError
+from engine.errors import ConfigError, TurnstileError, UnsafeFileError, raise_if_cancelled
 from engine.gates import (
     COMPLETE,
     HUMAN_INTERVENTION,
@@ -314,6 +314,7 @@ class AutopilotExtension(Feature):
                     )
                     await self.post_gate(request, place)
             except TurnstileError as exc:  # the database may be away a moment
+                raise_if_cancelled()
                 _LOGGER.warning("cannot read the workers' gates: %s", exc)
             await asyncio.sleep(interval)
 

@@ -22,7 +22,7 @@ from typing import Final
 
 from bot.context import BotContext
 from bot.sink import BotSink, ChatPlace, summary_ref
-from engine.errors import TurnstileError
+from engine.errors import TurnstileError, raise_if_cancelled
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.sink import StatusUpdate, TextKind
@@ -143,6 +143,7 @@ class WorkerDrives:
                                 await self._ended(drive, event)
                     return
                 except TurnstileError as exc:  # the database may be away a moment
+                    raise_if_cancelled()
                     _LOGGER.warning("following paused: %s", exc, extra={"run_id": drive.run_id})
                     await asyncio.sleep(_RETRY)
         except asyncio.CancelledError:

@@ -29,6 +29,10 @@ the message is in the chat: it is recorded delivered, with no message id (a live
 then goes on as a new one, bot.store), never sent twice. A send that timed out or lost its
 connection is sent again: most such failures come before Telegram has the message, and an
 answer that never arrives is worse than one that arrives twice (docs/telegram.md).
+The database being away a moment (an outage) pauses the sender with the same back-off.
+
+Long: the one sender is one loop with its refusals, pacing and live-message edits; split
+up, each part would need the others' state.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from telegram.error import (
 from telegram.ext import AIORateLimiter
 
 from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
+from engine.errors import StoreUnreachableError, raise_if_cancelled
 
 __all__ = ["OutboxSender", "PacedRateLimiter", "retry_seconds"]
 
@@ -282,6 +287,12 @@ class OutboxSender:
                 seconds = retry_seconds(exc)
                 _LOGGER.warning("flood limit: waiting %.1fs", seconds)
                 await self._pause(float(seconds) + 0.1)
+                continue
+            except StoreUnreachableError as exc:  # an outage: the rows wait in the database
+                raise_if_cancelled()
+                _LOGGER.warning("cannot read the outbox (%s); retrying in %.1fs", exc, backoff)
+                await self._pause(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             except Exception:
                 # The one sender must outlive anything (a store hiccup, a library bug):

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Self
 
 from engine.approvals.store import ApprovalStore, ToolRequest
+from engine.errors import StoreUnreachableError, raise_if_cancelled
 
 __all__ = ["ApprovalWatcher"]
 
@@ -113,6 +114,10 @@ class ApprovalWatcher:
             self._event.clear()
             try:
                 await self.scan()
+            except StoreUnreachableError as exc:
+                # The database is away a moment (an outage, a restart): the next scan tries.
+                raise_if_cancelled()
+                _LOGGER.warning("cannot read tool requests yet: %s", exc)
             except Exception:
                 # The watcher must outlive a store hiccup: the next scan tries again.
                 _LOGGER.exception("scanning tool requests failed")

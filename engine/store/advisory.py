@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import psycopg
 
-from engine.errors import StoreUnreachableError
+from engine.errors import StoreUnreachableError, raise_if_cancelled
 from engine.store.dialect import advisory_key
 from engine.store.location import PostgresURL
 from engine.store.postgres import PostgresDatabase, _clean, _login_refused
@@ -73,7 +73,7 @@ class AdvisoryLock:
         return self._conn is not None and not self._conn.closed and not self._conn.broken
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        who = f"turnstile pid {os.getpid()} on {socket.gethostname()}"[:63]
+        who = self._identity()
         try:
             return await psycopg.AsyncConnection.connect(
                 self.url.conninfo(),
@@ -101,6 +101,11 @@ class AdvisoryLock:
             call = "pg_try_advisory_lock_shared" if self._shared else "pg_try_advisory_lock"
             cursor = await conn.execute(f"SELECT {call}(%s)", (self.key,))
             row = await cursor.fetchone()
+        except psycopg.Error as exc:
+            await conn.close()
+            raise StoreUnreachableError(
+                f"cannot lock {self.name}: {_clean(self.url, exc)}", target=str(self.url)
+            ) from None
         except BaseException:
             await conn.close()
             raise
@@ -130,33 +135,58 @@ class AdvisoryLock:
         finally:
             await conn.close()
 
-    async def keep(self, interval: float = 5.0) -> None:
+    async def keep(self, interval: float = 5.0) -> str | None:
         """Check the lock's connection every ``interval`` seconds while it is held.
 
         A connection the server or the network cut has lost the lock with it: it is taken
-        again at once. Returns (the lock no longer held) only when somebody else took it
-        in between; cancel it to stop watching.
+        again as soon as the server answers (tried again after 1 s, 2 s, … up to
+        ``interval`` apart, for as long as the outage lasts). Returns only when another
+        holder is seen to have it, saying who (``another turnstile bot (pid 12 on
+        host-a)``, or ``another database session`` when it does not say), or None once
+        released; cancel it to stop watching.
         """
+        me = self._identity()
+        lost = False
+        retry = min(1.0, interval)
         while True:
-            await asyncio.sleep(interval)
-            conn = self._conn
-            if conn is None:
-                return
-            try:
-                await conn.execute("SELECT 1")
-                continue
-            except psycopg.Error:
-                _LOGGER.warning("lost the connection holding %s; taking it again", self.name)
-            self._conn = None
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
-            try:
-                if await self.try_acquire():
+            await asyncio.sleep(retry if lost else interval)
+            if not lost:
+                conn = self._conn
+                if conn is None:
+                    return None  # released
+                try:
+                    await conn.execute("SELECT 1")
                     continue
+                except psycopg.Error:
+                    _LOGGER.warning("lost the connection holding %s; taking it again", self.name)
+                self._conn = None
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+                lost, retry = True, min(1.0, interval)
+            try:
+                taken = await self.try_acquire()
             except StoreUnreachableError as exc:
+                raise_if_cancelled()
                 _LOGGER.warning("cannot take %s again yet: %s", self.name, exc)
-                continue  # tried again at the next check
-            return
+                retry = min(retry * 2, interval)
+                continue
+            if taken:
+                _LOGGER.info("took %s again", self.name)
+                lost = False
+                continue
+            try:
+                holder = await self.holder_detail()
+            except StoreUnreachableError:
+                continue  # gone again at once: tried again at the next check
+            if holder == me.removeprefix("turnstile "):
+                # Our own cut-off session, which the server has not ended yet: it goes
+                # when the server notices (its keepalives), and the lock with it.
+                retry = min(retry * 2, interval)
+                continue
+            return f"another turnstile bot ({holder})" if holder else "another database session"
+
+    def _identity(self) -> str:
+        return f"turnstile pid {os.getpid()} on {socket.gethostname()}"[:63]
 
     async def _holder_name(self) -> str | None:
         # pg_locks shows a bigint key as two halves (classid high, objid low, objsubid 1).

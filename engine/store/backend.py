@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from engine.errors import StoreUnreachableError, raise_if_cancelled
 from engine.store.database import Database, MigrationSet
 from engine.store.location import PostgresURL, parse_database
 
 if TYPE_CHECKING:
     from engine.store.postgres import PostgresDatabase
 
-__all__ = ["AnyDatabase", "execute_later", "open_database"]
+__all__ = ["AnyDatabase", "execute_later", "open_database", "wait_reachable"]
+
+_LOGGER = logging.getLogger(__name__)
 
 #: What the stores take: either backend, with one interface.
 AnyDatabase: TypeAlias = "Database | PostgresDatabase"
@@ -52,3 +57,31 @@ async def execute_later(conn: Any, sql: str, parameters: Sequence[Any] = ()) -> 
         later(sql, parameters)
     else:
         await conn.execute(sql, parameters)
+
+
+async def wait_reachable(db: AnyDatabase, *, first: float = 0.5, most: float = 10.0) -> None:
+    """Return once ``db`` answers a query: at once when it does, else after trying again
+    ``first`` seconds later, then twice as long each time up to ``most`` apart, for as
+    long as an outage lasts (cancel it to give up). A SQLite file answers at once.
+
+    Raises:
+        StoreUnreachableError: the server refuses the login (waiting would not help).
+    """
+    delay = first
+    said = False
+    while True:
+        try:
+            await db.fetchone("SELECT 1")
+        except StoreUnreachableError as exc:
+            if not exc.retryable:
+                raise
+            raise_if_cancelled()
+            if not said:
+                _LOGGER.warning("waiting for the database to come back: %s", exc)
+                said = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, most)
+            continue
+        if said:
+            _LOGGER.info("the database is back")
+        return

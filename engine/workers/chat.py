@@ -38,6 +38,7 @@ from engine.approvals.route import ApprovalRoute
 from engine.errors import (
     ConfigError,
     FileRefusedError,
+    StoreUnreachableError,
     TurnCutOff,
     TurnError,
     TurnPreempted,
@@ -47,7 +48,7 @@ from engine.git import GitRunner
 from engine.process import PreemptHandle
 from engine.redact import Redactor
 from engine.runs.stop import until_stopped
-from engine.store.backend import AnyDatabase
+from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import SqliteRunStore
 from engine.turn import TurnOutput
 from engine.workers.chatfiles import (
@@ -147,6 +148,26 @@ async def run_chat_turn(
             )
         )
         raise
+    except StoreUnreachableError as exc:
+        if not exc.retryable:
+            raise
+        # The database went away while the turn ran: its answer could not be kept. Once
+        # the database is back the turn is reported cut off (the chat says so).
+        _LOGGER.warning(
+            "chat turn %d of run %s: lost the database (%s); reported once it is back",
+            turn.seq,
+            spec.run_id,
+            exc,
+        )
+        await wait_reachable(db)
+        for state in (ChatTurnStatus.RUNNING, ChatTurnStatus.QUEUED):
+            await turns.finish(
+                turn.run_id,
+                turn.seq,
+                ChatTurnStatus.INTERRUPTED,
+                error="the database could not be reached while the turn ran",
+                only_from=state,
+            )
     except TurnstileError as exc:
         _LOGGER.error("chat turn %d of run %s failed: %s", turn.seq, spec.run_id, exc)
         # The checkout or the agent could not start; the row may still be queued.

@@ -31,6 +31,7 @@ from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, AutoStatus
 from engine.errors import (
     NotFoundError,
+    StoreUnreachableError,
     TurnError,
     TurnPreempted,
     TurnstileError,
@@ -41,6 +42,7 @@ from engine.logs import log_context
 from engine.runs import AgentEnv, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.settings import Settings
+from engine.store.backend import wait_reachable
 from engine.store.runs import SqliteRunStore
 from engine.turn import Ready, TurnOutput
 from engine.workers.chat import CHAT_MODE, run_chat_turn
@@ -243,6 +245,20 @@ class TurnRunner:
                 # next turn from here).
                 _LOGGER.warning("run %s moved on while its turn ran here: %s", run_id, exc)
                 return False
+            except StoreUnreachableError as exc:
+                if not exc.retryable:
+                    raise
+                # The database went away during the turn (an outage, a restart): what the
+                # turn did could not all be recorded. Once it is back, the run goes on from
+                # what the store holds: a turn recorded started and never ended runs again.
+                _LOGGER.warning(
+                    "run %s: lost the database during its turn (%s); it goes on once the "
+                    "database is back",
+                    run_id,
+                    exc,
+                )
+                await wait_reachable(self.db)
+                return before.spec.mode != CHAT_MODE  # (a chat turn reports itself)
             except TurnstileError as exc:
                 # Bad input or a broken checkout: the run cannot go on; say why where
                 # `turnstile runs` and the following terminal read it.
