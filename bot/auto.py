@@ -33,8 +33,9 @@ from engine.automode import (
 )
 from engine.automode.run import ApprovalFor
 from engine.automode.verifier import evidence_gap
-from engine.errors import ConfigError, TurnstileError
+from engine.errors import ConfigError, StoreUnreachableError, TurnstileError
 from engine.runs import Recovery, RunMode, RunSpec
+from engine.store.backend import wait_reachable
 from engine.store.runs import RunStatus
 from engine.workspace.runs import worktree_summaries
 
@@ -65,6 +66,8 @@ class AutoExtension(Feature):
         self.active: dict[str, _Active] = {}
         self.workers = WorkerRuns(ctx)
         self._closing = False
+        # Runs the database cut off, each resumed once it is back (bot/auto.py _revive).
+        self._revivals: set[asyncio.Task[None]] = set()
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command("auto", Action.START_RUN, self.cmd_auto, usage="Usage: /auto OBJECTIVE")
@@ -262,6 +265,22 @@ class AutoExtension(Feature):
                 result.status is AutoStatus.STOPPED and result.message == STOPPED_BY_PERSON
             )
             _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
+        except StoreUnreachableError as exc:
+            if not exc.retryable or self._closing:
+                # Recorded running: the next start's recovery resumes it.
+                _LOGGER.warning("auto run cut off: %s", exc, extra={"run_id": run.run_id})
+                return
+            # The database went away under the run (an outage, a restart): what its turn did
+            # was not all recorded. Once the database is back the run resumes from what the
+            # store holds, its cut-off turn run again; nothing to say meanwhile.
+            _LOGGER.warning(
+                "auto run cut off by the database (%s); resumed once it is back",
+                exc,
+                extra={"run_id": run.run_id},
+            )
+            revival = asyncio.create_task(self._revive(active), name=f"revive-{run.run_id}")
+            self._revivals.add(revival)
+            revival.add_done_callback(self._revivals.discard)
         except TurnstileError as exc:
             await self.ctx.publisher.say(
                 active.place.chat_id,
@@ -284,6 +303,39 @@ class AutoExtension(Feature):
             if active.parking and not finished:
                 with contextlib.suppress(TurnstileError):
                     await self.ctx.runs.update_run(run.run_id, status=RunStatus.PARKED)
+
+    async def _revive(self, active: _Active) -> None:
+        run_id, place = active.run.run_id, active.place
+        await wait_reachable(self.ctx.db)
+        if self._closing:
+            return  # resumed by the next start's recovery (it is still recorded running)
+        try:
+            run = await resume_auto_run(
+                self.ctx.settings,
+                self.ctx.db,
+                run_id,
+                sink=self.sink,
+                supervisor=self.ctx.supervisor,
+                approval_for=self._approvals(None, active.run.state.tool),
+            )
+        except TurnstileError as exc:
+            _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": run_id})
+            await self.ctx.publisher.say(
+                place.chat_id,
+                f"⚠️ Auto run {run_id} was cut off when the database went away and could "
+                f"not be resumed: {exc}",
+                thread_id=place.thread_id,
+                run_id=run_id,
+            )
+            return
+        self._track(run, place)
+        await self.ctx.publisher.say(
+            place.chat_id,
+            f"▶️ Auto run {run_id} resumed at turn {run.state.turn}, phase "
+            f"{run.state.phase.value}: the database was away for a while.",
+            thread_id=place.thread_id,
+            run_id=run_id,
+        )
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         active = self.active.get(run_id)
@@ -367,6 +419,8 @@ class AutoExtension(Feature):
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self._closing = True
+        for revival in list(self._revivals):
+            revival.cancel()
         await self.workers.close()
         actives = list(self.active.values())
         for active in actives:

@@ -31,6 +31,7 @@ from tests.automode_support import (
     EXECUTE,
     PLAN,
     evaluation,
+    git_workspace,
     write_script,
 )
 from tests.bot_process import BotProcess, spawn
@@ -313,3 +314,63 @@ async def test_the_one_bot_lock_is_taken_again_after_an_outage_of_many_checks(
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
         await lock.release()
+
+
+async def test_an_outage_under_a_bot_that_runs_the_turns_itself_loses_nothing(
+    server: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same outage with the turns run in the bot's own process (no workers)."""
+    found = _setup(tmp_path, server, monkeypatch)
+    found.env["TURNSTILE_EXECUTION"] = "local"
+    bot: BotProcess | None = None
+    try:
+        async with FakeBotApi() as api:
+            env = _bot_env(found, api)
+            ws = Path(env["TURNSTILE_WORKSPACES"])
+            git_workspace(ws / "default")
+            bot = await spawn(found.tmp / "bot", env, "bot")
+            await _polling(bot)
+            statuses: dict[str, SentMessage] = {}
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
+            await _seen(api, bot, lambda: any("Execute running" in m.text for m in api.sent), 90)
+            status = next(m for m in api.sent if "Execute running" in m.text)
+            run = re.search(r"Auto run (\S+)", _texts(status)[0])
+            assert run is not None, _texts(status)
+            statuses[run.group(1)] = status
+            began = time.monotonic()
+            await asyncio.to_thread(server.stop)
+            asked = [api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")]
+            await asyncio.sleep(5)
+            (tmp_path / "gate").write_text("")  # the turn ends while the server is down
+            asked.append(api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help"))
+            await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - began)))
+            await asyncio.to_thread(server.start_again)
+            for run_id in statuses:
+                await _seen(
+                    api,
+                    bot,
+                    lambda r=run_id: any(
+                        m.text.startswith(f"Auto run {r}: completed") for m in api.sent
+                    ),
+                    120,
+                )
+            rows = dict(found.query("SELECT id, status FROM runs"))
+            assert rows == dict.fromkeys(statuses, "completed"), rows
+            for run_id in statuses:
+                turns = _turns(found, run_id)
+                assert ("execute", 1, "interrupted") in turns, turns
+                assert ("execute", 2, "finished") in turns, turns
+            assert any("resumed at turn 3, phase execute" in m.text for m in api.sent)
+            for update in asked:
+                message_id = api.pushed(update)["message"]["message_id"]
+                await _seen(
+                    api, bot, lambda mid=message_id: any(m.reply_to == mid for m in api.sent)
+                )
+            assert bot.proc.returncode is None, bot.log
+            assert "Traceback" not in bot.log, bot.log
+    finally:
+        if bot is not None:
+            bot.signal()
+            await bot.exit_code()
+            (tmp_path / "bot.log").write_text(bot.log)
+        found.stop_all()
