@@ -4,8 +4,6 @@ redacting a typical chat message is fast, and hostile inputs cannot make it slow
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bot.render import render_markdown
@@ -258,26 +256,6 @@ def test_two_key_blocks_hide_only_themselves() -> None:
     assert redact(text) == f"{REDACTED}\nbetween\n{REDACTED}"
 
 
-TYPICAL = (
-    "I changed `engine/files.py` so that `read_for_send` checks every encoding; the tests "
-    "in tests/test_redact_shapes.py pass (42 passed in 1.3s). Commit "
-    "3f786850e387550fdab836ed7e6dc881de23001b, request 123e4567-e89b-12d3-a456-426614174000 "
-    "took 12ms.\n\n```python\ndef f(x):\n    return x + 1\n```\n"
-) * 2
-
-
-def test_redacting_a_typical_message_takes_well_under_a_millisecond_or_two() -> None:
-    redactor = Redactor(["exact-secret-value-1", "another-secret-22"])
-    redactor(TYPICAL)
-    runs = 200
-    started = time.perf_counter()
-    for _ in range(runs):
-        redactor(TYPICAL)
-    per_message = (time.perf_counter() - started) / runs
-    # About 0.1 ms on the 2-core CI machine: the bound leaves room for a busy neighbour.
-    assert per_message < 0.002, f"{per_message * 1000:.3f} ms per message"
-
-
 @pytest.mark.parametrize(
     "hostile",
     [
@@ -295,7 +273,9 @@ def test_redacting_a_typical_message_takes_well_under_a_millisecond_or_two() -> 
     ],
     ids=lambda s: repr(s[:16]),
 )
-def test_hostile_input_cannot_make_redaction_slow(hostile: str) -> None:
-    started = time.perf_counter()
-    redact(hostile)
-    assert time.perf_counter() - started < 1.0
+@pytest.mark.timeout(20)
+def test_hostile_input_cannot_make_redaction_hang(hostile: str) -> None:
+    # A pattern that backtracks without end would hang here until the timeout (how long
+    # redaction takes is bench/bench_redact.py's to say).
+    out = redact(hostile)
+    assert isinstance(out, str)
