@@ -31,12 +31,20 @@ from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.agents.warm import close_agent
 from engine.approvals import ApprovalRoute
-from engine.errors import ChannelError, ConfigError, GitError, TurnError, TurnPreempted
+from engine.errors import (
+    ChannelError,
+    ConfigError,
+    GitError,
+    StoreUnreachableError,
+    TurnError,
+    TurnPreempted,
+    raise_if_cancelled,
+)
 from engine.logs import log_context
 from engine.process import PreemptHandle, TurnProcess
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
-from engine.store.backend import AnyDatabase
+from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
 from engine.workers.chatfiles import SENT_FILES
@@ -544,6 +552,23 @@ class ChatSessions:
         except (TurnError, ChannelError) as exc:
             status, final = RunStatus.ERROR, "⚠️ failed"
             await self._failed(run, exc)
+        except StoreUnreachableError as exc:
+            # The database went away under the run (an outage): once it is back the turn
+            # is said cut off (its answer could not be kept) and the run ends; messages
+            # that wait go on in a new run.
+            _LOGGER.warning("chat run cut off: %s", exc, extra={"run_id": run.run_id})
+            if exc.retryable and self.db is not None:
+                await wait_reachable(self.db)
+            status, final = RunStatus.ERROR, "⚠️ cut off"
+            with contextlib.suppress(Exception):
+                await self._failed(
+                    run,
+                    StoreUnreachableError(
+                        "the database went away while it ran, so its answer was lost; "
+                        "send the message again to retry",
+                        target=exc.target,
+                    ),
+                )
         except Exception as exc:
             # A store or library failure ends the run visibly, never silently; the next
             # message starts a new run (no automatic restart into the same failure).
@@ -554,7 +579,7 @@ class ChatSessions:
         finally:
             self.supervisor.detach(run.run_id)
             ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await ticker
             self.active.pop(run.key, None)
             # A warm session's resident process ends with its run.
@@ -631,7 +656,11 @@ class ChatSessions:
             # A short pause coalesces bursts and keeps this write off a turn's start-up.
             await asyncio.sleep(_STATUS_DEBOUNCE)
             run.status_wanted.clear()
-            await run.show_status()
+            try:
+                await run.show_status()
+            except StoreUnreachableError as exc:  # an outage: the next tick writes it
+                raise_if_cancelled()
+                _LOGGER.warning("cannot show the run's status yet: %s", exc)
 
     def follow_migration(self, old_chat: int, new_chat: int) -> None:
         """Runs of a group that became a supergroup now answer in the new chat."""

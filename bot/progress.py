@@ -22,6 +22,7 @@ from typing import Any, Final
 from bot.publish import Publisher, format_elapsed
 from bot.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
+from engine.errors import StoreUnreachableError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class TurnProgress:
             try:
                 self.reply_to = await reply_to
                 await self.show()
+            except StoreUnreachableError as exc:  # an outage: said in one line
+                _LOGGER.warning("could not post the progress of %s: %s", self.ref, exc)
             except Exception:  # a progress message never fails the turn it shows
                 _LOGGER.warning("could not post the progress of %s", self.ref, exc_info=True)
 

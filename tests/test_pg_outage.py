@@ -127,6 +127,8 @@ def _setup(tmp_path: Path, server: PgCluster, monkeypatch: pytest.MonkeyPatch) -
                 ],
             },
             {"match": EVALUATE, **evaluation("COMPLETE")},
+            # A chat turn that lasts until the gate opens.
+            {"match": "slow question", "text": "slow answer", "wait_file": str(tmp_path / "gate")},
         ],
     )
     return found
@@ -366,6 +368,54 @@ async def test_an_outage_under_a_bot_that_runs_the_turns_itself_loses_nothing(
                 await _seen(
                     api, bot, lambda mid=message_id: any(m.reply_to == mid for m in api.sent)
                 )
+            assert bot.proc.returncode is None, bot.log
+            assert "Traceback" not in bot.log, bot.log
+    finally:
+        if bot is not None:
+            bot.signal()
+            await bot.exit_code()
+            (tmp_path / "bot.log").write_text(bot.log)
+        found.stop_all()
+
+
+async def test_a_chat_turn_the_outage_cut_off_is_said_and_the_next_message_answered(
+    server: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat session in the bot's own process: the turn that ends while the server is
+    down is said cut off once it is back, and a message sent during the outage is answered
+    in a new run (none is left running)."""
+    found = _setup(tmp_path, server, monkeypatch)
+    found.env["TURNSTILE_EXECUTION"] = "local"
+    bot: BotProcess | None = None
+    try:
+        async with FakeBotApi() as api:
+            env = _bot_env(found, api)
+            git_workspace(Path(env["TURNSTILE_WORKSPACES"]) / "default")
+            bot = await spawn(found.tmp / "bot", env, "bot")
+            await _polling(bot)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            await _seen(api, bot, lambda: any("bound" in m.text for m in api.sent))
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a slow question")
+            await _seen(api, bot, lambda: bool(found.query("SELECT 1 FROM turns")))
+            ((cut_off,),) = found.query("SELECT run_id FROM turns")
+            await asyncio.to_thread(server.stop)
+            await asyncio.sleep(2)
+            (tmp_path / "gate").write_text("")  # the turn ends while the server is down
+            later = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="quick question")
+            await asyncio.sleep(OUTAGE - 2)
+            await asyncio.to_thread(server.start_again)
+            # (Longer than the pool waits for a connection: the turn's end is not kept.)
+            await _seen(api, bot, lambda: any("answer was lost" in m.text for m in api.sent), 60)
+            mid = api.pushed(later)["message"]["message_id"]
+            await _seen(
+                api,
+                bot,
+                lambda: any("quick question" in m.text and m.reply_to == mid for m in api.sent),
+                60,
+            )
+            # The cut-off run ended (recorded so); the quick question had a run of its own.
+            first = found.query("SELECT status FROM runs WHERE id = %s", cut_off)
+            assert first == [("error",)], first
             assert bot.proc.returncode is None, bot.log
             assert "Traceback" not in bot.log, bot.log
     finally:
