@@ -305,10 +305,21 @@ class AutoExtension(Feature):
                     await self.ctx.runs.update_run(run.run_id, status=RunStatus.PARKED)
 
     async def _revive(self, active: _Active) -> None:
-        run_id, place = active.run.run_id, active.place
         await wait_reachable(self.ctx.db)
         if self._closing:
             return  # resumed by the next start's recovery (it is still recorded running)
+        await self._resume(
+            active.run.run_id,
+            active.place,
+            active.run.state.tool,
+            why=": the database was away for a while",
+            failed="was cut off when the database went away and could not be resumed",
+        )
+
+    async def _resume(
+        self, run_id: str, place: ChatPlace, tool: str | None, *, why: str = "", failed: str
+    ) -> None:
+        """Resume ``run_id`` from its recorded phase and turn here, and say so (or why not)."""
         try:
             run = await resume_auto_run(
                 self.ctx.settings,
@@ -316,14 +327,13 @@ class AutoExtension(Feature):
                 run_id,
                 sink=self.sink,
                 supervisor=self.ctx.supervisor,
-                approval_for=self._approvals(None, active.run.state.tool),
+                approval_for=self._approvals(None, tool),
             )
         except TurnstileError as exc:
             _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": run_id})
             await self.ctx.publisher.say(
                 place.chat_id,
-                f"⚠️ Auto run {run_id} was cut off when the database went away and could "
-                f"not be resumed: {exc}",
+                f"⚠️ Auto run {run_id} {failed}: {exc}",
                 thread_id=place.thread_id,
                 run_id=run_id,
             )
@@ -332,7 +342,7 @@ class AutoExtension(Feature):
         await self.ctx.publisher.say(
             place.chat_id,
             f"▶️ Auto run {run_id} resumed at turn {run.state.turn}, phase "
-            f"{run.state.phase.value}: the database was away for a while.",
+            f"{run.state.phase.value}{why}.",
             thread_id=place.thread_id,
             run_id=run_id,
         )
@@ -389,32 +399,7 @@ class AutoExtension(Feature):
             assert record.chat_id is not None  # (the report holds the runs a chat follows)
             place = ChatPlace(record.chat_id, record.thread_id)
             self.sink.register(record.id, place)
-            try:
-                run = await resume_auto_run(
-                    self.ctx.settings,
-                    self.ctx.db,
-                    record.id,
-                    sink=self.sink,
-                    supervisor=self.ctx.supervisor,
-                    approval_for=self._approvals(None, record.agent),
-                )
-            except TurnstileError as exc:
-                _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": record.id})
-                await self.ctx.publisher.say(
-                    record.chat_id,
-                    f"⚠️ Auto run {record.id} could not be resumed: {exc}",
-                    thread_id=record.thread_id,
-                    run_id=record.id,
-                )
-                continue
-            self._track(run, place)
-            await self.ctx.publisher.say(
-                record.chat_id,
-                f"▶️ Auto run {record.id} resumed at turn {run.state.turn}, phase "
-                f"{run.state.phase.value}.",
-                thread_id=record.thread_id,
-                run_id=record.id,
-            )
+            await self._resume(record.id, place, record.agent, failed="could not be resumed")
         await self.workers.resume()
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
