@@ -50,7 +50,8 @@ from bot.sink import BotSink
 from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool
-from engine.errors import ConfigError, StoreError, StoreUnreachableError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import ConfigError, StoreError, StoreUnreachableError
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor

@@ -19,9 +19,10 @@ from telegram import Update
 from bot.context import BotContext
 from bot.publish import format_elapsed
 from bot.sink import ChatPlace, words
+from engine.aio import raise_if_cancelled
 from engine.automode.channel import final_report, turn_text
 from engine.automode.state import AutoModeState, Phase
-from engine.errors import ConfigError, TurnstileError, raise_if_cancelled
+from engine.errors import ConfigError, TurnstileError
 from engine.sink import StatusUpdate, TextKind
 from engine.store.runs import RunStatus, TurnState
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted

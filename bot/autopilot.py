@@ -41,7 +41,8 @@ from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace, words
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
-from engine.errors import ConfigError, TurnstileError, UnsafeFileError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import ConfigError, TurnstileError, UnsafeFileError
 from engine.gates import (
     COMPLETE,
     HUMAN_INTERVENTION,

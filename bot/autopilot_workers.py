@@ -22,7 +22,8 @@ from typing import Final
 
 from bot.context import BotContext
 from bot.sink import BotSink, ChatPlace, summary_ref
-from engine.errors import TurnstileError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import TurnstileError
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.sink import StatusUpdate, TextKind

@@ -30,6 +30,7 @@ from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.agents.warm import close_agent
+from engine.aio import raise_if_cancelled
 from engine.approvals import ApprovalRoute
 from engine.errors import (
     ChannelError,
@@ -38,7 +39,6 @@ from engine.errors import (
     StoreUnreachableError,
     TurnError,
     TurnPreempted,
-    raise_if_cancelled,
 )
 from engine.logs import log_context
 from engine.process import PreemptHandle, TurnProcess

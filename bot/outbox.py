@@ -69,7 +69,8 @@ from telegram.error import (
 from telegram.ext import AIORateLimiter
 
 from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
-from engine.errors import StoreUnreachableError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import StoreUnreachableError
 
 __all__ = ["OutboxSender", "PacedRateLimiter", "retry_seconds"]
 

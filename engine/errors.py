@@ -49,8 +49,6 @@ children with it); the others are defined here.
 
 from __future__ import annotations
 
-import asyncio
-
 __all__ = [
     "BackendUnsupportedError",
     "ChannelError",
@@ -77,7 +75,6 @@ __all__ = [
     "TurnSuperseded",
     "TurnstileError",
     "UnsafeFileError",
-    "raise_if_cancelled",
 ]
 
 
@@ -304,16 +301,3 @@ class BackendUnsupportedError(StoreError):
     """The command needs a SQLite file; the database is a PostgreSQL server (or so)."""
 
     retryable = False
-
-
-def raise_if_cancelled() -> None:
-    """Raise :class:`asyncio.CancelledError` when the running task was asked to stop.
-
-    On Python 3.11 a cancellation that reaches an ``asyncio.wait_for`` just as its inner
-    wait ends is lost (the database driver's pool waits that way), and comes out as the
-    error the wait turned into. A retry loop that catches that error calls this before
-    it tries again, so that a task asked to stop stops instead of retrying for ever.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

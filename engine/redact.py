@@ -199,7 +199,9 @@ SHAPES: tuple[Shape, ...] = (
     # NAME=value, export NAME=value, NAME: value, "name": "value", name := value.
     _shape(
         "credential assignment",
-        rf"(?i){_WORD}{_PARTS}[\"']?\s*(?::=|=>|[=:])\s*{_VALUE}",
+        # Not a URL's user and password (scheme://db_pw:…@host), which the URL shape hides
+        # (this one would take the host with it).
+        rf"(?i){_WORD}{_PARTS}[\"']?\s*(?::=|=>|=|:(?![^\s@/\"']*@))\s*{_VALUE}",
     ),
 )
 

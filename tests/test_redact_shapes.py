@@ -279,3 +279,13 @@ def test_hostile_input_cannot_make_redaction_hang(hostile: str) -> None:
     # redaction takes is bench/bench_redact.py's to say).
     out = redact(hostile)
     assert isinstance(out, str)
+
+
+def test_a_url_whose_user_name_looks_like_a_credential_keeps_its_host() -> None:
+    # (The user "turnstile_pw" ends like DB_PW: only the password goes, not the host.)
+    text = "at postgresql://turnstile_pw:hunter2hunter2@127.0.0.1:5432/doctor_pw: 2 pending"
+    assert (
+        redact(text)
+        == f"at postgresql://turnstile_pw:{REDACTED}@127.0.0.1:5432/doctor_pw: 2 pending"
+    )
+    assert redact("db_pw:hunter2hunter2 and more") == f"db_pw:{REDACTED} and more"

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Self
 
+from engine.aio import raise_if_cancelled
 from engine.approvals.store import ApprovalStore, ToolRequest
-from engine.errors import StoreUnreachableError, raise_if_cancelled
+from engine.errors import StoreUnreachableError
 
 __all__ = ["ApprovalWatcher"]
 

@@ -17,7 +17,8 @@ from typing import Any, Final
 
 import psycopg
 
-from engine.errors import StoreUnreachableError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import StoreUnreachableError
 from engine.store.dialect import advisory_key
 from engine.store.location import PostgresURL
 from engine.store.postgres import PostgresDatabase, _clean, _login_refused

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from engine.errors import StoreUnreachableError, raise_if_cancelled
+from engine.aio import raise_if_cancelled
+from engine.errors import StoreUnreachableError
 from engine.store.database import Database, MigrationSet
 from engine.store.location import PostgresURL, parse_database
 
