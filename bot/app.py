@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from urllib.parse import urlsplit
@@ -222,6 +222,8 @@ class BotRuntime:
         # Set when the bot must stop with an error (the token was refused): raised by
         # serve() once the bot has shut down.
         self.fatal: ConfigError | None = None
+        # Set when shutting down found the database unreachable (bot.app shutdown).
+        self._db_gone = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -736,6 +738,7 @@ class BotRuntime:
                 waits.append(self.features.shutdown(park=park, preempt=self._preempt))
             for failed in await asyncio.gather(*waits, return_exceptions=True):
                 if isinstance(failed, StoreError):
+                    self._db_gone = True
                     _LOGGER.warning("stopping without the database: %s", failed)
                 elif isinstance(failed, BaseException):
                     raise failed
@@ -757,16 +760,23 @@ class BotRuntime:
             )
         self.sender.stop()
         if self._sender_task is not None:
-            await self._sender_task
+            if self._db_gone:
+                self._sender_task.cancel()  # (it may wait for a connection that never comes)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender_task
             self._sender_task = None
         return 0
 
-    @staticmethod
-    async def _unless_unreachable(what: str, step: Awaitable[_T]) -> _T | None:
-        """``step``'s result, or None when the database could not be reached for it."""
+    async def _unless_unreachable(self, what: str, step: Coroutine[Any, Any, _T]) -> _T | None:
+        """``step``'s result, or None when the database could not be reached for it (once
+        it could not, the later steps are left at once: each would wait for it again)."""
+        if self._db_gone:
+            step.close()
+            return None
         try:
             return await step
         except StoreError as exc:
+            self._db_gone = True
             _LOGGER.warning("stopping: %s was left (%s)", what, exc)
             return None
 

@@ -42,6 +42,7 @@ from tests.workers_support import Cluster, make_cluster
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(240)]
 
 CHAT = -1001
+TALK = -1002  # a second group, for a chat session
 OPERATOR = 11
 OUTAGE = 20.0
 
@@ -321,90 +322,56 @@ async def test_the_one_bot_lock_is_taken_again_after_an_outage_of_many_checks(
 async def test_an_outage_under_a_bot_that_runs_the_turns_itself_loses_nothing(
     server: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same outage with the turns run in the bot's own process (no workers)."""
+    """The same outage with the turns run in the bot's own process (no workers): an auto
+    run in one chat, a chat session in another, each mid-turn. The auto run's cut-off turn
+    runs again once the server is back and the run completes; the chat turn is said cut
+    off (its answer could not be kept) and a message sent during the outage is answered in
+    a new run; every message is answered, none is left running."""
     found = _setup(tmp_path, server, monkeypatch)
     found.env["TURNSTILE_EXECUTION"] = "local"
     bot: BotProcess | None = None
     try:
         async with FakeBotApi() as api:
             env = _bot_env(found, api)
-            ws = Path(env["TURNSTILE_WORKSPACES"])
-            git_workspace(ws / "default")
+            env["TURNSTILE_ALLOWED_CHATS"] = f"{CHAT},{TALK}"
+            git_workspace(Path(env["TURNSTILE_WORKSPACES"]) / "default")
             bot = await spawn(found.tmp / "bot", env, "bot")
             await _polling(bot)
-            statuses: dict[str, SentMessage] = {}
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
             await _seen(api, bot, lambda: any("Execute running" in m.text for m in api.sent), 90)
             status = next(m for m in api.sent if "Execute running" in m.text)
             run = re.search(r"Auto run (\S+)", _texts(status)[0])
             assert run is not None, _texts(status)
-            statuses[run.group(1)] = status
+            auto = run.group(1)
+            api.push_message(chat_id=TALK, user_id=OPERATOR, text="/chat")
+            await _seen(api, bot, lambda: any("bound" in m.text for m in api.sent))
+            api.push_message(chat_id=TALK, user_id=OPERATOR, text="a slow question")
+            chats = "SELECT DISTINCT run_id FROM turns WHERE run_id LIKE 'chat-%%'"
+            await _seen(api, bot, lambda: bool(found.query(chats)))
+            ((cut_off,),) = found.query(chats)
+
             began = time.monotonic()
             await asyncio.to_thread(server.stop)
             asked = [api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")]
-            await asyncio.sleep(5)
-            (tmp_path / "gate").write_text("")  # the turn ends while the server is down
+            await asyncio.sleep(3)
+            (tmp_path / "gate").write_text("")  # the turns end while the server is down
+            later = api.push_message(chat_id=TALK, user_id=OPERATOR, text="quick question")
             asked.append(api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help"))
             await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - began)))
             await asyncio.to_thread(server.start_again)
-            for run_id in statuses:
-                await _seen(
-                    api,
-                    bot,
-                    lambda r=run_id: any(
-                        m.text.startswith(f"Auto run {r}: completed") for m in api.sent
-                    ),
-                    120,
-                )
-            rows = dict(found.query("SELECT id, status FROM runs"))
-            assert rows == dict.fromkeys(statuses, "completed"), rows
-            for run_id in statuses:
-                turns = _turns(found, run_id)
-                assert ("execute", 1, "interrupted") in turns, turns
-                assert ("execute", 2, "finished") in turns, turns
+
+            await _seen(
+                api,
+                bot,
+                lambda: any(m.text.startswith(f"Auto run {auto}: completed") for m in api.sent),
+                120,
+            )
+            assert found.query("SELECT status FROM runs WHERE id = %s", auto) == [("completed",)]
+            turns = _turns(found, auto)
+            assert ("execute", 1, "interrupted") in turns, turns
+            assert ("execute", 2, "finished") in turns, turns
             assert any("resumed at turn 3, phase execute" in m.text for m in api.sent)
-            for update in asked:
-                message_id = api.pushed(update)["message"]["message_id"]
-                await _seen(
-                    api, bot, lambda mid=message_id: any(m.reply_to == mid for m in api.sent)
-                )
-            assert bot.proc.returncode is None, bot.log
-            assert "Traceback" not in bot.log, bot.log
-    finally:
-        if bot is not None:
-            bot.signal()
-            await bot.exit_code()
-            (tmp_path / "bot.log").write_text(bot.log)
-        found.stop_all()
 
-
-async def test_a_chat_turn_the_outage_cut_off_is_said_and_the_next_message_answered(
-    server: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chat session in the bot's own process: the turn that ends while the server is
-    down is said cut off once it is back, and a message sent during the outage is answered
-    in a new run (none is left running)."""
-    found = _setup(tmp_path, server, monkeypatch)
-    found.env["TURNSTILE_EXECUTION"] = "local"
-    bot: BotProcess | None = None
-    try:
-        async with FakeBotApi() as api:
-            env = _bot_env(found, api)
-            git_workspace(Path(env["TURNSTILE_WORKSPACES"]) / "default")
-            bot = await spawn(found.tmp / "bot", env, "bot")
-            await _polling(bot)
-            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
-            await _seen(api, bot, lambda: any("bound" in m.text for m in api.sent))
-            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a slow question")
-            await _seen(api, bot, lambda: bool(found.query("SELECT 1 FROM turns")))
-            ((cut_off,),) = found.query("SELECT run_id FROM turns")
-            await asyncio.to_thread(server.stop)
-            await asyncio.sleep(2)
-            (tmp_path / "gate").write_text("")  # the turn ends while the server is down
-            later = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="quick question")
-            await asyncio.sleep(OUTAGE - 2)
-            await asyncio.to_thread(server.start_again)
-            # (Longer than the pool waits for a connection: the turn's end is not kept.)
             await _seen(api, bot, lambda: any("answer was lost" in m.text for m in api.sent), 60)
             mid = api.pushed(later)["message"]["message_id"]
             await _seen(
@@ -413,9 +380,14 @@ async def test_a_chat_turn_the_outage_cut_off_is_said_and_the_next_message_answe
                 lambda: any("quick question" in m.text and m.reply_to == mid for m in api.sent),
                 60,
             )
-            # The cut-off run ended (recorded so); the quick question had a run of its own.
+            # The cut-off chat run ended (recorded so); the quick question had a run of its own.
             first = found.query("SELECT status FROM runs WHERE id = %s", cut_off)
             assert first == [("error",)], first
+            for update in asked:
+                message_id = api.pushed(update)["message"]["message_id"]
+                await _seen(
+                    api, bot, lambda mid=message_id: any(m.reply_to == mid for m in api.sent)
+                )
             assert bot.proc.returncode is None, bot.log
             assert "Traceback" not in bot.log, bot.log
     finally:

@@ -279,6 +279,8 @@ class PostgresDatabase:
         self._min_size = min_size
         self._max_size = max_size
         self._connect_timeout = connect_timeout
+        # The server could not be reached at the last try (see _why_unreachable).
+        self._down = False
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
 
     async def __aenter__(self) -> Self:
@@ -297,15 +299,27 @@ class PostgresDatabase:
         """The driver's message on one line, with the password (if any) taken out."""
         return _clean(self.url, exc)
 
-    async def _why_unreachable(self, exc: BaseException) -> StoreUnreachableError:
-        """The pool only says it timed out: one direct attempt says why (refused, ...)."""
+    async def _probe(self) -> str | None:
+        """Why a direct connection does not open (refused, ...), or None when it does."""
         try:
             probe = await psycopg.AsyncConnection.connect(self.url.conninfo(), connect_timeout=2)
         except psycopg.Error as direct:
-            reason = self._clean(direct)
+            return self._clean(direct)
+        await probe.close()
+        return None
+
+    async def _why_unreachable(self, exc: BaseException) -> StoreUnreachableError:
+        """The pool only says it timed out: one direct attempt says why (refused, ...).
+
+        When the server cannot be reached, the next callers find out with one direct
+        attempt each (a refusal takes a millisecond) instead of each waiting for the pool
+        to give up, until a direct attempt gets through again (see :meth:`_getconn`).
+        """
+        reason = await self._probe()
+        if reason is None:
+            reason = self._clean(exc)  # the server answers: the pool was busy, not cut off
         else:
-            await probe.close()
-            reason = self._clean(exc)
+            self._down = True
         return StoreUnreachableError(
             f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
         )
@@ -378,8 +392,16 @@ class PostgresDatabase:
         )
 
     async def _getconn(self) -> psycopg.AsyncConnection[Any]:
+        pool = self.pool
+        if self._down:
+            reason = await self._probe()
+            if reason is not None:
+                raise StoreUnreachableError(
+                    f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
+                )
+            self._down = False
         try:
-            return await self.pool.getconn()
+            return await pool.getconn()
         except PoolTimeout as exc:
             raise await self._why_unreachable(exc) from None
         except psycopg.OperationalError as exc:
