@@ -515,6 +515,7 @@ class BotRuntime:
             )
         for prompt in await self.store.running_prompts():
             await self.store.end_prompt(prompt.id, "interrupted")
+        await self.store.requeue_steering()
         await self.publisher.people.load()
         # Progress messages of turns cut off by the stop say so (never "running" forever).
         await settle_leftovers(self.store, self.publisher)

@@ -199,3 +199,27 @@ async def test_after_a_restart_queued_messages_go_before_a_new_one(
     assert answers(api) == ["answer: A1", "answer: A2", "answer: A3"]
     assert said_to_a3 is not None
     assert "Queued: 2 message(s)" in said_to_a3.text
+
+
+async def test_a_message_being_handed_to_a_turn_when_the_bot_stopped_is_not_lost(
+    tmp_path: Path, warm: Path
+) -> None:
+    """The bot stopped while a message was on its way into a running turn (recorded for
+    it, not yet taken): after the restart that message has a turn of its own."""
+    async with FakeBotApi() as api:
+        settings = settings_for(api, tmp_path)
+        async with running_bot(api, settings):
+            await bind(api, CHAT)
+        async with BotRuntime(settings) as rt:
+            # As the crashed bot left it: recorded for the running turn, never taken.
+            held = await rt.store.hold_for_steering(
+                CHAT, 0, update_id=None, user_id=OPERATOR, body="B1"
+            )
+            assert held is not None
+            await rt.start()
+            try:
+                await wait_until(lambda: seen(tmp_path) == [(1, "B1")], what="B1 reaches the agent")
+                await api.wait_until(lambda: answers(api) == ["answer: B1"], timeout=60)
+            finally:
+                rt.request_shutdown()
+                await rt.shutdown()

@@ -158,6 +158,16 @@ async def _start_runs(
     return statuses
 
 
+async def _stop(bot: BotProcess) -> None:
+    """SIGTERM, and its exit awaited; killed if it does not exit (nothing left running)."""
+    try:
+        if bot.proc.returncode is None:
+            bot.signal()
+        await bot.exit_code()
+    finally:
+        await bot.kill()
+
+
 async def _polling(bot: BotProcess) -> None:
     try:
         await bot.wait_log("running (polling)", timeout=60)
@@ -238,8 +248,7 @@ async def test_a_20_second_outage_under_load_loses_nothing(
                 assert worker.proc.poll() is None, worker.output
     finally:
         if bot is not None:
-            bot.signal()
-            await bot.exit_code()
+            await _stop(bot)
             (tmp_path / "bot.log").write_text(bot.log)
         found.stop_all()
         for name, worker in found.workers.items():
@@ -253,6 +262,7 @@ async def test_a_bot_stopped_during_an_outage_exits_and_the_next_one_goes_on(
     database), and a bot started once the server is back follows the run to its end."""
     found = _setup(tmp_path, server, monkeypatch)
     await asyncio.to_thread(found.start_worker, "w1", concurrency=1)
+    bot: BotProcess | None = None
     try:
         async with FakeBotApi() as api:
             env = _bot_env(found, api)
@@ -282,9 +292,10 @@ async def test_a_bot_stopped_during_an_outage_exits_and_the_next_one_goes_on(
                 # The /status sent during the outage is answered (by the second bot).
                 assert any("Auto run" in m.text and m.reply_to for m in api.sent)
             finally:
-                again.signal()
-                await again.exit_code()
+                await _stop(again)
     finally:
+        if bot is not None:
+            await bot.kill()  # (exited already, unless the test failed)
         found.stop_all()
 
 
@@ -392,7 +403,6 @@ async def test_an_outage_under_a_bot_that_runs_the_turns_itself_loses_nothing(
             assert "Traceback" not in bot.log, bot.log
     finally:
         if bot is not None:
-            bot.signal()
-            await bot.exit_code()
+            await _stop(bot)
             (tmp_path / "bot.log").write_text(bot.log)
         found.stop_all()

@@ -82,6 +82,8 @@ class PromptQueue(Protocol):
 
     async def running_prompts(self) -> list[PromptRow]: ...
 
+    async def requeue_steering(self) -> int: ...
+
     async def drop_queued(self, chat_id: int, thread_id: int) -> int: ...
 
     async def chats_with_queued(self) -> list[tuple[int, int]]: ...
@@ -341,6 +343,13 @@ class PromptTables(Tables):
             "SELECT * FROM bot_prompts WHERE state = 'running' ORDER BY id"
         )
         return [prompt_from_row(r) for r in rows]
+
+    async def requeue_steering(self) -> int:
+        """Messages that were being handed to a running turn when the bot stopped wait for
+        the next turn instead (whether the turn took one is not known: it is not lost)."""
+        return await self.db.execute(
+            "UPDATE bot_prompts SET state = 'queued' WHERE state = 'steering'"
+        )
 
     async def drop_queued(self, chat_id: int, thread_id: int) -> int:
         return await self.db.execute(
