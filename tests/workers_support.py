@@ -28,7 +28,9 @@ from tests.automode_support import (
 from tests.test_workspace_git import git_test_env, make_remote
 
 HEARTBEAT = "0.3"
-TIMEOUT = "2"
+# A worker silent this long is lost. Short, so that kill -9 tests are quick; not shorter:
+# on a loaded machine (the suite runs two at a time) a live worker can stall for 2 s.
+TIMEOUT = "4"
 
 
 def wait_for(what: str, check: Callable[[], Any], *, within: float = 60.0) -> Any:
