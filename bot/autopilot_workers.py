@@ -189,6 +189,13 @@ class WorkerDrives:
     async def _status(
         self, drive: _Drive, status: str, phase: str | None, turn: int, event: str | None = None
     ) -> None:
+        if phase is not None and any(
+            g.phase == phase for g in await self.ctx.store.open_gates_of(drive.task)
+        ):
+            # Its gate is posted already (the gate watcher read it before this follower
+            # read the phase's turns): the gate message is the phase's message now, and a
+            # status would post a second one.
+            return
         await self.sink.update_status(
             StatusUpdate(
                 run_id=_RUN_PREFIX + drive.task,
