@@ -222,6 +222,18 @@ class Dispatch:
 
     # -- the gate in front of everything -----------------------------------------------
 
+    async def _refused(self, update: Update, reason: str) -> None:
+        """Audit a refusal of ``update`` by the gatekeeper (before any feature saw it)."""
+        user, chat = update.effective_user, update.effective_chat
+        await self._store.audit(
+            action="any",
+            outcome="refused",
+            user_id=user.id if user is not None else None,
+            chat_id=chat.id if chat is not None else None,
+            update_id=update.update_id,
+            reason=reason,
+        )
+
     async def _gatekeeper(self, update: Update, context: Context) -> None:
         """Ignore what is not for us; refuse chats not allowed; follow chat migrations."""
         message = update.message
@@ -258,14 +270,7 @@ class Dispatch:
                 )
             ):
                 reason = self._replies.unanswered(reason)
-            await self._store.audit(
-                action="any",
-                outcome="refused",
-                user_id=user.id,
-                chat_id=chat.id,
-                update_id=update.update_id,
-                reason=reason,
-            )
+            await self._refused(update, reason)
             if update.callback_query is not None:
                 await self._replies.answer(update)
             raise ApplicationHandlerStop
@@ -274,14 +279,10 @@ class Dispatch:
             if len(message.text) > limit and not self._authorizer.roles(user.id):
                 # Someone without a role may do nothing with it: audited, and not answered
                 # (an answer would spend the chat's message budget on a stranger).
-                await self._store.audit(
-                    action="any",
-                    outcome="refused",
-                    user_id=user.id,
-                    chat_id=chat.id,
-                    update_id=update.update_id,
-                    reason=f"a message over {limit:,} characters from someone without a "
-                    "role; not answered",
+                await self._refused(
+                    update,
+                    f"a message over {limit:,} characters from someone without a role; "
+                    "not answered",
                 )
                 raise ApplicationHandlerStop
             if len(message.text) > limit:

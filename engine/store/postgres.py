@@ -320,9 +320,7 @@ class PostgresDatabase:
             reason = self._clean(exc)  # the server answers: the pool was busy, not cut off
         else:
             self._down = True
-        return StoreUnreachableError(
-            f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
-        )
+        return self._unreachable(reason)
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -385,10 +383,9 @@ class PostgresDatabase:
             raise StoreError("database is not open")
         return self._pool
 
-    def _unreachable(self, exc: BaseException) -> StoreUnreachableError:
+    def _unreachable(self, reason: str) -> StoreUnreachableError:
         return StoreUnreachableError(
-            f"lost the PostgreSQL database {self.url}: {self._clean(exc)}",
-            target=str(self.url),
+            f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
         )
 
     async def _getconn(self) -> psycopg.AsyncConnection[Any]:
@@ -396,16 +393,14 @@ class PostgresDatabase:
         if self._down:
             reason = await self._probe()
             if reason is not None:
-                raise StoreUnreachableError(
-                    f"lost the PostgreSQL database {self.url}: {reason}", target=str(self.url)
-                )
+                raise self._unreachable(reason)
             self._down = False
         try:
             return await pool.getconn()
         except PoolTimeout as exc:
             raise await self._why_unreachable(exc) from None
         except psycopg.OperationalError as exc:
-            raise self._unreachable(exc) from exc
+            raise self._unreachable(self._clean(exc)) from exc
 
     async def _swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
         """A fresh connection for one the server dropped, and the pool rid of its likes."""
