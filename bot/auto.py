@@ -161,6 +161,7 @@ class AutoExtension(Feature):
             thread_id=thread,
             run_id=run.run_id,
             reply_to=message.message_id,
+            initial=True,
         )
 
     async def _unverifiable(self, project: str) -> str | None:

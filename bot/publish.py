@@ -375,11 +375,13 @@ class Publisher:
         reply_to: int | None = None,
         markdown: str | None = None,
         tail: str = "",
+        initial: bool = False,
     ) -> None:
         """Create or edit in place the live message ``ref`` (throttled by the sender).
 
         ``text`` is plain; ``markdown`` (an excerpt) follows it rendered as entities, then
         the plain ``tail``. ``reply_to`` places a new message under the one it answers.
+        ``initial`` text is dropped when the message already has content (a newer one).
         """
         if markdown is None and not tail:
             rendered = plain(self.redact(text))
@@ -396,5 +398,6 @@ class Publisher:
             markup=markup,
             run_id=run_id,
             reply_to=reply_to,
+            initial=initial,
         )
         self.wake()

@@ -160,7 +160,7 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
     )
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
-        started = await api.wait_for_message(lambda m: "Auto run" in m.text and "started" in m.text)
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
         run_id = started.text.split()[3]
         # The final report (the live message says "Objective achieved" too, once done).
         final = await api.wait_for_message(

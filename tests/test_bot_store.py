@@ -259,3 +259,35 @@ async def test_two_processes_taking_one_reason_request_exactly_one_gets_it(
     first, second = (r["won"] for r in await _race(tmp_path, "reasons", _target(database), count))
     assert [a + b for a, b in zip(first, second, strict=True)] == [1] * count
     assert await database.fetchall("SELECT * FROM bot_reason_requests") == []
+
+
+async def test_a_live_message_s_first_words_never_replace_newer_ones(database: Any) -> None:
+    """A run's first status can be set before the words that announce it (the run started
+    turning first): the announcement is then dropped, but its reply-to is kept."""
+    store = SqlBotStore(database, clock=lambda: EPOCH)
+    place: dict[str, Any] = {"chat_id": -5, "thread_id": None, "run_id": "r1"}
+    await store.set_live("status:r1", body="Auto run r1 · turn 1", **place)
+    await store.set_live(
+        "status:r1", body="Auto run r1 started", reply_to=77, initial=True, **place
+    )
+    row = await store.next_outbox()
+    assert row is not None
+    assert (row.item.body, row.item.reply_to) == ("Auto run r1 · turn 1", 77)
+    # Sent, then announced late: the message keeps what it shows.
+    await store.outbox_sent(row, 900)
+    await store.set_live("status:r1", body="Auto run r1 started", initial=True, **place)
+    live = await store.get_live("status:r1")
+    assert live is not None
+    assert live.body == "Auto run r1 · turn 1"
+    # Announced first (the usual order), the words go out, and later updates edit them.
+    await store.set_live(
+        "status:r2",
+        body="Auto run r2 started",
+        reply_to=78,
+        initial=True,
+        **{**place, "run_id": "r2"},
+    )
+    await store.set_live("status:r2", body="Auto run r2 · turn 1", **{**place, "run_id": "r2"})
+    row = await store.next_outbox()
+    assert row is not None
+    assert (row.item.body, row.item.reply_to) == ("Auto run r2 · turn 1", 78)

@@ -213,9 +213,7 @@ async def test_a_warm_auto_run_says_so_in_status_and_its_process_ends_with_it(
         )
         async with running_bot(api, settings) as rt:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto do nothing")
-            started = await api.wait_for_message(
-                lambda m: "Auto run" in m.text and "started" in m.text
-            )
+            started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
             run_id = started.text.split()[3]
             await asyncio.wait_for(plan.arrived.wait(), 120)
             assert marked_processes(marker) != []
@@ -263,9 +261,7 @@ async def test_an_auto_run_counts_in_the_warm_cap_with_the_chat_sessions(
             assert rt.warm_pool.members == [chat]
 
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto do nothing")
-            started = await api.wait_for_message(
-                lambda m: "Auto run" in m.text and "started" in m.text
-            )
+            started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
             run_id = started.text.split()[3]
             await asyncio.wait_for(clarify.arrived.wait(), 120)
             # The auto run's process took the one place: the idle chat's process left.

@@ -184,6 +184,15 @@ def label(cluster: Cluster, task: str) -> str:
     return f"{phase}:{sub}" if sub else phase
 
 
+def history(cluster: Cluster, task: str) -> list[tuple[Any, ...]]:
+    """The task's moves with their reasons (printed when a test finds it elsewhere)."""
+    return cluster.query(
+        "SELECT to_phase, to_sub, actor, reason FROM gate_transitions WHERE task = %s"
+        " ORDER BY version",
+        task,
+    )
+
+
 def live_jobs(cluster: Cluster, run_id: str) -> list[tuple[Any, ...]]:
     return cluster.query(
         "SELECT id, status, queue_name FROM procrastinate_jobs"
@@ -289,7 +298,7 @@ def test_a_wave_of_three_runs_on_three_workers_and_is_merged_back(cluster: Clust
     wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
     approve(cluster, "p")
     wait_for("the drive's end", lambda: placement(cluster, run_id)[0] == "finished", within=90)
-    assert label(cluster, "p") == "complete"
+    assert label(cluster, "p") == "complete", history(cluster, "p")[-3:]
     log = entries(cluster)
     subs = [e for e in log if e["task"] in ("p.a1", "p.a2", "p.a3")]
     assert sorted(e["task"] for e in subs) == ["p.a1", "p.a2", "p.a3"]
@@ -309,6 +318,37 @@ def test_a_wave_of_three_runs_on_three_workers_and_is_merged_back(cluster: Clust
         ("p.a2", "completed"),
         ("p.a3", "completed"),
     ]
+
+
+def test_a_sub_task_that_is_complete_is_merged_only_once_its_branch_is_pushed(
+    cluster: Cluster,
+) -> None:
+    """A sub-task is complete a moment before its drive pushes its branch. The other two
+    sub-tasks end meanwhile and wake the parent: it must wait for that push, not fail to
+    fetch the branch and hand the task to a person."""
+    agent_cmd = setup_pilot(cluster, decomposition=THREE)
+    # The remote holds back the first push that carries a2's work for a few seconds.
+    held = cluster.tmp / "a2-push-held"
+    hook = cluster.remote / "hooks" / "pre-receive"
+    hook.write_text(
+        "#!/bin/sh\n"
+        "while read old new ref; do\n"
+        f'  if [ ! -e {held} ] && git ls-tree -r --name-only "$new" | grep -qx src/p.a2.txt;'
+        f" then touch {held}; sleep 4; fi\n"
+        "done\n"
+    )
+    hook.chmod(0o755)
+    for name in ("w1", "w2", "w3"):
+        cluster.start_worker(name, concurrency=1)
+    run_id = start_drive(cluster, agent_cmd, task="p")
+    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
+    approve(cluster, "p")
+    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
+    approve(cluster, "p")
+    wait_for("the drive's end", lambda: placement(cluster, run_id)[0] == "finished", within=90)
+    assert held.exists()  # the push was held back
+    assert label(cluster, "p") == "complete", history(cluster, "p")[-3:]
+    assert {"src/p.a1.txt", "src/p.a2.txt", "src/p.a3.txt"} <= branch_files(cluster, run_id)
 
 
 def test_turnstile_stop_stops_a_drive_on_a_worker(cluster: Cluster) -> None:

@@ -50,6 +50,7 @@ class LiveMessages(Protocol):
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
         reply_to: int | None = None,
+        initial: bool = False,
     ) -> None: ...
 
     async def retire_live(self, ref: str, note: str) -> bool: ...
@@ -247,9 +248,15 @@ class LiveTables(Tables):
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
         reply_to: int | None = None,
+        initial: bool = False,
     ) -> None:
         """Set a live message's content: the first time it is queued (as a reply to
-        ``reply_to`` when given), then edited in place."""
+        ``reply_to`` when given), then edited in place.
+
+        ``initial`` content is only for a message not set yet: one that a newer update
+        already set keeps its content (a run's first status can be set before the words
+        that announce it) and only gains the ``reply_to`` it was queued without.
+        """
         now = self._clock()
         ents = json.dumps(list(entities)) if entities else None
         mk = json.dumps(markup) if markup else None
@@ -261,6 +268,19 @@ class LiveTables(Tables):
                 "SELECT body, entities_json, markup_json FROM bot_live WHERE ref = ?", (ref,)
             )
             live = await cursor.fetchone()
+            if initial and live is None:
+                cursor = await conn.execute(
+                    "UPDATE bot_outbox SET reply_to = COALESCE(reply_to, ?)"
+                    " WHERE ref = ? AND state = 'pending'",
+                    (reply_to, ref),
+                )
+                if cursor.rowcount:
+                    return
+                cursor = await conn.execute("SELECT 1 FROM bot_outbox WHERE ref = ?", (ref,))
+                if await cursor.fetchone() is not None:
+                    return  # on its way with newer content
+            if initial and live is not None:
+                return
             if live is not None:
                 if (live["body"], live["entities_json"], live["markup_json"]) != (body, ents, mk):
                     await conn.execute(

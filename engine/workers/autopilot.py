@@ -217,10 +217,12 @@ class _StepPilot(Autopilot):
             return None
         if not wf.has(task.phase) or wf.index(task.phase) <= wf.index(wf.decomposition):
             return None
+        # The drives first: a sub-task's drive ends after its last move is recorded and
+        # its branch pushed, so a drive read as ended has its task read as finished below.
+        drives = await drives_by_task(self.workers)
         subs = await self.store.subtasks(task.name)
         if not subs:
             return None
-        drives = await drives_by_task(self.workers)
         merged = {
             str(e.detail)
             for e in await self.store.audit_events(task.name, limit=5000)
@@ -228,7 +230,12 @@ class _StepPilot(Autopilot):
         }
         for wave in sorted({s.wave or 1 for s in subs}):
             members = [s for s in subs if (s.wave or 1) == wave]
-            pending = [s for s in members if not s.finished]
+            # Finished is not enough: until its drive ends, its branch may not be pushed.
+            pending = [
+                s
+                for s in members
+                if not s.finished or (s.name in drives and not drives[s.name].ended)
+            ]
             if pending:
                 return await self._queue_wave(task, wave, pending, drives)
             if str(wave) in merged:
@@ -525,6 +532,12 @@ async def run_step(
             else f"waiting for approval at {task.label}"
         )
         await workers.set_placement(run_id, status=PlacementStatus.PARKED, note=note)
+        if pilot.waiting_for:
+            # A sub-task that ended while this step ran found the drive not parked yet
+            # and woke nobody: look again now that it is.
+            parked = await workers.placement(run_id)
+            if parked is not None and await drive_ready(gates.store, workers, parked):
+                await wake_parked_drive(runner.app, workers, run_id)
         return False
     note = "complete" if outcome is DriveOutcome.COMPLETE else f"needs a person at {task.label}"
     await _end(runner, placement, PlacementStatus.FINISHED, note)
@@ -612,10 +625,11 @@ async def drive_ready(store: TaskStore, workers: WorkerStore, placement: Placeme
     if task.awaiting_approval:
         approvers = {a.approver for a in await store.gate_approvals(task)}
         return len(approvers) >= store.policy.quorum
+    # A sub-task is done when its drive has ended (its branch pushed), not when its
+    # task is finished: the push comes after the last move.
     drives = await drives_by_task(workers)
     return not any(
-        not s.finished and s.name in drives and not drives[s.name].ended
-        for s in await store.subtasks(task.name)
+        s.name in drives and not drives[s.name].ended for s in await store.subtasks(task.name)
     )
 
 

@@ -140,6 +140,11 @@ async def running_bot(
         await runtime.start()
         try:
             yield runtime
-        finally:
+        except BaseException:
+            # A failed test must not wait on a turn its fakes still hold: pre-empt them.
+            runtime.request_shutdown()
             runtime.request_shutdown()
             await runtime.shutdown()
+            raise
+        runtime.request_shutdown()
+        await runtime.shutdown()
