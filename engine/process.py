@@ -6,6 +6,11 @@ verbatim (UTF-8 with replacement) and spilled to a file beyond a configurable si
 the engine never holds an unbounded output. There is no wall-clock timeout: a turn ends
 when the process exits, or when a person pre-empts it through a :class:`PreemptHandle`.
 
+The process is watched from the event loop itself: its exit through a pidfd, its pipes
+by reader callbacks that hand each chunk straight on. asyncio's subprocess transport
+would add a thread per child (Python 3.11's child watcher), a stream and a task per
+pipe, and an await inside the spawn where a cancel could land half-way.
+
 Long: spawn, draining, spilling and the pre-emption path (the group, the marked
 descendants, the grace, the cut-off of pipes still held) are one contract that shares the
 turn's state; split apart, each part would need the others'.
@@ -18,13 +23,15 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import IO, Final
 
 from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
 from engine.reaper import (
@@ -175,7 +182,7 @@ class PreemptHandle:
         self.grace = grace
         self.session_id = session_id
         self.on_spawn: SpawnCallback | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: _Child | None = None
         self._turn: _Turn | None = None
         self._requested = False
         self._gone = asyncio.Event()
@@ -191,7 +198,7 @@ class PreemptHandle:
         """Whether the turn in flight was asked to stop."""
         return self._requested
 
-    def _attach(self, proc: asyncio.subprocess.Process) -> None:
+    def _attach(self, proc: _Child) -> None:
         if self._proc is not None:
             raise RuntimeError("a turn is already in flight on this pre-empt handle")
         self._proc = proc
@@ -214,7 +221,9 @@ class PreemptHandle:
             return False
         if not self._requested:
             self._requested = True
-            _LOGGER.info("pre-empting pid=%s", turn.proc.pid, extra={"session_id": self.session_id})
+            _LOGGER.info(
+                "pre-empting pid=%s", turn.child.pid, extra={"session_id": self.session_id}
+            )
             await asyncio.shield(turn.terminate(self.grace))
         await self._gone.wait()
         return True
@@ -223,25 +232,18 @@ class PreemptHandle:
 class _Turn:
     """The processes of one running turn: the leader, its group, its marked descendants."""
 
-    def __init__(
-        self,
-        proc: asyncio.subprocess.Process,
-        exited: asyncio.Event,
-        marker: str,
-        *,
-        sandboxed: bool = False,
-    ):
-        self.proc = proc
-        self.exited = exited
+    def __init__(self, child: _Child, marker: str, *, sandboxed: bool = False) -> None:
+        self.child = child
+        self.exited = child.exited
         self.marker = marker
         self.sandboxed = sandboxed
 
     def kill(self) -> None:
         """SIGKILL the group and every process that carries the marker, wherever it went."""
-        _signal_group(self.proc, signal.SIGKILL)
+        _signal_group(self.child.pid, signal.SIGKILL)
         killed = kill_marked(self.marker)
         if killed:
-            _LOGGER.info("killed %d process(es) of pid=%s's turn", len(killed), self.proc.pid)
+            _LOGGER.info("killed %d process(es) of pid=%s's turn", len(killed), self.child.pid)
 
     async def terminate(self, grace: float) -> None:
         """SIGTERM everything, wait ``grace`` for the leader, SIGKILL everything, wait.
@@ -250,13 +252,13 @@ class _Turn:
         first process of its PID namespace): the sandbox ends when the agent does.
         """
         if self.sandboxed:
-            own = {self.proc.pid, *_children(self.proc.pid)}
+            own = {self.child.pid, *_children(self.child.pid)}
             for pid in marked_pids(self.marker):
                 if pid not in own:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGTERM)
         else:
-            _signal_group(self.proc, signal.SIGTERM)
+            _signal_group(self.child.pid, signal.SIGTERM)
             signal_marked(self.marker, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             # The exit itself, not proc.wait(): that one also waits for the pipes.
@@ -269,9 +271,9 @@ class _Turn:
 
     async def wait_gone(self) -> None:
         """Wait (bounded) until nothing of the turn runs any more."""
-        await _wait_group_gone(self.proc.pid)
+        await _wait_group_gone(self.child.pid)
         if not await wait_gone(marked_pids(self.marker), _GROUP_GONE_WAIT):
-            _LOGGER.warning("processes of pid=%s's turn still run after SIGKILL", self.proc.pid)
+            _LOGGER.warning("processes of pid=%s's turn still run after SIGKILL", self.child.pid)
 
 
 async def _wait_group_gone(pgid: int) -> None:
@@ -315,48 +317,190 @@ def _group_running(pgid: int) -> bool:
     )
 
 
-async def _stop_spawned(
-    spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _ExitAwareProtocol]],
-    grace: float,
-    marker: str,
-) -> None:
-    """Terminate the group of a process whose start was cancelled, once it has started."""
-    try:
-        transport, protocol = await spawn
-    except Exception:  # it never started: nothing to stop
-        return
-    pid = transport.get_pid()
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    signal_marked(marker, signal.SIGTERM)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(protocol.exited.wait(), timeout=grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    kill_marked(marker)
-    # Our ends of its pipes; the child watcher still reaps the process.
-    transport.close()
-    await _wait_group_gone(pid)
-    await wait_gone(marked_pids(marker), _GROUP_GONE_WAIT)
+        os.killpg(pgid, sig)
 
 
-def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+class _PipeReader:
+    """Reads one of the child's pipes from the event loop, handing each chunk on, to EOF.
 
-
-class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """The stream protocol, plus an event set the moment the process exits."""
+    Attributes:
+        done: resolved once the pipe is closed (end-of-file, failure, or given up).
+        failure: what ended the reading early (a read error, or the consumer refusing a
+            chunk); None after a plain end-of-file.
+    """
 
     def __init__(
-        self, exited: asyncio.Event, *, limit: int, loop: asyncio.AbstractEventLoop
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pipe: IO[bytes],
+        consume: Callable[[bytes], None],
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(limit=limit, loop=loop)
-        self.exited = exited
+        self._loop = loop
+        self._pipe = pipe
+        self._fd = pipe.fileno()
+        self._consume = consume
+        self._on_failure = on_failure
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.failure: Exception | None = None
+        os.set_blocking(self._fd, False)
+        loop.add_reader(self._fd, self._readable)
 
-    def process_exited(self) -> None:
-        super().process_exited()
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, _CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        if not chunk:
+            self.close()
+            return
+        try:
+            self._consume(chunk)
+        except Exception as exc:  # raised by the turn once the process is gone
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        self.failure = exc
+        if self._on_failure is not None:
+            self._on_failure()
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading and close our end (a no-op once closed)."""
+        if self._pipe.closed:
+            return
+        self._loop.remove_reader(self._fd)
+        self._pipe.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _PipeWriter:
+    """Writes bytes to the child's stdin from the event loop, then closes it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], data: bytes) -> None:
+        self._loop = loop
+        self._pipe = pipe
+        self._fd = pipe.fileno()
+        self._data = memoryview(data)
+        self._waiting = False
+        os.set_blocking(self._fd, False)
+        self._writable()
+
+    def _writable(self) -> None:
+        try:
+            while self._data:
+                written = os.write(self._fd, self._data)
+                self._data = self._data[written:]
+        except (BlockingIOError, InterruptedError):
+            if not self._waiting:
+                self._waiting = True
+                self._loop.add_writer(self._fd, self._writable)
+            return
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it stopped reading its stdin: its choice, the turn goes on
+        except OSError as exc:
+            _LOGGER.warning("writing a turn's stdin failed: %s", exc)
+        self.close()
+
+    def close(self) -> None:
+        if self._pipe.closed:
+            return
+        if self._waiting:
+            self._loop.remove_writer(self._fd)
+        self._data = memoryview(b"")
+        self._pipe.close()
+
+
+class _Child:
+    """One spawned process, watched from the event loop: its exit, its pipes.
+
+    The exit is seen through a pidfd (where the kernel offers none, a thread waits), and
+    the process is reaped there, by us alone: its pid cannot be reused while it runs.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.exited = asyncio.Event()
+        self.readers: list[_PipeReader] = []
+        self._loop = loop
+        self._writer: _PipeWriter | None = None
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+            name = f"wait-{self.pid}"
+            threading.Thread(target=self._wait_in_thread, name=name, daemon=True).start()
+        else:
+            loop.add_reader(self._pidfd, self._on_exit)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped (negative: the signal that ended it)."""
+        return self.popen.returncode
+
+    def _on_exit(self) -> None:
+        if self.popen.poll() is None:
+            return
+        assert self._pidfd is not None
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
         self.exited.set()
+
+    def _wait_in_thread(self) -> None:
+        self.popen.wait()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self.exited.set)
+
+    def read(
+        self,
+        pipe: IO[bytes] | None,
+        consume: Callable[[bytes], None],
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        assert pipe is not None
+        self.readers.append(_PipeReader(self._loop, pipe, consume, on_failure))
+
+    def write(self, pipe: IO[bytes] | None, data: bytes) -> None:
+        assert pipe is not None
+        self._writer = _PipeWriter(self._loop, pipe, data)
+
+    def pending(self) -> list[_PipeReader]:
+        """The pipes not at end-of-file yet."""
+        return [reader for reader in self.readers if not reader.done.done()]
+
+    def failure(self) -> Exception | None:
+        """What ended the reading of a pipe early, if anything did."""
+        return next((r.failure for r in self.readers if r.failure is not None), None)
+
+    def close(self) -> None:
+        """Our ends of the pipes closed; a leader still running is killed.
+
+        Its exit is still watched: it is reaped when it goes, whoever waits.
+        """
+        for reader in self.readers:
+            reader.close()
+        if self._writer is not None:
+            self._writer.close()
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()  # one a failed start-up left without its reader or writer
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+async def _wait_readers(readers: list[_PipeReader], within: float) -> list[_PipeReader]:
+    """Wait up to ``within`` seconds for ``readers`` to reach end-of-file; those that did not."""
+    await asyncio.wait([reader.done for reader in readers], timeout=within)
+    return [reader for reader in readers if not reader.done.done()]
 
 
 class _StdoutSink:
@@ -484,6 +628,25 @@ def _inherited_env() -> dict[bytes, bytes]:
     return dict(os.environb)
 
 
+def _spawn(spec: ProcessSpec, env: dict[str, str] | dict[bytes, bytes]) -> subprocess.Popen[bytes]:
+    """Start the process, synchronously as asyncio's own spawn does.
+
+    Nothing can cancel it half-way, so a started process always has a turn that stops
+    its whole group. A new session rather than a ``preexec_fn``: CPython keeps its fast
+    vfork path.
+    """
+    return subprocess.Popen(
+        spec.argv,
+        stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        cwd=spec.cwd,
+        env=env,
+        start_new_session=True,
+    )
+
+
 async def _run(
     spec: ProcessSpec,
     env: dict[str, str] | dict[bytes, bytes],
@@ -496,34 +659,9 @@ async def _run(
     program = spec.argv[0]
     started = time.monotonic()
     loop = asyncio.get_running_loop()
-    exited = asyncio.Event()
-
-    def protocol_factory() -> _ExitAwareProtocol:
-        return _ExitAwareProtocol(exited, limit=_CHUNK, loop=loop)
-
     grace = preempt.grace if preempt is not None else 2.0
-    spawn = asyncio.ensure_future(
-        loop.subprocess_exec(
-            protocol_factory,
-            *spec.argv,
-            stdin=asyncio.subprocess.PIPE if spec.stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=spec.cwd,
-            env=env,
-            start_new_session=True,
-        )
-    )
     try:
-        try:
-            transport, protocol = await asyncio.shield(spawn)
-        except asyncio.CancelledError:
-            # Cancelled while the process starts. asyncio's own clean-up would kill only
-            # the leader and can wait forever for pipes its children already hold: let
-            # the spawn finish, then stop the whole group like any cancelled turn.
-            await asyncio.shield(_stop_spawned(spawn, grace, marker))
-            raise
-        proc = asyncio.subprocess.Process(transport, protocol, loop)
+        popen = _spawn(spec, env)
     except FileNotFoundError as exc:
         missing_cwd = spec.cwd is not None and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
         where = f" (working directory {spec.cwd} does not exist)" if missing_cwd else ""
@@ -533,92 +671,67 @@ async def _run(
     except OSError as exc:
         raise TurnExecError(f"cannot start {program!r}: {exc.strerror}", binary=program) from exc
 
-    turn = _Turn(proc, exited, marker, sandboxed=spec.sandboxed)
+    child = _Child(popen, loop)
+    turn = _Turn(child, marker, sandboxed=spec.sandboxed)
     info: TurnProcess | None = None
     if preempt is not None and preempt.on_spawn is not None:
         # Read right after the spawn: the leader cannot have been reaped yet (we reap it).
-        info = TurnProcess(pid=proc.pid, start=start_time(proc.pid), marker=marker)
-    lifeline().spawned(marker, proc.pid)
+        info = TurnProcess(pid=child.pid, start=start_time(child.pid), marker=marker)
+    lifeline().spawned(marker, child.pid)
     sink = _StdoutSink(spill_limit, spill_dir, on_stdout_line)
     stderr_tail = bytearray()
     stderr_size = 0
 
-    async def drain_stdout() -> None:
-        assert proc.stdout is not None
-        try:
-            while chunk := await proc.stdout.read(_CHUNK):
-                sink.feed(chunk)
-        except BaseException:
-            # Output we cannot take (a line callback refused it) ends the turn at once.
-            turn.kill()
-            raise
+    def take_stderr(chunk: bytes) -> None:
+        nonlocal stderr_size
+        stderr_size += len(chunk)
+        stderr_tail.extend(chunk)
+        if len(stderr_tail) > STDERR_TAIL:
+            del stderr_tail[: len(stderr_tail) - STDERR_TAIL]
 
-    async def drain_stderr() -> None:
-        nonlocal stderr_size, stderr_tail
-        assert proc.stderr is not None
-        while chunk := await proc.stderr.read(_CHUNK):
-            stderr_size += len(chunk)
-            stderr_tail += chunk
-            if len(stderr_tail) > STDERR_TAIL:
-                del stderr_tail[: len(stderr_tail) - STDERR_TAIL]
-
-    async def feed_stdin() -> None:
-        assert proc.stdin is not None
-        assert spec.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(spec.stdin)
-            await proc.stdin.drain()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.close()
-
-    if preempt is not None:
-        preempt._turn = turn
-        preempt._attach(proc)
-    tasks = [
-        asyncio.create_task(drain_stdout(), name=f"stdout-{proc.pid}"),
-        asyncio.create_task(drain_stderr(), name=f"stderr-{proc.pid}"),
-    ]
-    readers = tuple(tasks)
-    if spec.stdin is not None:
-        tasks.append(asyncio.create_task(feed_stdin(), name=f"stdin-{proc.pid}"))
     try:
+        # Output we cannot take (a line callback refused it) ends the turn at once.
+        child.read(popen.stdout, sink.feed, on_failure=turn.kill)
+        child.read(popen.stderr, take_stderr)
+        if spec.stdin is not None:
+            child.write(popen.stdin, spec.stdin)
+        if preempt is not None:
+            preempt._turn = turn
+            preempt._attach(child)
         if preempt is not None and preempt.on_spawn is not None and info is not None:
             try:
                 await preempt.on_spawn(info)
             except Exception:
                 # The turn runs on; only a clean-up after a crash would miss it.
-                _LOGGER.exception("recording pid=%s of the turn failed", proc.pid)
-        # Python 3.11's proc.wait() resolves only once every pipe is closed, which a
-        # descendant holding stdout can delay forever; the protocol reports the exit itself.
-        await exited.wait()
+                _LOGGER.exception("recording pid=%s of the turn failed", child.pid)
+        # The exit itself, not the pipes' end, which a descendant holding stdout can
+        # delay forever.
+        await child.exited.wait()
         # Usually the pipes are already at EOF: wait (bounded) only when they are not.
-        pending = {task for task in readers if not task.done()}
+        pending = child.pending()
         stopping = preempt is not None and preempt.requested
         if pending and not stopping:
-            _, pending = await asyncio.wait(pending, timeout=_DRAIN_GRACE)
+            pending = await _wait_readers(pending, _DRAIN_GRACE)
             if pending:
                 _LOGGER.warning(
                     "pid=%s exited but descendants hold its output open; killing them",
-                    proc.pid,
+                    child.pid,
                 )
         if pending:
             # A stopped turn does not wait for pipes: the leader is gone, so is the rest.
             turn.kill()
-            _, pending = await asyncio.wait(pending, timeout=_EOF_WAIT)
+            pending = await _wait_readers(pending, _EOF_WAIT)
         if pending:
             _LOGGER.warning(
                 "pid=%s: a process out of reach holds the turn's output; no longer reading it",
-                proc.pid,
+                child.pid,
             )
-            transport.close()  # our ends of the pipes: the readers see end-of-file
-            await asyncio.wait(readers)
-        await proc.wait()
+            child.close()  # our ends of the pipes: what is left unread stays unread
         if preempt is not None and preempt.requested:
             raise TurnPreempted(session_id=preempt.session_id)
-        for task in readers:
-            failure = task.exception()
-            if failure is not None:
-                raise failure
+        failure = child.failure()
+        if failure is not None:
+            raise failure
     except asyncio.CancelledError:
         await asyncio.shield(turn.terminate(grace))
         raise
@@ -626,20 +739,12 @@ async def _run(
         await asyncio.shield(turn.terminate(0.5))
         raise TurnIOError(f"capturing {program!r} failed: {exc.strerror or exc}") from exc
     finally:
-        unfinished = [task for task in tasks if not task.done()]
-        for task in unfinished:
-            task.cancel()
-        if unfinished:
-            await asyncio.gather(*unfinished, return_exceptions=True)
-        for task in tasks:
-            if not task.cancelled():
-                task.exception()  # retrieved: an error already raised is not logged twice
         # Pipes a stray process still holds are closed (a no-op when they reached EOF).
-        transport.close()
+        child.close()
         sink.finish()
         if preempt is not None:
             preempt._detach()
-    code = proc.returncode if proc.returncode is not None else -1
+    code = child.returncode if child.returncode is not None else -1
     return ProcessResult(
         exit_code=code,
         stdout=sink.text(),
@@ -647,7 +752,7 @@ async def _run(
         spill_path=sink.spill_path,
         stderr_tail=tail(bytes(stderr_tail), STDERR_TAIL) if stderr_tail else "",
         stderr_size=stderr_size,
-        pid=proc.pid,
+        pid=child.pid,
         duration=time.monotonic() - started,
     )
 
