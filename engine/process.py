@@ -341,7 +341,7 @@ class _PipeReader:
         self._loop = loop
         self._pipe = pipe
         self._fd = pipe.fileno()
-        self._consume = consume
+        self._consume: Callable[[bytes], None] | None = consume
         self._on_failure = on_failure
         self.done: asyncio.Future[None] = loop.create_future()
         self.failure: Exception | None = None
@@ -356,7 +356,7 @@ class _PipeReader:
         except OSError as exc:
             self._fail(exc)
             return
-        if not chunk:
+        if not chunk or self._consume is None:
             self.close()
             return
         try:
@@ -376,6 +376,10 @@ class _PipeReader:
             return
         self._loop.remove_reader(self._fd)
         self._pipe.close()
+        # Dropped now, not when the cycle collector runs: the consumer may hold the
+        # turn's whole output, and the failure callback the turn (which holds us).
+        self._consume = None
+        self._on_failure = None
         if not self.done.done():
             self.done.set_result(None)
 

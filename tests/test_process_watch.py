@@ -10,6 +10,7 @@ is refused at once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -155,3 +156,18 @@ async def test_without_pidfds_a_thread_sees_the_exit(
         await turn
     assert not alive(parent)
     assert not alive(grandchild)
+
+
+async def test_a_finished_turn_leaves_no_cycle_holding_its_output() -> None:
+    # Freed when the turn returns, not when the cycle collector next runs: 50 turns at
+    # once would otherwise hold every turn's whole output a while longer.
+    spec = ProcessSpec(argv=[PY, "-c", "print('x' * 100_000)"], stdin=b"unread")
+    await run_process(spec)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert (await run_process(spec)).stdout_size == 100_001
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
