@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.agents import CommandAgent  # noqa: E402
+from engine.agents import AgentOptions, CommandAgent  # noqa: E402
 from engine.agents.base import agent_environment  # noqa: E402
 from engine.process import ProcessSpec, run_process  # noqa: E402
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput, run_session_loop  # noqa: E402
@@ -126,7 +126,11 @@ async def _fifty_sessions(workdir: Path) -> None:
     )
     os.environ["FAKE_AGENT_SCRIPT"] = str(script)
     template = f"{sys.executable} {FAKE_AGENT} --session {{session_id}} --prompt {{prompt}}"
-    agents = [CommandAgent(template, cwd=workdir, session_id=f"s{i}") for i in range(50)]
+    # The script reaches the agents as agents get any variable: named in pass_env.
+    options = AgentOptions(binary=sys.executable, cwd=workdir, pass_env=("FAKE_*",))
+    agents = [
+        CommandAgent(template, cwd=workdir, options=options, session_id=f"s{i}") for i in range(50)
+    ]
     outs = await asyncio.gather(*(a.run_turn("go") for a in agents))
     lost = 0
     for i, out in enumerate(outs):
