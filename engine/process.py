@@ -261,7 +261,7 @@ class _Turn:
             _signal_group(self.child.pid, signal.SIGTERM)
             signal_marked(self.marker, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
-            # The exit itself, not proc.wait(): that one also waits for the pipes.
+            # The exit itself, not the pipes' end: a descendant may hold them open.
             await asyncio.wait_for(self.exited.wait(), timeout=grace)
         # Descendants may ignore SIGTERM or outlive the leader: they are killed either way.
         self.kill()
