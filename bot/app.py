@@ -49,7 +49,7 @@ from bot.replies import Replies
 from bot.sink import BotSink
 from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
-from engine.agents.factory import create_agent, new_warm_pool
+from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
 from engine.errors import ConfigError, StoreError, StoreUnreachableError
 from engine.gates import Gates
@@ -441,6 +441,8 @@ class BotRuntime:
         assert self.chats is not None
         # Before the sender starts: what was in flight at a crash is not sent again.
         uncertain = await self.store.outbox_uncertain()
+        # What the agent CLIs support is asked ahead, so a first turn finds it known.
+        self.spawn(self._probe_agents(), "agent-cli-probe")
         self._sender_task = asyncio.create_task(self.sender.run(), name="outbox-sender")
         await self._recover(uncertain)
         await self.app.start()
@@ -464,6 +466,10 @@ class BotRuntime:
             self.username,
             "webhook" if self.settings.webhook_url else "polling",
         )
+
+    async def _probe_agents(self) -> None:
+        for tool, mode in (await probe_agents(self.settings)).items():
+            _LOGGER.info("%s turns: %s (%s)", tool, mode.label, mode.reason)
 
     async def _recover(self, uncertain: list[OutboxRow]) -> None:
         """Report turns a crash cut off, close crashed runs, resume queues, refresh gates."""

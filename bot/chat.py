@@ -28,6 +28,7 @@ from bot.progress import TurnProgress
 from bot.publish import Publisher, format_elapsed
 from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
+from engine.agents.factory import probe_turn_mode
 from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
 from engine.agents.warm import close_agent
 from engine.aio import raise_if_cancelled
@@ -468,6 +469,8 @@ class ChatSessions:
         if self.on_workers:
             agent = self._worker_session(run_id, binding, route)
         else:
+            # Known ahead (bot start-up) or asked now, off the event loop.
+            await probe_turn_mode(binding.agent, settings)
             agent = self.agent_factory(
                 binding.agent,
                 settings,

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from engine.agents.allowlist import ToolAllowlist
 from engine.agents.base import AgentOptions, ProcessAgent
@@ -20,9 +22,24 @@ from engine.sandbox import agent_home, walls_for
 from engine.settings import Settings
 
 if TYPE_CHECKING:
-    from engine.agents.warm import WarmPool
+    from engine.agents.warm import WarmPool, WarmSupport
 
-__all__ = ["AGENT_NAMES", "TurnMode", "create_agent", "new_warm_pool", "turn_mode"]
+__all__ = [
+    "AGENT_NAMES",
+    "TurnMode",
+    "create_agent",
+    "new_warm_pool",
+    "probe_agents",
+    "probe_cache",
+    "probe_turn_mode",
+    "turn_mode",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+# The CLIs whose support for warm sessions is asked of the installed binary.
+_PROBED: Final = ("claude", "codex")
+_PROBE_FILE: Final = "cli-probes.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +62,71 @@ def _binary(tool: str, settings: Settings) -> str:
     }.get(tool, settings.agent_command.split()[0] if settings.agent_command else "")
 
 
+def probe_cache(settings: Settings) -> Path:
+    """The file where what the installed CLIs support is kept (every process shares it)."""
+    return settings.runs_dir / _PROBE_FILE
+
+
+def _asks(tool: str, settings: Settings) -> TurnMode | None:
+    """The mode when the CLI need not be asked; None when its answer decides."""
+    if tool not in settings.warm_sessions:
+        return TurnMode(False, f"TURNSTILE_WARM_SESSIONS does not include {tool}")
+    if tool not in _PROBED:
+        return TurnMode(False, "this CLI cannot stay resident between turns")
+    return None
+
+
+def _support(tool: str, settings: Settings, path: str | None) -> WarmSupport:
+    if tool == "codex":
+        from engine.agents.warm_codex import codex_warm_support
+
+        return codex_warm_support(_binary(tool, settings), path=path, cache=probe_cache(settings))
+    from engine.agents.warm import claude_warm_support
+
+    return claude_warm_support(_binary(tool, settings), path=path, cache=probe_cache(settings))
+
+
 def turn_mode(tool: str, settings: Settings, *, path: str | None = None) -> TurnMode:
     """Which mode ``tool`` gets from ``TURNSTILE_WARM_SESSIONS`` and the installed CLI.
 
     Detected, not assumed: a Claude Code whose ``--help`` lacks stream-json input, or a
     Codex whose app-server schema lacks threads and turns, runs one process per turn (the
-    answer is cached per binary file).
+    answer is kept per binary file and version, :mod:`engine.agents.probe`). Inside a
+    running event loop the CLI is never waited for: async code awaits
+    :func:`probe_turn_mode` first (or :func:`probe_agents` ahead of the first turn).
     """
-    if tool not in settings.warm_sessions:
-        return TurnMode(False, f"TURNSTILE_WARM_SESSIONS does not include {tool}")
-    if tool == "claude":
-        from engine.agents.warm import claude_warm_support
+    fixed = _asks(tool, settings)
+    if fixed is not None:
+        return fixed
+    support = _support(tool, settings, path)
+    return TurnMode(support.supported, support.reason)
 
-        support = claude_warm_support(_binary(tool, settings), path=path)
-        return TurnMode(support.supported, support.reason)
+
+async def probe_turn_mode(tool: str, settings: Settings, *, path: str | None = None) -> TurnMode:
+    """:func:`turn_mode` for async code: the CLI is asked off the event loop, and the
+    answer is kept, so a later :func:`turn_mode` or :func:`create_agent` finds it."""
+    fixed = _asks(tool, settings)
+    if fixed is not None:
+        return fixed
+    binary, cache = _binary(tool, settings), probe_cache(settings)
+    support: WarmSupport
     if tool == "codex":
-        from engine.agents.warm_codex import codex_warm_support
+        from engine.agents.warm_codex import codex_warm_support_async
 
-        codex = codex_warm_support(_binary(tool, settings), path=path)
-        return TurnMode(codex.supported, codex.reason)
-    return TurnMode(False, "this CLI cannot stay resident between turns")
+        support = await codex_warm_support_async(binary, path=path, cache=cache)
+    else:
+        from engine.agents.warm import claude_warm_support_async
+
+        support = await claude_warm_support_async(binary, path=path, cache=cache)
+    return TurnMode(support.supported, support.reason)
+
+
+async def probe_agents(settings: Settings) -> dict[str, TurnMode]:
+    """Ask every CLI ``TURNSTILE_WARM_SESSIONS`` names what it supports, concurrently
+    (at start-up, so that the first turn finds the answer ready)."""
+    tools = tuple(settings.warm_sessions)
+    modes = await asyncio.gather(*(probe_turn_mode(tool, settings) for tool in tools))
+    return dict(zip(tools, modes, strict=True))
 
 
 def new_warm_pool(settings: Settings) -> WarmPool:
@@ -112,7 +174,14 @@ def create_agent(
     if not cwd.is_dir():
         raise ConfigError(f"working directory {cwd} does not exist")
     tools = allowlist or ToolAllowlist.from_flags(settings.allowed_tools, settings.dangerous_tools)
-    warm = tool in ("claude", "codex") and preempt is None and turn_mode(tool, settings).warm
+    support = None
+    if preempt is None and _asks(tool, settings) is None:
+        support = _support(tool, settings, None)
+        if not support.supported:
+            _LOGGER.info(
+                "%s session %s runs one process per turn: %s", tool, session_id, support.reason
+            )
+    warm = support is not None and support.supported
     if warm:
         from engine.agents.warm import WarmPreemptHandle
 
@@ -165,15 +234,16 @@ def create_agent(
         pass_env=settings.agent_env,
     )
     if warm and tool == "codex":
-        from engine.agents.warm_codex import WarmCodexAgent, codex_warm_support
+        from engine.agents.warm_codex import CodexWarmSupport, WarmCodexAgent
 
+        assert isinstance(support, CodexWarmSupport)
         agent = WarmCodexAgent(
             options,
             session_id=session_id,
             preempt=preempt,
             resume=resume,
             pool=warm_pool if warm_pool is not None else new_warm_pool(settings),
-            support=codex_warm_support(options.binary),
+            support=support,
         )
     elif warm:
         # Imported here: the warm adapter is only loaded when a session is warm.

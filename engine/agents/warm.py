@@ -38,15 +38,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from engine.agents.base import AgentOptions
 from engine.agents.claude import ClaudeAgent
+from engine.agents.probe import Finished, Probe, ask, ask_async
 from engine.agents.resident import (
     ResidentAgent,
     ResidentTurn,
@@ -56,7 +57,7 @@ from engine.agents.resident import (
     read_lines,
     report_process,
 )
-from engine.agents.stream import EventCallback, find_binary
+from engine.agents.stream import EventCallback
 from engine.approvals.listener import ApprovalListener
 from engine.errors import TurnIOError, TurnPreempted
 from engine.process import STDERR_TAIL, PreemptHandle, ProcessResult, validate_prompt
@@ -70,6 +71,7 @@ __all__ = [
     "WarmPreemptHandle",
     "WarmSupport",
     "claude_warm_support",
+    "claude_warm_support_async",
     "close_agent",
     "read_lines",
     "report_process",
@@ -91,51 +93,49 @@ class WarmSupport:
     reason: str
 
 
-_SUPPORT_CACHE: dict[tuple[str, int, int], WarmSupport] = {}
+_NEEDED_FLAGS: Final = ("--input-format", "stream-json", "--replay-user-messages")
 
 
-def claude_warm_support(binary: str, *, path: str | None = None) -> WarmSupport:
-    """Whether the installed ``claude`` takes turns on stdin (read from its ``--help``).
-
-    The answer is cached per binary file (path, size and modification time), so a
-    CLI upgrade is noticed and the help is read once otherwise.
-    """
-    program = find_binary(binary, path if path is not None else os.environ.get("PATH"))
-    if program is None:
-        return WarmSupport(False, f"{binary!r} was not found")
-    real = os.path.realpath(program)
-    try:
-        stat = os.stat(real)
-    except OSError as exc:
-        return WarmSupport(False, f"{binary!r} cannot be read: {exc.strerror}")
-    key = (real, stat.st_size, stat.st_mtime_ns)
-    cached = _SUPPORT_CACHE.get(key)
-    if cached is not None:
-        return cached
-    try:
-        done = subprocess.run(
-            [program, "--help"],
-            capture_output=True,
-            timeout=_HELP_TIMEOUT,
-            check=False,
-            env={**os.environ, "DISABLE_AUTOUPDATER": "1"},
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return WarmSupport(False, f"`{binary} --help` failed: {exc}")
+def _read_help(done: Finished) -> WarmSupport:
     text = done.stdout.decode("utf-8", errors="replace")
-    missing = [
-        flag
-        for flag in ("--input-format", "stream-json", "--replay-user-messages")
-        if flag not in text
-    ]
+    missing = [flag for flag in _NEEDED_FLAGS if flag not in text]
     if missing:
-        support = WarmSupport(
+        return WarmSupport(
             False, f"this Claude Code version has no {', '.join(missing)} (one process per turn)"
         )
-    else:
-        support = WarmSupport(True, "takes turn after turn on stdin (stream-json input)")
-    _SUPPORT_CACHE[key] = support
-    return support
+    return WarmSupport(True, "takes turn after turn on stdin (stream-json input)")
+
+
+_HELP_PROBE: Final = Probe(
+    name="claude-warm-1",
+    label="`claude --help`",
+    answer_type=WarmSupport,
+    args=lambda _folder: ["--help"],
+    read=_read_help,
+    failed=lambda reason: WarmSupport(False, reason),
+    env=lambda _folder: {**os.environ, "DISABLE_AUTOUPDATER": "1"},
+    timeout=_HELP_TIMEOUT,
+)
+
+
+def claude_warm_support(
+    binary: str, *, path: str | None = None, cache: Path | None = None
+) -> WarmSupport:
+    """Whether the installed ``claude`` takes turns on stdin (read from its ``--help``).
+
+    Asked once per binary file and version (:mod:`engine.agents.probe`), the answer kept
+    in memory and in the file ``cache``; inside a running event loop an answer not known
+    yet is "not supported, being asked" (async code awaits
+    :func:`claude_warm_support_async`).
+    """
+    return ask(_HELP_PROBE, binary, path=path, cache=cache)
+
+
+async def claude_warm_support_async(
+    binary: str, *, path: str | None = None, cache: Path | None = None
+) -> WarmSupport:
+    """:func:`claude_warm_support` for async code: the CLI runs off the event loop."""
+    return await ask_async(_HELP_PROBE, binary, path=path, cache=cache)
 
 
 @dataclass(slots=True)

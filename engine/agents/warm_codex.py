@@ -35,8 +35,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,12 +43,12 @@ from typing import Any, ClassVar, Final
 
 from engine.agents.base import AgentOptions
 from engine.agents.codex import _MISSING, CodexAgent, codex_sandbox_args
+from engine.agents.probe import Finished, Probe, ask, ask_async
 from engine.agents.resident import ResidentAgent, ResidentTurn, WarmPool
 from engine.agents.stream import (
     EventCallback,
     EventKind,
     TurnState,
-    find_binary,
 )
 from engine.agents.warm import WarmSupport
 from engine.errors import TurnIOError, TurnPreempted
@@ -63,7 +61,7 @@ from engine.process import (
 from engine.redact import redact, tail
 from engine.turn import TurnOutput
 
-__all__ = ["WarmCodexAgent", "codex_warm_support"]
+__all__ = ["WarmCodexAgent", "codex_warm_support", "codex_warm_support_async"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -96,9 +94,6 @@ class CodexWarmSupport(WarmSupport):
     steer: bool = False
 
 
-_SUPPORT_CACHE: dict[tuple[str, int, int], CodexWarmSupport] = {}
-
-
 def _methods(schema: object) -> set[str]:
     """Every ``method`` constant in a JSON schema bundle."""
     found: set[str] = set()
@@ -120,56 +115,29 @@ def _methods(schema: object) -> set[str]:
     return found
 
 
-def codex_warm_support(binary: str, *, path: str | None = None) -> CodexWarmSupport:
-    """Whether the installed ``codex`` has an app-server a warm session can drive.
+def _schema_args(folder: Path) -> list[str]:
+    return ["app-server", "generate-json-schema", "--out", str(folder / "schema")]
 
-    Read from the CLI's own protocol schema (``codex app-server generate-json-schema``),
-    cached per binary file (path, size and modification time).
-    """
-    program = find_binary(binary, path if path is not None else os.environ.get("PATH"))
-    if program is None:
-        return CodexWarmSupport(False, f"{binary!r} was not found")
-    real = os.path.realpath(program)
+
+def _schema_env(folder: Path) -> dict[str, str]:
+    # A private home: asking for the schema must not touch anyone's Codex state.
+    return {**os.environ, "HOME": str(folder), "CODEX_HOME": str(folder / ".codex")}
+
+
+def _read_schema(done: Finished) -> CodexWarmSupport:
+    if done.returncode != 0:
+        return CodexWarmSupport(
+            False,
+            "this Codex version has no app-server protocol schema "
+            f"(`codex app-server generate-json-schema` exited {done.returncode}; "
+            "one process per turn)",
+        )
+    out = done.folder / "schema"
     try:
-        stat = os.stat(real)
-    except OSError as exc:
-        return CodexWarmSupport(False, f"{binary!r} cannot be read: {exc.strerror}")
-    key = (real, stat.st_size, stat.st_mtime_ns)
-    cached = _SUPPORT_CACHE.get(key)
-    if cached is not None:
-        return cached
-    support = _read_schema(program)
-    _SUPPORT_CACHE[key] = support
-    return support
-
-
-def _read_schema(program: str) -> CodexWarmSupport:
-    with tempfile.TemporaryDirectory(prefix="turnstile-codex-schema-") as tmp:
-        out = Path(tmp) / "schema"
-        # A private home: asking for the schema must not touch anyone's Codex state.
-        env = {**os.environ, "HOME": tmp, "CODEX_HOME": str(Path(tmp) / ".codex")}
-        try:
-            done = subprocess.run(
-                [program, "app-server", "generate-json-schema", "--out", str(out)],
-                capture_output=True,
-                timeout=_SCHEMA_TIMEOUT,
-                check=False,
-                env=env,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return CodexWarmSupport(False, f"`codex app-server generate-json-schema` failed: {exc}")
-        if done.returncode != 0:
-            return CodexWarmSupport(
-                False,
-                "this Codex version has no app-server protocol schema "
-                f"(`codex app-server generate-json-schema` exited {done.returncode}; "
-                "one process per turn)",
-            )
-        try:
-            requests = _methods(json.loads((out / "ClientRequest.json").read_text("utf-8")))
-            notes = _methods(json.loads((out / "ServerNotification.json").read_text("utf-8")))
-        except (OSError, ValueError) as exc:
-            return CodexWarmSupport(False, f"the app-server schema could not be read: {exc}")
+        requests = _methods(json.loads((out / "ClientRequest.json").read_text("utf-8")))
+        notes = _methods(json.loads((out / "ServerNotification.json").read_text("utf-8")))
+    except (OSError, ValueError) as exc:
+        return CodexWarmSupport(False, f"the app-server schema could not be read: {exc}")
     missing = [m for m in _NEEDED_REQUESTS if m not in requests]
     if "turn/completed" not in notes:
         missing.append("turn/completed")
@@ -188,6 +156,39 @@ def _read_schema(program: str) -> CodexWarmSupport:
         interrupt=interrupt,
         steer=steer,
     )
+
+
+_SCHEMA_PROBE: Final = Probe(
+    name="codex-warm-1",
+    label="`codex app-server generate-json-schema`",
+    answer_type=CodexWarmSupport,
+    args=_schema_args,
+    read=_read_schema,
+    failed=lambda reason: CodexWarmSupport(False, reason),
+    env=_schema_env,
+    timeout=_SCHEMA_TIMEOUT,
+)
+
+
+def codex_warm_support(
+    binary: str, *, path: str | None = None, cache: Path | None = None
+) -> CodexWarmSupport:
+    """Whether the installed ``codex`` has an app-server a warm session can drive.
+
+    Read from the CLI's own protocol schema (``codex app-server generate-json-schema``),
+    asked once per binary file and version (:mod:`engine.agents.probe`), the answer kept
+    in memory and in the file ``cache``; inside a running event loop an answer not known
+    yet is "not supported, being asked" (async code awaits
+    :func:`codex_warm_support_async`).
+    """
+    return ask(_SCHEMA_PROBE, binary, path=path, cache=cache)
+
+
+async def codex_warm_support_async(
+    binary: str, *, path: str | None = None, cache: Path | None = None
+) -> CodexWarmSupport:
+    """:func:`codex_warm_support` for async code: the CLI runs off the event loop."""
+    return await ask_async(_SCHEMA_PROBE, binary, path=path, cache=cache)
 
 
 class _RpcError(Exception):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from engine.agents.base import ProcessAgent, without_settings
-from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
 from engine.approvals.route import ApprovalRoute
 from engine.automode.append import InstructionInbox
@@ -413,6 +413,7 @@ async def prepare_auto_run(
         owner=owner_token(),
     )
     try:
+        await probe_turn_mode(tool, settings)  # asked off the event loop, before the agent
         run = _build(
             settings,
             store,
@@ -569,6 +570,7 @@ async def prepare_resume(
             interrupted,
             extra={"run_id": run_id},
         )
+        await probe_turn_mode(state.tool, settings)
         return _build(
             settings,
             store,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from engine.agents.command import parse_template
-from engine.agents.factory import turn_mode
+from engine.agents.factory import probe_agents, turn_mode
 from engine.agents.registry import AGENT_NAMES, AGENTS, AgentSpec, ask_version
 from engine.agents.stream import find_binary
 from engine.errors import ConfigError
@@ -50,6 +50,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(asdict(status)))
     else:
         print(_table(statuses))
+        await probe_agents(settings)  # the CLIs are asked off the event loop, then known
         print(turn_modes_text(settings))
     default = next(s for s in statuses if s.default)
     return 0 if default.path is not None else 1

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from engine.agents.base import ProcessAgent
 from engine.agents.command import CommandAgent
-from engine.agents.factory import AGENT_NAMES, create_agent
+from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals, terminal_run_id
@@ -220,6 +220,7 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     async with terminal_approvals(
         settings.database, policy, ask_line=ask, out=view.question_stream()
     ) as route_for:
+        await probe_turn_mode(tool, settings)  # asked off the event loop, then known
         agent = create_agent(
             tool,
             settings,

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TextIO
 import httpx
 
 from engine.agents.command import parse_template
-from engine.agents.factory import turn_mode
+from engine.agents.factory import probe_agents, turn_mode
 from engine.agents.registry import AGENTS, AgentSpec, agent_spec, ask_version
 from engine.agents.stream import TURN_MARKER_VAR
 from engine.errors import ConfigError, SchemaTooNewError, StoreError, StoreUnreachableError
@@ -482,6 +482,7 @@ async def check_agents(settings: Settings) -> list[Check]:
         checks.append(check)
         if check.status is Status.OK and spec.credentials is not None:
             checks.append(check_credentials(spec.name, os.environ, Path(".env")))
+    await probe_agents(settings)  # the CLIs are asked off the event loop, then known
     checks += check_turn_modes(settings)
     return checks
 

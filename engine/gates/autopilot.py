@@ -29,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from engine.agents.factory import create_agent
+from engine.agents.factory import create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
 from engine.errors import ConfigError, TurnstileError
 from engine.gates.audit import AuditReport, run_audit
@@ -260,6 +260,7 @@ class Autopilot:
                     f"--tool {record.agent}"
                 )
             session_id, started = record.session_id, record.started
+        await probe_turn_mode(self.tool, self.settings)  # off the event loop, then known
         agent = self._factory(task, session_id, started)
         run_id = self._run_ids.get(task.name)
         if run_id is not None:

@@ -188,7 +188,7 @@ async def _run(
     env: Mapping[str, str],
     approval: ApprovalRoute | None = None,
 ) -> None:
-    from engine.agents.factory import create_agent
+    from engine.agents.factory import create_agent, probe_turn_mode
 
     turns = ChatTurnStore(db)
     workers = WorkerStore(db)
@@ -227,6 +227,7 @@ async def _run(
         run_settings = settings
         if turn.model is not None:
             run_settings = settings.model_copy(update={"agent_model": turn.model})
+        await probe_turn_mode(spec.tool, run_settings)  # asked off the event loop
         agent = create_agent(
             spec.tool,
             run_settings,

@@ -34,7 +34,7 @@ from procrastinate import exceptions as pexc
 from procrastinate import worker as pworker
 from procrastinate.job_context import AbortReason, JobContext
 
-from engine.agents.factory import new_warm_pool
+from engine.agents.factory import new_warm_pool, probe_agents
 from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
@@ -286,6 +286,8 @@ class Worker:
                     capacity=self.concurrency,
                     queues=self.queues,
                 )
+                # Asked ahead, off the event loop: a first turn finds the answers known.
+                await probe_agents(settings)
                 runner = TurnRunner(
                     self.name,
                     settings,
