@@ -5,6 +5,12 @@ another package registered under the ``turnstile.commands`` entry-point group (t
 registers itself that way, so the engine never imports it). A module exposes
 ``register(subparsers)``; the parser it adds sets ``handler`` to an
 ``async (args, settings) -> int`` function.
+
+Start-up time counts for the short commands (``status --list``, ``runs``): a known
+sub-command imports only its own module, and a parser may set ``listing`` to a predicate
+of its arguments; when it holds, the handler gets
+:class:`~engine.commands._settings.ListingSettings` (the database and logging settings
+only, read without loading pydantic) instead of the whole :class:`Settings`.
 """
 
 from __future__ import annotations
@@ -16,19 +22,21 @@ import logging
 import pkgutil
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import engine.commands
 from engine.errors import ConfigError, TurnstileError
 from engine.logs import setup_logging
-from engine.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from engine.commands._settings import ListingSettings
+    from engine.settings import Settings
 
 __all__ = ["Handler", "build_parser", "main"]
 
 _LOGGER = logging.getLogger(__name__)
 
-Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
+Handler = Callable[[argparse.Namespace, "Settings"], Coroutine[Any, Any, int]]
 EXIT_USAGE = 2
 
 
@@ -64,6 +72,8 @@ def _registrars(only: str | None = None) -> list[Callable[[Any], None]]:
             continue
         module = importlib.import_module(f"engine.commands.{info.name}")
         found.append(module.register)
+    from importlib.metadata import entry_points  # start-up time: only for the full table
+
     for point in sorted(entry_points(group="turnstile.commands"), key=lambda p: p.name):
         found.append(point.load())
     return found
@@ -89,16 +99,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(listing: bool) -> Settings | ListingSettings:
+    if listing:
+        from engine.commands._settings import read_listing_settings
+
+        return read_listing_settings()
+    from engine.settings import load_settings
+
+    return load_settings()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser(_requested(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    handler: Handler | None = getattr(args, "handler", None)
+    # A Handler; one whose parser sets ``listing`` also takes ListingSettings.
+    handler: Callable[..., Coroutine[Any, Any, int]] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return EXIT_USAGE if args.command is None and argv not in (None, []) else 0
+    listing: Callable[[argparse.Namespace], bool] | None = getattr(args, "listing", None)
     try:
-        settings = load_settings()
+        settings = _settings(listing is not None and listing(args))
     except ConfigError as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -21,6 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
+# Re-exported: they moved where `turnstile runs` reaches them without loading auto mode.
+from engine.runs.owner import owner_alive, owner_token
+
 __all__ = [
     "STATE_FILE",
     "AutoModeState",
@@ -31,6 +34,7 @@ __all__ = [
     "Transition",
     "Verdict",
     "advance",
+    "owner_alive",
     "owner_token",
     "read_state_file",
     "write_state_file",
@@ -238,41 +242,6 @@ def cap(text: str, limit: int = CARRY_LIMIT) -> str:
         return text
     kept = data[-limit:].decode("utf-8", errors="ignore")
     return f"[… {len(data) - limit} earlier bytes omitted …]\n" + kept
-
-
-def owner_token(pid: int | None = None) -> str:
-    """This process, as ``pid:start-time`` (the start time guards against PID reuse)."""
-    pid = os.getpid() if pid is None else pid
-    start = _start_time(pid)
-    return f"{pid}:{start}" if start is not None else str(pid)
-
-
-def owner_alive(token: str | None) -> bool:
-    """Whether the process named by ``token`` (from :func:`owner_token`) still runs here."""
-    if not token:
-        return False
-    pid_text, _, start = token.partition(":")
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not start or _start_time(pid) == start
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces; fields after it are plain.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
 
 
 def write_state_file(folder: Path, state: AutoModeState, *, durable: bool = True) -> None:

@@ -19,16 +19,16 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.automode.state import owner_alive
+from engine.commands._settings import ListingSettings, full_settings
 from engine.reaper import start_time
-from engine.settings import Settings
-from engine.store.backend import open_database
+from engine.runs.owner import owner_alive
+from engine.store.backend import AnyDatabase, open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord
-from engine.workers.views import WorkerView, worker_views
-from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
 if TYPE_CHECKING:
+    from engine.settings import Settings
     from engine.store.database import Database
+    from engine.workers.views import WorkerView
 
 __all__ = ["format_age", "register"]
 
@@ -42,7 +42,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--limit", type=int, default=20, metavar="N", help="newest N (0: all)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("run", nargs="?", metavar="RUN_ID", help="show one run and its turns")
-    parser.set_defaults(handler=handle)
+    # Start-up time: the whole settings are built only for a run on the workers or in a
+    # worktree (their timeout, their folder); the rest needs only the database.
+    parser.set_defaults(handler=handle, listing=lambda args: True)
 
 
 def format_age(seconds: float) -> str:
@@ -148,12 +150,25 @@ async def _show(
     return 0
 
 
-async def handle(args: argparse.Namespace, settings: Settings) -> int:
+async def _on_workers(given: Settings | ListingSettings, db: AnyDatabase) -> dict[str, WorkerView]:
+    """The runs on the workers (their views need the settings: none without such runs)."""
+    from engine.workers.store import WorkerStore
+    from engine.workers.views import worker_views
+
+    if not await WorkerStore(db).placements():
+        return {}
+    return await worker_views(full_settings(given), db)
+
+
+async def handle(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
+    from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
+
     async with open_database(settings) as db:
         if args.run is not None:
+            full = full_settings(settings)
             # (The worktree helpers are typed for SQLite; their store runs on both.)
-            worktree = await run_worktree_summary(settings, cast("Database", db), args.run)
-            on_worker = (await worker_views(settings, db)).get(args.run)
+            worktree = await run_worktree_summary(full, cast("Database", db), args.run)
+            on_worker = (await _on_workers(full, db)).get(args.run)
             return await _show(SqliteRunStore(db), args.run, args.json, worktree, on_worker)
         status = RunStatus(args.status) if args.status else None
         runs = await SqliteRunStore(db).list_runs(status=status)
@@ -163,13 +178,15 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
             runs = runs[: args.limit]
         # Disk usage is computed only for the runs that have a worktree.
         workdirs = {r.id: r.workdir for r in runs}
-        worktrees = await worktree_summaries(settings, db, workdirs)
-        checkouts = await match_worktrees(db, workdirs) if args.json else {}
+        checkouts = await match_worktrees(db, workdirs)
+        worktrees = (
+            await worktree_summaries(full_settings(settings), db, workdirs) if checkouts else {}
+        )
         store = SqliteRunStore(db)
         warm = {
             r.id: _warm(r, await store.turns(r.id)) for r in runs if r.status is RunStatus.RUNNING
         }
-        on_workers = await worker_views(settings, db)
+        on_workers = await _on_workers(settings, db)
     for run_id, view in on_workers.items():
         if run_id in warm:
             warm[run_id] = view.warm

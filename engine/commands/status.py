@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.settings import Settings
+from engine.commands._settings import ListingSettings, full_settings
 
 if TYPE_CHECKING:
     from engine.gates.service import Gates
+    from engine.settings import Settings
 
 __all__ = ["register"]
 
@@ -69,7 +70,8 @@ def register(subparsers: Any) -> None:
         metavar="HASH",
         help="--approve: the artifact hash you reviewed; --artifact: which one (>= 8 hex)",
     )
-    parser.set_defaults(handler=run_status)
+    # The listing reads only where the database is: it starts without the whole settings.
+    parser.set_defaults(handler=run_status, listing=lambda args: args.list)
 
 
 def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
@@ -79,7 +81,7 @@ def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
         print(text)
 
 
-async def run_status(args: argparse.Namespace, settings: Settings) -> int:
+async def run_status(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
     # Imported here: `turnstile --help` and other commands stay fast.
     from engine.gates.refusals import GateRefused
 
@@ -94,7 +96,7 @@ async def run_status(args: argparse.Namespace, settings: Settings) -> int:
         return exc.reason.exit_code
 
 
-async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+async def _dispatch(args: argparse.Namespace, given: Settings | ListingSettings) -> int:
     from engine.errors import ConfigError
     from engine.store.backend import open_database
 
@@ -107,7 +109,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.reject and not args.reason:
         raise ConfigError("--reject needs --reason TEXT")
     if args.list:
-        return await _list(args, settings)
+        return await _list(args, given)
+    settings = full_settings(given)
     from engine.gates.service import Gates
 
     async with open_database(settings) as db:
@@ -193,7 +196,7 @@ async def _artifact(args: argparse.Namespace, gates: Gates) -> int:
     return 0
 
 
-async def _list(args: argparse.Namespace, settings: Settings) -> int:
+async def _list(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
     from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
     from engine.gates.store import SqlGateStore
     from engine.store.backend import open_database

@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -126,6 +125,8 @@ def discover_migrations() -> tuple[MigrationSet, ...]:
 @functools.cache
 def _registered() -> tuple[MigrationSet, ...]:
     # Cached: entry points and package files do not change while the process runs.
+    from importlib.metadata import entry_points  # start-up time: only when a database opens
+
     found = []
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         schema = point.load()()
@@ -304,7 +305,31 @@ class Database:
         """Each owner's latest schema version, as this code knows them."""
         return {s.owner: s.latest for s in self._schemas}
 
+    async def _is_current(self) -> bool:
+        """Whether opening has nothing to write: every owner's schema is at (or past) the
+        latest this code knows, its version recorded. Plain reads, no write lock: a
+        listing does not wait behind a writer for a check that finds nothing to do."""
+        conn = self.conn
+        cursor = await conn.execute("PRAGMA user_version")
+        row = await cursor.fetchone()
+        current = int(row[0]) if row else 0
+        cursor = await conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_split'"
+        )
+        row = await cursor.fetchone()
+        if not (row and row[0]):
+            return False
+        cursor = await conn.execute("SELECT owner, version FROM schema_versions")
+        rows = {str(r[0]): int(r[1]) for r in await cursor.fetchall()}
+        for schema in self._schemas:
+            done = current if schema.owner == ENGINE else rows.get(schema.owner)
+            if done is None or done < schema.latest:
+                return False
+        return True
+
     async def _migrate(self) -> None:
+        if await self._is_current():
+            return
         async with self.transaction() as conn:
             cursor = await conn.execute("PRAGMA user_version")
             row = await cursor.fetchone()

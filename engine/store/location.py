@@ -10,13 +10,14 @@ real one, to the driver.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
-from pydantic import GetCoreSchemaHandler
-from pydantic_core import core_schema
-
 from engine.errors import BackendUnsupportedError, ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import core_schema
 
 __all__ = ["SCHEMES", "PostgresURL", "is_postgres_url", "parse_database", "sqlite_path"]
 
@@ -103,6 +104,9 @@ class PostgresURL:
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
+        # Imported here: a command that reads no settings model never loads pydantic.
+        from pydantic_core import core_schema
+
         return core_schema.is_instance_schema(cls)
 
 

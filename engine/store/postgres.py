@@ -525,7 +525,19 @@ class PostgresDatabase:
         """Each owner's latest schema version, as this code knows them."""
         return {s.owner: s.latest for s in self._schemas}
 
+    async def _is_current(self) -> bool:
+        """Whether opening has nothing to write: every owner's version recorded and the
+        latest this code knows. Two plain reads, no transaction and no lock."""
+        found = await self.fetchone("SELECT to_regclass('schema_versions') IS NOT NULL")
+        if not (found and found[0]):
+            return False
+        rows = await self.fetchall("SELECT owner, version FROM schema_versions")
+        recorded = {str(r[0]): int(r[1]) for r in rows}
+        return all(recorded.get(s.owner) == s.latest for s in self._schemas)
+
     async def _migrate(self) -> None:
+        if await self._is_current():
+            return
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
             for statement in _BOOKKEEPING:
