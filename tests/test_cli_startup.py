@@ -35,13 +35,14 @@ from tests.support import clean_env
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
-# Runs the CLI's own main in a fresh interpreter, then writes what it had imported.
+# Runs the CLI's own main in a fresh interpreter, then writes what it had imported and
+# how many objects it left out of the collector's passes at exit.
 _DRIVER = """
-import json, sys
+import gc, json, sys
 import engine.cli
 code = engine.cli.main(sys.argv[2:])
 with open(sys.argv[1], "w") as fh:
-    json.dump(sorted(sys.modules), fh)
+    json.dump({"modules": sorted(sys.modules), "frozen": gc.get_freeze_count()}, fh)
 sys.exit(code)
 """
 
@@ -74,7 +75,8 @@ NEVER_FOR = {
 
 def run_turnstile(
     tmp_path: Path, *args: str, env: dict[str, str], cwd: Path | None = None
-) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+) -> tuple[subprocess.CompletedProcess[str], set[str], int]:
+    """The finished child; the modules it had imported and the objects it had frozen."""
     modules = tmp_path / "modules.json"
     modules.unlink(missing_ok=True)
     proc = subprocess.run(
@@ -86,8 +88,8 @@ def run_turnstile(
         timeout=90,
         check=False,
     )
-    loaded = set(json.loads(modules.read_text())) if modules.exists() else set()
-    return proc, loaded
+    found = json.loads(modules.read_text()) if modules.exists() else {}
+    return proc, set(found.get("modules", ())), int(found.get("frozen", 0))
 
 
 def imported(loaded: set[str], package: str) -> bool:
@@ -130,11 +132,13 @@ def env_for(database: Path | str, **extra: str) -> dict[str, str]:
 def test_a_listing_loads_only_what_it_needs(tmp_path: Path, command: str) -> None:
     db = tmp_path / "t.db"
     asyncio.run(fill(db))
-    proc, loaded = run_turnstile(tmp_path, *command.split(), env=env_for(db))
+    proc, loaded, frozen = run_turnstile(tmp_path, *command.split(), env=env_for(db))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert loaded, "the child wrote no module list"
     assert [p for p in NEVER_FOR[command] if imported(loaded, p)] == []
+    # Its exit skips the collector's full passes over all it loaded.
+    assert frozen > 10_000
     if command == "status --list":
         names = [line.split()[0] for line in proc.stdout.splitlines()]
         assert names == ["alpha", "wave", "alpha.sub", "beta"]
@@ -151,13 +155,16 @@ def test_other_status_verbs_still_check_every_setting(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     asyncio.run(fill(db))
     env = env_for(db, TURNSTILE_WEBHOOK_PORT="not-a-port")
-    proc, _ = run_turnstile(tmp_path, "status", "--task", "beta", env=env)
+    proc, _, _ = run_turnstile(tmp_path, "status", "--task", "beta", env=env)
     assert proc.returncode == 2
     assert "TURNSTILE_WEBHOOK_PORT" in proc.stderr
     assert "not-a-port" not in proc.stderr
+    proc, _, frozen = run_turnstile(tmp_path, "status", "--task", "beta", env=env_for(db))
+    assert proc.returncode == 0, proc.stderr
+    assert frozen == 0  # a command that goes on collects as ever
     # The listing reads only where the database is: a setting it never uses is not its
     # business (the commands that use it say what is wrong with it).
-    proc, _ = run_turnstile(tmp_path, "status", "--list", env=env)
+    proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "beta" in proc.stdout
 
@@ -165,7 +172,7 @@ def test_other_status_verbs_still_check_every_setting(tmp_path: Path) -> None:
 def test_a_malformed_database_setting_is_said_as_before(tmp_path: Path) -> None:
     env = env_for("postgresql://user:hunter2hunter2@127.0.0.1:1/")
     for command in ("status --list", "runs --json", "status --audit"):
-        proc, _ = run_turnstile(tmp_path, *command.split(), env=env)
+        proc, _, _ = run_turnstile(tmp_path, *command.split(), env=env)
         assert proc.returncode == 2, (command, proc.stderr)
         assert proc.stderr.startswith("turnstile: TURNSTILE_DATABASE:"), proc.stderr
         assert "names no database" in proc.stderr
@@ -176,19 +183,19 @@ def test_the_listing_reads_dot_env_under_the_environment(tmp_path: Path) -> None
     from_file = tmp_path / "from-file.db"
     asyncio.run(fill(from_file))
     (tmp_path / ".env").write_text(f"TURNSTILE_DATABASE={from_file}\nTURNSTILE_LOG_LEVEL=\n")
-    proc, _ = run_turnstile(tmp_path, "status", "--list", env=clean_env())
+    proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=clean_env())
     assert proc.returncode == 0, proc.stderr
     assert "alpha.sub" in proc.stdout
     # The environment wins; an empty value is unset (the file's value stands).
     other = tmp_path / "other.db"
     asyncio.run(fill(other))
     asyncio.run(_drop_task(other, "beta"))
-    proc, _ = run_turnstile(
+    proc, _, _ = run_turnstile(
         tmp_path, "status", "--list", env={**clean_env(), "turnstile_database": str(other)}
     )
     assert proc.returncode == 0, proc.stderr
     assert "beta" not in proc.stdout
-    proc, _ = run_turnstile(
+    proc, _, _ = run_turnstile(
         tmp_path, "status", "--list", env={**clean_env(), "TURNSTILE_DATABASE": ""}
     )
     assert "beta" in proc.stdout
@@ -275,7 +282,7 @@ def test_a_schema_behind_is_migrated_by_a_listing(tmp_path: Path, command: str) 
     asyncio.run(make_old())
     before = read_schema_versions(db)
     assert before[ENGINE] == latest[ENGINE] - 1
-    proc, _ = run_turnstile(tmp_path, *command.split(), env=env_for(db))
+    proc, _, _ = run_turnstile(tmp_path, *command.split(), env=env_for(db))
     assert proc.returncode == 0, proc.stderr
     assert read_schema_versions(db) == latest
     with sqlite3.connect(db) as conn:
@@ -297,7 +304,7 @@ def test_a_front_end_not_recorded_yet_is_migrated(tmp_path: Path) -> None:
 
     asyncio.run(make())
     assert "workers" not in read_schema_versions(db, schemas)
-    proc, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(db))
+    proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(db))
     assert proc.returncode == 0, proc.stderr
     assert read_schema_versions(db) == {s.owner: s.latest for s in discover_migrations()}
     with sqlite3.connect(db) as conn:
@@ -312,7 +319,7 @@ def test_a_listing_does_not_wait_for_a_writer(tmp_path: Path, command: str) -> N
     try:
         writer.execute("BEGIN IMMEDIATE")  # another process's long write transaction
         writer.execute("UPDATE gate_tasks SET updated_at = 2 WHERE name = 'beta'")
-        proc, _ = run_turnstile(
+        proc, _, _ = run_turnstile(
             tmp_path, *command.split(), env=env_for(db, TURNSTILE_LOG_LEVEL="WARNING")
         )
     finally:
@@ -330,7 +337,7 @@ def test_a_listing_on_postgresql_does_not_wait_for_a_migration(
     # Another process holds the migrations' lock (its migration takes a while).
     with psycopg.connect(pg_url, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", (0x74726E73746C,))
-        proc, loaded = run_turnstile(tmp_path, *command.split(), env=env_for(pg_url))
+        proc, loaded, _ = run_turnstile(tmp_path, *command.split(), env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
     assert ("beta" if command == "status --list" else "auto-done") in proc.stdout
     assert imported(loaded, "psycopg")
@@ -341,11 +348,13 @@ def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("DROP INDEX gate_tasks_listing")
         conn.execute("UPDATE schema_versions SET version = version - 1 WHERE owner = %s", (ENGINE,))
-    proc, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
+    proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
     latest = {s.owner: s.latest for s in discover_migrations()}
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        rows = dict(conn.execute("SELECT owner, version FROM schema_versions").fetchall())
+        rows: dict[str, int] = dict(
+            conn.execute("SELECT owner, version FROM schema_versions").fetchall()
+        )
         index = conn.execute("SELECT to_regclass('gate_tasks_listing') IS NOT NULL").fetchone()
     assert rows == latest
     assert index == (True,)
