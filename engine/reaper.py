@@ -60,9 +60,13 @@ _SCAN_ROUNDS: Final = 5
 # After the parent died, how long the watchdog keeps looking for a turn's processes.
 _LATE_EXEC_WATCH: Final = 1.0
 _GIVE_UP: Final = 10.0
-# The watchdog's table: one slot per turn in flight ("MARKER PGID", newline-padded).
+# The watchdog's table: one slot per turn in flight ("MARKER PGID S", newline-padded;
+# S is 1 while the turn's process is saving what it just answered, see Lifeline.settling).
 _SLOT: Final = 48
 _FIRST_SLOTS: Final = 64
+# How long a process that was saving its answer gets to finish and leave by itself (its
+# input closed with our death) before the watchdog kills it.
+_SETTLE_WAIT: Final = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,9 +264,9 @@ class Lifeline:
             table = self._grow()
             if table is None:
                 return
-        entry = f"{marker} {0:010d}".encode()
+        entry = f"{marker} {0:010d} 0".encode()
         if len(entry) > _SLOT or not marker.isalnum():
-            raise ValueError(f"a turn marker is up to {_SLOT - 11} letters and digits")
+            raise ValueError(f"a turn marker is up to {_SLOT - 13} letters and digits")
         slot = self._free.pop()
         self._slots[marker] = slot
         offset = slot * _SLOT
@@ -273,6 +277,17 @@ class Lifeline:
         if slot is not None and self._table is not None:
             offset = slot * _SLOT + len(marker) + 1
             self._table[offset : offset + 10] = f"{pgid:010d}".encode()
+
+    def settling(self, marker: str, on: bool) -> None:
+        """Whether the turn's process is saving what it answered (a resident CLI writes
+        its transcript a moment after it prints the result). If this process dies
+        meanwhile, the watchdog lets that process finish and leave by itself (its input
+        closes with us) for a few seconds before it kills it: an answer already shown
+        is not lost from the session the next start resumes."""
+        slot = self._slots.get(marker)
+        if slot is not None and self._table is not None:
+            offset = slot * _SLOT + len(marker) + 12
+            self._table[offset : offset + 1] = b"1" if on else b"0"
 
     def end(self, marker: str) -> None:
         slot = self._slots.pop(marker, None)
@@ -397,19 +412,37 @@ def _start_if_marked(pid: int, marker: str) -> str | None:
     return start_time(pid)
 
 
-def _read_table(fd: int) -> dict[str, tuple[int | None, str | None]]:
-    """The turns in flight the table holds: marker -> (group, leader's start)."""
+def _read_table(fd: int) -> dict[str, tuple[int | None, str | None, bool]]:
+    """The turns in flight the table holds: marker -> (group, leader's start, settling)."""
     data = bytearray()
     while chunk := os.pread(fd, 1 << 20, len(data)):
         data += chunk
-    live: dict[str, tuple[int | None, str | None]] = {}
+    live: dict[str, tuple[int | None, str | None, bool]] = {}
     for offset in range(0, len(data) - _SLOT + 1, _SLOT):
         words = bytes(data[offset : offset + _SLOT]).decode("ascii", errors="replace").split()
-        if len(words) != 2 or not words[1].isdigit() or not words[0].isalnum():
+        if (
+            len(words) != 3
+            or not words[1].isdigit()
+            or not words[0].isalnum()
+            or words[2] not in ("0", "1")
+        ):
             continue  # free, or cut mid-write: nothing of ours matches it
         pgid = int(words[1]) or None
-        live[words[0]] = (pgid, _start_if_marked(pgid, words[0]) if pgid else None)
+        began = _start_if_marked(pgid, words[0]) if pgid else None
+        live[words[0]] = (pgid, began, words[2] == "1")
     return live
+
+
+def _let_settle(groups: list[tuple[int, str | None]]) -> None:
+    """Wait (a few seconds at most) for the groups' leaders to leave by themselves."""
+    deadline = time.monotonic() + _SETTLE_WAIT
+    while time.monotonic() < deadline:
+        if all(
+            began is None or not _running(group) or start_time(group) != began
+            for group, began in groups
+        ):
+            return
+        time.sleep(0.02)
 
 
 def _watch(pipe: int, table: int) -> None:
@@ -420,8 +453,13 @@ def _watch(pipe: int, table: int) -> None:
         pass
     # The parent exited, or was killed, perhaps with turns in flight.
     live = _read_table(table)
-    for group, began in live.values():
-        if group is not None:
+    saving = [(g, began) for g, began, settling in live.values() if g is not None and settling]
+    for group, began, settling in live.values():
+        if group is not None and not settling:
+            kill_group(group, began)
+    if saving:
+        _let_settle(saving)
+        for group, began in saving:
             kill_group(group, began)
     # A leader caught between fork and exec does not show its marker yet: look again a while.
     deadline = time.monotonic() + _LATE_EXEC_WATCH

@@ -205,6 +205,8 @@ async def test_kill_9_between_turns_resumes_in_a_new_process(
     api.enqueue(Text("remembered"), Text("still here"))
     agent = make_agent(claude_bin, api, sandbox, pool)
     await agent.run_turn("remember 42")
+    # Between turns: once the CLI has saved the turn (the answer is returned before).
+    assert await agent.settled()
     first = resident_cli(sandbox)
     os.kill(first, signal.SIGKILL)
     await wait_gone(first)

@@ -276,7 +276,11 @@ def test_the_watchdog_table_holds_every_turn_in_flight() -> None:
         assert guard._fd is not None
         live = _read_table(guard._fd)
         assert set(live) == set(markers[1::2])
-        assert live[markers[1]] == (4_000_001, None)
+        assert live[markers[1]] == (4_000_001, None, False)
+        guard.settling(markers[1], True)
+        assert _read_table(guard._fd)[markers[1]] == (4_000_001, None, True)
+        guard.settling(markers[1], False)
+        assert _read_table(guard._fd)[markers[1]] == (4_000_001, None, False)
     finally:
         guard.close()
 

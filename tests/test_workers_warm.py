@@ -12,6 +12,7 @@ previous one has ended and its process stays resident.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -188,6 +189,16 @@ async def test_three_turns_of_an_auto_run_on_a_worker_share_one_process(
     assert (await runs_json(cluster, run_id))["warm"] is False
 
 
+def saved_answer(root: Path, text: str) -> bool:
+    """Whether a Claude Code transcript under ``root`` holds an answer saying ``text``."""
+    for transcript in root.rglob("*.jsonl"):
+        with contextlib.suppress(OSError):
+            for line in transcript.read_text().splitlines():
+                if '"type":"assistant"' in line and text in line:
+                    return True
+    return False
+
+
 @realcli
 async def test_a_killed_resident_process_is_resumed_and_a_stopping_worker_closes_it(
     warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
@@ -209,6 +220,10 @@ async def test_a_killed_resident_process_is_resumed_and_a_stopping_worker_closes
         assert pid is not None
         assert alive(pid)
         await wait_until(lambda: warm_marks(cluster) == {run_id: "w1"}, what="marked warm")
+        # Between turns: once the CLI has saved turn 1 (its answer is out a moment before).
+        await wait_until(
+            lambda: saved_answer(cluster.tmp, "HERON-23"), timeout=30, what="turn 1 saved"
+        )
         # Killed between turns: the worker's heartbeat records the run cold.
         os.kill(pid, signal.SIGKILL)
         await wait_until(lambda: not alive(pid), timeout=30, what="resident process killed")

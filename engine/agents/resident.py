@@ -24,10 +24,12 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from engine.agents.base import AgentOptions, Invocation
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
+
+_KEEPER: Final = str(Path(__file__).resolve().parent.parent / "keeper.py")
 
 _CHUNK: Final = 64 * 1024
 _MAX_LINE: Final = 64 * 1024 * 1024
@@ -457,7 +461,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         guard.begin(marker)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.confine(argv),
+                *self._confined(argv),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -477,6 +481,15 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         self._marker = marker
         self.spawns += 1
         return proc
+
+    def _confined(self, argv: list[str]) -> list[str]:
+        """``argv`` in the session's sandbox, under its keeper (:mod:`engine.keeper`): a
+        sandbox dies with its parent, and the keeper lets a CLI that had just answered
+        save that answer before it goes, should turnstile die."""
+        confined = self.confine(argv)
+        if self.options.walls is None:
+            return confined
+        return [sys.executable, "-I", "-S", _KEEPER, "--", *confined]
 
     def _watch_output(self, proc: asyncio.subprocess.Process) -> None:
         """Start reading the process's stdout and stderr."""

@@ -60,7 +60,7 @@ from engine.agents.resident import (
 from engine.agents.stream import EventCallback
 from engine.approvals.listener import ApprovalListener
 from engine.errors import TurnIOError, TurnPreempted
-from engine.process import STDERR_TAIL, PreemptHandle, ProcessResult, validate_prompt
+from engine.process import STDERR_TAIL, PreemptHandle, ProcessResult, lifeline, validate_prompt
 from engine.redact import tail
 from engine.turn import TurnOutput
 
@@ -176,6 +176,9 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         )
         self._cost_base = 0.0
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        # The last turn's answer being saved to the transcript (after it was returned).
+        self._saving: asyncio.Task[bool] | None = None
+        self._transcript: Path | None = None
 
     # -- argv --------------------------------------------------------------------------
     def io_args(self) -> list[str]:
@@ -191,6 +194,7 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
 
     # -- turns -------------------------------------------------------------------------
     async def _run(self, prompt: str) -> TurnOutput:
+        await self.settled()
         spawned = False
         if not self.resident:
             await self._spawn()
@@ -218,7 +222,9 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         assert proc is not None
         if self._handle.requested:
             raise TurnPreempted(session_id=self.session_id)
-        saved = await self._await_transcript(turn)
+        saved = self._saved(turn)
+        if not saved and turn.failure is None:
+            self._settle(turn)
         if turn.failure is not None:
             raise turn.failure
         code = turn.exit_code
@@ -240,7 +246,6 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         )
         out = self.compose(result)
         out.metadata["warm"] = True
-        out.metadata["transcript_saved"] = saved
         out.metadata["process_started"] = spawned
         if turn.results and len(turn.results) > 1:
             out.metadata["follow_on_results"] = len(turn.results) - 1
@@ -264,33 +269,81 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
             self._handle._end()
         return turn
 
+    def transcript_path(self) -> Path:
+        # Fixed for the session (its config folder, cwd and id): worked out once.
+        if self._transcript is None:
+            self._transcript = super().transcript_path()
+        return self._transcript
+
     def _transcript_size(self) -> int:
         try:
             return self.transcript_path().stat().st_size
         except OSError:
             return 0
 
+    def _saved(self, turn: _Turn) -> bool:
+        """Whether the turn's last message is in the transcript already (or there is none
+        to wait for: the turn printed no message, or its process is gone, which flushed)."""
+        if turn.last_uuid is None or not self.resident:
+            return True
+        try:
+            with self.transcript_path().open("rb") as fh:
+                fh.seek(turn.transcript_offset)
+                return turn.last_uuid.encode() in fh.read()
+        except OSError:
+            return False
+
+    def _settle(self, turn: _Turn) -> None:
+        """Let the CLI save the turn in the background: the answer goes out now.
+
+        The resident CLI writes its transcript a moment (~85 ms) after it prints the
+        result. Until it has, the next turn does not start (:meth:`settled`) and the
+        process is not closed; and if turnstile dies meanwhile, the turn watchdog lets the
+        process finish saving and leave by itself before anything is killed
+        (:meth:`engine.reaper.Lifeline.settling`). So an answer that was shown is never
+        missing from the session a later process resumes.
+        """
+        marker = self._marker
+        if marker is not None:
+            lifeline().settling(marker, True)
+
+        async def save() -> bool:
+            try:
+                return await self._await_transcript(turn)
+            finally:
+                if marker is not None and marker == self._marker:
+                    lifeline().settling(marker, False)
+
+        self._saving = asyncio.create_task(save(), name=f"warm-transcript-{self.session_id}")
+
+    async def settled(self) -> bool:
+        """Wait until the last turn is in the transcript (False: it was not saved in time)."""
+        saving, self._saving = self._saving, None
+        if saving is None:
+            return True
+        return await asyncio.shield(saving)
+
+    async def _kill(self, why: str) -> None:
+        await self.settled()
+        await super()._kill(why)
+
+    async def _close(self) -> None:
+        await self.settled()
+        await super()._close()
+
     async def _await_transcript(self, turn: _Turn) -> bool:
         """Wait (briefly) until the CLI saved the turn's last message to its transcript.
 
-        The resident CLI writes its transcript a moment after it prints the result (a
-        process that exits flushes it first). A process killed in that moment would lose
-        the exchange, and the next process would resume without it; so a turn ends once
-        its last assistant message is on disk.
+        A process killed before that would lose the exchange, and the next process would
+        resume without it.
         """
         if turn.last_uuid is None or not self.resident:
             return turn.last_uuid is None
-        needle = turn.last_uuid.encode()
         path = self.transcript_path()
         deadline = time.monotonic() + _TRANSCRIPT_WAIT
         while True:
-            try:
-                with path.open("rb") as fh:
-                    fh.seek(turn.transcript_offset)
-                    if needle in fh.read():
-                        return True
-            except OSError:
-                pass
+            if self._saved(turn):
+                return True
             if time.monotonic() >= deadline or not self.resident:
                 _LOGGER.warning(
                     "Claude Code had not saved the turn to %s after %.0f s",
