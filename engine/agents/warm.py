@@ -176,8 +176,9 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         )
         self._cost_base = 0.0
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        # The last turn's answer being saved to the transcript (after it was returned).
-        self._saving: asyncio.Task[bool] | None = None
+        # Turns whose answers were returned and that the CLI is still saving to its
+        # transcript (each task: whether it was saved in time).
+        self._saving: set[asyncio.Task[bool]] = set()
         self._transcript: Path | None = None
 
     # -- argv --------------------------------------------------------------------------
@@ -194,9 +195,9 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
 
     # -- turns -------------------------------------------------------------------------
     async def _run(self, prompt: str) -> TurnOutput:
-        await self.settled()
         spawned = False
         if not self.resident:
+            await self.settled()
             await self._spawn()
             spawned = True
         await self._report()
@@ -297,31 +298,35 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         """Let the CLI save the turn in the background: the answer goes out now.
 
         The resident CLI writes its transcript a moment (~85 ms) after it prints the
-        result. Until it has, the next turn does not start (:meth:`settled`) and the
-        process is not closed; and if turnstile dies meanwhile, the turn watchdog lets the
-        process finish saving and leave by itself before anything is killed
-        (:meth:`engine.reaper.Lifeline.settling`). So an answer that was shown is never
+        result, and goes on taking turns meanwhile (it keeps its own order). Until it has
+        saved, the process is not closed (:meth:`settled`); and if turnstile dies
+        meanwhile, the turn watchdog lets the process finish saving and leave by itself
+        before anything is killed (:meth:`engine.reaper.Lifeline.settling`, and the
+        sandbox's keeper, :mod:`engine.keeper`). So an answer that was shown is never
         missing from the session a later process resumes.
         """
         marker = self._marker
         if marker is not None:
             lifeline().settling(marker, True)
+        task = asyncio.create_task(
+            self._await_transcript(turn), name=f"warm-transcript-{self.session_id}"
+        )
+        self._saving.add(task)
 
-        async def save() -> bool:
-            try:
-                return await self._await_transcript(turn)
-            finally:
-                if marker is not None and marker == self._marker:
-                    lifeline().settling(marker, False)
+        def saved(done: asyncio.Task[bool]) -> None:
+            self._saving.discard(done)
+            if marker is not None and not self._saving:
+                lifeline().settling(marker, False)
 
-        self._saving = asyncio.create_task(save(), name=f"warm-transcript-{self.session_id}")
+        task.add_done_callback(saved)
 
     async def settled(self) -> bool:
-        """Wait until the last turn is in the transcript (False: it was not saved in time)."""
-        saving, self._saving = self._saving, None
-        if saving is None:
+        """Wait until the turns answered so far are in the transcript (False: one was
+        not saved in time)."""
+        if not self._saving:
             return True
-        return await asyncio.shield(saving)
+        done = await asyncio.shield(asyncio.gather(*self._saving))
+        return all(done)
 
     async def _kill(self, why: str) -> None:
         await self.settled()
