@@ -190,6 +190,7 @@ class ChatRun:
     output_files: OutputFiles | None = None
     runs_dir: Path | None = None
     progress: TurnProgress | None = None
+    prestarting: asyncio.Task[None] | None = None
     channel: ChatChannel = field(init=False)
 
     async def record_process(self, process: TurnProcess) -> None:
@@ -542,6 +543,10 @@ class ChatSessions:
         status = RunStatus.COMPLETED
         final = "⏹ closed"
         ticker = asyncio.create_task(self._tick(run), name=f"chat-tick-{run.run_id}")
+        # A resident process starts while the first prompt is taken and its progress posted.
+        prestart = getattr(run.agent, "prestart", None)
+        if prestart is not None:
+            run.prestarting = asyncio.create_task(prestart(), name=f"prestart-{run.run_id}")
         try:
             await run_session_loop(self.supervisor.attach(run.run_id, run.agent), run.channel)
             if run.parking or self._closing:
@@ -581,6 +586,9 @@ class ChatSessions:
                 await self._failed(run, exc)
         finally:
             self.supervisor.detach(run.run_id)
+            if run.prestarting is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await run.prestarting
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await ticker

@@ -26,7 +26,7 @@ from engine.agents.warm import (
     WarmPreemptHandle,
     claude_warm_support,
 )
-from engine.errors import TurnPreempted
+from engine.errors import TurnPreempted, TurnstileError
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Status, Text, ToolCall
 from tests.fakes.realcli import Sandbox, alive, cmdline, marked_processes, parent_of
@@ -197,6 +197,34 @@ async def test_progress_events_per_turn_end_with_turn_end(
     assert out.text == "done"
     assert target.read_text().strip() == "hi"
     await agent.aclose()
+
+
+async def test_a_process_started_ahead_takes_the_first_turn(
+    claude_bin: Path, api: FakeModelAPI, sandbox: Sandbox, pool: WarmPool
+) -> None:
+    api.enqueue(Text("first answer"))
+    agent = make_agent(claude_bin, api, sandbox, pool)
+    await agent.prestart()
+    assert agent.resident
+    ahead = resident_cli(sandbox)
+    assert api.model_requests == []  # started, not asked anything
+    await agent.prestart()  # already there: nothing more
+    out = await agent.run_turn("hello")
+    assert out.text == "first answer"
+    assert out.metadata["process_started"] is True  # this turn's process, started ahead
+    assert agent.spawns == 1
+    assert resident_cli(sandbox) == ahead
+    await agent.aclose()
+
+
+async def test_a_process_that_cannot_start_ahead_leaves_the_error_to_the_turn(
+    tmp_path: Path, api: FakeModelAPI, sandbox: Sandbox, pool: WarmPool
+) -> None:
+    agent = make_agent(tmp_path / "no-such-claude", api, sandbox, pool)
+    await agent.prestart()  # says nothing: the turn reports it
+    assert not agent.resident
+    with pytest.raises(TurnstileError):
+        await agent.run_turn("hello")
 
 
 async def test_kill_9_between_turns_resumes_in_a_new_process(

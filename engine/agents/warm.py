@@ -59,7 +59,7 @@ from engine.agents.resident import (
 )
 from engine.agents.stream import EventCallback
 from engine.approvals.listener import ApprovalListener
-from engine.errors import TurnIOError, TurnPreempted
+from engine.errors import TurnIOError, TurnPreempted, TurnstileError
 from engine.process import STDERR_TAIL, PreemptHandle, ProcessResult, lifeline, validate_prompt
 from engine.redact import tail
 from engine.turn import TurnOutput
@@ -180,6 +180,7 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         # transcript (each task: whether it was saved in time).
         self._saving: set[asyncio.Task[bool]] = set()
         self._transcript: Path | None = None
+        self._prestarted = False
 
     # -- argv --------------------------------------------------------------------------
     def io_args(self) -> list[str]:
@@ -194,8 +195,23 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         ]
 
     # -- turns -------------------------------------------------------------------------
+    async def prestart(self) -> None:
+        """Start the resident process ahead of the first turn (while its prompt is being
+        prepared: the CLI's start-up runs meanwhile). A failure is left for that turn to
+        report."""
+        async with self._lock:
+            if self.resident:
+                return
+            try:
+                await self._spawn()
+            except TurnstileError as exc:
+                _LOGGER.info("could not start the resident process ahead: %s", exc)
+                return
+            self._prestarted = True
+
     async def _run(self, prompt: str) -> TurnOutput:
-        spawned = False
+        spawned = self._prestarted and self.resident
+        self._prestarted = False
         if not self.resident:
             await self.settled()
             await self._spawn()
