@@ -21,6 +21,7 @@ yields the edits one pass at a time so that a renderer can move its offsets with
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,11 +90,22 @@ class Shape:
     has a ``secret`` group, only that group is hidden (``DB_PASS=`` stays)."""
 
     name: str
-    pattern: re.Pattern[str]
+    source: str
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """The compiled pattern (compiled on first use: a command that never redacts,
+        a listing say, does not pay for the whole table at start-up)."""
+        return _compiled(self.source)
+
+
+@functools.cache
+def _compiled(source: str) -> re.Pattern[str]:
+    return re.compile(source)
 
 
 def _shape(name: str, pattern: str) -> Shape:
-    return Shape(name, re.compile(pattern))
+    return Shape(name, pattern)
 
 
 SHAPES: tuple[Shape, ...] = (
@@ -245,7 +257,9 @@ def apply_edits(text: str, edits: Sequence[Edit]) -> str:
     return "".join(out)
 
 
-_PATTERNS: tuple[re.Pattern[str], ...] = tuple(shape.pattern for shape in SHAPES)
+@functools.cache
+def _patterns() -> tuple[re.Pattern[str], ...]:
+    return tuple(shape.pattern for shape in SHAPES)
 
 
 class Redactor:
@@ -265,7 +279,7 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
-        for pattern in _PATTERNS:
+        for pattern in _patterns():
             text = pattern.sub(_replacement, text)
         return text
 
@@ -282,7 +296,8 @@ class Redactor:
         every pass in order with :func:`apply_edits` gives the same text as calling the
         redactor. Passes that change nothing are skipped.
         """
-        steps = (self._literal, *_PATTERNS) if self._literal is not None else _PATTERNS
+        patterns = _patterns()
+        steps = (self._literal, *patterns) if self._literal is not None else patterns
         for pattern in steps:
             edits = tuple(edit for m in pattern.finditer(text) if (edit := _edit(m)) is not None)
             if edits:

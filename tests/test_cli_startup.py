@@ -41,8 +41,13 @@ _DRIVER = """
 import gc, json, sys
 import engine.cli
 code = engine.cli.main(sys.argv[2:])
+redact = sys.modules.get("engine.redact")
+compiled = redact._compiled.cache_info().currsize if redact is not None else 0
 with open(sys.argv[1], "w") as fh:
-    json.dump({"modules": sorted(sys.modules), "frozen": gc.get_freeze_count()}, fh)
+    json.dump(
+        {"modules": sorted(sys.modules), "frozen": gc.get_freeze_count(), "shapes": compiled},
+        fh,
+    )
 sys.exit(code)
 """
 
@@ -137,6 +142,8 @@ def test_a_listing_loads_only_what_it_needs(tmp_path: Path, command: str) -> Non
     assert proc.stderr == ""
     assert loaded, "the child wrote no module list"
     assert [p for p in NEVER_FOR[command] if imported(loaded, p)] == []
+    # The redaction table is compiled on first use, and a listing has nothing to redact.
+    assert json.loads((tmp_path / "modules.json").read_text())["shapes"] == 0
     # Its exit skips the collector's full passes over all it loaded.
     assert frozen > 10_000
     if command == "status --list":
