@@ -72,7 +72,8 @@ NEVER = (
 # `runs` looks up the runs' worktrees (the workspace package, which knows git); the task
 # listing does not.
 NEVER_FOR = {
-    "status --list": (*NEVER, "engine.workspace", "engine.git"),
+    # Nor the workers' store (looking their migrations up loaded it).
+    "status --list": (*NEVER, "engine.workspace", "engine.git", "engine.workers.store"),
     "runs --json": NEVER,
     "runs": NEVER,
 }

@@ -26,7 +26,7 @@ from engine.store import (
     discover_migrations,
 )
 from engine.store.database import load_migrations, read_schema_versions
-from engine.workers.store import migrations as workers_migrations
+from engine.workers.migrations import migrations as workers_migrations
 from tests.conftest import REPO
 
 MAIN_SCHEMA = REPO / "tests" / "schema_main"

@@ -7,6 +7,7 @@ goes again on a fresh connection.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -87,3 +88,41 @@ async def _insert_two(db: Any, first: int, second: int) -> None:
     async with db.transaction() as conn:
         await conn.execute("INSERT INTO t (id) VALUES (?)", (first,))
         await conn.execute("INSERT INTO t (id) VALUES (?)", (second,))
+
+
+def _backends(cluster: PgCluster, url: str) -> int:
+    name = url.rsplit("/", 1)[1]
+    import psycopg
+
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_short_command_s_one_connection_survives_being_dropped(
+    pg_cluster: PgCluster, pg_url: str
+) -> None:
+    # A listing's database: one connection, no pool (and none of the pool's module).
+    db = open_database(PostgresURL(pg_url), pooled=False)
+    assert isinstance(db, PostgresDatabase)
+    async with db:
+        await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v TEXT)")
+        await db.execute("INSERT INTO t (id, v) VALUES (?, ?)", (1, "a"))
+        assert _backends(pg_cluster, pg_url) == 1  # the connection that checked the server
+        assert _drop_idle_connections(pg_cluster, pg_url) == 1
+        row = await db.fetchone("SELECT v FROM t WHERE id = ?", (1,))
+        assert row is not None
+        assert row["v"] == "a"
+        assert _drop_idle_connections(pg_cluster, pg_url) == 1
+        async with db.transaction() as conn:
+            changed = await conn.execute("UPDATE t SET v = ? WHERE id = ?", ("b", 1))
+            assert changed.rowcount == 1
+        # Two callers at once take turns on it.
+        rows = await asyncio.gather(*(db.fetchone("SELECT v FROM t") for _ in range(5)))
+        assert [r["v"] for r in rows if r is not None] == ["b"] * 5
+        assert _backends(pg_cluster, pg_url) == 1
+    assert _backends(pg_cluster, pg_url) == 0

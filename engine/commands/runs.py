@@ -163,7 +163,8 @@ async def _on_workers(given: Settings | ListingSettings, db: AnyDatabase) -> dic
 async def handle(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
     from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
-    async with open_database(settings) as db:
+    # One question at a time: one connection (no pool to start) does.
+    async with open_database(settings, pooled=False) as db:
         if args.run is not None:
             full = full_settings(settings)
             # (The worktree helpers are typed for SQLite; their store runs on both.)

@@ -201,8 +201,8 @@ async def _list(args: argparse.Namespace, settings: Settings | ListingSettings) 
     from engine.gates.store import SqlGateStore
     from engine.store.backend import open_database
 
-    # Listing needs no workflow and no folders: one query, then render.
-    async with open_database(settings) as db:
+    # Listing needs no workflow and no folders: one query (on one connection), then render.
+    async with open_database(settings, pooled=False) as db:
         rows = await SqlGateStore(db).listing_rows()
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))

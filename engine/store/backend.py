@@ -29,11 +29,13 @@ def open_database(
     *,
     migrations: Sequence[MigrationSet] | None = None,
     synchronous: str = "FULL",
+    pooled: bool = True,
 ) -> Database | PostgresDatabase:
     """The database for ``target``: settings (their ``database``), a path, or a URL.
 
     Nothing is reached yet: use the result as an async context manager (``async with``),
-    which connects and migrates. ``synchronous`` applies to SQLite only.
+    which connects and migrates. ``synchronous`` applies to SQLite only; ``pooled=False``
+    (PostgreSQL) works on one connection, for a short command that asks one thing at a time.
     """
     # Settings carry it as ``database``; a PostgresURL also has a ``database`` (its name).
     where = target if isinstance(target, str | Path | PostgresURL) else target.database
@@ -41,7 +43,7 @@ def open_database(
     if isinstance(location, PostgresURL):
         from engine.store.postgres import PostgresDatabase  # psycopg only when asked for
 
-        return PostgresDatabase(location, migrations=migrations)
+        return PostgresDatabase(location, migrations=migrations, pooled=pooled)
     return Database(location, migrations=migrations, synchronous=synchronous)
 
 

@@ -22,16 +22,17 @@ statements and the error mapping; they share the connection's state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Protocol, Self
 
 import psycopg
 from psycopg.rows import RowMaker, tuple_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from engine.errors import SchemaTooNewError, StoreError, StoreUnreachableError
 from engine.store.database import (
@@ -253,6 +254,64 @@ class PgConnection:
             raise _translate(exc, self.conn, self._where) from exc
 
 
+def _pool_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is the pool's "no connection in time" (the pool's module is only
+    imported by a database that has a pool)."""
+    pools = sys.modules.get("psycopg_pool")
+    return pools is not None and isinstance(exc, pools.PoolTimeout)
+
+
+class _Pool(Protocol):
+    """What the database asks of its connections: psycopg's pool, or one connection."""
+
+    async def getconn(self) -> psycopg.AsyncConnection[Any]: ...
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None: ...
+
+    async def check(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class _OneConnection:
+    """One connection lent to one caller at a time (a short command's): the pool's
+    interface without its threads, tasks and second connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], db: PostgresDatabase) -> None:
+        self._conn = conn
+        self._db = db
+        self._lent = asyncio.Lock()
+
+    async def getconn(self) -> psycopg.AsyncConnection[Any]:
+        await self._lent.acquire()
+        try:
+            if self._conn.closed or self._conn.broken:
+                await self._reconnect()
+        except BaseException:
+            self._lent.release()
+            raise
+        return self._conn
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if conn is self._conn and self._lent.locked():
+            self._lent.release()
+
+    async def check(self) -> None:
+        if self._conn.closed or self._conn.broken:
+            async with self._lent:
+                await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            await self._conn.close()
+        self._conn = await psycopg.AsyncConnection.connect(
+            self._db.url.conninfo(), autocommit=True, prepare_threshold=1
+        )
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
 class PostgresDatabase:
     """A pool of connections to one PostgreSQL database, with the stores' interface.
 
@@ -271,6 +330,7 @@ class PostgresDatabase:
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout: float = 10.0,
+        pooled: bool = True,
     ) -> None:
         self.url = url if isinstance(url, PostgresURL) else PostgresURL(url)
         self._schemas = tuple(migrations) if migrations is not None else discover_migrations()
@@ -281,7 +341,10 @@ class PostgresDatabase:
         self._connect_timeout = connect_timeout
         # The server could not be reached at the last try (see _why_unreachable).
         self._down = False
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        # A short command (a listing) works on one connection: no pool to import and
+        # open, and the connection that checks the server is the one it works on.
+        self._pooled = pooled
+        self._pool: _Pool | None = None
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -337,7 +400,20 @@ class PostgresDatabase:
                 target=str(self.url),
                 retryable=not _login_refused(exc),
             ) from None
+        if not self._pooled:
+            await probe.set_autocommit(True)
+            probe.prepare_threshold = 1
+            self._pool = _OneConnection(probe, self)
+            try:
+                await self._migrate()
+            except BaseException:
+                self._pool = None
+                await probe.close()
+                raise
+            return
         await probe.close()
+        from psycopg_pool import AsyncConnectionPool, PoolTimeout  # only when pooled
+
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.url.conninfo(),
             min_size=self._min_size,
@@ -378,7 +454,7 @@ class PostgresDatabase:
         return self._min_size, self._max_size
 
     @property
-    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    def pool(self) -> _Pool:
         if self._pool is None:
             raise StoreError("database is not open")
         return self._pool
@@ -397,10 +473,12 @@ class PostgresDatabase:
             self._down = False
         try:
             return await pool.getconn()
-        except PoolTimeout as exc:
-            raise await self._why_unreachable(exc) from None
         except psycopg.OperationalError as exc:
             raise self._unreachable(self._clean(exc)) from exc
+        except Exception as exc:
+            if _pool_timed_out(exc):
+                raise await self._why_unreachable(exc) from None
+            raise
 
     async def _swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
         """A fresh connection for one the server dropped, and the pool rid of its likes."""

@@ -4,21 +4,3 @@ The bot and the terminal commands are the control plane: they record a run and p
 turns on a job queue (procrastinate, on the shared PostgreSQL database); workers take one
 turn at a time, each in the worktree it holds for the run, and report through the store.
 """
-
-from engine.workers.store import (
-    Placement,
-    PlacementStatus,
-    QueuedRun,
-    WorkerRecord,
-    WorkerStatus,
-    WorkerStore,
-)
-
-__all__ = [
-    "Placement",
-    "PlacementStatus",
-    "QueuedRun",
-    "WorkerRecord",
-    "WorkerStatus",
-    "WorkerStore",
-]

@@ -17,7 +17,7 @@ from typing import Any, Final
 from engine.errors import ConfigError
 from engine.runs import AgentEnv, RunSpec
 from engine.store.backend import AnyDatabase
-from engine.store.database import MigrationSet, load_migrations
+from engine.workers.migrations import OWNER, migrations
 
 __all__ = [
     "AGENT_QUEUE_PREFIX",
@@ -31,15 +31,9 @@ __all__ = [
     "migrations",
 ]
 
-OWNER: Final = "workers"
 # A worker listens on ``turnstile.agent.NAME`` for each agent whose CLI it has: that is
 # how it records its agents, and how a run's first turn reaches only such workers.
 AGENT_QUEUE_PREFIX: Final = "turnstile.agent."
-
-
-def migrations() -> MigrationSet:
-    """The workers' migrations (registered under the ``turnstile.migrations`` entry point)."""
-    return MigrationSet(OWNER, load_migrations("engine.workers", "migrations"))
 
 
 class WorkerStatus(StrEnum):
