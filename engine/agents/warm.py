@@ -210,10 +210,13 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
             self._prestarted = True
 
     async def _run(self, prompt: str) -> TurnOutput:
+        # The last turn is saved first: the CLI, given the next message at once, leaves
+        # the earlier turn unsaved while it works on it (a process lost meanwhile would
+        # take that turn with it).
+        await self.settled()
         spawned = self._prestarted and self.resident
         self._prestarted = False
         if not self.resident:
-            await self.settled()
             await self._spawn()
             spawned = True
         await self._report()
@@ -314,11 +317,11 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         """Let the CLI save the turn in the background: the answer goes out now.
 
         The resident CLI writes its transcript a moment (~85 ms) after it prints the
-        result, and goes on taking turns meanwhile (it keeps its own order). Until it has
-        saved, the process is not closed (:meth:`settled`); and if turnstile dies
-        meanwhile, the turn watchdog lets the process finish saving and leave by itself
-        before anything is killed (:meth:`engine.reaper.Lifeline.settling`, and the
-        sandbox's keeper, :mod:`engine.keeper`). So an answer that was shown is never
+        result. Until it has, the next turn does not start and the process is not closed
+        (:meth:`settled`); and if turnstile dies meanwhile, the turn watchdog lets the
+        process finish saving and leave by itself before anything is killed
+        (:meth:`engine.reaper.Lifeline.settling`, and the sandbox's keeper,
+        :mod:`engine.keeper`). So an answer that was shown is never
         missing from the session a later process resumes.
         """
         marker = self._marker

@@ -473,12 +473,10 @@ class PostgresDatabase:
             self._down = False
         try:
             return await pool.getconn()
-        except psycopg.OperationalError as exc:
-            raise self._unreachable(self._clean(exc)) from exc
-        except Exception as exc:
+        except psycopg.OperationalError as exc:  # the pool's timeout is one too
             if _pool_timed_out(exc):
                 raise await self._why_unreachable(exc) from None
-            raise
+            raise self._unreachable(self._clean(exc)) from exc
 
     async def _swap(self, broken: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
         """A fresh connection for one the server dropped, and the pool rid of its likes."""

@@ -7,6 +7,7 @@ database when a test asks for the ``bot_backend`` fixture (tests/pg_support.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -128,6 +129,10 @@ def agent_log(root: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# How long a graceful stop at the end of a test may take before its turns are pre-empted.
+GRACEFUL_STOP = 30.0
+
+
 @asynccontextmanager
 async def running_bot(
     api: FakeBotApi, settings: Settings, *, fast_groups: bool = True
@@ -147,4 +152,10 @@ async def running_bot(
             await runtime.shutdown()
             raise
         runtime.request_shutdown()
-        await runtime.shutdown()
+        stopping = asyncio.create_task(runtime.shutdown())
+        done, _ = await asyncio.wait({stopping}, timeout=GRACEFUL_STOP)
+        if not done:
+            # A turn the test left running (its fake agent never ends): what a second
+            # SIGTERM does, so a test ends instead of hitting its timeout.
+            runtime.request_shutdown()
+        await stopping
