@@ -16,8 +16,11 @@ their turns interleaved so the machine's noise hits all alike:
 Targets: engine turns 2..N within 15 ms of bare (p50); the engine's first turn within
 100 ms of bare's first turn; bot turns 2..N within 25 ms of bare (p50).
 
-Usage: ``.venv/bin/python bench/bench_warm_limit.py [--turns N] [--rounds R]`` (R fresh
-sessions of each kind; first turns are the median over the rounds).
+Usage: ``.venv/bin/python bench/bench_warm_limit.py [--turns N] [--rounds R] [--pause S]``
+(R fresh sessions of each kind; first turns are the median over the rounds). A warm
+session's next turn waits until the CLI has saved the previous one to its transcript
+(about 85 ms after its answer): back to back (``--pause 0``) that wait shows; a person
+takes longer than that to read an answer and type the next message.
 """
 
 from __future__ import annotations
@@ -206,6 +209,13 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds between an answer and the next message of the same session (a "
+        "person reading and typing; 0: back to back)",
+    )
     args = parser.parse_args()
     firsts: dict[str, list[float]] = {"bare": [], "engine": [], "bot": []}
     later: dict[str, list[float]] = {"bare": [], "engine": [], "bot": []}
@@ -230,6 +240,7 @@ async def main() -> int:
                         for name, kind in order:
                             elapsed = await kind.turn()
                             (firsts if t == 0 else later)[name].append(elapsed)
+                        await asyncio.sleep(args.pause)
                 finally:
                     for kind in kinds.values():
                         await kind.close()
@@ -237,7 +248,10 @@ async def main() -> int:
     version = subprocess.run(
         [str(ensure_cli("claude")), "--version"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    print(f"Claude Code {version}: {args.rounds} rounds × {args.turns} turns, interleaved")
+    print(
+        f"Claude Code {version}: {args.rounds} rounds × {args.turns} turns, interleaved, "
+        f"{args.pause:.2f} s between an answer and the next message"
+    )
     for name in ("bare", "engine", "bot"):
         print(line(name, firsts[name], later[name]))
     checks = [

@@ -546,7 +546,7 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
         settings = bot_settings(api, tmp_path, transcription_url=stt.url)
         async with running_bot(api, settings):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto sum the data")
-            started = await answer(api, "started")
+            started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
             run_id = started.text.split()[3]
             api.push_document(
                 chat_id=CHAT,
