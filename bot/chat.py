@@ -635,6 +635,8 @@ class ChatSessions:
         note += "."
         if dropped:
             note += f" {dropped} queued message(s) were discarded; send them again if needed."
+        # On record before it is said: a /status right after the note shows it stopped.
+        await self.runs.update_run(run.run_id, status=RunStatus.STOPPED, finished_at=time.time())
         await self.publisher.say(b.chat_id, note, thread_id=thread, run_id=run.run_id)
         run.current = None
         if run.stop_by is not None:
