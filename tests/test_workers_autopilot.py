@@ -176,6 +176,16 @@ def placement(cluster: Cluster, run_id: str) -> tuple[str, str | None, str | Non
     return status, worker, note
 
 
+def start_wave(cluster: Cluster, agent_cmd: str) -> str:
+    """Drive task ``p`` through its two gates (both approved) to its wave; its run id."""
+    run_id = start_drive(cluster, agent_cmd, task="p")
+    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
+    approve(cluster, "p")
+    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
+    approve(cluster, "p")
+    return run_id
+
+
 def label(cluster: Cluster, task: str) -> str:
     rows = cluster.query("SELECT phase, sub_state FROM gate_tasks WHERE name = %s", task)
     if not rows:
@@ -292,11 +302,7 @@ def test_a_wave_of_three_runs_on_three_workers_and_is_merged_back(cluster: Clust
     agent_cmd = setup_pilot(cluster, decomposition=THREE, sleep={"implement": 1.5})
     for name in ("w1", "w2", "w3"):
         cluster.start_worker(name, concurrency=1)
-    run_id = start_drive(cluster, agent_cmd, task="p")
-    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
-    approve(cluster, "p")
-    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
-    approve(cluster, "p")
+    run_id = start_wave(cluster, agent_cmd)
     wait_for("the drive's end", lambda: placement(cluster, run_id)[0] == "finished", within=90)
     assert label(cluster, "p") == "complete", history(cluster, "p")[-3:]
     log = entries(cluster)
@@ -340,11 +346,7 @@ def test_a_sub_task_that_is_complete_is_merged_only_once_its_branch_is_pushed(
     hook.chmod(0o755)
     for name in ("w1", "w2", "w3"):
         cluster.start_worker(name, concurrency=1)
-    run_id = start_drive(cluster, agent_cmd, task="p")
-    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
-    approve(cluster, "p")
-    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
-    approve(cluster, "p")
+    run_id = start_wave(cluster, agent_cmd)
     wait_for("the drive's end", lambda: placement(cluster, run_id)[0] == "finished", within=90)
     assert held.exists()  # the push was held back
     assert label(cluster, "p") == "complete", history(cluster, "p")[-3:]
@@ -387,11 +389,7 @@ def test_a_parked_drive_is_stopped_without_a_worker_turn(cluster: Cluster) -> No
 def test_stopping_a_drive_stops_the_drives_of_its_wave(cluster: Cluster) -> None:
     agent_cmd = setup_pilot(cluster, decomposition=THREE, sleep={"implement": 60})
     cluster.start_worker("w1", concurrency=3)
-    run_id = start_drive(cluster, agent_cmd, task="p")
-    wait_for("the research gate", lambda: parked_at(cluster, run_id, "p", "research"))
-    approve(cluster, "p")
-    wait_for("the decomposition gate", lambda: parked_at(cluster, run_id, "p", "decomposition"))
-    approve(cluster, "p")
+    run_id = start_wave(cluster, agent_cmd)
 
     def three_started() -> list[dict[str, Any]] | None:
         found = [e for e in entries(cluster, "started.log") if e["phase"] == "implement"]

@@ -201,6 +201,19 @@ def _has_sql(chunk: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in chunk.splitlines())
 
 
+async def _engine_version(conn: Any) -> tuple[int, bool]:
+    """The engine's schema version (``PRAGMA user_version``), and whether the owners'
+    bookkeeping (``schema_split``) exists yet."""
+    cursor = await conn.execute("PRAGMA user_version")
+    row = await cursor.fetchone()
+    current = int(row[0]) if row else 0
+    cursor = await conn.execute(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_split'"
+    )
+    row = await cursor.fetchone()
+    return current, bool(row and row[0])
+
+
 class Database:
     """An async SQLite connection with a single-writer discipline.
 
@@ -310,14 +323,8 @@ class Database:
         latest this code knows, its version recorded. Plain reads, no write lock: a
         listing does not wait behind a writer for a check that finds nothing to do."""
         conn = self.conn
-        cursor = await conn.execute("PRAGMA user_version")
-        row = await cursor.fetchone()
-        current = int(row[0]) if row else 0
-        cursor = await conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_split'"
-        )
-        row = await cursor.fetchone()
-        if not (row and row[0]):
+        current, split = await _engine_version(conn)
+        if not split:
             return False
         cursor = await conn.execute("SELECT owner, version FROM schema_versions")
         rows = {str(r[0]): int(r[1]) for r in await cursor.fetchall()}
@@ -331,14 +338,8 @@ class Database:
         if await self._is_current():
             return
         async with self.transaction() as conn:
-            cursor = await conn.execute("PRAGMA user_version")
-            row = await cursor.fetchone()
-            current = int(row[0]) if row else 0
-            cursor = await conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_split'"
-            )
-            row = await cursor.fetchone()
-            if not (row and row[0]):
+            current, split_recorded = await _engine_version(conn)
+            if not split_recorded:
                 for statement in _BOOKKEEPING:
                     await conn.execute(statement)
                 # Before this database had owners, its one sequence was at ``current``.
