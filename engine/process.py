@@ -63,7 +63,7 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-DEFAULT_SPILL_LIMIT: Final = 4 * 1024 * 1024
+DEFAULT_SPILL_LIMIT: Final = 1024 * 1024
 STDERR_TAIL: Final = 2048
 # How much of stderr's end a turn keeps and shows (why it failed).
 STDERR_SHOWN: Final = 1024

@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     projects: SecretStr | None = None
     workspace_retention_hours: float = Field(default=72.0, ge=0)
     runs_dir: Path = Path("runs")
-    spill_limit: int = Field(default=4 * 1024 * 1024, ge=1024)
+    spill_limit: int = Field(default=1024 * 1024, ge=1024)
 
     # Where turns run: in this process, or as jobs on `turnstile worker` processes
     # (PostgreSQL only; engine/workers)

@@ -326,9 +326,11 @@ async def test_a_turn_whose_output_is_one_megabyte(
     out = await agent.run_turn("print a lot")
     assert out.size == len(big.encode())
     assert out.exit_code == 0
-    # Within the default spill limit the whole answer is the turn's text.
-    assert out.spill_path is None
-    assert out.text == big
+    # Beyond the default spill limit (1 MiB) the answer is on disk, its head in the text.
+    assert out.spill_path is not None
+    assert out.spill_path.read_text() == big
+    assert out.full_text() == big
+    assert out.text and big.startswith(out.text)
     assert (await agent.run_turn("and now?")).text == "small"
     assert agent.spawns == 1
     await agent.aclose()
