@@ -7,7 +7,8 @@ import codecs
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -134,6 +135,22 @@ class Publisher:
         # beside the spill file).
         self.documents_dir = documents_dir
         self.clock = clock
+        # Writes to one live message, one at a time in call order: on PostgreSQL two in
+        # flight at once may commit in either order, and a turn's "working" that landed
+        # after its "done" stayed on screen.
+        self._live_writes: dict[str, tuple[asyncio.Lock, list[None]]] = {}
+
+    @asynccontextmanager
+    async def _in_order(self, ref: str) -> AsyncIterator[None]:
+        lock, waiting = self._live_writes.setdefault(ref, (asyncio.Lock(), []))
+        waiting.append(None)
+        try:
+            async with lock:
+                yield
+        finally:
+            waiting.pop()
+            if not waiting:
+                del self._live_writes[ref]
 
     def wake(self) -> None:
         if self.sender is not None:
@@ -389,15 +406,16 @@ class Publisher:
             rendered = render_parts(
                 [(text, False), (markdown or "", True), (tail, False)], redact=self.redact
             )
-        await self.store.set_live(
-            ref,
-            chat_id=chat_id,
-            thread_id=thread_id,
-            body=rendered.text,
-            entities=rendered.entities,
-            markup=markup,
-            run_id=run_id,
-            reply_to=reply_to,
-            initial=initial,
-        )
+        async with self._in_order(ref):
+            await self.store.set_live(
+                ref,
+                chat_id=chat_id,
+                thread_id=thread_id,
+                body=rendered.text,
+                entities=rendered.entities,
+                markup=markup,
+                run_id=run_id,
+                reply_to=reply_to,
+                initial=initial,
+            )
         self.wake()

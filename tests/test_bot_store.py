@@ -8,13 +8,16 @@ where PostgreSQL's READ COMMITTED transactions do not serialise by themselves.
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.publish import Publisher
 from bot.store import OutboxItem, SqlBotStore
+from engine.redact import Redactor
 from engine.store import SqliteRunStore
 from engine.turn import TurnOutput
 from tests.support import race_two
@@ -291,3 +294,33 @@ async def test_a_live_message_s_first_words_never_replace_newer_ones(database: A
     row = await store.next_outbox()
     assert row is not None
     assert (row.item.body, row.item.reply_to) == ("Auto run r2 · turn 1", 78)
+
+
+class _SlowFirstWrite(SqlBotStore):
+    """The first live write takes a while to commit (a slow PostgreSQL connection)."""
+
+    def __init__(self, database: Any) -> None:
+        super().__init__(database)
+        self.slow = True
+        self.writing = asyncio.Event()
+
+    async def set_live(self, ref: str, **kw: Any) -> None:
+        if self.slow:
+            self.slow = False
+            self.writing.set()
+            await asyncio.sleep(0.3)
+        await super().set_live(ref, **kw)
+
+
+async def test_a_live_message_shows_its_last_words_when_writes_overlap(database: Any) -> None:
+    """A turn's "working" still being written when its "done" is said: "done" stays."""
+    store = _SlowFirstWrite(database)
+    publisher = Publisher(store, None, redactor=Redactor(), document_threshold=100_000)
+    place: dict[str, Any] = {"chat_id": -5, "thread_id": None, "run_id": "r1"}
+    working = asyncio.create_task(publisher.live("progress:r1:1", "⏳ working", **place))
+    await store.writing.wait()
+    await publisher.live("progress:r1:1", "✅ done", **place)
+    await working
+    row = await store.next_outbox()
+    assert row is not None
+    assert row.item.body == "✅ done"

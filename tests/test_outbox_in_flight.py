@@ -10,8 +10,13 @@ from bot.store import OutboxItem, SqlBotStore
 from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, bot_settings, running_bot
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mark.timeout(120)]
+
+
+async def _none_pending(store: SqlBotStore) -> bool:
+    return await store.pending_outbox() == 0
 
 
 async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> None:
@@ -38,7 +43,10 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
             notice = await api.wait_for_message(lambda m: "may be missing" in m.text)
             assert "«part one of the answer»" in notice.text
             assert "run r1" in notice.text
-            assert await rt.store.pending_outbox() == 0
+            # The notice reached Telegram; its row is marked sent just after the answer.
+            await wait_until(
+                lambda: _none_pending(rt.store), timeout=10, what="the outbox emptying"
+            )
         assert not [m for m in api.sent if m.text == "part one of the answer"]
         # A send that failed and will be retried is no longer in flight.
         async with open_database(settings.database) as db:
