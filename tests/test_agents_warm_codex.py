@@ -330,7 +330,8 @@ async def test_a_turn_whose_output_is_one_megabyte(
     assert out.spill_path is not None
     assert out.spill_path.read_text() == big
     assert out.full_text() == big
-    assert out.text and big.startswith(out.text)
+    assert out.text
+    assert big.startswith(out.text)
     assert (await agent.run_turn("and now?")).text == "small"
     assert agent.spawns == 1
     await agent.aclose()
