@@ -10,7 +10,13 @@ import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from engine.errors import StoreError
+from engine.store.events import EventKind, add_event, events_written
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
 
 __all__ = [
     "FileSink",
@@ -18,10 +24,12 @@ __all__ = [
     "KindSink",
     "LogSink",
     "NullSink",
+    "RecordingSink",
     "RunSink",
     "StatusUpdate",
     "TextKind",
     "publish",
+    "recording",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -156,3 +164,66 @@ class LogSink:
             request.task,
             extra={"task": request.task, "phase": request.phase},
         )
+
+
+#: How much of a note the event log keeps.
+_NOTE_HEAD = 4000
+
+
+class RecordingSink:
+    """A sink that also writes what it is given to the run's event log, then passes it on.
+
+    A turn's output is not copied (its turn-ended event points at the turn, which holds it);
+    every other text is a note event with its kind. ``autopilot:TASK`` keys are the task's.
+    """
+
+    def __init__(self, inner: RunSink, db: AnyDatabase) -> None:
+        self.inner = inner
+        self._db = db
+
+    async def _record(self, run_id: str, kind: EventKind, data: dict[str, object]) -> None:
+        task = run_id.removeprefix("autopilot:") if run_id.startswith("autopilot:") else None
+        try:
+            async with self._db.transaction() as conn:
+                await add_event(
+                    conn, self._db, kind, run_id=None if task else run_id, task=task, data=data
+                )
+        except StoreError as exc:  # the message still goes out; the log misses one note
+            _LOGGER.warning("could not log a note of %s: %s", run_id, exc)
+            return
+        events_written(self._db)
+
+    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
+        if kind is not TextKind.TURN:
+            await self._record(
+                run_id, EventKind.NOTE, {"note": kind.value, "text": text[:_NOTE_HEAD]}
+            )
+        await publish(self.inner, run_id, text, kind)
+
+    async def publish_text(self, run_id: str, text: str) -> None:
+        await self.publish_kind(run_id, text, TextKind.NOTE)
+
+    async def update_status(self, update: StatusUpdate) -> None:
+        await self.inner.update_status(update)
+
+    async def request_gate(self, request: GateRequest) -> None:
+        await self.inner.request_gate(request)
+
+
+class RecordingFileSink(RecordingSink):
+    """A :class:`RecordingSink` over a sink that hands files over: each is an event too."""
+
+    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        inner = self.inner
+        assert isinstance(inner, FileSink)
+        await inner.send_files(run_id, workdir, paths)
+        await self._record(run_id, EventKind.FILE_OUT, {"paths": list(paths)})
+
+
+def recording(sink: RunSink, db: AnyDatabase) -> RunSink:
+    """``sink``, its texts (and files, when it sends them) written to the event log too."""
+    if isinstance(sink, RecordingSink):
+        return sink
+    if isinstance(sink, FileSink):
+        return RecordingFileSink(sink, db)
+    return RecordingSink(sink, db)

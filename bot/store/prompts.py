@@ -8,7 +8,8 @@ from typing import Protocol
 from bot.store.records import Binding, InboundState, OutboxItem, PromptRow, prompt_from_row
 from bot.store.tables import Tables
 from engine.store.backend import execute_later
-from engine.store.runs import TurnState
+from engine.store.events import EventKind, add_event, events_written
+from engine.store.runs import TurnState, turn_ended, turn_started
 from engine.turn import TurnOutput
 
 __all__ = ["ChatBindingTables", "ChatBindings", "PromptQueue", "PromptTables"]
@@ -280,7 +281,7 @@ class PromptTables(Tables):
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
                 " SELECT ?, ?, COALESCE(MAX(attempt), 0) + 1, NULL, ?, ?, ?"
-                " FROM turns WHERE run_id = ? AND seq = ? RETURNING id",
+                " FROM turns WHERE run_id = ? AND seq = ? RETURNING id, attempt",
                 (run_id, seq, row["body"], TurnState.STARTED.value, now, run_id, seq),
             )
             inserted = await cursor.fetchone()
@@ -291,6 +292,9 @@ class PromptTables(Tables):
                 "UPDATE bot_prompts SET state = 'running', run_id = ?, turn_id = ? WHERE id = ?",
                 (run_id, turn_id, row["id"]),
             )
+            started = turn_started(turn_id, seq, int(inserted[1]), None, row["body"])
+            await add_event(conn, self.db, EventKind.TURN_STARTED, run_id=run_id, data=started)
+        events_written(self.db)
         return prompt_from_row(row), turn_id
 
     async def commit_turn(
@@ -306,9 +310,10 @@ class PromptTables(Tables):
         """One transaction: the turn's output recorded, its messages queued, the prompt done."""
         now = self._clock()
         async with self.db.transaction() as conn:
-            await conn.execute(
+            cursor = await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
+                " RETURNING run_id, seq, attempt",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
@@ -320,6 +325,7 @@ class PromptTables(Tables):
                     turn_id,
                 ),
             )
+            turn = await cursor.fetchone()
             for item in items:
                 await self._insert_outbox(conn, item, now)
             await conn.execute(
@@ -330,6 +336,12 @@ class PromptTables(Tables):
                 "UPDATE bot_bindings SET turns = turns + 1 WHERE chat_id = ? AND thread_id = ?",
                 (chat_id, thread_id),
             )
+            if turn is not None:
+                ended = turn_ended(turn_id, int(turn[1]), int(turn[2]), out)
+                await add_event(
+                    conn, self.db, EventKind.TURN_ENDED, run_id=turn[0], data=ended, at=now
+                )
+        events_written(self.db)
 
     async def end_prompt(self, prompt_id: int, state: str, *, requeue: bool = False) -> None:
         """Close a prompt whose turn did not finish; ``requeue`` puts it back in front."""

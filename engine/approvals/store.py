@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.approvals.policy import Decision, Scope, grant_key
 from engine.errors import NotFoundError
+from engine.store.events import EventKind, add_event, events_written
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -108,6 +109,12 @@ class ApprovalStore(Protocol):
     async def history(self, run_id: str) -> list[ToolRequest]: ...
 
 
+def _head(tool_input: Mapping[str, Any], most: int = 500) -> str:
+    """What the log keeps of a tool's input (the whole of it is the request's)."""
+    text = json.dumps(dict(tool_input), ensure_ascii=False, default=str)
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
 class SqliteApprovalStore:
     """:class:`ApprovalStore` on the shared database (SQLite or PostgreSQL)."""
 
@@ -160,6 +167,13 @@ class SqliteApprovalStore:
             row = await cursor.fetchone()
             assert row is not None
             request_id = int(row[0])
+            asked = {"request_id": request_id, "tool": tool, "input": _head(tool_input)}
+            if grant is not None:
+                asked.update(decision="allowed", scope="grant", by=grant["granted_by"])
+            await add_event(
+                conn, self.db, EventKind.TOOL_REQUESTED, run_id=run_id, data=asked, at=now
+            )
+        events_written(self.db)
         return await self.get(request_id)
 
     async def get(self, request_id: int) -> ToolRequest:
@@ -208,17 +222,15 @@ class SqliteApprovalStore:
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
                 "UPDATE tool_requests SET state = ?, scope = ?, decided_by = ?, reason = ?,"
-                " decided_at = ? WHERE id = ? AND state = 'pending'",
+                " decided_at = ? WHERE id = ? AND state = 'pending'"
+                " RETURNING run_id, tool, input_json",
                 (decision.value, scope.value if scope else None, by, reason, now, request_id),
             )
-            changed = cursor.rowcount == 1
-            if changed and decision is Decision.ALLOWED and scope is Scope.SESSION:
-                cursor = await conn.execute(
-                    "SELECT run_id, tool, input_json FROM tool_requests WHERE id = ?",
-                    (request_id,),
-                )
-                row = await cursor.fetchone()
-                assert row is not None
+            row = await cursor.fetchone()
+            changed = row is not None
+            if row is not None:
+                await self._decided(conn, row["run_id"], request_id, decision, scope, by, reason)
+            if row is not None and decision is Decision.ALLOWED and scope is Scope.SESSION:
                 key = grant_key(row["tool"], json.loads(row["input_json"]))
                 await conn.execute(
                     "INSERT INTO tool_grants (run_id, tool, prefix, granted_by, request_id,"
@@ -226,7 +238,28 @@ class SqliteApprovalStore:
                     " ON CONFLICT (run_id, tool, prefix) DO NOTHING",
                     (row["run_id"], row["tool"], key, by, request_id, now),
                 )
+        if changed:
+            events_written(self.db)
         return DecideResult(changed, await self.get(request_id))
+
+    async def _decided(
+        self,
+        conn: Any,
+        run_id: str,
+        request_id: int,
+        decision: Decision,
+        scope: Scope | None,
+        by: int | None,
+        reason: str | None,
+    ) -> None:
+        data = {
+            "request_id": request_id,
+            "decision": decision.value,
+            "scope": scope.value if scope else None,
+            "by": by,
+            "reason": reason,
+        }
+        await add_event(conn, self.db, EventKind.TOOL_DECIDED, run_id=run_id, data=data)
 
     async def cancel_pending(
         self, reason: str, *, run_ids: list[str] | None = None
@@ -242,12 +275,18 @@ class SqliteApprovalStore:
                 only_run = " AND run_id = ?" if run_id is not None else ""
                 sql = (
                     "UPDATE tool_requests SET state = 'cancelled', reason = ?, decided_at = ?"  # noqa: S608
-                    f" WHERE state = 'pending'{only_run} RETURNING id"
+                    f" WHERE state = 'pending'{only_run} RETURNING id, run_id"
                 )
                 cursor = await conn.execute(
                     sql, (reason, now) if run_id is None else (reason, now, run_id)
                 )
-                ids += [int(r[0]) for r in await cursor.fetchall()]
+                for row in await cursor.fetchall():
+                    ids.append(int(row[0]))
+                    await self._decided(
+                        conn, row[1], int(row[0]), Decision.CANCELLED, None, None, reason
+                    )
+        if ids:
+            events_written(self.db)
         return [await self.get(i) for i in ids]
 
     async def history(self, run_id: str) -> list[ToolRequest]:

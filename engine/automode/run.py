@@ -45,8 +45,9 @@ from engine.locks import Lock
 from engine.logs import log_context
 from engine.runs import AgentEnv, RunMode, RunSession, RunSpec, RunSupervisor
 from engine.settings import Settings
-from engine.sink import LogSink, RunSink
+from engine.sink import LogSink, RunSink, recording
 from engine.store.backend import AnyDatabase
+from engine.store.events import EventKind, add_event, events_written
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, run_session_loop
@@ -334,7 +335,7 @@ def _build(
         verifier=verifier,
         summary=WorkSummaryGenerator(workdir, base_commit=state.base_commit),
         inbox=inbox,
-        sink=sink if sink is not None else LogSink(),
+        sink=recording(sink if sink is not None else LogSink(), store.db),
     )
     agent.preempt.on_spawn = channel.record_process
     return AutoRun(
@@ -471,7 +472,7 @@ async def _claim(
     """
     async with db.transaction() as conn:
         cursor = await conn.execute(
-            f"SELECT state_json FROM runs WHERE id = ?{db.for_update}",  # noqa: S608
+            f"SELECT state_json, status FROM runs WHERE id = ?{db.for_update}",  # noqa: S608
             (run_id,),
         )
         row = await cursor.fetchone()
@@ -483,6 +484,9 @@ async def _claim(
             " finished_at = NULL, updated_at = ? WHERE id = ?",
             (RunStatus.RUNNING.value, json.dumps(state.to_json()), state.updated_at, run_id),
         )
+        resumed = {"from": row[1], "phase": state.phase.value}
+        await add_event(conn, db, EventKind.RUN_RESUMED, run_id=run_id, data=resumed)
+    events_written(db)
 
 
 def resumable(state: AutoModeState) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,6 +43,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--limit", type=int, default=20, metavar="N", help="newest N (0: all)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("run", nargs="?", metavar="RUN_ID", help="show one run and its turns")
+    parser.add_argument(
+        "--events",
+        action="store_true",
+        help="with RUN_ID: what happened in the run, an event a line (--json: JSON objects)",
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="with --events: go on until the run ends"
+    )
     # Start-up time: the whole settings are built only for a run on the workers or in a
     # worktree (their timeout, their folder); the rest needs only the database.
     parser.set_defaults(handler=handle, listing=lambda args: True)
@@ -163,8 +172,20 @@ async def _on_workers(given: Settings | ListingSettings, db: AnyDatabase) -> dic
 async def handle(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
     from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
+    if (args.events or args.follow) and args.run is None:
+        print("turnstile runs: --events and --follow need a RUN_ID", file=sys.stderr)
+        return 2
+    if args.follow and not args.events:
+        print("turnstile runs: --follow goes with --events", file=sys.stderr)
+        return 2
     # One question at a time: one connection (no pool to start) does.
     async with open_database(settings, pooled=False) as db:
+        if args.events:
+            from engine.commands._events import print_events
+            from engine.store.events import EventLog
+
+            record = await SqliteRunStore(db).get_run(args.run)
+            return await print_events(EventLog(db), record, as_json=args.json, follow=args.follow)
         if args.run is not None:
             full = full_settings(settings)
             # (The worktree helpers are typed for SQLite; their store runs on both.)

@@ -49,7 +49,7 @@ from engine.gates.worktrees import WaveWorkspaces
 from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
-from engine.sink import GateRequest, RunSink, StatusUpdate, TextKind, publish
+from engine.sink import GateRequest, RunSink, StatusUpdate, TextKind, publish, recording
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
@@ -192,7 +192,7 @@ class Autopilot:
         self.cancelled_as = RunStatus.STOPPED
         self._run_ids: dict[str, str] = {}
         self.settings = settings
-        self.sink = sink
+        self.sink = recording(sink, store.db)
         self.tool = tool
         self.agent_cmd = agent_cmd
         self.wait_for_approval = wait_for_approval

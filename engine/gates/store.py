@@ -29,6 +29,7 @@ from engine.gates.records import (
 )
 from engine.gates.refusals import GateRefused, Refusal
 from engine.store.backend import execute_later
+from engine.store.events import EventKind, add_event, events_written
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -348,6 +349,9 @@ class SqlGateStore:
                  change.to_phase, change.to_sub, entry.actor, reason, entry.sha256,
                  entry.git_fingerprint, change.at),
             )  # fmt: skip
+            kind, data = _change_event(change, reason)
+            await add_event(conn, self._db, kind, task=task.name, data=data, at=change.at)
+        events_written(self._db)
         return TaskRecord.from_row(changed[0])
 
     async def record_approval(self, request: ApprovalRequest) -> Tally:
@@ -398,6 +402,17 @@ class SqlGateStore:
                  task.sub_state, request.approver, f"{count}/{request.quorum}", request.sha256,
                  None, request.at),
             )  # fmt: skip
+            decided = {
+                "decision": "approved" if count >= request.quorum else "approval counted",
+                "phase": task.phase,
+                "by": request.approver,
+                "approvers": count,
+                "quorum": request.quorum,
+                "sha256": request.sha256,
+            }
+            await add_event(
+                conn, self._db, EventKind.GATE_DECIDED, task=task.name, data=decided, at=request.at
+            )
             if count >= request.quorum:
                 for sub in request.subtasks:
                     if await self._insert(conn, sub):
@@ -413,6 +428,7 @@ class SqlGateStore:
                     )
                     if clash is not None:
                         raise GateRefused(Refusal.INVALID_ARTIFACT, clash, task=task.name)
+        events_written(self._db)
         return Tally(fresh=True, approvers=count, created=tuple(created))
 
     async def set_workdir(self, name: str, workdir: Path) -> None:
@@ -447,6 +463,27 @@ class SqlGateStore:
                 "started = excluded.started, updated_at = excluded.updated_at",
                 (name, agent, session_id, int(started), self._clock()),
             )
+
+
+def _change_event(change: Change, reason: str | None) -> tuple[EventKind, dict[str, Any]]:
+    """The event of one committed change of a task (its history row, as the log has it)."""
+    entry = change.entry
+    data: dict[str, Any] = {
+        "phase": change.to_phase,
+        "from": change.task.phase,
+        "by": entry.actor,
+        "reason": reason,
+    }
+    if entry.kind in ("gate", "reopen"):
+        data.update(sha256=entry.sha256, round=change.sets.get("gate_round"), change=entry.kind)
+        return EventKind.GATE_OPENED, data
+    if entry.kind == "reject":
+        data.update(decision="rejected", sha256=entry.sha256)
+        return EventKind.GATE_DECIDED, data
+    data.update(change=entry.kind)
+    if change.task.awaiting_approval and entry.sha256 is not None:
+        data["sha256"] = entry.sha256  # the approved artifact the task moved on with
+    return EventKind.TASK_MOVED, data
 
 
 def _gate(task: TaskRecord) -> tuple[str, str | None, int, str | None]:

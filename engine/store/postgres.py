@@ -26,12 +26,13 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, Protocol, Self
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import RowMaker, tuple_row
 
 from engine.errors import SchemaTooNewError, StoreError, StoreUnreachableError
@@ -576,6 +577,44 @@ class PostgresDatabase:
         third faster, measured); the values are the same Python types as in text.
         """
         return await self._read(sql, params, tuple_row, binary=True)
+
+    @asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
+        """``LISTEN`` on ``channel`` on a connection of its own; yields ``notified(wait)``,
+        True once a notification came (those since the last call count), False after
+        ``wait`` seconds without one.
+
+        A lost connection is opened again on the next call (what was notified meanwhile is
+        not known: the caller reads again in any case).
+        """
+        conn: psycopg.AsyncConnection[Any] | None = None
+
+        async def connect() -> psycopg.AsyncConnection[Any]:
+            fresh = await psycopg.AsyncConnection.connect(
+                self.url.conninfo(), autocommit=True, connect_timeout=2
+            )
+            await fresh.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            return fresh
+
+        async def notified(wait: float) -> bool:
+            nonlocal conn
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = await connect()
+                async for _ in conn.notifies(timeout=wait, stop_after=1):
+                    return True
+                return False
+            except psycopg.Error as exc:
+                _LOGGER.debug("listening on %s: %s", channel, _one_line(exc))
+                await asyncio.sleep(wait)
+                return False
+
+        try:
+            yield notified
+        finally:
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
 
     async def server_version(self) -> str:
         """The server's version, as it names it (``15.14``)."""

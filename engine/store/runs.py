@@ -11,12 +11,49 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
+from engine.store.events import EventKind, add_event, events_written
 from engine.turn import TurnOutput
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
-__all__ = ["RunRecord", "RunStatus", "RunStore", "SqliteRunStore", "TurnRecord", "TurnState"]
+__all__ = [
+    "RunRecord",
+    "RunStatus",
+    "RunStore",
+    "SqliteRunStore",
+    "TurnRecord",
+    "TurnState",
+    "turn_ended",
+    "turn_started",
+]
+
+#: How much of a prompt the log keeps (the whole prompt is the turn's).
+_PROMPT_HEAD = 300
+
+
+def turn_started(
+    turn_id: int, seq: int, attempt: int, phase: str | None, prompt: str
+) -> dict[str, Any]:
+    """What a turn-started event carries: a chat turn's prompt is what a person wrote (its
+    head); a phase's prompt is the mode's own text, known by the phase."""
+    started: dict[str, Any] = {"turn_id": turn_id, "seq": seq, "attempt": attempt, "phase": phase}
+    if phase is None:
+        started["prompt"] = prompt[:_PROMPT_HEAD]
+    return started
+
+
+def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[str, Any]:
+    """What the event of a turn that ran to its end carries."""
+    return {
+        "turn_id": turn_id,
+        "seq": seq,
+        "attempt": attempt,
+        "state": TurnState.FINISHED.value,
+        "exit_code": out.exit_code,
+        "size": out.size if out.size is not None else len(out.text.encode()),
+        "spilled": out.spill_path is not None,
+    }
 
 
 class RunStatus(StrEnum):
@@ -212,6 +249,10 @@ class SqliteRunStore:
         self._db = db
         self._clock = clock
 
+    @property
+    def db(self) -> AnyDatabase:
+        return self._db
+
     async def create_run(
         self,
         run_id: str,
@@ -230,29 +271,40 @@ class SqliteRunStore:
         parent_id: str | None = None,
     ) -> RunRecord:
         now = self._clock()
-        await self._db.execute(
-            "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
-            " workdir, log_dir, chat_id, thread_id, task, state_json, created_at, updated_at,"
-            " parent_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                run_id,
-                mode,
-                agent,
-                session_id,
-                RunStatus.RUNNING.value,
-                phase,
-                objective,
-                workdir,
-                log_dir,
-                chat_id,
-                thread_id,
-                task,
-                json.dumps(dict(state or {})),
-                now,
-                now,
-                parent_id,
-            ),
-        )
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
+                " workdir, log_dir, chat_id, thread_id, task, state_json, created_at,"
+                " updated_at, parent_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    mode,
+                    agent,
+                    session_id,
+                    RunStatus.RUNNING.value,
+                    phase,
+                    objective,
+                    workdir,
+                    log_dir,
+                    chat_id,
+                    thread_id,
+                    task,
+                    json.dumps(dict(state or {})),
+                    now,
+                    now,
+                    parent_id,
+                ),
+            )
+            started = {"mode": mode, "agent": agent, "objective": objective, "task": task}
+            if phase is not None:
+                started["phase"] = phase
+            if parent_id is not None:
+                started["parent"] = parent_id
+            await add_event(
+                conn, self._db, EventKind.RUN_STARTED, run_id=run_id, data=started, at=now
+            )
+        events_written(self._db)
         return await self.get_run(run_id)
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -299,10 +351,59 @@ class SqliteRunStore:
 
     async def update_run(self, run_id: str, **fields: Any) -> RunRecord:
         sql, params = self._run_update(run_id, fields)
-        changed = await self._db.execute(sql, params)
-        if changed == 0:
-            raise NotFoundError(f"no run {run_id!r}")
+        async with self._db.transaction() as conn:
+            before = await self._before(conn, run_id, fields)
+            cursor = await conn.execute(sql, params)
+            if cursor.rowcount == 0:
+                raise NotFoundError(f"no run {run_id!r}")
+            wrote = await self._moved(conn, run_id, before, fields)
+        if wrote:
+            events_written(self._db)
         return await self.get_run(run_id)
+
+    async def _before(self, conn: Any, run_id: str, fields: Mapping[str, Any]) -> Any:
+        """The run's status and phase before ``fields`` change them (None: no change to
+        either asked for); its row locked on PostgreSQL."""
+        if "status" not in fields and "phase" not in fields:
+            return None
+        cursor = await conn.execute(
+            f"SELECT status, phase FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
+            (run_id,),
+        )
+        return await cursor.fetchone()
+
+    async def _moved(self, conn: Any, run_id: str, before: Any, fields: Mapping[str, Any]) -> bool:
+        """The events of a change of the run's status or phase; whether there were any."""
+        if before is None:
+            return False
+        now = self._clock()
+        wrote = False
+        phase = fields.get("phase", before["phase"])
+        if "phase" in fields and phase is not None and phase != before["phase"]:
+            data = {"phase": phase, "from": before["phase"]}
+            await add_event(conn, self._db, EventKind.PHASE, run_id=run_id, data=data, at=now)
+            wrote = True
+        status = fields.get("status")
+        if status is None:
+            return wrote
+        status = RunStatus(status)
+        was = RunStatus(before["status"])
+        if status is was:
+            return wrote
+        if status is RunStatus.PARKED:
+            kind, data = EventKind.PARKED, {"phase": phase}
+        elif status is RunStatus.RUNNING:
+            kind, data = EventKind.RUN_RESUMED, {"from": was.value}
+        else:
+            kind = EventKind.RUN_ENDED
+            data = {
+                "status": status.value,
+                "exit_code": fields.get("exit_code"),
+                "reason": fields.get("abort_reason"),
+                "phase": phase,
+            }
+        await add_event(conn, self._db, kind, run_id=run_id, data=data, at=now)
+        return True
 
     async def finish_turn_and_update_run(
         self, turn_id: int, out: TurnOutput, run_id: str, **fields: Any
@@ -313,9 +414,11 @@ class SqliteRunStore:
         """
         sql, params = self._run_update(run_id, fields)
         async with self._db.transaction() as conn:
+            before = await self._before(conn, run_id, fields)
             finished = await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ? AND state = ?",
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ? AND state = ?"
+                " RETURNING seq, attempt",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
@@ -328,13 +431,23 @@ class SqliteRunStore:
                     TurnState.STARTED.value,
                 ),
             )
-            if finished.rowcount == 0:
+            turn = await finished.fetchone()
+            if turn is None:
                 # Recorded cut off meanwhile (its worker declared lost, the run moved on):
                 # neither the turn's result nor the run's new state may land.
                 raise TurnSuperseded(f"turn {turn_id} was recorded ended while it ran")
             cursor = await conn.execute(sql, params)
             if cursor.rowcount == 0:
                 raise NotFoundError(f"no run {run_id!r}")
+            await self._turn_ended(conn, run_id, turn_id, turn, out)
+            await self._moved(conn, run_id, before, fields)
+        events_written(self._db)
+
+    async def _turn_ended(
+        self, conn: Any, run_id: str, turn_id: int, turn: Any, out: TurnOutput
+    ) -> None:
+        data = turn_ended(turn_id, int(turn[0]), int(turn[1]), out)
+        await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=run_id, data=data)
 
     async def interrupt_run_turns(self, run_id: str, error: str) -> int:
         """Mark one run's turns still recorded as started as interrupted; return how many.
@@ -342,16 +455,34 @@ class SqliteRunStore:
         Unlike :meth:`mark_interrupted` this leaves other runs (maybe live in another
         process sharing the database) alone.
         """
-        return await self._db.execute(
-            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE run_id = ? AND state = ?",
-            (
-                TurnState.INTERRUPTED.value,
-                error,
-                self._clock(),
-                run_id,
-                TurnState.STARTED.value,
-            ),
-        )
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE run_id = ?"
+                " AND state = ? RETURNING id, run_id, seq, attempt",
+                (
+                    TurnState.INTERRUPTED.value,
+                    error,
+                    self._clock(),
+                    run_id,
+                    TurnState.STARTED.value,
+                ),
+            )
+            ended = list(await cursor.fetchall())
+            await self._cut_off(conn, ended, TurnState.INTERRUPTED, error)
+        if ended:
+            events_written(self._db)
+        return len(ended)
+
+    async def _cut_off(self, conn: Any, turns: list[Any], state: TurnState, error: str) -> None:
+        for turn in turns:
+            data = {
+                "turn_id": turn[0],
+                "seq": turn[2],
+                "attempt": turn[3],
+                "state": state.value,
+                "error": error,
+            }
+            await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=turn[1], data=data)
 
     async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int:
         """Record a turn as started.
@@ -371,16 +502,26 @@ class SqliteRunStore:
             # One statement: the next attempt, and no row at all when the run is unknown.
             # (A turn is on every auto run's hot path: each round trip to the database
             # thread counts, see bench/bench_automode.py.)
+            now = self._clock()
             cursor = await conn.execute(
                 "INSERT INTO turns (run_id, seq, attempt, phase, prompt, state, started_at)"
                 " SELECT r.id, ?, (SELECT COALESCE(MAX(t.attempt), 0) + 1 FROM turns t"
                 " WHERE t.run_id = r.id AND t.seq = ?), ?, ?, ?, ? FROM runs r WHERE r.id = ?"
-                " RETURNING id",
-                (seq, seq, phase, prompt, TurnState.STARTED.value, self._clock(), run_id),
+                " RETURNING id, attempt",
+                (seq, seq, phase, prompt, TurnState.STARTED.value, now, run_id),
             )
             inserted = await cursor.fetchone()
-        if inserted is None:
-            raise NotFoundError(f"no run {run_id!r}")
+            if inserted is None:
+                raise NotFoundError(f"no run {run_id!r}")
+            await add_event(
+                conn,
+                self._db,
+                EventKind.TURN_STARTED,
+                run_id=run_id,
+                data=turn_started(int(inserted[0]), seq, int(inserted[1]), phase, prompt),
+                at=now,
+            )
+        events_written(self._db)
         return int(inserted[0])
 
     async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None:
@@ -391,29 +532,41 @@ class SqliteRunStore:
         )
 
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None:
-        await self._db.execute(
-            "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-            " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?",
-            (
-                out.text,
-                str(out.spill_path) if out.spill_path else None,
-                out.size if out.size is not None else len(out.text.encode()),
-                out.exit_code,
-                out.stderr_tail or None,
-                TurnState.FINISHED.value,
-                self._clock(),
-                turn_id,
-            ),
-        )
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
+                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
+                " RETURNING run_id, seq, attempt",
+                (
+                    out.text,
+                    str(out.spill_path) if out.spill_path else None,
+                    out.size if out.size is not None else len(out.text.encode()),
+                    out.exit_code,
+                    out.stderr_tail or None,
+                    TurnState.FINISHED.value,
+                    self._clock(),
+                    turn_id,
+                ),
+            )
+            row = await cursor.fetchone()
+            if row is not None:
+                await self._turn_ended(conn, row[0], turn_id, (row[1], row[2]), out)
+        events_written(self._db)
 
     async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool:
         """Record the started turn ended in ``state``; False when its end was recorded
         already (the first end recorded stands)."""
-        changed = await self._db.execute(
-            "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE id = ? AND state = ?",
-            (state.value, error, self._clock(), turn_id, TurnState.STARTED.value),
-        )
-        return changed > 0
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE turns SET state = ?, error = ?, finished_at = ? WHERE id = ? AND state = ?"
+                " RETURNING id, run_id, seq, attempt",
+                (state.value, error, self._clock(), turn_id, TurnState.STARTED.value),
+            )
+            ended = list(await cursor.fetchall())
+            await self._cut_off(conn, ended, state, error)
+        if ended:
+            events_written(self._db)
+        return bool(ended)
 
     async def turns(self, run_id: str) -> list[TurnRecord]:
         rows = await self._db.fetchall(
@@ -431,17 +584,22 @@ class SqliteRunStore:
         if not ids:
             return []  # (and no empty "IN ()", which PostgreSQL refuses)
         marks = ",".join("?" * len(ids))
-        await self._db.execute(
-            f"UPDATE turns SET state = ?, error = ?, finished_at = ?"  # noqa: S608 - only marks
-            f" WHERE state = ? AND id IN ({marks})",
-            (
-                TurnState.INTERRUPTED.value,
-                "the process stopped while this turn ran",
-                self._clock(),
-                TurnState.STARTED.value,
-                *ids,
-            ),
-        )
+        error = "the process stopped while this turn ran"
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                f"UPDATE turns SET state = ?, error = ?, finished_at = ?"  # noqa: S608 - marks
+                f" WHERE state = ? AND id IN ({marks}) RETURNING id, run_id, seq, attempt",
+                (
+                    TurnState.INTERRUPTED.value,
+                    error,
+                    self._clock(),
+                    TurnState.STARTED.value,
+                    *ids,
+                ),
+            )
+            ended = sorted(await cursor.fetchall(), key=lambda r: int(r[0]))
+            await self._cut_off(conn, ended, TurnState.INTERRUPTED, error)
+        events_written(self._db)
         refreshed = await self._db.fetchall(
             f"SELECT * FROM turns WHERE id IN ({marks}) ORDER BY id",  # noqa: S608 - only marks
             ids,

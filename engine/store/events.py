@@ -1,0 +1,232 @@
+"""One event log for every run: each change of a run is a typed event in one table.
+
+A store that changes a run, a turn, a task's gate or a tool request writes the event in
+the same transaction (:func:`add_event`), so the log never says what did not happen nor
+misses what did. Every event has a cursor (its ``id``); a front end reads on from the last
+one it rendered (:meth:`EventLog.read`) or follows a run as it goes (:meth:`EventLog.follow`):
+woken by PostgreSQL's ``LISTEN``/``NOTIFY`` there, by the writer itself in one process on
+SQLite, and by a short poll for a SQLite file another process writes.
+
+Ids are handed out in commit order: SQLite has one writer at a time, and on PostgreSQL an
+event is written under a transaction-level advisory lock taken at the end of the
+transaction, so a follower reading ``id > cursor`` never skips an event committed late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Final
+
+from engine.store.backend import execute_later
+from engine.store.dialect import advisory_key
+
+if TYPE_CHECKING:
+    from engine.store.backend import AnyDatabase
+
+__all__ = [
+    "CHANNEL",
+    "ENDED_STATUSES",
+    "EventKind",
+    "EventLog",
+    "RunEvent",
+    "add_event",
+    "events_written",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+#: The PostgreSQL channel an event's writer notifies (the payload is the run id or task).
+CHANNEL: Final = "turnstile_events"
+#: The advisory lock that hands event ids out in commit order on PostgreSQL.
+_ORDER_KEY: Final = advisory_key("turnstile events")
+#: A run with one of these statuses has ended: its log gets no more events but a resume.
+ENDED_STATUSES: Final = frozenset({"completed", "stopped", "error", "crashed"})
+
+
+class EventKind(StrEnum):
+    """What changed."""
+
+    RUN_STARTED = "run_started"  # mode, agent, objective, task, parent
+    RUN_RESUMED = "run_resumed"  # status it was resumed from
+    PHASE = "phase"  # the run moved to a phase
+    PARKED = "parked"  # the run waits (for a person, a sub-task)
+    TURN_STARTED = "turn_started"  # turn_id, seq, attempt, phase, prompt (its head)
+    TURN_ENDED = "turn_ended"  # turn_id, state, exit_code, size, error
+    NOTE = "note"  # a text for the people following the run, and what it is
+    TASK_MOVED = "task_moved"  # a task's phase changed (from, to, why)
+    GATE_OPENED = "gate_opened"  # phase, sha256, round
+    GATE_DECIDED = "gate_decided"  # approved / rejected / an approval counted
+    TOOL_REQUESTED = "tool_requested"  # request_id, tool, summary
+    TOOL_DECIDED = "tool_decided"  # request_id, decision, by
+    FILE_OUT = "file_out"  # a file handed to the people following the run
+    RUN_ENDED = "run_ended"  # status, exit_code, reason
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One row of the log."""
+
+    id: int
+    kind: str
+    at: float
+    run_id: str | None
+    task: str | None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Any) -> RunEvent:
+        return cls(
+            id=int(row["id"]),
+            kind=row["kind"],
+            at=float(row["at"]),
+            run_id=row["run_id"],
+            task=row["task"],
+            data=json.loads(row["data_json"]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as one flat JSON object: ``id``, ``kind``, ``run_id``, ``task``,
+        ``at``, then what the kind carries."""
+        fixed = {"id": self.id, "kind": self.kind, "run_id": self.run_id, "task": self.task}
+        return {**fixed, "at": self.at, **{k: v for k, v in self.data.items() if k not in fixed}}
+
+    @property
+    def ends_run(self) -> bool:
+        return self.kind == EventKind.RUN_ENDED
+
+
+_INSERT: Final = "INSERT INTO events (run_id, task, kind, at, data_json) VALUES (?, ?, ?, ?, ?)"
+
+
+async def add_event(
+    conn: Any,
+    db: AnyDatabase,
+    kind: EventKind,
+    *,
+    run_id: str | None = None,
+    task: str | None = None,
+    data: Mapping[str, Any] | None = None,
+    at: float | None = None,
+) -> None:
+    """Write one event in the transaction ``conn`` of ``db`` (the store's own change).
+
+    Call it last in the transaction: on PostgreSQL it takes the lock that orders the log
+    until the commit (all of it goes with the COMMIT, in one round trip). After the
+    transaction, :func:`events_written` wakes the followers in this process.
+    """
+    if run_id is None and task is None:
+        raise ValueError("an event belongs to a run or a task")
+    values = (
+        run_id,
+        task,
+        kind.value,
+        time.time() if at is None else at,
+        json.dumps(dict(data or {}), separators=(",", ":"), default=str),
+    )
+    if db.dialect == "postgresql":
+        await execute_later(conn, "SELECT pg_advisory_xact_lock(?)", (_ORDER_KEY,))
+        await execute_later(conn, _INSERT, values)
+        await execute_later(conn, "SELECT pg_notify(?, ?)", (CHANNEL, run_id or task))
+    else:
+        await execute_later(conn, _INSERT, values)
+
+
+# Followers in this process, per database: woken once a transaction with events committed.
+_followers: weakref.WeakKeyDictionary[Any, set[asyncio.Event]] = weakref.WeakKeyDictionary()
+
+
+def events_written(db: AnyDatabase) -> None:
+    """Wake this process's followers of ``db`` (after a commit that wrote events)."""
+    for waiter in _followers.get(db, ()):
+        waiter.set()
+
+
+class EventLog:
+    """Reads and follows the log of one database."""
+
+    def __init__(self, db: AnyDatabase, *, poll: float = 0.25) -> None:
+        self._db = db
+        self._poll = poll
+
+    async def read(
+        self,
+        run_id: str,
+        *,
+        task: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+        since: float | None = None,
+    ) -> list[RunEvent]:
+        """The run's events after the cursor ``after``, oldest first; with ``task``, the
+        task's own events too (its gates: an autopilot drive's), from ``since`` on."""
+        if task is None:
+            rows = await self._db.fetchall(
+                "SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (run_id, after, limit),
+            )
+        else:
+            rows = await self._db.fetchall(
+                "SELECT * FROM events WHERE id > ? AND (run_id = ? OR (task = ? AND run_id IS"
+                " NULL AND at >= ?)) ORDER BY id LIMIT ?",
+                (after, run_id, task, since or 0.0, limit),
+            )
+        return [RunEvent.from_row(r) for r in rows]
+
+    async def last_id(self) -> int:
+        row = await self._db.fetchone("SELECT MAX(id) FROM events")
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    async def follow(
+        self,
+        run_id: str,
+        *,
+        task: str | None = None,
+        after: int = 0,
+        since: float | None = None,
+        until: Callable[[RunEvent], bool] = lambda event: event.ends_run,
+        linger: float = 0.5,
+    ) -> AsyncIterator[RunEvent]:
+        """The run's events from the cursor on, as they are written, up to and including
+        the first one ``until`` accepts (by default: the run's end), then those written
+        within ``linger`` seconds of it (a run's final report follows its end)."""
+        cursor = after
+        deadline: float | None = None
+        async with self._wakeups() as wait:
+            while True:
+                for event in await self.read(run_id, task=task, after=cursor, since=since):
+                    cursor = event.id
+                    yield event
+                    if deadline is None and until(event):
+                        deadline = time.monotonic() + linger
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                await wait()
+
+    @contextlib.asynccontextmanager
+    async def _wakeups(self) -> AsyncIterator[Callable[[], Any]]:
+        """A ``wait()`` that returns once events may have been written, or after a poll."""
+        listen = getattr(self._db, "listen", None)
+        if listen is not None:
+            async with listen(CHANNEL) as notified:
+                yield lambda: notified(self._poll * 4)
+            return
+        waiter = asyncio.Event()
+        _followers.setdefault(self._db, set()).add(waiter)
+
+        async def wait() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), self._poll)
+            waiter.clear()
+
+        try:
+            yield wait
+        finally:
+            _followers.get(self._db, set()).discard(waiter)
