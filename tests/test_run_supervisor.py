@@ -212,7 +212,9 @@ async def test_recovery_lists_each_chat_drive_once_and_none_alive_elsewhere(
         assert (await runs.get_run(parked)).status is RunStatus.PARKED
 
 
-async def test_starting_a_turn_is_one_statement_on_sqlite(runs: SqliteRunStore) -> None:
+async def test_starting_a_turn_is_one_transaction_of_two_inserts_on_sqlite(
+    runs: SqliteRunStore,
+) -> None:
     # Every auto turn starts one: each round trip to the database thread is on its path
     # (bench/bench_automode.py). BEGIN IMMEDIATE already serialises SQLite's writers, so
     # the next attempt and the unknown-run check fit in the INSERT.
@@ -227,6 +229,7 @@ async def test_starting_a_turn_is_one_statement_on_sqlite(runs: SqliteRunStore) 
         await conn.set_trace_callback(None)
     assert [t.attempt for t in await runs.turns(run_id)] == [1, 2]
     assert first != second
-    assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "COMMIT"] * 2
+    # (The second INSERT is the turn's event, in the same transaction.)
+    assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "INSERT", "COMMIT"] * 2
     with pytest.raises(NotFoundError):
         await runs.start_turn("auto-20260101-000000-000000", 1, "p", None)

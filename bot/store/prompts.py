@@ -8,8 +8,8 @@ from typing import Protocol
 from bot.store.records import Binding, InboundState, OutboxItem, PromptRow, prompt_from_row
 from bot.store.tables import Tables
 from engine.store.backend import execute_later
-from engine.store.events import EventKind, add_event, events_written
-from engine.store.runs import TurnState, turn_ended, turn_started
+from engine.store.events import EventKind, add_event, events_written, turn_ended, turn_started
+from engine.store.runs import TurnState
 from engine.turn import TurnOutput
 
 __all__ = ["ChatBindingTables", "ChatBindings", "PromptQueue", "PromptTables"]

@@ -172,20 +172,21 @@ async def _on_workers(given: Settings | ListingSettings, db: AnyDatabase) -> dic
 async def handle(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
     from engine.workspace.runs import match_worktrees, run_worktree_summary, worktree_summaries
 
-    if (args.events or args.follow) and args.run is None:
+    events, follow = getattr(args, "events", False), getattr(args, "follow", False)
+    if (events or follow) and args.run is None:
         print("turnstile runs: --events and --follow need a RUN_ID", file=sys.stderr)
         return 2
-    if args.follow and not args.events:
+    if follow and not events:
         print("turnstile runs: --follow goes with --events", file=sys.stderr)
         return 2
     # One question at a time: one connection (no pool to start) does.
     async with open_database(settings, pooled=False) as db:
-        if args.events:
+        if events:
             from engine.commands._events import print_events
             from engine.store.events import EventLog
 
             record = await SqliteRunStore(db).get_run(args.run)
-            return await print_events(EventLog(db), record, as_json=args.json, follow=args.follow)
+            return await print_events(EventLog(db), record, as_json=args.json, follow=follow)
         if args.run is not None:
             full = full_settings(settings)
             # (The worktree helpers are typed for SQLite; their store runs on both.)

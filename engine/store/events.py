@@ -30,6 +30,7 @@ from engine.store.dialect import advisory_key
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
+    from engine.turn import TurnOutput
 
 __all__ = [
     "CHANNEL",
@@ -39,6 +40,8 @@ __all__ = [
     "RunEvent",
     "add_event",
     "events_written",
+    "turn_ended",
+    "turn_started",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -101,6 +104,34 @@ class RunEvent:
     @property
     def ends_run(self) -> bool:
         return self.kind == EventKind.RUN_ENDED
+
+
+#: How much of a prompt the log keeps (the whole prompt is the turn's).
+_PROMPT_HEAD = 300
+
+
+def turn_started(
+    turn_id: int, seq: int, attempt: int, phase: str | None, prompt: str
+) -> dict[str, Any]:
+    """What a turn-started event carries: a chat turn's prompt is what a person wrote (its
+    head); a phase's prompt is the mode's own text, known by the phase."""
+    started: dict[str, Any] = {"turn_id": turn_id, "seq": seq, "attempt": attempt, "phase": phase}
+    if phase is None:
+        started["prompt"] = prompt[:_PROMPT_HEAD]
+    return started
+
+
+def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[str, Any]:
+    """What the event of a turn that ran to its end carries."""
+    return {
+        "turn_id": turn_id,
+        "seq": seq,
+        "attempt": attempt,
+        "state": "finished",
+        "exit_code": out.exit_code,
+        "size": out.size if out.size is not None else len(out.text.encode()),
+        "spilled": out.spill_path is not None,
+    }
 
 
 _INSERT: Final = "INSERT INTO events (run_id, task, kind, at, data_json) VALUES (?, ?, ?, ?, ?)"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
-from engine.store.events import EventKind, add_event, events_written
+from engine.store.events import EventKind, add_event, events_written, turn_ended, turn_started
 from engine.turn import TurnOutput
 
 if TYPE_CHECKING:
@@ -24,36 +24,7 @@ __all__ = [
     "SqliteRunStore",
     "TurnRecord",
     "TurnState",
-    "turn_ended",
-    "turn_started",
 ]
-
-#: How much of a prompt the log keeps (the whole prompt is the turn's).
-_PROMPT_HEAD = 300
-
-
-def turn_started(
-    turn_id: int, seq: int, attempt: int, phase: str | None, prompt: str
-) -> dict[str, Any]:
-    """What a turn-started event carries: a chat turn's prompt is what a person wrote (its
-    head); a phase's prompt is the mode's own text, known by the phase."""
-    started: dict[str, Any] = {"turn_id": turn_id, "seq": seq, "attempt": attempt, "phase": phase}
-    if phase is None:
-        started["prompt"] = prompt[:_PROMPT_HEAD]
-    return started
-
-
-def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[str, Any]:
-    """What the event of a turn that ran to its end carries."""
-    return {
-        "turn_id": turn_id,
-        "seq": seq,
-        "attempt": attempt,
-        "state": TurnState.FINISHED.value,
-        "exit_code": out.exit_code,
-        "size": out.size if out.size is not None else len(out.text.encode()),
-        "spilled": out.spill_path is not None,
-    }
 
 
 class RunStatus(StrEnum):
