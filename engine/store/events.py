@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -37,8 +37,10 @@ __all__ = [
     "ENDED_STATUSES",
     "EventKind",
     "EventLog",
+    "NewEvent",
     "RunEvent",
     "add_event",
+    "add_events",
     "events_written",
     "turn_ended",
     "turn_started",
@@ -137,6 +139,45 @@ def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[st
 _INSERT: Final = "INSERT INTO events (run_id, task, kind, at, data_json) VALUES (?, ?, ?, ?, ?)"
 
 
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to write (:func:`add_events`)."""
+
+    kind: EventKind
+    data: Mapping[str, Any]
+    run_id: str | None = None
+    task: str | None = None
+    at: float | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        if self.run_id is None and self.task is None:
+            raise ValueError("an event belongs to a run or a task")
+        return (
+            self.run_id,
+            self.task,
+            self.kind.value,
+            time.time() if self.at is None else self.at,
+            json.dumps(dict(self.data), separators=(",", ":"), default=str),
+        )
+
+
+async def add_events(conn: Any, db: AnyDatabase, events: Sequence[NewEvent]) -> None:
+    """Write ``events`` in the transaction ``conn`` of ``db``, in order: like
+    :func:`add_event`, several in one go (one statement on SQLite, one round trip with
+    the COMMIT on PostgreSQL)."""
+    if not events:
+        return
+    rows = [event.values() for event in events]
+    if db.dialect == "postgresql":
+        await execute_later(conn, "SELECT pg_advisory_xact_lock(?)", (_ORDER_KEY,))
+        for row in rows:
+            await execute_later(conn, _INSERT, row)
+        for subject in dict.fromkeys(e.run_id or e.task for e in events):
+            await execute_later(conn, "SELECT pg_notify(?, ?)", (CHANNEL, subject))
+    else:
+        await conn.executemany(_INSERT, rows)
+
+
 async def add_event(
     conn: Any,
     db: AnyDatabase,
@@ -153,21 +194,7 @@ async def add_event(
     until the commit (all of it goes with the COMMIT, in one round trip). After the
     transaction, :func:`events_written` wakes the followers in this process.
     """
-    if run_id is None and task is None:
-        raise ValueError("an event belongs to a run or a task")
-    values = (
-        run_id,
-        task,
-        kind.value,
-        time.time() if at is None else at,
-        json.dumps(dict(data or {}), separators=(",", ":"), default=str),
-    )
-    if db.dialect == "postgresql":
-        await execute_later(conn, "SELECT pg_advisory_xact_lock(?)", (_ORDER_KEY,))
-        await execute_later(conn, _INSERT, values)
-        await execute_later(conn, "SELECT pg_notify(?, ?)", (CHANNEL, run_id or task))
-    else:
-        await execute_later(conn, _INSERT, values)
+    await add_events(conn, db, [NewEvent(kind, data or {}, run_id, task, at)])
 
 
 # Followers in this process, per database: woken once a transaction with events committed.

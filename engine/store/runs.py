@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
-from engine.store.events import EventKind, add_event, events_written, turn_ended, turn_started
+from engine.store.events import (
+    EventKind,
+    NewEvent,
+    add_event,
+    add_events,
+    events_written,
+    turn_ended,
+    turn_started,
+)
 from engine.turn import TurnOutput
 
 if TYPE_CHECKING:
@@ -323,44 +331,39 @@ class SqliteRunStore:
     async def update_run(self, run_id: str, **fields: Any) -> RunRecord:
         sql, params = self._run_update(run_id, fields)
         async with self._db.transaction() as conn:
-            before = await self._before(conn, run_id, fields)
+            before = None
+            if "status" in fields or "phase" in fields:
+                cursor = await conn.execute(
+                    f"SELECT status, phase FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
+                    (run_id,),
+                )
+                before = await cursor.fetchone()
             cursor = await conn.execute(sql, params)
             if cursor.rowcount == 0:
                 raise NotFoundError(f"no run {run_id!r}")
-            wrote = await self._moved(conn, run_id, before, fields)
-        if wrote:
+            moved = self._moved(run_id, before, fields)
+            await add_events(conn, self._db, moved)
+        if moved:
             events_written(self._db)
         return await self.get_run(run_id)
 
-    async def _before(self, conn: Any, run_id: str, fields: Mapping[str, Any]) -> Any:
-        """The run's status and phase before ``fields`` change them (None: no change to
-        either asked for); its row locked on PostgreSQL."""
-        if "status" not in fields and "phase" not in fields:
-            return None
-        cursor = await conn.execute(
-            f"SELECT status, phase FROM runs WHERE id = ?{self._db.for_update}",  # noqa: S608
-            (run_id,),
-        )
-        return await cursor.fetchone()
-
-    async def _moved(self, conn: Any, run_id: str, before: Any, fields: Mapping[str, Any]) -> bool:
-        """The events of a change of the run's status or phase; whether there were any."""
-        if before is None:
-            return False
+    def _moved(self, run_id: str, before: Any, fields: Mapping[str, Any]) -> list[NewEvent]:
+        """The events of a change of the run's status or phase (``before``: the two as they
+        were, or None when neither changes)."""
+        if before is None or ("status" not in fields and "phase" not in fields):
+            return []
         now = self._clock()
-        wrote = False
-        phase = fields.get("phase", before["phase"])
-        if "phase" in fields and phase is not None and phase != before["phase"]:
-            data = {"phase": phase, "from": before["phase"]}
-            await add_event(conn, self._db, EventKind.PHASE, run_id=run_id, data=data, at=now)
-            wrote = True
+        events: list[NewEvent] = []
+        was_phase = before[1]
+        phase = fields.get("phase", was_phase)
+        if "phase" in fields and phase is not None and phase != was_phase:
+            moved = {"phase": phase, "from": was_phase}
+            events.append(NewEvent(EventKind.PHASE, moved, run_id, at=now))
         status = fields.get("status")
-        if status is None:
-            return wrote
-        status = RunStatus(status)
-        was = RunStatus(before["status"])
-        if status is was:
-            return wrote
+        if status is None or RunStatus(status) is RunStatus(before[0]):
+            return events
+        status, was = RunStatus(status), RunStatus(before[0])
+        data: dict[str, Any]
         if status is RunStatus.PARKED:
             kind, data = EventKind.PARKED, {"phase": phase}
         elif status is RunStatus.RUNNING:
@@ -373,8 +376,8 @@ class SqliteRunStore:
                 "reason": fields.get("abort_reason"),
                 "phase": phase,
             }
-        await add_event(conn, self._db, kind, run_id=run_id, data=data, at=now)
-        return True
+        events.append(NewEvent(kind, data, run_id, at=now))
+        return events
 
     async def finish_turn_and_update_run(
         self, turn_id: int, out: TurnOutput, run_id: str, **fields: Any
@@ -382,14 +385,16 @@ class SqliteRunStore:
         """Record a finished turn and the run's new state in one transaction.
 
         A crash can then never leave a turn counted without the decision it led to.
+        (The run's status and phase as they were come back with the turn's update, read
+        before the run's: no statement of their own on every auto turn's path.)
         """
         sql, params = self._run_update(run_id, fields)
         async with self._db.transaction() as conn:
-            before = await self._before(conn, run_id, fields)
             finished = await conn.execute(
                 "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
                 " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ? AND state = ?"
-                " RETURNING seq, attempt",
+                " RETURNING seq, attempt, (SELECT r.status FROM runs r WHERE r.id = ?),"
+                " (SELECT r.phase FROM runs r WHERE r.id = ?)",
                 (
                     out.text,
                     str(out.spill_path) if out.spill_path else None,
@@ -400,6 +405,8 @@ class SqliteRunStore:
                     self._clock(),
                     turn_id,
                     TurnState.STARTED.value,
+                    run_id,
+                    run_id,
                 ),
             )
             turn = await finished.fetchone()
@@ -410,15 +417,11 @@ class SqliteRunStore:
             cursor = await conn.execute(sql, params)
             if cursor.rowcount == 0:
                 raise NotFoundError(f"no run {run_id!r}")
-            await self._turn_ended(conn, run_id, turn_id, turn, out)
-            await self._moved(conn, run_id, before, fields)
+            ended = turn_ended(turn_id, int(turn[0]), int(turn[1]), out)
+            events = [NewEvent(EventKind.TURN_ENDED, ended, run_id)]
+            events += self._moved(run_id, (turn[2], turn[3]), fields)
+            await add_events(conn, self._db, events)
         events_written(self._db)
-
-    async def _turn_ended(
-        self, conn: Any, run_id: str, turn_id: int, turn: Any, out: TurnOutput
-    ) -> None:
-        data = turn_ended(turn_id, int(turn[0]), int(turn[1]), out)
-        await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=run_id, data=data)
 
     async def interrupt_run_turns(self, run_id: str, error: str) -> int:
         """Mark one run's turns still recorded as started as interrupted; return how many.
@@ -445,15 +448,21 @@ class SqliteRunStore:
         return len(ended)
 
     async def _cut_off(self, conn: Any, turns: list[Any], state: TurnState, error: str) -> None:
-        for turn in turns:
-            data = {
-                "turn_id": turn[0],
-                "seq": turn[2],
-                "attempt": turn[3],
-                "state": state.value,
-                "error": error,
-            }
-            await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=turn[1], data=data)
+        ended = [
+            NewEvent(
+                EventKind.TURN_ENDED,
+                {
+                    "turn_id": turn[0],
+                    "seq": turn[2],
+                    "attempt": turn[3],
+                    "state": state.value,
+                    "error": error,
+                },
+                turn[1],
+            )
+            for turn in turns
+        ]
+        await add_events(conn, self._db, ended)
 
     async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int:
         """Record a turn as started.
@@ -521,7 +530,8 @@ class SqliteRunStore:
             )
             row = await cursor.fetchone()
             if row is not None:
-                await self._turn_ended(conn, row[0], turn_id, (row[1], row[2]), out)
+                ended = turn_ended(turn_id, int(row[1]), int(row[2]), out)
+                await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=row[0], data=ended)
         events_written(self._db)
 
     async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool:

@@ -10,4 +10,4 @@ CREATE TABLE events (
     data_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX events_run ON events (run_id, id);
-CREATE INDEX events_task ON events (task, id);
+CREATE INDEX events_task ON events (task, id) WHERE task IS NOT NULL;
