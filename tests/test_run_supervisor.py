@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from engine.errors import NotFoundError, TurnPreempted
 from engine.runs import RUN_ID_PATTERN, ChatPlace, RunMode, RunSupervisor
+from engine.runs.owner import owner_token
 from engine.store.database import Database
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.testing import ScriptedSession
@@ -233,3 +235,33 @@ async def test_starting_a_turn_is_one_transaction_of_two_inserts_on_sqlite(
     assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "INSERT", "COMMIT"] * 2
     with pytest.raises(NotFoundError):
         await runs.start_turn("auto-20260101-000000-000000", 1, "p", None)
+
+
+async def test_recovery_leaves_a_run_whose_process_still_runs(runs: SqliteRunStore) -> None:
+    """A terminal's chat (or auto run) on this machine is its own process's: a bot starting
+    meanwhile neither cuts its turn off nor ends it; one whose process is gone it ends."""
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    try:
+        live = await runs.create_run(
+            "chat-live",
+            mode="chat",
+            agent="a",
+            session_id="s",
+            state={"owner": owner_token(other.pid)},
+        )
+        gone = await runs.create_run(
+            "chat-gone", mode="chat", agent="a", session_id="s", state={"owner": "999999999:1"}
+        )
+        live_turn = await runs.start_turn(live.id, 1, "p", None)
+        gone_turn = await runs.start_turn(gone.id, 1, "p", None)
+        report = await RunSupervisor(runs).recover()
+        assert [c.turn.id for c in report.cut_off] == [gone_turn]
+        assert report.closed_chats == ("chat-gone",)
+        assert (await runs.get_run("chat-live")).status is RunStatus.RUNNING
+        assert [t.state for t in await runs.turns("chat-live")] == [TurnState.STARTED]
+        assert live_turn != gone_turn
+    finally:
+        other.kill()
+        await other.wait()

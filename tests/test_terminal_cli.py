@@ -3,6 +3,7 @@ under a pseudo-terminal (pexpect) and piped."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -191,6 +192,24 @@ def test_chat_on_a_terminal_banner_prompt_progress_and_ctrl_c(tmp_path: Path) ->
     text = plain((tmp_path / "screen.log").read_text())
     assert not STAMP.search(text)
     assert not MODULE.search(text)
+    # The session is a run like any: listed, with its turns and its event log.
+    (run,) = [
+        json.loads(line) for line in run_cli(tmp_path, env, "runs", "--json").stdout.splitlines()
+    ]
+    assert (run["mode"], run["agent"], run["status"], run["turn"]) == (
+        "chat",
+        "command",
+        "completed",
+        3,
+    )
+    assert f"run {run['id']}" in text  # the banner names it
+    shown = json.loads(run_cli(tmp_path, env, "runs", run["id"], "--json").stdout)
+    assert [t["state"] for t in shown["turns"]] == ["finished", "interrupted", "finished"]
+    events = run_cli(tmp_path, env, "runs", run["id"], "--events").stdout
+    assert "chat run started with command" in events
+    assert "turn 1 started: hi" in events
+    assert "turn 2 was cut off: stopped by a person" in events
+    assert "ended: completed (exit 130)" in events
 
 
 def test_chat_piped_prints_only_the_answers(tmp_path: Path) -> None:
@@ -206,6 +225,15 @@ def test_chat_piped_prints_only_the_answers(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["echo: one", "echo: two"]
+    (run,) = [
+        json.loads(line) for line in run_cli(tmp_path, env, "runs", "--json").stdout.splitlines()
+    ]
+    assert (run["mode"], run["status"], run["turn"], run["exit_code"]) == (
+        "chat",
+        "completed",
+        2,
+        0,
+    )
     assert "›" not in done.stdout + done.stderr
     assert ESCAPE not in done.stdout + done.stderr
     assert not STAMP.search(done.stderr)
@@ -231,3 +259,10 @@ def test_chat_second_ctrl_c_while_stopping_quits(tmp_path: Path) -> None:
     assert code == 130
     for pid in map(int, pids.read_text().split()):
         assert not alive(pid), pid
+    # Quitting during the turn: the turn is on record as cut off, the session as ended.
+    (run,) = [
+        json.loads(line) for line in run_cli(tmp_path, env, "runs", "--json").stdout.splitlines()
+    ]
+    assert run["status"] == "completed"
+    shown = json.loads(run_cli(tmp_path, env, "runs", run["id"], "--json").stdout)
+    assert [t["state"] for t in shown["turns"]] == ["interrupted"]

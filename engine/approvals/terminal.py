@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,7 +29,6 @@ __all__ = [
     "TerminalApprover",
     "stdin_lines",
     "terminal_approvals",
-    "terminal_run_id",
 ]
 
 # Reads one answer line from the person (None: no more input).
@@ -163,8 +161,3 @@ async def terminal_approvals(
                     await store.cancel_pending(
                         "the terminal session ended", run_ids=sorted(approver.run_ids)
                     )
-
-
-def terminal_run_id() -> str:
-    """A run id for a terminal chat session (no run record: the terminal is the channel)."""
-    return "t" + secrets.token_hex(4)

@@ -5,7 +5,9 @@ turn of the same resumed session; its output is written to stdout. On a terminal
 command shows a banner, a prompt, and a live line while a turn runs (elapsed time, the
 tool being run or the agent's last line). Ctrl-C stops the running turn and the prompt
 returns; Ctrl-C at the prompt (or a second one while a turn is being stopped) quits, as
-does end of input (after the running turn finishes). With ``TURNSTILE_TOOL_APPROVAL`` on,
+does end of input (after the running turn finishes). The session is a run like any other
+(mode ``chat``, no chat place): ``turnstile runs`` lists it and its turns, and its event
+log is what ``turnstile runs RUN --events`` shows. With ``TURNSTILE_TOOL_APPROVAL`` on,
 the agent's tool requests are asked here: while one is open, the next line typed answers
 it instead of becoming a turn (the live line is hidden meanwhile).
 """
@@ -17,6 +19,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from pathlib import Path
@@ -27,9 +30,13 @@ from engine.agents.command import CommandAgent
 from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
-from engine.approvals.terminal import terminal_approvals, terminal_run_id
-from engine.errors import TurnPreempted
+from engine.approvals.terminal import terminal_approvals
+from engine.errors import StoreError, TurnError, TurnPreempted
+from engine.runs.ids import RunMode, new_run_id
+from engine.runs.owner import owner_token
 from engine.settings import Settings
+from engine.store.backend import open_database
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.terminal import TerminalView, format_elapsed
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput
 
@@ -122,13 +129,68 @@ def _watch(agent: ProcessAgent, view: TerminalView) -> None:
         agent.on_line = view.on_output_line
 
 
+class _Record:
+    """The terminal session's run in the store: its turns, and how it ended.
+
+    A store that fails mid-session is said once; the conversation goes on unrecorded.
+    """
+
+    def __init__(self, runs: SqliteRunStore, run_id: str, view: TerminalView) -> None:
+        self.runs = runs
+        self.run_id = run_id
+        self.view = view
+        self.seq = 0
+        self._broken = False
+
+    async def _safely(self, write: Any) -> Any:
+        if self._broken:
+            write.close()
+            return None
+        try:
+            return await write
+        except StoreError as exc:
+            self._broken = True
+            self.view.say(f"The database failed ({exc}); this session is no longer recorded.")
+            return None
+
+    async def started(self, prompt: str) -> int | None:
+        self.seq += 1
+        turn: int | None = await self._safely(
+            self.runs.start_turn(self.run_id, self.seq, prompt, None)
+        )
+        return turn
+
+    async def finished(self, turn_id: int | None, out: TurnOutput) -> None:
+        if turn_id is not None:
+            await self._safely(
+                self.runs.finish_turn_and_update_run(turn_id, out, self.run_id, turn=self.seq)
+            )
+
+    async def cut_off(self, turn_id: int | None, state: TurnState, error: str) -> None:
+        if turn_id is not None:
+            await self._safely(self.runs.fail_turn(turn_id, state, error))
+
+    async def ended(self, status: RunStatus, exit_code: int) -> None:
+        await self._safely(
+            self.runs.update_run(
+                self.run_id, status=status, exit_code=exit_code, finished_at=time.time()
+            )
+        )
+
+
 class _ChatLoop:
     """The session loop of ``turnstile chat``: like :func:`~engine.turn.run_session_loop`,
     except that a turn a person stopped ends that turn, not the session."""
 
     def __init__(
-        self, agent: ProcessAgent, channel: TerminalChannel, view: TerminalView, tool: str
+        self,
+        agent: ProcessAgent,
+        channel: TerminalChannel,
+        view: TerminalView,
+        tool: str,
+        record: _Record,
     ) -> None:
+        self.record = record
         self.agent = agent
         self.channel = channel
         self.view = view
@@ -176,12 +238,15 @@ class _ChatLoop:
                     return
 
     async def _one_turn(self, prompt: str) -> None:
+        turn_id = await self.record.started(prompt)
         self.view.begin(f"{self.tool} is working")
         self._stopping = False
         self._turn = asyncio.create_task(self.agent.run_turn(prompt), name="chat-turn")
         try:
             out = await self._turn
         except (TurnPreempted, asyncio.CancelledError) as exc:
+            stopped = "stopped by a person"
+            await asyncio.shield(self.record.cut_off(turn_id, TurnState.INTERRUPTED, stopped))
             current = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and (
                 current is None or current.cancelling()
@@ -190,17 +255,21 @@ class _ChatLoop:
             elapsed = self.view.end()
             self.view.say(f"Turn stopped after {format_elapsed(elapsed)}.", style="yellow")
             return
+        except TurnError as exc:
+            await self.record.cut_off(turn_id, TurnState.FAILED, str(exc))
+            raise
         finally:
             self._turn = None
         elapsed = self.view.end()
+        await self.record.finished(turn_id, out)
         await self.channel.publish_output(out)
         if self.interactive:
             code = out.exit_code if out.exit_code is not None else 0
             self.view.say(f"(exit {code} · {format_elapsed(elapsed)})", style="dim")
 
 
-def _banner(view: TerminalView, tool: str, session: str, cwd: Path) -> None:
-    view.say(f"turnstile chat · {tool} · session {session}", style="bold")
+def _banner(view: TerminalView, tool: str, session: str, cwd: Path, run_id: str) -> None:
+    view.say(f"turnstile chat · {tool} · session {session} · run {run_id}", style="bold")
     view.say(f"Folder: {cwd}", style="dim")
     view.say(
         "Type a message and press Enter. Ctrl-C stops a running turn; "
@@ -217,19 +286,40 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     channel = TerminalChannel(sys.stdout)
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
     ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
-    async with terminal_approvals(
-        settings.database, policy, ask_line=ask, out=view.question_stream()
-    ) as route_for:
-        await probe_turn_mode(tool, settings)  # asked off the event loop, then known
-        agent = create_agent(
-            tool,
-            settings,
-            cwd=cwd,
+    run_id = new_run_id(RunMode.CHAT)
+    async with (
+        open_database(settings) as db,
+        terminal_approvals(
+            settings.database, policy, ask_line=ask, out=view.question_stream()
+        ) as route_for,
+    ):
+        runs = SqliteRunStore(db)
+        await runs.create_run(
+            run_id,
+            mode=RunMode.CHAT.value,
+            agent=tool,
             session_id=session,
-            agent_cmd=args.agent_cmd,
-            approval=route_for(terminal_run_id()) if route_for is not None else None,
+            workdir=str(cwd),
+            state={"owner": owner_token()},
         )
-        return await _converse(agent, channel, view, tool, session, cwd)
+        record = _Record(runs, run_id, view)
+        code = 1
+        try:
+            await probe_turn_mode(tool, settings)  # asked off the event loop, then known
+            agent = create_agent(
+                tool,
+                settings,
+                cwd=cwd,
+                session_id=session,
+                agent_cmd=args.agent_cmd,
+                approval=route_for(run_id) if route_for is not None else None,
+            )
+            code = await _converse(agent, channel, view, tool, session, cwd, record)
+            return code
+        finally:
+            # Left by the person (end of input, Ctrl-C at the prompt), or by an error.
+            ended = RunStatus.COMPLETED if code in (0, EXIT_INTERRUPTED) else RunStatus.ERROR
+            await asyncio.shield(record.ended(ended, code))
 
 
 async def _converse(
@@ -239,11 +329,12 @@ async def _converse(
     tool: str,
     session: str,
     cwd: Path,
+    record: _Record,
 ) -> int:
     _watch(agent, view)
-    chat = _ChatLoop(agent, channel, view, tool)
+    chat = _ChatLoop(agent, channel, view, tool, record)
     if chat.interactive:
-        _banner(view, tool, session, cwd)
+        _banner(view, tool, session, cwd, record.run_id)
     loop = asyncio.get_running_loop()
     _start_stdin_reader(channel, loop)
     loop.add_signal_handler(signal.SIGINT, chat.on_interrupt)

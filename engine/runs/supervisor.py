@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import NotFoundError
 from engine.runs.ids import RunMode, new_run_id
+from engine.runs.owner import owner_alive, owner_token
 from engine.runs.spec import ChatPlace
 from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, RunStatus, RunStore, TurnRecord
@@ -297,7 +298,15 @@ class RunSupervisor:
             elsewhere: runs whose turns another process runs (on the workers): their
                 started turns are not this process's, and are left alone.
         """
-        interrupted = await self.runs.mark_interrupted(leave=elsewhere)
+        # A run whose driving process still runs (a terminal's chat or auto run on this
+        # machine) is that process's: neither its turn nor the run is touched.
+        me = owner_token()
+        alive = {
+            run.id
+            for run in await self.runs.list_runs(status=RunStatus.RUNNING)
+            if run.state.get("owner") not in (None, me) and owner_alive(run.state.get("owner"))
+        }
+        interrupted = await self.runs.mark_interrupted(leave={*elsewhere, *alive})
         # What a cut-off turn left running dies first (the watchdog of the process that
         # ran it normally did that already, unless it was killed too).
         for turn in interrupted:
@@ -312,6 +321,8 @@ class RunSupervisor:
         drives: list[RunRecord] = []
         for status in (RunStatus.RUNNING, RunStatus.PARKED):
             for run in await self.runs.list_runs(status=status):
+                if run.id in alive:
+                    continue
                 if run.mode == RunMode.CHAT.value:
                     # A chat session is not resumed: its queued messages start a new run.
                     ended = (
