@@ -3,6 +3,7 @@ phase agent that writes each phase's artifact where the prompt says."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -324,6 +325,30 @@ def test_a_wave_of_three_runs_on_three_workers_and_is_merged_back(cluster: Clust
         ("p.a2", "completed"),
         ("p.a3", "completed"),
     ]
+
+
+def test_a_wave_on_the_workers_keeps_to_the_wave_concurrency(cluster: Cluster) -> None:
+    """TURNSTILE_WAVE_CONCURRENCY=1: three free workers, yet one sub-task at a time."""
+    agent_cmd = setup_pilot(cluster, decomposition=THREE, sleep={"implement": 0.5})
+    cluster.env["TURNSTILE_WAVE_CONCURRENCY"] = "1"
+    for name in ("w1", "w2", "w3"):
+        cluster.start_worker(name, concurrency=1)
+    run_id = start_wave(cluster, agent_cmd)
+    wait_for("the drive's end", lambda: placement(cluster, run_id)[0] == "finished", within=120)
+    assert label(cluster, "p") == "complete", history(cluster, "p")[-3:]
+    subs = sorted(
+        (e for e in entries(cluster) if e["task"] in ("p.a1", "p.a2", "p.a3")),
+        key=lambda e: e["started"],
+    )
+    # Every phase turn of one sub-task ends before the next sub-task's first one starts.
+    spans = {}
+    for entry in subs:
+        first, last = spans.get(entry["task"], (entry["started"], entry["finished"]))
+        spans[entry["task"]] = (min(first, entry["started"]), max(last, entry["finished"]))
+    ordered = sorted(spans.values())
+    assert len(ordered) == 3
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
+    assert {"src/p.a1.txt", "src/p.a2.txt", "src/p.a3.txt"} <= branch_files(cluster, run_id)
 
 
 def test_a_sub_task_that_is_complete_is_merged_only_once_its_branch_is_pushed(

@@ -32,8 +32,9 @@ from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals
 from engine.errors import StoreError, TurnError, TurnPreempted
-from engine.runs.ids import RunMode, new_run_id
+from engine.runs.ids import RunMode
 from engine.runs.owner import owner_token
+from engine.runs.supervisor import RunSupervisor
 from engine.settings import Settings
 from engine.store.backend import open_database
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -286,7 +287,6 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     channel = TerminalChannel(sys.stdout)
     policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
     ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
-    run_id = new_run_id(RunMode.CHAT)
     async with (
         open_database(settings) as db,
         terminal_approvals(
@@ -294,9 +294,8 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
         ) as route_for,
     ):
         runs = SqliteRunStore(db)
-        await runs.create_run(
-            run_id,
-            mode=RunMode.CHAT.value,
+        run_id = await RunSupervisor(runs).open_run(
+            RunMode.CHAT,
             agent=tool,
             session_id=session,
             workdir=str(cwd),

@@ -263,7 +263,11 @@ class _StepPilot(Autopilot):
         if ended:
             listed = "; ".join(f"{s.name}: {p.note or p.status.value}" for s, p in ended)
             return await self._to_human(task, f"sub-tasks of wave {wave} did not finish: {listed}")
-        fresh = [s for s in pending if s.name not in drives]
+        # At most TURNSTILE_WAVE_CONCURRENCY at once, as in-process: the next ones are
+        # queued as those running end (each end wakes this drive).
+        running = sum(1 for s in pending if s.name in drives)
+        room = max(0, self.settings.wave_concurrency - running)
+        fresh = [s for s in pending if s.name not in drives][:room]
         parent = self.placement
         for sub in fresh:
             spec = QueuedRun(
@@ -286,7 +290,7 @@ class _StepPilot(Autopilot):
             await self._say(
                 task,
                 f"[{task.name}] wave {wave}: queued {', '.join(s.name for s in fresh)} "
-                "for the workers",
+                f"for the workers (at most {self.settings.wave_concurrency} at once)",
             )
         self.waiting_for = [s.name for s in pending]
         return DriveOutcome.PARKED
