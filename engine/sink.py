@@ -7,6 +7,7 @@ Auto mode and the autopilot driver take a :class:`RunSink`; the terminal uses
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -177,17 +178,18 @@ class RecordingSink:
     every other text is a note event with its kind. ``autopilot:TASK`` keys are the task's.
     """
 
-    def __init__(self, inner: RunSink, db: AnyDatabase) -> None:
+    def __init__(
+        self, inner: RunSink, db: AnyDatabase, owner: Callable[[str], Owner] | None = None
+    ) -> None:
         self.inner = inner
         self._db = db
+        self._owner = owner or _owner
 
-    async def _record(self, run_id: str, kind: EventKind, data: dict[str, object]) -> None:
-        task = run_id.removeprefix("autopilot:") if run_id.startswith("autopilot:") else None
+    async def _record(self, key: str, kind: EventKind, data: dict[str, object]) -> None:
+        run_id, task = self._owner(key)
         try:
             async with self._db.transaction() as conn:
-                await add_event(
-                    conn, self._db, kind, run_id=None if task else run_id, task=task, data=data
-                )
+                await add_event(conn, self._db, kind, run_id=run_id, task=task, data=data)
         except StoreError as exc:  # the message still goes out; the log misses one note
             _LOGGER.warning("could not log a note of %s: %s", run_id, exc)
             return
@@ -220,10 +222,24 @@ class RecordingFileSink(RecordingSink):
         await self._record(run_id, EventKind.FILE_OUT, {"paths": list(paths)})
 
 
-def recording(sink: RunSink, db: AnyDatabase) -> RunSink:
-    """``sink``, its texts (and files, when it sends them) written to the event log too."""
+#: Whose a sink's key is: the run's id and the task's name (either may be None).
+Owner = tuple[str | None, str | None]
+
+
+def _owner(key: str) -> Owner:
+    """A run id is the run's; ``autopilot:TASK`` the task's."""
+    if key.startswith("autopilot:"):
+        return None, key.removeprefix("autopilot:")
+    return key, None
+
+
+def recording(
+    sink: RunSink, db: AnyDatabase, owner: Callable[[str], Owner] | None = None
+) -> RunSink:
+    """``sink``, its texts (and files, when it sends them) written to the event log too;
+    ``owner`` tells whose each key is (by default: a run id, or ``autopilot:TASK``)."""
     if isinstance(sink, RecordingSink):
         return sink
     if isinstance(sink, FileSink):
-        return RecordingFileSink(sink, db)
-    return RecordingSink(sink, db)
+        return RecordingFileSink(sink, db, owner)
+    return RecordingSink(sink, db, owner)

@@ -317,7 +317,7 @@ async def test_an_autopilot_drive_s_log_holds_its_gates_turns_and_end(
         events = await EventLog(gates.store.db).read(drive.id, task="t", since=drive.created_at)
     seen = kinds(events)
     assert seen[0] == "run_started"
-    assert events[0].data["task"] == "t"
+    assert events[0].task == "t"
     opened = [e.data["phase"] for e in events if e.kind == "gate_opened"]
     assert opened == ["research", "research", "decomposition", "design", "test_design"]
     decided = [(e.data["decision"], e.data["by"]) for e in events if e.kind == "gate_decided"]

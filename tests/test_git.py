@@ -13,7 +13,7 @@ import pytest
 
 from engine.automode.git import Git
 from engine.errors import DiskFullError, GitError
-from engine.gates.gitwatch import fingerprint
+from engine.gates.gitwatch import comparable, fingerprint
 from engine.git import GitResult, GitRunner
 from engine.redact import Redactor
 from tests.fakes.bot_harness import wait_for_file
@@ -138,6 +138,26 @@ async def test_the_fingerprint_follows_edits_and_needs_git(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(GitError, match="not found"):
         await fingerprint(repo)
+
+
+async def test_the_fingerprint_is_the_code_not_the_commit(repo: Path) -> None:
+    """Committing the task folder alone (a worker does after every step) changes no code;
+    committing code does; an older form of fingerprint is not compared with this one."""
+    folder = repo / ".turnstile" / "tasks" / "t"
+    folder.mkdir(parents=True)
+    before = await fingerprint(repo, exclude=folder)
+    (folder / "research.md").write_text("findings\n")
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "the task folder", cwd=repo)
+    assert await fingerprint(repo, exclude=folder) == before
+    (repo / "code.py").write_text("x = 1\n")
+    git("add", "code.py", cwd=repo)
+    git("commit", "-q", "-m", "code", cwd=repo)
+    after = await fingerprint(repo, exclude=folder)
+    assert after != before
+    assert comparable(before, after)
+    assert not comparable("0123abcd" * 8, after)  # recorded by an older version
+    assert not comparable(None, after)
 
 
 async def test_disk_full_is_recognised(tmp_path: Path) -> None:

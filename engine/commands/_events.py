@@ -39,8 +39,8 @@ def _task(event: RunEvent) -> str:
 
 def _run_started(event: RunEvent, data: Mapping[str, Any]) -> str:
     said = f"{data.get('mode')} run started with {data.get('agent')}"
-    if data.get("task"):
-        said += f" on task {data['task']}"
+    if event.task:
+        said += f" on task {event.task}"
     if data.get("parent"):
         said += f" (under {data['parent']})"
     if data.get("objective"):

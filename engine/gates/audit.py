@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from engine.gates.gitwatch import fingerprint
+from engine.gates.gitwatch import comparable, fingerprint
 from engine.gates.records import TaskRecord, TransitionRecord
 from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION, Workflow
@@ -150,7 +150,7 @@ async def _code_findings(
     for (phase, version, before), (_, _, after) in itertools.pairwise(marks):
         if phase is None or not workflow.has(phase) or workflow.phase(phase).code_edits:
             continue
-        if before and after and before != after:
+        if comparable(before, after) and before != after:
             found.append(
                 Finding(
                     task.name,

@@ -191,8 +191,9 @@ class Autopilot:
         self.chat = chat
         self.cancelled_as = RunStatus.STOPPED
         self._run_ids: dict[str, str] = {}
+        self._run_phases: dict[str, str] = {}  # the phase each run was last recorded in
         self.settings = settings
-        self.sink = recording(sink, store.db)
+        self.sink = recording(sink, store.db, self._owner)
         self.tool = tool
         self.agent_cmd = agent_cmd
         self.wait_for_approval = wait_for_approval
@@ -319,6 +320,23 @@ class Autopilot:
         await self.runs.update_run(run_id, turn=seq, phase=task.phase, exit_code=out.exit_code)
         return out
 
+    def _owner(self, key: str) -> tuple[str | None, str | None]:
+        """Whose a text said under ``key`` is: the drive's run and its task."""
+        if key.startswith("autopilot:"):
+            name = key.removeprefix("autopilot:")
+            return self._run_ids.get(name), name
+        names = [name for name, run_id in self._run_ids.items() if run_id == key]
+        return key, names[0] if names else None
+
+    async def _follow_phase(self, task: TaskRecord) -> None:
+        """The drive's run is in its task's phase from the step that starts there on (the
+        same moment on the workers, where a step ends by recording it)."""
+        run_id = self._run_ids.get(task.name)
+        if run_id is None or self._run_phases.get(run_id) == task.phase:
+            return
+        await self.runs.update_run(run_id, phase=task.phase)
+        self._run_phases[run_id] = task.phase
+
     async def _open_run(self, task: TaskRecord, parent: str | None = None) -> str:
         """This drive's run of ``task``: the one a crash or shutdown parked, else a new one.
 
@@ -355,6 +373,7 @@ class Autopilot:
                 parent=parent,
             )
         self._run_ids[task.name] = run_id
+        self._run_phases[run_id] = task.phase
         return run_id
 
     async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
@@ -459,6 +478,7 @@ class Autopilot:
     async def _loop(self, name: str) -> DriveOutcome:
         while True:
             task = await self.store.get(name)
+            await self._follow_phase(task)
             if task.phase == COMPLETE:
                 await self._status(task, "complete")
                 await self._say(task, f"[{name}] complete", TextKind.FINAL)

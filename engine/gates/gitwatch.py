@@ -1,9 +1,10 @@
 """A fingerprint of a git workspace's code, to notice edits made in phases that forbid them.
 
 git runs through :class:`engine.git.GitRunner` (argv only, hooks off, no optional locks:
-the agent may be running git in the same tree). The fingerprint covers HEAD, the index,
-the working tree diff and untracked files, excluding the task folder (artifacts are not
-code).
+the agent may be running git in the same tree). The fingerprint covers the committed and
+staged files' contents (the index), the working tree diff and untracked files, excluding
+the task folder (artifacts are not code). It does not cover the commit itself: committing
+the task folder alone, as a worker does after every step, changes no code.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
+from typing import Final
 
 from engine import safefile
 from engine.errors import UnsafeFileError
 from engine.git import GitRunner
 
-__all__ = ["fingerprint", "is_git_workdir"]
+__all__ = ["FINGERPRINT_VERSION", "comparable", "fingerprint", "is_git_workdir"]
 
 
 def is_git_workdir(workdir: Path) -> bool:
@@ -56,6 +58,9 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
     git = GitRunner(optional_locks=False)
     spec = _pathspec(workdir, exclude)
     head = await _git(git, workdir, "rev-parse", "--verify", "-q", "HEAD")
+    # The files' contents, not the commit: a commit of the task folder alone (a worker
+    # commits it after every step) changes no code.
+    tracked = await _git(git, workdir, "ls-files", "-s", "-z", *spec)
     status = await _git(
         git, workdir, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec
     )
@@ -63,7 +68,7 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
     if status is None:
         return None
     digest = hashlib.sha256()
-    for part in (head or b"", status, diff or b""):
+    for part in (tracked or b"", status, diff or b""):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     # Untracked files' contents matter too (status lists only their names).
@@ -79,4 +84,14 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
                     digest.update(os.fsencode(os.readlink(workdir / relative)))
             except (OSError, ValueError):
                 digest.update(b"-")
-    return digest.hexdigest()
+    return FINGERPRINT_VERSION + digest.hexdigest()
+
+
+#: The form of a fingerprint: those of another form (recorded by an older version, which
+#: hashed the commit) are not compared with it.
+FINGERPRINT_VERSION: Final = "2:"
+
+
+def comparable(before: str | None, after: str | None) -> bool:
+    """Whether two fingerprints can say if the code changed between them."""
+    return bool(before and after) and (before or "")[:2] == (after or "")[:2]

@@ -275,13 +275,19 @@ class SqliteRunStore:
                     parent_id,
                 ),
             )
-            started = {"mode": mode, "agent": agent, "objective": objective, "task": task}
+            started: dict[str, Any] = {"mode": mode, "agent": agent, "objective": objective}
             if phase is not None:
                 started["phase"] = phase
             if parent_id is not None:
                 started["parent"] = parent_id
             await add_event(
-                conn, self._db, EventKind.RUN_STARTED, run_id=run_id, data=started, at=now
+                conn,
+                self._db,
+                EventKind.RUN_STARTED,
+                run_id=run_id,
+                task=task,
+                data=started,
+                at=now,
             )
         events_written(self._db)
         return await self.get_run(run_id)

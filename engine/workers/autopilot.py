@@ -190,6 +190,7 @@ class _StepPilot(Autopilot):
                 finished_at=None,
             )
         self._run_ids[task.name] = run_id
+        self._run_phases[run_id] = task.phase
         return run_id
 
     async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
