@@ -8,8 +8,8 @@ from typing import Protocol
 from bot.store.records import Binding, InboundState, OutboxItem, PromptRow, prompt_from_row
 from bot.store.tables import Tables
 from engine.store.backend import execute_later
-from engine.store.events import EventKind, add_event, events_written, turn_ended, turn_started
-from engine.store.runs import TurnState
+from engine.store.events import EventKind, add_event, events_written, turn_started
+from engine.store.runs import TurnState, finish_turn_in
 from engine.turn import TurnOutput
 
 __all__ = ["ChatBindingTables", "ChatBindings", "PromptQueue", "PromptTables"]
@@ -310,22 +310,7 @@ class PromptTables(Tables):
         """One transaction: the turn's output recorded, its messages queued, the prompt done."""
         now = self._clock()
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
-                " RETURNING run_id, seq, attempt",
-                (
-                    out.text,
-                    str(out.spill_path) if out.spill_path else None,
-                    out.size if out.size is not None else len(out.text.encode()),
-                    out.exit_code,
-                    out.stderr_tail or None,
-                    TurnState.FINISHED.value,
-                    now,
-                    turn_id,
-                ),
-            )
-            turn = await cursor.fetchone()
+            await finish_turn_in(conn, self.db, turn_id, out, now)
             for item in items:
                 await self._insert_outbox(conn, item, now)
             await conn.execute(
@@ -336,11 +321,6 @@ class PromptTables(Tables):
                 "UPDATE bot_bindings SET turns = turns + 1 WHERE chat_id = ? AND thread_id = ?",
                 (chat_id, thread_id),
             )
-            if turn is not None:
-                ended = turn_ended(turn_id, int(turn[1]), int(turn[2]), out)
-                await add_event(
-                    conn, self.db, EventKind.TURN_ENDED, run_id=turn[0], data=ended, at=now
-                )
         events_written(self.db)
 
     async def end_prompt(self, prompt_id: int, state: str, *, requeue: bool = False) -> None:

@@ -1,4 +1,9 @@
-"""Runs and turns: what ran, what it produced, and what a crash cut off."""
+"""Runs and turns: what ran, what it produced, and what a crash cut off.
+
+Long: every change of a run or a turn is written here with its event (engine.store.events)
+in the same transaction, on either database; the records, the store's protocol and the
+one implementation stay together.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
@@ -26,13 +31,54 @@ if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
 __all__ = [
+    "FINISH_TURN",
     "RunRecord",
     "RunStatus",
     "RunStore",
     "SqliteRunStore",
     "TurnRecord",
     "TurnState",
+    "finish_turn_in",
+    "finished_values",
 ]
+
+
+#: A turn that ran to its end, with its output: then ``WHERE id = ?`` and what follows;
+#: its values come from :func:`finished_values`.
+FINISH_TURN: Final = (
+    "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
+    " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
+)
+
+
+def finished_values(out: TurnOutput, at: float) -> tuple[Any, ...]:
+    """The values of :data:`FINISH_TURN` but the turn's id."""
+    return (
+        out.text,
+        str(out.spill_path) if out.spill_path else None,
+        out.size if out.size is not None else len(out.text.encode()),
+        out.exit_code,
+        out.stderr_tail or None,
+        TurnState.FINISHED.value,
+        at,
+    )
+
+
+async def finish_turn_in(
+    conn: Any, db: AnyDatabase, turn_id: int, out: TurnOutput, at: float
+) -> bool:
+    """Record, in the transaction ``conn``, the turn ``turn_id`` ended with ``out``, and its
+    event; False when there is no such turn. (The caller wakes the log's followers once
+    the transaction is committed: :func:`engine.store.events.events_written`.)"""
+    cursor = await conn.execute(
+        f"{FINISH_TURN} RETURNING run_id, seq, attempt", (*finished_values(out, at), turn_id)
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        return False
+    ended = turn_ended(turn_id, int(row[1]), int(row[2]), out)
+    await add_event(conn, db, EventKind.TURN_ENDED, run_id=row[0], data=ended, at=at)
+    return True
 
 
 class RunStatus(StrEnum):
@@ -397,18 +443,11 @@ class SqliteRunStore:
         sql, params = self._run_update(run_id, fields)
         async with self._db.transaction() as conn:
             finished = await conn.execute(
-                "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ? AND state = ?"
-                " RETURNING seq, attempt, (SELECT r.status FROM runs r WHERE r.id = ?),"
+                f"{FINISH_TURN} AND state = ? RETURNING seq, attempt,"  # noqa: S608
+                " (SELECT r.status FROM runs r WHERE r.id = ?),"
                 " (SELECT r.phase FROM runs r WHERE r.id = ?)",
                 (
-                    out.text,
-                    str(out.spill_path) if out.spill_path else None,
-                    out.size if out.size is not None else len(out.text.encode()),
-                    out.exit_code,
-                    out.stderr_tail or None,
-                    TurnState.FINISHED.value,
-                    self._clock(),
+                    *finished_values(out, self._clock()),
                     turn_id,
                     TurnState.STARTED.value,
                     run_id,
@@ -519,25 +558,7 @@ class SqliteRunStore:
 
     async def finish_turn(self, turn_id: int, out: TurnOutput) -> None:
         async with self._db.transaction() as conn:
-            cursor = await conn.execute(
-                "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-                " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
-                " RETURNING run_id, seq, attempt",
-                (
-                    out.text,
-                    str(out.spill_path) if out.spill_path else None,
-                    out.size if out.size is not None else len(out.text.encode()),
-                    out.exit_code,
-                    out.stderr_tail or None,
-                    TurnState.FINISHED.value,
-                    self._clock(),
-                    turn_id,
-                ),
-            )
-            row = await cursor.fetchone()
-            if row is not None:
-                ended = turn_ended(turn_id, int(row[1]), int(row[2]), out)
-                await add_event(conn, self._db, EventKind.TURN_ENDED, run_id=row[0], data=ended)
+            await finish_turn_in(conn, self._db, turn_id, out, self._clock())
         events_written(self._db)
 
     async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool:
