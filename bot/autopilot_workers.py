@@ -16,17 +16,19 @@ looked up first).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Final
 
 from bot.context import BotContext
-from bot.sink import BotSink, ChatPlace, summary_ref
+from bot.sink import BotSink, ChatPlace, humane, summary_ref
 from engine.aio import raise_if_cancelled
 from engine.errors import TurnstileError
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.sink import StatusUpdate, TextKind
+from engine.store.events import EventKind, EventLog
 from engine.store.runs import TurnState
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
@@ -124,6 +126,8 @@ class WorkerDrives:
         follower = RunFollower(
             self.ctx.db, drive.run_id, silent_after=self.ctx.settings.worker_timeout, poll=_POLL
         )
+        ended = asyncio.Event()
+        notes = asyncio.create_task(self._notes(drive, ended), name=f"notes-{drive.run_id}")
         try:
             if resumed:
                 await self._seed(drive, follower)
@@ -148,11 +152,50 @@ class WorkerDrives:
                     _LOGGER.warning("following paused: %s", exc, extra={"run_id": drive.run_id})
                     await asyncio.sleep(_RETRY)
         except asyncio.CancelledError:
+            notes.cancel()
             raise
         except Exception:
             _LOGGER.exception("could not follow the drive", extra={"run_id": drive.run_id})
         finally:
+            ended.set()
+            await asyncio.gather(notes, return_exceptions=True)
             self.followed.pop(drive.run_id, None)
+
+    async def _notes(self, drive: _Drive, ended: asyncio.Event) -> None:
+        """What the drive tells the people following it (a phase's problems before its
+        revision turn, a wave queued or merged, a conflict), read from the event log and
+        posted once each: a note's message is named after its event, so reading the log
+        again after a restart posts nothing twice. Its steps, turns, gates and end the
+        follower says itself."""
+        placement = await WorkerStore(self.ctx.db).placement(drive.run_id)
+        since = placement.created_at if placement is not None else 0.0
+        log = EventLog(self.ctx.db)
+        key = _RUN_PREFIX + drive.task
+        cursor = 0
+        while True:
+            last = ended.is_set()
+            try:
+                batch = await log.read(drive.run_id, task=drive.task, after=cursor, since=since)
+                for event in batch:
+                    if event.kind == EventKind.NOTE and event.data.get("note") == TextKind.NOTE:
+                        await self.ctx.publisher.live(
+                            f"note:{event.id}",
+                            "",
+                            markdown=humane(str(event.data.get("text", ""))),
+                            chat_id=drive.place.chat_id,
+                            thread_id=drive.place.thread_id,
+                            run_id=key,
+                        )
+                    cursor = event.id
+            except TurnstileError as exc:  # the database may be away a moment
+                raise_if_cancelled()
+                _LOGGER.warning("notes paused: %s", exc, extra={"run_id": drive.run_id})
+                await asyncio.sleep(_RETRY)
+                continue
+            if last and not batch:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), _POLL)
 
     async def _seed(self, drive: _Drive, follower: RunFollower) -> None:
         """After a restart: the turns that had ended were shown; a running one is shown

@@ -261,7 +261,7 @@ class BotSink:
         if place is None:
             _LOGGER.info("%s", text, extra={"run_id": run_id})
             return
-        if run_id.startswith("autopilot:") and kind is not TextKind.NOTE:
+        if run_id.startswith("autopilot:") and kind not in (TextKind.NOTE, TextKind.PERSON):
             await self._autopilot_text(run_id, text, kind, place)
             return
         if _is_auto(run_id) and kind is TextKind.TURN:

@@ -99,6 +99,7 @@ class TextKind(StrEnum):
     """What a published text is, so a front end may fold it instead of posting it."""
 
     NOTE = "note"  # people should see it now (a warning, a problem, a question)
+    PERSON = "person"  # the run waits for a person, and why (a front end may say it itself)
     TURN = "turn"  # one turn's output
     STEP = "step"  # the run moved on (a phase done, a gate passed)
     VERDICT = "verdict"  # a claim of completion was checked and not accepted (why)

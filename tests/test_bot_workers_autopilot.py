@@ -214,10 +214,12 @@ async def test_a_restarted_bot_goes_on_following_a_drive_without_posting_twice(
             pilot = next(f for f in rt.features.extensions if isinstance(f, AutopilotExtension))
             assert not pilot.worker_drives.followed  # (started: recovery is over)
     kinds = Counter(_kind(m) for m in api.sent)
-    # Nothing before the restart was posted again; after it only the decomposition phase
-    # and the message saying the drive needs a person.
+    # Nothing before the restart was posted again; after it only the decomposition phase,
+    # its problems (before its revision turn, as a local drive says them) and the message
+    # saying the drive needs a person.
     shown = "\n\n".join(repr((m.text, m.history)) for m in api.sent)
-    assert kinds - before == Counter({"phase decomposition": 1, "other": 1}), shown
+    assert kinds - before == Counter({"phase decomposition": 1, "other": 2}), shown
+    assert sum("[T1 · decomposition] problems:" in m.text for m in api.sent) == 1
     assert sum(person(m) for m in api.sent) == 1
     assert len(api.sent) == after_person
 
@@ -245,3 +247,48 @@ async def test_a_drive_stopped_from_the_chat_says_so_once(cluster: Cluster) -> N
             pilot = next(f for f in rt.features.extensions if isinstance(f, AutopilotExtension))
             assert not pilot.worker_drives.followed  # its end was said: not followed again
     assert sum(stopped(m) for m in api.sent) == 1
+
+
+async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_local_drive(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent never writes research.md: the drive says the phase's problems, gives it one
+    revision turn, then needs a person. The problems come to the chat from the workers'
+    drive too (from the event log), once, and a person is asked once."""
+
+    def problems(m: SentMessage) -> bool:
+        return "[T1 · research] problems:" in m.text and "research.md was not written" in m.text
+
+    def person(m: SentMessage) -> bool:
+        return "needs a person" in m.text
+
+    command, conf = _setup(tmp_path / "local", skip=["research"])
+    monkeypatch.setenv("FAKE_PILOT_AGENT_CONF", str(conf))
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            tmp_path / "local",
+            agent_command=command,
+            workflow_file=tmp_path / "local" / "workflow.toml",
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+            await api.wait_for_message(problems, timeout=90)
+            await api.wait_for_message(person, timeout=90)
+        local = api.sent
+
+    command, projects = _on_workers(cluster, skip=["research"])
+    await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
+    async with FakeBotApi() as api:
+        settings = _bot_on_workers(api, cluster, command, projects)
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+            await api.wait_for_message(problems, timeout=90)
+            await api.wait_for_message(person, timeout=90)
+        # A restart posts nothing again.
+        async with running_bot(api, settings):
+            await asyncio.sleep(2)
+        remote = api.sent
+    for sent in (local, remote):
+        assert sum(problems(m) for m in sent) == 1
+        assert sum(person(m) for m in sent) == 1

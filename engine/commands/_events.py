@@ -75,6 +75,7 @@ _NOTES = {
     "step": "step",
     "verdict": "completion not accepted",
     "final": "result",
+    "person": "waiting for a person",
 }
 
 

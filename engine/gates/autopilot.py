@@ -387,7 +387,7 @@ class Autopilot:
             _LOGGER.warning("could not record the end of run %s: %s", run_id, exc)
 
     async def _to_human(self, task: TaskRecord, reason: str) -> DriveOutcome:
-        await self._say(task, f"[{task.name}] needs a person: {reason}")
+        await self._say(task, f"[{task.name}] needs a person: {reason}", TextKind.PERSON)
         for attempt in range(3):
             try:
                 task = await self.store.transition(
@@ -490,6 +490,7 @@ class Autopilot:
                     task,
                     f"[{name}] is waiting for a person (it left {task.return_phase}); "
                     f"{next_step(self.store, task, 0)}",
+                    TextKind.PERSON,
                 )
                 return DriveOutcome.HUMAN_INTERVENTION
             outcome = await self._waves(task)
