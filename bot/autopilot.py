@@ -415,7 +415,9 @@ class AutopilotExtension(Feature):
         # The phase's message becomes its gate: one message for the phase's whole life.
         phase_ref = self.sink.phase_message(request.task, request.phase)
         if phase_ref is not None:
-            await self.ctx.store.rename_live(phase_ref, f"gate:{gate_id}")
+            # After a write to it already under way (one made from now on is called off).
+            async with publisher.in_order(phase_ref):
+                await self.ctx.store.rename_live(phase_ref, f"gate:{gate_id}")
         head, excerpt, tail = self._gate_text(request, gate_id)
         await publisher.live(
             f"gate:{gate_id}",

@@ -141,7 +141,9 @@ class Publisher:
         self._live_writes: dict[str, tuple[asyncio.Lock, list[None]]] = {}
 
     @asynccontextmanager
-    async def _in_order(self, ref: str) -> AsyncIterator[None]:
+    async def in_order(self, ref: str) -> AsyncIterator[None]:
+        """Hold the writes to live message ``ref`` while changing it otherwise (renaming
+        it): a write already made lands first, one made meanwhile waits."""
         lock, waiting = self._live_writes.setdefault(ref, (asyncio.Lock(), []))
         waiting.append(None)
         try:
@@ -393,12 +395,14 @@ class Publisher:
         markdown: str | None = None,
         tail: str = "",
         initial: bool = False,
+        when: Callable[[], bool] | None = None,
     ) -> None:
         """Create or edit in place the live message ``ref`` (throttled by the sender).
 
         ``text`` is plain; ``markdown`` (an excerpt) follows it rendered as entities, then
         the plain ``tail``. ``reply_to`` places a new message under the one it answers.
         ``initial`` text is dropped when the message already has content (a newer one).
+        ``when``, asked once the write's turn comes, can still call it off.
         """
         if markdown is None and not tail:
             rendered = plain(self.redact(text))
@@ -406,7 +410,9 @@ class Publisher:
             rendered = render_parts(
                 [(text, False), (markdown or "", True), (tail, False)], redact=self.redact
             )
-        async with self._in_order(ref):
+        async with self.in_order(ref):
+            if when is not None and not when():
+                return  # (no longer wanted once its turn came)
             await self.store.set_live(
                 ref,
                 chat_id=chat_id,

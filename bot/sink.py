@@ -350,6 +350,8 @@ class BotSink:
             thread_id=place.thread_id,
             run_id=run_id,
             markdown=view.excerpt,
+            # Handed to its gate meanwhile: the gate is this message now.
+            when=lambda: not view.gated,
         )
 
     async def _autopilot_status(self, update: StatusUpdate, place: ChatPlace) -> None:

@@ -310,7 +310,6 @@ class PromptTables(Tables):
         """One transaction: the turn's output recorded, its messages queued, the prompt done."""
         now = self._clock()
         async with self.db.transaction() as conn:
-            await finish_turn_in(conn, self.db, turn_id, out, now)
             for item in items:
                 await self._insert_outbox(conn, item, now)
             await conn.execute(
@@ -321,6 +320,8 @@ class PromptTables(Tables):
                 "UPDATE bot_bindings SET turns = turns + 1 WHERE chat_id = ? AND thread_id = ?",
                 (chat_id, thread_id),
             )
+            # Last: its event takes the log's lock, held to the commit (engine.store.events).
+            await finish_turn_in(conn, self.db, turn_id, out, now)
         events_written(self.db)
 
     async def end_prompt(self, prompt_id: int, state: str, *, requeue: bool = False) -> None:

@@ -228,8 +228,6 @@ class SqliteApprovalStore:
             )
             row = await cursor.fetchone()
             changed = row is not None
-            if row is not None:
-                await self._decided(conn, row["run_id"], request_id, decision, scope, by, reason)
             if row is not None and decision is Decision.ALLOWED and scope is Scope.SESSION:
                 key = grant_key(row["tool"], json.loads(row["input_json"]))
                 await conn.execute(
@@ -238,6 +236,8 @@ class SqliteApprovalStore:
                     " ON CONFLICT (run_id, tool, prefix) DO NOTHING",
                     (row["run_id"], row["tool"], key, by, request_id, now),
                 )
+            if row is not None:  # last: its event takes the log's lock, held to the commit
+                await self._decided(conn, row["run_id"], request_id, decision, scope, by, reason)
         if changed:
             events_written(self.db)
         return DecideResult(changed, await self.get(request_id))
@@ -269,6 +269,7 @@ class SqliteApprovalStore:
             return []
         now = self._clock()
         ids: list[int] = []
+        cancelled: list[tuple[int, str]] = []
         async with self.db.transaction() as conn:
             for run_id in run_ids if run_ids is not None else [None]:
                 # No "? IS NULL": PostgreSQL cannot tell the type of a lone NULL parameter.
@@ -280,11 +281,13 @@ class SqliteApprovalStore:
                 cursor = await conn.execute(
                     sql, (reason, now) if run_id is None else (reason, now, run_id)
                 )
-                for row in await cursor.fetchall():
-                    ids.append(int(row[0]))
-                    await self._decided(
-                        conn, row[1], int(row[0]), Decision.CANCELLED, None, None, reason
-                    )
+                cancelled += [(int(r[0]), str(r[1])) for r in await cursor.fetchall()]
+            # Last: their events take the log's lock, held to the commit.
+            for request_id, of_run in cancelled:
+                ids.append(request_id)
+                await self._decided(
+                    conn, of_run, request_id, Decision.CANCELLED, None, None, reason
+                )
         if ids:
             events_written(self.db)
         return [await self.get(i) for i in ids]

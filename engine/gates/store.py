@@ -402,17 +402,6 @@ class SqlGateStore:
                  task.sub_state, request.approver, f"{count}/{request.quorum}", request.sha256,
                  None, request.at),
             )  # fmt: skip
-            decided = {
-                "decision": "approved" if count >= request.quorum else "approval counted",
-                "phase": task.phase,
-                "by": request.approver,
-                "approvers": count,
-                "quorum": request.quorum,
-                "sha256": request.sha256,
-            }
-            await add_event(
-                conn, self._db, EventKind.GATE_DECIDED, task=task.name, data=decided, at=request.at
-            )
             if count >= request.quorum:
                 for sub in request.subtasks:
                     if await self._insert(conn, sub):
@@ -428,6 +417,18 @@ class SqlGateStore:
                     )
                     if clash is not None:
                         raise GateRefused(Refusal.INVALID_ARTIFACT, clash, task=task.name)
+            # Last: its event takes the log's lock, held to the commit (engine.store.events).
+            decided = {
+                "decision": "approved" if count >= request.quorum else "approval counted",
+                "phase": task.phase,
+                "by": request.approver,
+                "approvers": count,
+                "quorum": request.quorum,
+                "sha256": request.sha256,
+            }
+            await add_event(
+                conn, self._db, EventKind.GATE_DECIDED, task=task.name, data=decided, at=request.at
+            )
         events_written(self._db)
         return Tally(fresh=True, approvers=count, created=tuple(created))
 
