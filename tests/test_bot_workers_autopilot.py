@@ -112,6 +112,11 @@ def _on_workers(cluster: Cluster, **conf: Any) -> tuple[str, str]:
     return command, projects
 
 
+def _local_bot(api: FakeBotApi, root: Path, command: str) -> Any:
+    """The bot running drives in its own process (SQLite, its own disk), set up by _setup."""
+    return bot_settings(api, root, agent_command=command, workflow_file=root / "workflow.toml")
+
+
 def _bot_on_workers(api: FakeBotApi, cluster: Cluster, command: str, projects: str) -> Any:
     return bot_settings(
         api,
@@ -132,15 +137,11 @@ async def test_a_drive_on_the_workers_shows_what_a_local_drive_shows(
     # The drive in the bot's own process (SQLite, the bot's disk).
     command, conf = _setup(tmp_path / "local")
     monkeypatch.setenv("FAKE_PILOT_AGENT_CONF", str(conf))
-    async with FakeBotApi() as api:
-        settings = bot_settings(
-            api,
-            tmp_path / "local",
-            agent_command=command,
-            workflow_file=tmp_path / "local" / "workflow.toml",
-        )
-        async with running_bot(api, settings):
-            local, local_summary = await _drive(api, "Autopilot for task T1 started")
+    async with (
+        FakeBotApi() as api,
+        running_bot(api, _local_bot(api, tmp_path / "local", command)),
+    ):
+        local, local_summary = await _drive(api, "Autopilot for task T1 started")
 
     # The same on the workers (PostgreSQL, a worker subprocess, the project's worktree).
     command, projects = _on_workers(cluster)
@@ -265,13 +266,7 @@ async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_loca
     command, conf = _setup(tmp_path / "local", skip=["research"])
     monkeypatch.setenv("FAKE_PILOT_AGENT_CONF", str(conf))
     async with FakeBotApi() as api:
-        settings = bot_settings(
-            api,
-            tmp_path / "local",
-            agent_command=command,
-            workflow_file=tmp_path / "local" / "workflow.toml",
-        )
-        async with running_bot(api, settings):
+        async with running_bot(api, _local_bot(api, tmp_path / "local", command)):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
             await api.wait_for_message(problems, timeout=90)
             await api.wait_for_message(person, timeout=90)

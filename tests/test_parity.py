@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests import test_workers_autopilot as pilot
-from tests.automode_support import AGENT_CMD, turnstile
+from tests.automode_support import turnstile
 from tests.workers_support import Cluster, wait_for
 from tests.workers_support import cluster as cluster  # the fixture
 
@@ -52,21 +52,7 @@ def test_an_auto_run_s_events_are_the_same_here_and_on_a_worker(cluster: Cluster
         within=120,
     )
     cluster.env["TURNSTILE_EXECUTION"] = "local"
-    here = cluster.cli(
-        "auto",
-        "--checkout-repo",
-        "demo",
-        "--tool",
-        "command",
-        "--agent-cmd",
-        AGENT_CMD,
-        "--max-turns",
-        "6",
-        "-p",
-        "make result.txt",
-    )
-    assert here.returncode == 0, here.stderr
-    local = here.stdout.split()[2].rstrip(":")
+    local = cluster.auto(objective="make result.txt", detach=False)
     worker_events = _events(cluster, on_worker)
     local_events = _events(cluster, local)
     assert worker_events[-1]["kind"] in ("run_ended", "note")

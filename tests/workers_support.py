@@ -22,6 +22,7 @@ from tests.automode_support import (
     AGENT_CMD,
     cli_env,
     happy_rules,
+    report_head,
     turnstile,
     write_script,
 )
@@ -117,10 +118,12 @@ class Cluster:
             timeout=timeout,
         )
 
-    def auto(self, *extra: str, objective: str = "make result.txt") -> str:
+    def auto(self, *extra: str, objective: str = "make result.txt", detach: bool = True) -> str:
+        """An auto run of the fake agent on the project; its id. ``detach=False``: run here,
+        in this command, to its end."""
         done = self.cli(
             "auto",
-            "--detach",
+            *(["--detach"] if detach else []),
             "--checkout-repo",
             "demo",
             "--tool",
@@ -134,7 +137,7 @@ class Cluster:
             *extra,
         )
         assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return done.stdout.strip() if detach else report_head(done.stdout)[0]
 
     def runs(self) -> dict[str, dict[str, Any]]:
         done = self.cli("runs", "--json", "--limit", "0")

@@ -29,6 +29,11 @@ def _turn(data: Mapping[str, Any]) -> str:
     return said
 
 
+def _why(data: Mapping[str, Any], key: str = "reason") -> str:
+    """``: the reason`` (its first line) when the event carries one."""
+    return f": {_first_line(data[key])}" if data.get(key) else ""
+
+
 def _by(data: Mapping[str, Any]) -> str:
     return f" by {data['by']}" if data.get("by") not in (None, "") else ""
 
@@ -65,9 +70,7 @@ def _turn_ended(event: RunEvent, data: Mapping[str, Any]) -> str:
             said += f", {data['size']:,} bytes of output"
         return said
     word = {"interrupted": "was cut off", "failed": "failed"}.get(str(state), str(state))
-    return f"{_turn(data)} {word}" + (
-        f": {_first_line(data['error'])}" if data.get("error") else ""
-    )
+    return f"{_turn(data)} {word}{_why(data, 'error')}"
 
 
 _NOTES = {
@@ -96,8 +99,7 @@ def _gate_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
     decision = data.get("decision")
     phase = data.get("phase")
     if decision == "rejected":
-        said = f"{_task(event)}: {data.get('from') or phase} rejected{_by(data)}"
-        return said + (f": {_first_line(data['reason'])}" if data.get("reason") else "")
+        return f"{_task(event)}: {data.get('from') or phase} rejected{_by(data)}{_why(data)}"
     count = f" ({data.get('approvers')} of {data.get('quorum')})" if data.get("quorum") else ""
     if decision == "approved":
         return f"{_task(event)}: {phase} approved{_by(data)}{count}"
@@ -105,8 +107,7 @@ def _gate_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
 
 
 def _task_moved(event: RunEvent, data: Mapping[str, Any]) -> str:
-    said = f"{_task(event)} moved from {data.get('from')} to {data.get('phase')}"
-    return said + (f": {_first_line(data['reason'])}" if data.get("reason") else "")
+    return f"{_task(event)} moved from {data.get('from')} to {data.get('phase')}{_why(data)}"
 
 
 def _tool_requested(event: RunEvent, data: Mapping[str, Any]) -> str:
@@ -121,15 +122,14 @@ def _tool_requested(event: RunEvent, data: Mapping[str, Any]) -> str:
 def _tool_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
     decision = str(data.get("decision"))
     scope = {"once": " once", "session": " for the rest of the run"}.get(str(data.get("scope")), "")
-    said = f"tool request {data.get('request_id')} {decision}{scope}{_by(data)}"
-    return said + (f": {_first_line(data['reason'])}" if data.get("reason") else "")
+    return f"tool request {data.get('request_id')} {decision}{scope}{_by(data)}{_why(data)}"
 
 
 def _run_ended(event: RunEvent, data: Mapping[str, Any]) -> str:
     said = f"ended: {data.get('status')}"
     if data.get("exit_code") is not None:
         said += f" (exit {data['exit_code']})"
-    return said + (f": {_first_line(data['reason'])}" if data.get("reason") else "")
+    return said + _why(data)
 
 
 _SAY: dict[str, Callable[[RunEvent, Mapping[str, Any]], str]] = {

@@ -21,6 +21,10 @@ from engine.git import GitRunner
 
 __all__ = ["FINGERPRINT_VERSION", "comparable", "fingerprint", "is_git_workdir"]
 
+#: The form of a fingerprint: those of another form (recorded by an older version, which
+#: hashed the commit) are not compared with it.
+FINGERPRINT_VERSION: Final = "2:"
+
 
 def is_git_workdir(workdir: Path) -> bool:
     """Whether ``workdir`` is the top of a git work tree (a ``.git`` dir or worktree file)."""
@@ -87,11 +91,9 @@ async def fingerprint(workdir: Path, exclude: Path | None = None) -> str | None:
     return FINGERPRINT_VERSION + digest.hexdigest()
 
 
-#: The form of a fingerprint: those of another form (recorded by an older version, which
-#: hashed the commit) are not compared with it.
-FINGERPRINT_VERSION: Final = "2:"
-
-
 def comparable(before: str | None, after: str | None) -> bool:
-    """Whether two fingerprints can say if the code changed between them."""
-    return bool(before and after) and (before or "")[:2] == (after or "")[:2]
+    """Whether two fingerprints can say if the code changed between them (both taken, and
+    of one form)."""
+    if not before or not after:
+        return False
+    return before.startswith(FINGERPRINT_VERSION) == after.startswith(FINGERPRINT_VERSION)

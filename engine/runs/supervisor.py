@@ -301,9 +301,10 @@ class RunSupervisor:
         # A run whose driving process still runs (a terminal's chat or auto run on this
         # machine) is that process's: neither its turn nor the run is touched.
         me = owner_token()
+        running = await self.runs.list_runs(status=RunStatus.RUNNING)
         alive = {
             run.id
-            for run in await self.runs.list_runs(status=RunStatus.RUNNING)
+            for run in running
             if run.state.get("owner") not in (None, me) and owner_alive(run.state.get("owner"))
         }
         interrupted = await self.runs.mark_interrupted(leave={*elsewhere, *alive})
@@ -319,8 +320,9 @@ class RunSupervisor:
         closed: list[str] = []
         auto: list[RunRecord] = []
         drives: list[RunRecord] = []
-        for status in (RunStatus.RUNNING, RunStatus.PARKED):
-            for run in await self.runs.list_runs(status=status):
+        parked = await self.runs.list_runs(status=RunStatus.PARKED)
+        for status, runs in ((RunStatus.RUNNING, running), (RunStatus.PARKED, parked)):
+            for run in runs:
                 if run.id in alive:
                     continue
                 if run.mode == RunMode.CHAT.value:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHANNEL",
-    "ENDED_STATUSES",
     "EventKind",
     "EventLog",
     "NewEvent",
@@ -46,14 +44,10 @@ __all__ = [
     "turn_started",
 ]
 
-_LOGGER = logging.getLogger(__name__)
-
 #: The PostgreSQL channel an event's writer notifies (the payload is the run id or task).
 CHANNEL: Final = "turnstile_events"
 #: The advisory lock that hands event ids out in commit order on PostgreSQL.
 _ORDER_KEY: Final = advisory_key("turnstile events")
-#: A run with one of these statuses has ended: its log gets no more events but a resume.
-ENDED_STATUSES: Final = frozenset({"completed", "stopped", "error", "crashed"})
 
 
 class EventKind(StrEnum):
@@ -237,10 +231,6 @@ class EventLog:
                 (after, run_id, task, since or 0.0, limit),
             )
         return [RunEvent.from_row(r) for r in rows]
-
-    async def last_id(self) -> int:
-        row = await self._db.fetchone("SELECT MAX(id) FROM events")
-        return int(row[0]) if row is not None and row[0] is not None else 0
 
     async def follow(
         self,
