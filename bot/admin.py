@@ -16,9 +16,9 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import thread_of
-from bot.sink import words
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
+from engine.humane import words
 from engine.sandbox import sandbox_state
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]

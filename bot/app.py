@@ -52,6 +52,7 @@ from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
 from engine.errors import ConfigError, StoreError, StoreUnreachableError
+from engine.executors import recover_runs
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
@@ -62,7 +63,6 @@ from engine.store.backend import open_database
 from engine.store.database import Database
 from engine.store.location import PostgresURL
 from engine.store.runs import SqliteRunStore
-from engine.workers.store import WorkerStore
 from engine.workspace.store import SqliteWorkspaceStore
 
 if TYPE_CHECKING:
@@ -483,12 +483,7 @@ class BotRuntime:
         # only tells the chats and lets each feature resume what the report says.
         # A drive of a chat's task that a terminal took over and still runs is left alone.
         assert self.gates is not None
-        # The turns of runs placed on the workers are theirs (a lost worker's are cut off by
-        # the worker that takes the run over): a start-up here neither ends nor kills them.
-        on_workers = [p.run_id for p in await WorkerStore(self.db).placements() if not p.ended]
-        report = await self.supervisor.recover(
-            drive_alive=self.gates.drive_alive, elsewhere=on_workers
-        )
+        report = await recover_runs(self.db, self.supervisor, drive_alive=self.gates.drive_alive)
         for cut in report.cut_off:
             turn, run = cut.turn, cut.run
             if run.chat_id is None:

@@ -20,7 +20,6 @@ private state between modules.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import secrets
@@ -31,33 +30,30 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from bot.auth import Action
-from bot.autopilot_workers import WorkerDrives
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.publish import format_elapsed
+from bot.notices import ChatNotices
 from bot.render import excerpt as render_excerpt
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
-from bot.sink import ChatPlace, words
+from bot.sink import ChatPlace
 from bot.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
-from engine.aio import raise_if_cancelled
-from engine.errors import ConfigError, TurnstileError, UnsafeFileError
+from engine.errors import UnsafeFileError
+from engine.executors import drive_executor
+from engine.executors.drives import DriveRefused, DriveRequest, drive_key, task_of
 from engine.gates import (
-    COMPLETE,
-    HUMAN_INTERVENTION,
     ApprovalOutcome,
     ApprovalResult,
-    DriveHandle,
     GateRefused,
     Refusal,
     TaskRecord,
 )
 from engine.gates.hashing import sha256_file_async
+from engine.humane import format_elapsed, words
 from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
 from engine.turn import AgentSession
-from engine.workers.store import WorkerStore
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutopilotExtension"]
@@ -74,12 +70,7 @@ _CONFIRM_REASON_BYTES: Final = 48
 _TASK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_DOCUMENT: Final = 20 * 1024 * 1024
 _EXCERPT: Final = 700
-_RUN_PREFIX: Final = "autopilot:"
 _NOT_YET: Final = "⏳ This gate's message is still being delivered; press again."
-
-
-def _task_of(run_id: str) -> str:
-    return run_id[len(_RUN_PREFIX) :] if run_id.startswith(_RUN_PREFIX) else run_id
 
 
 class AutopilotExtension(Feature):
@@ -92,14 +83,19 @@ class AutopilotExtension(Feature):
         self.sink = ctx.sink
         self.gates = ctx.gates
         self._agent_factory = agent_factory
-        self.drives: dict[str, DriveHandle] = {}
+        # Where each task's messages go (a sub-task's go to its parent's chat).
         self.places: dict[str, ChatPlace] = {}
-        self.watchers: dict[str, asyncio.Task[None]] = {}
         self.closing = False
-        self._stopped_by: dict[str, int] = {}
-        self._gate_watch: asyncio.Task[None] | None = None
-        # The chats' drives on the workers, followed from the database.
-        self.worker_drives = WorkerDrives(ctx, ctx.sink)
+        # Drives in this process or on the workers, as the settings say.
+        self.executor = drive_executor(
+            ctx.settings,
+            ctx.db,
+            ctx.gates,
+            supervisor=ctx.supervisor,
+            sink=ctx.sink,
+            notices=ChatNotices(ctx),
+            agent_factory=self._factory,
+        )
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
         ctx.sink.describe_tasks_with(self.task_facts)
@@ -123,9 +119,9 @@ class AutopilotExtension(Feature):
 
     async def resolve(self, run_id: str) -> ChatPlace | None:
         """The chat of ``autopilot:TASK`` (a sub-task goes to its parent's chat)."""
-        if not run_id.startswith(_RUN_PREFIX):
+        if run_id == task_of(run_id):
             return None
-        name = _task_of(run_id)
+        name = task_of(run_id)
         seen: set[str] = set()
         while name and name not in seen:
             seen.add(name)
@@ -200,124 +196,54 @@ class AutopilotExtension(Feature):
         text = message.text or ""
         parts = text.split(maxsplit=2)
         summary = parts[2].strip() if len(parts) > 2 else None
-        if self.ctx.settings.execution == "workers":
-            thread = message.message_thread_id if message.is_topic_message else None
-            await self._autopilot_on_workers(update, name, summary, ChatPlace(chat.id, thread))
-            return
-        current = self.drives.get(name)
-        if current is not None and not current.done:
-            await self.ctx.replies.reply(update, f"Task {name} is already being driven. /status")
-            return
-        try:
-            task = await self.gates.task(name)
-            created = False
-        except GateRefused:
-            try:
-                task = await self.gates.init_task(name, summary=summary, started_by=user.id)
-            except GateRefused as exc:
-                await self.ctx.replies.reply(update, f"Cannot create task {name}: {exc}")
-                return
-            created = True
-        if task.phase in (COMPLETE,):
-            await self.ctx.replies.reply(update, f"Task {name} is already complete.")
-            return
         thread = message.message_thread_id if message.is_topic_message else None
-        if thread is None and chat.is_forum and created:
+        # A new task's drive on the workers is checked out from the chat's project.
+        binding = await self.ctx.store.binding(chat.id, thread or 0)
+        project = binding.project if binding is not None else "default"
+        if thread is None and chat.is_forum and not await self._exists(name):
             thread = await self._topic(chat.id, f"autopilot: {name}")
         place = ChatPlace(chat.id, thread)
+        request = DriveRequest(name, place, project, summary=summary, user_id=user.id)
+        try:
+            started = await self.executor.start(request)
+        except DriveRefused as exc:
+            await self.ctx.replies.reply(update, str(exc))
+            return
+        self.places[name] = place
         await self.ctx.store.save_task_place(name, chat.id, thread, user.id)
+        run_id = started.run_id
         await self.ctx.store.audit(
             action="autopilot",
             outcome="allowed",
             user_id=user.id,
             chat_id=chat.id,
             update_id=update.update_id,
-            reason=name,
+            reason=name if run_id is None else f"{name} {run_id}",
         )
-        self._start(name, place)
-        verb = "started" if created else f"resumed at {words(task.label)}"
+        if started.queued:
+            verb = "is queued on the workers" if started.new else "is already on the workers"
+            await self.ctx.replies.reply(
+                update,
+                f"🛂 Autopilot for task {name} {verb} (run {run_id}). Gates come here with "
+                f"Approve / Reject buttons. /stop {run_id} stops the drive (the task keeps its "
+                "phase).",
+            )
+            return
+        verb = "started" if started.created else f"resumed at {words(started.label or '')}"
         await self.ctx.publisher.say(
             chat.id,
             f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
             f"buttons. /stop {name} stops the drive (the task keeps its phase).",
             thread_id=thread,
-            run_id=_RUN_PREFIX + name,
+            run_id=drive_key(name),
         )
 
-    async def _autopilot_on_workers(
-        self, update: Update, name: str, summary: str | None, place: ChatPlace
-    ) -> None:
-        """``/autopilot`` with TURNSTILE_EXECUTION=workers: queue the drive as ``turnstile
-        autopilot --init --checkout-repo PROJECT`` does (the chat's project); its gates are
-        posted here as they open, and /stop RUN reaches it."""
-        from engine.workers.drives import queue_drive
-
-        binding = await self.ctx.store.binding(place.chat_id, place.thread_id or 0)
-        project = binding.project if binding is not None else "default"
+    async def _exists(self, name: str) -> bool:
         try:
-            queued = await queue_drive(
-                self.ctx.settings,
-                self.ctx.db,
-                name,
-                init=True,
-                summary=summary,
-                project=project,
-                chat=(place.chat_id, place.thread_id),
-            )
-        except (ConfigError, GateRefused) as exc:
-            await self.ctx.replies.reply(update, f"Cannot start: {exc}")
-            return
-        if queued is None:
-            await self.ctx.replies.reply(update, f"Task {name} is already complete.")
-            return
-        run_id = queued.spec.run_id
-        user = update.effective_user
-        self.places[name] = place
-        await self.ctx.store.save_task_place(
-            name, place.chat_id, place.thread_id, user.id if user else None
-        )
-        await self.ctx.store.audit(
-            action="autopilot",
-            outcome="allowed",
-            user_id=user.id if user else None,
-            chat_id=place.chat_id,
-            update_id=update.update_id,
-            reason=f"{name} {run_id}",
-        )
-        self.watch_worker_gates()
-        self.worker_drives.follow(run_id, name, place)
-        verb = "is queued on the workers" if queued.new else "is already on the workers"
-        await self.ctx.replies.reply(
-            update,
-            f"🛂 Autopilot for task {name} {verb} (run {run_id}). Gates come here with "
-            f"Approve / Reject buttons. /stop {run_id} stops the drive (the task keeps its "
-            "phase).",
-        )
-
-    def watch_worker_gates(self) -> None:
-        """Post the gates of the chats' drives on the workers as they open (once running,
-        it runs until shutdown)."""
-        if self._gate_watch is None or self._gate_watch.done():
-            self._gate_watch = asyncio.create_task(
-                self._watch_worker_gates(), name="autopilot-worker-gates"
-            )
-
-    async def _watch_worker_gates(self) -> None:
-        from engine.workers.drives import gate_requests
-
-        interval = max(0.2, min(2.0, self.ctx.settings.worker_heartbeat))
-        while not self.closing:
-            try:
-                for request, drive in await gate_requests(self.ctx.settings, self.ctx.db):
-                    assert drive.chat_id is not None  # (only the chats' drives are listed)
-                    place = self.places.get(request.task) or ChatPlace(
-                        drive.chat_id, drive.thread_id
-                    )
-                    await self.post_gate(request, place)
-            except TurnstileError as exc:  # the database may be away a moment
-                raise_if_cancelled()
-                _LOGGER.warning("cannot read the workers' gates: %s", exc)
-            await asyncio.sleep(interval)
+            await self.gates.task(name)
+        except GateRefused:
+            return False
+        return True
 
     async def _topic(self, chat_id: int, name: str) -> int | None:
         try:
@@ -326,53 +252,6 @@ class AutopilotExtension(Feature):
             _LOGGER.warning("could not create a forum topic: %s", exc)
             return None
         return int(topic.message_thread_id)
-
-    def _start(self, name: str, place: ChatPlace) -> DriveHandle:
-        self.places[name] = place
-        self.sink.register(_RUN_PREFIX + name, place, task=name)
-        handle = self.gates.start_autopilot(
-            name,
-            self.sink,
-            agent_factory=self._factory,
-            chat=(place.chat_id, place.thread_id),
-            supervisor=self.ctx.supervisor,
-        )
-        self.drives[name] = handle
-        self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
-        return handle
-
-    async def _watch(self, name: str, handle: DriveHandle) -> None:
-        place = self.places[name]
-        publisher = self.ctx.publisher
-        try:
-            outcome = await handle.wait()
-            _LOGGER.info("autopilot drive ended %s", outcome.value, extra={"task": name})
-            if outcome.value in (COMPLETE, HUMAN_INTERVENTION):
-                await self.ctx.store.set_task_active(name, False)
-        except asyncio.CancelledError:
-            by = self._stopped_by.pop(name, None)
-            if by is not None:
-                await self.ctx.store.set_task_active(name, False)
-                await publisher.say(
-                    place.chat_id,
-                    f"⏹ Autopilot for {name} stopped by {self.ctx.publisher.people.name(by)}; "
-                    "the task keeps its phase. "
-                    f"/autopilot {name} resumes it.",
-                    thread_id=place.thread_id,
-                    run_id=_RUN_PREFIX + name,
-                )
-        except Exception as exc:
-            _LOGGER.exception("autopilot drive failed", extra={"task": name})
-            await self.ctx.store.set_task_active(name, False)
-            await publisher.say(
-                place.chat_id,
-                f"⚠️ Autopilot for {name} failed: {self.ctx.redactor(str(exc))[:500]}",
-                thread_id=place.thread_id,
-                run_id=_RUN_PREFIX + name,
-            )
-        finally:
-            if self.drives.get(name) is handle:
-                self.drives.pop(name, None)
 
     # -- gates -------------------------------------------------------------------------
 
@@ -504,7 +383,7 @@ class AutopilotExtension(Feature):
             update_id=update.update_id,
             expected_sha256=gate.sha256,
         )
-        await self._wake_on_workers(gate.task)
+        await self.executor.wake(gate.task)
         await self._report(update, gate, result, user.id, "approve")
 
     async def _reject(self, update: Update, gate: GateRecord, reason: str) -> None:
@@ -515,19 +394,8 @@ class AutopilotExtension(Feature):
         result = await self.gates.reject(
             gate.task, by=user.id, reason=reason, chat_id=chat.id, update_id=update.update_id
         )
-        await self._wake_on_workers(gate.task)
+        await self.executor.wake(gate.task)
         await self._report(update, gate, result, user.id, "reject")
-
-    async def _wake_on_workers(self, task: str) -> None:
-        """A decided gate of a drive on the workers: its next step is queued now."""
-        if self.ctx.settings.execution != "workers":
-            return
-        from engine.workers.drives import wake_drive
-
-        try:
-            await wake_drive(self.ctx.settings, self.ctx.db, task)
-        except Exception as exc:  # its worker's heartbeat queues it a beat later
-            _LOGGER.warning("could not wake the drive of %s: %s", task, exc)
 
     async def _report(
         self, update: Update, gate: GateRecord, result: ApprovalResult, user_id: int, verb: str
@@ -597,7 +465,7 @@ class AutopilotExtension(Feature):
                     artifact_name=spec.artifact,
                     chat_id=chat.id,
                     thread_id=thread,
-                    run_id=_RUN_PREFIX + task,
+                    run_id=drive_key(task),
                 )
                 gate = await self.ctx.store.gate(gate_id)
             return gate
@@ -900,42 +768,23 @@ class AutopilotExtension(Feature):
     # -- /stop, /status ----------------------------------------------------------------
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
-        name = _task_of(run_id)
-        handle = self.drives.get(name)
-        place = self.places.get(name)
-        if handle is None or handle.done or place is None or place.chat_id != chat_id:
-            return False
-        self._stopped_by[name] = by
-        await handle.stop()
-        watcher = self.watchers.get(name)
-        if watcher is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        return True
+        by_name = self.ctx.publisher.people.name(by)
+        return await self.executor.stop(run_id, chat_id=chat_id, by=by_name)
 
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
-        stopped = []
-        for name, place in list(self.places.items()):
-            here = place.chat_id == chat_id and (place.thread_id or 0) == thread
-            if here and await self.stop(name, chat_id=chat_id, by=by):
-                stopped.append(_RUN_PREFIX + name)
-        return stopped
+        by_name = self.ctx.publisher.people.name(by)
+        return await self.executor.stop_in(ChatPlace(chat_id, thread or None), by=by_name)
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []
         for name, place in self.places.items():
             if place.chat_id != chat_id:
                 continue
-            handle = self.drives.get(name)
             try:
                 task = await self.gates.task(name)
             except GateRefused:
                 continue
-            driving = handle is not None and not handle.done
-            state = "driving" if driving else "idle"
-            # A warm session: its agent process stays between the drive's turns.
-            if driving and handle is not None and handle.pilot and handle.pilot.warm(name):
-                state += " · warm"
+            state = self.executor.state_of(name) or "idle"
             lines.append(f"🛂 autopilot {name} · {words(task.label)} · {state}")
             # A task checked out with --checkout-repo: its branch and disk usage.
             worktree = await worktree_summaries(
@@ -948,57 +797,22 @@ class AutopilotExtension(Feature):
     # -- start-up and shutdown ---------------------------------------------------------
 
     async def recover(self, report: Recovery) -> None:
-        """Resume the drives the supervisor's recovery lists (each once; a drive a terminal
-        still runs is not in it); gates are re-posted only when they changed (an open
-        gate's message is refreshed instead)."""
+        """Where each task's messages go, then the drives the executor resumes or follows
+        again; gates are re-posted only when they changed (an open gate's message is
+        refreshed instead)."""
         for task_name, chat_id, thread_id in await self.ctx.store.task_places():
-            self.places[task_name] = ChatPlace(chat_id, thread_id)
-        on_workers = self.ctx.settings.execution == "workers"
-        if on_workers:
-            self.watch_worker_gates()
-            await self.worker_drives.resume()
-        for run in report.drives:
-            if run.task is None or run.chat_id is None:
-                continue
-            if on_workers and await WorkerStore(self.ctx.db).placement(run.id) is not None:
-                continue  # driven on the workers, not here
-            name = run.task
-            current = self.drives.get(name)
-            if current is not None and not current.done:
-                continue
-            try:
-                task = await self.gates.task(name)
-            except GateRefused:
-                continue
-            if task.phase in (COMPLETE, HUMAN_INTERVENTION):
-                # Waiting for a person (or done): a person resumes it with /autopilot.
-                await self.ctx.store.set_task_active(name, False)
-                continue
-            self._start(name, self.places.get(name) or ChatPlace(run.chat_id, run.thread_id))
-            _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
+            place = ChatPlace(chat_id, thread_id)
+            self.places[task_name] = place
+            self.sink.register(drive_key(task_name), place, task=task_name)
+        await self.executor.recover(report)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True
-        if self._gate_watch is not None:
-            self._gate_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._gate_watch
-        await self.worker_drives.close()
-        # No new turn of a drive starts; without ``park`` the running ones finish.
-        self.ctx.supervisor.park()
-        if not park:
-            await self.ctx.supervisor.wait_turns(preempt)
-        for handle in list(self.drives.values()):
-            await handle.stop(park=True)
-        for watcher in list(self.watchers.values()):
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        await self.executor.shutdown(park=park, preempt=preempt)
 
     async def park_all(self) -> None:
         self.closing = True
-        self.ctx.supervisor.park()
-        for handle in list(self.drives.values()):
-            await handle.stop(park=True)
+        await self.executor.park_all()
 
 
 def _buttons(gate_id: str) -> dict[str, Any]:

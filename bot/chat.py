@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from bot.progress import TurnProgress
-from bot.publish import Publisher, format_elapsed
+from bot.publish import Publisher
 from bot.store import Binding, BotStore, OutboxItem
 from engine.agents.base import ProcessAgent
 from engine.agents.factory import probe_turn_mode
@@ -41,6 +41,7 @@ from engine.errors import (
     TurnError,
     TurnPreempted,
 )
+from engine.humane import format_elapsed
 from engine.logs import log_context
 from engine.process import PreemptHandle, TurnProcess
 from engine.runs import ChatPlace, RunMode, RunSupervisor

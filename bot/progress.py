@@ -19,10 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from bot.publish import Publisher, format_elapsed
+from bot.publish import Publisher
 from bot.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
 from engine.errors import StoreUnreachableError
+from engine.humane import format_elapsed
 
 _LOGGER = logging.getLogger(__name__)
 

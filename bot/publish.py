@@ -20,7 +20,7 @@ from bot.store import BotStore, OutboxItem
 from engine.redact import Redactor
 from engine.turn import TurnOutput
 
-__all__ = ["MAX_OUTPUT_BYTES", "Publisher", "format_elapsed"]
+__all__ = ["MAX_OUTPUT_BYTES", "Publisher"]
 
 # Telegram takes documents up to 50 MB from bots; a bigger output is cut (and says so).
 MAX_OUTPUT_BYTES: Final = 45 * 1024 * 1024
@@ -28,17 +28,6 @@ MAX_OUTPUT_BYTES: Final = 45 * 1024 * 1024
 _CHUNK: Final = 1024 * 1024
 _HEAD_LINES: Final = 12
 _HEAD_CHARS: Final = 600
-
-
-def format_elapsed(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 @dataclass(frozen=True, slots=True)

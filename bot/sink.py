@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bot.publish import Publisher, format_elapsed
+from bot.publish import Publisher
 from bot.render import excerpt
 from engine.errors import NotFoundError
+from engine.humane import format_elapsed, humane, words
 from engine.runs import ChatPlace
-from engine.sink import GateRequest, StatusUpdate, TextKind
+from engine.sink import GateRequest, StatusUpdate, TextKind, summary_ref
 from engine.store.runs import SqliteRunStore
 
 __all__ = [
@@ -23,56 +24,16 @@ __all__ = [
     "ChatPlace",
     "humane",
     "last_line",
+    "status_ended",
     "status_text",
-    "summary_ref",
     "words",
 ]
 
 _LOGGER = logging.getLogger(__name__)
 
 _ICONS = {"auto": "🤖", "autopilot": "🛂", "chat": "💬"}
-_STATES = {
-    "running": "⏳ running",
-    "completed": "✅ finished",
-    "complete": "✅ complete",
-    "stopped": "⏹ stopped",
-    "parked": "⏸ paused (the bot restarts)",
-    "error": "⚠️ failed",
-    "crashed": "⚠️ failed",
-    "awaiting_approval": "🛂 waiting for approval",
-    "human_intervention": "✋ waiting for a person",
-}
 _EXCERPT_LINES: Final = 4
 _TURN_HEAD: Final = re.compile(r"^\[[^\]\n]*\]\s*(?:[^\n]*turn finished[^\n]*:)?\n?")
-
-
-def words(state: str) -> str:
-    """A run's or phase's state as people say it (never ``research:awaiting_approval``)."""
-    if state in _STATES:
-        return _STATES[state]
-    phase, _, rest = state.partition(":")
-    if rest:
-        return f"{phase.replace('_', ' ')}, {words(rest).split(' ', 1)[-1]}"
-    return state.replace("_", " ")
-
-
-_LABEL: Final = re.compile(r"\b([a-z][a-z_]*):awaiting_approval\b")
-
-
-def humane(text: str) -> str:
-    """A run's text with the phase labels said in words (``design:awaiting_approval`` →
-    ``design, waiting for approval``)."""
-    pieces = re.split(r"(`[^`\n]*`)", text)
-    for i in range(0, len(pieces), 2):  # commands in backquotes are typed as they are
-        piece = _LABEL.sub(lambda m: f"{m[1].replace('_', ' ')}, waiting for approval", pieces[i])
-        pieces[i] = piece.replace("human_intervention", "waiting for a person")
-    return "".join(pieces)
-
-
-def summary_ref(task: str, key: str) -> str:
-    """The ref of the completion summary of ``task``'s drive ``key`` (a run on the workers,
-    followed again after a restart: its summary is posted once)."""
-    return f"summary:{task}:{key}"
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -175,8 +136,6 @@ class BotSink:
         self._task_facts: TaskFacts | None = None
         self._phases: dict[str, _PhaseView] = {}
         self._autos: dict[str, _AutoView] = {}
-        # Auto runs a chat message cannot steer (those on the workers: bot.auto_workers).
-        self._unsteered: set[str] = set()
         # Tasks driven on the workers: their messages' refs are made from the drive's run
         # and turn, so a follower that starts again after a restart edits the same ones.
         self._keys: dict[str, str] = {}
@@ -219,13 +178,10 @@ class BotSink:
         place: ChatPlace,
         *,
         task: str | None = None,
-        steered: bool = True,
         key: str | None = None,
     ) -> None:
         """``key``: the drive's run on the workers (its messages' refs are made from it)."""
         self._places[run_id] = place
-        if not steered:
-            self._unsteered.add(run_id)
         if task is not None:
             self._tasks[task] = place
             if key is not None:
@@ -418,7 +374,7 @@ class BotSink:
             text += f"\nLast turn: {view.last}"
         if view.status.status == "running":
             steer = "Messages here or /steer add instructions; "
-            if run_id in self._unsteered:
+            if not view.status.steerable:
                 steer = ""
             text += f"\n{steer}/stop {run_id} stops it."
             if view.verdicts:
@@ -467,3 +423,12 @@ class BotSink:
             )
             return
         await self._on_gate(request, place)
+
+
+def status_ended(body: str) -> bool:
+    """Whether a run's live status message says it ended (its second line, the state)."""
+    lines = body.splitlines()
+    if len(lines) < 2:
+        return False
+    ended = [words(s) for s in ("completed", "stopped", "error", "crashed")]
+    return any(lines[1].startswith(w) for w in ended)

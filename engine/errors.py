@@ -32,6 +32,8 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │   ├── StoreUnreachableError  the database server refused us (address, password, URL)
 │   ├── SchemaTooNewError      the database was migrated by a newer turnstile
 │   └── BackendUnsupportedError  this command does not run on that kind of database yet
+├── DriveRefused               an autopilot drive cannot start: driven already, complete,
+│                              no project (engine.executors.drives)
 ├── GateRefused                a gated task refused a request; nothing changed
 │                              (engine.gates.refusals: the reason maps to an exit code)
 ├── LockError                  a lock cannot be taken at all (its file is a link, a FIFO, ...)

@@ -31,6 +31,7 @@ __all__ = [
     "TextKind",
     "publish",
     "recording",
+    "summary_ref",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class StatusUpdate:
     started_at: float | None = None
     last_event: str | None = None
     task: str | None = None
+    steerable: bool = True  # whether a message from the people following it steers it
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,12 @@ class KindSink(Protocol):
     async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
         """Like :meth:`RunSink.publish_text`, with the text's kind."""
         ...
+
+
+def summary_ref(task: str, key: str) -> str:
+    """The ref of the completion summary of ``task``'s drive ``key`` (a run on the workers,
+    followed again after a restart: its summary is posted once)."""
+    return f"summary:{task}:{key}"
 
 
 async def publish(sink: RunSink, run_id: str, text: str, kind: TextKind = TextKind.NOTE) -> None:

@@ -32,10 +32,11 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from engine.agents.stream import AgentEvent, EventKind
+from engine.humane import format_elapsed
 from engine.redact import redact
 from engine.sink import GateRequest, StatusUpdate
 
-__all__ = ["AskLine", "TerminalView", "format_elapsed"]
+__all__ = ["AskLine", "TerminalView"]
 
 # Reads one answer line from the person (None: no more input).
 AskLine = Callable[[], Awaitable[str | None]]
@@ -43,18 +44,6 @@ AskLine = Callable[[], Awaitable[str | None]]
 # A turn's published output starts with this header (engine.automode.channel).
 _TURN_HEADER: Final = re.compile(r"^\[turn (\d+)/(\d+) ([^,\]]+), exit (-?\d+)\]\n?")
 _LINE_LIMIT: Final = 160
-
-
-def format_elapsed(seconds: float) -> str:
-    """``7s``, ``2m05s``, ``1h02m``."""
-    whole = max(0, int(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 def _last_line(text: str) -> str:

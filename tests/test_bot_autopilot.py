@@ -318,7 +318,7 @@ async def test_a_drive_a_terminal_took_over_is_not_resumed_by_the_bot(
                         f for f in rt.features.extensions if isinstance(f, AutopilotExtension)
                     )
                     # Recovered without taking the drive over (it would be refused anyway).
-                    assert "T6" not in pilot.drives
+                    assert pilot.executor.state_of("T6") is None
                     assert not handle.done
             finally:
                 await handle.stop()

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from bot.people import People, display_name
 from bot.render import excerpt, render_parts
-from bot.sink import humane, status_text, words
+from bot.sink import status_text
 from bot.store import SqlBotStore
+from engine.humane import humane, words
 from engine.redact import Redactor
 from engine.sink import StatusUpdate
 from engine.store.database import Database

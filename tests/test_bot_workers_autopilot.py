@@ -213,7 +213,7 @@ async def test_a_restarted_bot_goes_on_following_a_drive_without_posting_twice(
         async with running_bot(api, settings) as rt:
             assert rt.features is not None
             pilot = next(f for f in rt.features.extensions if isinstance(f, AutopilotExtension))
-            assert not pilot.worker_drives.followed  # (started: recovery is over)
+            assert not pilot.executor.followed  # (started: recovery is over)
     kinds = Counter(_kind(m) for m in api.sent)
     # Nothing before the restart was posted again; after it only the decomposition phase,
     # its problems (before its revision turn, as a local drive says them) and the message
@@ -246,7 +246,7 @@ async def test_a_drive_stopped_from_the_chat_says_so_once(cluster: Cluster) -> N
         async with running_bot(api, settings) as rt:
             assert rt.features is not None
             pilot = next(f for f in rt.features.extensions if isinstance(f, AutopilotExtension))
-            assert not pilot.worker_drives.followed  # its end was said: not followed again
+            assert not pilot.executor.followed  # its end was said: not followed again
     assert sum(stopped(m) for m in api.sent) == 1
 
 

@@ -8,8 +8,9 @@ import io
 from rich.console import Console
 
 from engine.agents.stream import AgentEvent, EventKind
+from engine.humane import format_elapsed
 from engine.sink import StatusUpdate
-from engine.terminal import TerminalView, format_elapsed
+from engine.terminal import TerminalView
 
 
 class Clock:

@@ -78,11 +78,7 @@ class TaskPlaces(Protocol):
         self, task: str, chat_id: int, thread_id: int | None, started_by: int | None
     ) -> None: ...
 
-    async def set_task_active(self, task: str, active: bool) -> None: ...
-
-    async def task_places(
-        self, *, active_only: bool = False
-    ) -> list[tuple[str, int, int | None]]: ...
+    async def task_places(self) -> list[tuple[str, int, int | None]]: ...
 
 
 class GateMessageTables(Tables):
@@ -311,14 +307,8 @@ class TaskPlaceTables(Tables):
             (task, chat_id, thread_id, started_by, self._clock()),
         )
 
-    async def set_task_active(self, task: str, active: bool) -> None:
-        await self.db.execute(
-            "UPDATE bot_tasks SET active = ? WHERE task = ?", (1 if active else 0, task)
+    async def task_places(self) -> list[tuple[str, int, int | None]]:
+        rows = await self.db.fetchall(
+            "SELECT task, chat_id, thread_id FROM bot_tasks ORDER BY created_at"
         )
-
-    async def task_places(self, *, active_only: bool = False) -> list[tuple[str, int, int | None]]:
-        sql = "SELECT task, chat_id, thread_id FROM bot_tasks"
-        if active_only:
-            sql += " WHERE active = 1"
-        rows = await self.db.fetchall(sql + " ORDER BY created_at")
         return [(r["task"], r["chat_id"], r["thread_id"]) for r in rows]

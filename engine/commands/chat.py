@@ -32,13 +32,14 @@ from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals
 from engine.errors import StoreError, TurnError, TurnPreempted
+from engine.humane import format_elapsed
 from engine.runs.ids import RunMode
 from engine.runs.owner import owner_token
 from engine.runs.supervisor import RunSupervisor
 from engine.settings import Settings
 from engine.store.backend import open_database
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
-from engine.terminal import TerminalView, format_elapsed
+from engine.terminal import TerminalView
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput
 
 __all__ = ["TerminalChannel", "register"]

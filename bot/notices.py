@@ -1,0 +1,62 @@
+"""What the engine's executors say beside a run's reports, as messages of the run's chat."""
+
+from __future__ import annotations
+
+import logging
+
+from bot.context import BotContext
+from bot.sink import status_ended
+from engine.runs import ChatPlace
+
+__all__ = ["ChatNotices"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class ChatNotices:
+    """:class:`engine.executors.Notices` in a chat: a message named ``live`` is the bot's
+    live message of that name, edited when said again."""
+
+    def __init__(self, ctx: BotContext) -> None:
+        self.ctx = ctx
+
+    def follow(
+        self, key: str, place: ChatPlace, *, task: str | None = None, run_id: str | None = None
+    ) -> None:
+        self.ctx.sink.register(key, place, task=task, key=run_id)
+
+    def place_of_task(self, task: str) -> ChatPlace | None:
+        return self.ctx.sink.place_of_task(task)
+
+    async def notice(
+        self, key: str, text: str, *, live: str | None = None, markdown: bool = False
+    ) -> None:
+        place = await self.ctx.sink.place(key)
+        if place is None:
+            _LOGGER.info("%s", text, extra={"run_id": key})
+            return
+        publisher = self.ctx.publisher
+        if live is None:
+            await publisher.say(
+                place.chat_id, text, thread_id=place.thread_id, run_id=key, markdown=markdown
+            )
+            return
+        await publisher.live(
+            live,
+            "" if markdown else text,
+            markdown=text if markdown else None,
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=key,
+        )
+
+    async def shown(self, live: str) -> str | None:
+        known = await self.ctx.store.get_live(live)
+        return known.body if known is not None else None
+
+    async def told_ended(self, run_id: str) -> bool:
+        body = await self.shown(f"status:{run_id}")
+        return body is not None and status_ended(body)
+
+    async def gate_shown(self, task: str, phase: str) -> bool:
+        return any(g.phase == phase for g in await self.ctx.store.open_gates_of(task))

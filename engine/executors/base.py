@@ -1,0 +1,144 @@
+"""What every executor offers a front end, and what a front end hands an executor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from engine.runs.spec import ChatPlace
+
+if TYPE_CHECKING:
+    from engine.automode import AutoRun
+    from engine.automode.run import ApprovalFor
+    from engine.runs import Recovery
+
+__all__ = [
+    "Approvals",
+    "AutoExecutor",
+    "AutoRequest",
+    "Notices",
+    "Started",
+    "Workdirs",
+    "wait_all",
+]
+
+#: Where a run of a project works: ``(project, run id) -> folder`` (a worktree of its own
+#: for a configured project).
+Workdirs = Callable[[str, str], Awaitable[Path]]
+#: The route of a run's tool calls for ``(agent, person who started it)``; None: none ask.
+Approvals = Callable[[str, "int | None"], "ApprovalFor | None"]
+
+
+class Notices(Protocol):
+    """What an executor tells the people following a run, beside the run's own reports.
+
+    A message may have a name (``live``): said again under the same name, it is the same
+    message, written again in place; names are the executor's (``stopping:RUN``).
+    """
+
+    def follow(
+        self, key: str, place: ChatPlace, *, task: str | None = None, run_id: str | None = None
+    ) -> None:
+        """The reports of ``key`` (a run id, ``autopilot:TASK``) go to ``place`` from now
+        on; ``task``: the task it drives; ``run_id``: the drive's run on the workers (the
+        names of its messages are made from it)."""
+        ...
+
+    def place_of_task(self, task: str) -> ChatPlace | None:
+        """Where the reports of ``task`` go, when known."""
+        ...
+
+    async def notice(
+        self, key: str, text: str, *, live: str | None = None, markdown: bool = False
+    ) -> None:
+        """Say ``text`` where ``key`` is followed (``markdown``: the text is Markdown);
+        with ``live``, as the message of that name."""
+        ...
+
+    async def shown(self, live: str) -> str | None:
+        """What the message named ``live`` says now (None: it was never said)."""
+        ...
+
+    async def told_ended(self, run_id: str) -> bool:
+        """Whether the people following the run were told it ended (after a restart)."""
+        ...
+
+    async def gate_shown(self, task: str, phase: str) -> bool:
+        """Whether the open gate of ``task``'s ``phase`` is shown to people already."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AutoRequest:
+    """A new auto run asked for from a front end."""
+
+    objective: str
+    project: str
+    place: ChatPlace
+    user_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A run an executor took: its id, and whether it waits in a queue for a worker."""
+
+    run_id: str
+    agent: str
+    queued: bool = False
+
+
+class AutoExecutor(Protocol):
+    """Auto runs for a front end, wherever they execute."""
+
+    async def start(self, request: AutoRequest) -> Started:
+        """Start (or queue) the run.
+
+        Raises:
+            ConfigError: bad input, or the project cannot be checked out.
+        """
+        ...
+
+    def running(self, run_id: str) -> AutoRun | None:
+        """The run, when it is driven in this process (its folder, its instructions)."""
+        ...
+
+    def running_in(self, place: ChatPlace) -> list[AutoRun]:
+        """The runs of ``place`` driven in this process, oldest first (steered by text)."""
+        ...
+
+    def running_in_chat(self, chat_id: int) -> list[AutoRun]:
+        """The runs of any topic of the chat driven in this process, oldest first."""
+        ...
+
+    async def stop(self, run_id: str, *, chat_id: int) -> bool:
+        """Stop the chat's run ``run_id``; False when the chat has none such."""
+        ...
+
+    async def stop_in(self, place: ChatPlace) -> list[str]:
+        """Stop every run of ``place``; their ids."""
+        ...
+
+    async def status_lines(self, chat_id: int) -> list[str]:
+        """One line (or two) per unfinished run of the chat, for a status listing."""
+        ...
+
+    async def recover(self, report: Recovery) -> None:
+        """At start-up: resume (or follow again) the runs the recovery found."""
+        ...
+
+    async def shutdown(self, *, park: bool) -> None:
+        """Stop starting turns; with ``park``, pre-empt the running ones."""
+        ...
+
+    async def park_all(self) -> None:
+        """Pre-empt every running turn now."""
+        ...
+
+
+async def wait_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for ``tasks`` (none: return at once)."""
+    if tasks:
+        await asyncio.wait(tasks)

@@ -1,0 +1,281 @@
+"""Autopilot drives for a front end: started, stopped, woken and recovered wherever they run.
+
+:func:`engine.executors.drive_executor` makes the one for ``TURNSTILE_EXECUTION``:
+:class:`LocalDrives` drives each task in a task of this process under the run supervisor;
+on the workers
+(:class:`~engine.executors.drives_workers.WorkersDrives`) a drive is queued and followed
+from the store, its gates announced through the sink as the workers open them. Either way
+the drive's phases, turns and gates reach the front end through its
+:class:`~engine.sink.RunSink` (``autopilot:TASK`` is the key of a task's reports), and what
+the executor says beside them through :class:`~engine.executors.base.Notices`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from engine.errors import TurnstileError
+from engine.executors.base import Notices
+from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
+from engine.runs import Recovery, RunSupervisor
+from engine.runs.spec import ChatPlace
+from engine.sink import RunSink
+
+__all__ = [
+    "DriveExecutor",
+    "DriveRefused",
+    "DriveRequest",
+    "DriveStarted",
+    "LocalDrives",
+    "drive_key",
+    "task_of",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+#: The key of a task's reports to a sink (and of the messages about its drive).
+DRIVE_PREFIX: Final = "autopilot:"
+
+
+def drive_key(task: str) -> str:
+    return DRIVE_PREFIX + task
+
+
+def task_of(key: str) -> str:
+    """The task of ``autopilot:TASK``; any other key is taken for a task name."""
+    return key.removeprefix(DRIVE_PREFIX)
+
+
+class DriveRefused(TurnstileError):
+    """A drive that cannot start; its text is said to the person who asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriveRequest:
+    """A drive asked for from a front end: ``project`` is where a new task is checked out
+    from on the workers; ``summary`` describes a task created now."""
+
+    task: str
+    place: ChatPlace
+    project: str
+    summary: str | None = None
+    user_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DriveStarted:
+    """A drive an executor took: the phase it starts at (``created``: the task is new);
+    on the workers, its run and whether it was queued now or found there (``new``)."""
+
+    task: str
+    label: str | None = None
+    created: bool = False
+    run_id: str | None = None
+    queued: bool = False
+    new: bool = True
+
+
+class DriveExecutor(Protocol):
+    """Autopilot drives for a front end, wherever they execute."""
+
+    async def start(self, request: DriveRequest) -> DriveStarted:
+        """Start, resume or queue the drive of ``request.task``.
+
+        Raises:
+            DriveRefused: it cannot (already driven or complete, a bad name, no project).
+        """
+        ...
+
+    def state_of(self, task: str) -> str | None:
+        """How the task is driven now, in words (``driving``, ``driving · warm``), else None."""
+        ...
+
+    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+        """Stop the drive ``key`` (a task, ``autopilot:TASK`` or a run on the workers) of
+        the chat, stopped by the person named ``by``; False when the chat has none such."""
+        ...
+
+    async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
+        """Stop every drive of ``place``; their keys."""
+        ...
+
+    async def wake(self, task: str) -> None:
+        """A gate of ``task`` was decided: its drive goes on now."""
+        ...
+
+    def drive_alive_here(self, task: str) -> bool:
+        """Whether this process drives ``task``."""
+        ...
+
+    async def recover(self, report: Recovery) -> None:
+        """At start-up: resume (or follow again) the drives the recovery found."""
+        ...
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        """Start no new turn; without ``park`` let the running ones finish; park the drives."""
+        ...
+
+    async def park_all(self) -> None:
+        """Park every drive now, pre-empting its turn."""
+        ...
+
+
+#: Makes the agent session of a task's phase turns: ``(task, session id, resume)``.
+AgentFactory = Callable[..., Any]
+
+
+class LocalDrives:
+    """Drives in this process, each in a task, their turns under the run supervisor."""
+
+    def __init__(
+        self,
+        gates: Gates,
+        *,
+        supervisor: RunSupervisor,
+        sink: RunSink,
+        notices: Notices,
+        agent_factory: AgentFactory,
+    ) -> None:
+        self.gates = gates
+        self.supervisor = supervisor
+        self.sink = sink
+        self.notices = notices
+        self.agent_factory = agent_factory
+        self.drives: dict[str, DriveHandle] = {}
+        self.places: dict[str, ChatPlace] = {}
+        self.watchers: dict[str, asyncio.Task[None]] = {}
+        self._stopped_by: dict[str, str] = {}
+        self.closing = False
+
+    async def start(self, request: DriveRequest) -> DriveStarted:
+        name = request.task
+        current = self.drives.get(name)
+        if current is not None and not current.done:
+            raise DriveRefused(f"Task {name} is already being driven. /status")
+        try:
+            task = await self.gates.task(name)
+            created = False
+        except GateRefused:
+            try:
+                task = await self.gates.init_task(
+                    name, summary=request.summary, started_by=request.user_id
+                )
+            except GateRefused as exc:
+                raise DriveRefused(f"Cannot create task {name}: {exc}") from exc
+            created = True
+        if task.phase == COMPLETE:
+            raise DriveRefused(f"Task {name} is already complete.")
+        self._start(name, request.place)
+        return DriveStarted(name, task.label, created)
+
+    def _start(self, name: str, place: ChatPlace) -> DriveHandle:
+        self.places[name] = place
+        self.notices.follow(drive_key(name), place, task=name)
+        handle = self.gates.start_autopilot(
+            name,
+            self.sink,
+            agent_factory=self.agent_factory,
+            chat=(place.chat_id, place.thread_id),
+            supervisor=self.supervisor,
+        )
+        self.drives[name] = handle
+        self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
+        return handle
+
+    async def _watch(self, name: str, handle: DriveHandle) -> None:
+        key = drive_key(name)
+        try:
+            outcome = await handle.wait()
+            _LOGGER.info("autopilot drive ended %s", outcome.value, extra={"task": name})
+        except asyncio.CancelledError:
+            by = self._stopped_by.pop(name, None)
+            if by is not None:
+                await self.notices.notice(
+                    key,
+                    f"⏹ Autopilot for {name} stopped by {by}; the task keeps its phase. "
+                    f"/autopilot {name} resumes it.",
+                )
+        except Exception as exc:
+            _LOGGER.exception("autopilot drive failed", extra={"task": name})
+            await self.notices.notice(key, f"⚠️ Autopilot for {name} failed: {str(exc)[:500]}")
+        finally:
+            if self.drives.get(name) is handle:
+                self.drives.pop(name, None)
+
+    def state_of(self, task: str) -> str | None:
+        handle = self.drives.get(task)
+        if handle is None or handle.done:
+            return None
+        # A warm session: its agent process stays between the drive's turns.
+        return "driving · warm" if handle.pilot and handle.pilot.warm(task) else "driving"
+
+    def drive_alive_here(self, task: str) -> bool:
+        return self.state_of(task) is not None
+
+    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+        name = task_of(key)
+        handle = self.drives.get(name)
+        place = self.places.get(name)
+        if handle is None or handle.done or place is None or place.chat_id != chat_id:
+            return False
+        self._stopped_by[name] = by
+        await handle.stop()
+        watcher = self.watchers.get(name)
+        if watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        return True
+
+    async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
+        stopped = []
+        for name, at in list(self.places.items()):
+            here = at.chat_id == place.chat_id and (at.thread_id or 0) == (place.thread_id or 0)
+            if here and await self.stop(name, chat_id=place.chat_id, by=by):
+                stopped.append(drive_key(name))
+        return stopped
+
+    async def wake(self, task: str) -> None:
+        """(A drive here polls its gate: nothing to do.)"""
+
+    async def recover(self, report: Recovery, *, elsewhere: frozenset[str] = frozenset()) -> None:
+        """Resume the drives the supervisor's recovery lists (each once; a drive a terminal
+        still runs is not in it), but those ``elsewhere`` (run ids driven on the workers)."""
+        for run in report.drives:
+            if run.task is None or run.chat_id is None or run.id in elsewhere:
+                continue
+            name = run.task
+            current = self.drives.get(name)
+            if current is not None and not current.done:
+                continue
+            try:
+                task = await self.gates.task(name)
+            except GateRefused:
+                continue
+            if task.phase in (COMPLETE, HUMAN_INTERVENTION):
+                continue  # waiting for a person (or done): a person resumes it
+            place = self.notices.place_of_task(name) or ChatPlace(run.chat_id, run.thread_id)
+            self._start(name, place)
+            _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        self.closing = True
+        # No new turn of a drive starts; without ``park`` the running ones finish.
+        self.supervisor.park()
+        if not park:
+            await self.supervisor.wait_turns(preempt)
+        for handle in list(self.drives.values()):
+            await handle.stop(park=True)
+        for watcher in list(self.watchers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def park_all(self) -> None:
+        self.closing = True
+        self.supervisor.park()
+        for handle in list(self.drives.values()):
+            await handle.stop(park=True)

@@ -1,0 +1,463 @@
+"""Autopilot drives on the workers, for a front end: queued, followed, stopped and woken.
+
+A drive on the workers reports nothing to this process: its worker records the run's turns
+and the task's phase changes. A follower reads them (:class:`engine.workers.follow.RunFollower`
+for the turns, the gate store for the phase, the event log for the drive's notes) and hands
+the front end's sink what an in-process drive hands it: a phase's status as its turn starts,
+the turn's output, the step done, the completion summary, a drive sent to a person. The
+gates the workers open are announced through the sink as they open.
+
+The messages' names are made from the drive's run and turn, so after a restart the follower
+starts again without saying anything twice: the turns that had ended are not given again, a
+running turn writes its phase's message again, and a drive's end is said once (its message
+is looked up first). Drives this process drove before are still resumed and stopped here
+(:class:`~engine.executors.drives.LocalDrives`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from engine.aio import raise_if_cancelled
+from engine.errors import ConfigError, TurnstileError
+from engine.executors.base import Notices
+from engine.executors.drives import (
+    DriveRefused,
+    DriveRequest,
+    DriveStarted,
+    LocalDrives,
+    drive_key,
+)
+from engine.gates import GateRefused, Gates
+from engine.gates.records import TaskRecord
+from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
+from engine.humane import humane
+from engine.runs import Recovery
+from engine.runs.spec import ChatPlace
+from engine.settings import Settings
+from engine.sink import RunSink, StatusUpdate, TextKind, publish, summary_ref
+from engine.store.backend import AnyDatabase
+from engine.store.events import EventKind, EventLog
+from engine.store.runs import SqliteRunStore, TurnState
+from engine.workers.control import stop_run_in, worker_status
+from engine.workers.drives import gate_requests, queue_drive, wake_drive
+from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
+from engine.workers.store import Placement, PlacementStatus, WorkerStore
+
+__all__ = ["WorkersDrives"]
+
+_LOGGER = logging.getLogger(__name__)
+_POLL: Final = 0.25
+_RETRY: Final = 1.0
+
+
+def _phase_of(event: TurnStarted | TurnEnded) -> str | None:
+    return event.phase if isinstance(event, TurnStarted) else event.turn.phase
+
+
+def _person_ref(run_id: str) -> str:
+    return f"person:{run_id}"
+
+
+def _stopped_ref(run_id: str) -> str:
+    return f"stopped:{run_id}"
+
+
+@dataclass
+class _Drive:
+    run_id: str
+    task: str
+    place: ChatPlace
+    label: str | None = None
+    job: asyncio.Task[None] | None = None
+
+
+class WorkersDrives:
+    """Drives on the workers (TURNSTILE_EXECUTION=workers), one follower per drive."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: AnyDatabase,
+        gates: Gates,
+        *,
+        local: LocalDrives,
+        sink: RunSink,
+        notices: Notices,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.gates = gates
+        self.local = local
+        self.sink = sink
+        self.notices = notices
+        self.followed: dict[str, _Drive] = {}
+        self._gate_watch: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # -- starting, waking --------------------------------------------------------------
+
+    async def start(self, request: DriveRequest) -> DriveStarted:
+        """Queue the drive as ``turnstile autopilot --init --checkout-repo PROJECT`` does
+        (the chat's project), or find the one there; its gates are announced as they open."""
+        name, place = request.task, request.place
+        try:
+            queued = await queue_drive(
+                self.settings,
+                self.db,
+                name,
+                init=True,
+                summary=request.summary,
+                project=request.project,
+                chat=(place.chat_id, place.thread_id),
+            )
+        except (ConfigError, GateRefused) as exc:
+            raise DriveRefused(f"Cannot start: {exc}") from exc
+        if queued is None:
+            raise DriveRefused(f"Task {name} is already complete.")
+        run_id = queued.spec.run_id
+        self._watch_gates()
+        self.follow(run_id, name, place)
+        return DriveStarted(name, run_id=run_id, queued=True, new=queued.new)
+
+    async def wake(self, task: str) -> None:
+        """A decided gate of a drive on the workers: its next step is queued now."""
+        try:
+            await wake_drive(self.settings, self.db, task)
+        except Exception as exc:  # its worker's heartbeat queues it a beat later
+            _LOGGER.warning("could not wake the drive of %s: %s", task, exc)
+
+    def _watch_gates(self) -> None:
+        """Announce the gates of the chats' drives on the workers as they open (once
+        running, until shutdown)."""
+        if self._gate_watch is None or self._gate_watch.done():
+            self._gate_watch = asyncio.create_task(self._gates(), name="autopilot-worker-gates")
+
+    async def _gates(self) -> None:
+        interval = max(0.2, min(2.0, self.settings.worker_heartbeat))
+        while not self.closing:
+            try:
+                for request, drive in await gate_requests(self.settings, self.db):
+                    assert drive.chat_id is not None  # (only the chats' drives are listed)
+                    if self.notices.place_of_task(request.task) is None:
+                        place = ChatPlace(drive.chat_id, drive.thread_id)
+                        self.notices.follow(drive_key(request.task), place, task=request.task)
+                    await self.sink.request_gate(request)
+            except TurnstileError as exc:  # the database may be away a moment
+                raise_if_cancelled()
+                _LOGGER.warning("cannot read the workers' gates: %s", exc)
+            await asyncio.sleep(interval)
+
+    # -- what is driven, stopping --------------------------------------------------------
+
+    def state_of(self, task: str) -> str | None:
+        here = self.local.state_of(task)
+        if here is not None:
+            return here
+        for drive in self.followed.values():
+            if drive.task == task:
+                return "driving on the workers"
+        return None
+
+    def drive_alive_here(self, task: str) -> bool:
+        return self.local.drive_alive_here(task)
+
+    async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
+        """The unfinished drives on the workers started from this chat (and topic)."""
+        found = []
+        for placement in await WorkerStore(self.db).placements():
+            spec = placement.spec
+            if placement.ended or spec.chat_id != chat_id or spec.mode == "auto":
+                continue
+            if spec.parent_run is not None:
+                continue  # a wave's sub-task: stopped with its drive
+            if thread is not None and (spec.thread_id or 0) != thread:
+                continue
+            found.append(placement)
+        return found
+
+    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+        if await self.local.stop(key, chat_id=chat_id, by=by):
+            return True
+        for placement in await self._placed(chat_id):
+            if key in (placement.run_id, placement.spec.task, drive_key(placement.spec.task or "")):
+                return await self._stop(placement)
+        return False
+
+    async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
+        stopped = await self.local.stop_in(place, by=by)
+        for placement in await self._placed(place.chat_id, place.thread_id or 0):
+            if await self._stop(placement):
+                stopped.append(placement.run_id)
+        return stopped
+
+    async def _stop(self, placement: Placement) -> bool:
+        """Its follower says the drive stopped once its worker has stopped it."""
+        try:
+            done = await stop_run_in(self.settings, self.db, placement.run_id)
+        except ConfigError as exc:  # it ended meanwhile
+            _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": placement.run_id})
+            return False
+        _LOGGER.info("%s", done, extra={"run_id": placement.run_id})
+        return True
+
+    async def waiting(self, placement: Placement) -> str | None:
+        return await worker_status(
+            WorkerStore(self.db), placement, silent_after=self.settings.worker_timeout
+        )
+
+    # -- start-up and shutdown -----------------------------------------------------------
+
+    async def recover(self, report: Recovery) -> None:
+        """Follow again the chats' drives still on the workers, and those that ended while
+        nobody followed them and whose end was not said; resume this process's drives."""
+        self._watch_gates()
+        placed = set()
+        for placement in await WorkerStore(self.db).placements():
+            placed.add(placement.run_id)
+            spec = placement.spec
+            if spec.mode == "auto" or spec.chat_id is None or spec.task is None:
+                continue
+            if spec.parent_run is not None:
+                continue  # a wave's sub-task: its parent's drive speaks for it
+            if placement.ended and await self._end_said(placement):
+                continue
+            self.follow(
+                placement.run_id,
+                spec.task,
+                ChatPlace(spec.chat_id, spec.thread_id),
+                resumed=True,
+            )
+        await self.local.recover(report, elsewhere=frozenset(placed))
+
+    async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
+        """Stop following (the drives go on on their workers; followed again at start),
+        then shut this process's drives down."""
+        self.closing = True
+        if self._gate_watch is not None:
+            self._gate_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gate_watch
+        jobs = [d.job for d in self.followed.values() if d.job is not None]
+        for job in jobs:
+            job.cancel()
+        if jobs:
+            await asyncio.wait(jobs)
+        await self.local.shutdown(park=park, preempt=preempt)
+
+    async def park_all(self) -> None:
+        await self.local.park_all()
+
+    # -- following -----------------------------------------------------------------------
+
+    def follow(self, run_id: str, task: str, place: ChatPlace, *, resumed: bool = False) -> None:
+        """Show drive ``run_id`` of ``task`` in ``place`` until it ends (``resumed``: after
+        a restart, what had ended before it is not shown again)."""
+        if run_id in self.followed:
+            return
+        self.notices.follow(drive_key(task), place, task=task, run_id=run_id)
+        drive = _Drive(run_id, task, place)
+        self.followed[run_id] = drive
+        drive.job = asyncio.create_task(self._follow(drive, resumed), name=f"drive-{run_id}")
+
+    async def _end_said(self, placement: Placement) -> bool:
+        task = placement.spec.task
+        assert task is not None
+        for name in (
+            summary_ref(task, placement.run_id),
+            _person_ref(placement.run_id),
+            _stopped_ref(placement.run_id),
+        ):
+            if await self.notices.shown(name) is not None:
+                return True
+        return False
+
+    async def _task(self, name: str) -> TaskRecord | None:
+        return await self.gates.store.find(name)
+
+    async def _follow(self, drive: _Drive, resumed: bool) -> None:
+        follower = RunFollower(
+            self.db, drive.run_id, silent_after=self.settings.worker_timeout, poll=_POLL
+        )
+        ended = asyncio.Event()
+        notes = asyncio.create_task(self._notes(drive, ended), name=f"notes-{drive.run_id}")
+        try:
+            if resumed:
+                await self._seed(drive, follower)
+            while True:
+                try:
+                    async for event in follower.events():
+                        match event:
+                            case TurnStarted() | TurnEnded():
+                                await self._steps(drive, _phase_of(event))
+                            case _:
+                                await self._steps(drive, None)
+                        match event:
+                            case TurnStarted():
+                                await self._status(drive, "running", event.phase, event.seq)
+                            case TurnEnded():
+                                await self._turn_ended(drive, event)
+                            case RunEnded():
+                                await self._ended(drive, event)
+                    return
+                except TurnstileError as exc:  # the database may be away a moment
+                    raise_if_cancelled()
+                    _LOGGER.warning("following paused: %s", exc, extra={"run_id": drive.run_id})
+                    await asyncio.sleep(_RETRY)
+        except asyncio.CancelledError:
+            notes.cancel()
+            raise
+        except Exception:
+            _LOGGER.exception("could not follow the drive", extra={"run_id": drive.run_id})
+        finally:
+            ended.set()
+            await asyncio.gather(notes, return_exceptions=True)
+            self.followed.pop(drive.run_id, None)
+
+    async def _notes(self, drive: _Drive, ended: asyncio.Event) -> None:
+        """What the drive tells the people following it (a phase's problems before its
+        revision turn, a wave queued or merged, a conflict), read from the event log and
+        posted once each: a note's message is named after its event, so reading the log
+        again after a restart posts nothing twice. Its steps, turns, gates and end the
+        follower says itself."""
+        placement = await WorkerStore(self.db).placement(drive.run_id)
+        since = placement.created_at if placement is not None else 0.0
+        log = EventLog(self.db)
+        key = drive_key(drive.task)
+        cursor = 0
+        while True:
+            last = ended.is_set()
+            try:
+                batch = await log.read(drive.run_id, task=drive.task, after=cursor, since=since)
+                for event in batch:
+                    if event.kind == EventKind.NOTE and event.data.get("note") == TextKind.NOTE:
+                        await self.notices.notice(
+                            key,
+                            humane(str(event.data.get("text", ""))),
+                            live=f"note:{event.id}",
+                            markdown=True,
+                        )
+                    cursor = event.id
+            except TurnstileError as exc:  # the database may be away a moment
+                raise_if_cancelled()
+                _LOGGER.warning("notes paused: %s", exc, extra={"run_id": drive.run_id})
+                await asyncio.sleep(_RETRY)
+                continue
+            if last and not batch:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), _POLL)
+
+    async def _seed(self, drive: _Drive, follower: RunFollower) -> None:
+        """After a restart: the turns that had ended were shown; a running one is shown
+        again (its phase's message is the same one, edited)."""
+        for turn in await SqliteRunStore(self.db).turns(drive.run_id):
+            if turn.state is not TurnState.STARTED:
+                key = (turn.seq, turn.attempt)
+                follower.started.add(key)
+                follower.ended.add(key)
+        task = await self._task(drive.task)
+        drive.label = task.label if task is not None else None
+
+    async def _steps(self, drive: _Drive, busy: str | None) -> None:
+        """A phase the drive left since the last look: its message says it is done (once
+        the turns of that phase read with it are shown: ``busy``, the phase of the turn
+        about to be shown)."""
+        task = await self._task(drive.task)
+        if task is None:
+            return
+        before = drive.label
+        if before is not None and busy is not None and before.split(":", 1)[0] == busy:
+            return  # said after this turn of the phase
+        drive.label = task.label
+        if before is None or before == task.label or ":" in before:
+            return  # the first look, no change, or a gate passed (its message says it)
+        if before in (COMPLETE, HUMAN_INTERVENTION) or task.phase == HUMAN_INTERVENTION:
+            return  # (sent to a person: said when the drive ends)
+        await publish(
+            self.sink,
+            drive_key(drive.task),
+            f"[{drive.task}] {before} done → {task.label}",
+            TextKind.STEP,
+        )
+
+    async def _status(
+        self, drive: _Drive, status: str, phase: str | None, turn: int, event: str | None = None
+    ) -> None:
+        if phase is not None and await self.notices.gate_shown(drive.task, phase):
+            # Its gate is posted already (the gate watcher read it before this follower
+            # read the phase's turns): the gate message is the phase's message now, and a
+            # status would post a second one.
+            return
+        await self.sink.update_status(
+            StatusUpdate(
+                run_id=drive_key(drive.task),
+                mode="autopilot",
+                status=status,
+                phase=phase,
+                turn=turn,
+                task=drive.task,
+                last_event=event or "phase turn",
+            )
+        )
+
+    async def _turn_ended(self, drive: _Drive, event: TurnEnded) -> None:
+        turn = event.turn
+        phase = turn.phase or "turn"
+        if turn.state is TurnState.FINISHED:
+            code = "" if turn.exit_code in (0, None) else f" (exit code {turn.exit_code})"
+            text = (turn.output or "").strip() or "(no output)"
+            await publish(
+                self.sink,
+                drive_key(drive.task),
+                f"[{drive.task} · {phase}] phase turn finished{code}:\n{text}",
+                TextKind.TURN,
+            )
+            return
+        where = f" on worker {event.worker}" if event.worker else ""
+        why = f": {turn.error}" if turn.error else ""
+        verb = "cut off" if turn.state is TurnState.INTERRUPTED else "failed"
+        # A cut-off turn runs again (on this worker or another): its phase's message says so.
+        await self._status(drive, "running", phase, turn.seq, f"{phase} {verb}{where}{why}")
+
+    async def _ended(self, drive: _Drive, event: RunEnded) -> None:
+        if await self._end_said(event.placement):
+            return
+        task = await self._task(drive.task)
+        run_id = drive.run_id
+        key = drive_key(drive.task)
+        if event.placement.status is PlacementStatus.STOPPED:
+            await self.notices.notice(
+                key,
+                f"⏹ Autopilot for {drive.task} stopped on the workers (run {run_id}); the "
+                f"task keeps its phase. /autopilot {drive.task} resumes it.",
+                live=_stopped_ref(run_id),
+            )
+            return
+        if task is not None and task.phase == COMPLETE:
+            await self._status(drive, "complete", task.label, 0)
+            await publish(self.sink, key, f"[{drive.task}] complete", TextKind.FINAL)
+            return
+        if task is not None and task.phase == HUMAN_INTERVENTION:
+            await self._status(drive, "human_intervention", task.label, 0)
+            reason = await self._why_human(task) or event.placement.note or "see its status"
+            said = f"✋ Autopilot for {drive.task} needs a person: {reason}"
+        else:
+            said = (
+                f"⚠️ Autopilot for {drive.task} ended on the workers (run {run_id}): "
+                f"{event.placement.note or event.placement.status.value}"
+            )
+        await self.notices.notice(
+            key, f"{said}\n/autopilot {drive.task} resumes it.", live=_person_ref(run_id)
+        )
+
+    async def _why_human(self, task: TaskRecord) -> str | None:
+        history = await self.gates.store.history(task.name)
+        for change in reversed(history):
+            if change.to_phase == HUMAN_INTERVENTION:
+                return change.reason
+        return None

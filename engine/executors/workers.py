@@ -1,0 +1,349 @@
+"""Auto runs on the workers: queued, followed from the store, stopped through it.
+
+A run shows where it is followed as a run of this process does: one live status message
+(its last line names the worker running the turn), the turns, the final report. A stop asked
+from here is said at once ("Stopping run … on worker w1") and that message is written again
+once the run has actually stopped. Runs this process drove before (recorded here, parked or
+cut off) are resumed and stopped here (:class:`~engine.executors.local.LocalAuto`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Final
+
+from engine.aio import raise_if_cancelled
+from engine.automode import AutoRun
+from engine.automode.channel import final_report, turn_text
+from engine.automode.state import AutoModeState, Phase
+from engine.errors import ConfigError, TurnstileError
+from engine.executors.base import AutoRequest, Notices, Started, wait_all
+from engine.executors.local import LocalAuto
+from engine.humane import format_elapsed, words
+from engine.runs import Recovery
+from engine.runs.spec import ChatPlace
+from engine.settings import Settings
+from engine.sink import RunSink, StatusUpdate, TextKind, publish
+from engine.store.backend import AnyDatabase
+from engine.store.runs import RunStatus, TurnState
+from engine.workers.control import (
+    new_spec,
+    project_reference,
+    start_on_workers,
+    stop_run_in,
+    worker_status,
+)
+from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
+from engine.workers.store import Placement, WorkerStore
+from engine.workers.views import is_warm
+
+__all__ = ["WorkersAuto"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# How often a follower reads the store; how long it waits when the database is away.
+_FOLLOW_POLL: Final = 1.0
+_RETRY: Final = 2.0
+
+
+def _stopping(run_id: str) -> str:
+    """The message answering a stop, written again once the run has stopped."""
+    return f"stopping:{run_id}"
+
+
+@dataclass
+class _Followed:
+    """A run on the workers followed from here."""
+
+    run_id: str
+    task: asyncio.Task[None] | None = None
+    end: RunEnded | None = None
+
+
+class WorkersAuto:
+    """Auto runs queued on the workers (TURNSTILE_EXECUTION=workers)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: AnyDatabase,
+        *,
+        local: LocalAuto,
+        sink: RunSink,
+        notices: Notices,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.local = local
+        self.sink = sink
+        self.notices = notices
+        self.followed: dict[str, _Followed] = {}
+
+    async def start(self, request: AutoRequest) -> Started:
+        """Queue the run as ``turnstile auto --checkout-repo PROJECT`` does."""
+        settings = self.settings
+        tool = settings.default_agent
+        spec = new_spec(
+            objective=request.objective,
+            tool=tool,
+            project=project_reference(settings, request.project),
+            agent_cmd=settings.agent_command if tool == "command" else None,
+            passthrough=(),
+            max_turns=None,
+            verify_cmd=None,
+        )
+        spec = replace(spec, chat_id=request.place.chat_id, thread_id=request.place.thread_id)
+        await start_on_workers(settings, spec)
+        self._follow(spec.run_id, request.place)
+        return Started(spec.run_id, tool, queued=True)
+
+    # -- what runs here (none of these: their folders are the workers') ---------------
+
+    def running(self, run_id: str) -> AutoRun | None:
+        return self.local.running(run_id)
+
+    def running_in(self, place: ChatPlace) -> list[AutoRun]:
+        return self.local.running_in(place)
+
+    def running_in_chat(self, chat_id: int) -> list[AutoRun]:
+        return self.local.running_in_chat(chat_id)
+
+    async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
+        """The unfinished runs on the workers started from this chat (and topic)."""
+        found = []
+        for placement in await WorkerStore(self.db).placements():
+            spec = placement.spec
+            if placement.ended or spec.chat_id != chat_id or spec.mode != "auto":
+                continue  # (a drive's is the drives' executor's: engine.executors.drives)
+            if thread is not None and (spec.thread_id or 0) != thread:
+                continue
+            found.append(placement)
+        return found
+
+    # -- stopping ----------------------------------------------------------------------
+
+    async def stop(self, run_id: str, *, chat_id: int) -> bool:
+        if await self.local.stop(run_id, chat_id=chat_id):
+            return True
+        for placement in await self._placed(chat_id):
+            if placement.run_id == run_id:
+                return await self._stop(placement)
+        return False
+
+    async def stop_in(self, place: ChatPlace) -> list[str]:
+        stopped = await self.local.stop_in(place)
+        for placement in await self._placed(place.chat_id, place.thread_id or 0):
+            if await self._stop(placement):
+                stopped.append(placement.run_id)
+        return stopped
+
+    async def _stop(self, placement: Placement) -> bool:
+        run_id = placement.run_id
+        try:
+            done = await stop_run_in(self.settings, self.db, run_id)
+        except ConfigError as exc:  # it ended meanwhile
+            _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": run_id})
+            return False
+        _LOGGER.info("%s", done, extra={"run_id": run_id})
+        where = f" on worker {placement.worker}" if placement.worker else ""
+        # Said at once; written again when the follower sees the run end (the same message).
+        await self.notices.notice(
+            run_id, f"⏹ Stopping run {run_id}{where}…", live=_stopping(run_id)
+        )
+        followed = self.followed.get(run_id)
+        if followed is not None and followed.end is not None:
+            await self._confirm_stop(followed.run_id, followed.end)
+        return True
+
+    async def _confirm_stop(self, run_id: str, event: RunEnded) -> None:
+        known = await self.notices.shown(_stopping(run_id))
+        if known is None or not known.startswith("⏹ Stopping"):
+            return  # no stop was asked from here, or it was confirmed already
+        record, placement = event.record, event.placement
+        worker = placement.last_worker or placement.worker
+        where = f" on worker {worker}" if worker else ""
+        if record is None or record.status is RunStatus.STOPPED:
+            text = f"⏹ Run {run_id} stopped{where}."
+        else:
+            text = (
+                f"Run {run_id} ended{where} before the stop reached it: "
+                f"{words(record.status.value)}."
+            )
+        await self.notices.notice(run_id, text, live=_stopping(run_id))
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status_lines(self, chat_id: int) -> list[str]:
+        lines = await self.local.status_lines(chat_id)
+        placements = await self._placed(chat_id)
+        if not placements:
+            return lines
+        store = WorkerStore(self.db)
+        # Recorded by the worker: its agent process stays between the run's turns there.
+        warm = await store.warm_runs()
+        for p in placements:
+            waiting = await worker_status(store, p, silent_after=self.settings.worker_timeout)
+            where = waiting or f"running on worker {p.worker}"
+            elapsed = int(time.time() - p.created_at)
+            lines.append(
+                f"🤖 auto {p.run_id} · {where} · {format_elapsed(elapsed)}"
+                + (" · warm" if is_warm(p, waiting, warm) else "")
+            )
+        return lines
+
+    # -- following from the store ------------------------------------------------------
+
+    def _follow(self, run_id: str, place: ChatPlace) -> None:
+        if run_id in self.followed:
+            return
+        self.notices.follow(run_id, place)
+        followed = _Followed(run_id)
+        self.followed[run_id] = followed
+        followed.task = asyncio.create_task(self._follow_run(followed), name=f"follow-{run_id}")
+
+    async def _follow_run(self, followed: _Followed) -> None:
+        """The run's turns and end as a run of this process shows them, through the sink."""
+        run_id = followed.run_id
+        follower = RunFollower(
+            self.db, run_id, silent_after=self.settings.worker_timeout, poll=_FOLLOW_POLL
+        )
+        try:
+            while True:
+                try:
+                    # The follower keeps the turns it has given: a retry gives no turn twice.
+                    async for event in follower.events():
+                        match event:
+                            case TurnStarted():
+                                await self._turn_started(event)
+                            case TurnEnded():
+                                await self._turn_ended(event)
+                            case RunEnded():
+                                await self._run_ended(followed, event)
+                    return
+                except TurnstileError as exc:
+                    # The database may be away a moment; the run goes on on its worker.
+                    raise_if_cancelled()
+                    _LOGGER.warning("following paused: %s", exc, extra={"run_id": run_id})
+                    await asyncio.sleep(_RETRY)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _LOGGER.exception("could not follow the run", extra={"run_id": run_id})
+        finally:
+            self.followed.pop(run_id, None)
+
+    async def _status(
+        self, run_id: str, state: AutoModeState, phase: str | None, turn: int, event: str
+    ) -> None:
+        await self.sink.update_status(
+            StatusUpdate(
+                run_id=run_id,
+                mode="auto",
+                status=RunStatus.RUNNING.value,
+                phase=phase,
+                turn=turn,
+                max_turns=state.max_turns,
+                started_at=state.started_at,
+                last_event=event,
+                steerable=False,  # (no instruction reaches a worker)
+            )
+        )
+
+    async def _turn_started(self, event: TurnStarted) -> None:
+        label = Phase(event.phase).label if event.phase else "Turn"
+        where = f" on worker {event.worker}" if event.worker else ""
+        assert event.state is not None  # (an auto run's)
+        await self._status(
+            event.run_id, event.state, event.phase, event.seq, f"{label} running{where}"
+        )
+
+    async def _turn_ended(self, event: TurnEnded) -> None:
+        turn, state = event.turn, event.state
+        assert state is not None  # (an auto run's)
+        phase = Phase(turn.phase) if turn.phase else state.phase
+        if turn.state is TurnState.FINISHED and turn.exit_code is not None:
+            text = turn_text(
+                turn=turn.seq,
+                max_turns=state.max_turns,
+                phase=phase,
+                code=turn.exit_code,
+                text=turn.output or "",
+                size=turn.output_size,
+                stderr_tail=turn.stderr_tail,
+                log_dir=state.log_dir,
+            )
+            await publish(self.sink, event.run_id, text, TextKind.TURN)
+            return
+        where = f" on worker {event.worker}" if event.worker else ""
+        why = f": {turn.error}" if turn.error else ""
+        if turn.state is TurnState.INTERRUPTED:
+            said = f"⏹ {phase.label} cut off{where}{why}"
+        else:
+            said = f"⚠️ {phase.label} failed{where}{why}"
+        # In the live status's last line until the next turn starts or the run ends.
+        await self._status(event.run_id, state, phase.value, turn.seq, said)
+
+    async def _run_ended(self, followed: _Followed, event: RunEnded) -> None:
+        followed.end = event
+        run_id = followed.run_id
+        if await self.notices.told_ended(run_id):
+            await self._confirm_stop(run_id, event)  # (its answer, if a restart cut it)
+            return  # told before a restart
+        state = event.state
+        if state is None or event.record is None:
+            note = event.placement.note or "stopped"
+            await self.notices.notice(
+                run_id, f"🤖 Auto run {run_id} did not start: {note}", live=f"status:{run_id}"
+            )
+            await self._confirm_stop(run_id, event)
+            return
+        await self.sink.update_status(
+            StatusUpdate(
+                run_id=run_id,
+                mode="auto",
+                status=event.record.status.value,
+                phase=state.phase.value,
+                turn=state.turn,
+                max_turns=state.max_turns,
+                started_at=state.started_at,
+                last_event=state.message or event.record.status.value,
+                steerable=False,
+            )
+        )
+        await self._confirm_stop(run_id, event)
+        # The worker's report (with the evidence and work summary it measured), else what
+        # the store says of the run.
+        report = event.placement.report or final_report(state)
+        await publish(self.sink, run_id, report, TextKind.FINAL)
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def recover(self, report: Recovery) -> None:
+        """Resume this process's runs; follow the chats' runs on the workers again (and
+        once more those that ended while nobody followed them, if their end was not told)."""
+        await self.local.recover(report)
+        for placement in await WorkerStore(self.db).placements():
+            spec = placement.spec
+            if spec.chat_id is None or spec.mode != "auto":
+                continue  # (a drive's are followed by the drives' front end)
+            if placement.ended and (
+                await self.notices.shown(f"status:{placement.run_id}") is None
+                or await self.notices.told_ended(placement.run_id)
+            ):
+                continue
+            self._follow(placement.run_id, ChatPlace(spec.chat_id, spec.thread_id))
+
+    async def shutdown(self, *, park: bool) -> None:
+        """Stop following (followers only read: the runs go on on their workers, and are
+        followed again at the next start), then shut this process's runs down."""
+        following = [f.task for f in self.followed.values() if f.task is not None]
+        for task in following:
+            task.cancel()
+        await wait_all(following)
+        await self.local.shutdown(park=park)
+
+    async def park_all(self) -> None:
+        await self.local.park_all()

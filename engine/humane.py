@@ -1,0 +1,56 @@
+"""How people say a run's facts: elapsed time and states in words, never internal labels.
+
+Every front end words runs the same way (the chat, the terminal, a web page).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["format_elapsed", "humane", "words"]
+
+_STATES: Final = {
+    "running": "⏳ running",
+    "completed": "✅ finished",
+    "complete": "✅ complete",
+    "stopped": "⏹ stopped",
+    "parked": "⏸ paused (the bot restarts)",
+    "error": "⚠️ failed",
+    "crashed": "⚠️ failed",
+    "awaiting_approval": "🛂 waiting for approval",
+    "human_intervention": "✋ waiting for a person",
+}
+_LABEL: Final = re.compile(r"\b([a-z][a-z_]*):awaiting_approval\b")
+
+
+def format_elapsed(seconds: float) -> str:
+    """``7s``, ``2m05s``, ``1h02m``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def words(state: str) -> str:
+    """A run's or phase's state as people say it (never ``research:awaiting_approval``)."""
+    if state in _STATES:
+        return _STATES[state]
+    phase, _, rest = state.partition(":")
+    if rest:
+        return f"{phase.replace('_', ' ')}, {words(rest).split(' ', 1)[-1]}"
+    return state.replace("_", " ")
+
+
+def humane(text: str) -> str:
+    """A run's text with the phase labels said in words (``design:awaiting_approval`` →
+    ``design, waiting for approval``)."""
+    pieces = re.split(r"(`[^`\n]*`)", text)
+    for i in range(0, len(pieces), 2):  # commands in backquotes are typed as they are
+        piece = _LABEL.sub(lambda m: f"{m[1].replace('_', ' ')}, waiting for approval", pieces[i])
+        pieces[i] = piece.replace("human_intervention", "waiting for a person")
+    return "".join(pieces)
