@@ -22,6 +22,7 @@ __all__ = [
     "Notices",
     "Started",
     "Workdirs",
+    "same_place",
     "wait_all",
 ]
 
@@ -136,6 +137,11 @@ class AutoExecutor(Protocol):
     async def park_all(self) -> None:
         """Pre-empt every running turn now."""
         ...
+
+
+def same_place(a: ChatPlace, b: ChatPlace) -> bool:
+    """Whether two places are the same chat and topic (no topic is topic 0)."""
+    return a.chat_id == b.chat_id and (a.thread_id or 0) == (b.thread_id or 0)
 
 
 async def wait_all(tasks: list[asyncio.Task[None]]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from engine.errors import TurnstileError
-from engine.executors.base import Notices
+from engine.executors.base import Notices, same_place
 from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
 from engine.runs import Recovery, RunSupervisor
 from engine.runs.spec import ChatPlace
@@ -108,10 +108,6 @@ class DriveExecutor(Protocol):
         """A gate of ``task`` was decided: its drive goes on now."""
         ...
 
-    def drive_alive_here(self, task: str) -> bool:
-        """Whether this process drives ``task``."""
-        ...
-
     async def recover(self, report: Recovery) -> None:
         """At start-up: resume (or follow again) the drives the recovery found."""
         ...
@@ -150,7 +146,6 @@ class LocalDrives:
         self.places: dict[str, ChatPlace] = {}
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self._stopped_by: dict[str, str] = {}
-        self.closing = False
 
     async def start(self, request: DriveRequest) -> DriveStarted:
         name = request.task
@@ -214,9 +209,6 @@ class LocalDrives:
         # A warm session: its agent process stays between the drive's turns.
         return "driving · warm" if handle.pilot and handle.pilot.warm(task) else "driving"
 
-    def drive_alive_here(self, task: str) -> bool:
-        return self.state_of(task) is not None
-
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
         name = task_of(key)
         handle = self.drives.get(name)
@@ -234,8 +226,7 @@ class LocalDrives:
     async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
         stopped = []
         for name, at in list(self.places.items()):
-            here = at.chat_id == place.chat_id and (at.thread_id or 0) == (place.thread_id or 0)
-            if here and await self.stop(name, chat_id=place.chat_id, by=by):
+            if same_place(at, place) and await self.stop(name, chat_id=place.chat_id, by=by):
                 stopped.append(drive_key(name))
         return stopped
 
@@ -263,7 +254,6 @@ class LocalDrives:
             _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
-        self.closing = True
         # No new turn of a drive starts; without ``park`` the running ones finish.
         self.supervisor.park()
         if not park:
@@ -275,7 +265,6 @@ class LocalDrives:
                 await watcher
 
     async def park_all(self) -> None:
-        self.closing = True
         self.supervisor.park()
         for handle in list(self.drives.values()):
             await handle.stop(park=True)

@@ -24,7 +24,7 @@ from typing import Final
 
 from engine.aio import raise_if_cancelled
 from engine.errors import ConfigError, TurnstileError
-from engine.executors.base import Notices
+from engine.executors.base import Notices, wait_all
 from engine.executors.drives import (
     DriveRefused,
     DriveRequest,
@@ -43,7 +43,7 @@ from engine.sink import RunSink, StatusUpdate, TextKind, publish, summary_ref
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, EventLog
 from engine.store.runs import SqliteRunStore, TurnState
-from engine.workers.control import stop_run_in, worker_status
+from engine.workers.control import stop_run_in
 from engine.workers.drives import gate_requests, queue_drive, wake_drive
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
@@ -163,9 +163,6 @@ class WorkersDrives:
                 return "driving on the workers"
         return None
 
-    def drive_alive_here(self, task: str) -> bool:
-        return self.local.drive_alive_here(task)
-
     async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
         """The unfinished drives on the workers started from this chat (and topic)."""
         found = []
@@ -205,11 +202,6 @@ class WorkersDrives:
         _LOGGER.info("%s", done, extra={"run_id": placement.run_id})
         return True
 
-    async def waiting(self, placement: Placement) -> str | None:
-        return await worker_status(
-            WorkerStore(self.db), placement, silent_after=self.settings.worker_timeout
-        )
-
     # -- start-up and shutdown -----------------------------------------------------------
 
     async def recover(self, report: Recovery) -> None:
@@ -245,8 +237,7 @@ class WorkersDrives:
         jobs = [d.job for d in self.followed.values() if d.job is not None]
         for job in jobs:
             job.cancel()
-        if jobs:
-            await asyncio.wait(jobs)
+        await wait_all(jobs)
         await self.local.shutdown(park=park, preempt=preempt)
 
     async def park_all(self) -> None:

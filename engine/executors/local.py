@@ -21,7 +21,15 @@ from engine.automode import (
     start_auto_run,
 )
 from engine.errors import StoreUnreachableError, TurnstileError
-from engine.executors.base import Approvals, AutoRequest, Notices, Started, Workdirs, wait_all
+from engine.executors.base import (
+    Approvals,
+    AutoRequest,
+    Notices,
+    Started,
+    Workdirs,
+    same_place,
+    wait_all,
+)
 from engine.humane import format_elapsed
 from engine.runs import Recovery, RunMode, RunSpec, RunSupervisor
 from engine.runs.spec import ChatPlace
@@ -42,10 +50,6 @@ class _Active:
     place: ChatPlace
     watcher: asyncio.Task[None] | None = None
     parking: bool = False
-
-
-def _same_place(a: ChatPlace, b: ChatPlace) -> bool:
-    return a.chat_id == b.chat_id and (a.thread_id or 0) == (b.thread_id or 0)
 
 
 class LocalAuto:
@@ -109,7 +113,7 @@ class LocalAuto:
         return active.run if active is not None else None
 
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
-        return [a.run for a in self.active.values() if _same_place(a.place, place)]
+        return [a.run for a in self.active.values() if same_place(a.place, place)]
 
     def running_in_chat(self, chat_id: int) -> list[AutoRun]:
         return [a.run for a in self.active.values() if a.place.chat_id == chat_id]
@@ -125,7 +129,7 @@ class LocalAuto:
 
     async def stop_in(self, place: ChatPlace) -> list[str]:
         stopped = []
-        for active in [a for a in self.active.values() if _same_place(a.place, place)]:
+        for active in [a for a in self.active.values() if same_place(a.place, place)]:
             await self._stop(active)
             stopped.append(active.run.run_id)
         return stopped
