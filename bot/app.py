@@ -35,7 +35,7 @@ from bot.admin import COMMANDS, AdminFeature
 from bot.auth import Authorizer
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
-from bot.chat import AgentFactory, ChatSessions
+from bot.chat import BotChatFront
 from bot.chatting import ChatFeature
 from bot.context import BotContext
 from bot.feature import Feature
@@ -51,8 +51,10 @@ from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
+from engine.chats.sessions import ChatSessions
 from engine.errors import ConfigError, StoreError, StoreUnreachableError
-from engine.executors import recover_runs
+from engine.executors import chat_agents, recover_runs
+from engine.executors.chats import AgentFactory
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
@@ -321,12 +323,13 @@ class BotRuntime:
                 document_threshold=self.settings.document_threshold,
                 documents_dir=self.settings.runs_dir / "documents",
             )
+            chat_front = BotChatFront(self.store, self.publisher)
             self.chats = ChatSessions(
                 settings=self.settings,
                 store=self.store,
                 runs=self.runs,
-                publisher=self.publisher,
-                agent_factory=self._agent_factory,
+                front=chat_front,
+                agents=chat_agents(self.settings, self.db, agent_factory=self._agent_factory),
                 supervisor=self.supervisor,
                 workspaces=SqliteWorkspaceStore(self.db),
                 db=self.db,
@@ -346,6 +349,7 @@ class BotRuntime:
                 supervisor=self.supervisor,
                 gates=self.gates,
                 chats=self.chats,
+                chat_front=chat_front,
                 sink=BotSink(self.publisher, self.runs),
                 bot=self.app.bot,
                 spawn=self.spawn,

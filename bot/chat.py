@@ -1,735 +1,81 @@
-"""Chat sessions: a chat (or forum topic) bound to one agent session, one turn per message.
+"""The bot's side of chat sessions: a turn's progress message, its answer in the outbox.
 
-Each bound chat with work to do has one :class:`ChatRun`: a task running
-:func:`engine.turn.run_session_loop` on the agent session with a :class:`ChatChannel`
-whose queue lives in the database. ``next_prompt`` takes the oldest queued message and
-records its turn as started in the same transaction; ``publish_output`` commits the
-output, its outbox messages and the prompt's completion in one transaction.
-
-Long: with ``TURNSTILE_EXECUTION=workers`` the same run, channel and stop paths drive a
-session on the workers (:class:`engine.workers.chat.WorkerChatSession`) instead of an agent
-process here; only where the session comes from differs, so both stay in this module.
+The chat mode itself is the engine's (:class:`engine.chats.sessions.ChatSessions`); this
+module is what it asks of the bot (:class:`~engine.chats.sessions.ChatFront`): a progress
+message under the message that asked, the answer and the files it hands over queued in
+the transaction that finishes the turn, and notes said in the chat.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import os
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from bot.progress import TurnProgress
 from bot.publish import Publisher
 from bot.store import Binding, BotStore, OutboxItem
-from engine.agents.base import ProcessAgent
-from engine.agents.factory import probe_turn_mode
-from engine.agents.stream import AgentEvent, EventKind, JsonStreamAgent
-from engine.agents.warm import close_agent
-from engine.aio import raise_if_cancelled
-from engine.approvals import ApprovalRoute
-from engine.errors import (
-    ChannelError,
-    ConfigError,
-    GitError,
-    StoreUnreachableError,
-    TurnError,
-    TurnPreempted,
-)
-from engine.humane import format_elapsed
-from engine.logs import log_context
-from engine.process import PreemptHandle, TurnProcess
-from engine.runs import ChatPlace, RunMode, RunSupervisor
-from engine.settings import Settings
-from engine.store.backend import AnyDatabase, wait_reachable
-from engine.store.runs import RunStatus, SqliteRunStore, TurnState
-from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
-from engine.workers.chatfiles import SENT_FILES
-from engine.workspace import WorkspaceError, WorkspaceManager, WorkspaceStore
+from engine.chats.records import PromptRow
+from engine.chats.sessions import ChatRun, TurnView
+from engine.turn import TurnOutput
 
-if TYPE_CHECKING:
-    from engine.workers.chat import WorkerChatSession
+__all__ = ["BotChatFront", "OutputFiles"]
 
-__all__ = ["AgentFactory", "ChatAgent", "ChatChannel", "ChatRun", "ChatSessions", "SubmitResult"]
-
-_LOGGER = logging.getLogger(__name__)
-
-AgentFactory = Callable[..., ProcessAgent]
 # The outbox messages for files an agent's output asks to send (bot/files.py).
 OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
-_STATUS_DEBOUNCE: Final = 0.05
 
+class BotChatFront:
+    """:class:`~engine.chats.sessions.ChatFront` in Telegram chats."""
 
-class ChatAgent(Protocol):
-    """What a chat run drives: an agent process here (:class:`ProcessAgent`), or, with
-    ``TURNSTILE_EXECUTION=workers``, a session on the workers (nothing runs here: its
-    ``preempt`` is never active, and cancelling its turn stops the turn on its worker)."""
+    def __init__(self, store: BotStore, publisher: Publisher) -> None:
+        self.store = store
+        self.publisher = publisher
+        #: Set by bot.files: the files a turn's answer hands over.
+        self.output_files: OutputFiles | None = None
 
-    @property
-    def session_id(self) -> str: ...
-
-    @property
-    def preempt(self) -> PreemptHandle: ...
-
-    async def run_turn(self, prompt: str) -> TurnOutput: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitResult:
-    queued: bool
-    waiting: int
-    busy: bool
-    steered: bool = False
-
-
-async def _message_of(store: BotStore, update_id: int | None) -> int | None:
-    """The message an update carried (what the turn's progress and answer reply to)."""
-    return None if update_id is None else await store.message_of_update(update_id)
-
-
-class ChatChannel(BaseChannel):
-    """The chat's persistent queue as a :class:`~engine.turn.Channel`."""
-
-    def __init__(self, run: ChatRun) -> None:
-        super().__init__(f"chat:{run.binding.chat_id}:{run.binding.thread_id}")
-        self._run = run
-        self.closing = False
-
-    async def next_prompt(self) -> NextPrompt:
-        run = self._run
-        if self.closing:
-            return Closed()
-        taken = await run.store.take_prompt(
-            run.binding.chat_id, run.binding.thread_id, run.run_id, run.turn + 1
-        )
-        if taken is None:
-            return Idle()
-        prompt, turn_id = taken
-        run.turn += 1
-        run.current = (prompt.id, turn_id, prompt.update_id)
-        run.turn_started = time.time()
-        # The turn's progress message, under the message that asked, before the turn runs.
+    def open_turn(self, run: ChatRun, prompt: PromptRow) -> TurnView:
         b = run.binding
-        run.progress = TurnProgress(
-            run.publisher,
+        progress = TurnProgress(
+            self.publisher,
             chat_id=b.chat_id,
             thread_id=b.thread_id or None,
             run_id=run.run_id,
             turn=run.turn,
             reply_to=None,
         )
-        run.progress.open_soon(_message_of(run.store, prompt.update_id))
-        run.status_wanted.set()
-        return Ready(prompt.body)
+        progress.open_soon(self._message_of(prompt.update_id))
+        return progress
 
-    async def publish_output(self, out: TurnOutput) -> None:
-        run = self._run
-        assert run.current is not None
-        prompt_id, turn_id, _ = run.current
+    async def _message_of(self, update_id: int | None) -> int | None:
+        """The message an update carried (what the turn's progress and answer reply to)."""
+        return None if update_id is None else await self.store.message_of_update(update_id)
+
+    async def publish_turn(
+        self, run: ChatRun, prompt_id: int, turn_id: int, out: TurnOutput, view: TurnView | None
+    ) -> None:
         b = run.binding
-        progress = run.progress
+        progress = view if isinstance(view, TurnProgress) else None
         if progress is not None:
             await progress.opened()  # the answer replies where the progress does
-        items = await run.publisher.output_items(
+        items = await self.publisher.output_items(
             out,
             chat_id=b.chat_id,
             thread_id=b.thread_id or None,
             run_id=run.run_id,
             reply_to=progress.reply_to if progress is not None else None,
         )
-        if run.output_files is not None and (b.workdir or SENT_FILES in out.metadata):
+        if self.output_files is not None:
             # Files the agent hands over (TURNSTILE-SEND lines) follow its answer (on the
             # workers: read on the worker's disk and stored in the database).
-            items += await run.output_files(b, out, run.run_id)
-        await run.store.commit_turn(
+            items += await self.output_files(b, out, run.run_id)
+        await self.store.commit_turn(
             prompt_id, turn_id, out, items, chat_id=b.chat_id, thread_id=b.thread_id
         )
-        if out.stderr_tail and run.runs_dir is not None:
-            # Beside the store's copy: the runs folder is where people look for a run's files.
-            await asyncio.to_thread(_keep_stderr, run.runs_dir / run.run_id, run.turn, out)
-        run.publisher.wake()
-        if progress is not None:
-            code = out.exit_code
-            await progress.finish("✅ done" if code in (None, 0) else f"⚠️ exited with code {code}")
-        run.current = None
-        run.turn_started = None
-        run.last_event = None
-        run.turns_done += 1
-        run.status_wanted.set()
+        self.publisher.wake()
 
-    def close(self) -> None:
-        self.closing = True
-        self.notify_inbound()
-
-
-@dataclass
-class ChatRun:
-    """One running loop of a bound chat."""
-
-    binding: Binding
-    run_id: str
-    agent: ChatAgent
-    store: BotStore
-    runs: SqliteRunStore
-    publisher: Publisher
-    started: float = field(default_factory=time.time)
-    turn: int = 0
-    turns_done: int = 0
-    current: tuple[int, int, int | None] | None = None
-    turn_started: float | None = None
-    stop_by: int | None = None
-    parking: bool = False
-    task: asyncio.Task[None] | None = None
-    status_wanted: asyncio.Event = field(default_factory=asyncio.Event)
-    last_event: str | None = None
-    output_files: OutputFiles | None = None
-    runs_dir: Path | None = None
-    progress: TurnProgress | None = None
-    prestarting: asyncio.Task[None] | None = None
-    channel: ChatChannel = field(init=False)
-
-    async def record_process(self, process: TurnProcess) -> None:
-        """Record the running turn's processes with it (a start-up after a crash kills them)."""
-        if self.current is not None:
-            await self.runs.record_turn_process(self.current[1], process)
-
-    def __post_init__(self) -> None:
-        self.channel = ChatChannel(self)
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.binding.chat_id, self.binding.thread_id)
-
-    @property
-    def busy(self) -> bool:
-        return self.current is not None
-
-    def on_agent_event(self, event: AgentEvent) -> None:
-        """The agent's progress (real CLIs): its tool calls and text show in the turn's
-        progress message; the last tool call in /status."""
-        if self.progress is not None and self.progress.on_event(event):
-            self.status_wanted.set()
-        if event.kind is EventKind.TOOL_USE:
-            detail = " ".join(event.text.split())[:80]
-            self.last_event = f"🔧 {event.tool or 'tool'}" + (f": {detail}" if detail else "")
-            self.status_wanted.set()
-        elif event.kind is EventKind.TOOL_RESULT and event.is_error:
-            self.last_event = f"⚠️ {event.tool or 'tool'} failed"
-            self.status_wanted.set()
-
-    def status_text(self, final: str | None = None) -> str:
-        b = self.binding
-        head = f"💬 chat session {self.run_id} · {b.agent} · {b.project}"
-        if getattr(self.agent, "resident", False):
-            head += " · warm (agent process kept between turns)"
-        if final is not None:
-            elapsed = format_elapsed(time.time() - self.started)
-            return f"{head}\n{final} · {elapsed}"
-        if self.turn_started is not None:
-            elapsed = format_elapsed(time.time() - self.turn_started)
-            state = f"⏳ a turn is running · {elapsed}"
-            if self.last_event:
-                state += f"\n{self.last_event}"
-        else:
-            state = "✅ idle"
-        return f"{head}\n{state}"
-
-    async def show_status(self, final: str | None = None) -> None:
-        """The running turn's progress message (finalized with ``final`` when the run ends;
-        a chat session has no status message of its own: /status tells)."""
-        if self.progress is None:
-            return
-        if final is not None:
-            await self.progress.finish(final)
-        elif self.busy:
-            await self.progress.show()
-
-
-class ChatSessions:
-    """Owns every chat run: binding, queueing, stopping, resuming, parking."""
-
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        store: BotStore,
-        runs: SqliteRunStore,
-        publisher: Publisher,
-        agent_factory: AgentFactory,
-        supervisor: RunSupervisor,
-        workspaces: WorkspaceStore,
-        status_tick: float = 1.0,
-        db: AnyDatabase | None = None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.workspaces = workspaces
-        self.runs = runs
-        self.publisher = publisher
-        self.agent_factory = agent_factory
-        self.supervisor = supervisor
-        self.status_tick = status_tick
-        # The database a chat's turns on the workers go through (TURNSTILE_EXECUTION).
-        self.db = db
-        self.active: dict[tuple[int, int], ChatRun] = {}
-        self.output_files: OutputFiles | None = None
-        # Where a new run's tool calls ask a person (set by bot.tool_approvals).
-        self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
-        self._closing = False
-        self._lock = asyncio.Lock()
-        self._submitting: dict[tuple[int, int], asyncio.Lock] = {}
-
-    # -- binding -----------------------------------------------------------------------
-
-    async def workdir_for(self, project: str, run_key: str, *, branch: str | None = None) -> Path:
-        """Where a run works: a git worktree of its own for a configured project
-        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a folder under the
-        workspaces root (a new one is made a git repository with a first commit).
-
-        Raises:
-            ConfigError: a malformed project setting, a reserved name, or git failed.
-        """
-        manager = WorkspaceManager.from_settings(self.settings, store=self.workspaces)
-        if project in {p.name for p in manager.projects}:
-            try:
-                workspace = await manager.provision(run_key, project, branch=branch)
-            except (WorkspaceError, GitError) as exc:
-                raise ConfigError(f"cannot check out {project}: {exc}") from exc
-            return workspace.path
-        try:
-            # A git repository from the start: what completion is judged on.
-            return await manager.plain_repository(project)
-        except GitError as exc:
-            raise ConfigError(
-                f"cannot make the folder of {project} a git repository: {exc}"
-            ) from exc
-
-    @property
-    def on_workers(self) -> bool:
-        """Whether chat turns run on ``turnstile worker`` processes (TURNSTILE_EXECUTION)."""
-        return self.settings.execution == "workers"
-
-    def _check_worker_project(self, project: str, branch: str | None) -> None:
-        manager = WorkspaceManager.from_settings(self.settings)
-        if project not in {p.name for p in manager.projects}:
-            raise ConfigError(
-                f"on the workers a chat needs a configured project (TURNSTILE_PROJECTS); "
-                f"{project} is not one"
-            )
-        if branch is not None:
-            raise ConfigError("on the workers a chat starts from the project's default branch")
-
-    async def bind(
-        self,
-        chat_id: int,
-        thread_id: int,
-        *,
-        agent: str,
-        project: str,
-        user_id: int | None,
-        model: str | None = None,
-        branch: str | None = None,
-    ) -> Binding:
-        """Bind the chat to a new agent session (the old one, if any, is closed).
-
-        Raises:
-            ConfigError: the project cannot be used.
-        """
-        old = self.active.get((chat_id, thread_id))
-        if old is not None and old.busy:
-            # A handler never waits for a turn: the person decides (/stop or wait).
-            raise ConfigError(
-                f"a turn of run {old.run_id} is running here; /stop it or wait for it first"
-            )
-        session_id = str(uuid.uuid4())
-        # On the workers: no folder here, it is checked out on the worker of the first turn.
-        workdir = ""
-        if self.on_workers:
-            self._check_worker_project(project, branch)
-        else:
-            workdir = str(await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch))
-        if old is not None:
-            old.channel.close()
-            if old.task is not None:
-                await asyncio.wait({old.task})
-        return await self.store.bind(
-            chat_id,
-            thread_id,
-            agent=agent,
-            project=project,
-            workdir=workdir,
-            session_id=session_id,
-            user_id=user_id,
-            model=model,
-        )
-
-    async def set_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
-        """The chat's model from its next turn on: an idle run ends (the next message
-        starts one with the model, resuming the same session).
-
-        Raises:
-            ConfigError: a turn is running.
-        """
-        run = self.active.get((chat_id, thread_id))
-        if run is not None and run.busy:
-            raise ConfigError(
-                f"a turn of run {run.run_id} is running here; /stop it or wait for it first"
-            )
-        await self.store.set_binding_model(chat_id, thread_id, model)
-        if run is not None:
-            run.channel.close()
-            if run.task is not None:
-                await asyncio.wait({run.task})
-
-    # -- prompts -----------------------------------------------------------------------
-
-    async def submit(
-        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, text: str
-    ) -> SubmitResult:
-        """Queue one message as the next turn; start the chat's run when needed.
-
-        A message arriving while a warm session's turn runs goes to that turn instead
-        (``steered``), when the agent takes it up and no earlier message of the session
-        waits in the queue: messages are taken in the order they were sent.
-        """
-        # One message of a session at a time: the next one is decided only once this one
-        # is queued, steered, or back in the queue because the turn ended first.
-        async with self._submitting.setdefault((chat_id, thread_id), asyncio.Lock()):
-            steered = await self._steer(chat_id, thread_id, update_id, user_id, text)
-            if steered is not None:
-                return steered
-            queued, waiting = await self.store.queue_prompt(
-                chat_id,
-                thread_id,
-                update_id=update_id,
-                user_id=user_id,
-                body=text,
-                depth=self.settings.queue_depth,
-            )
-        run = self.active.get((chat_id, thread_id))
-        busy = run is not None and run.busy
-        if queued:
-            await self.ensure_running(chat_id, thread_id)
-        return SubmitResult(queued=queued, waiting=waiting, busy=busy)
-
-    async def _steer(
-        self, chat_id: int, thread_id: int, update_id: int | None, user_id: int | None, text: str
-    ) -> SubmitResult | None:
-        run = self.active.get((chat_id, thread_id))
-        steer = getattr(run.agent, "steer", None) if run is not None and run.busy else None
-        if run is None or steer is None or not run.agent.preempt.active:
-            return None
-        if await self.store.queued_count(chat_id, thread_id):
-            # An earlier message waits for the next turn (it came while this turn was
-            # starting, or before a restart): this one queues behind it.
-            return None
-        prompt_id = await self.store.hold_for_steering(
-            chat_id, thread_id, update_id=update_id, user_id=user_id, body=text
-        )
-        if prompt_id is None:
-            return SubmitResult(queued=True, waiting=0, busy=True)
-        delivered = bool(await steer(text))
-        await self.store.steering_done(prompt_id, delivered=delivered)
-        if not delivered:
-            # The turn ended first: the message waits for the next turn as usual.
-            run.channel.notify_inbound()
-            return SubmitResult(queued=True, waiting=0, busy=run.busy)
-        _LOGGER.info("message delivered to the running turn", extra={"run_id": run.run_id})
-        return SubmitResult(queued=False, waiting=0, busy=True, steered=True)
-
-    async def ensure_running(self, chat_id: int, thread_id: int) -> ChatRun | None:
-        """Wake the chat's run, or start one for its binding."""
-        async with self._lock:
-            run = self.active.get((chat_id, thread_id))
-            if run is not None:
-                run.channel.notify_inbound()
-                return run
-            if self._closing:
-                return None
-            binding = await self.store.binding(chat_id, thread_id)
-            if binding is None:
-                return None
-            return await self._start(binding)
-
-    async def _start(self, binding: Binding) -> ChatRun:
-        # Minted first: the approval route of its tool calls is keyed by it.
-        run_id = self.supervisor.reserve(RunMode.CHAT)
-        extra: dict[str, Any] = {}
-        route = await self.approvals(run_id, binding) if self.approvals is not None else None
-        if route is not None:
-            extra["approval"] = route
-        settings = self.settings
-        if binding.model is not None:
-            settings = settings.model_copy(update={"agent_model": binding.model})
-        agent: ChatAgent
-        if self.on_workers:
-            agent = self._worker_session(run_id, binding, route)
-        else:
-            # Known ahead (bot start-up) or asked now, off the event loop.
-            await probe_turn_mode(binding.agent, settings)
-            agent = self.agent_factory(
-                binding.agent,
-                settings,
-                cwd=Path(binding.workdir),
-                session_id=binding.session_id,
-                resume=binding.turns > 0,
-                turns_finished=binding.turns > 0,
-                **extra,
-            )
-        await self.supervisor.open_run(
-            RunMode.CHAT,
-            run_id=run_id,
-            agent=binding.agent,
-            session_id=binding.session_id,
-            workdir=binding.workdir or None,
-            chat=ChatPlace(binding.chat_id, binding.thread_id or None),
-        )
-        await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
-        run = ChatRun(
-            binding=binding,
-            run_id=run_id,
-            agent=agent,
-            store=self.store,
-            runs=self.runs,
-            publisher=self.publisher,
-            output_files=self.output_files,
-            runs_dir=self.settings.runs_dir,
-        )
-        if isinstance(agent, JsonStreamAgent):
-            agent.on_event = run.on_agent_event
-        agent.preempt.on_spawn = run.record_process
-        self.active[run.key] = run
-        # The task copies the context: every line it logs carries the run and chat ids.
-        with log_context(run_id=run_id, chat_id=binding.chat_id):
-            run.task = asyncio.create_task(self._drive(run), name=f"chat-run-{run_id}")
-        _LOGGER.info("chat run started", extra={"run_id": run_id, "chat_id": binding.chat_id})
-        return run
-
-    def _workers_db(self) -> AnyDatabase:
-        if self.db is None:
-            raise ConfigError("chat sessions on the workers need the bot's database")
-        return self.db
-
-    def _worker_session(
-        self, run_id: str, binding: Binding, approval: ApprovalRoute | None
-    ) -> WorkerChatSession:
-        """The chat run's session on the workers: its turns are jobs (engine.workers.chat)."""
-        from engine.workers.chat import WorkerChatSession
-
-        async def notify(text: str) -> None:
-            await self.publisher.say(
-                binding.chat_id, text, thread_id=binding.thread_id or None, run_id=run_id
-            )
-
-        return WorkerChatSession(
-            self.settings,
-            self._workers_db(),
-            run_id=run_id,
-            tool=binding.agent,
-            project=binding.project,
-            session_id=binding.session_id,
-            resumes=binding.turns > 0,
-            model=binding.model,
-            notify=notify,
-            approval=approval,
-        )
-
-    async def _drive(self, run: ChatRun) -> None:
-        status = RunStatus.COMPLETED
-        final = "⏹ closed"
-        ticker = asyncio.create_task(self._tick(run), name=f"chat-tick-{run.run_id}")
-        # A resident process starts while the first prompt is taken and its progress posted.
-        prestart = getattr(run.agent, "prestart", None)
-        if prestart is not None:
-            run.prestarting = asyncio.create_task(prestart(), name=f"prestart-{run.run_id}")
-        try:
-            await run_session_loop(self.supervisor.attach(run.run_id, run.agent), run.channel)
-            if run.parking or self._closing:
-                status, final = RunStatus.PARKED, "⏸ parked (the bot is restarting)"
-        except TurnPreempted:
-            status, final = await self._preempted(run)
-        except asyncio.CancelledError:
-            status, final = await self._preempted(run)
-            if not (run.parking or run.stop_by is not None):
-                raise
-        except (TurnError, ChannelError) as exc:
-            status, final = RunStatus.ERROR, "⚠️ failed"
-            await self._failed(run, exc)
-        except StoreUnreachableError as exc:
-            # The database went away under the run (an outage): once it is back the turn
-            # is said cut off (its answer could not be kept) and the run ends; messages
-            # that wait go on in a new run.
-            _LOGGER.warning("chat run cut off: %s", exc, extra={"run_id": run.run_id})
-            if exc.retryable and self.db is not None:
-                await wait_reachable(self.db)
-            status, final = RunStatus.ERROR, "⚠️ cut off"
-            with contextlib.suppress(Exception):
-                await self._failed(
-                    run,
-                    StoreUnreachableError(
-                        "the database went away while it ran, so its answer was lost; "
-                        "send the message again to retry",
-                        target=exc.target,
-                    ),
-                )
-        except Exception as exc:
-            # A store or library failure ends the run visibly, never silently; the next
-            # message starts a new run (no automatic restart into the same failure).
-            _LOGGER.exception("chat run crashed", extra={"run_id": run.run_id})
-            status, final = RunStatus.CRASHED, "⚠️ crashed"
-            with contextlib.suppress(Exception):
-                await self._failed(run, exc)
-        finally:
-            self.supervisor.detach(run.run_id)
-            if run.prestarting is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await run.prestarting
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await ticker
-            self.active.pop(run.key, None)
-            # A warm session's resident process ends with its run.
-            with contextlib.suppress(Exception):
-                await close_agent(run.agent)
-            closing = getattr(run.agent, "close", None)
-            if self.on_workers and closing is not None:
-                with contextlib.suppress(Exception):
-                    await closing(stopped=status is RunStatus.STOPPED)
-            with contextlib.suppress(Exception):
-                await self.runs.update_run(run.run_id, status=status, finished_at=time.time())
-                await self.store.set_binding_run(run.binding.chat_id, run.binding.thread_id, None)
-                await run.show_status(final)
-            _LOGGER.info("chat run ended %s", status.value, extra={"run_id": run.run_id})
-        # Messages accepted while the run failed still get their turn, in a new run.
-        if (
-            status is RunStatus.ERROR
-            and not self._closing
-            and await self.store.queued_count(*run.key)
-        ):
-            await self.ensure_running(*run.key)
-
-    async def _preempted(self, run: ChatRun) -> tuple[RunStatus, str]:
-        b = run.binding
-        thread = b.thread_id or None
-        if run.current is not None:
-            prompt_id, turn_id, _ = run.current
-            if run.parking:
-                await self.runs.fail_turn(turn_id, TurnState.INTERRUPTED, "parked by a shutdown")
-                await self.store.end_prompt(prompt_id, "queued", requeue=True)
-            else:
-                await self.runs.fail_turn(turn_id, TurnState.INTERRUPTED, "stopped by a person")
-                await self.store.end_prompt(prompt_id, "stopped")
-        if run.parking:
-            return RunStatus.PARKED, "⏸ parked (the bot is restarting)"
-        dropped = await self.store.drop_queued(b.chat_id, b.thread_id)
-        note = f"⏹ Run {run.run_id} stopped"
-        if run.current is not None:
-            note += f" during turn {run.turn}"
-        if run.stop_by is not None:
-            note += f" by {self.publisher.people.name(run.stop_by)}"
-        note += "."
-        if dropped:
-            note += f" {dropped} queued message(s) were discarded; send them again if needed."
-        # On record before it is said: a /status right after the note shows it stopped.
-        await self.runs.update_run(run.run_id, status=RunStatus.STOPPED, finished_at=time.time())
-        await self.publisher.say(b.chat_id, note, thread_id=thread, run_id=run.run_id)
-        run.current = None
-        if run.stop_by is not None:
-            return RunStatus.STOPPED, f"⏹ stopped by {self.publisher.people.name(run.stop_by)}"
-        return RunStatus.STOPPED, "⏹ stopped"
-
-    async def _failed(self, run: ChatRun, exc: Exception) -> None:
-        b = run.binding
-        if run.current is not None:
-            prompt_id, turn_id, _ = run.current
-            await self.runs.fail_turn(turn_id, TurnState.FAILED, str(exc)[:500])
-            await self.store.end_prompt(prompt_id, "failed")
-        run.current = None
-        _LOGGER.warning("chat turn failed: %s", exc, extra={"run_id": run.run_id})
+    async def say(self, binding: Binding, text: str, *, run_id: str) -> None:
         await self.publisher.say(
-            b.chat_id,
-            f"⚠️ Turn {run.turn} of run {run.run_id} failed: {exc}",
-            thread_id=b.thread_id or None,
-            run_id=run.run_id,
+            binding.chat_id, text, thread_id=binding.thread_id or None, run_id=run_id
         )
 
-    async def _tick(self, run: ChatRun) -> None:
-        """Writes the run's status when asked, and every ``status_tick`` while a turn runs."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
-                # lands as the event fires, and this task then never ends (shutdown hangs).
-                async with asyncio.timeout(self.status_tick if run.busy else None):
-                    await run.status_wanted.wait()
-            # A short pause coalesces bursts and keeps this write off a turn's start-up.
-            await asyncio.sleep(_STATUS_DEBOUNCE)
-            run.status_wanted.clear()
-            try:
-                await run.show_status()
-            except StoreUnreachableError as exc:  # an outage: the next tick writes it
-                raise_if_cancelled()
-                _LOGGER.warning("cannot show the run's status yet: %s", exc)
-
-    def follow_migration(self, old_chat: int, new_chat: int) -> None:
-        """Runs of a group that became a supergroup now answer in the new chat."""
-        for key, run in list(self.active.items()):
-            if key[0] == old_chat:
-                run.binding = replace(run.binding, chat_id=new_chat)
-                self.active.pop(key)
-                self.active[(new_chat, key[1])] = run
-
-    # -- stopping ----------------------------------------------------------------------
-
-    def find(self, run_id: str) -> ChatRun | None:
-        return next((r for r in self.active.values() if r.run_id == run_id), None)
-
-    async def stop(self, run: ChatRun, by: int | None) -> None:
-        """Pre-empt the run's turn at once and end the run ``stopped``."""
-        run.stop_by = by
-        if run.agent.preempt.active:
-            await run.agent.preempt.stop()
-        elif run.task is not None and not run.task.done():
-            run.task.cancel()
-        if run.task is not None:
-            await asyncio.wait({run.task})
-
-    # -- start-up and shutdown ---------------------------------------------------------
-
-    async def resume(self) -> None:
-        """Start a run for every bound chat that has queued messages (after a restart)."""
-        for chat_id, thread_id in await self.store.chats_with_queued():
-            await self.ensure_running(chat_id, thread_id)
-
-    async def shutdown(self, *, park: bool) -> None:
-        """Stop taking turns. ``park`` pre-empts running turns (re-queued for the next start);
-        otherwise running turns finish first. Queued messages stay queued either way."""
-        self._closing = True
-        runs = list(self.active.values())
-        for run in runs:
-            run.channel.close()
-        if park:
-            await self.park_all()
-        tasks = [r.task for r in runs if r.task is not None]
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def park_all(self) -> None:
-        for run in list(self.active.values()):
-            run.parking = True
-            if run.task is not None and not run.task.done():
-                run.task.cancel()
-
-
-def _keep_stderr(folder: Path, seq: int, out: TurnOutput) -> None:
-    """Write the turn's stderr tail (already redacted) to ``folder/turn-SEQ.stderr.txt``."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"turn-{seq}.stderr.txt"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(out.stderr_tail)
+    def name(self, user_id: int) -> str:
+        return self.publisher.people.name(user_id)

@@ -1,7 +1,8 @@
 """Chat sessions from a chat: ``/chat [agent] [project]``, then every plain message a turn.
 
-The sessions themselves (queue, runs, parking) are :class:`bot.chat.ChatSessions`; this
-feature binds chats, queues their messages, and stops and reports their runs.
+The sessions themselves (queue, runs, parking) are the engine's chat mode
+(:class:`engine.chats.sessions.ChatSessions`); this feature binds chats, queues their
+messages, and stops and reports their runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Final
 from telegram import Update
 
 from bot.auth import Action
-from bot.chat import ChatRun
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -23,9 +23,9 @@ from bot.replies import thread_of
 from bot.store import Binding
 from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
+from engine.chats.sessions import ChatRun
 from engine.errors import ConfigError
 from engine.settings import Settings
-from engine.workers.chatturns import ChatTurnStore, chat_session_key
 from engine.workspace import WorkspaceManager
 from engine.workspace.manager import RESERVED_FOLDERS
 from engine.workspace.runs import worktree_summaries
@@ -99,17 +99,10 @@ class ChatFeature(Feature):
         return "Usage: /project NAME[@branch]. " + self._choices()
 
     def _agent_problem(self, agent: str) -> str | None:
-        installed = self._installed()
         if agent not in AGENT_NAMES:
             return f"There is no agent {agent!r}. {self._choices()}"
         # On the workers, a worker with the agent's CLI takes the turns.
-        if agent not in installed and self.ctx.settings.execution != "workers":
-            hint = agent_spec(agent).install_hint()
-            return (
-                f"{agent} is not installed on the bot's machine ({hint}). Agents installed "
-                f"here: {', '.join(installed) or 'none'}."
-            )
-        return None
+        return self.ctx.chats.agents.agent_problem(agent)
 
     def _project_problem(self, project: str, branch: str | None) -> str | None:
         if not _NAME.fullmatch(project) or project not in project_names(self.ctx.settings):
@@ -395,7 +388,7 @@ class ChatFeature(Feature):
         ]
         if not binding.workdir:
             # On the workers: the worktree and the agent's session are on a worker's disk.
-            worker = await ChatTurnStore(ctx.db).last_worker(chat_session_key(binding.session_id))
+            worker = await ctx.chats.agents.where(binding)
             lines.append(
                 f"   🖥 on the workers · last turn on worker {worker}"
                 if worker

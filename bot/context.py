@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from telegram import Bot
 
 from bot.auth import Authorizer
-from bot.chat import ChatSessions
+from bot.chat import BotChatFront
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
 from bot.store import BotStore
+from engine.chats.sessions import ChatSessions
 from engine.gates import Gates
 from engine.redact import Redactor
 from engine.runs import RunSupervisor
@@ -44,6 +45,7 @@ class BotContext:
     supervisor: RunSupervisor
     gates: Gates
     chats: ChatSessions
+    chat_front: BotChatFront
     sink: BotSink
     bot: Bot
     spawn: Callable[[Awaitable[None], str], asyncio.Task[None]]

@@ -37,6 +37,7 @@ from bot.handlers import Dispatch
 from bot.sink import ChatPlace
 from bot.store import Binding, InboundState, OutboxItem
 from engine.automode import AutoRun
+from engine.chats.files import ChatUpload, upload_message
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
     SEND_MARKER,
@@ -57,14 +58,6 @@ from engine.files import (
 from engine.gates.artifacts import SqlArtifactStore
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.turn import TurnOutput
-from engine.workers.chatfiles import (
-    SENT_FILES,
-    ChatUpload,
-    SentFile,
-    store_upload,
-    upload_message,
-)
-from engine.workers.chatturns import chat_session_key
 
 __all__ = ["FileDesk", "upload_prompt"]
 
@@ -89,7 +82,7 @@ class _Target:
     chat: Binding | None = None
     auto: AutoRun | None = None
     # A chat session on the workers: its folder is on a worker's disk, files go through
-    # the database (engine.workers.chatfiles).
+    # the database (engine.chats.files).
     remote: bool = False
 
     @property
@@ -145,7 +138,7 @@ class FileDesk(Feature):
         self._albums: dict[tuple[int, int, str], _Album] = {}
         self._excluded: set[Path] = set()
         self._closing = False
-        ctx.chats.output_files = self.marker_items
+        ctx.chat_front.output_files = self.marker_items
         ctx.sink.send_files_with(self.send_marked)
 
     def register(self, dispatch: Dispatch) -> None:
@@ -175,7 +168,7 @@ class FileDesk(Feature):
             return None
         if not binding.workdir:
             # A chat on the workers has no folder on this machine.
-            if not self.ctx.chats.on_workers or self.ctx.chats.db is None:
+            if not self.ctx.chats.agents.remote:
                 return None
             return _Target(Path(), chat=binding, remote=True)
         return _Target(Path(binding.workdir), chat=binding)
@@ -328,15 +321,9 @@ class FileDesk(Feature):
         data = await self._download(incoming.file_id, incoming.size, incoming.name)
         if target.remote:
             # Stored for the worker that runs the turn; it writes the file where it goes.
-            db = self.ctx.chats.db
-            assert db is not None
             assert target.chat is not None
-            upload = await store_upload(
-                db,
-                chat_session_key(target.chat.session_id),
-                incoming.name,
-                data,
-                mime=incoming.mime,
+            upload = await self.ctx.chats.agents.store_upload(
+                target.chat, incoming.name, data, mime=incoming.mime
             )
             _LOGGER.info("upload stored for the workers (%d bytes)", upload.size)
             return upload
@@ -445,7 +432,7 @@ class FileDesk(Feature):
     ) -> None:
         stored = [f for f in files if isinstance(f, ChatUpload)]
         if stored:
-            # The worker names the files in the prompt once written (engine.workers.chatfiles).
+            # The worker names the files in the prompt once written (engine.workers).
             text = upload_message(stored, captions)
         else:
             text = upload_prompt([f for f in files if isinstance(f, SavedFile)], captions)
@@ -678,15 +665,13 @@ class FileDesk(Feature):
     ) -> list[OutboxItem]:
         """The files a turn on a worker sent (read and checked there, stored in the
         database), as a local chat's: the same captions and refusals."""
-        db = self.ctx.chats.db
-        raw = out.metadata.get(SENT_FILES)
-        if db is None or not isinstance(raw, list):
+        sent_files = self.ctx.chats.agents.sent_files(out)
+        if not sent_files:
             return []
-        store = SqlArtifactStore(db)
+        store = SqlArtifactStore(self.ctx.db)
         chat_id, thread = binding.chat_id, binding.thread_id
         items: list[OutboxItem] = []
-        for entry in raw[:_MARKERS_PER_TURN]:
-            sent = SentFile.from_json(entry)
+        for sent in sent_files[:_MARKERS_PER_TURN]:
             try:
                 if sent.refused:
                     raise FileRefusedError(sent.refused, reason="worker")

@@ -40,6 +40,7 @@ from engine.approvals import (
 )
 from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
+from engine.executors import worker_of
 from engine.runs import Recovery
 from engine.store.runs import RunRecord
 
@@ -203,14 +204,7 @@ class ToolApprovalExtension(Feature):
 
     async def _worker_of(self, run_id: str) -> str | None:
         """The worker running the run's turns (None: the bot runs them itself)."""
-        if self.ctx.settings.execution != "workers":
-            return None
-        from engine.workers.store import WorkerStore
-
-        placement = await WorkerStore(self.ctx.db).placement(run_id)
-        if placement is None:
-            return None
-        return placement.worker or placement.last_worker
+        return await worker_of(self.ctx.settings, self.ctx.db, run_id)
 
     async def _refresh(self, request: ToolRequest) -> None:
         live = await self.ctx.store.get_live(_ref(request.id))

@@ -1,12 +1,14 @@
 """The same scripted run, in this process and on the workers: the same event log.
 
 Where a run executes is a choice of settings; what happens in it is not. Each test runs
-one scripted run both ways on one PostgreSQL database (a real ``turnstile worker``
-process for the workers) and compares the events ``turnstile runs RUN --events --json``
-prints, less what differs by nature (ids, times, the worker's folders)."""
+one scripted run both ways (a real ``turnstile worker`` process for the workers) and
+compares the events ``turnstile runs RUN --events --json`` prints, less what differs by
+nature (ids, times, the worker's folders); a chat session also compares the messages the
+chat got (the bot against the fake Bot API, its own SQLite file when local)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from typing import Any
@@ -14,8 +16,10 @@ from typing import Any
 import pytest
 
 from tests import test_workers_autopilot as pilot
-from tests.automode_support import turnstile
-from tests.workers_support import Cluster, wait_for
+from tests.automode_support import turnstile, write_script
+from tests.fakes.bot_api import FakeBotApi
+from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
+from tests.workers_support import HEARTBEAT, TIMEOUT, Cluster, wait_for
 from tests.workers_support import cluster as cluster  # the fixture
 
 pytestmark = pytest.mark.timeout(180)
@@ -172,3 +176,77 @@ def test_an_autopilot_drive_s_events_are_the_same_here_and_on_workers(cluster: C
         assert _autopilot_events(cluster, sub_w, "wdrive") == _autopilot_events(
             cluster, sub_h, "hdrive"
         )
+
+
+# -- a chat session ------------------------------------------------------------------
+
+
+async def _chat(
+    cluster: Cluster, database: str, execution: str, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, str | None, bytes | None, int | None]]:
+    """Three messages to a chat session run ``execution``'s way: what the chat was sent."""
+    root = cluster.tmp / f"bot-{execution}"
+    root.mkdir(exist_ok=True)
+    monkeypatch.setenv("FAKE_AGENT_SCRIPT", cluster.env["FAKE_AGENT_SCRIPT"])
+    monkeypatch.setenv("FAKE_AGENT_STATE", str(root / "agent-state"))
+    async with FakeBotApi() as api:
+        settings = bot_settings(
+            api,
+            root,
+            database=database,
+            execution=execution,
+            projects=cluster.env["TURNSTILE_PROJECTS"],
+            worker_heartbeat=float(HEARTBEAT),
+            worker_timeout=float(TIMEOUT),
+        )
+        async with running_bot(api, settings):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+            bound = await api.wait_for_message(lambda m: "bound to a new" in m.text)
+            for text in ("hello one", "hello two"):
+                api.push_message(chat_id=CHAT, user_id=OPERATOR, text=text)
+                await api.wait_for_message(lambda m, t=text: m.text == f"echo: {t}", timeout=60)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="send the notes")
+            await api.wait_for_message(lambda m: m.filename == "notes.md", timeout=60)
+            await api.wait_until(lambda: sum("✅ done" in m.text for m in api.sent) == 3)
+        after = [m for m in api.sent if m.message_id > bound.message_id]
+        asked = sorted({m.reply_to for m in after if m.reply_to is not None})
+        # What each message says, which file it carries and which of the person's
+        # messages it answers (its place among them: ids differ by what else was sent).
+        return [
+            (m.text, m.filename, m.document, asked.index(m.reply_to) if m.reply_to else None)
+            for m in after
+        ]
+
+
+async def test_a_chat_session_s_events_and_messages_are_the_same_here_and_on_a_worker(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every message echoed; one asks for a file the agent writes and hands over.
+    write_script(
+        cluster.tmp / "fake",
+        rules=[
+            {
+                "match": "send the notes",
+                "files": {"notes.md": "# Notes\n\nall well\n"},
+                "text": "here they are\nTURNSTILE-SEND: notes.md",
+            }
+        ],
+    )
+    cluster.env["TURNSTILE_PROJECTS"] = f"default={cluster.remote}#main"
+    await asyncio.to_thread(cluster.start_worker, "w1")
+    on_worker = await _chat(cluster, cluster.url, "workers", monkeypatch)
+    [worker_run] = [r for r in cluster.runs().values() if r["mode"] == "chat"]
+    turns = cluster.query("SELECT DISTINCT run_id, worker FROM worker_chat_turns")
+    assert turns == [(worker_run["id"], "w1")]
+    worker_events = _events(cluster, worker_run["id"])
+    # Here: the bot's own SQLite file, the default.
+    sqlite = str(cluster.tmp / "bot-local" / "turnstile.db")
+    here = await _chat(cluster, sqlite, "local", monkeypatch)
+    cluster.env["TURNSTILE_DATABASE"] = sqlite
+    [local_run] = [r for r in cluster.runs().values() if r["mode"] == "chat"]
+    local_events = _events(cluster, local_run["id"])
+    assert [e["kind"] for e in local_events].count("turn_ended") == 3
+    assert _what(worker_events, worker_run["id"]) == _what(local_events, local_run["id"])
+    assert on_worker == here
+    # The file the agent handed over came out of the worker's folder, as here.
+    assert ("notes.md", b"# Notes\n\nall well\n") in [(f, d) for _, f, d, _ in here]

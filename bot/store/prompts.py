@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from bot.store.records import Binding, InboundState, OutboxItem, PromptRow, prompt_from_row
+from bot.store.records import (
+    Binding,
+    InboundState,
+    OutboxItem,
+    PromptRow,
+    binding_from_row,
+    prompt_from_row,
+)
 from bot.store.tables import Tables
 from engine.store.backend import execute_later
 from engine.store.events import EventKind, add_event, events_written, turn_started
@@ -139,11 +146,11 @@ class ChatBindingTables(Tables):
         row = await self.db.fetchone(
             "SELECT * FROM bot_bindings WHERE chat_id = ? AND thread_id = ?", (chat_id, thread_id)
         )
-        return Binding.from_row(row) if row is not None else None
+        return binding_from_row(row) if row is not None else None
 
     async def bindings(self) -> list[Binding]:
         rows = await self.db.fetchall("SELECT * FROM bot_bindings ORDER BY created_at")
-        return [Binding.from_row(r) for r in rows]
+        return [binding_from_row(r) for r in rows]
 
     async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None:
         await self.db.execute(

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from engine.chats.records import Binding, PromptRow
+
 __all__ = [
     "AuditEntry",
     "Binding",
@@ -18,6 +20,8 @@ __all__ = [
     "PromptRow",
     "ReasonRequest",
     "StoredRow",
+    "binding_from_row",
+    "prompt_from_row",
 ]
 
 
@@ -107,50 +111,19 @@ class LiveMessage:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """A chat (or forum topic) bound to one agent session."""
-
-    chat_id: int
-    thread_id: int
-    agent: str
-    project: str
-    workdir: str
-    session_id: str
-    turns: int
-    run_id: str | None
-    #: Who bound it (the starter of its runs, for tool approvals).
-    bound_by: int | None = None
-    #: The model asked for with /model (None: the agent's default).
-    model: str | None = None
-
-    @classmethod
-    def from_row(cls, row: StoredRow) -> Binding:
-        return cls(
-            chat_id=row["chat_id"],
-            thread_id=row["thread_id"],
-            agent=row["agent"],
-            project=row["project"],
-            workdir=row["workdir"],
-            session_id=row["session_id"],
-            turns=row["turns"],
-            run_id=row["run_id"],
-            bound_by=row["bound_by"],
-            model=row["model"],
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PromptRow:
-    id: int
-    chat_id: int
-    thread_id: int
-    update_id: int | None
-    user_id: int | None
-    body: str
-    state: str
-    run_id: str | None
-    turn_id: int | None
+def binding_from_row(row: StoredRow) -> Binding:
+    return Binding(
+        chat_id=row["chat_id"],
+        thread_id=row["thread_id"],
+        agent=row["agent"],
+        project=row["project"],
+        workdir=row["workdir"],
+        session_id=row["session_id"],
+        turns=row["turns"],
+        run_id=row["run_id"],
+        bound_by=row["bound_by"],
+        model=row["model"],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """Where a run executes: in this process or on ``turnstile worker`` processes, chosen once.
 
 A front end (the bot, a command) asks an executor to start, steer, stop, list and recover
-runs; it never asks where they execute. :func:`auto_executor` makes the one for the
-settings' ``TURNSTILE_EXECUTION``:
+runs; it never asks where they execute. :func:`auto_executor` (auto runs),
+:func:`drive_executor` (autopilot drives) and :func:`chat_agents` (chat sessions) make the
+one for the settings' ``TURNSTILE_EXECUTION``:
 
 - ``local``: :class:`~engine.executors.local.LocalAuto` drives each run in a task of this
   process, under the run supervisor (its turn slots are shared with every other run).
@@ -32,6 +33,7 @@ from engine.executors.base import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from engine.executors.chats import ChatAgents
     from engine.executors.drives import AgentFactory, DriveExecutor
     from engine.gates import Gates
     from engine.runs import Recovery, RunSupervisor
@@ -48,8 +50,10 @@ __all__ = [
     "Started",
     "Workdirs",
     "auto_executor",
+    "chat_agents",
     "drive_executor",
     "recover_runs",
+    "worker_of",
 ]
 
 
@@ -120,3 +124,24 @@ def drive_executor(
     from engine.executors.drives_workers import WorkersDrives  # the workers' modules only then
 
     return WorkersDrives(settings, db, gates, local=local, sink=sink, notices=notices)
+
+
+def chat_agents(settings: Settings, db: AnyDatabase, *, agent_factory: AgentFactory) -> ChatAgents:
+    """Where chat turns run for ``settings.execution`` (:mod:`engine.executors.chats`)."""
+    from engine.executors.chats import LocalChatAgents, WorkersChatAgents
+
+    if settings.execution == "workers":
+        return WorkersChatAgents(settings, db)
+    return LocalChatAgents(settings, agent_factory)
+
+
+async def worker_of(settings: Settings, db: AnyDatabase, run_id: str) -> str | None:
+    """The worker that runs (or last ran) the turns of ``run_id``; None: it runs here."""
+    if settings.execution != "workers":
+        return None
+    from engine.workers.store import WorkerStore
+
+    placement = await WorkerStore(db).placement(run_id)
+    if placement is None:
+        return None
+    return placement.worker or placement.last_worker

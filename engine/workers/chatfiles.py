@@ -23,10 +23,16 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from engine.chats.files import (
+    SENT_FILES,
+    ChatUpload,
+    SentFile,
+    split_upload_message,
+    upload_message,
+)
 from engine.errors import FileRefusedError
 from engine.files import (
     SavedFile,
@@ -56,23 +62,7 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-#: The key of a turn's output metadata that lists the files the agent sent.
-SENT_FILES: Final = "turnstile_sent_files"
-# The first line of a queued message that brings files (ids of worker_chat_uploads rows).
-_MARK: Final = "\x1e[files "
 _MARKERS_PER_TURN: Final = 10
-
-
-@dataclass(frozen=True, slots=True)
-class ChatUpload:
-    """A file sent to a chat session on the workers, as stored."""
-
-    id: str
-    session_key: str
-    name: str
-    mime: str
-    size: int
-    sha256: str
 
 
 async def store_upload(
@@ -93,21 +83,6 @@ async def store_upload(
         (upload.id, session_key, name, mime, upload.size, digest, clock()),
     )
     return upload
-
-
-def upload_message(uploads: Sequence[ChatUpload], captions: Sequence[str]) -> str:
-    """The queued message of files sent to the chat: which rows, then the caption(s)."""
-    text = "\n".join(c for c in captions if c.strip())
-    return f"{_MARK}{','.join(u.id for u in uploads)}]\n{text}"
-
-
-def split_upload_message(message: str) -> tuple[list[str], str]:
-    """The upload ids a queued message names (none: a plain message) and its text."""
-    if not message.startswith(_MARK):
-        return [], message
-    head, _, text = message.partition("\n")
-    ids = head.removeprefix(_MARK).removesuffix("]")
-    return [i for i in ids.split(",") if i], text
 
 
 async def write_uploads(
@@ -148,31 +123,6 @@ async def write_uploads(
     with contextlib.suppress(OSError, FileRefusedError):
         await exclude_in_git(workdir, uploads)
     return upload_prompt(saved, [text])
-
-
-@dataclass(frozen=True, slots=True)
-class SentFile:
-    """One ``TURNSTILE-SEND:`` line of a turn on a worker: the stored file, or why not."""
-
-    given: str
-    name: str = ""
-    sha256: str = ""
-    caption: str = ""
-    refused: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "given": self.given,
-            "name": self.name,
-            "sha256": self.sha256,
-            "caption": self.caption,
-            "refused": self.refused,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> SentFile:
-        fields = ("given", "name", "sha256", "caption", "refused")
-        return cls(*(str(raw.get(k) or "") for k in fields))
 
 
 def _pack(
