@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bot.store import SqlBotStore  # noqa: E402
+from chatfront.store import SqlBotStore  # noqa: E402
 from engine.store import SqliteRunStore  # noqa: E402
 from engine.store.backend import open_database  # noqa: E402
 

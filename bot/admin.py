@@ -11,11 +11,11 @@ from typing import Any, Final
 
 from telegram import BotCommand, Update
 
-from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import thread_of
+from chatfront.auth import Action
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
 from engine.humane import words

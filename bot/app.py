@@ -32,7 +32,6 @@ from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, Tel
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
 from bot.admin import COMMANDS, AdminFeature
-from bot.auth import Authorizer
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import BotChatFront
@@ -47,8 +46,9 @@ from bot.progress import settle_leftovers
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
-from bot.store import InboundState, OutboxRow, SqlBotStore
 from bot.tool_approvals import ToolApprovalExtension
+from chatfront.auth import Authorizer
+from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
 from engine.chats.sessions import ChatSessions

@@ -15,7 +15,6 @@ from typing import Final
 from telegram import Update
 from telegram.error import TelegramError
 
-from bot.auth import Action
 from bot.chatting import configured_project
 from bot.context import BotContext
 from bot.feature import Feature
@@ -23,6 +22,7 @@ from bot.handlers import Dispatch
 from bot.notices import ChatNotices
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
+from chatfront.auth import Action
 from engine.automode import AutoRun
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError

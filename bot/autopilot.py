@@ -29,7 +29,6 @@ from typing import Any, Final
 from telegram import Update
 from telegram.error import TelegramError
 
-from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -37,7 +36,8 @@ from bot.notices import ChatNotices
 from bot.render import excerpt as render_excerpt
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace
-from bot.store import GateRecord, OutboxItem, ReasonRequest
+from chatfront.auth import Action
+from chatfront.store import GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
 from engine.errors import UnsafeFileError
 from engine.executors import drive_executor

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from bot.progress import TurnProgress
 from bot.publish import Publisher
-from bot.store import Binding, BotStore, OutboxItem
+from chatfront.store import Binding, BotStore, OutboxItem
 from engine.chats.records import PromptRow
 from engine.chats.sessions import ChatRun, TurnView
 from engine.turn import TurnOutput

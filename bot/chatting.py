@@ -14,13 +14,13 @@ from typing import Final
 
 from telegram import Update
 
-from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.progress import STOP_DATA
 from bot.replies import thread_of
-from bot.store import Binding
+from chatfront.auth import Action
+from chatfront.store import Binding
 from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
 from engine.chats.sessions import ChatRun

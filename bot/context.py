@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from telegram import Bot
 
-from bot.auth import Authorizer
 from bot.chat import BotChatFront
 from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
-from bot.store import BotStore
+from chatfront.auth import Authorizer
+from chatfront.store import BotStore
 from engine.chats.sessions import ChatSessions
 from engine.gates import Gates
 from engine.redact import Redactor

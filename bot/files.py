@@ -29,13 +29,13 @@ from typing import Final
 from telegram import Message, Update
 from telegram.error import BadRequest, TelegramError
 
-from bot.auth import Action
 from bot.auto import AutoExtension
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.sink import ChatPlace
-from bot.store import Binding, InboundState, OutboxItem
+from chatfront.auth import Action
+from chatfront.store import Binding, InboundState, OutboxItem
 from engine.automode import AutoRun
 from engine.chats.files import ChatUpload, upload_message
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError

@@ -38,9 +38,9 @@ from telegram.ext import (
     filters,
 )
 
-from bot.auth import Action, Authorizer
 from bot.replies import Replies, thread_of
-from bot.store import BotStore
+from chatfront.auth import Action, Authorizer
+from chatfront.store import BotStore
 from engine.settings import Settings
 
 __all__ = [

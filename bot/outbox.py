@@ -26,7 +26,7 @@ again with the back-off, ``refusal_retries`` times, before it is failed for good
 
 When Telegram answered success but the answer cannot be read (not JSON, not a message),
 the message is in the chat: it is recorded delivered, with no message id (a live message
-then goes on as a new one, bot.store), never sent twice. A send that timed out or lost its
+then goes on as a new one, chatfront.store), never sent twice. A send that timed out or lost its
 connection is sent again: most such failures come before Telegram has the message, and an
 answer that never arrives is worse than one that arrives twice (docs/telegram.md).
 The database being away a moment (an outage) pauses the sender with the same back-off.
@@ -68,7 +68,7 @@ from telegram.error import (
 )
 from telegram.ext import AIORateLimiter
 
-from bot.store import BotStore, LiveMessage, OutboxItem, OutboxRow
+from chatfront.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 from engine.aio import raise_if_cancelled
 from engine.errors import StoreUnreachableError
 

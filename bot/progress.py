@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from bot.publish import Publisher
-from bot.store import BotStore
+from chatfront.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
 from engine.errors import StoreUnreachableError
 from engine.humane import format_elapsed

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from bot.outbox import OutboxSender
-from bot.people import People
 from bot.render import MAX_CAPTION, Rendered, plain, render_markdown, render_parts
-from bot.store import BotStore, OutboxItem
+from chatfront.people import People
+from chatfront.store import BotStore, OutboxItem
 from engine.redact import Redactor
 from engine.turn import TurnOutput
 

@@ -14,9 +14,9 @@ from typing import Any, Final
 
 from telegram import Message, Update
 
-from bot.auth import Action, Authorizer, needed_roles
 from bot.publish import Publisher
-from bot.store import BotStore
+from chatfront.auth import Action, Authorizer, needed_roles
+from chatfront.store import BotStore
 
 __all__ = ["Replies", "thread_of"]
 

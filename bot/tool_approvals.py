@@ -21,12 +21,12 @@ from typing import Any, Final
 
 from telegram import Update
 
-from bot.auth import Action
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
-from bot.store import Binding
+from chatfront.auth import Action
+from chatfront.store import Binding
 from engine.approvals import (
     ApprovalPolicy,
     ApprovalRoute,

@@ -17,11 +17,11 @@ import pytest
 from telegram import Update
 from telegram.ext import ApplicationBuilder
 
-from bot.auth import Action, Authorizer
 from bot.handlers import Dispatch
 from bot.publish import Publisher
 from bot.replies import Replies
-from bot.store import BotStore, SqlBotStore
+from chatfront.auth import Action, Authorizer
+from chatfront.store import BotStore, SqlBotStore
 from engine.redact import Redactor
 from tests.fakes.bot_api import FakeBotApi
 from tests.support import make_settings

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from telegram.ext import AIORateLimiter, ExtBot
 
 from bot.outbox import OutboxSender
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import FakeBotApi
 from tests.pg_support import PgCluster

@@ -13,7 +13,7 @@ import pytest
 from telegram.ext import ExtBot
 
 from bot.outbox import OutboxSender, PacedRateLimiter
-from bot.store import SqlBotStore
+from chatfront.store import SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import ApiCall, FakeBotApi
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.gates import Gates
 from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi, SentMessage

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.publish import Publisher
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.redact import Redactor
 from engine.store import SqliteRunStore
 from engine.turn import TurnOutput
@@ -170,7 +170,7 @@ async def test_a_prompt_taken_becomes_a_turn_and_a_steering_replay_is_ignored(
 _CHILD = textwrap.dedent(
     """
     import asyncio, json, sys
-    from bot.store import SqlBotStore
+    from chatfront.store import SqlBotStore
     from engine.store.backend import open_database
 
     async def main(mode, target, count, name):

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from bot import publish
-from bot.auth import Action, Authorizer
 from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
-from bot.store import InboundState, OutboxItem, SqlBotStore
+from chatfront.auth import Action, Authorizer
+from chatfront.store import InboundState, OutboxItem, SqlBotStore
 from engine.redact import Redactor
 from engine.store.database import Database
 from engine.testing import FakeClock

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.people import People, display_name
 from bot.render import excerpt, render_parts
 from bot.sink import status_text
-from bot.store import SqlBotStore
+from chatfront.people import People, display_name
+from chatfront.store import SqlBotStore
 from engine.humane import humane, words
 from engine.redact import Redactor
 from engine.sink import StatusUpdate

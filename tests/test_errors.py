@@ -9,20 +9,21 @@ import re
 import pytest
 
 import bot
+import chatfront
 import engine
 from engine import errors
 from engine.errors import TurnstileError
 
 
 def _project_errors() -> dict[str, type[BaseException]]:
-    for package in (engine, bot):
+    for package in (engine, chatfront, bot):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             importlib.import_module(info.name)
     found: dict[str, type[BaseException]] = {}
     todo: list[type[BaseException]] = [TurnstileError]
     while todo:
         cls = todo.pop()
-        if cls.__module__.split(".")[0] in {"engine", "bot"}:
+        if cls.__module__.split(".")[0] in {"engine", "chatfront", "bot"}:
             found[cls.__name__] = cls
         todo.extend(cls.__subclasses__())
     return found

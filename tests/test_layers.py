@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.migrations import migrations as bot_migrations
+from chatfront.migrations import migrations as bot_migrations
 from engine.errors import ConfigError
 from engine.workspace import RESERVED_FOLDERS, WorkspaceManager
 from tests.conftest import REPO
@@ -72,7 +72,7 @@ def test_the_manager_gives_plain_folders_and_refuses_its_own(tmp_path: Path) -> 
 
 # -- the import graph and module sizes -----------------------------------------------
 
-_PACKAGES = ("bot", "engine")
+_PACKAGES = ("bot", "chatfront", "engine")
 _MAX_LINES = 600
 
 
@@ -155,6 +155,21 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def test_what_chat_front_ends_share_knows_neither_telegram_nor_the_bot() -> None:
+    # chatfront sits between the engine and a messenger's front end (bot/): imports go
+    # bot -> chatfront -> engine, and the engine knows neither.
+    modules = _modules()
+    known = set(modules)
+    for name, path in modules.items():
+        text = path.read_text()
+        found = _imports(name, path, known)
+        if name.startswith("chatfront"):
+            assert not [m for m in found if m.startswith("bot")], name
+            assert not re.search(r"^\s*(from|import) telegram\b", text, re.M), name
+        if name.startswith("engine"):
+            assert not [m for m in found if m.startswith("chatfront")], name
 
 
 def test_no_import_cycle_in_bot_or_engine_not_even_for_type_checking() -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.migrations import migrations as bot_migrations
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.migrations import migrations as bot_migrations
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.commands.doctor import Status, check_database
 from engine.errors import StoreError
 from engine.store import (

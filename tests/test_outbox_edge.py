@@ -18,7 +18,7 @@ import pytest
 from telegram.ext import ExtBot
 
 from bot.outbox import OutboxSender
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot

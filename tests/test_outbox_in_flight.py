@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import OutboxItem, SqlBotStore
+from chatfront.store import OutboxItem, SqlBotStore
 from engine.store import open_database
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import CHAT, bot_settings, running_bot

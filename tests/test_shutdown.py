@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.store import SqlBotStore
+from chatfront.store import SqlBotStore
 from engine.store import SqliteRunStore, open_database
 from tests.bot_process import CHAT, FAKE_AGENT, OPERATOR, ROOT, BotProcess, bot_env, spawn
 from tests.db_support import Target, setting

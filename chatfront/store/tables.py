@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from bot.store.records import OutboxItem
+from chatfront.store.records import OutboxItem
 from engine.store.audit import SqliteAuditLog
 from engine.store.backend import AnyDatabase, execute_later
 from engine.store.dialect import advisory_key
@@ -19,7 +19,7 @@ AUDIT_ORIGIN: Final = "bot"
 
 
 class Tables:
-    """The base of each part of :class:`~bot.store.SqlBotStore`: one database, one clock."""
+    """The base of each part of :class:`~chatfront.store.SqlBotStore`: one database, one clock."""
 
     def __init__(
         self,

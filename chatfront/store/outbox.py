@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from bot.store.records import LiveMessage, OutboxItem, OutboxRow
-from bot.store.tables import AUDIT_ORIGIN, Tables
+from chatfront.store.records import LiveMessage, OutboxItem, OutboxRow
+from chatfront.store.tables import AUDIT_ORIGIN, Tables
 
 __all__ = ["LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bot.store.records import InboundState
-from bot.store.tables import Tables
+from chatfront.store.records import InboundState
+from chatfront.store.tables import Tables
 from engine.store.database import Database
 
 __all__ = ["Inbox", "InboxTables"]

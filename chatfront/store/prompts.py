@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from bot.store.records import (
+from chatfront.store.records import (
     Binding,
     InboundState,
     OutboxItem,
@@ -13,7 +13,8 @@ from bot.store.records import (
     binding_from_row,
     prompt_from_row,
 )
-from bot.store.tables import Tables
+from chatfront.store.tables import Tables
+from engine.chats.records import ChatQueue
 from engine.store.backend import execute_later
 from engine.store.events import EventKind, add_event, events_written, turn_started
 from engine.store.runs import TurnState, finish_turn_in
@@ -23,57 +24,15 @@ __all__ = ["ChatBindingTables", "ChatBindings", "PromptQueue", "PromptTables"]
 
 
 class ChatBindings(Protocol):
-    """Which chat (or forum topic) talks to which agent session."""
-
-    async def bind(
-        self,
-        chat_id: int,
-        thread_id: int,
-        *,
-        agent: str,
-        project: str,
-        workdir: str,
-        session_id: str,
-        user_id: int | None,
-        model: str | None = None,
-    ) -> Binding: ...
-
-    async def binding(self, chat_id: int, thread_id: int) -> Binding | None: ...
+    """Which chat (or forum topic) talks to which agent session, beyond what the chat mode
+    asks (:class:`~engine.chats.records.ChatQueue`)."""
 
     async def bindings(self) -> list[Binding]: ...
 
-    async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None: ...
 
-    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
-        """The chat's model from its next run on (None: the agent's default)."""
-        ...
-
-
-class PromptQueue(Protocol):
-    """Each chat's prompts, queued, taken one turn at a time, and settled."""
-
-    async def queue_prompt(
-        self,
-        chat_id: int,
-        thread_id: int,
-        *,
-        update_id: int | None,
-        user_id: int | None,
-        body: str,
-        depth: int,
-    ) -> tuple[bool, int]: ...
-
-    async def hold_for_steering(
-        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, body: str
-    ) -> int | None: ...
-
-    async def steering_done(self, prompt_id: int, *, delivered: bool) -> None: ...
-
-    async def queued_count(self, chat_id: int, thread_id: int) -> int: ...
-
-    async def take_prompt(
-        self, chat_id: int, thread_id: int, run_id: str, seq: int
-    ) -> tuple[PromptRow, int] | None: ...
+class PromptQueue(ChatQueue, Protocol):
+    """Each chat's prompts, queued, taken one turn at a time, and settled: the chat mode's
+    queue, and what the bot does with it besides."""
 
     async def commit_turn(
         self,
@@ -86,15 +45,9 @@ class PromptQueue(Protocol):
         thread_id: int,
     ) -> None: ...
 
-    async def end_prompt(self, prompt_id: int, state: str, *, requeue: bool = False) -> None: ...
-
     async def running_prompts(self) -> list[PromptRow]: ...
 
     async def requeue_steering(self) -> int: ...
-
-    async def drop_queued(self, chat_id: int, thread_id: int) -> int: ...
-
-    async def chats_with_queued(self) -> list[tuple[int, int]]: ...
 
 
 def _queue_key(chat_id: int, thread_id: int) -> str:

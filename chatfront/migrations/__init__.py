@@ -1,4 +1,5 @@
-"""The bot's own tables: numbered migrations (``NNNN_name.sql``) beside this file.
+"""The chat front end's own tables (owner ``bot``): numbered migrations (``NNNN_name.sql``)
+beside this file.
 
 Registered under the ``turnstile.migrations`` entry point, so the engine applies them with
 its own without naming them. Until the bot had its own sequence, ``0001_bot`` was the
@@ -18,4 +19,4 @@ ADOPTED = ((1, 4),)
 
 def migrations() -> MigrationSet:
     """The bot's migrations, in order."""
-    return MigrationSet(OWNER, load_migrations("bot", "migrations"), adopted=ADOPTED)
+    return MigrationSet(OWNER, load_migrations("chatfront", "migrations"), adopted=ADOPTED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bot.store.tables import Tables
+from chatfront.store.tables import Tables
 
 __all__ = ["People", "PeopleTables"]
 

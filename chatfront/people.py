@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bot.store import BotStore
+from chatfront.store import BotStore
 
 __all__ = ["People", "display_name"]
 

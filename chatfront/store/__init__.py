@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bot.store.chats import BotAudit, BotAuditTables, ChatMoves, ChatMoveTables
-from bot.store.gates import (
+from chatfront.store.chats import BotAudit, BotAuditTables, ChatMoves, ChatMoveTables
+from chatfront.store.gates import (
     GateMessages,
     GateMessageTables,
     ReasonRequests,
@@ -22,11 +22,11 @@ from bot.store.gates import (
     TaskPlaces,
     TaskPlaceTables,
 )
-from bot.store.inbox import Inbox, InboxTables
-from bot.store.outbox import LiveMessages, LiveTables, Outbox, OutboxTables
-from bot.store.people import People, PeopleTables
-from bot.store.prompts import ChatBindings, ChatBindingTables, PromptQueue, PromptTables
-from bot.store.records import (
+from chatfront.store.inbox import Inbox, InboxTables
+from chatfront.store.outbox import LiveMessages, LiveTables, Outbox, OutboxTables
+from chatfront.store.people import People, PeopleTables
+from chatfront.store.prompts import ChatBindings, ChatBindingTables, PromptQueue, PromptTables
+from chatfront.store.records import (
     AuditEntry,
     Binding,
     GateRecord,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bot.store.records import AuditEntry
-from bot.store.tables import AUDIT_ORIGIN, Tables
+from chatfront.store.records import AuditEntry
+from chatfront.store.tables import AUDIT_ORIGIN, Tables
 
 __all__ = ["BotAudit", "BotAuditTables", "ChatMoveTables", "ChatMoves"]
 

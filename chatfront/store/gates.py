@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from bot.store.records import GateRecord, ReasonRequest
-from bot.store.tables import Tables
+from chatfront.store.records import GateRecord, ReasonRequest
+from chatfront.store.tables import Tables
 
 __all__ = [
     "GateMessageTables",

@@ -1,0 +1,13 @@
+"""What every chat front end shares, whatever its messenger: the rest is in ``bot/``.
+
+- :mod:`chatfront.store`: what a chat front end must not lose, in the one database
+  (inbound updates, the outbox and live messages, bindings and queued prompts, which
+  message shows which gate, people, the chat audit), with its own migrations
+  (:mod:`chatfront.migrations`; its tables keep the ``bot_`` prefix).
+- :mod:`chatfront.auth`: who may do what (roles and actions).
+- :mod:`chatfront.people`: how people are called in messages.
+
+Nothing here imports ``telegram`` or ``bot``; the engine imports nothing from here.
+"""
+
+__all__: list[str] = []
