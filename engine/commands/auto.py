@@ -131,10 +131,11 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
-    if settings.execution == "workers":
-        from engine.workers.auto import run_on_workers  # the queue only when asked for
+    from engine.executors import auto_elsewhere  # the workers' modules only when asked for
 
-        return await run_on_workers(args, settings, _objective(args))
+    elsewhere = await auto_elsewhere(args, settings, _objective(args))
+    if elsewhere is not None:
+        return elsewhere
     if args.detach:
         raise ConfigError("--detach needs TURNSTILE_EXECUTION=workers")
     # Tool requests are asked on this terminal (or denied without one), the live status

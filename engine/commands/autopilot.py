@@ -67,16 +67,17 @@ def register(subparsers: Any) -> None:
 
 
 async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
+    from engine.executors import drive_elsewhere
     from engine.gates.autopilot import DriveOutcome, next_step
     from engine.gates.refusals import GateRefused
     from engine.gates.service import Gates
     from engine.sink import LogSink
     from engine.store.backend import open_database
 
-    if settings.execution == "workers" and not args.manual:
-        from engine.workers.drives import drive_on_workers  # the queue only when asked for
-
-        return await drive_on_workers(args, settings)
+    if not args.manual:
+        elsewhere = await drive_elsewhere(args, settings)
+        if elsewhere is not None:
+            return elsewhere
     try:
         async with open_database(settings) as db:
             # The gates store's SQL runs on both databases; its annotations name SQLite's.

@@ -159,17 +159,16 @@ async def _dispatch(args: argparse.Namespace, given: Settings | ListingSettings)
                         file=sys.stderr,
                     )
                 return result.reason.exit_code
-            if settings.execution == "workers":
-                from engine.workers.drives import wake_drive  # the queue only when asked for
+            from engine.executors import gate_decided
 
-                try:
-                    await wake_drive(settings, db, args.task)
-                except Exception as exc:  # recorded all the same; its worker sees it a beat later
-                    print(
-                        "turnstile: note: recorded; the drive goes on when its worker next "
-                        f"checks, within seconds ({type(exc).__name__})",
-                        file=sys.stderr,
-                    )
+            try:
+                await gate_decided(settings, db, args.task)
+            except Exception as exc:  # recorded all the same; its worker sees it a beat later
+                print(
+                    "turnstile: note: recorded; the drive goes on when its worker next "
+                    f"checks, within seconds ({type(exc).__name__})",
+                    file=sys.stderr,
+                )
             text = f"{result.task}: {result.outcome.value} ({result.detail})"
             if result.subtasks_created:
                 text += "\nsub-tasks created: " + ", ".join(result.subtasks_created)

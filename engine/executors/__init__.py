@@ -31,6 +31,7 @@ from engine.executors.base import (
 )
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Awaitable, Callable
 
     from engine.executors.chats import ChatAgents
@@ -49,9 +50,12 @@ __all__ = [
     "Notices",
     "Started",
     "Workdirs",
+    "auto_elsewhere",
     "auto_executor",
     "chat_agents",
+    "drive_elsewhere",
     "drive_executor",
+    "gate_decided",
     "recover_runs",
     "worker_of",
 ]
@@ -145,3 +149,38 @@ async def worker_of(settings: Settings, db: AnyDatabase, run_id: str) -> str | N
     if placement is None:
         return None
     return placement.worker or placement.last_worker
+
+
+# -- the terminal's commands ----------------------------------------------------------
+
+
+async def auto_elsewhere(
+    args: argparse.Namespace, settings: Settings, objective: tuple[str, list[str]]
+) -> int | None:
+    """``turnstile auto`` where the settings run it when that is not this process: queued
+    on the workers and followed there (its exit code); None: it runs here."""
+    if settings.execution != "workers":
+        return None
+    from engine.workers.auto import run_on_workers
+
+    return await run_on_workers(args, settings, objective)
+
+
+async def drive_elsewhere(args: argparse.Namespace, settings: Settings) -> int | None:
+    """``turnstile autopilot`` on the workers when the settings say so (its exit code);
+    None: the drive runs here."""
+    if settings.execution != "workers":
+        return None
+    from engine.workers.drives import drive_on_workers
+
+    return await drive_on_workers(args, settings)
+
+
+async def gate_decided(settings: Settings, db: AnyDatabase, task: str) -> None:
+    """A gate of ``task`` was decided: its drive goes on at once wherever it is parked (a
+    drive here is woken by the gates service itself)."""
+    if settings.execution != "workers":
+        return
+    from engine.workers.drives import wake_drive
+
+    await wake_drive(settings, db, task)
