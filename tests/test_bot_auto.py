@@ -88,6 +88,8 @@ async def test_auto_run_to_completion_with_steering(
         # the live status message exists once, under the /auto, and was edited in place
         status = [m for m in api.sent if m.text.startswith(f"🤖 Auto run {run_id}")]
         assert len(status) == 1
+        # Its last edit (finished) may go out after the report: edits are coalesced.
+        await api.wait_until(lambda: "✅ finished" in status[0].text)
         assert status[0].edits >= 1
         assert status[0].reply_to == api.pushed(asked)["message"]["message_id"]
         # one live message, the answers to people, the report and the turns as a document:

@@ -333,9 +333,16 @@ async def test_files_from_strangers_and_unbound_chats_are_not_taken(
         api.push_document(chat_id=CHAT, user_id=STRANGER, data=b"a", file_name="a.txt")
         refusal = await answer(api, "needs the operator role")
         assert str(STRANGER) in refusal.text
-        entries = await rt.store.audit_entries()
-        refused = [(e.user_id, e.action, e.outcome) for e in entries]
-        assert (STRANGER, "prompt", "refused") in refused
+
+        async def refused() -> list[tuple[int | None, str, str]]:
+            return [(e.user_id, e.action, e.outcome) for e in await rt.store.audit_entries()]
+
+        # Audited as it is answered (the answer does not wait for the audit's commit).
+        for _ in range(100):
+            if (STRANGER, "prompt", "refused") in await refused():
+                break
+            await asyncio.sleep(0.05)
+        assert (STRANGER, "prompt", "refused") in await refused()
     assert api.downloads == []
     assert prompts(tmp_path) == []
 
