@@ -47,13 +47,11 @@ from engine.gates import (
     ApprovalResult,
     GateRefused,
     Refusal,
-    TaskRecord,
 )
 from engine.gates.hashing import sha256_file_async
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
-from engine.turn import AgentSession
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutopilotExtension"]
@@ -94,7 +92,7 @@ class AutopilotExtension(Feature):
             supervisor=ctx.supervisor,
             sink=ctx.sink,
             notices=ChatNotices(ctx),
-            agent_factory=self._factory,
+            agent_factory=self._agent_factory,
         )
         ctx.sink.post_gates_with(self.post_gate)
         ctx.sink.resolve_places_with(self.resolve)
@@ -162,16 +160,6 @@ class AutopilotExtension(Feature):
         if artifacts:
             lines.append("Artifacts: " + ", ".join(artifacts) + ".")
         return lines
-
-    def _factory(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
-        agent: AgentSession = self._agent_factory(
-            self.ctx.settings.default_agent,
-            self.ctx.settings,
-            cwd=task.workdir,
-            session_id=session_id,
-            resume=resume,
-        )
-        return agent
 
     # -- /autopilot --------------------------------------------------------------------
 

@@ -22,9 +22,11 @@ from typing import Any, Final, Protocol
 from engine.errors import TurnstileError
 from engine.executors.base import Notices, same_place
 from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
+from engine.gates.records import TaskRecord
 from engine.runs import Recovery, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.sink import RunSink
+from engine.turn import AgentSession
 
 __all__ = [
     "DriveExecutor",
@@ -121,7 +123,7 @@ class DriveExecutor(Protocol):
         ...
 
 
-#: Makes the agent session of a task's phase turns: ``(task, session id, resume)``.
+#: Makes an agent session as :func:`engine.agents.factory.create_agent` does.
 AgentFactory = Callable[..., Any]
 
 
@@ -146,6 +148,19 @@ class LocalDrives:
         self.places: dict[str, ChatPlace] = {}
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self._stopped_by: dict[str, str] = {}
+
+    def _session(self, task: TaskRecord, session_id: str, resume: bool) -> AgentSession:
+        """The agent session of a task's phase turns: the settings' default agent, in the
+        task's folder."""
+        settings = self.gates.settings
+        agent: AgentSession = self.agent_factory(
+            settings.default_agent,
+            settings,
+            cwd=task.workdir,
+            session_id=session_id,
+            resume=resume,
+        )
+        return agent
 
     async def start(self, request: DriveRequest) -> DriveStarted:
         name = request.task
@@ -174,7 +189,7 @@ class LocalDrives:
         handle = self.gates.start_autopilot(
             name,
             self.sink,
-            agent_factory=self.agent_factory,
+            agent_factory=self._session,
             chat=(place.chat_id, place.thread_id),
             supervisor=self.supervisor,
         )
