@@ -291,6 +291,24 @@ async def test_stop_task_stops_the_drive_and_autopilot_resumes_it(
         await _gate_message(api, "research")
 
 
+async def test_stop_takes_the_drive_s_run_id_as_on_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    rules = phase_rules()
+    rules[0] = {**rules[0], "wait_file": str(release)}  # research waits
+    write_script(tmp_path, {"rules": rules}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T8")
+        await api.wait_for_message(lambda m: "Autopilot for task T8 started" in m.text)
+        await api.wait_until(lambda: any("running" in m.text for m in api.sent if "T8" in m.text))
+        [run] = [r for r in await rt.runs.list_runs() if r.task == "T8"]
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run.id}")
+        await api.wait_for_message(lambda m: m.text.startswith("⏹ Autopilot for T8 stopped"))
+        assert (await rt.runs.get_run(run.id)).status is RunStatus.STOPPED
+        release.touch()
+
+
 async def test_a_drive_a_terminal_took_over_is_not_resumed_by_the_bot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

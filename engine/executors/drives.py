@@ -98,8 +98,9 @@ class DriveExecutor(Protocol):
         ...
 
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
-        """Stop the drive ``key`` (a task, ``autopilot:TASK`` or a run on the workers) of
-        the chat, stopped by the person named ``by``; False when the chat has none such."""
+        """Stop the drive ``key`` (a task, ``autopilot:TASK`` or the drive's run id,
+        here or on the workers) of the chat, stopped by the person named ``by``; False when
+        the chat has none such."""
         ...
 
     async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
@@ -224,8 +225,16 @@ class LocalDrives:
         # A warm session: its agent process stays between the drive's turns.
         return "driving · warm" if handle.pilot and handle.pilot.warm(task) else "driving"
 
+    def _task_named(self, key: str) -> str:
+        """The task ``key`` names: a task, ``autopilot:TASK``, or the run id of its drive
+        (as on the workers)."""
+        for name, handle in self.drives.items():
+            if handle.pilot is not None and handle.pilot.run_of(name) == key:
+                return name
+        return task_of(key)
+
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
-        name = task_of(key)
+        name = self._task_named(key)
         handle = self.drives.get(name)
         place = self.places.get(name)
         if handle is None or handle.done or place is None or place.chat_id != chat_id:

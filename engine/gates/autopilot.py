@@ -225,6 +225,10 @@ class Autopilot:
     def run_id(self, name: str) -> str:
         return f"autopilot:{name}"
 
+    def run_of(self, name: str) -> str | None:
+        """The run id of the drive of task ``name`` (None: none opened yet)."""
+        return self._run_ids.get(name)
+
     def warm(self, name: str) -> bool:
         """Whether ``name``'s agent process stays resident between its turns now."""
         agent: object = self._agents.get(name)
