@@ -133,7 +133,7 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--session only goes with --append")
     from engine.executors import auto_elsewhere  # the workers' modules only when asked for
 
-    elsewhere = await auto_elsewhere(args, settings, _objective(args))
+    elsewhere = await auto_elsewhere(args, settings, lambda: _objective(args))
     if elsewhere is not None:
         return elsewhere
     if args.detach:

@@ -155,15 +155,18 @@ async def worker_of(settings: Settings, db: AnyDatabase, run_id: str) -> str | N
 
 
 async def auto_elsewhere(
-    args: argparse.Namespace, settings: Settings, objective: tuple[str, list[str]]
+    args: argparse.Namespace,
+    settings: Settings,
+    objective: Callable[[], tuple[str, list[str]]],
 ) -> int | None:
     """``turnstile auto`` where the settings run it when that is not this process: queued
-    on the workers and followed there (its exit code); None: it runs here."""
+    on the workers and followed there (its exit code); None: it runs here. ``objective``
+    reads the run's objective from the arguments (only a new run has one)."""
     if settings.execution != "workers":
         return None
     from engine.workers.auto import run_on_workers
 
-    return await run_on_workers(args, settings, objective)
+    return await run_on_workers(args, settings, objective())
 
 
 async def drive_elsewhere(args: argparse.Namespace, settings: Settings) -> int | None:
