@@ -54,7 +54,7 @@ from engine.aio import raise_if_cancelled
 from engine.chats.sessions import ChatSessions
 from engine.errors import ConfigError, StoreError, StoreUnreachableError
 from engine.executors import chat_agents, recover_runs
-from engine.executors.chats import AgentFactory
+from engine.executors.base import AgentFactory
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor

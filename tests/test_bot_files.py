@@ -39,6 +39,7 @@ from tests.fakes.bot_harness import (
     write_script,
 )
 from tests.fakes.transcription_api import FakeTranscriptionApi
+from tests.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
@@ -338,11 +339,10 @@ async def test_files_from_strangers_and_unbound_chats_are_not_taken(
             return [(e.user_id, e.action, e.outcome) for e in await rt.store.audit_entries()]
 
         # Audited as it is answered (the answer does not wait for the audit's commit).
-        for _ in range(100):
-            if (STRANGER, "prompt", "refused") in await refused():
-                break
-            await asyncio.sleep(0.05)
-        assert (STRANGER, "prompt", "refused") in await refused()
+        async def audited() -> bool:
+            return (STRANGER, "prompt", "refused") in await refused()
+
+        await wait_until(audited, what="the refusal audited")
     assert api.downloads == []
     assert prompts(tmp_path) == []
 

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
+    from engine.executors.base import AgentFactory
     from engine.executors.chats import ChatAgents
-    from engine.executors.drives import AgentFactory, DriveExecutor
+    from engine.executors.drives import DriveExecutor
     from engine.gates import Gates
     from engine.runs import Recovery, RunSupervisor
     from engine.settings import Settings

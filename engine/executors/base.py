@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Protocol
 from engine.runs.spec import ChatPlace
 
 if TYPE_CHECKING:
+    from engine.agents.base import ProcessAgent
     from engine.automode import AutoRun
     from engine.automode.run import ApprovalFor
     from engine.runs import Recovery
 
 __all__ = [
+    "AgentFactory",
     "Approvals",
     "AutoExecutor",
     "AutoRequest",
@@ -26,6 +28,9 @@ __all__ = [
     "wait_all",
 ]
 
+#: Makes an agent process as :func:`engine.agents.factory.create_agent` does (the bot's
+#: tests hand in fakes): chat sessions and drives alike.
+AgentFactory = Callable[..., "ProcessAgent"]
 #: Where a run of a project works: ``(project, run id) -> folder`` (a worktree of its own
 #: for a configured project).
 Workdirs = Callable[[str, str], Awaitable[Path]]

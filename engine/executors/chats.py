@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.agents.base import ProcessAgent
 from engine.agents.factory import probe_turn_mode
 from engine.agents.registry import agent_spec, installed_agents
 from engine.agents.warm import close_agent
@@ -25,15 +24,15 @@ from engine.approvals import ApprovalRoute
 from engine.chats.files import SENT_FILES, ChatUpload, SentFile
 from engine.chats.records import Binding
 from engine.errors import ConfigError
+from engine.executors.base import AgentFactory
 from engine.process import PreemptHandle
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase
 from engine.turn import TurnOutput
 from engine.workspace import WorkspaceManager
 
-__all__ = ["AgentFactory", "ChatAgent", "ChatAgents", "LocalChatAgents", "WorkersChatAgents"]
+__all__ = ["ChatAgent", "ChatAgents", "LocalChatAgents", "WorkersChatAgents"]
 
-AgentFactory = Callable[..., ProcessAgent]
 Say = Callable[[str], Awaitable[None]]
 
 
@@ -111,7 +110,7 @@ class LocalChatAgents:
         if agent in installed:
             return None
         return (
-            f"{agent} is not installed on the bot's machine ({agent_spec(agent).install_hint()})."
+            f"{agent} is not installed on this machine ({agent_spec(agent).install_hint()})."
             f" Agents installed here: {', '.join(installed) or 'none'}."
         )
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from engine.errors import TurnstileError
-from engine.executors.base import Notices, same_place
+from engine.executors.base import AgentFactory, Notices, same_place
 from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
 from engine.gates.records import TaskRecord
 from engine.runs import Recovery, RunSupervisor
@@ -122,10 +121,6 @@ class DriveExecutor(Protocol):
     async def park_all(self) -> None:
         """Park every drive now, pre-empting its turn."""
         ...
-
-
-#: Makes an agent session as :func:`engine.agents.factory.create_agent` does.
-AgentFactory = Callable[..., Any]
 
 
 class LocalDrives:
