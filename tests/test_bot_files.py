@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from bot.app import BotRuntime
+from chatfront.store import AuditEntry, BotStore
 from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
 from tests.bot_process import bot_env, start_polling
 from tests.fakes import bot_harness
@@ -65,6 +66,18 @@ def prompts(tmp_path: Path) -> list[str]:
 
 async def answer(api: FakeBotApi, needle: str) -> SentMessage:
     return await api.wait_for_message(lambda m: needle in m.text)
+
+
+async def refused(store: BotStore, user_id: int, action: str) -> list[AuditEntry]:
+    """The audit log once it holds ``user_id``'s refusal of ``action``: a refusal is
+    audited as it is answered, so the answer can be seen before the audit commits."""
+
+    async def entries() -> list[AuditEntry] | None:
+        found = await store.audit_entries()
+        wanted = (user_id, action, "refused")
+        return found if wanted in [(e.user_id, e.action, e.outcome) for e in found] else None
+
+    return await wait_until(entries, what=f"the refusal of {action} audited")
 
 
 def tree(folder: Path) -> list[str]:
@@ -334,15 +347,7 @@ async def test_files_from_strangers_and_unbound_chats_are_not_taken(
         api.push_document(chat_id=CHAT, user_id=STRANGER, data=b"a", file_name="a.txt")
         refusal = await answer(api, "needs the operator role")
         assert str(STRANGER) in refusal.text
-
-        async def refused() -> list[tuple[int | None, str, str]]:
-            return [(e.user_id, e.action, e.outcome) for e in await rt.store.audit_entries()]
-
-        # Audited as it is answered (the answer does not wait for the audit's commit).
-        async def audited() -> bool:
-            return (STRANGER, "prompt", "refused") in await refused()
-
-        await wait_until(audited, what="the refusal audited")
+        await refused(rt.store, STRANGER, "prompt")
     assert api.downloads == []
     assert prompts(tmp_path) == []
 
@@ -404,11 +409,9 @@ async def test_get_sends_a_file_and_a_folder_and_refuses_what_leaves_the_folder(
 
             api.push_message(chat_id=CHAT, user_id=STRANGER, text="/get out/report.html")
             await answer(api, "/get needs the operator or approver role")
-            entries = await rt.store.audit_entries()
+            entries = await refused(rt.store, STRANGER, "status")
             gets = [(e.user_id, e.reason) for e in entries if e.action == "get"]
             assert (OPERATOR, "out/report.html") in gets
-            refused = [(e.user_id, e.action) for e in entries if e.outcome == "refused"]
-            assert (STRANGER, "status") in refused
         documents = [m for m in api.sent if m.document is not None]
         assert all(secret.read_bytes() not in (m.document or b"") for m in documents)
         assert len(documents) == 4
@@ -439,8 +442,8 @@ async def test_an_agent_hands_a_file_to_the_chat_with_a_marker_line(
         doc = await api.wait_for_message(lambda m: m.document is not None)
         assert doc.document == b"<p>the report</p>"
         assert doc.filename == "report.html"
-        refused = await answer(api, "Not sent (TURNSTILE-SEND: ../../secret.txt)")
-        assert "leaves the run's folder" in refused.text
+        not_sent = await answer(api, "Not sent (TURNSTILE-SEND: ../../secret.txt)")
+        assert "leaves the run's folder" in not_sent.text
         texts = api.texts(CHAT)
         answer_at = next(i for i, t in enumerate(texts) if t.startswith("Here it is."))
         # The files follow the answer.
