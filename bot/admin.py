@@ -41,6 +41,7 @@ COMMANDS: Final = [
     BotCommand("stop", "[RUN] — stop the running turn at once"),
     BotCommand("status", "this chat's runs"),
     BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
+    BotCommand("web", "the board of runs and tasks in a browser (in a private chat)"),
     BotCommand("tasks", "every task's state (admin)"),
     BotCommand("audit", "the audit's findings (admin)"),
 ]
@@ -66,6 +67,8 @@ HELP: Final = "\n".join(
         "/cancel — drop a Reject button press whose reason you have not sent yet.",
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
         "/status — this chat's runs. /tasks, /audit — admins.",
+        "/web — in a private chat: the board of every run and task, with their timelines,"
+        " changes and gates, as a Mini App or in a browser.",
         "",
         "Files",
         "Send a file or photo (an album is one turn): it is saved in the run's folder under"

@@ -47,6 +47,7 @@ from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
 from bot.tool_approvals import ToolApprovalExtension
+from bot.web import WebFeature
 from chatfront.auth import Authorizer
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
@@ -202,6 +203,7 @@ class BotRuntime:
         self.publisher: Publisher | None = None
         self.chats: ChatSessions | None = None
         self.features: Features | None = None
+        self.web: WebFeature | None = None
         self.gates: Gates | None = None
         # Every run of every feature: its row, its session wrapper, its turns, recovery.
         # The warm pool too: chat sessions, auto runs and drives share its cap.
@@ -398,6 +400,8 @@ class BotRuntime:
                 await asyncio.wait(runs)
         with contextlib.suppress(Exception):
             await self.warm_pool.aclose()
+        if self.web is not None:
+            await self.web.close()
         if self._webhook is not None:
             with contextlib.suppress(Exception):
                 await self._webhook.cleanup()
@@ -419,8 +423,12 @@ class BotRuntime:
         auto = AutoExtension(ctx, approvals)
         files = FileDesk(ctx, auto)
         chat = ChatFeature(ctx)
-        admin = AdminFeature(ctx, owners=(chat, approvals, autopilot, auto))
-        return (approvals, autopilot, auto, files, chat, admin)
+        owners = (chat, approvals, autopilot, auto)
+        admin = AdminFeature(ctx, owners=owners)
+        self.web = WebFeature(
+            ctx, token=self.token, autopilot=autopilot, approvals=approvals, owners=owners
+        )
+        return (approvals, autopilot, auto, files, chat, admin, self.web)
 
     @property
     def handlers(self) -> Features | None:
@@ -458,6 +466,8 @@ class BotRuntime:
             await self.app.bot.delete_webhook()
             self._poller = asyncio.create_task(self._poll(), name="telegram-poller")
         await self._replay_inbound()
+        if self.web is not None:
+            await self.web.start()
         walls = sandbox_state(self.settings)
         if walls.confined:
             _LOGGER.info("%s", walls.detail)

@@ -424,6 +424,34 @@ class AutopilotExtension(Feature):
             text = f"⛔ Not accepted for {what}: {reason.replace('_', ' ')}. {result.detail}"
         await self.ctx.replies.reply(update, text.strip())
 
+    async def decided_on_web(self, task: str, result: ApprovalResult, user_id: int) -> None:
+        """A gate decided on the web view: its drive wakes, its gate message says so."""
+        await self.executor.wake(task)
+        if result.phase is None or result.sha256 is None:
+            return
+        gate = await self.ctx.store.open_gate_for(task, result.phase, result.sha256)
+        if gate is None:
+            return
+        name = self.ctx.publisher.people.name(user_id)
+        outcome = result.outcome
+        if outcome is ApprovalOutcome.APPROVED:
+            if await self.ctx.store.close_gate(gate.gate_id, "approved", user_id):
+                await self._decide_text(
+                    gate, f"✅ Approved by {name} on the web view; the next phase runs."
+                )
+        elif outcome is ApprovalOutcome.REJECTED:
+            if await self.ctx.store.close_gate(gate.gate_id, "rejected", user_id):
+                await self._decide_text(
+                    gate, f"↩️ Rejected by {name} on the web view; the phase re-runs."
+                )
+        elif outcome is ApprovalOutcome.RECORDED:
+            await self.ctx.publisher.say(
+                gate.chat_id,
+                f"Approval of {task} · {gate.phase} by {name} on the web view recorded: "
+                f"{result.approvals} of {result.quorum} needed.",
+                thread_id=gate.thread_id,
+            )
+
     async def _is_open(self, gate: GateRecord) -> bool:
         """Whether the gate this message shows still waits: asked of the gate store."""
         task = await self.gates.open_gate(gate.task)

@@ -279,6 +279,13 @@ class ToolApprovalExtension(Feature):
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
 
+    async def decided_elsewhere(self, decided: ToolRequest) -> None:
+        """A request decided on the web view: its message says so; an allow for the
+        session allows the run's other waiting calls it covers."""
+        await self._refresh(decided)
+        if decided.scope is Scope.SESSION:
+            await self._apply_grant(decided)
+
     def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
         """Why ``user_id`` may not decide ``request`` (None: they may)."""
         auth = self.ctx.authorizer

@@ -46,6 +46,16 @@ class Settings(BaseSettings):
     webhook_port: int = Field(default=8443, ge=1, le=65535)
     webhook_secret: SecretStr | None = None
 
+    # The web view and Mini App (off unless a port is set)
+    web_port: int | None = Field(default=None, ge=1, le=65535)
+    web_listen: str = "127.0.0.1"
+    # Its public base URL (HTTPS behind a reverse proxy for the Mini App)
+    web_url: str | None = None
+    web_link_minutes: float = Field(default=10.0, gt=0)
+    web_session_hours: float = Field(default=12.0, gt=0)
+    # Bearer token for /metrics (empty: /metrics answers nobody)
+    metrics_token: SecretStr | None = None
+
     # Who may do what (numeric Telegram ids; empty admits nobody)
     allowed_chats: IdList = ()
     admins: IdList = ()

@@ -602,7 +602,7 @@ def test_the_wheel_ships_every_data_file(tmp_path: Path) -> None:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for package in ("engine", "chatfront", "bot"):
+    for package in ("engine", "chatfront", "webview", "bot"):
         shutil.copytree(
             ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -619,7 +619,7 @@ def test_the_wheel_ships_every_data_file(tmp_path: Path) -> None:
     shipped = set(zipfile.ZipFile(wheel).namelist())
     data = [
         p.relative_to(ROOT).as_posix()
-        for package in ("engine", "chatfront", "bot")
+        for package in ("engine", "chatfront", "webview", "bot")
         for p in (ROOT / package).rglob("*")
         if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
     ]

@@ -36,7 +36,7 @@ def test_the_engine_names_no_bot_table() -> None:
         for statement in migration.statements
         for name in re.findall(r"CREATE TABLE (\w+)", statement)
     }
-    assert len(tables) == 11
+    assert len(tables) == 12
     pattern = re.compile(r"\b(" + "|".join(sorted(tables)) + r")\b")
     offenders = [
         str(path.relative_to(REPO))
@@ -72,7 +72,7 @@ def test_the_manager_gives_plain_folders_and_refuses_its_own(tmp_path: Path) -> 
 
 # -- the import graph and module sizes -----------------------------------------------
 
-_PACKAGES = ("bot", "chatfront", "engine")
+_PACKAGES = ("bot", "chatfront", "engine", "webview")
 _MAX_LINES = 600
 
 
@@ -168,6 +168,12 @@ def test_what_chat_front_ends_share_knows_neither_telegram_nor_the_bot() -> None
         if name.startswith("chatfront"):
             assert not [m for m in found if m.startswith("bot")], name
             assert not re.search(r"^\s*(from|import) telegram\b", text, re.M), name
+        if name.startswith("webview"):
+            # The web view is a front end of its own: no messenger, no bot.
+            assert not [m for m in found if m.startswith("bot")], name
+            assert not re.search(r"^\s*(from|import) telegram\b", text, re.M), name
+        if name.startswith(("engine", "chatfront")):
+            assert not [m for m in found if m.startswith("webview")], name
         if name.startswith("engine"):
             assert not [m for m in found if m.startswith("chatfront")], name
 

@@ -14,7 +14,7 @@ from typing import Any
 from engine.store.events import EventKind, EventLog, RunEvent
 from engine.store.runs import RunRecord
 
-__all__ = ["describe", "print_events"]
+__all__ = ["describe", "print_events", "what_happened"]
 
 
 def _first_line(text: object, most: int = 160) -> str:
@@ -150,11 +150,15 @@ _SAY: dict[str, Callable[[RunEvent, Mapping[str, Any]], str]] = {
 }
 
 
+def what_happened(event: RunEvent) -> str:
+    """What the event says happened, in words (no time)."""
+    say = _SAY.get(event.kind)
+    return say(event, event.data) if say is not None else event.kind.replace("_", " ")
+
+
 def describe(event: RunEvent) -> str:
     """One line for people: the local time, then what happened."""
-    say = _SAY.get(event.kind)
-    what = say(event, event.data) if say is not None else event.kind.replace("_", " ")
-    return f"{time.strftime('%H:%M:%S', time.localtime(event.at))}  {what}"
+    return f"{time.strftime('%H:%M:%S', time.localtime(event.at))}  {what_happened(event)}"
 
 
 async def print_events(log: EventLog, record: RunRecord, *, as_json: bool, follow: bool) -> int:

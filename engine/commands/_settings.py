@@ -30,7 +30,13 @@ __all__ = ["SECRET_NAMES", "ListingSettings", "full_settings", "read_listing_set
 _PREFIX = "turnstile_"
 _ENV_FILE = ".env"
 #: The settings held as secrets (``SecretStr``); a test holds this to the model's list.
-SECRET_NAMES = ("telegram_token", "webhook_secret", "projects", "transcription_key")
+SECRET_NAMES = (
+    "telegram_token",
+    "webhook_secret",
+    "projects",
+    "transcription_key",
+    "metrics_token",
+)
 _READ = ("database", "log_level", "log_format", *SECRET_NAMES)
 
 

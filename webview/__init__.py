@@ -1,0 +1,1 @@
+"""The web view and Telegram Mini App over the runs: a front end like the bot, served by it."""
