@@ -27,7 +27,7 @@ from chatfront.auth import Role
 from engine.commands._events import what_happened
 from engine.errors import NotFoundError
 from engine.gates.refusals import GateRefused
-from engine.humane import words
+from engine.humane import humane, words
 from engine.store.events import EventKind, EventLog, RunEvent
 from engine.store.runs import SqliteRunStore
 from engine.workspace.store import SqliteWorkspaceStore
@@ -94,6 +94,21 @@ _VIEW: Final = web.AppKey("view", WebView)
 _PAGES: Final = web.AppKey("pages", jinja2.Environment)
 
 
+def _plain(text: str) -> str:
+    """Words without their leading emoji (a page has its own marks for states)."""
+    head, _, rest = text.partition(" ")
+    return rest if rest and not any(c.isalnum() for c in head) else text
+
+
+def _said(view: WebView, event: RunEvent) -> str:
+    """What the event says, in words, with people's names for their ids."""
+    text = humane(what_happened(event))
+    by = event.data.get("by")
+    if isinstance(by, int | str) and str(by).lstrip("-").isdigit():
+        text = text.replace(f" by {by}", f" by {view.names(int(by))}")
+    return text
+
+
 def _pages() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_HERE / "templates"),
@@ -101,7 +116,8 @@ def _pages() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-    env.filters["words"] = words
+    env.filters["words"] = lambda state: _plain(words(state))
+    env.filters["hms"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at))
     return env
 
 
@@ -342,7 +358,7 @@ async def _run_page(request: web.Request) -> web.Response:
         session=session,
         run=record,
         ended=record.status.value in _ENDED,
-        events=[(e, what_happened(e)) for e in events],
+        events=[(e, _said(view, e)) for e in events],
         cursor=events[-1].id if events else 0,
         timeline=timeline_svg(events, now=view.clock()),
         legend=legend(events),
@@ -396,7 +412,7 @@ async def _run_events(request: web.Request) -> web.StreamResponse:
                         "id": event.id,
                         "kind": event.kind,
                         "at": time.strftime("%H:%M:%S", time.localtime(event.at)),
-                        "text": what_happened(event),
+                        "text": _said(view, event),
                     },
                 )
             )

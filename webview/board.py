@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from engine.humane import format_elapsed, words
+from engine.humane import format_elapsed
+from engine.humane import words as _words
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -127,6 +128,13 @@ class BoardPage:
     rows: Sequence[RunRow] | Sequence[TaskRow]
     page: int
     more: bool
+
+
+def words(state: str) -> str:
+    """A state in words, without the chat's emoji (the board marks states itself)."""
+    said = _words(state)
+    head, _, rest = said.partition(" ")
+    return rest if rest and not any(c.isalnum() for c in head) else said
 
 
 def _like(text: str) -> str:
