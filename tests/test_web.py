@@ -356,3 +356,26 @@ async def test_metrics_need_their_token(served: Served) -> None:
         ) as response:
             body = await response.text()
     assert 'turnstile_runs{mode="auto",status="running"} 1.0' in body
+
+
+async def test_a_run_page_shows_the_running_turns_output_as_it_changes(served: Served) -> None:
+    run_id = await _run_with_a_turn(served.db)
+
+    async def progress(text: str) -> None:
+        await served.db.execute(
+            "INSERT INTO bot_live (ref, chat_id, body, updated_at) VALUES (?, 1, ?, ?)"
+            " ON CONFLICT (ref) DO UPDATE SET body = excluded.body,"
+            " updated_at = excluded.updated_at",
+            (f"progress:{run_id}:2", text, time.time()),
+        )
+
+    await progress("⏳ reading the tests")
+    async with await served.signed_in(OPERATOR) as client:
+        async with client.get(f"/runs/{run_id}") as response:
+            assert "⏳ reading the tests" in await response.text()
+        async with client.get(f"/runs/{run_id}/events", params={"after": "99999"}) as stream:
+            await progress("⏳ running pytest")
+            line = b""
+            while not line.startswith(b"data:"):
+                line = await asyncio.wait_for(stream.content.readline(), 5)
+    assert json.loads(line.decode().removeprefix("data: ")) == {"text": "⏳ running pytest"}

@@ -332,11 +332,13 @@ async def _events_of(view: WebView, record: Any, after: int = 0) -> list[RunEven
     )
 
 
-async def _live_output(view: WebView, run_id: str) -> str:
-    """What the chat shows of the run's running turn (its live progress message)."""
+async def _live_output(view: WebView, run_id: str, task: str | None = None) -> str:
+    """What the chat shows of the run's running turn: its live progress message (a chat
+    turn's or an auto run's status, or an autopilot phase's message)."""
     row = await view.db.fetchone(
-        "SELECT body FROM bot_live WHERE ref LIKE ? OR ref = ? ORDER BY updated_at DESC LIMIT 1",
-        (f"progress:{run_id}:%", f"status:{run_id}"),
+        "SELECT body FROM bot_live WHERE ref LIKE ? OR ref = ? OR ref LIKE ?"
+        " ORDER BY updated_at DESC LIMIT 1",
+        (f"progress:{run_id}:%", f"status:{run_id}", f"phase:{task}:%" if task else ""),
     )
     return str(row["body"]) if row is not None else ""
 
@@ -362,7 +364,7 @@ async def _run_page(request: web.Request) -> web.Response:
         cursor=events[-1].id if events else 0,
         timeline=timeline_svg(events, now=view.clock()),
         legend=legend(events),
-        output=await _live_output(view, record.id),
+        output=await _live_output(view, record.id, record.task),
         diff=diff,
         tools=tools,
         may_stop=bool(view.roles(session.user_id) & {Role.OPERATOR, Role.ADMIN}),
@@ -396,7 +398,9 @@ async def _run_events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     task = record.task if record.mode == "autopilot" else None
-    output = asyncio.create_task(_follow_output(view, record.id, response), name="web-output")
+    output = asyncio.create_task(
+        _follow_output(view, record.id, record.task, response), name="web-output"
+    )
     try:
         async for event in EventLog(view.db).follow(
             record.id,
@@ -426,11 +430,13 @@ async def _run_events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _follow_output(view: WebView, run_id: str, response: web.StreamResponse) -> None:
-    shown = await _live_output(view, run_id)
+async def _follow_output(
+    view: WebView, run_id: str, task: str | None, response: web.StreamResponse
+) -> None:
+    shown = await _live_output(view, run_id, task)
     while True:
         await asyncio.sleep(_OUTPUT_POLL)
-        now = await _live_output(view, run_id)
+        now = await _live_output(view, run_id, task)
         if now != shown:
             shown = now
             await response.write(_sse("output", {"text": now}))
