@@ -62,10 +62,11 @@ class Outcome:
 
 
 def may_decide_tool(
-    roles: frozenset[Role], user_id: int, request: ToolRequest, *, forbid_self: bool
+    roles: frozenset[Role], user_id: int, starter_id: int | None, *, forbid_self: bool
 ) -> str | None:
-    """Why ``user_id`` may not decide ``request`` (None: they may); the chat's rule."""
-    is_starter = request.starter_id is not None and user_id == request.starter_id
+    """Why ``user_id`` may not decide a tool request of a run ``starter_id`` started (None:
+    they may); the chat's rule."""
+    is_starter = starter_id is not None and user_id == starter_id
     if is_starter and forbid_self:
         return "you started this run, and self-approval is forbidden here"
     if roles & {Role.APPROVER, Role.ADMIN}:
@@ -152,7 +153,7 @@ class WebActions:
             request = await self._approvals.get(request_id)
         except NotFoundError:
             return Outcome(False, f"There is no tool request {request_id}.")
-        refusal = may_decide_tool(roles, user_id, request, forbid_self=self._forbid_self)
+        refusal = may_decide_tool(roles, user_id, request.starter_id, forbid_self=self._forbid_self)
         if refusal is not None:
             await self._record(
                 "tool_approval", "refused", user_id, detail=f"request {request_id}: {refusal}"

@@ -27,12 +27,12 @@ from chatfront.auth import Role
 from engine.commands._events import what_happened
 from engine.errors import NotFoundError
 from engine.gates.refusals import GateRefused
-from engine.humane import humane, words
+from engine.humane import humane
 from engine.store.events import EventKind, EventLog, RunEvent
 from engine.store.runs import SqliteRunStore
 from engine.workspace.store import SqliteWorkspaceStore
 from webview.actions import WebActions
-from webview.board import Board, Filters
+from webview.board import Board, Filters, words
 from webview.diff import diff_css, run_diff
 from webview.markdown import code_css, render_markdown
 from webview.metrics import metrics_text, metrics_token_ok
@@ -55,7 +55,6 @@ _HERE: Final = Path(__file__).parent
 _ENDED: Final = frozenset({"completed", "stopped", "error", "crashed"})
 #: How often a run's page looks at the running turn's live output.
 _OUTPUT_POLL: Final = 0.5
-_SESSION: Final = web.AppKey("session", Session)
 
 
 @dataclass(slots=True)
@@ -94,12 +93,6 @@ _VIEW: Final = web.AppKey("view", WebView)
 _PAGES: Final = web.AppKey("pages", jinja2.Environment)
 
 
-def _plain(text: str) -> str:
-    """Words without their leading emoji (a page has its own marks for states)."""
-    head, _, rest = text.partition(" ")
-    return rest if rest and not any(c.isalnum() for c in head) else text
-
-
 def _said(view: WebView, event: RunEvent) -> str:
     """What the event says, in words, with people's names for their ids."""
     text = humane(what_happened(event))
@@ -116,7 +109,7 @@ def _pages() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-    env.filters["words"] = lambda state: _plain(words(state))
+    env.filters["words"] = words
     env.filters["hms"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at))
     return env
 
@@ -221,6 +214,37 @@ def _back(request: web.Request, session: Session, path: str, message: str) -> we
     raise web.HTTPSeeOther(path)
 
 
+_Page = Callable[[web.Request, Session], Awaitable[web.StreamResponse]]
+_Change = Callable[[web.Request, Session, dict[str, str]], Awaitable[web.StreamResponse]]
+
+
+def _signed(handler: _Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A page for a signed-in person; anyone else gets the sign-in page."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        session = _session(request)
+        if session is None:
+            return _signin_required(request)
+        return await handler(request, session)
+
+    return guarded
+
+
+def _change(handler: _Change) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A change a signed-in person asks for, from this site's own page (its CSRF token)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        session = _session(request)
+        if session is None:
+            return _signin_required(request)
+        form = await _form(request, session)
+        if form is None:
+            return _signin_required(request, "That request did not come from this page.")
+        return await handler(request, session, form)
+
+    return guarded
+
+
 # -- signing in ------------------------------------------------------------------------
 
 
@@ -288,10 +312,8 @@ async def _signout(request: web.Request) -> web.Response:
 # -- the board -------------------------------------------------------------------------
 
 
-async def _board(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
+@_signed
+async def _board(request: web.Request, session: Session) -> web.Response:
     view = request.app[_VIEW]
     filters = Filters.parse(request.query)
     board = Board(view.db, names=view.names, clock=view.clock)
@@ -299,9 +321,7 @@ async def _board(request: web.Request) -> web.Response:
     roles = view.roles(session.user_id)
     page = await (board.tasks(filters) if tasks_view else board.runs(filters))
     waiting = await board.waiting_for(
-        session.user_id,
-        approver=bool(roles & {Role.APPROVER, Role.ADMIN}),
-        forbid_self=view.settings.forbid_self_approval,
+        session.user_id, roles, forbid_self=view.settings.forbid_self_approval
     )
     return _render(
         request,
@@ -343,10 +363,8 @@ async def _live_output(view: WebView, run_id: str, task: str | None = None) -> s
     return str(row["body"]) if row is not None else ""
 
 
-async def _run_page(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
+@_signed
+async def _run_page(request: web.Request, session: Session) -> web.Response:
     view = request.app[_VIEW]
     record = await _run_record(request)
     events = await _events_of(view, record)
@@ -371,9 +389,8 @@ async def _run_page(request: web.Request) -> web.Response:
     )
 
 
-async def _run_timeline(request: web.Request) -> web.Response:
-    if _session(request) is None:
-        return _signin_required(request)
+@_signed
+async def _run_timeline(request: web.Request, session: Session) -> web.Response:
     view = request.app[_VIEW]
     record = await _run_record(request)
     svg = timeline_svg(await _events_of(view, record), now=view.clock())
@@ -384,11 +401,10 @@ def _sse(name: str, data: object) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def _run_events(request: web.Request) -> web.StreamResponse:
+@_signed
+async def _run_events(request: web.Request, session: Session) -> web.StreamResponse:
     """The run's events from the page's cursor on, as Server-Sent Events, until the run
     ends or the page goes away; the running turn's live output when it changes."""
-    if _session(request) is None:
-        return _signin_required(request)
     view = request.app[_VIEW]
     record = await _run_record(request)
     after_text = request.query.get("after", "0")
@@ -442,26 +458,18 @@ async def _follow_output(
             await response.write(_sse("output", {"text": now}))
 
 
-async def _run_stop(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
-    form = await _form(request, session)
-    if form is None:
-        return _signin_required(request, "That request did not come from this page.")
+@_change
+async def _run_stop(request: web.Request, session: Session, form: dict[str, str]) -> web.Response:
     view = request.app[_VIEW]
     run_id = request.match_info["run_id"]
     said = await view.actions.stop(view.roles(session.user_id), session.user_id, run_id)
     return _back(request, session, f"/runs/{run_id}", said.message)
 
 
-async def _tool_decide(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
-    form = await _form(request, session)
-    if form is None:
-        return _signin_required(request, "That request did not come from this page.")
+@_change
+async def _tool_decide(
+    request: web.Request, session: Session, form: dict[str, str]
+) -> web.Response:
     view = request.app[_VIEW]
     raw = request.match_info["request_id"]
     if not (raw.isascii() and raw.isdigit()):
@@ -476,10 +484,8 @@ async def _tool_decide(request: web.Request) -> web.Response:
 # -- a task ----------------------------------------------------------------------------
 
 
-async def _task_page(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
+@_signed
+async def _task_page(request: web.Request, session: Session) -> web.Response:
     view = request.app[_VIEW]
     name = request.match_info["name"]
     try:
@@ -511,13 +517,10 @@ async def _task_page(request: web.Request) -> web.Response:
     )
 
 
-async def _task_approve(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
-    form = await _form(request, session)
-    if form is None:
-        return _signin_required(request, "That request did not come from this page.")
+@_change
+async def _task_approve(
+    request: web.Request, session: Session, form: dict[str, str]
+) -> web.Response:
     view = request.app[_VIEW]
     name = request.match_info["name"]
     said = await view.actions.approve(
@@ -526,13 +529,10 @@ async def _task_approve(request: web.Request) -> web.Response:
     return _back(request, session, f"/tasks/{name}", said.message)
 
 
-async def _task_reject(request: web.Request) -> web.Response:
-    session = _session(request)
-    if session is None:
-        return _signin_required(request)
-    form = await _form(request, session)
-    if form is None:
-        return _signin_required(request, "That request did not come from this page.")
+@_change
+async def _task_reject(
+    request: web.Request, session: Session, form: dict[str, str]
+) -> web.Response:
     view = request.app[_VIEW]
     name = request.match_info["name"]
     said = await view.actions.reject(

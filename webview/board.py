@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
+from chatfront.auth import Role
 from engine.humane import format_elapsed
 from engine.humane import words as _words
+from webview.actions import may_decide_tool
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -265,13 +267,13 @@ class Board:
         return BoardPage(out, filters.page, len(rows) > PAGE)
 
     async def waiting_for(
-        self, user_id: int, *, approver: bool, forbid_self: bool
+        self, user_id: int, roles: frozenset[Role], *, forbid_self: bool
     ) -> list[Waiting]:
         """What waits for ``user_id``: open gates (an approver's; not their own task's when
         self-approval is forbidden) and tool calls of runs they may decide, oldest first."""
         now = self._clock()
         out: list[Waiting] = []
-        if approver:
+        if roles & {Role.APPROVER, Role.ADMIN}:
             rows = await self._db.fetchall(
                 "SELECT name, phase, started_by, gate_sha256, gate_opened_at FROM gate_tasks"
                 " WHERE sub_state = 'awaiting_approval' AND gate_sha256 IS NOT NULL"
@@ -294,8 +296,8 @@ class Board:
             " WHERE state = 'pending' ORDER BY id LIMIT 100"
         )
         for r in rows:
-            mine = r["starter_id"] is not None and int(r["starter_id"]) == user_id
-            if (approver and not (forbid_self and mine)) or (mine and not forbid_self):
+            starter = int(r["starter_id"]) if r["starter_id"] is not None else None
+            if may_decide_tool(roles, user_id, starter, forbid_self=forbid_self) is None:
                 out.append(
                     Waiting(
                         kind="tool",
