@@ -6,6 +6,7 @@ autopilot, tool approvals) for its part, in a fixed order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
 from engine.humane import words
 from engine.sandbox import sandbox_state
+from engine.spend import Spend
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -146,6 +148,10 @@ class AdminFeature(Feature):
             lines.extend(await owner.status_lines(chat.id, thread))
         if not lines:
             lines.append("No runs in this chat. /help")
+        midnight = time.mktime((*time.localtime()[:3], 0, 0, 0, 0, 0, -1))
+        today = await self.ctx.runs.spend_in_chat(chat.id, since=midnight)
+        if today.known:  # (an agent that reports nothing: nothing to say)
+            lines.append(f"💰 Today in this chat: {today.line().removeprefix('Spend: ')}")
         walls = sandbox_state(self.ctx.settings)
         if not walls.confined and self.ctx.settings.sandbox == "off":
             lines.append(
@@ -179,11 +185,17 @@ class AdminFeature(Feature):
 
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
         ctx = self.ctx
-        lines = [line for group in await ctx.gates.list_tasks() for line in _task_lines(group)]
-        lines = lines or ["No tasks yet. /autopilot TASK starts one."]
-        pages = max(1, (len(lines) + _PAGE - 1) // _PAGE)
+        rows = [row for group in await ctx.gates.list_tasks() for row in _task_rows(group)]
+        pages = max(1, (len(rows) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
-        body = "\n".join(lines[page * _PAGE : (page + 1) * _PAGE])
+        shown = rows[page * _PAGE : (page + 1) * _PAGE]
+        # What the shown tasks cost: asked for this page's tasks only.
+        spend = await ctx.runs.spend_of_tasks([t.name for t, _ in shown if t is not None])
+        lines = [
+            _task_line(t, indent, spend.get(t.name)) if t is not None else indent
+            for t, indent in shown
+        ]
+        body = "\n".join(lines) or "No tasks yet. /autopilot TASK starts one."
         text = f"📋 Tasks, waiting for approval first · page {page + 1} of {pages}\n{body}"
         buttons = []
         if page > 0:
@@ -225,7 +237,7 @@ class AdminFeature(Feature):
 _TASK_ICONS: Final = {"complete": "✅", "human_intervention": "✋"}
 
 
-def _task_line(task: Any, indent: str = "") -> str:
+def _task_line(task: Any, indent: str = "", spend: Spend | None = None) -> str:
     """One short line a phone shows well: icon, name, phase in words (no columns)."""
     if task.sub_state == "awaiting_approval":
         icon, state = "🛂", f"{task.phase.replace('_', ' ')}, waiting for approval"
@@ -235,11 +247,16 @@ def _task_line(task: Any, indent: str = "") -> str:
     line = f"{indent}{icon} {task.name} · {state}"
     if task.revision_notes:
         line += " · has revision notes"
+    if spend is not None and spend.cost_usd is not None:
+        line += f" · {spend.cost_text()}"
     return line
 
 
-def _task_lines(group: TaskGroup) -> list[str]:
-    lines = [_task_line(group.task)] if group.task is not None else [f"{group.name}"]
+def _task_rows(group: TaskGroup) -> list[tuple[Any, str]]:
+    """A group's lines to be: (its task, the indent), or (None, the group's name)."""
+    rows: list[tuple[Any, str]] = [
+        (group.task, "") if group.task is not None else (None, group.name)
+    ]
     for wave in sorted(group.waves):
-        lines += [_task_line(t, "   ↳ ") for t in group.waves[wave]]
-    return lines
+        rows += [(t, "   ↳ ") for t in group.waves[wave]]
+    return rows

@@ -75,6 +75,8 @@ def status_text(update: StatusUpdate, now: float | None = None) -> str:
         )
     if update.started_at is not None:
         parts.append(format_elapsed((now or time.time()) - update.started_at))
+    if update.spent:
+        parts.append(f"{update.spent} so far")
     text = head + "\n" + " · ".join(parts)
     if update.last_event:
         text += "\n" + _one_line(update.last_event, 300)

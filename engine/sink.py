@@ -51,6 +51,7 @@ class StatusUpdate:
     last_event: str | None = None
     task: str | None = None
     steerable: bool = True  # whether a message from the people following it steers it
+    spent: str | None = None  # what the run cost so far, in words (None: nothing known)
 
 
 @dataclass(frozen=True, slots=True)

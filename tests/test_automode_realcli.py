@@ -11,6 +11,7 @@ import pytest
 from engine.automode import AutoStatus, start_auto_run
 from engine.runs import AgentEnv, RunSpec
 from engine.settings import load_settings
+from engine.spend import Spend
 from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
 from tests.agent_clis import ensure_cli
@@ -74,6 +75,14 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
     assert result.report is not None
     assert "commits=pass (1 since the run started)" in result.report
     assert "clean_tree=pass (clean)" in result.report
+    # What each turn cost, as Claude Code reported it: kept with the turn, summed in the
+    # report (the fake model's usage; Claude Code prices it itself).
+    assert all(t.spend.cost_usd is not None and t.spend.cost_usd > 0 for t in turns)
+    assert all(t.spend.output is not None and t.spend.output > 0 for t in turns)
+    total = sum((t.spend for t in turns), Spend())
+    assert total.unknown == 0
+    assert total.line() in result.report
+    assert f"Spend: {total.cost_text()} · " in result.report
     # One session, resumed: each later request carries the earlier conversation.
     requests = api.model_requests
     assert len(requests) == 6

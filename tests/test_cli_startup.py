@@ -354,8 +354,10 @@ def test_a_listing_on_postgresql_does_not_wait_for_a_migration(
 
 def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        # The engine's latest migration (0013, the event log) undone by hand.
-        conn.execute("DROP TABLE events")
+        # The engine's latest migration (0014, what turns cost) undone by hand.
+        spend = ("cost_usd", "tokens_input", "tokens_output", "tokens_cache_read")
+        for column in (*spend, "tokens_cache_write"):
+            conn.execute(f"ALTER TABLE turns DROP COLUMN {column}".encode())
         conn.execute("UPDATE schema_versions SET version = version - 1 WHERE owner = %s", (ENGINE,))
     proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
@@ -364,6 +366,9 @@ def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_
         rows: dict[str, int] = dict(
             conn.execute("SELECT owner, version FROM schema_versions").fetchall()
         )
-        index = conn.execute("SELECT to_regclass('events_run') IS NOT NULL").fetchone()
+        column = conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'turns' AND column_name LIKE 'tokens_%'"
+        ).fetchone()
     assert rows == latest
-    assert index == (True,)
+    assert column == (4,)

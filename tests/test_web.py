@@ -379,3 +379,27 @@ async def test_a_run_page_shows_the_running_turns_output_as_it_changes(served: S
             while not line.startswith(b"data:"):
                 line = await asyncio.wait_for(stream.content.readline(), 5)
     assert json.loads(line.decode().removeprefix("data: ")) == {"text": "⏳ running pytest"}
+
+
+async def test_the_board_and_a_run_page_show_what_it_cost(served: Served) -> None:
+    runs = SqliteRunStore(served.db)
+    run_id = await RunSupervisor(runs).open_run(
+        RunMode.AUTO, agent="claude", session_id="s", objective="priced"
+    )
+    for seq, cost in ((1, 0.0125), (2, None), (3, 0.0250)):
+        turn = await runs.start_turn(run_id, seq, "p", "execute")
+        usage = {"input_tokens": 100, "output_tokens": 10} if cost is not None else None
+        await runs.finish_turn(
+            turn, TurnOutput(text="ok", exit_code=0, metadata={"cost_usd": cost, "usage": usage})
+        )
+    async with await served.signed_in(OPERATOR) as client:
+        async with client.get("/") as response:
+            board = await response.text()
+        async with client.get(f"/runs/{run_id}") as response:
+            page = await response.text()
+    row = board[board.index("priced") :].split("</tr>")[0]
+    assert "≥ $0.0375" in row  # one turn of three reported nothing
+    assert "Spend: ≥ $0.0375 · 220 tokens (200 in, 20 out) · 1 of 3 turns reported nothing" in page
+    chart = page[page.index('class="spend"') :].split("</svg>")[0]
+    assert chart.count("<rect") == 3
+    assert "turn 2 (execute): the agent reported nothing" in chart

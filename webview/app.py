@@ -28,8 +28,9 @@ from engine.commands._events import what_happened
 from engine.errors import NotFoundError
 from engine.gates.refusals import GateRefused
 from engine.humane import humane
+from engine.spend import Spend
 from engine.store.events import EventKind, EventLog, RunEvent
-from engine.store.runs import SqliteRunStore
+from engine.store.runs import SqliteRunStore, TurnState
 from engine.workspace.store import SqliteWorkspaceStore
 from webview.actions import WebActions
 from webview.board import Board, Filters, words
@@ -37,6 +38,7 @@ from webview.diff import diff_css, run_diff
 from webview.markdown import code_css, render_markdown
 from webview.metrics import metrics_text, metrics_token_ok
 from webview.signin import OneTimeLinks, Session, SessionKeys, SignInRefused, check_init_data
+from webview.spendchart import spend_chart
 from webview.timeline import legend, timeline_svg
 
 if TYPE_CHECKING:
@@ -372,6 +374,8 @@ async def _run_page(request: web.Request, session: Session) -> web.Response:
     workdir = workspace.path if workspace is not None else record.workdir
     diff = await run_diff(Path(workdir), workspace.base if workspace else None) if workdir else None
     tools = [r for r in await view.approvals.history(record.id) if r.state.value == "pending"]
+    turns = await SqliteRunStore(view.db).turns(record.id)
+    spend = sum((t.spend for t in turns if t.state is TurnState.FINISHED), Spend())
     return _render(
         request,
         "run.html",
@@ -386,6 +390,8 @@ async def _run_page(request: web.Request, session: Session) -> web.Response:
         diff=diff,
         tools=tools,
         may_stop=bool(view.roles(session.user_id) & {Role.OPERATOR, Role.ADMIN}),
+        spend=spend,
+        spend_chart=spend_chart(turns),
     )
 
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Final
 from chatfront.auth import Role
 from engine.humane import format_elapsed
 from engine.humane import words as _words
+from engine.spend import Spend
+from engine.store.runs import SqliteRunStore
 from webview.actions import may_decide_tool
 
 if TYPE_CHECKING:
@@ -139,6 +141,15 @@ def words(state: str) -> str:
     return rest if rest and not any(c.isalnum() for c in head) else said
 
 
+def _spent(spend: Spend | None) -> str:
+    """A run's cost on the board: USD, else its tokens, else unknown."""
+    if spend is None or not spend.known:
+        return "unknown" if spend is not None else "–"
+    if spend.cost_usd is not None:
+        return spend.cost_text()
+    return f"{spend.tokens or 0:,} tokens"
+
+
 def _like(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
@@ -196,6 +207,7 @@ class Board:
         more = len(rows) > PAGE
         rows = rows[:PAGE]
         starters = await self._chat_starters([r["id"] for r in rows if r["task_starter"] is None])
+        spend = await SqliteRunStore(self._db).spend_of([r["id"] for r in rows])
         now = self._clock()
         out = [
             RunRow(
@@ -211,7 +223,7 @@ class Board:
                     r["task_starter"] if r["task_starter"] is not None else starters.get(r["id"])
                 ),
                 age=age(now - float(r["created_at"])),
-                spend="not recorded",
+                spend=_spent(spend.get(r["id"])),
             )
             for r in rows
         ]

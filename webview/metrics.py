@@ -7,8 +7,8 @@ so a scrape over 100,000 turns reads one row of it, not 100,000.
 
 Some metrics exist only where their tables do: the outbox backlog with the bot's tables,
 the workers' metrics where execution on workers is set up (PostgreSQL with the job
-queue's schema). Spend is not among them: turnstile does not record what a turn cost
-yet, so there is nothing to report.
+queue's schema). Spend is what the agents reported: USD and tokens of the turns whose
+agent reports them (Copilot CLI reports neither, so its turns count in neither).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class _Snapshot:
     outbox_backlog: int | None
     workers: Sequence[_Worker] | None
     jobs: Mapping[tuple[str, str], int]
+    spend: Mapping[tuple[str, str], float]
 
 
 async def metrics_text(db: AnyDatabase) -> tuple[bytes, str]:
@@ -135,6 +136,12 @@ class _SnapshotCollector:
             "turnstile_tool_requests_pending",
             "Tool calls of agents waiting for a person to allow or deny them.",
             value=shot.tools_pending,
+        )
+        yield _gauge(
+            "turnstile_spend_usd",
+            "What finished turns cost in USD, as their agents reported it, by mode and agent.",
+            ("mode", "agent"),
+            shot.spend.items(),
         )
         if shot.outbox_backlog is not None:
             yield GaugeMetricFamily(
@@ -204,6 +211,10 @@ async def _read(db: AnyDatabase) -> _Snapshot:
     pending = await db.fetchone(
         "SELECT COUNT(*) FROM tool_requests WHERE state = ?", (Decision.PENDING.value,)
     )
+    spent = await db.fetchall(
+        "SELECT r.mode, r.agent, SUM(t.cost_usd) FROM turns t JOIN runs r ON r.id = t.run_id"
+        " WHERE t.cost_usd IS NOT NULL GROUP BY r.mode, r.agent"
+    )
     backlog = None
     if _OUTBOX in present:
         # What the outbox sends next (chatfront.store.outbox): 'pending' rows.
@@ -219,6 +230,7 @@ async def _read(db: AnyDatabase) -> _Snapshot:
         outbox_backlog=_count(backlog) if _OUTBOX in present else None,
         workers=workers,
         jobs=jobs,
+        spend={(str(r[0]), str(r[1])): float(r[2]) for r in spent},
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -38,6 +38,7 @@ from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
 from engine.reaper import TurnProcess
 from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, publish
+from engine.spend import Spend
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
@@ -73,6 +74,8 @@ class AutoRunStore(Protocol):
     async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None: ...
 
     async def update_run(self, run_id: str, **fields: Any) -> Any: ...
+
+    async def spend_of(self, run_ids: Collection[str]) -> dict[str, Spend]: ...
 
 
 def run_status(state: AutoModeState) -> RunStatus:
@@ -133,6 +136,8 @@ class AutoModeChannel(BaseChannel):
         self._stop_reason: str | None = None
         self.last_verification: Verification | None = None
         self.last_summary: WorkSummary | None = None
+        # What the run's finished turns cost so far (read once, then kept up here).
+        self.spend: Spend | None = None
         self.report: str | None = None
         self._extra = {"run_id": state.run_id}
 
@@ -267,6 +272,7 @@ class AutoModeChannel(BaseChannel):
         now = self._clock()
         new_state = with_transition(replace(state, **updates), transition, now)
         report: str | None = None
+        self.spend = await self._spend_so_far() + Spend.of_turn(out.metadata)
         if new_state.terminal:
             await self._final_evidence()
             self.last_summary = await self._summary.generate(new_state.evaluation)
@@ -345,6 +351,7 @@ class AutoModeChannel(BaseChannel):
         self._mirror()
         _LOGGER.warning("%s", self._state.message, extra=self._extra)
         await self._status(self._state.message or "stopped")
+        self.spend = await self._spend_so_far()
         self.report = self._final_report(self._state)
         await self._safe_publish(self.report, TextKind.FINAL)
 
@@ -396,7 +403,13 @@ class AutoModeChannel(BaseChannel):
             fh.write(text)
 
     def _final_report(self, state: AutoModeState) -> str:
-        return final_report(state, self.last_verification, self.last_summary)
+        return final_report(state, self.last_verification, self.last_summary, self.spend)
+
+    async def _spend_so_far(self) -> Spend:
+        if self.spend is None:
+            run_id = self._state.run_id
+            self.spend = (await self._store.spend_of([run_id])).get(run_id, Spend())
+        return self.spend
 
     async def _announce(
         self,
@@ -470,6 +483,9 @@ class AutoModeChannel(BaseChannel):
                     max_turns=s.max_turns,
                     started_at=s.started_at,
                     last_event=event,
+                    spent=self.spend.cost_text()
+                    if self.spend is not None and self.spend.cost_usd is not None
+                    else None,
                 )
             )
         )
@@ -490,8 +506,10 @@ def final_report(
     state: AutoModeState,
     verification: Verification | None = None,
     summary: WorkSummary | None = None,
+    spend: Spend | None = None,
 ) -> str:
-    """A run's final report; the evidence and work summary when they were measured."""
+    """A run's final report; the evidence and work summary when they were measured, and
+    what its turns cost."""
     lines = [
         f"Auto run {state.run_id}: {state.status.value}"
         + (f" (exit {state.exit_code})" if state.exit_code else ""),
@@ -509,6 +527,8 @@ def final_report(
         lines += [f"  - {e.describe()}" for e in v.evidence]
     if summary is not None:
         lines.append(summary.render())
+    if spend is not None and spend.turns:
+        lines.append(spend.line())
     lines.append(f"Log folder: {state.log_dir}")
     return "\n".join(lines)
 

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 from engine.commands._settings import ListingSettings, full_settings
 from engine.reaper import start_time
 from engine.runs.owner import owner_alive
+from engine.spend import Spend
 from engine.store.backend import AnyDatabase, open_database
-from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord
+from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnRecord, TurnState
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -101,6 +102,7 @@ async def _show(
 ) -> int:
     record = await store.get_run(run_id)
     turns = await store.turns(run_id)
+    total = sum((t.spend for t in turns if t.state is TurnState.FINISHED), Spend())
     warm = (
         _warm(record, turns)
         if on_worker is None
@@ -120,6 +122,7 @@ async def _show(
                     "abort_reason": record.abort_reason,
                     "log_dir": record.log_dir,
                     "worktree": worktree,
+                    **total.to_json(),
                     "turns": [
                         {
                             "seq": t.seq,
@@ -131,6 +134,7 @@ async def _show(
                             "seconds": None
                             if t.finished_at is None
                             else round(t.finished_at - t.started_at, 3),
+                            **t.spend.to_json(),
                         }
                         for t in turns
                     ],
@@ -149,6 +153,8 @@ async def _show(
         print(f"  worktree {worktree}")
     if record.log_dir:
         print(f"  log folder {record.log_dir}")
+    if total.turns:
+        print(f"  {total.line()}")
     for t in turns:
         took = "-" if t.finished_at is None else f"{t.finished_at - t.started_at:.1f}s"
         code = "-" if t.exit_code is None else str(t.exit_code)
@@ -206,6 +212,7 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
             await worktree_summaries(full_settings(settings), db, workdirs) if checkouts else {}
         )
         store = SqliteRunStore(db)
+        spend = await store.spend_of([r.id for r in runs])
         warm = {
             r.id: _warm(r, await store.turns(r.id)) for r in runs if r.status is RunStatus.RUNNING
         }
@@ -249,6 +256,7 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                         "chat": None
                         if r.chat_id is None
                         else {"id": r.chat_id, "topic": r.thread_id},
+                        **spend.get(r.id, Spend()).to_json(),
                     }
                 )
             )
@@ -270,6 +278,7 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                         "project": spec.project,
                         "branch": f"turnstile/{spec.run_id}",
                         "chat": None,
+                        **Spend().to_json(),
                     }
                 )
             )
@@ -277,7 +286,21 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
     if not runs and not unstarted:
         print("no runs")
         return 0
-    rows = [("RUN", "MODE", "AGENT", "STATUS", "PHASE", "TURN", "WARM", "AGE", "EXIT", "WORKTREE")]
+    rows = [
+        (
+            "RUN",
+            "MODE",
+            "AGENT",
+            "STATUS",
+            "PHASE",
+            "TURN",
+            "WARM",
+            "AGE",
+            "EXIT",
+            "COST",
+            "WORKTREE",
+        )
+    ]
     for r in runs:
         rows.append(
             (
@@ -290,6 +313,7 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                 "yes" if warm.get(r.id) else "-",
                 format_age(now - r.created_at),
                 "-" if r.exit_code is None else str(r.exit_code),
+                spend[r.id].cost_text() if r.id in spend else "-",
                 worktrees.get(r.id, "-"),
             )
         )
@@ -305,6 +329,7 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                 "0",
                 "-",
                 format_age(now - v.placement.created_at),
+                "-",
                 "-",
                 "-",
             )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
+from engine.spend import Spend
 from engine.store.backend import execute_later
 from engine.store.dialect import advisory_key
 
@@ -119,7 +120,8 @@ def turn_started(
 
 def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[str, Any]:
     """What the event of a turn that ran to its end carries."""
-    return {
+    spend = Spend.of_turn(out.metadata)
+    ended: dict[str, Any] = {
         "turn_id": turn_id,
         "seq": seq,
         "attempt": attempt,
@@ -128,6 +130,9 @@ def turn_ended(turn_id: int, seq: int, attempt: int, out: TurnOutput) -> dict[st
         "size": out.size if out.size is not None else len(out.text.encode()),
         "spilled": out.spill_path is not None,
     }
+    if spend.known:
+        ended.update(spend.to_json())
+    return ended
 
 
 _INSERT: Final = "INSERT INTO events (run_id, task, kind, at, data_json) VALUES (?, ?, ?, ?, ?)"

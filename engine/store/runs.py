@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
+from engine.spend import Spend
 from engine.store.events import (
     EventKind,
     NewEvent,
@@ -47,7 +48,8 @@ __all__ = [
 #: its values come from :func:`finished_values`.
 FINISH_TURN: Final = (
     "UPDATE turns SET output = ?, output_spill = ?, output_size = ?, exit_code = ?,"
-    " stderr_tail = ?, state = ?, finished_at = ? WHERE id = ?"
+    " stderr_tail = ?, state = ?, finished_at = ?, cost_usd = ?, tokens_input = ?,"
+    " tokens_output = ?, tokens_cache_read = ?, tokens_cache_write = ? WHERE id = ?"
 )
 
 
@@ -61,7 +63,30 @@ def finished_values(out: TurnOutput, at: float) -> tuple[Any, ...]:
         out.stderr_tail or None,
         TurnState.FINISHED.value,
         at,
+        *Spend.of_turn(out.metadata).columns(),
     )
+
+
+#: The spend of each run's finished turns, summed (``{in}``: the run ids' placeholders).
+_SPEND_SUMS: Final = (
+    "COUNT(*) AS turns, SUM(cost_usd) AS cost_usd,"
+    " SUM(tokens_input) AS tokens_input, SUM(tokens_output) AS tokens_output,"
+    " SUM(tokens_cache_read) AS tokens_cache_read,"
+    " SUM(tokens_cache_write) AS tokens_cache_write,"
+    " SUM(CASE WHEN cost_usd IS NULL AND tokens_input IS NULL AND tokens_output IS NULL"
+    " AND tokens_cache_read IS NULL AND tokens_cache_write IS NULL THEN 1 ELSE 0 END)"
+    " AS unknown"
+)
+_SPEND_OF_RUNS: Final = (
+    f"SELECT run_id, {_SPEND_SUMS} FROM turns"  # noqa: S608
+    " WHERE state = 'finished' AND run_id IN ({in}) GROUP BY run_id"
+)
+
+
+def _summed(row: Any) -> Spend:
+    if row is None or not row["turns"]:
+        return Spend()
+    return Spend.from_columns(row, turns=int(row["turns"]), unknown=int(row["unknown"] or 0))
 
 
 async def finish_turn_in(
@@ -169,6 +194,8 @@ class TurnRecord:
     proc_marker: str | None = None
     # The redacted end of the agent's stderr (why a turn failed).
     stderr_tail: str | None = None
+    # What it cost, as its agent reported it (engine.spend).
+    spend: Spend = field(default_factory=Spend)
 
     @classmethod
     def from_row(cls, row: Any) -> TurnRecord:
@@ -191,6 +218,7 @@ class TurnRecord:
             proc_start=row["proc_start"],
             proc_marker=row["proc_marker"],
             stderr_tail=row["stderr_tail"],
+            spend=Spend.from_columns(row),
         )
 
     def kill_remains(self) -> list[int]:
@@ -581,6 +609,42 @@ class SqliteRunStore:
             "SELECT * FROM turns WHERE run_id = ? ORDER BY seq, attempt", (run_id,)
         )
         return [TurnRecord.from_row(r) for r in rows]
+
+    async def spend_of(self, run_ids: Collection[str]) -> dict[str, Spend]:
+        """What each run's finished turns cost, summed (a run without one: no entry)."""
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, Spend] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = await self._db.fetchall(
+                _SPEND_OF_RUNS.format(**{"in": ", ".join("?" * len(chunk))}), chunk
+            )
+            for r in rows:
+                out[r["run_id"]] = _summed(r)
+        return out
+
+    async def spend_in_chat(self, chat_id: int, *, since: float) -> Spend:
+        """What the turns of a chat's runs that finished since ``since`` cost."""
+        row = await self._db.fetchone(
+            f"SELECT {_SPEND_SUMS} FROM turns t JOIN runs r ON r.id = t.run_id"  # noqa: S608
+            " WHERE r.chat_id = ? AND t.state = 'finished' AND t.finished_at >= ?",
+            (chat_id, since),
+        )
+        return _summed(row)
+
+    async def spend_of_tasks(self, names: Collection[str]) -> dict[str, Spend]:
+        """What each task's runs (its drives, a sub-task's own) cost so far."""
+        names = list(dict.fromkeys(names))
+        if not names:
+            return {}
+        marks = ", ".join("?" * len(names))
+        rows = await self._db.fetchall(
+            f"SELECT r.task AS task, {_SPEND_SUMS} FROM turns t"  # noqa: S608
+            f" JOIN runs r ON r.id = t.run_id WHERE r.task IN ({marks})"
+            " AND t.state = 'finished' GROUP BY r.task",
+            names,
+        )
+        return {r["task"]: _summed(r) for r in rows}
 
     async def mark_interrupted(self, *, leave: Collection[str] = ()) -> list[TurnRecord]:
         """On start-up: every turn still marked started was cut off by a crash, but those of

@@ -1,0 +1,184 @@
+"""What turns cost: read from each agent CLI's own report, kept with the turn, summed per
+run, task and chat, and shown by ``turnstile runs``.
+
+The three reports are the ones the pinned CLIs printed for one turn against the fake model
+API (tests/test_agents_contract.py runs them); the store runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.runs import ChatPlace, RunMode, RunSupervisor
+from engine.spend import Spend
+from engine.store.backend import AnyDatabase
+from engine.store.events import EventLog
+from engine.store.runs import SqliteRunStore, TurnState
+from engine.turn import TurnOutput
+from tests.support import clean_env
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: ``usage`` and ``total_cost_usd`` as each CLI reported one turn (their adapters' metadata).
+CLAUDE: dict[str, Any] = {
+    "usage": {
+        "input_tokens": 12,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 7,
+        "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
+        "service_tier": "standard",
+    },
+    "cost_usd": 0.000235,
+}
+CODEX: dict[str, Any] = {
+    "usage": {
+        "input_tokens": 1200,
+        "cached_input_tokens": 1000,
+        "cache_write_input_tokens": 0,
+        "output_tokens": 7,
+        "reasoning_output_tokens": 0,
+    },
+    "cost_usd": None,
+}
+COPILOT: dict[str, Any] = {
+    "usage": {
+        "premiumRequests": 0,
+        "totalApiDurationMs": 29,
+        "sessionDurationMs": 228,
+        "codeChanges": {"linesAdded": 0, "linesRemoved": 0, "filesModified": []},
+    },
+    "cost_usd": None,
+}
+
+
+def test_each_cli_report_is_read_its_own_way() -> None:
+    claude = Spend.of_turn(CLAUDE)
+    assert (claude.cost_usd, claude.input, claude.output) == (0.000235, 12, 7)
+    assert (claude.cache_read, claude.cache_write, claude.unknown) == (0, 0, 0)
+    # Codex counts cached input inside input_tokens: said apart, as Claude Code does.
+    codex = Spend.of_turn(CODEX)
+    assert (codex.cost_usd, codex.input, codex.cache_read, codex.output) == (None, 200, 1000, 7)
+    assert codex.to_json() == {
+        "cost_usd": None,
+        "tokens": {"input": 200, "output": 7, "cache_read": 1000, "cache_write": 0},
+    }
+    # Copilot reports no tokens and no cost: unknown, never zero.
+    copilot = Spend.of_turn(COPILOT)
+    assert not copilot.known
+    assert (copilot.turns, copilot.unknown) == (1, 1)
+    assert copilot.to_json() == {"cost_usd": None, "tokens": None}
+    assert copilot.line() == "Spend: unknown (the agent reports neither cost nor tokens)"
+    # Nonsense is not a number.
+    odd = Spend.of_turn({"usage": {"output_tokens": True, "input_tokens": "9"}, "cost_usd": -1})
+    assert not odd.known
+
+
+def test_sums_keep_what_is_unknown_apart() -> None:
+    total = Spend.of_turn(CLAUDE) + Spend.of_turn(CLAUDE) + Spend.of_turn(COPILOT)
+    assert total.cost_usd == pytest.approx(0.00047)
+    assert (total.input, total.output, total.turns, total.unknown) == (24, 14, 3, 1)
+    assert total.cost_text() == "≥ $0.0005"
+    assert total.line() == (
+        "Spend: ≥ $0.0005 · 38 tokens (24 in, 14 out) · 1 of 3 turns reported nothing"
+    )
+    tokens_only = Spend.of_turn(CODEX) + Spend.of_turn(CODEX)
+    assert tokens_only.cost_text() == "unknown"
+    assert tokens_only.line() == (
+        "Spend: cost unknown · 2,414 tokens (400 in, 14 out, 2,000 from cache)"
+    )
+
+
+async def _run(db: AnyDatabase, *reports: dict[str, Any], chat: int | None = None) -> str:
+    runs = SqliteRunStore(db)
+    run_id = await RunSupervisor(runs).open_run(
+        RunMode.AUTO,
+        agent="claude",
+        session_id="s",
+        objective="spend",
+        chat=ChatPlace(chat, None) if chat is not None else None,
+    )
+    for seq, report in enumerate(reports, 1):
+        turn = await runs.start_turn(run_id, seq, "p", "execute")
+        await runs.finish_turn(turn, TurnOutput(text="ok", exit_code=0, metadata=report))
+    return run_id
+
+
+async def test_the_store_keeps_each_turns_spend_and_sums_it(database: AnyDatabase) -> None:
+    runs = SqliteRunStore(database)
+    first = await _run(database, CLAUDE, COPILOT, CLAUDE, chat=-100)
+    second = await _run(database, CODEX)
+    await _run(database, CLAUDE, chat=-200)
+    turns = await runs.turns(first)
+    assert [t.spend.cost_usd for t in turns] == [0.000235, None, 0.000235]
+    assert (turns[1].spend.turns, turns[1].spend.unknown) == (1, 1)
+    # A turn still running has no spend yet and does not count.
+    await runs.start_turn(first, 4, "p", "execute")
+    spend = await runs.spend_of([first, second, "no-such-run"])
+    assert set(spend) == {first, second}
+    assert spend[first].cost_usd == pytest.approx(0.00047)
+    assert (spend[first].turns, spend[first].unknown, spend[first].output) == (3, 1, 14)
+    assert (spend[second].cost_usd, spend[second].cache_read) == (None, 1000)
+    today = await runs.spend_in_chat(-100, since=time.time() - 60)
+    assert (today.cost_usd, today.turns) == (pytest.approx(0.00047), 3)
+    assert not (await runs.spend_in_chat(-100, since=time.time() + 60)).known
+    # The turn's event says what it cost too.
+    ended = [e for e in await EventLog(database).read(first) if e.kind == "turn_ended"]
+    assert ended[0].data["cost_usd"] == 0.000235
+    assert ended[0].data["tokens"]["output"] == 7
+    assert "cost_usd" not in ended[1].data
+
+
+def test_turnstile_runs_shows_and_lists_the_spend(tmp_path: Path) -> None:
+    import asyncio
+
+    from engine.store.backend import open_database
+
+    path = tmp_path / "t.db"
+
+    async def fill() -> tuple[str, str]:
+        async with open_database(path) as db:
+            return await _run(db, CLAUDE, CLAUDE), await _run(db, COPILOT)
+
+    known, unknown = asyncio.run(fill())
+
+    def turnstile(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "engine.cli", *args],
+            env={**clean_env(), "TURNSTILE_DATABASE": str(path), "PYTHONPATH": str(REPO)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = {r["id"]: r for r in map(json.loads, turnstile("runs", "--json").splitlines())}
+    assert listed[known]["cost_usd"] == 0.00047
+    assert listed[known]["tokens"] == {
+        "input": 24,
+        "output": 14,
+        "cache_read": 0,
+        "cache_write": 0,
+    }
+    assert (listed[unknown]["cost_usd"], listed[unknown]["tokens"]) == (None, None)
+    table = turnstile("runs").splitlines()
+    assert "COST" in table[0].split()
+    assert "$0.0005" in next(line for line in table if line.startswith(known))
+    assert "unknown" in next(line for line in table if line.startswith(unknown))
+    one = json.loads(turnstile("runs", known, "--json"))
+    assert one["cost_usd"] == 0.00047
+    assert [t["cost_usd"] for t in one["turns"]] == [0.000235, 0.000235]
+    assert "Spend: $0.0005 · 38 tokens (24 in, 14 out)" in turnstile("runs", known)
+    assert TurnState.FINISHED.value in turnstile("runs", known)
