@@ -23,6 +23,10 @@ def _count(usage: Mapping[str, Any], key: str) -> int | None:
     return max(0, int(value))
 
 
+def _int(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
 def _add(a: int | float | None, b: int | float | None) -> Any:
     if a is None:
         return b
@@ -83,12 +87,14 @@ class Spend:
     def from_columns(cls, row: Any, *, turns: int = 1, unknown: int | None = None) -> Spend:
         """From the store's columns (``cost_usd``, ``tokens_input`` …); ``unknown`` counts
         the turns that reported nothing (default: this one row's turn, if it did not)."""
+        # (PostgreSQL sums integers as numeric: Decimal on the way out.)
+        cost = row["cost_usd"]
         spend = cls(
-            cost_usd=row["cost_usd"],
-            input=row["tokens_input"],
-            output=row["tokens_output"],
-            cache_read=row["tokens_cache_read"],
-            cache_write=row["tokens_cache_write"],
+            cost_usd=float(cost) if cost is not None else None,
+            input=_int(row["tokens_input"]),
+            output=_int(row["tokens_output"]),
+            cache_read=_int(row["tokens_cache_read"]),
+            cache_write=_int(row["tokens_cache_write"]),
             turns=turns,
             unknown=unknown or 0,
         )

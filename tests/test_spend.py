@@ -127,6 +127,8 @@ async def test_the_store_keeps_each_turns_spend_and_sums_it(database: AnyDatabas
     assert set(spend) == {first, second}
     assert spend[first].cost_usd == pytest.approx(0.00047)
     assert (spend[first].turns, spend[first].unknown, spend[first].output) == (3, 1, 14)
+    assert type(spend[first].output) is int  # (not PostgreSQL's Decimal: it goes to JSON)
+    assert type(spend[first].cost_usd) is float
     assert (spend[second].cost_usd, spend[second].cache_read) == (None, 1000)
     today = await runs.spend_in_chat(-100, since=time.time() - 60)
     assert (today.cost_usd, today.turns) == (pytest.approx(0.00047), 3)
