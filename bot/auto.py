@@ -28,6 +28,7 @@ from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
 from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
+from engine.spend import Budget
 
 __all__ = ["AutoExtension"]
 
@@ -80,8 +81,13 @@ class AutoExtension(Feature):
             return
         text = message.text or ""
         objective = text.split(maxsplit=1)[1].strip() if len(text.split(maxsplit=1)) > 1 else ""
+        try:
+            budget, objective = _budget_and_objective(objective)
+        except ConfigError as exc:
+            await self.ctx.replies.reply(update, f"Cannot start: {exc}")
+            return
         if not objective:
-            await self.ctx.replies.reply(update, "Usage: /auto OBJECTIVE")
+            await self.ctx.replies.reply(update, "Usage: /auto [--budget USD] OBJECTIVE")
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum:
@@ -99,6 +105,7 @@ class AutoExtension(Feature):
             project=project,
             place=place,
             user_id=user.id if user is not None else None,
+            budget=budget,
         )
         try:
             started = await self.executor.start(request)
@@ -250,3 +257,25 @@ class AutoExtension(Feature):
 
     async def park_all(self) -> None:
         await self.executor.park_all()
+
+
+def _budget_and_objective(text: str) -> tuple[Budget | None, str]:
+    """``--budget USD`` (or ``--budget=USD``) at the start of ``/auto``'s text, and the rest.
+
+    Raises:
+        ConfigError: the budget is not a positive amount.
+    """
+    head, _, rest = text.partition(" ")
+    if head.startswith("--budget="):
+        amount, rest = head.removeprefix("--budget="), rest
+    elif head == "--budget":
+        amount, _, rest = rest.strip().partition(" ")
+    else:
+        return None, text
+    try:
+        usd = float(amount.removeprefix("$"))
+    except ValueError:
+        raise ConfigError(
+            f"--budget takes an amount in USD, like 2 or 0.50, not {amount!r}"
+        ) from None
+    return Budget.given(usd, None), rest.strip()

@@ -153,6 +153,10 @@ class Settings(BaseSettings):
 
     # Auto mode
     max_turns: int = Field(default=10, ge=1)
+    # What a run may spend in USD unless it is given its own budget (empty: no cap)
+    run_budget: float | None = Field(default=None, gt=0)
+    # What the runs of one chat may spend in USD per day (empty: no cap)
+    daily_budget: float | None = Field(default=None, gt=0)
     completion_threshold: float = Field(default=0.8, ge=0, le=1)
     auto_prompts_dir: Path | None = None
 

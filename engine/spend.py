@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Spend"]
+from engine.errors import ConfigError
+
+__all__ = ["BUDGET_WARN_AT", "Budget", "Spend"]
+
+#: The share of a budget spent at which the people following the run are told, once.
+BUDGET_WARN_AT = 0.8
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int | None:
@@ -176,3 +181,72 @@ class Spend:
         if self.unknown:
             parts.append(f"{self.unknown} of {self.turns} turns reported nothing")
         return "Spend: " + " · ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How far a run may spend: USD, tokens, or both (None: no cap of that kind)."""
+
+    usd: float | None = None
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.usd is not None and not self.usd > 0:
+            raise ValueError(f"a budget is more than $0, not {self.usd}")
+        if self.tokens is not None and not self.tokens > 0:
+            raise ValueError(f"a token budget is more than 0 tokens, not {self.tokens}")
+
+    @classmethod
+    def given(cls, usd: float | None, tokens: int | None) -> Budget | None:
+        """A budget from ``--budget USD`` / ``--budget-tokens N`` (None: neither given).
+
+        Raises:
+            ConfigError: a budget of nothing or less.
+        """
+        if usd is None and tokens is None:
+            return None
+        try:
+            return cls(usd=usd, tokens=tokens)
+        except ValueError as exc:
+            raise ConfigError(f"--budget: {exc}") from exc
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Budget | None:
+        """The budget a run's recorded configuration holds (None: none)."""
+        usd, tokens = config.get("budget_usd"), config.get("budget_tokens")
+        if usd is None and tokens is None:
+            return None
+        return cls(float(usd) if usd is not None else None, int(tokens) if tokens else None)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"budget_usd": self.usd, "budget_tokens": self.tokens}
+
+    def used(self, spend: Spend) -> float:
+        """The share of the budget ``spend`` used (the larger of its USD and tokens)."""
+        shares = [0.0]
+        if self.usd is not None and spend.cost_usd is not None:
+            shares.append(spend.cost_usd / self.usd)
+        if self.tokens is not None and spend.tokens is not None:
+            shares.append(spend.tokens / self.tokens)
+        return max(shares)
+
+    def spent_text(self, spend: Spend) -> str:
+        """What ``spend`` used of this budget, in its units."""
+        if self.usd is not None and spend.cost_usd is not None:
+            return spend.cost_text()
+        return f"{spend.tokens or 0:,} tokens"
+
+    def text(self) -> str:
+        parts = []
+        if self.usd is not None:
+            parts.append(f"${self.usd:.{4 if self.usd < 1 else 2}f}")
+        if self.tokens is not None:
+            parts.append(f"{self.tokens:,} tokens")
+        return " or ".join(parts)
+
+    def raised(self) -> Budget:
+        """Twice as much (what an admin's "raise and go on" gives)."""
+        return Budget(
+            self.usd * 2 if self.usd is not None else None,
+            self.tokens * 2 if self.tokens is not None else None,
+        )

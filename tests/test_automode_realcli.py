@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.automode import AutoStatus, start_auto_run
+from engine.automode import AutoStatus, prepare_resume, start_auto_run
+from engine.errors import ConfigError
 from engine.runs import AgentEnv, RunSpec
 from engine.settings import load_settings
-from engine.spend import Spend
+from engine.spend import Budget, Spend
 from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
 from tests.agent_clis import ensure_cli
@@ -19,6 +20,7 @@ from tests.automode_support import GIT_ENV, git_workspace
 from tests.db_support import Target
 from tests.fakes.model_api import FakeModelAPI, Text, ToolCall
 from tests.fakes.realcli import Sandbox
+from tests.gates_support import EventSink
 
 pytestmark = [pytest.mark.realcli, pytest.mark.timeout(300)]
 
@@ -91,3 +93,67 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
     last = requests[-1].conversation()
     assert ("assistant", "Goal: hello.txt holds 'hello' and is committed.") in last
     assert api.unscripted == 0
+
+
+async def test_a_run_stops_after_the_turn_that_spends_its_budget(
+    claude_bin: Path, model_api: FakeModelAPI, isolated_env: Path, db_target: Target
+) -> None:
+    api = model_api
+    sandbox = Sandbox(isolated_env / "sandbox")
+    workspace = git_workspace(sandbox.workspace)
+    api.enqueue(
+        Text("Goal: count to three."),  # Clarify
+        Text("1. count"),  # Plan
+        Text("one"),  # Execute
+        Text("two"),  # (never asked: the budget stops the run first)
+    )
+    settings = load_settings(
+        database=db_target, runs_dir=isolated_env / "runs", claude_bin=str(claude_bin)
+    )
+    sink = EventSink()
+    async with open_database(settings) as db:
+        spec = RunSpec(
+            objective="count to three",
+            agent="claude",
+            workdir=workspace,
+            max_turns=6,
+            env=AgentEnv(extra_env=sandbox.env(api.claude_env(sandbox.config))),
+            # Each turn costs about $0.0002 on the fake model's usage: two turns reach 80 %,
+            # the third spends it.
+            budget=Budget(usd=0.00058),
+        )
+        run = await start_auto_run(settings, db, spec, sink=sink)
+        result = await run.task
+        turns = await SqliteRunStore(db).turns(run.run_id)
+        record = await SqliteRunStore(db).get_run(run.run_id)
+        # It goes on only under a larger budget; then one more turn spends that one too.
+        with pytest.raises(ConfigError, match=r"stopped by its budget of \$0.0006: resume it"):
+            await prepare_resume(settings, db, run.run_id)
+        with pytest.raises(ConfigError, match="with a larger --budget"):
+            await prepare_resume(settings, db, run.run_id, budget=Budget(usd=0.0005))
+        again = await prepare_resume(
+            settings, db, run.run_id, env=spec.env, budget=Budget(usd=0.0008)
+        )
+        resumed = await again.start()
+        more = await SqliteRunStore(db).turns(run.run_id)
+    assert resumed.status is AutoStatus.STOPPED
+    assert len(more) == len(turns) + 1
+    assert resumed.report is not None
+    assert "Stopped by its budget: $0.0009 of $0.0008 spent" in resumed.report
+    spent = sum((t.spend for t in turns), Spend())
+    assert result.status is AutoStatus.STOPPED, result.report
+    assert record.status.value == "stopped"
+    # Stopped after the turn that reached it, never in one: every turn finished.
+    assert all(t.state is TurnState.FINISHED for t in turns)
+    assert spent.cost_usd is not None
+    assert spent.cost_usd >= 0.00058
+    before_last = sum((t.spend for t in turns[:-1]), Spend())
+    assert before_last.cost_usd is not None
+    assert before_last.cost_usd < 0.00058
+    assert result.report is not None
+    assert f"Stopped by its budget: {spent.cost_text()} of $0.0006 spent" in result.report
+    # Told once, at 80 %, before it stopped.
+    told = [t for t in sink.texts if "💰" in t]
+    assert len(told) == 1
+    assert "of its budget ($0.0006)" in told[0]
+    assert len(api.model_requests) == len(more)  # no turn was started past a budget

@@ -214,3 +214,46 @@ async def test_auto_is_refused_up_front_where_completion_cannot_be_shown(
         assert not await rt.runs.list_runs()
     assert not (folder / ".git").exists()
     assert agent_log(tmp_path) == []
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_auto_takes_a_budget_and_refuses_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_workspace(tmp_path / "ws" / "default")
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {"match": CLARIFY, "text": "Goal: nothing."},
+                {"match": PLAN, "text": "1. nothing"},
+                {"match": EXECUTE, "text": "done"},
+                {"match": EVALUATE, "text": "ok\nAUTO-MODE STATUS: COMPLETE\n"},
+            ]
+        },
+        monkeypatch,
+    )
+    # Nothing to commit: the claim of completion alone completes the run.
+    settings = {"completion_threshold": 0.0}
+    async with (
+        FakeBotApi() as api,
+        running_bot(api, bot_settings(api, tmp_path, **settings)) as rt,
+    ):
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto --budget two do it")
+        await api.wait_for_message(
+            lambda m: (
+                m.text == "Cannot start: --budget takes an amount in USD, like 2 or 0.50, not 'two'"
+            )
+        )
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto --budget=0 do it")
+        await api.wait_for_message(lambda m: m.text.startswith("Cannot start: --budget: a budget"))
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto --budget $2.50 do nothing")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
+        run_id = started.text.split()[3]
+        await wait_for_run_status(rt, run_id, RunStatus.COMPLETED)
+        record = await rt.runs.get_run(run_id)
+    assert record.objective == "do nothing"
+    assert record.state["config"]["budget_usd"] == 2.5
+    # The fake agent reports no cost: the report says the spend is unknown, not $0.
+    report = next(m for m in api.sent if m.text.startswith(f"Auto run {run_id}: completed"))
+    assert "Spend: unknown (the agent reports neither cost nor tokens)" in report.text

@@ -11,13 +11,14 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.runs import ChatPlace, RunMode, RunSupervisor
-from engine.spend import Spend
+from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventLog
 from engine.store.runs import SqliteRunStore, TurnState
@@ -184,3 +185,62 @@ def test_turnstile_runs_shows_and_lists_the_spend(tmp_path: Path) -> None:
     assert [t["cost_usd"] for t in one["turns"]] == [0.000235, 0.000235]
     assert "Spend: $0.0005 · 38 tokens (24 in, 14 out)" in turnstile("runs", known)
     assert TurnState.FINISHED.value in turnstile("runs", known)
+
+
+async def test_a_chats_daily_budget_counts_its_other_runs_today(database: AnyDatabase) -> None:
+    from engine.automode.budget import check_budget
+    from engine.automode.state import AutoModeState, AutoStatus
+
+    runs = SqliteRunStore(database)
+    await _run(database, CLAUDE, CLAUDE, chat=-300)  # $0.00047 spent in the chat today
+    await _run(database, CLAUDE, CLAUDE, chat=-301)  # another chat's: not counted
+    now = time.time()
+    state = AutoModeState(
+        run_id="auto-x",
+        session_id="s",
+        objective="o",
+        workdir="/w",
+        log_dir="/l",
+        max_turns=9,
+        tool="claude",
+        config={"daily_budget": 0.0009, "chat_id": -300},
+    )
+    turn = Spend.of_turn(CLAUDE)
+    # $0.00047 + this turn's $0.000235 = 78 %: nothing to say.
+    same, note = await check_budget(state, now, run=turn, this_turn=turn, store=runs)
+    assert (same, note) == (state, None)
+    # With a cap of $0.00086 it is 82 %: told once, and the state remembers it was.
+    state = replace(state, config={**state.config, "daily_budget": 0.00086})
+    warned, note = await check_budget(state, now, run=turn, this_turn=turn, store=runs)
+    assert note is not None
+    assert "this chat's budget for today ($0.0009)" in note
+    assert warned.config["budget_warned_day"] is True
+    again, note = await check_budget(warned, now, run=turn, this_turn=turn, store=runs)
+    assert note is None
+    assert again.status is AutoStatus.RUNNING
+    # A second turn's worth more reaches it: the run stops, before its next turn.
+    two = turn + turn
+    stopped, _ = await check_budget(warned, now, run=two, this_turn=two, store=runs)
+    assert stopped.status is AutoStatus.STOPPED
+    assert stopped.message == "Stopped by this chat's budget for today: $0.0009 of $0.0009 spent"
+    assert stopped.config["stopped_by"] == "budget"
+
+
+def test_a_budget_of_nothing_is_refused(tmp_path: Path) -> None:
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="a budget is more than"):
+        Budget.given(0, None)
+    with pytest.raises(ConfigError, match="a token budget is more than 0"):
+        Budget.given(None, -5)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "auto", "--budget", "-1", "-p", "x"],
+        env={**clean_env(), "TURNSTILE_DATABASE": str(tmp_path / "t.db"), "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--budget: a budget is more than $0, not -1.0" in done.stderr

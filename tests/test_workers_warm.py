@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -189,6 +190,46 @@ async def test_three_turns_of_an_auto_run_on_a_worker_share_one_process(
     )
     await wait_until(lambda: warm_marks(cluster) == {}, timeout=30, what="marked cold")
     assert (await runs_json(cluster, run_id))["warm"] is False
+
+
+@realcli
+async def test_a_budget_stops_a_run_on_a_worker_after_the_turn_that_spends_it(
+    warm_cluster: tuple[Cluster, Sandbox], model_api: FakeModelAPI
+) -> None:
+    cluster, _ = warm_cluster
+    model_api.enqueue(Text("Goal: count."), Text("1. count"), Text("one"), Text("two"))
+    await blocking(cluster.start_worker, "w1")
+    done = await blocking(
+        lambda: cluster.cli(
+            "auto",
+            "--detach",
+            "--checkout-repo",
+            "demo",
+            "--tool",
+            "claude",
+            "--max-turns",
+            "6",
+            # A turn costs about $0.0002 on the fake model's usage: the second spends it.
+            "--budget",
+            "0.0003",
+            "-p",
+            "count",
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    await wait_until(
+        lambda: cluster.status(run_id) not in (None, "running"), timeout=120, what="run ends"
+    )
+    assert cluster.status(run_id) == "stopped"
+    assert [seq for seq, _ in finished_turns(cluster, run_id)] == [1, 2]
+    [(state,)] = cluster.query("SELECT state_json FROM runs WHERE id = %s", run_id)
+    message = json.loads(state)["message"]
+    assert message.startswith("Stopped by its budget: $0.000"), message
+    assert message.endswith("of $0.0003 spent")
+    row = await runs_json(cluster, run_id)
+    assert row["cost_usd"] is not None
+    assert row["cost_usd"] >= 0.0003
 
 
 def saved_answer(root: Path, text: str) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from engine.automode.append import InstructionInbox, Intake, render_instructions
+from engine.automode.budget import check_budget
 from engine.automode.prompts import PromptTemplates
 from engine.automode.state import (
     AutoModeState,
@@ -76,6 +77,8 @@ class AutoRunStore(Protocol):
     async def update_run(self, run_id: str, **fields: Any) -> Any: ...
 
     async def spend_of(self, run_ids: Collection[str]) -> dict[str, Spend]: ...
+
+    async def spend_in_chat(self, chat_id: int, *, since: float) -> Spend: ...
 
 
 def run_status(state: AutoModeState) -> RunStatus:
@@ -272,7 +275,11 @@ class AutoModeChannel(BaseChannel):
         now = self._clock()
         new_state = with_transition(replace(state, **updates), transition, now)
         report: str | None = None
-        self.spend = await self._spend_so_far() + Spend.of_turn(out.metadata)
+        this_turn = Spend.of_turn(out.metadata)
+        self.spend = await self._spend_so_far() + this_turn
+        new_state, budget_note = await check_budget(
+            new_state, now, run=self.spend, this_turn=this_turn, store=self._store
+        )
         if new_state.terminal:
             await self._final_evidence()
             self.last_summary = await self._summary.generate(new_state.evaluation)
@@ -294,6 +301,8 @@ class AutoModeChannel(BaseChannel):
                 f"🔎 Turn {state.turn} claimed complete; not accepted. {not_accepted[0].upper()}"
                 f"{not_accepted[1:]}.{goes_on}"
             )
+        if budget_note is not None:
+            await self._safe_publish(budget_note)
         await self._announce(state.turn, phase, code, out, transition.message, report, refused)
 
     # -- stop / failure paths (called by the run driver) --------------------------------

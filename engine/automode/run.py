@@ -20,13 +20,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from engine.agents.base import ProcessAgent, without_settings
 from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
 from engine.approvals.route import ApprovalRoute
 from engine.automode.append import InstructionInbox
+from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import STOPPED_BY_PERSON, AutoModeChannel
 from engine.automode.git import Git
 from engine.automode.prompts import PromptTemplates
@@ -46,6 +47,7 @@ from engine.logs import log_context
 from engine.runs import AgentEnv, RunMode, RunSession, RunSpec, RunSupervisor
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink, recording
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, add_event, events_written
 from engine.store.leases import database_lock
@@ -348,6 +350,17 @@ def _build(
     )
 
 
+def _budget_config(settings: Settings, spec: RunSpec) -> dict[str, Any]:
+    """What the run may spend, kept with its state (a resume and a worker keep it too)."""
+    budget = spec.budget
+    if budget is None and settings.run_budget is not None:
+        budget = Budget(usd=settings.run_budget)
+    config: dict[str, Any] = budget.to_config() if budget is not None else {}
+    if settings.daily_budget is not None and spec.chat is not None:
+        config.update(daily_budget=settings.daily_budget, chat_id=spec.chat.chat_id)
+    return config
+
+
 def _owner_lock(db: AnyDatabase, state: AutoModeState) -> Lock:
     """Held by the process that drives the run, for as long as it drives it: an ``flock``
     in the run's folder on SQLite, an advisory lock on PostgreSQL (another machine's pid
@@ -410,6 +423,7 @@ async def prepare_auto_run(
             "verify_cmd": spec.verify_cmd,
             "prompts_dir": prompts,
             "threshold": settings.completion_threshold,
+            **_budget_config(settings, spec),
         },
         owner=owner_token(),
     )
@@ -490,10 +504,36 @@ async def _claim(
 
 
 def resumable(state: AutoModeState) -> bool:
-    """Not finished: still running (the process died), or stopped by a person."""
+    """Not finished: still running (the process died), or stopped by a person or by its
+    budget (which a resume with a larger one raises)."""
     if state.status is AutoStatus.RUNNING:
         return True
-    return state.status is AutoStatus.STOPPED and state.message == STOPPED_BY_PERSON
+    return state.status is AutoStatus.STOPPED and (
+        state.message == STOPPED_BY_PERSON or state.config.get("stopped_by") == STOPPED_BY_BUDGET
+    )
+
+
+def _rebudgeted(state: AutoModeState, budget: Budget | None) -> AutoModeState:
+    """The state going on with ``budget`` (None: the one it had). A run its budget stopped
+    goes on only with a larger one."""
+    config = dict(state.config)
+    if config.get("stopped_by") == STOPPED_BY_BUDGET:
+        old = Budget.from_config(config)
+        if budget is None or (old is not None and not _larger(budget, old)):
+            had = f" of {old.text()}" if old is not None else ""
+            raise ConfigError(
+                f"run {state.run_id} was stopped by its budget{had}: resume it with a larger "
+                "--budget"
+            )
+        config.pop("stopped_by")
+    if budget is not None:
+        config.update(budget.to_config())
+        config.pop("budget_warned_run", None)
+    return replace(state, config=config)
+
+
+def _larger(new: Budget, old: Budget) -> bool:
+    return (new.usd or 0) > (old.usd or 0) or (new.tokens or 0) > (old.tokens or 0)
 
 
 async def prepare_resume(
@@ -506,8 +546,10 @@ async def prepare_resume(
     stop_event: asyncio.Event | None = None,
     supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
+    budget: Budget | None = None,
 ) -> AutoRun:
-    """Reload a run from the store to continue from its recorded phase and turn.
+    """Reload a run from the store to continue from its recorded phase and turn (with
+    ``budget``: under that budget from now on).
 
     Its turns still recorded as started were cut off: they are marked interrupted and
     run again (same sequence number, next attempt).
@@ -524,6 +566,7 @@ async def prepare_resume(
     state = AutoModeState.from_json(record.state)
     if not resumable(state):
         raise ConfigError(f"run {run_id} has ended ({state.status.value}); it cannot be resumed")
+    state = _rebudgeted(state, budget)
     me = owner_token()
     # The owner lock is the word on who drives the run; on SQLite (one machine) a live
     # pid:start-time owner also counts, for a process that drives it without the lock.

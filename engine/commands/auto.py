@@ -47,6 +47,7 @@ from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
 from engine.runs import RunMode, RunSpec, RunSupervisor
 from engine.settings import Settings
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
 from engine.terminal import TerminalView
@@ -74,6 +75,18 @@ def register(subparsers: Any) -> None:
         help="argv template of the command agent: {prompt} {session_id} {cwd}",
     )
     parser.add_argument("--max-turns", type=int, metavar="N", help="turn cap (Clarify, Plan count)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop after the turn that spends this much (default: TURNSTILE_RUN_BUDGET)",
+    )
+    parser.add_argument(
+        "--budget-tokens",
+        type=int,
+        metavar="N",
+        help="the same in tokens, for an agent that reports tokens and no cost (Codex)",
+    )
     parser.add_argument("--workdir", type=Path, metavar="DIR", help="agent working directory")
     parser.add_argument(
         "--verify-cmd",
@@ -187,6 +200,7 @@ async def _run(
                     sink=view,
                     supervisor=supervisor,
                     approval_for=route_for,
+                    budget=Budget.given(args.budget, args.budget_tokens),
                 )
                 return await _drive(run, view, supervisor, resumed=True, db=db)
         _objective(args)  # bad input is refused before anything is checked out
@@ -233,6 +247,7 @@ def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
         raise ConfigError("give the objective with -p PROMPT")
     if args.max_turns is not None and args.max_turns < 1:
         raise ConfigError(f"--max-turns must be at least 1, got {args.max_turns}")
+    Budget.given(args.budget, args.budget_tokens)  # a bad budget is said before it starts
     return objective, passthrough
 
 
@@ -276,6 +291,7 @@ async def _new_run(
         passthrough=tuple(passthrough),
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
+        budget=Budget.given(args.budget, args.budget_tokens),
     )
     return await prepare_auto_run(
         settings, db, spec, sink=view, supervisor=supervisor, approval_for=approval_for

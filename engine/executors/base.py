@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from engine.runs.spec import ChatPlace
+from engine.spend import Budget
 
 if TYPE_CHECKING:
     from engine.agents.base import ProcessAgent
@@ -85,6 +86,7 @@ class AutoRequest:
     project: str
     place: ChatPlace
     user_id: int | None = None
+    budget: Budget | None = None  # None: the settings' TURNSTILE_RUN_BUDGET, if any
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ class LocalAuto:
             run_id=run_id,
             project=request.project,
             chat=request.place,
+            budget=request.budget,
         )
         run = await start_auto_run(
             self.settings,

@@ -27,6 +27,7 @@ from engine.runs import Recovery
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
 from engine.sink import RunSink, StatusUpdate, TextKind, publish
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, TurnState
 from engine.workers.control import (
@@ -94,6 +95,8 @@ class WorkersAuto:
             passthrough=(),
             max_turns=None,
             verify_cmd=None,
+            budget=request.budget
+            or (Budget(usd=settings.run_budget) if settings.run_budget is not None else None),
         )
         spec = replace(spec, chat_id=request.place.chat_id, thread_id=request.place.thread_id)
         await start_on_workers(settings, spec)

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.runs.ids import RunMode
+from engine.spend import Budget
 
 __all__ = ["AgentEnv", "ChatPlace", "RunSpec"]
 
@@ -76,6 +77,7 @@ class RunSpec:
         verify_cmd: a command whose exit 0 is evidence of completion (argv, no shell).
         prompts_dir: prompt template overrides.
         env: the agent process's extra environment and configuration folder.
+        budget: how far the run may spend (None: the settings' default, if any).
     """
 
     objective: str
@@ -91,6 +93,7 @@ class RunSpec:
     verify_cmd: str | None = None
     prompts_dir: Path | None = None
     env: AgentEnv = field(default_factory=AgentEnv)
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", RunMode(self.mode))
@@ -120,6 +123,7 @@ class RunSpec:
             "verify_cmd": self.verify_cmd,
             "prompts_dir": str(self.prompts_dir) if self.prompts_dir is not None else None,
             "env": self.env.to_json(),
+            "budget": self.budget.to_config() if self.budget is not None else None,
         }
 
     @classmethod
@@ -147,6 +151,7 @@ class RunSpec:
                 verify_cmd=data.get("verify_cmd"),
                 prompts_dir=Path(prompts_dir) if prompts_dir else None,
                 env=AgentEnv.from_json(data.get("env") or {}),
+                budget=Budget.from_config(data.get("budget") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a run spec: {exc}") from exc

@@ -12,6 +12,7 @@ import sys
 from engine.agents.factory import AGENT_NAMES
 from engine.errors import ConfigError
 from engine.settings import Settings
+from engine.spend import Budget
 from engine.workers.control import (
     follow_run,
     new_spec,
@@ -50,6 +51,7 @@ async def run_on_workers(
         passthrough=tuple(passthrough),
         max_turns=args.max_turns,
         verify_cmd=args.verify_cmd,
+        budget=Budget.given(args.budget, args.budget_tokens),
     )
     await start_on_workers(settings, spec)
     if args.detach:

@@ -21,6 +21,7 @@ from engine.automode.run import process_exit_code
 from engine.automode.state import AutoModeState, AutoStatus
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.location import PostgresURL
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
@@ -87,8 +88,11 @@ def new_spec(
     passthrough: tuple[str, ...],
     max_turns: int | None,
     verify_cmd: str | None,
+    budget: Budget | None = None,
 ) -> QueuedRun:
     return QueuedRun(
+        budget_usd=budget.usd if budget is not None else None,
+        budget_tokens=budget.tokens if budget is not None else None,
         run_id=new_run_id(RunMode.AUTO),
         objective=objective,
         tool=tool,

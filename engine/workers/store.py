@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from engine.errors import ConfigError
 from engine.runs import AgentEnv, RunSpec
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.workers.migrations import OWNER, migrations
 
@@ -87,6 +88,8 @@ class QueuedRun:
     parent_run: str | None = None
     tool_approval: str | None = None
     approval_starter: int | None = None
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -101,6 +104,9 @@ class QueuedRun:
             max_turns=self.max_turns,
             verify_cmd=self.verify_cmd,
             env=env,
+            budget=Budget(self.budget_usd, self.budget_tokens)
+            if self.budget_usd is not None or self.budget_tokens is not None
+            else None,
         )
 
     def to_json(self) -> str:
@@ -122,6 +128,8 @@ class QueuedRun:
                 "parent_run": self.parent_run,
                 "tool_approval": self.tool_approval,
                 "approval_starter": self.approval_starter,
+                "budget_usd": self.budget_usd,
+                "budget_tokens": self.budget_tokens,
             }
         )
 
@@ -145,6 +153,8 @@ class QueuedRun:
             parent_run=raw.get("parent_run"),
             tool_approval=raw.get("tool_approval"),
             approval_starter=raw.get("approval_starter"),
+            budget_usd=raw.get("budget_usd"),
+            budget_tokens=raw.get("budget_tokens"),
         )
 
 
