@@ -19,13 +19,14 @@ from bot.chatting import configured_project
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.notices import ChatNotices
+from bot.notices import RAISE_BUDGET, ChatNotices
+from bot.replies import thread_of
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
 from engine.automode import AutoRun
 from engine.automode.verifier import evidence_gap
-from engine.errors import ConfigError
+from engine.errors import ConfigError, NotFoundError
 from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
 from engine.spend import Budget
@@ -61,6 +62,7 @@ class AutoExtension(Feature):
         dispatch.command("steer", Action.STEER, self.cmd_steer, usage="Usage: /steer TEXT")
         dispatch.text(self.on_text)
         dispatch.buttons(rf"^{_WORKER_STOP}", Action.STOP, self.on_stop_button)
+        dispatch.buttons(rf"^{RAISE_BUDGET}", Action.BUDGET, self.on_raise_budget)
 
     def running_in(self, chat_id: int, thread: int) -> list[AutoRun]:
         """The auto runs of this chat and topic driven here, oldest first."""
@@ -243,6 +245,40 @@ class AutoExtension(Feature):
             chat_id=chat.id,
             update_id=update.update_id,
             reason=run_id,
+        )
+
+    async def on_raise_budget(self, update: Update, data: str) -> None:
+        """An admin lets a run its budget stopped go on under twice the budget."""
+        chat = update.effective_chat
+        user = update.effective_user
+        message = update.effective_message
+        assert chat is not None
+        assert user is not None
+        run_id = data.removeprefix(RAISE_BUDGET)
+        try:
+            record = await self.ctx.runs.get_run(run_id)
+            budget = Budget.from_config(record.state.get("config", {}))
+            if budget is None:
+                raise ConfigError(f"run {run_id} has no budget to raise")
+            said = await self.executor.raise_budget(run_id, budget.raised(), chat_id=chat.id)
+        except (ConfigError, NotFoundError) as exc:
+            await self.ctx.replies.answer(update, f"⛔ {exc}"[:190])
+            return
+        await self.ctx.replies.answer(update, "Going on.")
+        name = self.ctx.publisher.people.name(user.id)
+        await self.ctx.publisher.say(
+            chat.id,
+            f"{said} (raised by {name})",
+            thread_id=thread_of(message) or None,
+            run_id=run_id,
+        )
+        await self.ctx.store.audit(
+            action="budget",
+            outcome="raised",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=f"{run_id}: {budget.raised().text()}",
         )
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:

@@ -7,8 +7,12 @@ import logging
 from bot.context import BotContext
 from bot.sink import status_ended
 from engine.runs import ChatPlace
+from engine.spend import Budget
 
-__all__ = ["ChatNotices"]
+__all__ = ["RAISE_BUDGET", "ChatNotices"]
+
+#: The button data of "raise the budget and go on" (then the run id).
+RAISE_BUDGET = "bg:"
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,6 +52,29 @@ class ChatNotices:
             chat_id=place.chat_id,
             thread_id=place.thread_id,
             run_id=key,
+        )
+
+    async def offer_more_budget(self, run_id: str, budget: Budget, spent: str) -> None:
+        place = await self.ctx.sink.place(run_id)
+        if place is None:
+            return
+        more = budget.raised()
+        await self.ctx.publisher.say(
+            place.chat_id,
+            f"💰 Auto run {run_id} stopped at its budget of {budget.text()} ({spent} spent). "
+            f"An admin can let it go on under {more.text()}.",
+            thread_id=place.thread_id,
+            run_id=run_id,
+            markup={
+                "inline_keyboard": [
+                    [
+                        {
+                            "text": f"⬆️ Raise to {more.text()} and go on",
+                            "callback_data": f"{RAISE_BUDGET}{run_id}",
+                        }
+                    ]
+                ]
+            },
         )
 
     async def shown(self, live: str) -> str | None:

@@ -28,6 +28,7 @@ class Action(StrEnum):
     REJECT = "reject"
     TASKS = "tasks"
     AUDIT = "audit"
+    BUDGET = "budget"  # raise a run's budget so it goes on
     HELP = "help"
 
 
@@ -42,6 +43,7 @@ _NEEDS: Mapping[Action, frozenset[Role]] = {
     Action.REJECT: frozenset({Role.APPROVER}),
     Action.TASKS: frozenset(),
     Action.AUDIT: frozenset(),
+    Action.BUDGET: frozenset(),
     Action.HELP: frozenset({Role.OPERATOR, Role.APPROVER}),
 }
 

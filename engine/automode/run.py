@@ -669,8 +669,10 @@ async def resume_auto_run(
     stop_event: asyncio.Event | None = None,
     supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
+    budget: Budget | None = None,
 ) -> AutoRun:
-    """Resume a run from its recorded phase and turn; the caller awaits ``run.task``."""
+    """Resume a run from its recorded phase and turn (with ``budget``: under that one);
+    the caller awaits ``run.task``."""
     run = await prepare_resume(
         settings,
         db,
@@ -680,6 +682,7 @@ async def resume_auto_run(
         stop_event=stop_event,
         supervisor=supervisor,
         approval_for=approval_for,
+        budget=budget,
     )
     run.start()
     return run

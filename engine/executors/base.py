@@ -65,6 +65,11 @@ class Notices(Protocol):
         with ``live``, as the message of that name."""
         ...
 
+    async def offer_more_budget(self, run_id: str, budget: Budget, spent: str) -> None:
+        """The run stopped at its ``budget`` (having spent ``spent``): offer whoever may
+        raise it to let it go on."""
+        ...
+
     async def shown(self, live: str) -> str | None:
         """What the message named ``live`` says now (None: it was never said)."""
         ...
@@ -131,6 +136,16 @@ class AutoExecutor(Protocol):
 
     async def status_lines(self, chat_id: int) -> list[str]:
         """One line (or two) per unfinished run of the chat, for a status listing."""
+        ...
+
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+        """Let the chat's run its budget stopped go on under ``budget``; what to tell the
+        person who raised it.
+
+        Raises:
+            ConfigError: the run cannot go on (not stopped by its budget, not here, a
+                budget not larger than the last).
+        """
         ...
 
     async def recover(self, report: Recovery) -> None:

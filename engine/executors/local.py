@@ -20,7 +20,8 @@ from engine.automode import (
     resume_auto_run,
     start_auto_run,
 )
-from engine.errors import StoreUnreachableError, TurnstileError
+from engine.automode.budget import STOPPED_BY_BUDGET
+from engine.errors import ConfigError, StoreUnreachableError, TurnstileError
 from engine.executors.base import (
     Approvals,
     AutoRequest,
@@ -35,6 +36,7 @@ from engine.runs import Recovery, RunMode, RunSpec, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
 from engine.sink import RunSink
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import RunStatus, SqliteRunStore
 from engine.workspace.runs import worktree_summaries
@@ -183,6 +185,10 @@ class LocalAuto:
                 result.status is AutoStatus.STOPPED and result.message == STOPPED_BY_PERSON
             )
             _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
+            budget = Budget.from_config(run.state.config)
+            if run.state.config.get("stopped_by") == STOPPED_BY_BUDGET and budget is not None:
+                spent = run.channel.spend.cost_text() if run.channel.spend else "it"
+                await self.notices.offer_more_budget(run.run_id, budget, spent)
         except StoreUnreachableError as exc:
             if not exc.retryable or self._closing:
                 # Recorded running: the next start's recovery resumes it.
@@ -248,6 +254,29 @@ class LocalAuto:
             run_id,
             f"▶️ Auto run {run_id} resumed at turn {run.state.turn}, phase "
             f"{run.state.phase.value}{why}.",
+        )
+
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+        record = await self.runs.get_run(run_id)
+        if record.chat_id != chat_id:
+            raise ConfigError(f"run {run_id} is not this chat's")
+        if record.state.get("config", {}).get("stopped_by") != STOPPED_BY_BUDGET:
+            raise ConfigError(f"run {run_id} was not stopped by its budget")
+        place = ChatPlace(chat_id, record.thread_id)
+        self.notices.follow(run_id, place)
+        run = await resume_auto_run(
+            self.settings,
+            self.db,
+            run_id,
+            sink=self.sink,
+            supervisor=self.supervisor,
+            approval_for=self.approvals(record.agent, None),
+            budget=budget,
+        )
+        self._track(run, place)
+        return (
+            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
+            f"{run.state.turn}, phase {run.state.phase.value}."
         )
 
     # -- start-up and shutdown ---------------------------------------------------------

@@ -136,6 +136,14 @@ class WorkersAuto:
                 return await self._stop(placement)
         return False
 
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+        if await WorkerStore(self.db).placement(run_id) is not None:
+            raise ConfigError(
+                f"run {run_id} ran on the workers: it goes on from a terminal, with "
+                f"`turnstile auto --resume {run_id} --budget …` on a machine of the workers"
+            )
+        return await self.local.raise_budget(run_id, budget, chat_id=chat_id)
+
     async def stop_in(self, place: ChatPlace) -> list[str]:
         stopped = await self.local.stop_in(place)
         for placement in await self._placed(place.chat_id, place.thread_id or 0):
