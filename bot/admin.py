@@ -34,7 +34,7 @@ COMMANDS: Final = [
     BotCommand("model", "[NAME] — this chat's model (default: the agent's own)"),
     BotCommand("project", "NAME[@branch] — a new session on another project"),
     BotCommand("new", "a fresh session (same agent, project and model)"),
-    BotCommand("auto", "OBJECTIVE — start an auto-mode run"),
+    BotCommand("auto", "[--budget USD] OBJECTIVE — start an auto-mode run"),
     BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
     BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
     BotCommand("approve", "[TASK] — approve the open gate"),
@@ -61,8 +61,9 @@ HELP: Final = "\n".join(
         " session from a terminal.",
         "",
         "Runs",
-        "/auto OBJECTIVE — auto mode: clarify, plan, execute until verified done. Messages"
-        " (or /steer TEXT) become instructions for the next execute turn.",
+        "/auto [--budget USD] OBJECTIVE — auto mode: clarify, plan, execute until verified"
+        " done; with a budget it stops after the turn that spends it. Messages (or /steer"
+        " TEXT) become instructions for the next execute turn.",
         "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
         " Approve / Reject buttons.",
         "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",

@@ -58,7 +58,12 @@ class AutoExtension(Feature):
         )
 
     def register(self, dispatch: Dispatch) -> None:
-        dispatch.command("auto", Action.START_RUN, self.cmd_auto, usage="Usage: /auto OBJECTIVE")
+        dispatch.command(
+            "auto",
+            Action.START_RUN,
+            self.cmd_auto,
+            usage="Usage: /auto [--budget USD] OBJECTIVE",
+        )
         dispatch.command("steer", Action.STEER, self.cmd_steer, usage="Usage: /steer TEXT")
         dispatch.text(self.on_text)
         dispatch.buttons(rf"^{_WORKER_STOP}", Action.STOP, self.on_stop_button)
