@@ -21,15 +21,14 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from chatfront.auth import Action
-from engine.approvals.store import SqliteApprovalStore, ToolRequest
 from engine.errors import NotFoundError
-from engine.gates.records import ApprovalResult
-from webview.actions import WebActions
-from webview.app import WebView, serving
 
 if TYPE_CHECKING:
     from bot.autopilot import AutopilotExtension
     from bot.tool_approvals import ToolApprovalExtension
+    from engine.approvals.store import ToolRequest
+    from engine.gates.records import ApprovalResult
+    from webview.app import WebView
 
 __all__ = ["WebFeature"]
 
@@ -56,24 +55,37 @@ class WebFeature(Feature):
         self.autopilot = autopilot
         self.approvals = approvals
         self.owners = tuple(owners)
-        store = SqliteApprovalStore(ctx.db)
-        self.view = WebView(
-            settings=ctx.settings,
-            db=ctx.db,
-            gates=ctx.gates,
-            approvals=store,
-            authorizer=ctx.authorizer,
-            actions=WebActions(
-                ctx.db,
-                ctx.gates,
-                store,
-                _ChatHooks(self),
-                forbid_self_approval=ctx.settings.forbid_self_approval,
-            ),
-            bot_token=token,
-            names=ctx.publisher.people.name,
-        )
+        self._token = token
+        self._view: WebView | None = None
         self._serving = AsyncExitStack()
+
+    @property
+    def view(self) -> WebView:
+        """The web view (its pages, templates and libraries loaded only once it is on)."""
+        if self._view is None:
+            from engine.approvals.store import SqliteApprovalStore
+            from webview.actions import WebActions
+            from webview.app import WebView
+
+            ctx = self.ctx
+            store = SqliteApprovalStore(ctx.db)
+            self._view = WebView(
+                settings=ctx.settings,
+                db=ctx.db,
+                gates=ctx.gates,
+                approvals=store,
+                authorizer=ctx.authorizer,
+                actions=WebActions(
+                    ctx.db,
+                    ctx.gates,
+                    store,
+                    _ChatHooks(self),
+                    forbid_self_approval=ctx.settings.forbid_self_approval,
+                ),
+                bot_token=self._token,
+                names=ctx.publisher.people.name,
+            )
+        return self._view
 
     @property
     def enabled(self) -> bool:
@@ -93,6 +105,8 @@ class WebFeature(Feature):
         settings = self.ctx.settings
         if settings.web_port is None:
             return
+        from webview.app import serving
+
         await self._serving.enter_async_context(
             serving(self.view, settings.web_listen, settings.web_port)
         )

@@ -219,3 +219,20 @@ def test_no_postgresql_driver_or_job_queue_is_loaded_unless_asked_for() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == ""
+
+
+def test_the_web_view_is_loaded_only_when_it_is_on() -> None:
+    """A bot without ``TURNSTILE_WEB_PORT`` starts without the web view and its libraries
+    (pages, templates, metrics: they cost the bot's bounded memory for nothing)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, engine.cli, bot.app\n"
+        "print(','.join(m for m in ('webview', 'jinja2', 'prometheus_client', 'markdown_it')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == ""
