@@ -347,10 +347,10 @@ async def _run_record(request: web.Request) -> Any:
         raise web.HTTPNotFound(text="There is no such run.") from None
 
 
-async def _events_of(view: WebView, record: Any, after: int = 0) -> list[RunEvent]:
+async def _events_of(view: WebView, record: Any) -> list[RunEvent]:
     task = record.task if record.mode == "autopilot" else None
     return await EventLog(view.db).read(
-        record.id, task=task, after=after, since=record.created_at if task else None, limit=5000
+        record.id, task=task, since=record.created_at if task else None, limit=5000
     )
 
 

@@ -36,7 +36,7 @@ from engine.runs import Recovery, RunMode, RunSpec, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
 from engine.sink import RunSink
-from engine.spend import Budget
+from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import RunStatus, SqliteRunStore
 from engine.workspace.runs import worktree_summaries
@@ -187,7 +187,7 @@ class LocalAuto:
             _LOGGER.info("auto run ended %s", result.status.value, extra={"run_id": run.run_id})
             budget = Budget.from_config(run.state.config)
             if run.state.config.get("stopped_by") == STOPPED_BY_BUDGET and budget is not None:
-                spent = run.channel.spend.cost_text() if run.channel.spend else "it"
+                spent = budget.spent_text(run.channel.spend or Spend())
                 await self.notices.offer_more_budget(run.run_id, budget, spent)
         except StoreUnreachableError as exc:
             if not exc.retryable or self._closing:
@@ -237,24 +237,32 @@ class LocalAuto:
     ) -> None:
         """Resume ``run_id`` from its recorded phase and turn here, and say so (or why not)."""
         try:
-            run = await resume_auto_run(
-                self.settings,
-                self.db,
-                run_id,
-                sink=self.sink,
-                supervisor=self.supervisor,
-                approval_for=self.approvals(tool or self.settings.default_agent, None),
-            )
+            run = await self._resumed(run_id, place, tool)
         except TurnstileError as exc:
             _LOGGER.warning("auto run not resumed: %s", exc, extra={"run_id": run_id})
             await self.notices.notice(run_id, f"⚠️ Auto run {run_id} {failed}: {exc}")
             return
-        self._track(run, place)
         await self.notices.notice(
             run_id,
             f"▶️ Auto run {run_id} resumed at turn {run.state.turn}, phase "
             f"{run.state.phase.value}{why}.",
         )
+
+    async def _resumed(
+        self, run_id: str, place: ChatPlace, tool: str | None, *, budget: Budget | None = None
+    ) -> AutoRun:
+        """The run resumed here (``budget``: under that one), followed in ``place``."""
+        run = await resume_auto_run(
+            self.settings,
+            self.db,
+            run_id,
+            sink=self.sink,
+            supervisor=self.supervisor,
+            approval_for=self.approvals(tool or self.settings.default_agent, None),
+            budget=budget,
+        )
+        self._track(run, place)
+        return run
 
     async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
         record = await self.runs.get_run(run_id)
@@ -264,16 +272,7 @@ class LocalAuto:
             raise ConfigError(f"run {run_id} was not stopped by its budget")
         place = ChatPlace(chat_id, record.thread_id)
         self.notices.follow(run_id, place)
-        run = await resume_auto_run(
-            self.settings,
-            self.db,
-            run_id,
-            sink=self.sink,
-            supervisor=self.supervisor,
-            approval_for=self.approvals(record.agent, None),
-            budget=budget,
-        )
-        self._track(run, place)
+        run = await self._resumed(run_id, place, record.agent, budget=budget)
         return (
             f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
             f"{run.state.turn}, phase {run.state.phase.value}."
