@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from engine.errors import ConfigError
 
 __all__ = ["BUDGET_WARN_AT", "Budget", "Spend"]
+
+#: What each agent CLI reports of a turn's spend (the command agent: whatever it prints).
+_REPORTS: Final[Mapping[str, str]] = {"claude": "cost and tokens", "codex": "tokens"}
 
 #: The share of a budget spent at which the people following the run are told, once.
 BUDGET_WARN_AT = 0.8
@@ -229,6 +232,19 @@ class Budget:
         if self.tokens is not None and spend.tokens is not None:
             shares.append(spend.tokens / self.tokens)
         return max(shares)
+
+    def refusal_for(self, agent: str) -> str | None:
+        """Why this budget could never stop a run of ``agent`` (None: it can)."""
+        if agent == "command":
+            return None
+        reports = _REPORTS.get(agent, "")
+        if self.usd is not None and "cost" in reports:
+            return None
+        if self.tokens is not None and "tokens" in reports:
+            return None
+        if "tokens" in reports:
+            return f"{agent} reports tokens, not cost: give its budget in tokens (--budget-tokens)"
+        return f"{agent} reports neither cost nor tokens: a budget cannot stop its runs"
 
     def spent_text(self, spend: Spend) -> str:
         """What ``spend`` used of this budget, in its units."""

@@ -244,3 +244,28 @@ def test_a_budget_of_nothing_is_refused(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "--budget: a budget is more than $0, not -1.0" in done.stderr
+
+
+def test_a_budget_an_agent_cannot_be_held_to_is_refused(tmp_path: Path) -> None:
+    # Codex reports tokens only, Copilot nothing: a budget in USD could never stop them.
+    assert Budget(usd=1).refusal_for("claude") is None
+    assert Budget(tokens=1000).refusal_for("codex") is None
+    assert Budget(usd=1).refusal_for("codex") == (
+        "codex reports tokens, not cost: give its budget in tokens (--budget-tokens)"
+    )
+    assert Budget(usd=1, tokens=5).refusal_for("copilot") == (
+        "copilot reports neither cost nor tokens: a budget cannot stop its runs"
+    )
+    args = ["auto", "--tool", "codex", "--budget", "1", "--workdir", str(tmp_path), "-p", "x"]
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        env={**clean_env(), "TURNSTILE_DATABASE": str(tmp_path / "t.db"), "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot keep to this budget: codex reports tokens, not cost" in done.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was made

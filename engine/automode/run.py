@@ -353,8 +353,13 @@ def _build(
 def _budget_config(settings: Settings, spec: RunSpec) -> dict[str, Any]:
     """What the run may spend, kept with its state (a resume and a worker keep it too)."""
     budget = spec.budget
+    refused = budget.refusal_for(spec.agent) if budget is not None else None
+    if refused is not None:
+        raise ConfigError(f"cannot keep to this budget: {refused}")
     if budget is None and settings.run_budget is not None:
-        budget = Budget(usd=settings.run_budget)
+        # The default applies where the agent reports a cost; elsewhere it cannot.
+        default = Budget(usd=settings.run_budget)
+        budget = default if default.refusal_for(spec.agent) is None else None
     config: dict[str, Any] = budget.to_config() if budget is not None else {}
     if settings.daily_budget is not None and spec.chat is not None:
         config.update(daily_budget=settings.daily_budget, chat_id=spec.chat.chat_id)
@@ -399,6 +404,7 @@ async def prepare_auto_run(
     workdir, prompts = _validate(
         objective, tool, turns, spec.workdir, spec.prompts_dir, spec.verify_cmd
     )
+    budget = _budget_config(settings, spec)
     store = SqliteRunStore(db)
     supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     run_id = spec.run_id or supervisor.reserve(RunMode.AUTO)
@@ -423,7 +429,7 @@ async def prepare_auto_run(
             "verify_cmd": spec.verify_cmd,
             "prompts_dir": prompts,
             "threshold": settings.completion_threshold,
-            **_budget_config(settings, spec),
+            **budget,
         },
         owner=owner_token(),
     )
