@@ -121,6 +121,16 @@ class WarmMember(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _exited(proc: asyncio.subprocess.Process) -> bool:
+    """Whether ``proc`` (our child) has exited, reaped or not, without reaping it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already: its return code is on its way
+        return True
+
+
 class WarmPool:
     """At most ``max_sessions`` resident agent processes; idle ones leave after a while.
 
@@ -394,6 +404,26 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self.resident else None
+
+    async def _drop_if_gone(self) -> bool:
+        """Between turns: whether the resident process had died (killed, evicted by the
+        OS) though its output has not closed yet. It is let go: a new one takes the turn.
+
+        Our child may be dead while what it started still holds its output open for a
+        moment, and might even read the next prompt before it goes: asked now, the
+        prompt would die with it.
+        """
+        proc = self._proc
+        if proc is None or not self.resident or not _exited(proc):
+            return False
+        _LOGGER.info(
+            "the resident %s process was gone before the turn; starting a new one",
+            self.process_label,
+            extra={"session_id": self.session_id},
+        )
+        await self._kill("gone before the turn")
+        await self._await_readers()
+        return True
 
     # -- what a subclass gives -----------------------------------------------------------
     @abstractmethod
