@@ -405,9 +405,9 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self.resident else None
 
-    async def _drop_if_gone(self) -> bool:
-        """Between turns: whether the resident process had died (killed, evicted by the
-        OS) though its output has not closed yet. It is let go: a new one takes the turn.
+    async def _drop_if_gone(self) -> None:
+        """Between turns: let the resident process go if it had died (killed, evicted by
+        the OS) though its output has not closed yet; a new one takes the turn.
 
         Our child may be dead while what it started still holds its output open for a
         moment, and might even read the next prompt before it goes: asked now, the
@@ -415,7 +415,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         """
         proc = self._proc
         if proc is None or not self.resident or not _exited(proc):
-            return False
+            return
         _LOGGER.info(
             "the resident %s process was gone before the turn; starting a new one",
             self.process_label,
@@ -423,7 +423,6 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         )
         await self._kill("gone before the turn")
         await self._await_readers()
-        return True
 
     # -- what a subclass gives -----------------------------------------------------------
     @abstractmethod
@@ -456,6 +455,7 @@ class ResidentAgent(JsonStreamAgent, Generic[TurnT]):
         async with self._lock:
             self.turns_started += 1
             try:
+                await self._drop_if_gone()
                 return await self._run(prompt)
             except asyncio.CancelledError:
                 # A cancelled turn (a shutdown that parks it) leaves no process behind.

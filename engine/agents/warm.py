@@ -214,7 +214,6 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         # the earlier turn unsaved while it works on it (a process lost meanwhile would
         # take that turn with it).
         await self.settled()
-        await self._drop_if_gone()
         spawned = self._prestarted and self.resident
         self._prestarted = False
         if not self.resident:

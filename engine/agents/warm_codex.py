@@ -276,7 +276,6 @@ class WarmCodexAgent(ResidentAgent[_Turn], CodexAgent):
     async def _run(self, prompt: str) -> TurnOutput:
         spawned = False
         missing: str | None = None
-        await self._drop_if_gone()
         if not self.resident:
             missing = await self._spawn()
             spawned = True
