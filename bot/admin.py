@@ -34,7 +34,7 @@ COMMANDS: Final = [
     BotCommand("model", "[NAME] — this chat's model (default: the agent's own)"),
     BotCommand("project", "NAME[@branch] — a new session on another project"),
     BotCommand("new", "a fresh session (same agent, project and model)"),
-    BotCommand("auto", "[--budget USD] OBJECTIVE — start an auto-mode run"),
+    BotCommand("auto", "[--budget USD] [--permissions P] OBJECTIVE — start an auto-mode run"),
     BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
     BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
     BotCommand("approve", "[TASK] — approve the open gate"),
@@ -44,6 +44,7 @@ COMMANDS: Final = [
     BotCommand("status", "this chat's runs"),
     BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
     BotCommand("web", "the board of runs and tasks in a browser (in a private chat)"),
+    BotCommand("permissions", "[guarded|trusted|free|default] — what tool calls ask here"),
     BotCommand("tasks", "every task's state (admin)"),
     BotCommand("audit", "the audit's findings (admin)"),
 ]
@@ -61,9 +62,9 @@ HELP: Final = "\n".join(
         " session from a terminal.",
         "",
         "Runs",
-        "/auto [--budget USD] OBJECTIVE — auto mode: clarify, plan, execute until verified"
-        " done; with a budget it stops after the turn that spends it. Messages (or /steer"
-        " TEXT) become instructions for the next execute turn.",
+        "/auto [--budget USD] [--permissions P] OBJECTIVE — auto mode: clarify, plan,"
+        " execute until verified done; with a budget it stops after the turn that spends"
+        " it. Messages (or /steer TEXT) become instructions for the next execute turn.",
         "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
         " Approve / Reject buttons.",
         "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
@@ -80,8 +81,11 @@ HELP: Final = "\n".join(
         "",
         "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
         " before a tool call: Allow once, Allow for this session, or Deny; the turn"
-        " waits. Copilot CLI and Codex cannot ask per tool call: their allowed tools alone"
-        " decide.",
+        " waits. /permissions guarded (every change asks), trusted (only destructive or"
+        " outward actions ask) or free (nothing asks, still sandboxed) sets it for this"
+        " chat (admins). Deleting outside the project, a force push to the default branch,"
+        " a script piped from the internet and reading secret files always ask. Copilot"
+        " CLI and Codex cannot ask per tool call: their allowed tools alone decide.",
         "",
         "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
@@ -92,6 +96,9 @@ _APPROVAL_HELP: Final = {
     "off": "off here: only the allowed tools run",
     "unlisted": "on here for tools outside the allowed list",
     "all": "on here for every tool call",
+    "guarded": "guarded here: every tool call that changes something asks",
+    "trusted": "trusted here: only destructive or outward actions ask",
+    "free": "free here: nothing asks but the catastrophic",
 }
 
 

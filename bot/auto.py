@@ -24,6 +24,7 @@ from bot.replies import thread_of
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
+from engine.approvals import ApprovalPolicy
 from engine.automode import AutoRun
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, NotFoundError
@@ -38,6 +39,7 @@ _LOGGER = logging.getLogger(__name__)
 # The Stop button's data on the turn messages an earlier version of the bot posted for runs
 # on the workers.
 _WORKER_STOP: Final = "sw:"
+USAGE: Final = "Usage: /auto [--budget USD] [--permissions guarded|trusted|free] OBJECTIVE"
 
 
 class AutoExtension(Feature):
@@ -62,7 +64,7 @@ class AutoExtension(Feature):
             "auto",
             Action.START_RUN,
             self.cmd_auto,
-            usage="Usage: /auto [--budget USD] OBJECTIVE",
+            usage=USAGE,
         )
         dispatch.command("steer", Action.STEER, self.cmd_steer, usage="Usage: /steer TEXT")
         dispatch.text(self.on_text)
@@ -89,12 +91,12 @@ class AutoExtension(Feature):
         text = message.text or ""
         objective = text.split(maxsplit=1)[1].strip() if len(text.split(maxsplit=1)) > 1 else ""
         try:
-            budget, objective = _budget_and_objective(objective)
+            budget, permissions, objective = _options_and_objective(objective)
         except ConfigError as exc:
             await self.ctx.replies.reply(update, f"Cannot start: {exc}")
             return
         if not objective:
-            await self.ctx.replies.reply(update, "Usage: /auto [--budget USD] OBJECTIVE")
+            await self.ctx.replies.reply(update, USAGE)
             return
         thread = message.message_thread_id if message.is_topic_message else None
         if thread is None and chat.is_forum:
@@ -113,6 +115,8 @@ class AutoExtension(Feature):
             place=place,
             user_id=user.id if user is not None else None,
             budget=budget,
+            # Its own, else the chat's (/permissions); kept with the run for resumes.
+            permissions=permissions or await self.ctx.store.place_permissions(chat.id, thread or 0),
         )
         try:
             started = await self.executor.start(request)
@@ -300,23 +304,34 @@ class AutoExtension(Feature):
         await self.executor.park_all()
 
 
-def _budget_and_objective(text: str) -> tuple[Budget | None, str]:
-    """``--budget USD`` (or ``--budget=USD``) at the start of ``/auto``'s text, and the rest.
+def _options_and_objective(text: str) -> tuple[Budget | None, str | None, str]:
+    """``--budget USD`` and ``--permissions P`` (or ``--flag=value``) at the start of
+    ``/auto``'s text, in any order, and the rest (the objective).
 
     Raises:
-        ConfigError: the budget is not a positive amount.
+        ConfigError: the budget is not a positive amount, or no such permissions.
     """
-    head, _, rest = text.partition(" ")
-    if head.startswith("--budget="):
-        amount, rest = head.removeprefix("--budget="), rest
-    elif head == "--budget":
-        amount, _, rest = rest.strip().partition(" ")
-    else:
-        return None, text
-    try:
-        usd = float(amount.removeprefix("$"))
-    except ValueError:
-        raise ConfigError(
-            f"--budget takes an amount in USD, like 2 or 0.50, not {amount!r}"
-        ) from None
-    return Budget.given(usd, None), rest.strip()
+    budget: Budget | None = None
+    permissions: str | None = None
+    rest = text.strip()
+    while rest.startswith("--"):
+        head, _, rest = rest.partition(" ")
+        name, equals, value = head.partition("=")
+        if not equals:
+            value, _, rest = rest.strip().partition(" ")
+        rest = rest.strip()
+        if name == "--budget":
+            try:
+                usd = float(value.removeprefix("$"))
+            except ValueError:
+                raise ConfigError(
+                    f"--budget takes an amount in USD, like 2 or 0.50, not {value!r}"
+                ) from None
+            budget = Budget.given(usd, None)
+        elif name == "--permissions":
+            if value not in {p.value for p in ApprovalPolicy if p.is_preset}:
+                raise ConfigError(f"--permissions takes guarded, trusted or free, not {value!r}")
+            permissions = value
+        else:
+            raise ConfigError(f"/auto knows --budget and --permissions, not {name}")
+    return budget, permissions, rest

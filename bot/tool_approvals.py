@@ -24,7 +24,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
+from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
 from chatfront.store import Binding
 from engine.approvals import (
@@ -49,6 +49,7 @@ __all__ = ["ToolApprovalExtension", "request_text"]
 _LOGGER = logging.getLogger(__name__)
 
 PREFIX: Final = "tq"
+_PRESETS: Final = {p.value for p in ApprovalPolicy if p.is_preset}
 _CHOICES: Final = {"o": (Decision.ALLOWED, Scope.ONCE), "s": (Decision.ALLOWED, Scope.SESSION)}
 _CHOICES_DENY: Final = {"d": (Decision.DENIED, None)}
 RESTARTED: Final = "the bot restarted while it waited"
@@ -62,16 +63,13 @@ def _ref(request_id: int) -> str:
     return f"tool:{request_id}"
 
 
-def _buttons(request_id: int) -> dict[str, Any]:
-    return {
-        "inline_keyboard": [
-            [
-                {"text": "✅ Allow once", "callback_data": f"{PREFIX}:{request_id}:o"},
-                {"text": "♾ Allow for this session", "callback_data": f"{PREFIX}:{request_id}:s"},
-            ],
-            [{"text": "⛔ Deny", "callback_data": f"{PREFIX}:{request_id}:d"}],
-        ]
-    }
+def _buttons(request: ToolRequest) -> dict[str, Any]:
+    once = {"text": "✅ Allow once", "callback_data": f"{PREFIX}:{request.id}:o"}
+    deny = {"text": "⛔ Deny", "callback_data": f"{PREFIX}:{request.id}:d"}
+    if request.no_grant:  # no grant covers a catastrophic call: once, or no
+        return {"inline_keyboard": [[once, deny]]}
+    session = {"text": "♾ Allow for this session", "callback_data": f"{PREFIX}:{request.id}:s"}
+    return {"inline_keyboard": [[once, session], [deny]]}
 
 
 def request_text(
@@ -82,12 +80,17 @@ def request_text(
     ``worker``: the worker whose turn asks (a chat session on the workers).
     """
     where = f" (on worker {worker})" if worker else ""
+    mark = "🚨" if request.no_grant else "🔐"
     lines = [
-        f"🔐 Run {request.run_id}{where} asks to use {request.tool}:",
+        f"{mark} Run {request.run_id}{where} asks to use {request.tool}:",
         summarize(request.tool, request.input),
         "",
     ]
-    if outcome is None:
+    if request.why:
+        lines[-1:] = [f"It asks because this call {request.why}.", ""]
+    if outcome is None and request.no_grant:
+        lines.append("Allow it once, or deny. Nothing allows a call like this for the session.")
+    elif outcome is None:
         lines.append(
             "Allow once, allow for this session "
             f"({describe_key(request.tool, request.key)}), or deny. The turn waits."
@@ -126,12 +129,73 @@ class ToolApprovalExtension(Feature):
         # An id of at most 18 ASCII digits fits every database's integer; anything else
         # (an oversized or negative number, another script's digits) is no button of ours.
         dispatch.buttons(rf"^{PREFIX}:[0-9]{{1,18}}:[osd]\Z", None, self.on_button)
+        dispatch.command("permissions", Action.STATUS, self.cmd_permissions)
+
+    async def cmd_permissions(self, update: Update, args: list[str]) -> None:
+        """``/permissions``: what this place's tool calls ask; an admin sets a preset."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        thread = thread_of(update.effective_message)
+        current = await self.policy_in(chat.id, thread)
+        if not args:
+            await self.ctx.replies.reply(
+                update,
+                f"Permissions here: {current.label}. An admin sets them with /permissions "
+                "guarded, trusted or free (/permissions default: the bot's setting, "
+                f"{self.policy.label}). Only Claude Code sessions ask.",
+            )
+            return
+        wanted = args[0].lower()
+        if len(args) != 1 or wanted not in {*_PRESETS, "default"}:
+            await self.ctx.replies.reply(
+                update, "Usage: /permissions guarded | trusted | free | default"
+            )
+            return
+        if not self.ctx.authorizer.check(user.id, chat.id, Action.PERMISSIONS).allowed:
+            await self.ctx.store.audit(
+                action="permissions",
+                outcome="refused",
+                user_id=user.id,
+                chat_id=chat.id,
+                update_id=update.update_id,
+                reason=f"{wanted} needs admin",
+            )
+            await self.ctx.replies.reply(
+                update, f"Only an admin changes what asks here. Permissions: {current.label}."
+            )
+            return
+        chosen = None if wanted == "default" else wanted
+        await self.ctx.store.set_place_permissions(chat.id, thread, chosen, by=user.id)
+        await self.ctx.store.audit(
+            action="permissions",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=wanted,
+        )
+        now = await self.policy_in(chat.id, thread)
+        await self.ctx.replies.reply(
+            update,
+            f"🔐 Permissions here: {now.label}. They apply to runs started from now on "
+            "(/new starts a fresh chat session with them).",
+        )
 
     # -- wiring runs -------------------------------------------------------------------
 
+    async def policy_in(self, chat_id: int, thread_id: int) -> ApprovalPolicy:
+        """The policy of a place's runs: its /permissions, else the settings'."""
+        chosen = await self.ctx.store.place_permissions(chat_id, thread_id)
+        return ApprovalPolicy(chosen) if chosen else self.policy
+
     async def route(self, run_id: str, binding: Binding) -> ApprovalRoute | None:
         """Where a new chat run's permission requests go (None: the policy is off)."""
-        if self.policy is ApprovalPolicy.OFF or binding.agent != "claude":
+        if binding.agent != "claude":
+            return None
+        policy = await self.policy_in(binding.chat_id, binding.thread_id)
+        if policy is ApprovalPolicy.OFF:
             return None
         await self._started.wait()
         if self._failed is not None:
@@ -141,21 +205,25 @@ class ToolApprovalExtension(Feature):
         return ApprovalRoute(
             database=self.ctx.settings.database,
             run_id=run_id,
-            policy=self.policy,
+            policy=policy,
             starter=starter,
             wake=self.watcher.wake_path,
         )
 
     def routes_for(self, tool: str, starter: int | None) -> ApprovalFor | None:
-        """Routes for the runs of another front end (auto mode), by run id."""
-        if self.policy is ApprovalPolicy.OFF or tool != "claude":
+        """Routes for the runs of another front end (auto mode), by run id and the run's
+        own policy (set when it started: /auto --permissions, or the chat's)."""
+        if tool != "claude":
             return None
 
-        def route_for(run_id: str) -> ApprovalRoute:
+        def route_for(run_id: str, own: ApprovalPolicy | None = None) -> ApprovalRoute | None:
+            policy = own or self.policy
+            if policy is ApprovalPolicy.OFF:
+                return None
             return ApprovalRoute(
                 database=self.ctx.settings.database,
                 run_id=run_id,
-                policy=self.policy,
+                policy=policy,
                 starter=starter,
                 wake=self.watcher.wake_path,
             )
@@ -196,7 +264,7 @@ class ToolApprovalExtension(Feature):
             request_text(request, worker=await self._worker_of(run.id)),
             chat_id=run.chat_id,
             thread_id=run.thread_id,
-            markup=_buttons(request.id),
+            markup=_buttons(request),
             run_id=run.id,
         )
         _LOGGER.info("tool request %s of run %s posted", request.id, run.id)

@@ -29,6 +29,7 @@ class Action(StrEnum):
     TASKS = "tasks"
     AUDIT = "audit"
     BUDGET = "budget"  # raise a run's budget so it goes on
+    PERMISSIONS = "permissions"  # set what a place's tool calls ask first
     HELP = "help"
 
 
@@ -44,6 +45,7 @@ _NEEDS: Mapping[Action, frozenset[Role]] = {
     Action.TASKS: frozenset(),
     Action.AUDIT: frozenset(),
     Action.BUDGET: frozenset(),
+    Action.PERMISSIONS: frozenset(),
     Action.HELP: frozenset({Role.OPERATOR, Role.APPROVER}),
 }
 

@@ -89,8 +89,9 @@ class Settings(BaseSettings):
     agent_model: str | None = None
     allowed_tools: Annotated[tuple[str, ...], NoDecode] = ()
     dangerous_tools: bool = False
-    # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all
-    tool_approval: Literal["off", "unlisted", "all"] = "off"
+    # Per-tool-call approval (engine.approvals.ApprovalPolicy): off, unlisted, all, or a
+    # preset that judges each call: guarded, trusted, free
+    tool_approval: Literal["off", "unlisted", "all", "guarded", "trusted", "free"] = "off"
     # The agent's walls (engine/sandbox.py, docs/security.md): every agent turn runs under
     # bubblewrap unless an operator turns it off; more paths to hide; its network.
     sandbox: Literal["on", "off"] = "on"

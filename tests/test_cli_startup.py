@@ -354,10 +354,12 @@ def test_a_listing_on_postgresql_does_not_wait_for_a_migration(
 
 def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        # The engine's latest migration (0014, what turns cost) undone by hand.
-        spend = ("cost_usd", "tokens_input", "tokens_output", "tokens_cache_read")
-        for column in (*spend, "tokens_cache_write"):
-            conn.execute(f"ALTER TABLE turns DROP COLUMN {column}".encode())
+        # The engine's latest migration (0015: why a request asks, questions, pauses)
+        # undone by hand.
+        for column in ("asks_because", "no_grant"):
+            conn.execute(f"ALTER TABLE tool_requests DROP COLUMN {column}".encode())
+        conn.execute(b"DROP TABLE agent_questions")
+        conn.execute(b"DROP TABLE run_pauses")
         conn.execute("UPDATE schema_versions SET version = version - 1 WHERE owner = %s", (ENGINE,))
     proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
@@ -368,7 +370,12 @@ def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_
         )
         column = conn.execute(
             "SELECT count(*) FROM information_schema.columns"
-            " WHERE table_name = 'turns' AND column_name LIKE 'tokens_%'"
+            " WHERE table_name = 'tool_requests' AND column_name IN ('asks_because', 'no_grant')"
+        ).fetchone()
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables"
+            " WHERE table_name IN ('agent_questions', 'run_pauses')"
         ).fetchone()
     assert rows == latest
-    assert column == (4,)
+    assert column == (2,)
+    assert tables == (2,)

@@ -12,6 +12,7 @@ import json
 import os
 import stat
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from engine.approvals import (
 )
 from engine.approvals.listener import ApprovalListener
 from engine.approvals.mcp_server import answer_for
-from engine.errors import TurnExecError
+from engine.errors import ConfigError, TurnExecError
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import Database
@@ -469,16 +470,34 @@ async def test_auto_runs_get_a_route_for_their_own_run_id(tmp_path: Path) -> Non
     )
     asked: list[str] = []
 
-    def route_for(run_id: str) -> ApprovalRoute:
+    def route_for(run_id: str, own: ApprovalPolicy | None) -> ApprovalRoute:
         asked.append(run_id)
-        return ApprovalRoute(database=settings.database, run_id=run_id, policy=ApprovalPolicy.ALL)
+        return ApprovalRoute(
+            database=settings.database, run_id=run_id, policy=own or ApprovalPolicy.ALL
+        )
 
     async with Database(settings.database) as database:
         spec = RunSpec(objective="do it", agent="claude", workdir=git_workspace(tmp_path / "ws"))
         run = await prepare_auto_run(settings, database, spec, approval_for=route_for)
         agent: Any = run.runner.agent
         assert agent.options.approval.run_id == run.run_id
-    assert asked == [run.run_id]
+        assert agent.options.approval.policy is ApprovalPolicy.ALL
+        # a run's own permissions go with it (and stay in its state for a resume)
+        trusted = replace(spec, workdir=git_workspace(tmp_path / "ws2"), permissions="trusted")
+        run2 = await prepare_auto_run(settings, database, trusted, approval_for=route_for)
+        agent = run2.runner.agent
+        assert agent.options.approval.policy is ApprovalPolicy.TRUSTED
+        assert run2.state.config["permissions"] == "trusted"
+        for wrong, said in (("codex", "only Claude Code can"), ("claude", "no permissions")):
+            bad = replace(
+                spec,
+                agent=wrong,
+                workdir=git_workspace(tmp_path / f"ws-{wrong}"),
+                permissions="trusted" if wrong == "codex" else "careless",
+            )
+            with pytest.raises(ConfigError, match=said):
+                await prepare_auto_run(settings, database, bad, approval_for=route_for)
+    assert asked == [run.run_id, run2.run_id]
 
 
 @pytest.mark.usefixtures("isolated_env")

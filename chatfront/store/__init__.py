@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from chatfront.store.chats import BotAudit, BotAuditTables, ChatMoves, ChatMoveTables
+from chatfront.store.chats import (
+    BotAudit,
+    BotAuditTables,
+    ChatMoves,
+    ChatMoveTables,
+    PlacePermissions,
+    PlacePermissionTables,
+)
 from chatfront.store.gates import (
     GateMessages,
     GateMessageTables,
@@ -55,6 +62,7 @@ __all__ = [
     "OutboxItem",
     "OutboxRow",
     "People",
+    "PlacePermissions",
     "PromptQueue",
     "PromptRow",
     "ReasonRequest",
@@ -74,6 +82,7 @@ class BotStore(
     ReasonRequests,
     TaskPlaces,
     ChatMoves,
+    PlacePermissions,
     BotAudit,
     People,
     Protocol,
@@ -91,6 +100,7 @@ class SqlBotStore(
     ReasonRequestTables,
     TaskPlaceTables,
     ChatMoveTables,
+    PlacePermissionTables,
     BotAuditTables,
     PeopleTables,
 ):

@@ -18,6 +18,16 @@ class ChatMoves(Protocol):
     async def migrated_from(self) -> dict[int, int]: ...
 
 
+class PlacePermissions(Protocol):
+    """A place's permission preset (/permissions), beside the settings' policy."""
+
+    async def place_permissions(self, chat_id: int, thread_id: int) -> str | None: ...
+
+    async def set_place_permissions(
+        self, chat_id: int, thread_id: int, policy: str | None, *, by: int | None
+    ) -> None: ...
+
+
 class BotAudit(Protocol):
     """Who asked the bot for what, and whether it was allowed."""
 
@@ -48,7 +58,8 @@ class ChatMoveTables(Tables):
                 " SET new_chat_id = excluded.new_chat_id, migrated_at = excluded.migrated_at",
                 (old_chat, new_chat, now),
             )
-            for table in ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks"):
+            tables = ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks")
+            for table in (*tables, "bot_place_permissions"):
                 await conn.execute(
                     f"UPDATE {table} SET chat_id = ? WHERE chat_id = ?",  # noqa: S608
                     (new_chat, old_chat),
@@ -68,6 +79,34 @@ class ChatMoveTables(Tables):
         """new chat id → old chat id, for every followed migration."""
         rows = await self.db.fetchall("SELECT old_chat_id, new_chat_id FROM bot_chat_migrations")
         return {int(r["new_chat_id"]): int(r["old_chat_id"]) for r in rows}
+
+
+class PlacePermissionTables(Tables):
+    """:class:`PlacePermissions` on the database."""
+
+    async def place_permissions(self, chat_id: int, thread_id: int) -> str | None:
+        row = await self.db.fetchone(
+            "SELECT policy FROM bot_place_permissions WHERE chat_id = ? AND thread_id = ?",
+            (chat_id, thread_id),
+        )
+        return str(row["policy"]) if row is not None else None
+
+    async def set_place_permissions(
+        self, chat_id: int, thread_id: int, policy: str | None, *, by: int | None
+    ) -> None:
+        """Set the place's preset (None: back to the settings' policy)."""
+        if policy is None:
+            await self.db.execute(
+                "DELETE FROM bot_place_permissions WHERE chat_id = ? AND thread_id = ?",
+                (chat_id, thread_id),
+            )
+            return
+        await self.db.execute(
+            "INSERT INTO bot_place_permissions (chat_id, thread_id, policy, set_by, set_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (chat_id, thread_id) DO UPDATE"
+            " SET policy = excluded.policy, set_by = excluded.set_by, set_at = excluded.set_at",
+            (chat_id, thread_id, policy, by, self._clock()),
+        )
 
 
 class BotAuditTables(Tables):

@@ -172,7 +172,7 @@ class ClaudeAgent(JsonStreamAgent):
     async def run_turn(self, prompt: str) -> TurnOutput:
         if self.options.approval is None:
             return await super().run_turn(prompt)
-        async with ApprovalListener(self.options.approval) as listener:
+        async with ApprovalListener(self.options.approval, worktree=self.options.cwd) as listener:
             self._listener = listener
             try:
                 return await super().run_turn(prompt)
@@ -258,15 +258,16 @@ class ClaudeAgent(JsonStreamAgent):
     def _permission_args(self) -> tuple[list[str], dict[str, str]]:
         """The allowlist's flags, plus the permission prompt tool when a person decides.
 
-        ``all``: the allowlist is not passed, so every tool call the CLI gates asks.
+        ``all`` and the presets: the allowlist is not passed, so every tool call the CLI
+        gates reaches the permission server (which, under a preset, lets most run).
         """
         route = self.options.approval
         if route is None:
             return claude_permission_args(self.options.allowlist)
         if self._listener is None:
             raise TurnExecError("the permission server of this turn is not running")
-        argv, env = claude_approval_args(self._listener.mcp_config())
-        if route.policy is ApprovalPolicy.ALL:
+        argv, env = claude_approval_args(self._listener.mcp_config(), route.policy)
+        if route.policy is ApprovalPolicy.ALL or route.policy.is_preset:
             return argv, env
         listed, listed_env = claude_permission_args(self.options.allowlist)
         return [*listed, *argv], {**listed_env, **env}

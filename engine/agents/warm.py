@@ -429,7 +429,7 @@ class WarmClaudeAgent(ResidentAgent[_Turn], ClaudeAgent):
         # The permission server lives as long as the process (the CLI connects once).
         await self._release_process()
         if self.options.approval is not None:
-            listener = ApprovalListener(self.options.approval)
+            listener = ApprovalListener(self.options.approval, worktree=self.options.cwd)
             await listener.__aenter__()
             self._listener = listener
         # The per-turn adapter's invocation: binary lookup, argv (resume or create),

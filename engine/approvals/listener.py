@@ -90,8 +90,12 @@ class _Lines:
 class ApprovalListener:
     """The permission server of one agent process, while it lives (an async context)."""
 
-    def __init__(self, route: ApprovalRoute) -> None:
+    def __init__(
+        self, route: ApprovalRoute, *, worktree: str | os.PathLike[str] | None = None
+    ) -> None:
         self.route = route
+        #: The agent's folder: what "outside the project folder" means to the presets.
+        self.worktree = os.path.realpath(worktree) if worktree is not None else None
         self._folder: Path | None = None
         self._server: asyncio.Server | None = None
         self._db: AnyDatabase | None = None
@@ -192,7 +196,12 @@ class ApprovalListener:
         ) -> str:
             """Ask a person whether the agent may make this tool call."""
             broker = PermissionBroker(
-                await self._store(), run_id=route.run_id, starter=route.starter, wake=route.wake
+                await self._store(),
+                run_id=route.run_id,
+                policy=route.policy,
+                worktree=self.worktree,
+                starter=route.starter,
+                wake=route.wake,
             )
             return json.dumps(await broker.ask(tool_name, input, tool_use_id))
 

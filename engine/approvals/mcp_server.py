@@ -18,7 +18,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any, Final
 
-from engine.approvals.policy import Decision
+from engine.approvals.policy import ApprovalPolicy, Decision
+from engine.approvals.presets import Reach, assess
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 
 __all__ = ["PermissionBroker", "answer_for", "nudge"]
@@ -52,6 +53,11 @@ def answer_for(request: ToolRequest) -> dict[str, Any]:
     """The permission tool's answer for a decided request."""
     if request.state is Decision.ALLOWED:
         return {"behavior": "allow", "updatedInput": dict(request.input)}
+    if request.state is Decision.DENIED and request.decided_by is not None and request.no_grant:
+        message = f"A person denied this {request.tool} call: it {request.why}."
+        if request.reason:
+            message += f" {request.reason}"
+        return {"behavior": "deny", "message": message}
     if request.state is Decision.DENIED and request.decided_by is not None:
         message = f"A person denied this {request.tool} call (user {request.decided_by})."
         if request.reason:
@@ -65,19 +71,29 @@ def answer_for(request: ToolRequest) -> dict[str, Any]:
 
 
 class PermissionBroker:
-    """Records one run's requests and waits for their decisions."""
+    """Records one run's requests and waits for their decisions.
+
+    ``policy``: a preset lets the calls it does not ask about run (recorded, nobody asked);
+    every other policy asks for each call that reaches it. A catastrophic call always asks
+    and no session grant covers it. ``worktree``: the agent's folder (what "outside the
+    project folder" means).
+    """
 
     def __init__(
         self,
         store: SqliteApprovalStore,
         *,
         run_id: str,
+        policy: ApprovalPolicy = ApprovalPolicy.ALL,
+        worktree: str | None = None,
         starter: int | None = None,
         wake: str | None = None,
         poll: float = _POLL_SECONDS,
     ) -> None:
         self.store = store
         self.run_id = run_id
+        self.policy = policy
+        self.worktree = worktree
         self.starter = starter
         self.wake = wake
         self.poll = poll
@@ -85,12 +101,19 @@ class PermissionBroker:
     async def ask(
         self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str | None
     ) -> dict[str, Any]:
+        judged = assess(tool_name, tool_input, self.worktree)
+        preset = None
+        if self.policy.is_preset and not self.policy.asks(judged):
+            preset = f"the {self.policy.value} preset lets it run"
         request = await self.store.open_request(
             self.run_id,
             tool_name,
             tool_input,
             tool_use_id=tool_use_id,
             starter_id=self.starter,
+            why=judged.why or None,
+            no_grant=judged.reach is Reach.CATASTROPHIC,
+            allowed_by_preset=preset,
         )
         _LOGGER.info("tool request %s: %s (%s)", request.id, tool_name, request.state.value)
         if request.state is Decision.PENDING:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Final
 
+from engine.approvals.presets import Assessment, Reach, assess
+
 __all__ = [
     "ApprovalPolicy",
     "Decision",
@@ -54,12 +56,34 @@ class ApprovalPolicy(StrEnum):
 
     ``off``: only the allowlist decides (anything else is refused). ``unlisted``: tools on
     the allowlist run, any other tool call asks. ``all``: every tool call the CLI would
-    gate asks, listed or not.
+    gate asks, listed or not. The presets judge each call (engine/approvals/presets.py):
+    ``guarded``: every call that writes asks; ``trusted``: only destructive or outward
+    ones ask; ``free``: nothing asks. Under every policy but ``off``, a catastrophic call
+    asks and no session grant covers it.
     """
 
     OFF = "off"
     UNLISTED = "unlisted"
     ALL = "all"
+    GUARDED = "guarded"
+    TRUSTED = "trusted"
+    FREE = "free"
+
+    @property
+    def is_preset(self) -> bool:
+        """Whether this policy judges each call itself (the CLI's allowlist is not passed)."""
+        return self in _ASKS_FROM
+
+    def asks(self, assessment: Assessment) -> bool:
+        """Whether a call judged ``assessment`` waits for a person under this policy."""
+        if assessment.reach is Reach.CATASTROPHIC:
+            return True
+        return assessment.reach >= _ASKS_FROM.get(self, Reach.READS)
+
+    @property
+    def label(self) -> str:
+        """The policy in a sentence a person reads."""
+        return _LABELS[self]
 
 
 class Decision(StrEnum):
@@ -70,11 +94,13 @@ class Decision(StrEnum):
 
 
 class Scope(StrEnum):
-    """How far an allow reaches: this call, the rest of the run, or an earlier grant."""
+    """How far an allow reaches: this call, the rest of the run, an earlier grant, or the
+    run's preset (nobody was asked)."""
 
     ONCE = "once"
     SESSION = "session"
     GRANT = "grant"
+    PRESET = "preset"
 
 
 def command_prefix(command: str) -> str:
@@ -101,10 +127,33 @@ def command_prefix(command: str) -> str:
     return words[0]
 
 
+_ASKS_FROM: Final = {
+    ApprovalPolicy.GUARDED: Reach.WRITES,
+    ApprovalPolicy.TRUSTED: Reach.OUTWARD,
+    ApprovalPolicy.FREE: Reach.CATASTROPHIC,
+}
+_LABELS: Final = {
+    ApprovalPolicy.OFF: "off: only the allowed tools run, nothing asks",
+    ApprovalPolicy.UNLISTED: "the allowed tools run, any other tool call asks",
+    ApprovalPolicy.ALL: "every tool call asks",
+    ApprovalPolicy.GUARDED: "guarded: every tool call that changes something asks",
+    ApprovalPolicy.TRUSTED: "trusted: only destructive or outward actions ask",
+    ApprovalPolicy.FREE: "free: nothing asks but the catastrophic (still sandboxed)",
+}
+
+
 def grant_key(tool: str, tool_input: Mapping[str, Any]) -> str:
-    """The key a session grant is stored under: a command prefix for Bash, else ``""``."""
+    """The key a session grant is stored under: a command prefix for Bash, else ``""``.
+
+    A command that destroys something or reaches outward (``rm``, a push) is covered by a
+    grant for exactly itself, never its prefix.
+    """
     if tool == "Bash":
-        return command_prefix(str(tool_input.get("command", "")))
+        command = str(tool_input.get("command", ""))
+        judged = assess(tool, tool_input)
+        if judged.destructive or judged.reach >= Reach.OUTWARD:
+            return "=" + command.strip()
+        return command_prefix(command)
     return ""
 
 

@@ -37,6 +37,32 @@ PERMISSION_TOOL: Final = f"mcp__{SERVER_NAME}__approve"
 # The longest tool call Claude Code allows (a signed 32-bit millisecond timer).
 _NO_TIMEOUT_MS: Final = "2147483647"
 _CONNECT_TIMEOUT_MS: Final = "120000"
+# Rules that make Claude Code ask (the permission tool) where it would not.
+_ASK_EVERY_TOOL: Final = (
+    "Bash",
+    "Read",
+    "Glob",
+    "Grep",
+    "LS",
+    "NotebookRead",
+    "WebFetch",
+    "WebSearch",
+    "Write",
+    "Edit",
+    "MultiEdit",
+    "NotebookEdit",
+)
+_ASK_SECRETS: Final = (
+    "Read(**/.env)",
+    "Read(**/.env.*)",
+    "Read(**/*.pem)",
+    "Read(**/*.key)",
+    "Read(**/id_rsa*)",
+    "Read(**/id_ed25519*)",
+    "Read(**/.ssh/**)",
+    "Read(**/.netrc)",
+    "Bash(cat .env:*)",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +84,22 @@ class ApprovalRoute:
     wake: str | None = None
 
 
-def claude_approval_args(mcp_config: Mapping[str, object]) -> tuple[list[str], dict[str, str]]:
+def claude_approval_args(
+    mcp_config: Mapping[str, object], policy: ApprovalPolicy = ApprovalPolicy.UNLISTED
+) -> tuple[list[str], dict[str, str]]:
     """Claude Code flags and environment that send permission prompts to the server that
-    ``mcp_config`` names (an :class:`~engine.approvals.listener.ApprovalListener`'s)."""
+    ``mcp_config`` names (an :class:`~engine.approvals.listener.ApprovalListener`'s).
+
+    Claude Code runs what it deems read-only itself (``Read``, ``cat``, ``head``: measured
+    on 2.1.197, even ``cat .env``) unless a rule says "ask". Under ``all`` and the presets
+    every tool asks by rule, so every call reaches the server, which judges it; under
+    ``unlisted`` the reads of secret files ask by rule.
+    """
+    rules = list(_ASK_EVERY_TOOL if policy is ApprovalPolicy.ALL or policy.is_preset else ())
+    rules += _ASK_SECRETS
     argv = [
+        "--settings",
+        json.dumps({"permissions": {"ask": rules}}),
         "--mcp-config",
         json.dumps(mcp_config),
         "--permission-prompt-tool",

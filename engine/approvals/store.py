@@ -41,6 +41,10 @@ class ToolRequest:
     posted_at: float | None
     created_at: float
     decided_at: float | None
+    #: What makes it ask, in plain words (None: the policy asks for every call).
+    why: str | None = None
+    #: A catastrophic call: it always asks, and "allow for this session" is not offered.
+    no_grant: bool = False
 
     @classmethod
     def from_row(cls, row: Any) -> ToolRequest:
@@ -55,6 +59,8 @@ class ToolRequest:
             scope=Scope(row["scope"]) if row["scope"] else None,
             decided_by=row["decided_by"],
             reason=row["reason"],
+            why=row["asks_because"],
+            no_grant=bool(row["no_grant"]),
             posted_at=row["posted_at"],
             created_at=row["created_at"],
             decided_at=row["decided_at"],
@@ -82,6 +88,9 @@ class ApprovalStore(Protocol):
         *,
         tool_use_id: str | None = None,
         starter_id: int | None = None,
+        why: str | None = None,
+        no_grant: bool = False,
+        allowed_by_preset: str | None = None,
     ) -> ToolRequest: ...
 
     async def get(self, request_id: int) -> ToolRequest: ...
@@ -130,46 +139,62 @@ class SqliteApprovalStore:
         *,
         tool_use_id: str | None = None,
         starter_id: int | None = None,
+        why: str | None = None,
+        no_grant: bool = False,
+        allowed_by_preset: str | None = None,
     ) -> ToolRequest:
-        """Record a request; one a session grant covers is allowed at once (and says so)."""
+        """Record a request; one a session grant covers is allowed at once (and says so).
+
+        ``why``: what makes it ask, in plain words. ``no_grant``: no session grant covers
+        it (a catastrophic call). ``allowed_by_preset``: the run's preset lets it run
+        without asking; it is recorded allowed, saying so (the audit of a ``free`` run).
+        """
         key = grant_key(tool, tool_input)
         now = self._clock()
+        text = json.dumps(dict(tool_input))
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "SELECT granted_by FROM tool_grants WHERE run_id = ? AND tool = ? AND prefix = ?",
-                (run_id, tool, key),
-            )
-            grant = await cursor.fetchone()
-            if grant is None:
+            grant = None
+            if allowed_by_preset is None and not no_grant:
+                cursor = await conn.execute(
+                    "SELECT granted_by FROM tool_grants"
+                    " WHERE run_id = ? AND tool = ? AND prefix = ?",
+                    (run_id, tool, key),
+                )
+                grant = await cursor.fetchone()
+            if allowed_by_preset is not None:
+                decided: tuple[str, int | None, str] | None = ("preset", None, allowed_by_preset)
+            elif grant is not None:
+                decided = ("grant", grant["granted_by"], "allowed for this session earlier")
+            else:
+                decided = None
+            if decided is None:
                 cursor = await conn.execute(
                     "INSERT INTO tool_requests (run_id, tool, input_json, tool_use_id,"
-                    " starter_id, state, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)"
-                    " RETURNING id",
-                    (run_id, tool, json.dumps(dict(tool_input)), tool_use_id, starter_id, now),
+                    " starter_id, state, asks_because, no_grant, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) RETURNING id",
+                    (run_id, tool, text, tool_use_id, starter_id, why, int(no_grant), now),
                 )
             else:
+                scope, by, reason = decided
                 cursor = await conn.execute(
                     "INSERT INTO tool_requests (run_id, tool, input_json, tool_use_id,"
-                    " starter_id, state, scope, decided_by, reason, created_at, decided_at)"
-                    " VALUES (?, ?, ?, ?, ?, 'allowed', 'grant', ?, ?, ?, ?) RETURNING id",
-                    (
-                        run_id,
-                        tool,
-                        json.dumps(dict(tool_input)),
-                        tool_use_id,
-                        starter_id,
-                        grant["granted_by"],
-                        "allowed for this session earlier",
-                        now,
-                        now,
-                    ),
+                    " starter_id, state, scope, decided_by, reason, asks_because, created_at,"
+                    " decided_at) VALUES (?, ?, ?, ?, ?, 'allowed', ?, ?, ?, ?, ?, ?)"
+                    " RETURNING id",
+                    (run_id, tool, text, tool_use_id, starter_id, scope, by, reason, why, now, now),
                 )
             row = await cursor.fetchone()
             assert row is not None
             request_id = int(row[0])
-            asked = {"request_id": request_id, "tool": tool, "input": _head(tool_input)}
-            if grant is not None:
-                asked.update(decision="allowed", scope="grant", by=grant["granted_by"])
+            asked: dict[str, Any] = {
+                "request_id": request_id,
+                "tool": tool,
+                "input": _head(tool_input),
+            }
+            if why:
+                asked["why"] = why
+            if decided is not None:
+                asked.update(decision="allowed", scope=decided[0], by=decided[1])
             await add_event(
                 conn, self.db, EventKind.TOOL_REQUESTED, run_id=run_id, data=asked, at=now
             )
@@ -223,11 +248,16 @@ class SqliteApprovalStore:
             cursor = await conn.execute(
                 "UPDATE tool_requests SET state = ?, scope = ?, decided_by = ?, reason = ?,"
                 " decided_at = ? WHERE id = ? AND state = 'pending'"
-                " RETURNING run_id, tool, input_json",
+                " RETURNING run_id, tool, input_json, no_grant",
                 (decision.value, scope.value if scope else None, by, reason, now, request_id),
             )
             row = await cursor.fetchone()
             changed = row is not None
+            if row is not None and row["no_grant"] and scope is Scope.SESSION:
+                scope = Scope.ONCE  # no grant covers a catastrophic call: this one only
+                await conn.execute(
+                    "UPDATE tool_requests SET scope = 'once' WHERE id = ?", (request_id,)
+                )
             if row is not None and decision is Decision.ALLOWED and scope is Scope.SESSION:
                 key = grant_key(row["tool"], json.loads(row["input_json"]))
                 await conn.execute(

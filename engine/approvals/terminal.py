@@ -121,7 +121,8 @@ def stdin_lines() -> AskLine | None:
     return ask
 
 
-RouteFor = Callable[[str], ApprovalRoute]
+# A run's route, given its id and its own policy (None: the terminal's); None: nobody asks.
+RouteFor = Callable[[str, ApprovalPolicy | None], ApprovalRoute | None]
 
 
 @asynccontextmanager
@@ -131,12 +132,14 @@ async def terminal_approvals(
     *,
     ask_line: AskLine | None,
     out: TextIO = sys.stderr,
+    own_policies: bool = False,
 ) -> AsyncIterator[RouteFor | None]:
     """Routes for a terminal's runs (by run id), with the approver listening while open.
 
-    Yields None when the policy is off (nothing asks).
+    Yields None when the policy is off and ``own_policies`` is False (nothing can ask); a
+    run's own policy (``--permissions``, or the one it was started with) beats ``policy``.
     """
-    if policy is ApprovalPolicy.OFF:
+    if policy is ApprovalPolicy.OFF and not own_policies:
         yield None
         return
     async with open_database(database, synchronous="NORMAL") as db:
@@ -144,12 +147,15 @@ async def terminal_approvals(
         approver = TerminalApprover(store, ask_line=ask_line, out=out)
         async with ApprovalWatcher(store, approver.handle) as watcher:
 
-            def route_for(run_id: str) -> ApprovalRoute:
+            def route_for(run_id: str, own: ApprovalPolicy | None = None) -> ApprovalRoute | None:
+                chosen = own or policy
+                if chosen is ApprovalPolicy.OFF:
+                    return None
                 approver.run_ids.add(run_id)
                 return ApprovalRoute(
                     database=database,
                     run_id=run_id,
-                    policy=policy,
+                    policy=chosen,
                     wake=watcher.wake_path,
                 )
 

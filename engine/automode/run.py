@@ -17,7 +17,7 @@ import shlex
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +25,7 @@ from typing import Any, Final
 from engine.agents.base import ProcessAgent, without_settings
 from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
+from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.route import ApprovalRoute
 from engine.automode.append import InstructionInbox
 from engine.automode.budget import STOPPED_BY_BUDGET
@@ -67,8 +68,9 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-# Where a run's tool calls ask a person, given its run id (TURNSTILE_TOOL_APPROVAL).
-ApprovalFor = Callable[[str], ApprovalRoute | None]
+# Where a run's tool calls ask a person, given its run id and its own policy (None: the
+# front end's, TURNSTILE_TOOL_APPROVAL); None back: nobody is asked.
+ApprovalFor = Callable[[str, ApprovalPolicy | None], ApprovalRoute | None]
 
 MAX_OBJECTIVE_BYTES: Final = 16 * 1024
 INTERRUPTED_ERROR: Final = "the process stopped while this turn ran"
@@ -311,7 +313,9 @@ def _build(
         config_dir=env.config_dir,
         resume=resume_session,
         turns_finished=resume_session,
-        approval=approval_for(state.run_id) if approval_for is not None else None,
+        approval=(
+            approval_for(state.run_id, _permissions(cfg)) if approval_for is not None else None
+        ),
         # Counted with every other run's warm session (the bot's cap covers auto runs).
         warm_pool=supervisor.warm_pool,
     )
@@ -348,6 +352,35 @@ def _build(
         supervisor=supervisor,
         owner_lock=owner_lock,
     )
+
+
+def _permissions(config: Mapping[str, Any]) -> ApprovalPolicy | None:
+    """The run's own tool approval policy (None: its front end's)."""
+    given = config.get("permissions")
+    return ApprovalPolicy(given) if given else None
+
+
+def permissions_config(spec: RunSpec) -> dict[str, Any]:
+    """The run's own policy, checked, for its state (resumes keep it).
+
+    Raises:
+        ConfigError: no such policy, or a preset for an agent that cannot ask turnstile.
+    """
+    if spec.permissions is None:
+        return {}
+    try:
+        policy = ApprovalPolicy(spec.permissions)
+    except ValueError:
+        choices = ", ".join(p.value for p in ApprovalPolicy)
+        raise ConfigError(
+            f"there are no permissions {spec.permissions!r}: choose one of {choices}"
+        ) from None
+    if policy is not ApprovalPolicy.OFF and spec.agent != "claude":
+        raise ConfigError(
+            f"{spec.agent} cannot ask before its tool calls (only Claude Code can): "
+            "run it without permissions, or use claude"
+        )
+    return {"permissions": policy.value}
 
 
 def _budget_config(settings: Settings, spec: RunSpec) -> dict[str, Any]:
@@ -405,6 +438,7 @@ async def prepare_auto_run(
         objective, tool, turns, spec.workdir, spec.prompts_dir, spec.verify_cmd
     )
     budget = _budget_config(settings, spec)
+    permissions = permissions_config(spec)
     store = SqliteRunStore(db)
     supervisor = supervisor if supervisor is not None else RunSupervisor(store)
     run_id = spec.run_id or supervisor.reserve(RunMode.AUTO)
@@ -430,6 +464,7 @@ async def prepare_auto_run(
             "prompts_dir": prompts,
             "threshold": settings.completion_threshold,
             **budget,
+            **permissions,
         },
         owner=owner_token(),
     )

@@ -114,9 +114,27 @@ def _tool_requested(event: RunEvent, data: Mapping[str, Any]) -> str:
     said = f"the agent asks to use {data.get('tool')}"
     if data.get("input"):
         said += f" {_first_line(data['input'], 100)}"
-    if data.get("decision") == "allowed":
+    if data.get("scope") == "preset":
+        said += " (its preset lets it run)"
+    elif data.get("decision") == "allowed":
         said += " (allowed for this session earlier)"
+    elif data.get("why"):
+        said += f": it {data['why']}"
     return said
+
+
+def _question_asked(event: RunEvent, data: Mapping[str, Any]) -> str:
+    said = f"the agent asks: {_first_line(str(data.get('question', '')), 120)}"
+    options = data.get("options") or ()
+    if options:
+        said += " (" + " / ".join(str(o) for o in options) + ")"
+    return said
+
+
+def _question_answered(event: RunEvent, data: Mapping[str, Any]) -> str:
+    if data.get("answer") is None:
+        return f"the agent's question went unanswered{_why(data)}"
+    return f"answered{_by(data)}: {_first_line(str(data['answer']), 120)}"
 
 
 def _tool_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
@@ -145,6 +163,10 @@ _SAY: dict[str, Callable[[RunEvent, Mapping[str, Any]], str]] = {
     EventKind.GATE_DECIDED: _gate_decided,
     EventKind.TOOL_REQUESTED: _tool_requested,
     EventKind.TOOL_DECIDED: _tool_decided,
+    EventKind.QUESTION_ASKED: _question_asked,
+    EventKind.QUESTION_ANSWERED: _question_answered,
+    EventKind.PAUSED: lambda e, d: f"paused{_by(d)}: it waits after the tool call it is in",
+    EventKind.PAUSE_ENDED: lambda e, d: f"goes on{_by(d)}",
     EventKind.FILE_OUT: lambda e, d: "files handed over: " + ", ".join(d.get("paths") or ()),
     EventKind.RUN_ENDED: _run_ended,
 }

@@ -87,6 +87,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="the same in tokens, for an agent that reports tokens and no cost (Codex)",
     )
+    parser.add_argument(
+        "--permissions",
+        choices=[p.value for p in ApprovalPolicy],
+        help="what the agent's tool calls ask first: guarded (all that change something), "
+        "trusted (only destructive or outward ones), free (only the catastrophic); "
+        "default: TURNSTILE_TOOL_APPROVAL",
+    )
     parser.add_argument("--workdir", type=Path, metavar="DIR", help="agent working directory")
     parser.add_argument(
         "--verify-cmd",
@@ -160,6 +167,8 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         policy,
         ask_line=view.asking(stdin_lines()),
         out=view.question_stream(),
+        # A resumed run may have been started with permissions of its own.
+        own_policies=args.permissions is not None or args.resume is not None,
     ) as route_for:
         return await _run(args, settings, route_for, view)
 
@@ -183,6 +192,7 @@ async def _run(
                     ("--prompts", args.prompts),
                     ("passthrough arguments", args.passthrough or None),
                     ("--checkout-repo", args.checkout_repo),
+                    ("--permissions", args.permissions),
                 )
                 if value is not None
             ]
@@ -292,6 +302,7 @@ async def _new_run(
         verify_cmd=args.verify_cmd,
         prompts_dir=args.prompts or settings.auto_prompts_dir,
         budget=Budget.given(args.budget, args.budget_tokens),
+        permissions=args.permissions,
     )
     return await prepare_auto_run(
         settings, db, spec, sink=view, supervisor=supervisor, approval_for=approval_for

@@ -31,7 +31,7 @@ from engine.agents.factory import AGENT_NAMES, create_agent, probe_turn_mode
 from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals
-from engine.errors import StoreError, TurnError, TurnPreempted
+from engine.errors import ConfigError, StoreError, TurnError, TurnPreempted
 from engine.humane import format_elapsed
 from engine.runs.ids import RunMode
 from engine.runs.owner import owner_token
@@ -111,6 +111,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--agent-cmd", default=None, help="argv template of the command agent")
     parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="the session's cwd")
     parser.add_argument("--session", default=None, help="session id (default: a new one)")
+    parser.add_argument(
+        "--permissions",
+        choices=[p.value for p in ApprovalPolicy],
+        help="what Claude Code's tool calls ask first: guarded (all that change something), "
+        "trusted (only destructive or outward ones), free (only the catastrophic); "
+        "default: TURNSTILE_TOOL_APPROVAL",
+    )
     parser.set_defaults(handler=run_chat, terminal_view=True)
 
 
@@ -286,7 +293,10 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
     session = args.session or str(uuid.uuid4())
     view = TerminalView()
     channel = TerminalChannel(sys.stdout)
-    policy = ApprovalPolicy(settings.tool_approval) if tool == "claude" else ApprovalPolicy.OFF
+    if args.permissions not in (None, "off") and tool != "claude":
+        raise ConfigError(f"{tool} cannot ask before its tool calls (only Claude Code can)")
+    chosen = args.permissions or settings.tool_approval
+    policy = ApprovalPolicy(chosen) if tool == "claude" else ApprovalPolicy.OFF
     ask = view.asking(channel.read_answer) if sys.stdin.isatty() else None
     async with (
         open_database(settings) as db,
@@ -312,7 +322,7 @@ async def run_chat(args: argparse.Namespace, settings: Settings) -> int:
                 cwd=cwd,
                 session_id=session,
                 agent_cmd=args.agent_cmd,
-                approval=route_for(run_id) if route_for is not None else None,
+                approval=route_for(run_id, None) if route_for is not None else None,
             )
             code = await _converse(agent, channel, view, tool, session, cwd, record)
             return code

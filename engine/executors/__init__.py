@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.errors import ConfigError
 from engine.executors.base import (
     Approvals,
     AutoExecutor,
@@ -165,6 +166,11 @@ async def auto_elsewhere(
     reads the run's objective from the arguments (only a new run has one)."""
     if settings.execution != "workers":
         return None
+    if getattr(args, "permissions", None) not in (None, "off"):
+        raise ConfigError(
+            "--permissions needs the run's tool calls to ask a person, and auto runs on the "
+            "workers do not ask; drop it, or run it here (TURNSTILE_EXECUTION=local)"
+        )
     from engine.workers.auto import run_on_workers
 
     return await run_on_workers(args, settings, objective())

@@ -92,6 +92,7 @@ class AutoRequest:
     place: ChatPlace
     user_id: int | None = None
     budget: Budget | None = None  # None: the settings' TURNSTILE_RUN_BUDGET, if any
+    permissions: str | None = None  # a preset (guarded, trusted, free); None: the settings'
 
 
 @dataclass(frozen=True, slots=True)

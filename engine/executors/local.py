@@ -97,6 +97,7 @@ class LocalAuto:
             project=request.project,
             chat=request.place,
             budget=request.budget,
+            permissions=request.permissions,
         )
         run = await start_auto_run(
             self.settings,

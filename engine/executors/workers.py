@@ -87,6 +87,12 @@ class WorkersAuto:
         """Queue the run as ``turnstile auto --checkout-repo PROJECT`` does."""
         settings = self.settings
         tool = settings.default_agent
+        if request.permissions not in (None, "off"):
+            raise ConfigError(
+                f"permissions {request.permissions} need the run's tool calls to ask a person, "
+                "and auto runs on the workers do not ask; /permissions default here, or run "
+                "it where the bot runs (TURNSTILE_EXECUTION=local)"
+            )
         spec = new_spec(
             objective=request.objective,
             tool=tool,

@@ -78,6 +78,8 @@ class RunSpec:
         prompts_dir: prompt template overrides.
         env: the agent process's extra environment and configuration folder.
         budget: how far the run may spend (None: the settings' default, if any).
+        permissions: what its tool calls ask before they run (a tool approval policy or
+            preset: guarded, trusted, free; None: the front end's default).
     """
 
     objective: str
@@ -94,6 +96,7 @@ class RunSpec:
     prompts_dir: Path | None = None
     env: AgentEnv = field(default_factory=AgentEnv)
     budget: Budget | None = None
+    permissions: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", RunMode(self.mode))
@@ -124,6 +127,7 @@ class RunSpec:
             "prompts_dir": str(self.prompts_dir) if self.prompts_dir is not None else None,
             "env": self.env.to_json(),
             "budget": self.budget.to_config() if self.budget is not None else None,
+            "permissions": self.permissions,
         }
 
     @classmethod
@@ -152,6 +156,7 @@ class RunSpec:
                 prompts_dir=Path(prompts_dir) if prompts_dir else None,
                 env=AgentEnv.from_json(data.get("env") or {}),
                 budget=Budget.from_config(data.get("budget") or {}),
+                permissions=data.get("permissions"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a run spec: {exc}") from exc

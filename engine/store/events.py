@@ -66,6 +66,10 @@ class EventKind(StrEnum):
     GATE_DECIDED = "gate_decided"  # approved / rejected / an approval counted
     TOOL_REQUESTED = "tool_requested"  # request_id, tool, summary
     TOOL_DECIDED = "tool_decided"  # request_id, decision, by
+    QUESTION_ASKED = "question_asked"  # question_id, question, options
+    QUESTION_ANSWERED = "question_answered"  # question_id, answer, by (or withdrawn: reason)
+    PAUSED = "paused"  # by: the run waits after its current tool call
+    PAUSE_ENDED = "pause_ended"  # by: the run goes on
     FILE_OUT = "file_out"  # a file handed to the people following the run
     RUN_ENDED = "run_ended"  # status, exit_code, reason
 
