@@ -32,6 +32,7 @@ from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, Tel
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
 from bot.admin import COMMANDS, AdminFeature
+from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import BotChatFront
@@ -418,17 +419,18 @@ class BotRuntime:
         """Every feature, in order: start-up, shutdown, and who sees a plain text first."""
         # First: its start-up clean-up runs before other features resume runs.
         approvals = ToolApprovalExtension(ctx)
+        questions = AgentQuestionFeature(ctx, approvals)
         # Approvals and reasons before steering; a text nobody took is a chat turn.
         autopilot = AutopilotExtension(ctx, agent_factory=self._agent_factory)
         auto = AutoExtension(ctx, approvals)
         files = FileDesk(ctx, auto)
         chat = ChatFeature(ctx)
-        owners = (chat, approvals, autopilot, auto)
+        owners = (questions, chat, approvals, autopilot, auto)
         admin = AdminFeature(ctx, owners=owners)
         self.web = WebFeature(
             ctx, token=self.token, autopilot=autopilot, approvals=approvals, owners=owners
         )
-        return (approvals, autopilot, auto, files, chat, admin, self.web)
+        return (approvals, questions, autopilot, auto, files, chat, admin, self.web)
 
     @property
     def handlers(self) -> Features | None:

@@ -426,7 +426,7 @@ class ToolApprovalExtension(Feature):
             await self._cancel(sorted(set(leftover)), RESTARTED + "; the turn was cut off")
         self.ctx.spawn(self._hold_watcher(), "tool-approvals")
 
-    async def _park_run(self, run_id: str) -> bool:
+    async def park_run(self, run_id: str) -> bool:
         """Park a chat run's turn (it runs again after the restart); False: not a chat run."""
         chats = self.ctx.chats
         run = chats.find(run_id)
@@ -440,7 +440,7 @@ class ToolApprovalExtension(Feature):
 
     async def _close_waiting(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
-            if await self._park_run(run_id):
+            if await self.park_run(run_id):
                 await self._cancel([run_id], PARKED)
             else:
                 # Another front end's run (auto mode) finishes its turn, told "no".

@@ -30,6 +30,8 @@ class Action(StrEnum):
     AUDIT = "audit"
     BUDGET = "budget"  # raise a run's budget so it goes on
     PERMISSIONS = "permissions"  # set what a place's tool calls ask first
+    ANSWER = "answer"  # answer a question the agent asks
+    PAUSE = "pause"  # pause a run at its next action, and let it go on
     HELP = "help"
 
 
@@ -46,6 +48,8 @@ _NEEDS: Mapping[Action, frozenset[Role]] = {
     Action.AUDIT: frozenset(),
     Action.BUDGET: frozenset(),
     Action.PERMISSIONS: frozenset(),
+    Action.ANSWER: frozenset({Role.OPERATOR}),
+    Action.PAUSE: frozenset({Role.OPERATOR}),
     Action.HELP: frozenset({Role.OPERATOR, Role.APPROVER}),
 }
 

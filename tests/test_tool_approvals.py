@@ -269,7 +269,7 @@ async def _call_server(listener: ApprovalListener, arguments: dict[str, Any]) ->
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = await session.list_tools()
-        assert [t.name for t in tools.tools] == ["approve"]
+        assert [t.name for t in tools.tools] == ["approve", "ask"]
         return await session.call_tool("approve", arguments)
 
 

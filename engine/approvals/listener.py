@@ -4,8 +4,9 @@ The agent CLI starts what its MCP config names — inside the sandbox, where the
 not. So it starts a relay (:data:`RELAY`: a few lines of the standard library, run by the
 base interpreter with ``-I -S``) that joins its stdin and stdout to this listener's socket;
 the MCP server itself, with the store, stays in the front end's (or the worker's) process.
-Over that socket the agent can only *ask* (the ``approve`` tool records a request and
-waits for a person); no message it can send decides a request.
+Over that socket the agent can only *ask*: the ``approve`` tool records a request and
+waits for a person's decision, the ``ask`` tool records a question and waits for a
+person's answer; no message it can send decides a request or answers a question.
 
 One listener serves one agent process (a turn, or a resident process's life); its folder
 (0700, under the temp folder: a socket path is limited to ~107 bytes) holds the socket
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from engine.approvals.questions import QuestionState, QuestionStore, check_question
 from engine.approvals.route import SERVER_NAME, ApprovalRoute
 from engine.approvals.store import SqliteApprovalStore
 from engine.store.backend import AnyDatabase, open_database
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["RELAY", "ApprovalListener"]
 
 _LOGGER = logging.getLogger(__name__)
+# How often a waiting question re-reads its row. A person's answer is far slower.
+_POLL_SECONDS: Final = 0.1
 
 # Joins stdin/stdout to the socket named by argv[1]; ends when either side ends.
 RELAY: Final = """\
@@ -102,6 +106,8 @@ class ApprovalListener:
         self._db_cm: Any = None
         self._db_lock = asyncio.Lock()
         self._connections: set[asyncio.Task[None]] = set()
+        # Questions asked and not answered yet: withdrawn when the listener closes.
+        self._asked: set[int] = set()
 
     @property
     def folder(self) -> Path:
@@ -133,7 +139,8 @@ class ApprovalListener:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop listening, end the connections, close the store, remove the folder."""
+        """Stop listening, end the connections, withdraw the questions nobody answered,
+        close the store, remove the folder."""
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -141,6 +148,15 @@ class ApprovalListener:
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._asked and self._db is not None:
+            # The turn ended (stopped, or its process died): nobody waits for the answer.
+            store = QuestionStore(self._db)
+            for question_id in sorted(self._asked):
+                try:
+                    await store.withdraw(question_id, "the turn ended before an answer")
+                except Exception:  # the store is away: its front end finds it on restart
+                    _LOGGER.exception("withdrawing question %s failed", question_id)
+            self._asked.clear()
         if self._db_cm is not None:
             cm, self._db_cm, self._db = self._db_cm, None, None
             await cm.__aexit__(None, None, None)
@@ -174,6 +190,22 @@ class ApprovalListener:
                 self._db_cm = cm
             return SqliteApprovalStore(self._db)
 
+    async def _ask(self, question: str, options: tuple[str, ...]) -> str:
+        """Record the question, nudge the front end, wait for the answer (no timeout)."""
+        from engine.approvals.mcp_server import nudge
+
+        store = QuestionStore((await self._store()).db)
+        asked = await store.ask(self.route.run_id, question, options)
+        _LOGGER.info("run %s asks question %s", self.route.run_id, asked.id)
+        nudge(self.route.wake, asked.id)
+        self._asked.add(asked.id)
+        settled = asked
+        while settled.state is QuestionState.PENDING:
+            await asyncio.sleep(_POLL_SECONDS)
+            settled = await store.get(asked.id)
+        self._asked.discard(asked.id)
+        return settled.tool_result()
+
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.create_task(self._serve(reader, writer), name="approval-connection")
         self._connections.add(task)
@@ -188,7 +220,11 @@ class ApprovalListener:
 
         route = self.route
         server: MCPServer[Any] = MCPServer(
-            SERVER_NAME, instructions="Asks a person before the agent runs a tool."
+            SERVER_NAME,
+            instructions=(
+                "Asks a person before the agent runs a tool. The agent may ask the person "
+                "following this run a question with the ask tool."
+            ),
         )
 
         async def approve(
@@ -205,8 +241,19 @@ class ApprovalListener:
             )
             return json.dumps(await broker.ask(tool_name, input, tool_use_id))
 
+        async def ask(question: str, options: list[str] | None = None) -> str:
+            """Ask the person following this run a question and wait for the answer.
+
+            Give up to four short options to offer them as buttons, or none for an answer
+            in their own words. Ask only what you cannot find out yourself: the run waits
+            until someone answers.
+            """
+            text, chosen = check_question(question, options)
+            return await self._ask(text, chosen)
+
         # One text block, not structured output: Claude Code accepts nothing else.
         server.add_tool(approve, name="approve", structured_output=False)
+        server.add_tool(ask, name="ask", structured_output=False)
         lines = _Lines(reader, writer)
         files = cast("anyio.AsyncFile[str]", lines)
         try:

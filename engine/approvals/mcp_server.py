@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from engine.approvals.policy import ApprovalPolicy, Decision
 from engine.approvals.presets import Reach, assess
+from engine.approvals.route import ASK_TOOL
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
 
 __all__ = ["PermissionBroker", "answer_for", "nudge"]
@@ -101,6 +102,8 @@ class PermissionBroker:
     async def ask(
         self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str | None
     ) -> dict[str, Any]:
+        if tool_name == ASK_TOOL:  # a question for a person is no call to approve
+            return {"behavior": "allow", "updatedInput": dict(tool_input)}
         judged = assess(tool_name, tool_input, self.worktree)
         preset = None
         if self.policy.is_preset and not self.policy.asks(judged):

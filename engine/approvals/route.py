@@ -26,6 +26,7 @@ from engine.approvals.policy import ApprovalPolicy
 from engine.store.location import PostgresURL
 
 __all__ = [
+    "ASK_TOOL",
     "PERMISSION_TOOL",
     "SERVER_NAME",
     "ApprovalRoute",
@@ -34,6 +35,8 @@ __all__ = [
 
 SERVER_NAME: Final = "turnstile"
 PERMISSION_TOOL: Final = f"mcp__{SERVER_NAME}__approve"
+#: The tool the agent asks a person a question with (the same server's ``ask``).
+ASK_TOOL: Final = f"mcp__{SERVER_NAME}__ask"
 # The longest tool call Claude Code allows (a signed 32-bit millisecond timer).
 _NO_TIMEOUT_MS: Final = "2147483647"
 _CONNECT_TIMEOUT_MS: Final = "120000"
@@ -93,13 +96,14 @@ def claude_approval_args(
     Claude Code runs what it deems read-only itself (``Read``, ``cat``, ``head``: measured
     on 2.1.197, even ``cat .env``) unless a rule says "ask". Under ``all`` and the presets
     every tool asks by rule, so every call reaches the server, which judges it; under
-    ``unlisted`` the reads of secret files ask by rule.
+    ``unlisted`` the reads of secret files ask by rule. The agent's ``ask`` tool (a
+    question for a person) is allowed by rule: asking whether it may ask would ask twice.
     """
     rules = list(_ASK_EVERY_TOOL if policy is ApprovalPolicy.ALL or policy.is_preset else ())
     rules += _ASK_SECRETS
     argv = [
         "--settings",
-        json.dumps({"permissions": {"ask": rules}}),
+        json.dumps({"permissions": {"ask": rules, "allow": [ASK_TOOL]}}),
         "--mcp-config",
         json.dumps(mcp_config),
         "--permission-prompt-tool",

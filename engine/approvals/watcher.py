@@ -1,4 +1,5 @@
-"""The front end's side: find new tool requests in the store and hand them to a handler.
+"""The front end's side: find new tool requests (and agents' questions) in the store and
+hand them to their handlers.
 
 The permission server nudges a Unix datagram socket after each request, so a request
 reaches the handler within milliseconds; a scan every ``scan_interval`` seconds finds
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import Self
 
 from engine.aio import raise_if_cancelled
+from engine.approvals.questions import AgentQuestion, QuestionStore
 from engine.approvals.store import ApprovalStore, ToolRequest
 from engine.errors import StoreUnreachableError
 
@@ -29,6 +31,7 @@ _LOGGER = logging.getLogger(__name__)
 # Returns True when the request was shown (it is then marked posted), False when it is
 # not this front end's (another front end shares the database).
 Handler = Callable[[ToolRequest], Awaitable[bool]]
+QuestionHandler = Callable[[AgentQuestion], Awaitable[bool]]
 
 
 class _Nudges(asyncio.DatagramProtocol):
@@ -47,6 +50,9 @@ class ApprovalWatcher:
     ) -> None:
         self.store = store
         self.handler = handler
+        #: Where agents' questions go (set by the front end that shows them).
+        self.questions: tuple[QuestionStore, QuestionHandler] | None = None
+        self._skipped_questions: set[int] = set()
         self.scan_interval = scan_interval
         self.wake_path: str | None = None
         self._folder: str | None = None
@@ -124,7 +130,8 @@ class ApprovalWatcher:
                 _LOGGER.exception("scanning tool requests failed")
 
     async def scan(self) -> int:
-        """Hand every new request to the handler once; returns how many were shown."""
+        """Hand every new request (and question) to its handler once; returns how many
+        were shown."""
         shown = 0
         for request in await self.store.unposted():
             if request.id in self._skipped:
@@ -134,4 +141,14 @@ class ApprovalWatcher:
                 shown += 1
             else:
                 self._skipped.add(request.id)
+        if self.questions is not None:
+            questions, show = self.questions
+            for question in await questions.unposted():
+                if question.id in self._skipped_questions:
+                    continue
+                if await show(question):
+                    await questions.mark_posted(question.id)
+                    shown += 1
+                else:
+                    self._skipped_questions.add(question.id)
         return shown
