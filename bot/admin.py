@@ -41,6 +41,8 @@ COMMANDS: Final = [
     BotCommand("reject", "TASK REASON — reject the open gate with a reason"),
     BotCommand("cancel", "drop the Reject that waits for your reason"),
     BotCommand("stop", "[RUN] — stop the running turn at once"),
+    BotCommand("pause", "[RUN] — the run finishes what it is doing, then waits"),
+    BotCommand("resume", "[RUN] — a paused run goes on"),
     BotCommand("status", "this chat's runs"),
     BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
     BotCommand("web", "the board of runs and tasks in a browser (in a private chat)"),
@@ -70,6 +72,8 @@ HELP: Final = "\n".join(
         "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
         "/cancel — drop a Reject button press whose reason you have not sent yet.",
         "/stop [RUN] — stop the running turn now; the run ends stopped.",
+        "/pause [RUN] — the run finishes the tool call (or turn) it is in, then waits,"
+        " keeping its place; /resume [RUN] or its ▶ Go on button lets it go on.",
         "/status — this chat's runs. /tasks, /audit — admins.",
         "/web — in a private chat: the board of every run and task, with their timelines,"
         " changes and gates, as a Mini App or in a browser.",
@@ -84,10 +88,13 @@ HELP: Final = "\n".join(
         " waits. /permissions guarded (every change asks), trusted (only destructive or"
         " outward actions ask) or free (nothing asks, still sandboxed) sets it for this"
         " chat (admins). Deleting outside the project, a force push to the default branch,"
-        " a script piped from the internet and reading secret files always ask. Copilot"
-        " CLI and Codex cannot ask per tool call: their allowed tools alone decide.",
+        " a script piped from the internet and reading secret files always ask. With"
+        " approvals on, the agent may also ask you a question here: answer with a button"
+        " or a reply (operators). Copilot CLI and Codex cannot ask: their allowed tools"
+        " alone decide.",
         "",
-        "Rights: operators chat, start, steer and stop; approvers approve and reject; admins"
+        "Rights: operators chat, start, steer, pause, stop and answer the agent's"
+        " questions; approvers approve and reject; admins"
         " everything. Your id: {user_id}.",
     ]
 )

@@ -42,6 +42,7 @@ from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
 from bot.outbox import OutboxSender, PacedRateLimiter, retry_seconds
+from bot.pause import PauseFeature
 from bot.progress import PREFIX as PROGRESS
 from bot.progress import settle_leftovers
 from bot.publish import Publisher
@@ -420,17 +421,20 @@ class BotRuntime:
         # First: its start-up clean-up runs before other features resume runs.
         approvals = ToolApprovalExtension(ctx)
         questions = AgentQuestionFeature(ctx, approvals)
+        pause = PauseFeature(ctx, approvals)
         # Approvals and reasons before steering; a text nobody took is a chat turn.
         autopilot = AutopilotExtension(ctx, agent_factory=self._agent_factory)
         auto = AutoExtension(ctx, approvals)
         files = FileDesk(ctx, auto)
         chat = ChatFeature(ctx)
-        owners = (questions, chat, approvals, autopilot, auto)
+        # Questions first (withdrawn saying why, before the turn ends), pauses last (the
+        # pause goes once the run is stopped, not before: a waiting turn would go on).
+        owners = (questions, chat, approvals, autopilot, auto, pause)
         admin = AdminFeature(ctx, owners=owners)
         self.web = WebFeature(
             ctx, token=self.token, autopilot=autopilot, approvals=approvals, owners=owners
         )
-        return (approvals, questions, autopilot, auto, files, chat, admin, self.web)
+        return (approvals, questions, pause, autopilot, auto, files, chat, admin, self.web)
 
     @property
     def handlers(self) -> Features | None:

@@ -31,6 +31,8 @@ class BotChatFront:
         self.publisher = publisher
         #: Set by bot.files: the files a turn's answer hands over.
         self.output_files: OutputFiles | None = None
+        #: Set by bot.pause: the runs paused now, and what their progress says of it.
+        self.paused: dict[str, str] = {}
 
     def open_turn(self, run: ChatRun, prompt: PromptRow) -> TurnView:
         b = run.binding
@@ -41,6 +43,7 @@ class BotChatFront:
             run_id=run.run_id,
             turn=run.turn,
             reply_to=None,
+            paused=self.paused,
         )
         progress.open_soon(self._message_of(prompt.update_id))
         return progress

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from bot.publish import Publisher
@@ -27,7 +27,16 @@ from engine.humane import format_elapsed
 
 _LOGGER = logging.getLogger(__name__)
 
-__all__ = ["PREFIX", "STOP_DATA", "TurnProgress", "settle_leftovers", "stop_button"]
+__all__ = [
+    "GO_ON_DATA",
+    "PAUSE_DATA",
+    "PREFIX",
+    "STOP_DATA",
+    "TurnProgress",
+    "pause_button",
+    "settle_leftovers",
+    "stop_button",
+]
 
 PREFIX: Final = "progress:"
 # callback_data of the Stop button: "st:" + the run id (well under Telegram's 64 bytes).
@@ -36,8 +45,26 @@ _RUNNING: Final = "⏳"
 _LINE: Final = 160
 
 
-def stop_button(run_id: str, data: str = STOP_DATA) -> dict[str, Any]:
-    return {"inline_keyboard": [[{"text": "⏹ Stop", "callback_data": f"{data}{run_id}"}]]}
+# callback_data of Pause and Go on: the prefix and the run id.
+PAUSE_DATA: Final = "pz:"
+GO_ON_DATA: Final = "go:"
+
+
+def pause_button(run_id: str, *, paused: bool) -> dict[str, str]:
+    """⏸ Pause, or (paused) ▶ Go on."""
+    if paused:
+        return {"text": "▶ Go on", "callback_data": f"{GO_ON_DATA}{run_id}"}
+    return {"text": "⏸ Pause", "callback_data": f"{PAUSE_DATA}{run_id}"}
+
+
+def stop_button(
+    run_id: str, data: str = STOP_DATA, *, paused: bool | None = False
+) -> dict[str, Any]:
+    """Stop, and Pause (or Go on) unless ``paused`` is None (the run cannot pause)."""
+    row = [{"text": "⏹ Stop", "callback_data": f"{data}{run_id}"}]
+    if paused is not None:
+        row.append(pause_button(run_id, paused=paused))
+    return {"inline_keyboard": [row]}
 
 
 # What names a tool call best, of the inputs a CLI reports as JSON (Claude Code's
@@ -84,6 +111,7 @@ class TurnProgress:
         clock: Callable[[], float] = time.time,
         prefix: str = PREFIX,
         stop_data: str = STOP_DATA,
+        paused: Mapping[str, str] | None = None,
     ) -> None:
         self._publisher = publisher
         self.chat_id = chat_id
@@ -93,6 +121,8 @@ class TurnProgress:
         self.reply_to = reply_to
         self.ref = f"{prefix}{run_id}:{turn}"
         self._stop_data = stop_data
+        # Runs paused now, and what their message says of it (kept by bot.pause).
+        self._paused = paused if paused is not None else {}
         self._clock = clock
         self.started = clock()
         # Where the turn runs, when not here (a worker's name): a line of its own.
@@ -149,6 +179,8 @@ class TurnProgress:
                 state += f" · {self.tools} tool call{'s' if self.tools != 1 else ''}"
             return state
         lines = [f"{_RUNNING} working · {elapsed}"]
+        if self.run_id in self._paused:
+            lines.append(self._paused[self.run_id])
         if self.where:
             lines.append(f"🖥 {self.where}")
         if self.tool:
@@ -166,7 +198,7 @@ class TurnProgress:
             self.body(),
             chat_id=self.chat_id,
             thread_id=self.thread_id,
-            markup=stop_button(self.run_id, self._stop_data),
+            markup=stop_button(self.run_id, self._stop_data, paused=self.run_id in self._paused),
             run_id=self.run_id,
             reply_to=self.reply_to,
         )

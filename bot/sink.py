@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from bot.progress import pause_button
 from bot.publish import Publisher
 from bot.render import excerpt
 from engine.errors import NotFoundError
@@ -138,6 +139,8 @@ class BotSink:
         self._task_facts: TaskFacts | None = None
         self._phases: dict[str, _PhaseView] = {}
         self._autos: dict[str, _AutoView] = {}
+        #: Set by bot.pause: the runs paused now, and what their message says of it.
+        self.paused: dict[str, str] = {}
         # Tasks driven on the workers: their messages' refs are made from the drive's run
         # and turn, so a follower that starts again after a restart edits the same ones.
         self._keys: dict[str, str] = {}
@@ -381,13 +384,30 @@ class BotSink:
             text += f"\n{steer}/stop {run_id} stops it."
             if view.verdicts:
                 text += f"\n{view.verdicts[-1]}"
+            if run_id in self.paused:
+                text += f"\n{self.paused[run_id]}"
+        running = view.status.status == "running"
         await self._publisher.live(
             f"status:{run_id}",
             text,
             chat_id=place.chat_id,
             thread_id=place.thread_id,
             run_id=run_id,
+            markup=(
+                {"inline_keyboard": [[pause_button(run_id, paused=run_id in self.paused)]]}
+                if running
+                else None
+            ),
         )
+
+    async def refresh_auto(self, run_id: str) -> bool:
+        """Show an auto run's live message again (it was paused or goes on); False: this
+        bot shows no live message of that run."""
+        place = await self.place(run_id)
+        if place is None or run_id not in self._autos:
+            return False
+        await self._show_auto(run_id, place)
+        return True
 
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
         place = await self.place(run_id)

@@ -3,11 +3,13 @@ server's ``ask`` tool, the fake model scripting the call.
 
 The question is posted to the run's chat (its options as buttons), an operator answers
 (a button, or a reply in their own words), and the answer reaches the model as the tool's
-result; someone without the operator role cannot answer; ``/stop`` withdraws it.
+result; someone without the operator role cannot answer; ``/stop`` withdraws it. A run
+paused mid-call finishes that call and waits before its next one.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from tests.test_tool_approvals_realcli import (  # the same bot, CLI and model f
     press,
     sandbox,
     settings_for,
+    workdir,
 )
 
 __all__ = ["claude_bin", "model", "sandbox"]
@@ -149,3 +152,54 @@ async def test_stop_withdraws_a_waiting_question(
         (QuestionState.CANCELLED, "the turn was stopped")
     ]
     assert not [m for m in api.sent if m.text == "never"]
+
+
+async def test_a_paused_run_finishes_its_tool_call_and_waits_before_the_next(
+    tmp_path: Path, claude_bin: Path, model: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    first, second = workdir(tmp_path) / "first.txt", workdir(tmp_path) / "second.txt"
+    slow = ToolCall("Bash", {"command": f"sleep 2 && touch {first}", "description": "slow"})
+    quick = ToolCall("Bash", {"command": f"touch {second}", "description": "quick"})
+    model.enqueue(slow, quick, Text("both made"))
+    async with (
+        FakeBotApi() as api,
+        running_bot(api, settings_for(api, tmp_path, claude_bin, tool_approval="free")) as rt,
+    ):
+        api.names[OPERATOR] = "Olga"
+        await bind(api)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="make two files")
+        progress = await api.wait_for_message(
+            lambda m: m.text.startswith("⏳ working") and "sleep 2" in m.text, timeout=60
+        )
+        pause = next(b for b in progress.buttons if "Pause" in b["text"])
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=pause["callback_data"],
+            message_id=progress.message_id,
+        )
+        await api.wait_until(
+            lambda: "Paused by Olga: it finishes the tool call it is in" in progress.text
+        )
+        # the call it was in runs to its end; the next one waits
+        await api.wait_until(first.exists, timeout=30)
+        await asyncio.sleep(2)
+        assert not second.exists()
+        go_on = next(b for b in progress.buttons if "Go on" in b["text"])
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=go_on["callback_data"],
+            message_id=progress.message_id,
+        )
+        await api.wait_for_message(lambda m: m.text == "both made", timeout=60)
+        run_id = (await rt.runs.list_runs())[0].id
+        events = [e.kind for e in await EventLog(rt.db).read(run_id)]
+    assert second.exists()
+    # the second call reached the permission server only after the pause ended
+    assert events.index("pause_ended") < max(
+        i for i, kind in enumerate(events) if kind == "tool_requested"
+    )
+    assert events.index("paused") > min(
+        i for i, kind in enumerate(events) if kind == "tool_requested"
+    )

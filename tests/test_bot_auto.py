@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 
@@ -257,3 +258,59 @@ async def test_auto_takes_a_budget_and_refuses_a_bad_one(
     # The fake agent reports no cost: the report says the spend is unknown, not $0.
     report = next(m for m in api.sent if m.text.startswith(f"Auto run {run_id}: completed"))
     assert "Spend: unknown (the agent reports neither cost nor tokens)" in report.text
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_an_auto_run_paused_waits_before_its_next_turn_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_workspace(tmp_path / "ws" / "default")
+    release = tmp_path / "release"
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {"match": CLARIFY, "text": "Goal: result.txt.", "wait_file": str(release)},
+                {"match": PLAN, "text": "1. write result.txt"},
+                {
+                    "match": EXECUTE,
+                    "text": "committed",
+                    "files": {"result.txt": "done\n"},
+                    "run": [
+                        ["git", "add", "result.txt"],
+                        ["git", "commit", "-q", "-m", "add result"],
+                    ],
+                },
+                {"match": EVALUATE, "text": "ok\nAUTO-MODE STATUS: COMPLETE\n"},
+            ]
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.names[OPERATOR] = "Olga"
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
+        run_id = started.text.split()[3]
+        await api.wait_until(lambda: any("Pause" in b["text"] for b in started.buttons))
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/pause {run_id[-6:]}")
+        await api.wait_for_message(
+            lambda m: m.text.startswith(f"⏸ Run {run_id} pauses: it finishes the turn it is in")
+        )
+        await api.wait_until(lambda: "⏸ Paused by Olga" in started.text)
+        assert [b["text"] for b in started.buttons] == ["▶ Go on"]
+        release.touch()  # the Clarify turn ends; Plan waits
+        await api.wait_until(lambda: any(CLARIFY in e["prompt"] for e in agent_log(tmp_path)))
+        await asyncio.sleep(2)
+        assert not any(PLAN in e["prompt"] for e in agent_log(tmp_path))
+        assert (await rt.runs.get_run(run_id)).status is RunStatus.RUNNING
+        go_on = next(b for b in started.buttons if "Go on" in b["text"])
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=go_on["callback_data"],
+            message_id=started.message_id,
+        )
+        await api.wait_for_message(lambda m: "Objective achieved" in m.text, timeout=40)
+        await api.wait_until(lambda: "✅ finished" in started.text)
+    assert not started.buttons
+    assert "⏸" not in started.text

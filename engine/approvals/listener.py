@@ -106,8 +106,9 @@ class ApprovalListener:
         self._db_cm: Any = None
         self._db_lock = asyncio.Lock()
         self._connections: set[asyncio.Task[None]] = set()
-        # Questions asked and not answered yet: withdrawn when the listener closes.
-        self._asked: set[int] = set()
+        # Whether the agent asked a question: one left unanswered is withdrawn at the end
+        # (one listener serves the run's one agent process).
+        self._asked = False
 
     @property
     def folder(self) -> Path:
@@ -150,13 +151,13 @@ class ApprovalListener:
             await asyncio.gather(*self._connections, return_exceptions=True)
         if self._asked and self._db is not None:
             # The turn ended (stopped, or its process died): nobody waits for the answer.
-            store = QuestionStore(self._db)
-            for question_id in sorted(self._asked):
-                try:
-                    await store.withdraw(question_id, "the turn ended before an answer")
-                except Exception:  # the store is away: its front end finds it on restart
-                    _LOGGER.exception("withdrawing question %s failed", question_id)
-            self._asked.clear()
+            self._asked = False
+            try:
+                await QuestionStore(self._db).withdraw_pending(
+                    "the turn ended before an answer", run_ids=[self.route.run_id]
+                )
+            except Exception:  # the store is away: its front end finds them on restart
+                _LOGGER.exception("withdrawing the questions of %s failed", self.route.run_id)
         if self._db_cm is not None:
             cm, self._db_cm, self._db = self._db_cm, None, None
             await cm.__aexit__(None, None, None)
@@ -195,15 +196,14 @@ class ApprovalListener:
         from engine.approvals.mcp_server import nudge
 
         store = QuestionStore((await self._store()).db)
+        self._asked = True  # before it is recorded: a stop may come at any await
         asked = await store.ask(self.route.run_id, question, options)
         _LOGGER.info("run %s asks question %s", self.route.run_id, asked.id)
         nudge(self.route.wake, asked.id)
-        self._asked.add(asked.id)
         settled = asked
         while settled.state is QuestionState.PENDING:
             await asyncio.sleep(_POLL_SECONDS)
             settled = await store.get(asked.id)
-        self._asked.discard(asked.id)
         return settled.tool_result()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

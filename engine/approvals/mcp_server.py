@@ -22,6 +22,7 @@ from engine.approvals.policy import ApprovalPolicy, Decision
 from engine.approvals.presets import Reach, assess
 from engine.approvals.route import ASK_TOOL
 from engine.approvals.store import SqliteApprovalStore, ToolRequest
+from engine.runs.pause import Pauses
 
 __all__ = ["PermissionBroker", "answer_for", "nudge"]
 
@@ -104,6 +105,8 @@ class PermissionBroker:
     ) -> dict[str, Any]:
         if tool_name == ASK_TOOL:  # a question for a person is no call to approve
             return {"behavior": "allow", "updatedInput": dict(tool_input)}
+        # A paused run finished the call it was in: this next one waits until it may go on.
+        await Pauses(self.store.db).wait_while_paused(self.run_id)
         judged = assess(tool_name, tool_input, self.worktree)
         preset = None
         if self.policy.is_preset and not self.policy.asks(judged):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import NotFoundError
 from engine.runs.ids import RunMode, new_run_id
 from engine.runs.owner import owner_alive, owner_token
+from engine.runs.pause import Pauses
 from engine.runs.spec import ChatPlace
 from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, RunStatus, RunStore, TurnRecord
@@ -110,6 +111,8 @@ class RunSupervisor:
         warm_pool: where every run's warm session (a resident agent process) is counted,
             so ``TURNSTILE_MAX_WARM_SESSIONS`` bounds them all, whatever their mode (None:
             each warm session gets a pool of its own, as in a terminal's one run).
+        pauses: where a person's pause of a run is found (None: the runs store's
+            database's); a paused run's next turn waits in its slot until it may go on.
     """
 
     def __init__(
@@ -118,10 +121,13 @@ class RunSupervisor:
         *,
         slots: asyncio.Semaphore | None = None,
         warm_pool: WarmPool | None = None,
+        pauses: Pauses | None = None,
     ) -> None:
         self.runs = runs
         self.slots = slots
         self.warm_pool = warm_pool
+        db = getattr(runs, "db", None)
+        self.pauses = pauses if pauses is not None or db is None else Pauses(db)
         self._attached: dict[str, _Attached] = {}
         self._parked = False
         self._in_flight = 0
@@ -224,26 +230,35 @@ class RunSupervisor:
             # Parked: the run is cancelled by the shutdown; the phase re-runs on restart.
             await asyncio.Event().wait()
         if attached.stop is None:
-            return await self._counted(attached, prompt)
+            return await self._counted(attached, run_id, prompt)
         return await until_stopped(
-            self._counted(attached, prompt),
+            self._counted(attached, run_id, prompt),
             attached.stop,
             what="the turn",
             session_id=attached.agent.session_id,
         )
 
-    async def _counted(self, attached: _Attached, prompt: str) -> TurnOutput:
+    async def _counted(self, attached: _Attached, run_id: str, prompt: str) -> TurnOutput:
         if attached.parks:
             self._in_flight += 1
         try:
             if self.slots is None:
+                await self._unpaused(run_id)
                 return await attached.agent.run_turn(prompt)
-            async with self.slots:
+            async with self.slots:  # a paused run keeps its slot
+                await self._unpaused(run_id)
                 return await attached.agent.run_turn(prompt)
         finally:
             if attached.parks:
                 self._in_flight -= 1
                 self._turn_done.set()
+
+    async def _unpaused(self, run_id: str) -> None:
+        if self.pauses is None:
+            return
+        waited = await self.pauses.wait_while_paused(run_id)
+        if waited:
+            _LOGGER.info("run %s goes on after a pause of %.0f s", run_id, waited)
 
     # -- stopping ----------------------------------------------------------------------
 
