@@ -5,6 +5,9 @@ agent; on SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from engine.errors import TurnPreempted
 from engine.runs import RunSupervisor
 from engine.runs.pause import Pauses
-from engine.store.backend import AnyDatabase
+from engine.store.backend import AnyDatabase, open_database
 from engine.store.events import EventLog
 from engine.store.runs import SqliteRunStore
 from engine.turn import TurnOutput
@@ -154,3 +157,43 @@ async def test_pause_in_the_chat_holds_the_next_turn_until_go_on(
     assert "paused" in events
     assert "pause_ended" in events
     assert "⏸" not in second.text
+
+
+@pytest.mark.usefixtures("isolated_env")
+async def test_turnstile_pause_and_resume_from_a_terminal(tmp_path: Path) -> None:
+    database = tmp_path / "t.db"
+    env = {**os.environ, "TURNSTILE_DATABASE": str(database)}
+    async with open_database(database) as db:
+        await SqliteRunStore(db).create_run("auto-1", mode="auto", agent="command", session_id="s")
+
+    def turnstile(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "engine.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    paused = turnstile("pause", "auto-1")
+    assert (paused.returncode, paused.stdout.strip()) == (
+        0,
+        "run auto-1 pauses: it finishes what it is doing, then waits. "
+        "turnstile resume auto-1 lets it go on",
+    )
+    again = turnstile("pause", "auto-1")
+    assert again.returncode == 1
+    assert "paused already" in again.stdout
+    async with open_database(database) as db:
+        assert await Pauses(db).get("auto-1") is not None
+    resumed = turnstile("resume", "auto-1")
+    assert (resumed.returncode, resumed.stdout.strip()) == (0, "run auto-1 goes on")
+    assert turnstile("resume", "auto-1").returncode == 1
+    unknown = turnstile("pause", "nosuch")
+    assert (unknown.returncode, unknown.stdout.strip()) == (2, "no run nosuch")
+    async with open_database(database) as db:
+        await SqliteRunStore(db).update_run("auto-1", status="completed")
+    ended = turnstile("pause", "auto-1")
+    assert ended.returncode == 2
+    assert "has ended" in ended.stdout
