@@ -3,8 +3,10 @@
 A run shows where it is followed as a run of this process does: one live status message
 (its last line names the worker running the turn), the turns, the final report. A stop asked
 from here is said at once ("Stopping run … on worker w1") and that message is written again
-once the run has actually stopped. Runs this process drove before (recorded here, parked or
-cut off) are resumed and stopped here (:class:`~engine.executors.local.LocalAuto`).
+once the run has actually stopped. A run its budget stopped is offered to an admin, whose
+raise puts it back on the workers (its holder's queue), followed on from its next turn. Runs
+this process drove before (recorded here, parked or cut off) are resumed and stopped here
+(:class:`~engine.executors.local.LocalAuto`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Final
 
 from engine.aio import raise_if_cancelled
 from engine.automode import AutoRun
+from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import final_report, turn_text
 from engine.automode.state import AutoModeState, Phase
 from engine.errors import ConfigError, TurnstileError
@@ -27,12 +30,13 @@ from engine.runs import Recovery
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
 from engine.sink import RunSink, StatusUpdate, TextKind, publish
-from engine.spend import Budget
+from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
-from engine.store.runs import RunStatus, TurnState
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.workers.control import (
     new_spec,
     project_reference,
+    raise_budget_on_workers,
     start_on_workers,
     stop_run_in,
     worker_status,
@@ -62,6 +66,8 @@ class _Followed:
     run_id: str
     task: asyncio.Task[None] | None = None
     end: RunEnded | None = None
+    # The turns (seq, attempt) shown before it went on (a raised budget): not shown again.
+    seen: frozenset[tuple[int, int]] = frozenset()
 
 
 class WorkersAuto:
@@ -103,6 +109,7 @@ class WorkersAuto:
             verify_cmd=None,
             budget=request.budget
             or (Budget(usd=settings.run_budget) if settings.run_budget is not None else None),
+            daily_budget=settings.daily_budget,
         )
         spec = replace(spec, chat_id=request.place.chat_id, thread_id=request.place.thread_id)
         await start_on_workers(settings, spec)
@@ -143,12 +150,32 @@ class WorkersAuto:
         return False
 
     async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
-        if await WorkerStore(self.db).placement(run_id) is not None:
-            raise ConfigError(
-                f"run {run_id} ran on the workers: it goes on from a terminal, with "
-                f"`turnstile auto --resume {run_id} --budget …` on a machine of the workers"
-            )
-        return await self.local.raise_budget(run_id, budget, chat_id=chat_id)
+        placement = await WorkerStore(self.db).placement(run_id)
+        if placement is None:
+            return await self.local.raise_budget(run_id, budget, chat_id=chat_id)
+        if placement.spec.chat_id != chat_id:
+            raise ConfigError(f"run {run_id} is not this chat's")
+        turns = await SqliteRunStore(self.db).turns(run_id)
+        resumed = await raise_budget_on_workers(self.settings, self.db, run_id, budget)
+        # A follower that saw the end tells it first; one that had not yet follows on.
+        last = self.followed.get(run_id)
+        if last is not None and last.end is not None and last.task is not None:
+            await wait_all([last.task])
+        state = resumed.state
+        where = f"worker {resumed.worker}" if resumed.worker else "another worker"
+        # The live message is the running run's again, until the follower sees it end.
+        await self._status(
+            run_id, state, state.phase.value, state.turn, f"Going on, waiting for {where}"
+        )
+        self._follow(
+            run_id,
+            ChatPlace(chat_id, placement.spec.thread_id),
+            seen=frozenset((t.seq, t.attempt) for t in turns),
+        )
+        return (
+            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
+            f"{state.turn}, phase {state.phase.value}, on {where}."
+        )
 
     async def stop_in(self, place: ChatPlace) -> list[str]:
         stopped = await self.local.stop_in(place)
@@ -213,11 +240,13 @@ class WorkersAuto:
 
     # -- following from the store ------------------------------------------------------
 
-    def _follow(self, run_id: str, place: ChatPlace) -> None:
+    def _follow(
+        self, run_id: str, place: ChatPlace, *, seen: frozenset[tuple[int, int]] = frozenset()
+    ) -> None:
         if run_id in self.followed:
             return
         self.notices.follow(run_id, place)
-        followed = _Followed(run_id)
+        followed = _Followed(run_id, seen=seen)
         self.followed[run_id] = followed
         followed.task = asyncio.create_task(self._follow_run(followed), name=f"follow-{run_id}")
 
@@ -225,7 +254,12 @@ class WorkersAuto:
         """The run's turns and end as a run of this process shows them, through the sink."""
         run_id = followed.run_id
         follower = RunFollower(
-            self.db, run_id, silent_after=self.settings.worker_timeout, poll=_FOLLOW_POLL
+            self.db,
+            run_id,
+            silent_after=self.settings.worker_timeout,
+            poll=_FOLLOW_POLL,
+            started=set(followed.seen),
+            ended=set(followed.seen),
         )
         try:
             while True:
@@ -250,7 +284,8 @@ class WorkersAuto:
         except Exception:
             _LOGGER.exception("could not follow the run", extra={"run_id": run_id})
         finally:
-            self.followed.pop(run_id, None)
+            if self.followed.get(run_id) is followed:
+                self.followed.pop(run_id)
 
     async def _status(
         self, run_id: str, state: AutoModeState, phase: str | None, turn: int, event: str
@@ -335,14 +370,24 @@ class WorkersAuto:
         # the store says of the run.
         report = event.placement.report or final_report(state)
         await publish(self.sink, run_id, report, TextKind.FINAL)
+        budget = Budget.from_config(state.config)
+        if state.config.get("stopped_by") == STOPPED_BY_BUDGET and budget is not None:
+            spent = (await SqliteRunStore(self.db).spend_of([run_id])).get(run_id, Spend())
+            await self.notices.offer_more_budget(run_id, budget, budget.spent_text(spent))
 
     # -- start-up and shutdown ---------------------------------------------------------
 
     async def recover(self, report: Recovery) -> None:
         """Resume this process's runs; follow the chats' runs on the workers again (and
         once more those that ended while nobody followed them, if their end was not told)."""
-        await self.local.recover(report)
-        for placement in await WorkerStore(self.db).placements():
+        placements = await WorkerStore(self.db).placements()
+        # A run on the workers records its chat too (its spend counts in the chat's day),
+        # but it goes on on its worker, not here.
+        placed = {p.run_id for p in placements}
+        await self.local.recover(
+            replace(report, auto=tuple(r for r in report.auto if r.id not in placed))
+        )
+        for placement in placements:
             spec = placement.spec
             if spec.chat_id is None or spec.mode != "auto":
                 continue  # (a drive's are followed by the drives' front end)

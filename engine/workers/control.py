@@ -13,9 +13,10 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, TextIO
 
+from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.automode.run import process_exit_code
 from engine.automode.state import AutoModeState, AutoStatus
@@ -34,6 +35,7 @@ from engine.workers.queue import (
     live_jobs,
     make_app,
     require_postgres,
+    worker_queue,
 )
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
@@ -44,8 +46,10 @@ if TYPE_CHECKING:
     from engine.settings import Settings
 
 __all__ = [
+    "Resubmitted",
     "follow_run",
     "project_reference",
+    "raise_budget_on_workers",
     "start_on_workers",
     "stop_on_signals",
     "stop_run",
@@ -79,6 +83,59 @@ async def start_on_workers(settings: Settings, spec: QueuedRun) -> None:
             await defer_turn(app, spec.run_id, queue=agent_queue(spec.tool))
 
 
+@dataclass(frozen=True, slots=True)
+class Resubmitted:
+    """A run put back on the workers: its state as it stopped, and the worker it waits
+    for (None: any worker with its agent, which takes it over from its pushed branch)."""
+
+    state: AutoModeState
+    worker: str | None
+
+
+async def raise_budget_on_workers(
+    settings: Settings, db: AnyDatabase, run_id: str, budget: Budget
+) -> Resubmitted:
+    """Let a run on the workers that its budget stopped go on under ``budget``: the budget
+    is written into its placement and its next turn queued, on the worker that holds its
+    worktree and agent session while that worker is alive (else on its agent's queue).
+    The worker resumes it from its recorded turn under the new budget.
+
+    Raises:
+        ConfigError: not a run on the workers, not stopped by its budget, still running,
+            or ``budget`` not larger than the one that stopped it.
+    """
+    url = require_postgres(settings.database)
+    workers = WorkerStore(db)
+    placement = await workers.placement(run_id)
+    record = await run_or_none(SqliteRunStore(db), run_id)
+    if placement is None or record is None or placement.spec.mode != "auto":
+        raise ConfigError(f"run {run_id} is not an auto run on the workers")
+    state = AutoModeState.from_json(record.state)
+    if state.config.get("stopped_by") != STOPPED_BY_BUDGET or not placement.ended:
+        raise ConfigError(f"run {run_id} was not stopped by its budget")
+    old = Budget.from_config(state.config)
+    if old is not None and not (
+        (budget.usd or 0) > (old.usd or 0) or (budget.tokens or 0) > (old.tokens or 0)
+    ):
+        raise ConfigError(
+            f"run {run_id} was stopped by its budget of {old.text()}: it goes on only under "
+            "a larger one"
+        )
+    holder = placement.worker
+    now = time.time()
+    alive = {w.name for w in await workers.workers() if w.alive(now, settings.worker_timeout)}
+    if holder not in alive:
+        holder = None  # its worktree went with it: another worker takes the pushed branch
+    spec = replace(placement.spec, budget_usd=budget.usd, budget_tokens=budget.tokens)
+    if not await workers.resubmit(spec, holder=holder):
+        raise ConfigError(f"run {run_id} was just put back on the workers")
+    app = make_app(url, pool_size=2)
+    async with app.open_async():
+        queue = worker_queue(holder) if holder is not None else agent_queue(spec.tool)
+        await defer_turn(app, run_id, queue=queue)
+    return Resubmitted(state, holder)
+
+
 def new_spec(
     *,
     objective: str,
@@ -89,10 +146,12 @@ def new_spec(
     max_turns: int | None,
     verify_cmd: str | None,
     budget: Budget | None = None,
+    daily_budget: float | None = None,
 ) -> QueuedRun:
     return QueuedRun(
         budget_usd=budget.usd if budget is not None else None,
         budget_tokens=budget.tokens if budget is not None else None,
+        daily_budget=daily_budget,
         run_id=new_run_id(RunMode.AUTO),
         objective=objective,
         tool=tool,

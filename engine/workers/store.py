@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from engine.errors import ConfigError
-from engine.runs import AgentEnv, RunSpec
+from engine.runs import AgentEnv, ChatPlace, RunSpec
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.workers.migrations import OWNER, migrations
@@ -70,6 +70,10 @@ class QueuedRun:
     A chat run whose tool calls ask a person (``TURNSTILE_TOOL_APPROVAL`` on the bot) names
     the policy (``tool_approval``) and who bound the session (``approval_starter``): the
     worker wires its agent to the approval server with them.
+
+    ``budget_usd``/``budget_tokens``: what the run may spend (an admin raising it writes
+    them again); ``daily_budget``: the chat's cap per day as the control plane that placed
+    the run has it (``TURNSTILE_DAILY_BUDGET``), held on the worker whatever its own setting.
     """
 
     run_id: str
@@ -90,6 +94,13 @@ class QueuedRun:
     approval_starter: int | None = None
     budget_usd: float | None = None
     budget_tokens: int | None = None
+    daily_budget: float | None = None
+
+    @property
+    def budget(self) -> Budget | None:
+        if self.budget_usd is None and self.budget_tokens is None:
+            return None
+        return Budget(self.budget_usd, self.budget_tokens)
 
     def spec_in(self, workdir: Path, env: AgentEnv) -> RunSpec:
         """The run's spec on a worker that has the project checked out at ``workdir``."""
@@ -104,9 +115,9 @@ class QueuedRun:
             max_turns=self.max_turns,
             verify_cmd=self.verify_cmd,
             env=env,
-            budget=Budget(self.budget_usd, self.budget_tokens)
-            if self.budget_usd is not None or self.budget_tokens is not None
-            else None,
+            budget=self.budget,
+            # Recorded with the run: the chat's spend today counts its turns too.
+            chat=ChatPlace(self.chat_id, self.thread_id) if self.chat_id is not None else None,
         )
 
     def to_json(self) -> str:
@@ -130,6 +141,7 @@ class QueuedRun:
                 "approval_starter": self.approval_starter,
                 "budget_usd": self.budget_usd,
                 "budget_tokens": self.budget_tokens,
+                "daily_budget": self.daily_budget,
             }
         )
 
@@ -155,6 +167,7 @@ class QueuedRun:
             approval_starter=raw.get("approval_starter"),
             budget_usd=raw.get("budget_usd"),
             budget_tokens=raw.get("budget_tokens"),
+            daily_budget=raw.get("daily_budget"),
         )
 
 
@@ -400,6 +413,26 @@ class WorkerStore:
             f"UPDATE worker_runs SET {', '.join(sets)} WHERE run_id = ?",  # noqa: S608
             params,
         )
+
+    async def resubmit(self, spec: QueuedRun, *, holder: str | None) -> bool:
+        """Put an ended run back under ``spec`` (a raised budget), waiting for ``holder``
+        (None: any worker, as a moved run: it is taken from its pushed branch); its report
+        is cleared. Compare-and-set on its having ended: False when it had not."""
+        released = ", moves = moves + 1" if holder is None else ""
+        count = await self._db.execute(
+            "UPDATE worker_runs SET spec_json = ?, status = ?, note = NULL, report = NULL,"  # noqa: S608
+            f" worker = ?{released}, updated_at = ? WHERE run_id = ? AND status IN (?, ?)",
+            (
+                spec.to_json(),
+                PlacementStatus.WAITING.value,
+                holder,
+                self._clock(),
+                spec.run_id,
+                PlacementStatus.FINISHED.value,
+                PlacementStatus.STOPPED.value,
+            ),
+        )
+        return count > 0
 
     async def set_report(self, run_id: str, report: str) -> None:
         """Keep the run's final report (written before the run is set ended)."""

@@ -26,6 +26,7 @@ import procrastinate
 from engine.agents.factory import create_agent
 from engine.agents.warm import WarmPool, close_agent
 from engine.automode import AutoRun, prepare_auto_run, prepare_resume
+from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import STOPPED_BY_PERSON
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, AutoStatus
@@ -43,7 +44,7 @@ from engine.runs import AgentEnv, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.store.backend import wait_reachable
-from engine.store.runs import SqliteRunStore
+from engine.store.runs import RunRecord, SqliteRunStore
 from engine.turn import Ready, TurnOutput
 from engine.workers.chat import CHAT_MODE, run_chat_turn
 from engine.workers.queue import SHARED_QUEUE, agent_queue, defer_turn, nudge, worker_queue
@@ -369,7 +370,7 @@ class TurnRunner:
     async def _prepare(
         self,
         placement: Placement,
-        record: object,
+        record: RunRecord | None,
         workspace: Workspace,
         *,
         moved: bool,
@@ -379,8 +380,12 @@ class TurnRunner:
         # Its warm session (if any) is counted in this worker's pool.
         supervisor = RunSupervisor(SqliteRunStore(self.db), warm_pool=self.warm_pool)
         if record is None:
+            settings = self.settings
+            if spec.daily_budget is not None:
+                # The chat's cap is the control plane's, kept with the run from here on.
+                settings = settings.model_copy(update={"daily_budget": spec.daily_budget})
             return await prepare_auto_run(
-                self.settings,
+                settings,
                 self.db,
                 spec.spec_in(workspace.path, AgentEnv(extra_env=self.env)),
                 stop_event=stop,
@@ -393,6 +398,8 @@ class TurnRunner:
             env=AgentEnv(extra_env=self.env),
             stop_event=stop,
             supervisor=supervisor,
+            # Stopped by its budget and put back under a larger one (an admin raised it).
+            budget=spec.budget if _stopped_by_budget(record) else None,
         )
         if moved:
             run.runner = _PrimedSession(self._fresh_runner(run), moved_primer(run.state, self.name))
@@ -532,6 +539,11 @@ class TurnRunner:
             ["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=workspace.path
         )
         held.pushed = head
+
+
+def _stopped_by_budget(record: RunRecord) -> bool:
+    config = AutoModeState.from_json(record.state).config
+    return bool(config.get("stopped_by") == STOPPED_BY_BUDGET)
 
 
 def _resident(session: object) -> bool:
