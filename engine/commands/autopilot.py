@@ -1,8 +1,9 @@
 """``turnstile autopilot --task T``: drive a gated task through its phases from the terminal.
 
 Exit codes: 0 the task completed (or ``--manual`` reported it); 3 parked at an approval gate
-(``--no-wait``); 4 the task needs a person (human_intervention); 10-24 a refusal (see
-docs/gates.md).
+(``--no-wait``); 4 the task needs a person (human_intervention); 5 stopped by its budget
+(``--budget``); 10-24 a refusal (see docs/gates.md); 2 bad input (a budget the agent cannot
+be held to).
 """
 
 from __future__ import annotations
@@ -10,17 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from engine.errors import ConfigError
 from engine.settings import Settings
+from engine.spend import Budget
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["EXIT_HUMAN", "EXIT_PARKED", "register"]
+__all__ = ["EXIT_BUDGET", "EXIT_HUMAN", "EXIT_PARKED", "drive_budget", "register"]
 
 EXIT_PARKED = 3
 EXIT_HUMAN = 4
+EXIT_BUDGET = 5
 
 
 def register(subparsers: Any) -> None:
@@ -44,6 +45,19 @@ def register(subparsers: Any) -> None:
         help="exit (code 3) at an approval gate instead of waiting; run again to resume",
     )
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between gate polls")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop the drive after the turn that spends this much, its sub-tasks' turns "
+        "counted too (default: TURNSTILE_RUN_BUDGET, where the agent reports a cost)",
+    )
+    parser.add_argument(
+        "--budget-tokens",
+        type=int,
+        metavar="N",
+        help="the same in tokens, for an agent that reports tokens and no cost (Codex)",
+    )
     parser.add_argument("--init", action="store_true", help="create the task if it is missing")
     parser.add_argument("--folder", type=Path, help="--init: task folder")
     parser.add_argument("--workdir", type=Path, help="--init: code workspace (agent cwd)")
@@ -74,6 +88,7 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     from engine.sink import LogSink
     from engine.store.backend import open_database
 
+    budget = drive_budget(args, settings)  # refused before anything is made
     if not args.manual:
         elsewhere = await drive_elsewhere(args, settings)
         if elsewhere is not None:
@@ -97,7 +112,14 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
                 tool=args.tool,
                 agent_cmd=args.agent_cmd,
                 wait_for_approval=not args.no_wait,
+                budget=budget,
             )
+            if budget is not None:
+                print(
+                    f"{args.task}: the drive may spend {budget.text()}; it stops after the "
+                    "turn that reaches that",
+                    flush=True,
+                )
             try:
                 outcome = await handle.wait()
             finally:
@@ -106,12 +128,50 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
     except GateRefused as exc:
         print(f"turnstile: refused: {exc.reason.value}: {exc.detail}", file=sys.stderr)
         return exc.reason.exit_code
+    if outcome is DriveOutcome.STOPPED_BY_BUDGET:
+        spent = handle.pilot.budget if handle.pilot is not None else None
+        assert spent is not None
+        more = "--budget-tokens MORE" if spent.budget.usd is None else "--budget MORE"
+        print(
+            f"{task.name}: {spent.stopped_text()}; the drive stopped after the turn that "
+            f"reached it, and the task stays at {task.label}. "
+            f"`turnstile autopilot --task {task.name} {more}` goes on from there."
+        )
+        return EXIT_BUDGET
     print(f"{task.name}: {outcome.value} at {task.label}")
     if outcome is DriveOutcome.PARKED:
         return EXIT_PARKED
     if outcome is DriveOutcome.HUMAN_INTERVENTION:
         return EXIT_HUMAN
     return 0
+
+
+def drive_budget(args: argparse.Namespace, settings: Settings) -> Budget | None:
+    """The budget of the drive ``args`` asks for: ``--budget`` / ``--budget-tokens``, else
+    TURNSTILE_RUN_BUDGET where the agent reports a cost and the drive runs here.
+
+    Raises:
+        ConfigError: a budget the drive could not be held to (its agent reports no cost,
+            or neither cost nor tokens; a drive on the workers; ``--manual``).
+    """
+    given = Budget.given(args.budget, args.budget_tokens)
+    agent = args.tool or settings.default_agent
+    if given is None:
+        if settings.run_budget is None or args.manual or settings.execution == "workers":
+            return None
+        default = Budget(usd=settings.run_budget)
+        return default if default.refusal_for(agent) is None else None
+    if args.manual:
+        raise ConfigError("--budget is for a drive; --manual only reports and spends nothing")
+    if settings.execution == "workers":
+        raise ConfigError(
+            "a drive on the workers cannot be held to a budget yet: drop --budget, or drive "
+            "the task from this terminal with TURNSTILE_EXECUTION=local"
+        )
+    refused = given.refusal_for(agent)
+    if refused is not None:
+        raise ConfigError(f"cannot keep to this budget: {refused}")
+    return given
 
 
 async def _init(args: argparse.Namespace, settings: Settings, db: Any, gates: Any) -> None:

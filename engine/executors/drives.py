@@ -25,6 +25,7 @@ from engine.gates.records import TaskRecord
 from engine.runs import Recovery, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.sink import RunSink
+from engine.spend import Budget
 from engine.turn import AgentSession
 
 __all__ = [
@@ -59,13 +60,15 @@ class DriveRefused(TurnstileError):
 @dataclass(frozen=True, slots=True)
 class DriveRequest:
     """A drive asked for from a front end: ``project`` is where a new task is checked out
-    from on the workers; ``summary`` describes a task created now."""
+    from on the workers; ``summary`` describes a task created now; ``budget`` is what the
+    drive's turns may spend (None: no cap)."""
 
     task: str
     place: ChatPlace
     project: str
     summary: str | None = None
     user_id: int | None = None
+    budget: Budget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,8 @@ class DriveExecutor(Protocol):
         """Start, resume or queue the drive of ``request.task``.
 
         Raises:
-            DriveRefused: it cannot (already driven or complete, a bad name, no project).
+            DriveRefused: it cannot (already driven or complete, a bad name, no project, a
+                budget its agent or its executor cannot keep to).
         """
         ...
 
@@ -163,6 +167,10 @@ class LocalDrives:
         current = self.drives.get(name)
         if current is not None and not current.done:
             raise DriveRefused(f"Task {name} is already being driven. /status")
+        if request.budget is not None:
+            refused = request.budget.refusal_for(self.gates.settings.default_agent)
+            if refused is not None:
+                raise DriveRefused(f"Cannot keep to this budget: {refused}.")
         try:
             task = await self.gates.task(name)
             created = False
@@ -176,10 +184,10 @@ class LocalDrives:
             created = True
         if task.phase == COMPLETE:
             raise DriveRefused(f"Task {name} is already complete.")
-        self._start(name, request.place)
+        self._start(name, request.place, request.budget)
         return DriveStarted(name, task.label, created)
 
-    def _start(self, name: str, place: ChatPlace) -> DriveHandle:
+    def _start(self, name: str, place: ChatPlace, budget: Budget | None = None) -> DriveHandle:
         self.places[name] = place
         self.notices.follow(drive_key(name), place, task=name)
         handle = self.gates.start_autopilot(
@@ -188,6 +196,7 @@ class LocalDrives:
             agent_factory=self._session,
             chat=(place.chat_id, place.thread_id),
             supervisor=self.supervisor,
+            budget=budget,
         )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")

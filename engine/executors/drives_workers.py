@@ -105,6 +105,13 @@ class WorkersDrives:
         """Queue the drive as ``turnstile autopilot --init --checkout-repo PROJECT`` does
         (the chat's project), or find the one there; its gates are announced as they open."""
         name, place = request.task, request.place
+        if request.budget is not None:
+            # A drive's steps run on whichever worker takes them, each its own driver: the
+            # budget would not be kept from one to the next.
+            raise DriveRefused(
+                "Cannot keep to a budget on the workers yet: start it without one, or from a "
+                "bot that drives here (TURNSTILE_EXECUTION=local)."
+            )
         try:
             queued = await queue_drive(
                 self.settings,

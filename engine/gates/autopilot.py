@@ -12,6 +12,10 @@ are noticed by polling the task's version every ``poll_interval`` seconds (one i
 row read). With ``wait_for_approval=False`` the driver returns ``PARKED`` instead and a
 later drive resumes from the store.
 
+A drive given a budget (:mod:`engine.gates.budget`) counts what its turns spent, its
+sub-tasks' too; once a turn ends over it, the drive starts no other turn, phase or
+sub-task and ends ``STOPPED_BY_BUDGET``, the task keeping its phase.
+
 Long: one driver loop with its revision and sub-task waves; its phases share the drive's
 state and lock.
 """
@@ -33,6 +37,7 @@ from engine.agents.factory import create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
 from engine.errors import ConfigError, TurnstileError
 from engine.gates.audit import AuditReport, run_audit
+from engine.gates.budget import DriveBudget
 from engine.gates.folder import list_artifacts
 from engine.gates.gitwatch import fingerprint
 from engine.gates.prompts import render_phase_prompt, render_revision_prompt
@@ -50,6 +55,7 @@ from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate, TextKind, publish, recording
+from engine.spend import Budget
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
@@ -76,6 +82,8 @@ class DriveOutcome(StrEnum):
     HUMAN_INTERVENTION = "human_intervention"
     PARKED = "parked"
     """Waiting at an approval gate and told not to wait (the process may exit)."""
+    STOPPED_BY_BUDGET = "stopped_by_budget"
+    """A turn ended over the drive's budget: no other one started (the task keeps its phase)."""
 
 
 #: How a drive's run is recorded when the drive ends with this outcome.
@@ -83,6 +91,7 @@ _RUN_STATUS: Final = {
     DriveOutcome.COMPLETE: RunStatus.COMPLETED,
     DriveOutcome.HUMAN_INTERVENTION: RunStatus.PARKED,
     DriveOutcome.PARKED: RunStatus.PARKED,
+    DriveOutcome.STOPPED_BY_BUDGET: RunStatus.STOPPED,
 }
 
 
@@ -166,6 +175,7 @@ class Autopilot:
         chat: the chat (id, topic) the drive reports to, recorded with its runs.
         supervisor: opens each run and runs its turns (turn slots, parking at shutdown;
             default: one of its own over ``runs``).
+        budget: what the drive's turns may spend, its sub-tasks' included (None: no cap).
     """
 
     def __init__(
@@ -183,8 +193,11 @@ class Autopilot:
         runs: RunStore | None = None,
         chat: tuple[int, int | None] | None = None,
         supervisor: RunSupervisor | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.store = store
+        self.budget = DriveBudget(budget) if budget is not None else None
+        self._root: str | None = None  # the task this drive was started for
         self.worktrees = worktrees
         self.runs: RunStore = runs if runs is not None else SqliteRunStore(store.db)
         self.supervisor = supervisor if supervisor is not None else RunSupervisor(self.runs)
@@ -302,7 +315,40 @@ class Autopilot:
         await self._say(
             task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
         )
+        if self.budget is not None:
+            note = self.budget.add(out)
+            if note is not None:
+                await self._say(task, f"[{self._root or task.name}] {note}")
+            if self.budget.over:
+                for event in self._events.values():
+                    event.set()  # a sub-task waiting at its gate stops now, not once decided
         return out
+
+    @property
+    def spent_budget(self) -> bool:
+        """Whether a turn ended over the drive's budget: no other may start."""
+        return self.budget is not None and self.budget.over
+
+    async def _budget_stop(self, task: TaskRecord) -> DriveOutcome:
+        """End the drive of ``task`` before another turn: its budget is spent. The task
+        this drive was started for says so (a wave's sub-tasks only end)."""
+        assert self.budget is not None
+        await self._status(task, "stopped", "budget spent")
+        if task.name == self._root:
+            await self.store.record_audit(
+                "budget",
+                "stopped",
+                task=task.name,
+                phase=task.label,
+                detail=self.budget.spent_text(),
+            )
+            await self._say(
+                task,
+                f"[{task.name}] {self.budget.stopped_text()}; it stopped after the turn that "
+                f"reached it, and the task stays at {task.label}.",
+                TextKind.PERSON,
+            )
+        return DriveOutcome.STOPPED_BY_BUDGET
 
     async def _recorded_turn(
         self, run_id: str, task: TaskRecord, agent: AgentSession, prompt: str
@@ -426,6 +472,8 @@ class Autopilot:
         ``parent_run``: the run of the drive this one runs under (a wave's sub-task).
         """
         self._events.setdefault(name, asyncio.Event())
+        if self._root is None:
+            self._root = name
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
@@ -497,6 +545,8 @@ class Autopilot:
                     TextKind.PERSON,
                 )
                 return DriveOutcome.HUMAN_INTERVENTION
+            if self.spent_budget:
+                return await self._budget_stop(task)
             outcome = await self._waves(task)
             if outcome is not None:
                 return outcome
@@ -544,6 +594,8 @@ class Autopilot:
                 phase=task.phase,
                 detail="; ".join(problems),
             )
+            if self.spent_budget:
+                return await self._budget_stop(task)  # (no revision turn past the budget)
             await self._turn(task, render_revision_prompt(spec, task.folder, problems), "revision")
             problems = await self._check(task, spec, before_files, before_git)
             if problems:
@@ -680,6 +732,8 @@ class Autopilot:
         event = self._events.setdefault(task.name, asyncio.Event())
         while True:
             event.clear()
+            if self.spent_budget:
+                return
             current = await self.store.find(task.name)
             if current is None or current.version != task.version:
                 return
@@ -719,6 +773,8 @@ class Autopilot:
 
         async def run(sub: str) -> DriveOutcome:
             async with limit:
+                if self.spent_budget:
+                    return DriveOutcome.STOPPED_BY_BUDGET  # not started: the budget is spent
                 try:
                     return await self.drive(
                         sub, audit_at_start=False, parent_run=self._run_ids.get(task.name)
@@ -730,6 +786,8 @@ class Autopilot:
                     return await self._to_human(await self.store.get(sub), f"drive failed: {exc}")
 
         for wave in waves:
+            if self.spent_budget:
+                return await self._budget_stop(task)
             members = [s for s in await self.store.subtasks(task.name) if (s.wave or 1) == wave]
             pending = [s for s in members if not s.finished]
             if not pending:
@@ -745,6 +803,8 @@ class Autopilot:
             async with asyncio.TaskGroup() as group:
                 runs = [group.create_task(run(s.name), name=f"autopilot-{s.name}") for s in pending]
             outcomes = [r.result() for r in runs]
+            if DriveOutcome.STOPPED_BY_BUDGET in outcomes:
+                return await self._budget_stop(task)
             if DriveOutcome.PARKED in outcomes:
                 return DriveOutcome.PARKED
             if self.worktrees is not None:

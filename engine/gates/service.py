@@ -38,6 +38,7 @@ from engine.logs import log_context
 from engine.runs import RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
+from engine.spend import Budget
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -324,9 +325,13 @@ class Gates:
         worktrees: WaveWorkspaces | None = None,
         chat: tuple[int, int | None] | None = None,
         supervisor: RunSupervisor | None = None,
+        budget: Budget | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
+
+        ``budget``: what the drive's turns may spend (the caller checked that its agent
+        reports it: :meth:`engine.spend.Budget.refusal_for`).
         """
         current = self._drives.get(task)
         if current is not None and not current.done:
@@ -344,6 +349,7 @@ class Gates:
             or TaskWorktrees(self.settings, self.store.db, self.store.gate_store),
             chat=chat,
             supervisor=supervisor,
+            budget=budget,
         )
         # The task copies the context: every line it logs carries the task name.
         with log_context(task=task):
