@@ -85,11 +85,17 @@ class PauseFeature(Feature):
         await self.ctx.replies.reply(update, f"Several runs here; which one?\n{listed}")
         return None
 
-    def _waits_after(self, run: RunRecord) -> str:
-        """What a paused run finishes before it waits, in plain words."""
+    async def _waits_after(self, run: RunRecord) -> str:
+        """What a paused run finishes before it waits, in plain words: a Claude Code run
+        whose tool calls reach the permission server waits before its next one."""
         if run.agent == "claude":
             own = run.state.get("config", {}).get("permissions") if run.state else None
-            policy = self.approvals.policy if own is None else ApprovalPolicy(own)
+            if own is not None:
+                policy = ApprovalPolicy(own)
+            elif run.chat_id is not None:
+                policy = await self.approvals.policy_in(run.chat_id, run.thread_id or 0)
+            else:
+                policy = self.approvals.policy
             if policy is not ApprovalPolicy.OFF:
                 return "the tool call it is in"
         return "the turn it is in"
@@ -150,7 +156,7 @@ class PauseFeature(Feature):
         assert user is not None
         assert chat is not None
         name = self.ctx.publisher.people.name(user.id)
-        after = self._waits_after(run)
+        after = await self._waits_after(run)
         if not await self.pauses.pause(run.id, by=user.id):
             said = f"Run {run.id} is paused already. /resume {run.id} lets it go on."
             await self._tell(update, said)
