@@ -417,3 +417,64 @@ async def test_an_admin_presses_raise_in_the_chat_and_the_run_goes_on_on_its_wor
     assert record.chat_id == BOT_CHAT
     assert [s for s, _, _ in turns_of(cluster, run_id)] == [1, 2, 3]
     assert again.message_id != report.message_id
+
+
+@realcli
+async def test_turnstile_auto_resume_with_a_larger_budget_goes_on_on_the_worker(
+    claude_cluster: Cluster, model_api: FakeModelAPI
+) -> None:
+    """From a terminal: ``turnstile auto --resume RUN --budget MORE`` puts the run its
+    budget stopped back on its worker, which resumes it at its next turn; the terminal
+    follows it from there (the turns shown before are not shown again)."""
+    cluster = claude_cluster
+    model_api.enqueue(Text("Goal: count."), Text("1. count"), Text("one"), Text("two"))
+    await blocking(cluster.start_worker, "w1")
+    started = await blocking(
+        cluster.cli,
+        "auto",
+        "--detach",
+        "--checkout-repo",
+        "demo",
+        "--tool",
+        "claude",
+        "--budget",
+        "0.0003",
+        "-p",
+        "count",
+    )
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    await wait_until(
+        lambda: placement_of(cluster, run_id)[0] == "finished", timeout=120, what="the stop"
+    )
+    assert state_of(cluster, run_id)["config"]["stopped_by"] == "budget"
+    assert [s for s, _, _ in turns_of(cluster, run_id)] == [1, 2]
+
+    # Without a budget, or with one no larger, it stays stopped.
+    bare = await blocking(cluster.cli, "auto", "--resume", run_id)
+    assert bare.returncode == 2, bare.stdout + bare.stderr
+    assert "give --budget USD or --budget-tokens N" in bare.stderr
+    same = await blocking(cluster.cli, "auto", "--resume", run_id, "--budget", "0.0003")
+    assert same.returncode == 2, same.stdout + same.stderr
+    assert "it goes on only under a larger one" in same.stderr
+    assert placement_of(cluster, run_id)[0] == "finished"
+
+    resumed = await blocking(cluster.cli, "auto", "--resume", run_id, "--budget", "0.0006")
+    out = resumed.stdout
+    assert f"Auto run {run_id} goes on under a budget of $0.0006, at turn 3" in out, (
+        out + resumed.stderr
+    )
+    assert "on worker w1" in out
+    assert "Traceback" not in resumed.stderr
+    # Followed from its next turn to its stop at the new budget: turns 1 and 2 not again.
+    assert "turn 1 " not in out
+    assert "turn 2 " not in out
+    assert "turn 3 " in out
+    assert "of $0.0006 spent" in out
+    turns = turns_of(cluster, run_id)
+    assert [s for s, _, _ in turns] == list(range(1, len(turns) + 1))
+    assert {(a, state) for _, a, state in turns} == {(1, "finished")}
+    assert placement_of(cluster, run_id) == ("finished", "w1", 0)
+    state = state_of(cluster, run_id)
+    assert state["config"]["budget_usd"] == 0.0006
+    assert state["config"]["stopped_by"] == "budget"

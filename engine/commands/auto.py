@@ -151,6 +151,11 @@ async def handle(args: argparse.Namespace, settings: Settings) -> int:
         return await _append(args, settings)
     if args.session is not None:
         raise ConfigError("--session only goes with --append")
+    if args.resume is not None and settings.execution == "workers":
+        # A run on the workers its budget stopped goes on there, under a larger budget.
+        from engine.workers.auto import resume_on_workers
+
+        return await resume_on_workers(args, settings, args.resume)
     from engine.executors import auto_elsewhere  # the workers' modules only when asked for
 
     elsewhere = await auto_elsewhere(args, settings, lambda: _objective(args))

@@ -1,7 +1,9 @@
 """``turnstile auto`` with ``TURNSTILE_EXECUTION=workers``: queue the run, then follow it.
 
 The run is checked out on whichever worker takes its first turn, so it needs a project
-(``--checkout-repo``), not a folder of this machine.
+(``--checkout-repo``), not a folder of this machine. ``--resume RUN --budget MORE`` lets a
+run its budget stopped go on on the workers under a larger one (its worker resumes it at
+its next turn), followed from there.
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ from engine.agents.factory import AGENT_NAMES
 from engine.errors import ConfigError
 from engine.settings import Settings
 from engine.spend import Budget
+from engine.store.backend import open_database
+from engine.store.runs import SqliteRunStore
 from engine.workers.control import (
     follow_run,
     new_spec,
     project_reference,
+    raise_budget_on_workers,
     start_on_workers,
     stop_on_signals,
 )
 from engine.workers.queue import require_postgres
 
-__all__ = ["run_on_workers"]
+__all__ = ["resume_on_workers", "run_on_workers"]
 
 
 async def run_on_workers(
@@ -30,7 +35,7 @@ async def run_on_workers(
 ) -> int:
     require_postgres(settings.database)
     if args.resume is not None:
-        raise ConfigError("--resume is for runs in this process; a run on the workers goes on")
+        return await resume_on_workers(args, settings, args.resume)
     if args.workdir is not None:
         raise ConfigError("on the workers a run needs a project (--checkout-repo), not --workdir")
     if args.checkout_repo is None:
@@ -61,3 +66,58 @@ async def run_on_workers(
     print("Ctrl-C stops the run.", flush=True)
     with stop_on_signals() as stop:
         return await follow_run(settings, spec.run_id, sys.stdout, stop_requested=stop)
+
+
+async def resume_on_workers(args: argparse.Namespace, settings: Settings, run_id: str) -> int:
+    """``turnstile auto --resume RUN --budget MORE`` for a run on the workers its budget
+    stopped: the larger budget is written into its placement and its next turn queued on
+    the worker holding its worktree and session (another one from its pushed branch if
+    that one is gone); then it is followed unless ``--detach``.
+
+    Raises:
+        ConfigError: no budget given, other settings given, or a run that cannot go on
+            so (see :func:`~engine.workers.control.raise_budget_on_workers`).
+    """
+    require_postgres(settings.database)
+    given = [
+        flag
+        for flag, value in (
+            ("-p", args.prompt),
+            ("--tool", args.tool),
+            ("--agent-cmd", args.agent_cmd),
+            ("--max-turns", args.max_turns),
+            ("--workdir", args.workdir),
+            ("--verify-cmd", args.verify_cmd),
+            ("--prompts", args.prompts),
+            ("passthrough arguments", args.passthrough or None),
+            ("--checkout-repo", args.checkout_repo),
+            ("--permissions", getattr(args, "permissions", None)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ConfigError(
+            "--resume continues a run with its recorded settings; drop " + ", ".join(given)
+        )
+    budget = Budget.given(args.budget, args.budget_tokens)
+    if budget is None:
+        raise ConfigError(
+            f"a run on the workers goes on by itself; `--resume {run_id}` lets one its "
+            "budget stopped go on under a larger one: give --budget USD or --budget-tokens N"
+        )
+    async with open_database(settings) as db:
+        seen = frozenset((t.seq, t.attempt) for t in await SqliteRunStore(db).turns(run_id))
+        resumed = await raise_budget_on_workers(settings, db, run_id, budget)
+    state = resumed.state
+    where = f"worker {resumed.worker}" if resumed.worker else "another worker"
+    print(
+        f"Auto run {run_id} goes on under a budget of {budget.text()}, at turn {state.turn}, "
+        f"phase {state.phase.value}, on {where}",
+        flush=True,
+    )
+    if args.detach:
+        print(run_id, flush=True)
+        return 0
+    print("Ctrl-C stops the run.", flush=True)
+    with stop_on_signals() as stop:
+        return await follow_run(settings, run_id, sys.stdout, stop_requested=stop, seen=seen)

@@ -196,13 +196,22 @@ async def follow_run(
     out: TextIO,
     *,
     stop_requested: asyncio.Event | None = None,
+    seen: frozenset[tuple[int, int]] = frozenset(),
 ) -> int:
     """Print the run's progress until it ends; its exit status (as ``turnstile auto``'s).
+    ``seen``: the turns (seq, attempt) not to print again (a run that goes on).
 
     Nothing times out: with no worker alive the run waits, and this says so.
     """
     async with open_database(settings) as db:
-        follower = RunFollower(db, run_id, silent_after=settings.worker_timeout, poll=_POLL)
+        follower = RunFollower(
+            db,
+            run_id,
+            silent_after=settings.worker_timeout,
+            poll=_POLL,
+            started=set(seen),
+            ended=set(seen),
+        )
         stopper = None
         if stop_requested is not None:
             stopper = asyncio.create_task(
