@@ -281,13 +281,6 @@ async def test_a_budget_the_agent_cannot_keep_is_refused_before_anything_starts(
         assert await gates.store.find("t") is None
 
 
-async def test_a_budget_on_the_workers_is_refused_with_the_way_out(tmp_path: Path) -> None:
-    rc, out, err = await _cli(tmp_path, "--budget", "2", TURNSTILE_EXECUTION="workers")
-    assert rc == 2, out + err
-    assert "a drive on the workers cannot be held to a budget yet" in err
-    assert "TURNSTILE_EXECUTION=local" in err
-
-
 #: A stand-in for ``claude -p --output-format stream-json``: it writes the phase's artifact
 #: and ends with the one ``result`` record Claude Code ends a turn with, its cost in it.
 FAKE_CLAUDE = """\
@@ -373,11 +366,8 @@ class Told:
         self.texts.append(text)
 
 
-async def test_a_front_ends_drive_keeps_its_budget_here_and_is_refused_one_on_the_workers(
-    tmp_path: Path,
-) -> None:
+async def test_a_front_ends_drive_keeps_its_budget_here(tmp_path: Path) -> None:
     from engine.executors.drives import DriveRefused, DriveRequest, LocalDrives
-    from engine.executors.drives_workers import WorkersDrives
     from engine.runs import RunSupervisor
     from engine.runs.spec import ChatPlace
 
@@ -399,17 +389,6 @@ async def test_a_front_ends_drive_keeps_its_budget_here_and_is_refused_one_on_th
             notices=told,
             agent_factory=agents,
         )
-        workers = WorkersDrives(
-            gates.settings,
-            gates.store.db,
-            gates,
-            local=local,
-            sink=sink,
-            notices=told,
-        )
-        with pytest.raises(DriveRefused, match="Cannot keep to a budget on the workers yet"):
-            await workers.start(DriveRequest("w", place, "proj", budget=budget))
-        assert await gates.store.find("w") is None  # nothing queued, nothing made
         await local.start(DriveRequest("f", place, "proj", budget=budget))
         handle = local.drives["f"]
         approver = asyncio.create_task(_approve_all(gates, sink), name="approver")

@@ -148,11 +148,12 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
 
 def drive_budget(args: argparse.Namespace, settings: Settings) -> Budget | None:
     """The budget of the drive ``args`` asks for: ``--budget`` / ``--budget-tokens``, else
-    TURNSTILE_RUN_BUDGET where the agent reports a cost and the drive runs here.
+    TURNSTILE_RUN_BUDGET where the agent reports a cost and the drive runs here (on the
+    workers a drive is held to the budget it is given, which travels with it).
 
     Raises:
         ConfigError: a budget the drive could not be held to (its agent reports no cost,
-            or neither cost nor tokens; a drive on the workers; ``--manual``).
+            or neither cost nor tokens; ``--manual``).
     """
     given = Budget.given(args.budget, args.budget_tokens)
     agent = args.tool or settings.default_agent
@@ -163,11 +164,6 @@ def drive_budget(args: argparse.Namespace, settings: Settings) -> Budget | None:
         return default if default.refusal_for(agent) is None else None
     if args.manual:
         raise ConfigError("--budget is for a drive; --manual only reports and spends nothing")
-    if settings.execution == "workers":
-        raise ConfigError(
-            "a drive on the workers cannot be held to a budget yet: drop --budget, or drive "
-            "the task from this terminal with TURNSTILE_EXECUTION=local"
-        )
     refused = given.refusal_for(agent)
     if refused is not None:
         raise ConfigError(f"cannot keep to this budget: {refused}")

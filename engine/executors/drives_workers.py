@@ -43,9 +43,10 @@ from engine.sink import RunSink, StatusUpdate, TextKind, publish, summary_ref
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, EventLog
 from engine.store.runs import SqliteRunStore, TurnState
+from engine.workers.autopilot import budget_stopped
 from engine.workers.control import stop_run_in
 from engine.workers.drives import gate_requests, queue_drive, wake_drive
-from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
+from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted, run_or_none
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 
 __all__ = ["WorkersDrives"]
@@ -106,12 +107,10 @@ class WorkersDrives:
         (the chat's project), or find the one there; its gates are announced as they open."""
         name, place = request.task, request.place
         if request.budget is not None:
-            # A drive's steps run on whichever worker takes them, each its own driver: the
-            # budget would not be kept from one to the next.
-            raise DriveRefused(
-                "Cannot keep to a budget on the workers yet: start it without one, or from a "
-                "bot that drives here (TURNSTILE_EXECUTION=local)."
-            )
+            # It travels with the drive: each step counts what the drive spent so far.
+            refused = request.budget.refusal_for(self.settings.default_agent)
+            if refused is not None:
+                raise DriveRefused(f"Cannot keep to this budget: {refused}.")
         try:
             queued = await queue_drive(
                 self.settings,
@@ -121,6 +120,7 @@ class WorkersDrives:
                 summary=request.summary,
                 project=request.project,
                 chat=(place.chat_id, place.thread_id),
+                budget=request.budget,
             )
         except (ConfigError, GateRefused) as exc:
             raise DriveRefused(f"Cannot start: {exc}") from exc
@@ -434,6 +434,17 @@ class WorkersDrives:
                 f"⏹ Autopilot for {drive.task} stopped on the workers (run {run_id}); the "
                 f"task keeps its phase. /autopilot {drive.task} resumes it.",
                 live=_stopped_ref(run_id),
+            )
+            return
+        if budget_stopped(event.placement, await run_or_none(SqliteRunStore(self.db), run_id)):
+            label = task.label if task is not None else "its phase"
+            await self._status(drive, "stopped", label, 0, "budget spent")
+            # As the drive in this process says it (its log has it too).
+            await self.notices.notice(
+                key,
+                f"[{drive.task}] {event.placement.note}; it stopped after the turn that "
+                f"reached it, and the task stays at {label}.",
+                live=_person_ref(run_id),
             )
             return
         if task is not None and task.phase == COMPLETE:

@@ -316,13 +316,19 @@ class Autopilot:
             task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
         )
         if self.budget is not None:
-            note = self.budget.add(out)
+            note = await self._count_spend(task, out)
             if note is not None:
                 await self._say(task, f"[{self._root or task.name}] {note}")
             if self.budget.over:
                 for event in self._events.values():
                     event.set()  # a sub-task waiting at its gate stops now, not once decided
         return out
+
+    async def _count_spend(self, task: TaskRecord, out: TurnOutput) -> str | None:
+        """Count the turn of ``task`` that ended in the drive's budget; what to tell people
+        now (at 80 %, once), else None."""
+        assert self.budget is not None
+        return self.budget.add(out)
 
     @property
     def spent_budget(self) -> bool:

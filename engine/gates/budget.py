@@ -23,10 +23,11 @@ class DriveBudget:
         spent: what the drive's turns reported, summed.
     """
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, *, spent: Spend | None = None) -> None:
         self.budget = budget
-        self.spent = Spend()
-        self._warned = False
+        self.spent = spent if spent is not None else Spend()
+        # A drive that goes on past 80 % (a step on the workers) was told already.
+        self._warned = self.budget.used(self.spent) >= BUDGET_WARN_AT
 
     @property
     def over(self) -> bool:
@@ -35,7 +36,12 @@ class DriveBudget:
 
     def add(self, out: TurnOutput) -> str | None:
         """Count one ended turn; what to tell people now (at 80 %, once), else None."""
-        self.spent += Spend.of_turn(out.metadata)
+        return self.reached(self.spent + Spend.of_turn(out.metadata))
+
+    def reached(self, spent: Spend) -> str | None:
+        """The drive has spent ``spent`` in all (read from the store: a step on the
+        workers, its sibling sub-tasks' turns counted too); what to tell people now."""
+        self.spent = spent
         if self._warned or self.over or self.budget.used(self.spent) < BUDGET_WARN_AT:
             return None
         self._warned = True

@@ -15,13 +15,21 @@ done (the last sub-task to end wakes it), then its worker fetches the sub-tasks'
 and merges them into the drive's branch (``--no-ff``), as the in-process drive does with
 local worktrees.
 
+A drive given a budget carries it in its placement, and so do its sub-tasks'. Each step
+counts what the drive has spent so far (its own turns and its sub-tasks', read from the
+store) after its turn, as the in-process drive does after each of its turns: at 80 % the
+drive says so once; once over, no other step starts. Sub-tasks in a step end it first
+(their spend counts), those at their gate stop at once, and the drive ends saying what was
+spent of what.
+
 The task's folder lives in the drive's worktree (``.turnstile/tasks/NAME`` for a task
 created on the workers) and is committed after every step, so another worker can go on
 from the pushed branch: each step points the task's recorded folder and workdir at this
 worker's worktree first.
 
-Long: one step driver with its wave handling (cut, wake, merge back); both work in the
-step's worktree and commit and push it the same way.
+Long: one step driver with its wave handling (cut, wake, merge back) and its budget (a
+wave's sub-tasks count in it and end with it); both work in the step's worktree and commit
+and push it the same way.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.errors import ConfigError, NotFoundError
 from engine.gates.autopilot import Autopilot, DriveOutcome
+from engine.gates.budget import DriveBudget
 from engine.gates.records import TaskRecord
 from engine.gates.state_file import STATE_FILE
 from engine.gates.store import SqlGateStore
@@ -47,7 +56,8 @@ from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.git import GitRunner
 from engine.runs import RunMode, new_run_id
-from engine.sink import LogSink
+from engine.sink import LogSink, TextKind, publish
+from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
@@ -63,11 +73,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTOPILOT",
+    "EXIT_BUDGET",
     "EXIT_HUMAN",
     "EXIT_PARKED",
     "TASKS_DIR",
     "StepRunner",
+    "budget_stopped",
     "drive_ready",
+    "drive_spend",
     "drives_by_task",
     "run_step",
     "wake_parked",
@@ -103,6 +116,7 @@ _IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@loc
 
 EXIT_PARKED: Final = 3
 EXIT_HUMAN: Final = 4
+EXIT_BUDGET: Final = 5
 
 
 # -- the worker's side ---------------------------------------------------------------------
@@ -135,8 +149,12 @@ class _StepPilot(Autopilot):
             wait_for_approval=False,
             agent_factory=self._make_agent,
             chat=(spec.chat_id, spec.thread_id) if spec.chat_id is not None else None,
+            budget=spec.budget,
         )
         self.placement = placement
+        # The drive whose budget this step counts in (a sub-task's is its parent's).
+        self.budget_run = spec.parent_run or placement.run_id
+        self.spends = SqliteRunStore(store.db)
         self.app = app
         self.workers = workers
         self.workdir = workdir
@@ -201,9 +219,54 @@ class _StepPilot(Autopilot):
     async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
         outcome = await super()._phase(task)
         if outcome is None:
+            moved = await self.store.get(task.name)
+            if self.spent_budget and moved.phase not in (COMPLETE, HUMAN_INTERVENTION):
+                # The turn that spent it kept its phase's work: no further step starts.
+                return await self._budget_stop(moved)
             self.stepped = True
             return DriveOutcome.PARKED
         return outcome
+
+    async def count_from_store(self) -> None:
+        """What the drive spent before this step (its earlier steps, its sub-tasks)."""
+        if self.budget is not None:
+            spent = await drive_spend(self.workers, self.spends, self.budget_run)
+            self.budget = DriveBudget(self.budget.budget, spent=spent)
+
+    async def _count_spend(self, task: TaskRecord, out: TurnOutput) -> str | None:
+        # The store has this turn now, and the other sub-tasks' turns that ended meanwhile.
+        assert self.budget is not None
+        note = self.budget.reached(await drive_spend(self.workers, self.spends, self.budget_run))
+        if note is not None and self.placement.spec.parent_run is not None:
+            # Said for the whole drive, under its run: where the drive's followers read.
+            await publish(
+                self.sink, self.budget_run, f"[{task.parent or task.name}] {note}", TextKind.NOTE
+            )
+            return None
+        return note
+
+    async def _budget_stop(self, task: TaskRecord) -> DriveOutcome:
+        if self.placement.spec.parent_run is not None:
+            await self._status(task, "stopped", "budget spent")
+            return DriveOutcome.STOPPED_BY_BUDGET  # (its parent's drive says it)
+        # Its sub-tasks in a step end it first (their spend counts: the last one wakes this
+        # drive); one waiting at its gate stops now, its gate left open.
+        busy = []
+        for child in await self.workers.placements():
+            if child.spec.parent_run != self.placement.run_id or child.ended:
+                continue
+            if child.status is PlacementStatus.PARKED:
+                await _record_stopped(self.spends, child.run_id)
+                note = "stopped: the drive's budget is spent"
+                await self.workers.set_placement(
+                    child.run_id, status=PlacementStatus.FINISHED, note=note
+                )
+            else:
+                busy.append(child.spec.task or child.run_id)
+        if busy:
+            self.waiting_for = busy
+            return DriveOutcome.PARKED
+        return await super()._budget_stop(task)
 
     async def _gate(self, task: TaskRecord) -> DriveOutcome | None:
         outcome = await super()._gate(task)
@@ -283,6 +346,8 @@ class _StepPilot(Autopilot):
                 task=sub.name,
                 base_run=parent.run_id,
                 parent_run=parent.run_id,
+                budget_usd=parent.spec.budget_usd,
+                budget_tokens=parent.spec.budget_tokens,
             )
             await self.workers.place(spec)
             # Any free worker with the agent takes it: the wave runs in parallel.
@@ -392,6 +457,26 @@ async def drives_by_task(workers: WorkerStore) -> dict[str, Placement]:
         if placement.spec.mode == AUTOPILOT and placement.spec.task is not None:
             out[placement.spec.task] = placement
     return out
+
+
+async def drive_spend(workers: WorkerStore, runs: SqliteRunStore, run_id: str) -> Spend:
+    """What the drive ``run_id`` on the workers has spent so far: its own turns and its
+    sub-tasks' (a drive counts afresh from its start: each drive is a run of its own)."""
+    ids = [run_id] + [p.run_id for p in await workers.placements() if p.spec.parent_run == run_id]
+    spent = Spend()
+    for spend in (await runs.spend_of(ids)).values():
+        spent += spend
+    return spent
+
+
+def budget_stopped(placement: Placement, record: RunRecord | None) -> bool:
+    """Whether the drive's budget ended it: its placement finished with its run stopped (a
+    person's stop ends the placement stopped); the placement's note says what was spent."""
+    return (
+        placement.status is PlacementStatus.FINISHED
+        and record is not None
+        and record.status is RunStatus.STOPPED
+    )
 
 
 async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
@@ -521,11 +606,17 @@ async def run_step(
             env=runner.env,
             primer=primer,
         )
+        await pilot.count_from_store()
         outcome, stopped = await _drive_one(pilot, spec.task, run_id, workers, stop, first)
         task = await gates.store.get(spec.task)
         await _commit_and_push(git, worktree, task, remote, run_branch_of(run_id))
     if stopped:
         await _end(runner, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+        return False
+    if outcome is DriveOutcome.STOPPED_BY_BUDGET:
+        assert pilot.budget is not None
+        # (Its run is recorded stopped: see budget_stopped.)
+        await _end(runner, placement, PlacementStatus.FINISHED, pilot.budget.stopped_text())
         return False
     if pilot.stepped:
         await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")

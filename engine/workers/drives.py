@@ -21,8 +21,11 @@ from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE
 from engine.runs import RunMode, new_run_id
 from engine.sink import GateRequest
+from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
+from engine.store.runs import SqliteRunStore
 from engine.workers.control import stop_on_signals
+from engine.workers.follow import run_or_none
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
 
@@ -30,8 +33,10 @@ if TYPE_CHECKING:
     from engine.settings import Settings
 from engine.workers.autopilot import (
     AUTOPILOT,
+    EXIT_BUDGET,
     EXIT_HUMAN,
     EXIT_PARKED,
+    budget_stopped,
     drive_ready,
     drives_by_task,
     wake_parked_drive,
@@ -59,8 +64,10 @@ def new_drive_spec(
     project: str,
     agent_cmd: str | None,
     chat: tuple[int, int | None] | None = None,
+    budget: Budget | None = None,
 ) -> QueuedRun:
-    """A drive of ``task`` to put on the workers."""
+    """A drive of ``task`` to put on the workers (``budget``: what its turns may spend,
+    its sub-tasks' counted too)."""
     return QueuedRun(
         run_id=new_run_id(RunMode.AUTOPILOT),
         objective=summary,
@@ -71,6 +78,8 @@ def new_drive_spec(
         thread_id=chat[1] if chat is not None else None,
         mode=AUTOPILOT,
         task=task,
+        budget_usd=budget.usd if budget is not None else None,
+        budget_tokens=budget.tokens if budget is not None else None,
     )
 
 
@@ -137,6 +146,21 @@ async def follow_drive(
                 )
                 last = (label, note)
             if placement.ended:
+                record = await run_or_none(SqliteRunStore(db), run_id)
+                if budget_stopped(placement, record):
+                    more = (
+                        "--budget-tokens MORE"
+                        if placement.spec.budget_usd is None
+                        else ("--budget MORE")
+                    )
+                    print(
+                        f"{task_name}: {placement.note}; the drive stopped after the turn that "
+                        f"reached it, and the task stays at {label}. "
+                        f"`turnstile autopilot --task {task_name} {more}` goes on from there.",
+                        file=out,
+                        flush=True,
+                    )
+                    return EXIT_BUDGET
                 return _exit_code(placement, task)
             if placement.status is PlacementStatus.PARKED and not wait_for_approval:
                 print(f"{task_name}: parked at {label}", file=out, flush=True)
@@ -171,16 +195,18 @@ async def queue_drive(
     tool: str | None = None,
     agent_cmd: str | None = None,
     chat: tuple[int, int | None] | None = None,
+    budget: Budget | None = None,
 ) -> QueuedDrive | None:
     """Put a drive of ``task_name`` on the workers, or find the one there; None when the
-    task is complete.
+    task is complete. ``budget`` travels with a new drive (one there keeps its own).
 
     ``project`` (a configured name, or a URL or path every worker reaches) is needed for a
     task the workers have not driven yet; ``init`` creates the task on its first step.
 
     Raises:
-        ConfigError: an unknown agent, no such task (without ``init``), no project, or a
-            task that was not started on the workers.
+        ConfigError: an unknown agent, no such task (without ``init``), no project, a
+            task that was not started on the workers, or a budget for a drive already
+            there under another.
         GateRefused: an invalid task name.
     """
     from engine.agents.factory import AGENT_NAMES
@@ -200,6 +226,14 @@ async def queue_drive(
     if task is not None and task.phase == COMPLETE:
         return None
     if current is not None and not current.ended:
+        if budget is not None and budget != current.spec.budget:
+            held = current.spec.budget
+            raise ConfigError(
+                f"task {task_name} is being driven on the workers (run {current.run_id}) "
+                + (f"under a budget of {held.text()}" if held is not None else "without a budget")
+                + "; a drive's budget is given when it starts: follow it without --budget, "
+                "or stop it and drive it again under the new one"
+            )
         return QueuedDrive(current.spec, new=False)  # already on the workers
     if task is None and not init:
         raise ConfigError(f"no task {task_name!r}: give --init --checkout-repo PROJECT")
@@ -224,6 +258,7 @@ async def queue_drive(
         or (current.spec.agent_cmd if current is not None and same_tool else None)
         or (settings.agent_command if tool == "command" else None),
         chat=chat,
+        budget=budget,
     )
     await start_on_workers(settings, spec)
     return QueuedDrive(spec, new=True)
@@ -267,12 +302,14 @@ async def gate_requests(
 
 async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
     """``turnstile autopilot`` with ``TURNSTILE_EXECUTION=workers``: put the drive on the
-    workers (or find the one there), then follow it unless ``--detach``."""
+    workers (or find the one there), then follow it unless ``--detach``. ``--budget`` /
+    ``--budget-tokens`` travel with a new drive (checked against its agent before)."""
     if args.folder is not None or args.workdir is not None:
         raise ConfigError(
             "on the workers a task works in a worktree of its project (--checkout-repo); "
             "--folder and --workdir are for drives in this process"
         )
+    budget = Budget.given(args.budget, args.budget_tokens)
     async with open_database(settings) as db:
         queued = await queue_drive(
             settings,
@@ -283,6 +320,7 @@ async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
             project=args.checkout_repo,
             tool=args.tool,
             agent_cmd=args.agent_cmd,
+            budget=budget,
         )
     if queued is None:
         print(f"{args.task}: complete", flush=True)
@@ -292,6 +330,12 @@ async def drive_on_workers(args: argparse.Namespace, settings: Settings) -> int:
         print(spec.run_id, flush=True)
         return 0
     print(f"Autopilot {args.task} · run {spec.run_id} · {spec.tool} · on the workers", flush=True)
+    if spec.budget is not None:
+        print(
+            f"{args.task}: the drive may spend {spec.budget.text()}; it stops after the turn "
+            "that reaches that",
+            flush=True,
+        )
     print("Ctrl-C stops the drive.", flush=True)
     with stop_on_signals() as stop:
         return await follow_drive(
