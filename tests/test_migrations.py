@@ -220,10 +220,15 @@ async def test_a_front_end_installed_later_is_adopted_or_migrated(tmp_path: Path
 async def test_a_newer_front_end_schema_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     async with Database(path) as db:
-        await db.execute("UPDATE schema_versions SET version = 7 WHERE owner = 'bot'")
+        await db.execute(
+            "UPDATE schema_versions SET version = ? WHERE owner = 'bot'", (BOT_LATEST + 1,)
+        )
     check = await check_database(path)
     assert check.status is Status.FAIL
-    assert f"bot schema version 7, newer than this turnstile ({BOT_LATEST})" in check.detail
+    assert (
+        f"bot schema version {BOT_LATEST + 1}, newer than this turnstile ({BOT_LATEST})"
+        in check.detail
+    )
 
 
 def test_migration_sets_are_validated() -> None:

@@ -508,4 +508,4 @@ async def test_help_says_what_asks_and_what_cannot(tmp_path: Path) -> None:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
             help_text = await api.wait_for_message(lambda m: "Tool approvals" in m.text)
     assert "on here for tools outside the allowed list" in help_text.text
-    assert "Copilot CLI and Codex cannot ask per tool call" in help_text.text
+    assert "Copilot CLI and Codex cannot ask: their allowed tools alone decide" in help_text.text
