@@ -21,7 +21,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
-from bot.tool_approvals import NOT_YET, ToolApprovalExtension
+from bot.tool_approvals import NOT_YET, ToolApprovalExtension, turn_progress
 from chatfront.auth import Action
 from engine.approvals import AgentQuestion, QuestionState, QuestionStore
 from engine.errors import NotFoundError
@@ -97,6 +97,7 @@ class AgentQuestionFeature(Feature):
         if self._closing:
             await self._withdraw([run.id], SHUTTING_DOWN)
             return True
+        progress = turn_progress(self.ctx, run.id)
         await self.ctx.publisher.live(
             _ref(question.id),
             self.ctx.redactor(question_text(question)),
@@ -104,7 +105,10 @@ class AgentQuestionFeature(Feature):
             thread_id=run.thread_id,
             markup=_buttons(question),
             run_id=run.id,
+            reply_to=progress.reply_to if progress is not None else None,
         )
+        if progress is not None:
+            await progress.wait_for_person("❓ to answer the agent's question (below)")
         _LOGGER.info("question %s of run %s posted", question.id, run.id)
         return True
 
@@ -115,6 +119,9 @@ class AgentQuestionFeature(Feature):
         return f"⏹ Not answered: {question.answer or 'withdrawn'}."
 
     async def _refresh(self, question: AgentQuestion) -> None:
+        progress = turn_progress(self.ctx, question.run_id)
+        if progress is not None and not await self.store.pending(run_id=question.run_id):
+            await progress.wait_for_person(None)
         live = await self.ctx.store.get_live(_ref(question.id))
         if live is None:
             return

@@ -130,6 +130,8 @@ class TurnProgress:
         self.tool: str | None = None
         self.text: str | None = None
         self.tools = 0
+        #: What the turn waits for a person for (a tool request, a question), while it does.
+        self.waiting: str | None = None
         self.finished = False
         self._opening: asyncio.Task[None] | None = None
 
@@ -153,6 +155,13 @@ class TurnProgress:
         task = self._opening
         if task is not None and task is not asyncio.current_task():
             await asyncio.shield(task)
+
+    async def wait_for_person(self, what: str | None) -> None:
+        """The turn waits for a person (``what``: for what), or no longer (None)."""
+        if self.waiting == what:
+            return
+        self.waiting = what
+        await self.show()
 
     def on_event(self, event: AgentEvent) -> bool:
         """Take one agent event; True when the message should change."""
@@ -178,7 +187,10 @@ class TurnProgress:
             if self.tools:
                 state += f" · {self.tools} tool call{'s' if self.tools != 1 else ''}"
             return state
-        lines = [f"{_RUNNING} working · {elapsed}"]
+        if self.waiting:  # a tool request or a question: the turn waits for a person
+            lines = [f"{_RUNNING} waits for a person · {elapsed}", self.waiting]
+        else:
+            lines = [f"{_RUNNING} working · {elapsed}"]
         if self.run_id in self._paused:
             lines.append(self._paused[self.run_id])
         if self.where:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from telegram import Update
@@ -24,6 +25,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.progress import TurnProgress
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
 from chatfront.store import Binding
@@ -44,7 +46,7 @@ from engine.executors import worker_of
 from engine.runs import Recovery
 from engine.store.runs import RunRecord
 
-__all__ = ["ToolApprovalExtension", "request_text"]
+__all__ = ["ToolApprovalExtension", "request_text", "turn_progress"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -61,6 +63,13 @@ NOT_YET: Final = "⏳ This request's message is still being delivered; press aga
 
 def _ref(request_id: int) -> str:
     return f"tool:{request_id}"
+
+
+def turn_progress(ctx: BotContext, run_id: str) -> TurnProgress | None:
+    """The progress message of a chat run's running turn (None: not a chat turn here)."""
+    chat_run = ctx.chats.find(run_id)
+    progress = chat_run.progress if chat_run is not None else None
+    return progress if isinstance(progress, TurnProgress) and not progress.finished else None
 
 
 def _buttons(request: ToolRequest) -> dict[str, Any]:
@@ -100,8 +109,9 @@ def request_text(
     return "\n".join(lines)
 
 
-def outcome_text(request: ToolRequest) -> str:
-    who = f" by {request.decided_by}" if request.decided_by is not None else ""
+def outcome_text(request: ToolRequest, name: Callable[[int | None], str]) -> str:
+    """How the request was settled, naming who decided (``name``: a person's name)."""
+    who = f" by {name(request.decided_by)}" if request.decided_by is not None else ""
     if request.state is Decision.ALLOWED and request.scope is Scope.SESSION:
         return f"✅ Allowed for this session{who}: {describe_key(request.tool, request.key)}."
     if request.state is Decision.ALLOWED:
@@ -123,6 +133,9 @@ class ToolApprovalExtension(Feature):
         self._failed: Exception | None = None
         self._closing = False
         ctx.chats.approvals = self.route
+
+    def _name(self, user_id: int | None) -> str:
+        return self.ctx.publisher.people.name(user_id)
 
     def register(self, dispatch: Dispatch) -> None:
         # Who may decide is the request's business (approvers, or its starter): see _refusal.
@@ -259,6 +272,7 @@ class ToolApprovalExtension(Feature):
         if self._closing:
             await self._close_waiting([request.run_id])
             return True
+        progress = turn_progress(self.ctx, run.id)
         await self.ctx.publisher.live(
             _ref(request.id),
             request_text(request, worker=await self._worker_of(run.id)),
@@ -266,7 +280,11 @@ class ToolApprovalExtension(Feature):
             thread_id=run.thread_id,
             markup=_buttons(request),
             run_id=run.id,
+            # under the message that started the turn, as its progress and answer are
+            reply_to=progress.reply_to if progress is not None else None,
         )
+        if progress is not None:
+            await progress.wait_for_person(f"🔐 to allow {request.tool} (the request below)")
         _LOGGER.info("tool request %s of run %s posted", request.id, run.id)
         return True
 
@@ -275,13 +293,18 @@ class ToolApprovalExtension(Feature):
         return await worker_of(self.ctx.settings, self.ctx.db, run_id)
 
     async def _refresh(self, request: ToolRequest) -> None:
+        progress = turn_progress(self.ctx, request.run_id)
+        if progress is not None and not await self.store.pending(run_id=request.run_id):
+            await progress.wait_for_person(None)
         live = await self.ctx.store.get_live(_ref(request.id))
         if live is None:
             return
         await self.ctx.publisher.live(
             _ref(request.id),
             request_text(
-                request, outcome_text(request), worker=await self._worker_of(request.run_id)
+                request,
+                outcome_text(request, self._name),
+                worker=await self._worker_of(request.run_id),
             ),
             chat_id=live.chat_id,
             thread_id=live.thread_id,
@@ -325,7 +348,7 @@ class ToolApprovalExtension(Feature):
         result = await self.store.decide(request.id, decision, scope=scope, by=user.id)
         if not result.changed:
             await self.ctx.replies.answer(
-                update, f"Already decided: {outcome_text(result.request)}"
+                update, f"Already decided: {outcome_text(result.request, self._name)}"
             )
             await self._refresh(result.request)
             return
@@ -342,7 +365,7 @@ class ToolApprovalExtension(Feature):
                 + (f" ({scope.value})" if scope is not None else "")
             )[:300],
         )
-        await self.ctx.replies.answer(update, outcome_text(decided))
+        await self.ctx.replies.answer(update, outcome_text(decided, self._name))
         await self._refresh(decided)
         if scope is Scope.SESSION:
             await self._apply_grant(decided)
@@ -399,13 +422,13 @@ class ToolApprovalExtension(Feature):
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
         if run_id in await self._runs_waiting(chat_id, None):
-            await self._cancel([run_id], f"{STOPPED} by {by}")
+            await self._cancel([run_id], f"{STOPPED} by {self._name(by)}")
         return False  # the run itself belongs to the chat sessions or another extension
 
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
         waiting = await self._runs_waiting(chat_id, thread)
         if waiting:
-            await self._cancel(waiting, f"{STOPPED} by {by}")
+            await self._cancel(waiting, f"{STOPPED} by {self._name(by)}")
         return []
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:

@@ -203,3 +203,28 @@ async def test_a_paused_run_finishes_its_tool_call_and_waits_before_the_next(
     assert events.index("paused") > min(
         i for i, kind in enumerate(events) if kind == "tool_requested"
     )
+
+
+async def test_the_turns_progress_says_it_waits_for_a_person_and_the_request_replies_to_the_prompt(
+    tmp_path: Path, claude_bin: Path, model: FakeModelAPI, sandbox: Sandbox
+) -> None:
+    touch = ToolCall("Bash", {"command": "touch made.txt", "description": "make it"})
+    model.enqueue(touch, Text("made"))
+    async with (
+        FakeBotApi() as api,
+        running_bot(api, settings_for(api, tmp_path, claude_bin, tool_approval="all")),
+    ):
+        api.names[APPROVER] = "Ann"
+        await bind(api)
+        prompt = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="make the file")
+        ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text, timeout=60)
+        progress = next(m for m in api.sent if m.text.startswith("⏳"))
+        await api.wait_until(lambda: progress.text.startswith("⏳ waits for a person"))
+        assert "🔐 to allow Bash (the request below)" in progress.text
+        # the request is a reply to the message that started the turn, as the progress is
+        assert ask.reply_to == api.pushed(prompt)["message"]["message_id"] == progress.reply_to
+        press(api, ask, "Allow once", APPROVER)
+        await api.wait_until(lambda: "✅ Allowed once by Ann." in ask.text)
+        await api.wait_for_message(lambda m: m.text == "made", timeout=60)
+    assert "waits for a person" not in progress.text
+    assert "✅ done" in progress.text

@@ -346,7 +346,7 @@ async def test_self_approval_can_be_forbidden(tmp_path: Path) -> None:
             store = SqliteApprovalStore(rt.db)
             assert (await store.get(request_id)).state is Decision.PENDING
             api.push_callback(chat_id=CHAT, user_id=APPROVER, data=data, message_id=ask.message_id)
-            await api.wait_until(lambda: "Allowed once by 22" in ask.text)
+            await api.wait_until(lambda: "Allowed once by user22" in ask.text)
             assert (await store.get(request_id)).state is Decision.ALLOWED
 
 
@@ -409,7 +409,7 @@ async def test_a_press_counts_only_on_the_requests_own_message(tmp_path: Path) -
             )
             # the press on the request's own message still decides it
             api.push_callback(chat_id=CHAT, user_id=APPROVER, data=allow, message_id=ask.message_id)
-            await api.wait_until(lambda: "Allowed once by 22" in ask.text)
+            await api.wait_until(lambda: "Allowed once by user22" in ask.text)
             assert (await store.get(request_id)).state is Decision.ALLOWED
 
 
@@ -433,7 +433,7 @@ async def test_a_request_not_yet_delivered_cannot_be_decided_by_a_press(tmp_path
             api.release()
             await wait_until(lambda: _delivered(rt, request_id))
             api.push_callback(chat_id=CHAT, user_id=APPROVER, data=deny, message_id=ask.message_id)
-            await api.wait_until(lambda: "Denied by 22" in ask.text)
+            await api.wait_until(lambda: "Denied by user22" in ask.text)
             assert (await store.get(request_id)).state is Decision.DENIED
 
 

@@ -131,7 +131,7 @@ async def test_allow_once_runs_the_command_and_a_strangers_press_is_refused(
         press(api, ask, "Allow once", OPERATOR)
         await api.wait_for_message(lambda m: m.text == "file made", timeout=60)
         assert (workdir(tmp_path) / "allowed.txt").exists()
-        await api.wait_until(lambda: "Allowed once by 11" in ask.text)
+        await api.wait_until(lambda: "Allowed once by user11" in ask.text)
         assert ask.buttons == []
         entries = await rt.store.audit_entries()
         outcomes = [
@@ -151,7 +151,7 @@ async def test_deny_keeps_the_file_away_and_the_model_is_told(
         ask = await bind_and_ask(api)
         press(api, ask, "Deny", APPROVER)
         await api.wait_for_message(lambda m: m.text == "understood", timeout=60)
-        await api.wait_until(lambda: "Denied by 22" in ask.text)
+        await api.wait_until(lambda: "Denied by user22" in ask.text)
         [request] = await SqliteApprovalStore(rt.db).history((await rt.runs.list_runs())[0].id)
         assert request.state is Decision.DENIED
         assert request.decided_by == APPROVER
@@ -197,7 +197,9 @@ async def test_stop_while_a_request_waits_ends_the_turn_and_removes_the_buttons(
         assert any(a[-2].endswith("relay.py") for a in argvs if len(a) >= 2), argvs
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
         await api.wait_for_message(lambda m: "stopped during turn 1" in m.text, timeout=60)
-        await api.wait_until(lambda: ask.buttons == [] and "the turn was stopped by 11" in ask.text)
+        await api.wait_until(
+            lambda: ask.buttons == [] and "the turn was stopped by user11" in ask.text
+        )
         assert await SqliteApprovalStore(rt.db).pending() == []
         # the CLI and the permission server it started are gone
         assert marked_processes(sandbox.marker) == []

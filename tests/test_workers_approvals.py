@@ -118,7 +118,7 @@ async def test_a_worker_turn_asks_in_the_chat_and_goes_on_when_approved_or_denie
             lambda m: "ran touch approved.txt (exit 0)" in m.text, timeout=60
         )
         assert reply.chat_id == CHAT
-        await api.wait_until(lambda: f"Allowed once by {APPROVER}" in ask.text)
+        await api.wait_until(lambda: f"Allowed once by user{APPROVER}" in ask.text)
         assert "(on worker w1)" in ask.text
         # The command ran on the worker, in the chat's worktree there.
         made = list((cluster.tmp / "w1" / "ws").rglob("approved.txt"))
@@ -131,7 +131,7 @@ async def test_a_worker_turn_asks_in_the_chat_and_goes_on_when_approved_or_denie
         _press(api, second, "Deny", OPERATOR)
         refused = await api.wait_for_message(lambda m: "refused:" in m.text, timeout=60)
         assert f"A person denied this Bash call (user {OPERATOR})" in refused.text
-        await api.wait_until(lambda: f"Denied by {OPERATOR}" in second.text)
+        await api.wait_until(lambda: f"Denied by user{OPERATOR}" in second.text)
 
         rows = _requests(cluster)
         assert [(r[0], r[3], r[4]) for r in rows] == [
