@@ -22,6 +22,7 @@ from engine.gates.listing import TaskGroup
 from engine.humane import words
 from engine.sandbox import sandbox_state
 from engine.spend import Spend
+from engine.store.runs import RunStatus
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -142,16 +143,31 @@ class AdminFeature(Feature):
         assert chat is not None
         assert user is not None
         thread = thread_of(update.effective_message)
+        here = [
+            r.id
+            for r in await self.ctx.runs.list_runs(status=RunStatus.RUNNING)
+            if r.chat_id == chat.id
+        ]
+        wanted = args[0] if args else None
+        if wanted is not None and wanted not in here:
+            # a run may be named by the end of its id ("/stop 4a37b")
+            ending = [run_id for run_id in here if run_id.endswith(wanted)]
+            wanted = ending[0] if len(ending) == 1 else wanted
         stopped: list[str] = []
         for owner in self.owners:
-            if args:
-                if await owner.stop(args[0], chat_id=chat.id, by=user.id):
-                    stopped.append(args[0])
+            if wanted is not None:
+                if await owner.stop(wanted, chat_id=chat.id, by=user.id):
+                    stopped.append(wanted)
             else:
                 stopped.extend(await owner.stop_chat(chat.id, thread, by=user.id))
-        if not stopped:
+        if not stopped and wanted is None:
+            await self.ctx.replies.reply(update, "Nothing is running here.")
+        elif not stopped and wanted in here:
+            await self.ctx.replies.reply(update, f"Run {wanted} is idle: nothing to stop.")
+        elif not stopped:
+            listed = f" Running here: {', '.join(here)}." if here else " Nothing runs here."
             await self.ctx.replies.reply(
-                update, "Nothing is running here." if not args else f"No run {args[0]} here."
+                update, f"No run {args[0]} here.{listed} /status lists this chat's runs."
             )
 
     async def cmd_status(self, update: Update, args: list[str]) -> None:

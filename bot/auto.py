@@ -20,6 +20,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import RAISE_BUDGET, ChatNotices
+from bot.progress import AUTO_STOP_DATA
 from bot.replies import thread_of
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
@@ -38,7 +39,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # The Stop button's data on the turn messages an earlier version of the bot posted for runs
 # on the workers.
-_WORKER_STOP: Final = "sw:"
 USAGE: Final = "Usage: /auto [--budget USD] [--permissions guarded|trusted|free] OBJECTIVE"
 
 
@@ -68,7 +68,7 @@ class AutoExtension(Feature):
         )
         dispatch.command("steer", Action.STEER, self.cmd_steer, usage="Usage: /steer TEXT")
         dispatch.text(self.on_text)
-        dispatch.buttons(rf"^{_WORKER_STOP}", Action.STOP, self.on_stop_button)
+        dispatch.buttons(rf"^{AUTO_STOP_DATA}", Action.STOP, self.on_stop_button)
         dispatch.buttons(rf"^{RAISE_BUDGET}", Action.BUDGET, self.on_raise_budget)
 
     def running_in(self, chat_id: int, thread: int) -> list[AutoRun]:
@@ -242,7 +242,7 @@ class AutoExtension(Feature):
         user = update.effective_user
         assert chat is not None
         assert user is not None
-        run_id = data.removeprefix(_WORKER_STOP)
+        run_id = data.removeprefix(AUTO_STOP_DATA)
         if not await self.executor.stop(run_id, chat_id=chat.id):
             await self.ctx.replies.answer(update, "Nothing is running there any more.")
             return

@@ -28,6 +28,7 @@ from engine.humane import format_elapsed
 _LOGGER = logging.getLogger(__name__)
 
 __all__ = [
+    "AUTO_STOP_DATA",
     "GO_ON_DATA",
     "PAUSE_DATA",
     "PREFIX",
@@ -45,6 +46,8 @@ _RUNNING: Final = "⏳"
 _LINE: Final = 160
 
 
+# callback_data of an auto run's Stop button (on its live message; wherever it runs).
+AUTO_STOP_DATA: Final = "sw:"
 # callback_data of Pause and Go on: the prefix and the run id.
 PAUSE_DATA: Final = "pz:"
 GO_ON_DATA: Final = "go:"

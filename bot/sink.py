@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bot.progress import pause_button
+from bot.progress import AUTO_STOP_DATA, stop_button
 from bot.publish import Publisher
 from bot.render import excerpt
 from engine.errors import NotFoundError
@@ -394,7 +394,7 @@ class BotSink:
             thread_id=place.thread_id,
             run_id=run_id,
             markup=(
-                {"inline_keyboard": [[pause_button(run_id, paused=run_id in self.paused)]]}
+                stop_button(run_id, AUTO_STOP_DATA, paused=run_id in self.paused)
                 if running
                 else None
             ),

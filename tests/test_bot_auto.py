@@ -129,8 +129,22 @@ async def test_stop_by_run_id_preempts_an_auto_run(
         agent_pid, child_pid = (int(p) for p in (await wait_for_file(pids)).split())
         api.push_message(chat_id=CHAT, user_id=STRANGER, text=f"/stop {run_id}")
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop nosuchrun")
-        await api.wait_for_message(lambda m: m.text == "No run nosuchrun here.")
-        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+        await api.wait_for_message(
+            lambda m: (
+                m.text
+                == f"No run nosuchrun here. Running here: {run_id}. /status lists this chat's runs."
+            )
+        )
+        # the Stop button of the run's live message (a run is also named by its id's end)
+        await api.wait_until(lambda: any("Stop" in b["text"] for b in started.buttons))
+        stop = next(b for b in started.buttons if "Stop" in b["text"])
+        assert stop["callback_data"] == f"sw:{run_id}"
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=stop["callback_data"],
+            message_id=started.message_id,
+        )
         # Gone within the harness's 1 s grace period plus a generous margin for the bot's
         # round trips on a loaded machine (the agent would wait forever).
         await api.wait_until(lambda: not alive(agent_pid) and not alive(child_pid), timeout=20)
@@ -297,7 +311,7 @@ async def test_an_auto_run_paused_waits_before_its_next_turn_and_goes_on(
             lambda m: m.text.startswith(f"⏸ Run {run_id} pauses: it finishes the turn it is in")
         )
         await api.wait_until(lambda: "⏸ Paused by Olga" in started.text)
-        assert [b["text"] for b in started.buttons] == ["▶ Go on"]
+        assert [b["text"] for b in started.buttons] == ["⏹ Stop", "▶ Go on"]
         release.touch()  # the Clarify turn ends; Plan waits
         await api.wait_until(lambda: any(CLARIFY in e["prompt"] for e in agent_log(tmp_path)))
         await asyncio.sleep(2)

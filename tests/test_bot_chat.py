@@ -223,8 +223,9 @@ async def test_a_bare_stop_leaves_an_idle_session_alone(
         [run] = await rt.runs.list_runs()
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
         await api.wait_for_message(lambda m: m.text == "Nothing is running here.")
-        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run.id}")
-        await api.wait_for_message(lambda m: m.text == f"No run {run.id} here.")
+        # named by the end of its id: the same run
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run.id[-6:]}")
+        await api.wait_for_message(lambda m: m.text == f"Run {run.id} is idle: nothing to stop.")
         # the idle session was not stopped: still running, and the next message is turn 2
         assert (await rt.runs.get_run(run.id)).status is RunStatus.RUNNING
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="again")

@@ -572,7 +572,7 @@ async def test_auto_and_stop_from_the_bot_reach_a_run_on_a_worker(cluster: Clust
             assert rows == [("interrupted",)]
             assert cluster.runs()[run_id]["worker"] == "w1"
             # The stop went through the store (who asked is recorded until the run ends).
-            assert not any(m.text == f"No run {run_id} here." for m in api.sent)
+            assert not any(m.text.startswith(f"No run {run_id} here.") for m in api.sent)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             await api.wait_for_message(lambda m: m.text.startswith("No runs in this chat. /help"))
 
