@@ -339,6 +339,12 @@ class BotRuntime:
                 db=self.db,
             )
             replies = Replies(self.publisher, self.authorizer, self.store)
+            bot = self.app.bot
+
+            async def react(chat_id: int, message_id: int) -> object:
+                return await bot.set_message_reaction(chat_id, message_id, reaction="👎")
+
+            replies.react = react
             # One per process: in-process approvals wake a parked drive at once.
             self.gates = Gates(self.db, self.settings, poll_interval=1.0)
             ctx = BotContext(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from telegram import Message, Update
@@ -101,6 +102,9 @@ class Replies:
         # Per person ("user", id) and per group ("group", id): when the last refusal was
         # answered, and whether it said "muted".
         self._last_refusal: dict[tuple[str, int], tuple[float, bool]] = {}
+        #: Puts a 👎 on a message (chat id, message id); set by the runtime once the bot
+        #: is up. A refusal repeated within a minute is answered so, not by a message.
+        self.react: Callable[[int, int], Awaitable[object]] | None = None
 
     async def reply(self, update: Update, text: str, **kw: Any) -> None:
         """Say ``text`` in the update's chat and topic, as a reply to its message."""
@@ -129,9 +133,9 @@ class Replies:
     async def authorize(self, update: Update, action: Action) -> bool:
         """Check the right; a refusal is audited and answered with the role it needs.
 
-        A person refused again within a minute is told once that further refusals are
-        muted for that minute; only those are not answered (every one is audited). In a
-        group, people without any role get one answer a minute between them all.
+        A person refused again within a minute gets a 👎 on their message instead of
+        another answer (every refusal is audited). In a group, people without any role get
+        one answer a minute between them all.
         """
         user = update.effective_user
         chat = update.effective_chat
@@ -158,15 +162,13 @@ class Replies:
                 )
                 if crowd:
                     text += " In this group, refusals are answered at most once a minute."
-            elif answer == "mute":
-                text = (
-                    f"⛔ {what} needs the {roles} role too. Further refusals for you are "
-                    f"muted for {int(_REFUSAL_EVERY)} s."
-                )
             elif crowd:
                 reason += "; not answered: a group gets one refusal a minute"
             else:
-                reason += "; not answered: refusals muted for a minute"
+                # Told in full a moment ago: a 👎 on the message says "refused" again,
+                # without a message of its own.
+                reason += "; answered with a reaction: refused again within a minute"
+                await self._react(update)
             if text is not None and not self.refuse(update, text):
                 reason += _UNANSWERED
         await self._store.audit(
@@ -180,6 +182,16 @@ class Replies:
         if update.callback_query is not None:
             await self.answer(update, f"⛔ Needs the {roles} role. Your id: {user_id}")
         return False
+
+    async def _react(self, update: Update) -> None:
+        message = update.effective_message
+        chat = update.effective_chat
+        if self.react is None or message is None or chat is None:
+            return
+        try:
+            await self.react(chat.id, message.message_id)
+        except Exception as exc:  # a reaction is a courtesy: never fail the update for it
+            _LOGGER.info("could not react to a refused message: %s", exc)
 
     def allowed(self, user_id: int | None, chat_id: int, action: Action) -> bool:
         """The right alone: nothing audited, nothing said."""

@@ -84,10 +84,10 @@ async def test_a_stranger_in_a_private_chat_still_learns_their_id(tmp_path: Path
             api.push_message(chat_id=7001, user_id=7001, text="/chat")
             first = await api.wait_for_message(lambda m: m.chat_id == 7000)
             second = await api.wait_for_message(lambda m: m.chat_id == 7001)
-            # Refused again in the minute: told once that it is muted, then nothing.
-            api.push_message(chat_id=7001, user_id=7001, text="/status")
-            api.push_message(chat_id=7001, user_id=7001, text="/help")
-            muted = await api.wait_for_message(lambda m: "muted" in m.text)
+            # Refused again in the minute: a 👎 on each message, no message of its own.
+            status = api.push_message(chat_id=7001, user_id=7001, text="/status")
+            help_ = api.push_message(chat_id=7001, user_id=7001, text="/help")
+            await api.wait_until(lambda: len(api.reactions) == 2)
 
             async def audited() -> bool:
                 entries = await rt.store.audit_entries()
@@ -98,5 +98,9 @@ async def test_a_stranger_in_a_private_chat_still_learns_their_id(tmp_path: Path
             await rt.sender.wait_idle()
     assert "Your Telegram user id is 7000" in first.text
     assert "Your Telegram user id is 7001" in second.text
-    assert muted.chat_id == 7001
-    assert len(api.texts(7001)) == 2
+    assert [(int(r["chat_id"]), int(r["message_id"])) for r in api.reactions] == [
+        (7001, api.pushed(status)["message"]["message_id"]),
+        (7001, api.pushed(help_)["message"]["message_id"]),
+    ]
+    assert all("👎" in str(r["reaction"]) for r in api.reactions)
+    assert len(api.texts(7001)) == 1

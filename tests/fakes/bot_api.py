@@ -113,6 +113,8 @@ class FakeBotApi:
         self.commands: list[dict[str, Any]] = []
         self.webhook: dict[str, Any] | None = None
         self.callback_answers: list[dict[str, Any]] = []
+        #: setMessageReaction calls (chat_id, message_id, reaction).
+        self.reactions: list[dict[str, Any]] = []
         # First names the fake gives its users (default "user<ID>").
         self.names: dict[int, str] = {}
         self._updates: list[dict[str, Any]] = []
@@ -750,6 +752,10 @@ class FakeBotApi:
 
     def _m_deleteMessage(self, params: dict[str, Any]) -> bool:
         self._find(params)
+        return True
+
+    def _m_setMessageReaction(self, params: dict[str, Any]) -> bool:
+        self.reactions.append(params)
         return True
 
     def _m_answerCallbackQuery(self, params: dict[str, Any]) -> bool:
