@@ -22,7 +22,7 @@ from engine.gates.listing import TaskGroup
 from engine.humane import words
 from engine.sandbox import sandbox_state
 from engine.spend import Spend
-from engine.store.runs import RunStatus
+from engine.store.runs import RunRecord, RunStatus
 
 __all__ = ["COMMANDS", "HELP", "AdminFeature"]
 
@@ -110,6 +110,18 @@ _APPROVAL_HELP: Final = {
 }
 
 
+# A bare /stop with several runs working: which one (the button's data names the run).
+_PICK: Final = "sp:"
+_PICK_REF: Final = "stoppick:"
+_MODES: Final = {"chat": "chat turn", "auto": "auto run", "autopilot": "autopilot"}
+
+
+def _run_label(run: RunRecord) -> str:
+    """A run as a stop button names it: its kind, its task or objective, its id's end."""
+    what = run.task or (run.objective or "")[:24]
+    return f"{_MODES.get(run.mode, run.mode)} {what} (…{run.id[-6:]})".replace("  ", " ")
+
+
 class AdminFeature(Feature):
     """The commands about the bot and its runs rather than one kind of run."""
 
@@ -125,6 +137,7 @@ class AdminFeature(Feature):
         dispatch.command("tasks", Action.TASKS, self.cmd_tasks)
         dispatch.command("audit", Action.AUDIT, self.cmd_audit)
         dispatch.buttons(r"^tk(:|\Z)", Action.TASKS, self.on_page)
+        dispatch.buttons(rf"^{_PICK}[A-Za-z0-9_:.-]{{1,60}}\Z", Action.STOP, self.on_pick)
 
     async def cmd_help(self, update: Update, args: list[str]) -> None:
         user = update.effective_user
@@ -153,13 +166,12 @@ class AdminFeature(Feature):
             # a run may be named by the end of its id ("/stop 4a37b")
             ending = [run_id for run_id in here if run_id.endswith(wanted)]
             wanted = ending[0] if len(ending) == 1 else wanted
-        stopped: list[str] = []
-        for owner in self.owners:
-            if wanted is not None:
-                if await owner.stop(wanted, chat_id=chat.id, by=user.id):
-                    stopped.append(wanted)
-            else:
-                stopped.extend(await owner.stop_chat(chat.id, thread, by=user.id))
+        if wanted is None:
+            working = await self._working_here(chat.id, thread)
+            if len(working) > 1:  # which one? one button per run, and one for all
+                await self._ask_which(update, working, thread)
+                return
+        stopped = await self._stop(chat.id, thread, wanted, by=user.id)
         if not stopped and wanted is None:
             await self.ctx.replies.reply(update, "Nothing is running here.")
         elif not stopped and wanted in here:
@@ -168,6 +180,91 @@ class AdminFeature(Feature):
             listed = f" Running here: {', '.join(here)}." if here else " Nothing runs here."
             await self.ctx.replies.reply(
                 update, f"No run {args[0]} here.{listed} /status lists this chat's runs."
+            )
+
+    async def _stop(self, chat_id: int, thread: int, run_id: str | None, *, by: int) -> list[str]:
+        """Stop ``run_id`` (None: every run of the place); returns what was stopped."""
+        stopped: list[str] = []
+        for owner in self.owners:
+            if run_id is not None:
+                if await owner.stop(run_id, chat_id=chat_id, by=by):
+                    stopped.append(run_id)
+            else:
+                stopped.extend(await owner.stop_chat(chat_id, thread, by=by))
+        return stopped
+
+    async def _working_here(self, chat_id: int, thread: int) -> list[RunRecord]:
+        """The runs of this chat or topic that a stop would stop (not an idle session)."""
+        found = []
+        for run in await self.ctx.runs.list_runs(status=RunStatus.RUNNING):
+            if run.chat_id != chat_id or (run.thread_id or 0) != thread or run.parent_id:
+                continue
+            if run.mode == "chat":
+                chat_run = self.ctx.chats.find(run.id)
+                queued = await self.ctx.store.queued_count(chat_id, thread)
+                if chat_run is None or not (chat_run.busy or queued):
+                    continue
+            found.append(run)
+        return found
+
+    async def _ask_which(self, update: Update, runs: list[RunRecord], thread: int) -> None:
+        chat = update.effective_chat
+        message = update.effective_message
+        assert chat is not None
+        rows = [
+            [{"text": f"⏹ {_run_label(run)}", "callback_data": f"{_PICK}{run.id}"}] for run in runs
+        ]
+        rows.append([{"text": "⏹ all of them", "callback_data": f"{_PICK}all:{thread}"}])
+        await self.ctx.publisher.live(
+            f"{_PICK_REF}{update.update_id}",
+            f"{len(runs)} runs are working here. Which one should stop?",
+            chat_id=chat.id,
+            thread_id=thread or None,
+            markup={"inline_keyboard": rows},
+            reply_to=message.message_id if message is not None else None,
+        )
+
+    async def on_pick(self, update: Update, data: str) -> None:
+        chat = update.effective_chat
+        user = update.effective_user
+        message = update.effective_message
+        assert chat is not None
+        assert user is not None
+        choice = data.removeprefix(_PICK)
+        if choice.startswith("all:"):
+            run_id = None
+            thread = int(choice.removeprefix("all:"))
+        else:
+            run_id, thread = choice, thread_of(message)
+        stopped = await self._stop(chat.id, thread, run_id, by=user.id)
+        await self.ctx.store.audit(
+            action="stop",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=", ".join(stopped) or "nothing left to stop",
+        )
+        name = self.ctx.publisher.people.name(user.id)
+        said = (
+            f"⏹ {name} stopped {', '.join(stopped)}."
+            if stopped
+            else "Nothing of that runs any more."
+        )
+        await self.ctx.replies.answer(update, said[:190])
+        live = (
+            await self.ctx.store.live_by_message(chat.id, message.message_id)
+            if message is not None
+            else None
+        )
+        if live is not None and live.ref.startswith(_PICK_REF):
+            # one press settles the question: the buttons go, what was stopped stays
+            await self.ctx.publisher.live(
+                live.ref,
+                said,
+                chat_id=live.chat_id,
+                thread_id=live.thread_id,
+                markup=None,
             )
 
     async def cmd_status(self, update: Update, args: list[str]) -> None:

@@ -328,3 +328,54 @@ async def test_an_auto_run_paused_waits_before_its_next_turn_and_goes_on(
         await api.wait_until(lambda: "✅ finished" in started.text)
     assert not started.buttons
     assert "⏸" not in started.text
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_a_bare_stop_with_several_runs_asks_which_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_workspace(tmp_path / "ws" / "default")
+    never = str(tmp_path / "never")
+    write_script(
+        tmp_path,
+        {"rules": [{"match": CLARIFY, "wait_file": never}, {"match": "long", "wait_file": never}]},
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.names[OPERATOR] = "Olga"
+        # a chat turn working, then an auto run (whose steering takes plain messages)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="a long job")
+        await api.wait_for_message(lambda m: m.text.startswith("⏳ working"))
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto never ends")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run"))
+        auto_id = started.text.split()[3]
+        chat_id_ = next(r.id for r in await rt.runs.list_runs() if r.mode == "chat")
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
+        ask = await api.wait_for_message(lambda m: "Which one should stop?" in m.text)
+        assert ask.text == "2 runs are working here. Which one should stop?"
+        labels = [b["text"] for b in ask.buttons]
+        assert labels[-1] == "⏹ all of them"
+        assert sorted(labels[:-1]) == sorted(
+            [f"⏹ auto run never ends (…{auto_id[-6:]})", f"⏹ chat turn (…{chat_id_[-6:]})"]
+        )
+        # nothing stopped yet
+        assert (await rt.runs.get_run(auto_id)).status is RunStatus.RUNNING
+        auto_button = next(b for b in ask.buttons if auto_id[-6:] in b["text"])
+        api.push_callback(
+            chat_id=CHAT,
+            user_id=OPERATOR,
+            data=auto_button["callback_data"],
+            message_id=ask.message_id,
+        )
+        await wait_for_run_status(rt, auto_id, RunStatus.STOPPED)
+        await api.wait_until(lambda: ask.text == f"⏹ Olga stopped {auto_id}." and not ask.buttons)
+        # the chat turn still works; with one run left, /stop stops it at once
+        assert (await rt.runs.get_run(chat_id_)).status is RunStatus.RUNNING
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/stop")
+        await api.wait_for_message(lambda m: m.text.startswith("⏹ stopped by Olga"))
+    # one question, edited into what was stopped; no other message asked
+    assert [m for m in api.sent if "Which one should stop?" in "".join([*m.history, m.text])] == [
+        ask
+    ]
