@@ -157,7 +157,7 @@ async def test_each_phase_emits_its_prompt_in_order(
     assert mirrored == record.state
     assert mirrored["status"] == "completed"
     assert result.report is not None
-    assert "commits=pass (1 since the run started)" in result.report
+    assert "commits: yes (1 since the run started)" in result.report
     assert "add result.txt" in result.report
 
 
@@ -383,7 +383,7 @@ async def test_unverified_complete_is_a_discrepancy_and_the_loop_goes_on(
     executes = [e["prompt"] for e in agent_log(env / "agent.log") if EXECUTE in e["prompt"]]
     assert len(executes) == 2
     assert "Verification feedback" not in executes[0]
-    assert "commits=fail (0 since the run started)" in executes[1]
+    assert "commits: no (0 since the run started)" in executes[1]
     record = await SqliteRunStore(db).get_run(run.run_id)
     assert record.status is RunStatus.STOPPED
 
@@ -401,7 +401,7 @@ async def test_garbled_marker_counts_as_in_progress(
     # No claim was checked; the final report still lists the evidence at the end.
     assert result.report is not None
     assert "no COMPLETE claim was checked" in result.report
-    assert "commits=pass (1 since the run started)" in result.report
+    assert "commits: yes (1 since the run started)" in result.report
 
 
 @pytest.mark.parametrize(("exit_code", "status"), [(0, AutoStatus.COMPLETED), (1, "stopped")])
@@ -420,8 +420,8 @@ async def test_verify_command_is_evidence(
     result = await run.task
     assert result.status == status
     assert result.report is not None
-    label = "pass" if exit_code == 0 else "fail"
-    assert f"verify_cmd={label} (exit {exit_code}" in result.report
+    label = "yes" if exit_code == 0 else "no"
+    assert f"verify command: {label} (exit {exit_code}" in result.report
     assert "checked" in result.report
 
 
@@ -448,7 +448,7 @@ async def test_hanging_verify_command_is_preempted_by_stop(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert result.report is not None
-    assert "verify_cmd=fail (stopped by a person before it finished)" in result.report
+    assert "verify command: no (stopped by a person before it finished)" in result.report
     turns = await SqliteRunStore(db).turns(run.run_id)
     assert [t.state for t in turns] == [TurnState.FINISHED] * 4  # evaluate's output is kept
     assert resumable(run.state)

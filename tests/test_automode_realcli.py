@@ -75,8 +75,8 @@ async def test_auto_run_with_claude_code_commits_and_is_verified(
     assert all(t.state is TurnState.FINISHED for t in turns)
     assert turns[2].output == "Wrote and committed hello.txt."
     assert result.report is not None
-    assert "commits=pass (1 since the run started)" in result.report
-    assert "clean_tree=pass (clean)" in result.report
+    assert "commits: yes (1 since the run started)" in result.report
+    assert "clean tree: yes (clean)" in result.report
     # What each turn cost, as Claude Code reported it: kept with the turn, summed in the
     # report (the fake model's usage; Claude Code prices it itself).
     assert all(t.spend.cost_usd is not None and t.spend.cost_usd > 0 for t in turns)

@@ -168,7 +168,10 @@ async def test_gh_absent_or_no_remote_is_unknown_not_failure(tmp_path: Path) -> 
     git(repo, "remote", "add", "origin", "https://example.invalid/repo.git")
     missing = CompletionVerifier(repo, base_commit=None, gh_bin=str(tmp_path / "nope" / "gh"))
     result = await missing.verify(Verdict.COMPLETE)
-    assert (result.evidence[3].value, result.evidence[3].detail) == (None, "gh not available")
+    assert (result.evidence[3].value, result.evidence[3].detail) == (
+        None,
+        "the GitHub CLI, gh, is not installed",
+    )
 
 
 async def test_work_summary_lists_commits_and_changes(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from engine.automode.append import InstructionInbox, Intake, render_instructions
 from engine.automode.budget import check_budget
 from engine.automode.prompts import PromptTemplates
 from engine.automode.state import (
+    MAX_TURNS_MESSAGE,
     AutoModeState,
     AutoStatus,
     Outcome,
@@ -511,6 +512,16 @@ class AutoModeChannel(BaseChannel):
             _LOGGER.exception("run sink failed: %s", exc, extra=self._extra)
 
 
+def _ended_as(state: AutoModeState) -> str:
+    """How the run ended, in words: a stop by a person or at the turn limit carries no
+    exit code (130 is how a stopped agent's process ends, not a failure)."""
+    if state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE:
+        return "stopped at its turn limit"
+    if state.status is AutoStatus.ERROR:
+        return "failed" + (f" (exit {state.exit_code})" if state.exit_code else "")
+    return state.status.value
+
+
 def final_report(
     state: AutoModeState,
     verification: Verification | None = None,
@@ -520,8 +531,7 @@ def final_report(
     """A run's final report; the evidence and work summary when they were measured, and
     what its turns cost."""
     lines = [
-        f"Auto run {state.run_id}: {state.status.value}"
-        + (f" (exit {state.exit_code})" if state.exit_code else ""),
+        f"Auto run {state.run_id}: {_ended_as(state)}",
         f"Objective: {_one_line(state.objective, 200)}",
         f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}",
     ]

@@ -93,7 +93,9 @@ class Evidence:
         return "fail" if self.value <= 0 else "partial"
 
     def describe(self) -> str:
-        return f"{self.name}={self.label} ({self.detail})"
+        """The fact in plain words: "clean tree: yes (clean)", "commits: no (0 since …)"."""
+        said = {"pass": "yes", "fail": "no", "partial": "partly"}.get(self.label, self.label)
+        return f"{_WORDS.get(self.name, self.name)}: {said} ({self.detail})"
 
     def shortfall(self) -> str | None:
         """What this piece says against completion, in plain words (None: nothing)."""
@@ -289,7 +291,7 @@ class CompletionVerifier:
             return self._ev("pr_ci", None, "not a git repository")
         gh = shutil.which(self.gh_bin)
         if gh is None:
-            return self._ev("pr_ci", None, "gh not available")
+            return self._ev("pr_ci", None, "the GitHub CLI, gh, is not installed")
         if not await self._git.has_remote():
             return self._ev("pr_ci", None, "no git remote")
         try:

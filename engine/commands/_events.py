@@ -145,7 +145,8 @@ def _tool_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
 
 def _run_ended(event: RunEvent, data: Mapping[str, Any]) -> str:
     said = f"ended: {data.get('status')}"
-    if data.get("exit_code") is not None:
+    # only a failure's exit code says something (a stopped agent ends with 130)
+    if data.get("exit_code") and data.get("status") not in ("completed", "stopped"):
         said += f" (exit {data['exit_code']})"
     return said + _why(data)
 
