@@ -355,12 +355,38 @@ class AdminFeature(Feature):
             lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
         if refusals:
             lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
-            lines.extend(
-                f"- user {e.user_id} chat {e.chat_id}: {e.action} ({e.reason})"
-                for e in refusals[:10]
-            )
+            here = update.effective_chat.id if update.effective_chat else None
+            for e in refusals[:10]:
+                who = ctx.publisher.people.name(e.user_id)
+                where = "here" if e.chat_id == here else f"in chat {e.chat_id}"
+                reason = (e.reason or "").replace(f"{e.action} needs ", "needs the ", 1)
+                if reason.startswith("needs the ") and "role" not in reason.split(";")[0]:
+                    head, _, rest = reason.partition(";")
+                    reason = f"{head} role" + (f";{rest}" if rest else "")
+                doing = _DOINGS.get(e.action, e.action.replace("_", " "))
+                lines.append(f"- {who} {where}: {doing}, refused: {reason}")
         await ctx.replies.reply(update, "\n".join(lines))
 
+
+# What a refused action was, as the audit says it.
+_DOINGS: Final = {
+    "chat": "binding a chat session",
+    "prompt": "prompting the agent",
+    "start_run": "starting a run",
+    "steer": "steering a run",
+    "stop": "stopping a run",
+    "status": "asking for the status",
+    "approve": "approving",
+    "reject": "rejecting",
+    "tasks": "listing the tasks",
+    "audit": "reading the audit",
+    "budget": "raising a budget",
+    "permissions": "setting the permissions",
+    "answer": "answering the agent",
+    "pause": "pausing a run",
+    "help": "asking for help",
+    "tool_approval": "deciding a tool call",
+}
 
 _TASK_ICONS: Final = {"complete": "✅", "human_intervention": "✋"}
 

@@ -137,6 +137,7 @@ async def test_tasks_is_paged_and_admin_only_and_audit(
 ) -> None:
     write_script(tmp_path, {"rules": phase_rules()}, monkeypatch)
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)) as rt:
+        api.names[OPERATOR] = "Olga"
         gates = Gates(rt.db, rt.settings)
         for i in range(40):
             await gates.init_task(f"task-{i:02d}")
@@ -158,8 +159,11 @@ async def test_tasks_is_paged_and_admin_only_and_audit(
         assert [b["text"] for b in board.buttons] == ["◀ previous"]
         api.push_message(chat_id=CHAT, user_id=ADMIN, text="/audit")
         audit = await api.wait_for_message(lambda m: m.text.startswith("🔎 Audit of 40 task(s)"))
-        assert f"user {STRANGER}" in audit.text
-        assert f"user {OPERATOR}" in audit.text
+        # people by name (the bot saw them), actions and roles in words, no raw ids
+        assert "- Olga here: listing the tasks, refused: needs the admin role" in audit.text
+        assert f"- user{STRANGER} here: " in audit.text
+        assert "_" not in audit.text.split("Bot refusals", 1)[1]
+        assert f"chat {CHAT}" not in audit.text
 
 
 async def test_forum_group_gets_a_topic_per_run(
