@@ -343,7 +343,15 @@ async def test_sigkill_during_a_phase_turn_then_resume(tmp_path: Path) -> None:
     env = cli_env(settings, agent_env(tmp_path, second))
     rc, out, _err = await run_cli(*args, env=env)
     assert rc == 3, out  # parked at the research gate
-    assert "research:awaiting_approval" in out
+    # a person's view: no log records, no state labels; how to approve, here or in the chat
+    assert "INFO" not in out
+    assert "awaiting_approval" not in out
+    assert "🛂 k · research waits for approval of research.md (sha256 " in out
+    assert "turnstile status --task k --approve --by YOUR_ID" in out
+    assert "/approve k" in out
+    assert out.strip().splitlines()[-1] == (
+        "k: the drive stops here; the task waits for approval (research, waiting for approval)"
+    )
     log = read_log(tmp_path)
     # The killed turn never logged; the resumed turn ran research again on the same session.
     assert len(log) == 1

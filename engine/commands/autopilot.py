@@ -11,17 +11,73 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engine.errors import ConfigError
+from engine.humane import humane, words
 from engine.settings import Settings
 from engine.spend import Budget
+
+if TYPE_CHECKING:  # start-up time: the drive's modules load only when a drive runs
+    from engine.sink import GateRequest, StatusUpdate, TextKind
 
 __all__ = ["EXIT_BUDGET", "EXIT_HUMAN", "EXIT_PARKED", "drive_budget", "register"]
 
 EXIT_PARKED = 3
 EXIT_HUMAN = 4
 EXIT_BUDGET = 5
+
+# How a drive ended (its outcome's value), in words.
+_ENDED = {
+    "complete": "the task is complete",
+    "human_intervention": "the task needs a person",
+    "parked": "the drive stops here; the task waits for approval",
+    "stopped_by_budget": "stopped by its budget",
+}
+
+
+class TerminalDriveSink:
+    """What a drive says on the terminal, for a person: each phase as it starts and ends,
+    what needs them (a gate: how to approve it here or from the chat), notes and files."""
+
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self._out = out
+        self._shown: dict[str, tuple[str, str | None, int]] = {}
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._out, flush=True)
+
+    async def publish_text(self, run_id: str, text: str) -> None:
+        self._say(humane(text.strip()))
+
+    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
+        if kind == "turn":
+            first = next((line for line in text.splitlines() if line.strip()), "")
+            if first:
+                self._say(f"   {first[:160]}")
+            return
+        self._say(humane(text.strip()))
+
+    async def update_status(self, update: StatusUpdate) -> None:
+        seen = (update.status, update.phase, update.turn)
+        if self._shown.get(update.run_id) == seen:
+            return
+        self._shown[update.run_id] = seen
+        where = f"{update.task} · " if update.task else ""
+        phase = words(update.phase) if update.phase else ""
+        self._say(f"{where}{phase}: {words(update.status)}".replace(" : ", ": "))
+
+    async def request_gate(self, request: GateRequest) -> None:
+        self._say(
+            f"🛂 {request.task} · {request.phase} waits for approval of "
+            f"{request.artifact_name} (sha256 {request.short_hash}). Approve it here with "
+            f"`turnstile status --task {request.task} --approve --by YOUR_ID`, or in the "
+            f"chat the project is bound to: the Approve button, or /approve {request.task}."
+        )
+
+    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        for path in paths:
+            self._say(f"📎 the agent hands over {path} (in {workdir})")
 
 
 def register(subparsers: Any) -> None:
@@ -77,7 +133,8 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="with TURNSTILE_EXECUTION=workers: print the drive's run id and return",
     )
-    parser.set_defaults(handler=run_autopilot)
+    # A person's view (warnings only, in plain words) unless --log-level asks for records.
+    parser.set_defaults(handler=run_autopilot, terminal_view=True)
 
 
 async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
@@ -108,7 +165,7 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
             # A task checked out with --checkout-repo: the drive holds its worktree.
             handle = gates.start_autopilot(
                 args.task,
-                LogSink(),
+                LogSink() if args.log_level else TerminalDriveSink(),
                 tool=args.tool,
                 agent_cmd=args.agent_cmd,
                 wait_for_approval=not args.no_wait,
@@ -134,11 +191,11 @@ async def run_autopilot(args: argparse.Namespace, settings: Settings) -> int:
         more = "--budget-tokens MORE" if spent.budget.usd is None else "--budget MORE"
         print(
             f"{task.name}: {spent.stopped_text()}; the drive stopped after the turn that "
-            f"reached it, and the task stays at {task.label}. "
+            f"reached it, and the task stays at {words(task.label)}. "
             f"`turnstile autopilot --task {task.name} {more}` goes on from there."
         )
         return EXIT_BUDGET
-    print(f"{task.name}: {outcome.value} at {task.label}")
+    print(f"{task.name}: {_ENDED[outcome.value]} ({words(task.label)})")
     if outcome is DriveOutcome.PARKED:
         return EXIT_PARKED
     if outcome is DriveOutcome.HUMAN_INTERVENTION:
