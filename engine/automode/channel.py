@@ -7,6 +7,8 @@ is where every decision happens: it reads the turn's exit code and text, detects
 verifies completion after Evaluate, advances the cursor through the pure transition
 function, and commits the finished turn together with the new state in one store
 transaction before anything is reported.
+
+Long: the final report is written from the same state and verdicts these decisions keep.
 """
 
 from __future__ import annotations
@@ -513,13 +515,11 @@ class AutoModeChannel(BaseChannel):
 
 
 def _ended_as(state: AutoModeState) -> str:
-    """How the run ended, in words: a stop by a person or at the turn limit carries no
-    exit code (130 is how a stopped agent's process ends, not a failure)."""
-    if state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE:
-        return "stopped at its turn limit"
+    """How the run ended, in words (only a failure has an exit code worth saying)."""
     if state.status is AutoStatus.ERROR:
         return "failed" + (f" (exit {state.exit_code})" if state.exit_code else "")
-    return state.status.value
+    limit = state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE
+    return "stopped at its turn limit" if limit else state.status.value
 
 
 def final_report(

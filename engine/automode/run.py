@@ -62,6 +62,7 @@ __all__ = [
     "prepare_auto_run",
     "prepare_resume",
     "process_exit_code",
+    "refuse_resume_settings",
     "resumable",
     "resume_auto_run",
     "start_auto_run",
@@ -575,6 +576,31 @@ def _rebudgeted(state: AutoModeState, budget: Budget | None) -> AutoModeState:
 
 def _larger(new: Budget, old: Budget) -> bool:
     return (new.usd or 0) > (old.usd or 0) or (new.tokens or 0) > (old.tokens or 0)
+
+
+def refuse_resume_settings(args: Any) -> None:
+    """A resume goes on with the run's recorded settings: ConfigError names the settings
+    ``args`` (``turnstile auto``'s) gives that a resume would ignore."""
+    given = [
+        flag
+        for flag, value in (
+            ("-p", args.prompt),
+            ("--tool", args.tool),
+            ("--agent-cmd", args.agent_cmd),
+            ("--max-turns", args.max_turns),
+            ("--workdir", args.workdir),
+            ("--verify-cmd", args.verify_cmd),
+            ("--prompts", args.prompts),
+            ("passthrough arguments", args.passthrough or None),
+            ("--checkout-repo", args.checkout_repo),
+            ("--permissions", getattr(args, "permissions", None)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ConfigError(
+            "--resume continues a run with its recorded settings; drop " + ", ".join(given)
+        )
 
 
 async def prepare_resume(

@@ -41,6 +41,7 @@ from engine.automode import (
     prepare_resume,
     resumable,
 )
+from engine.automode.run import refuse_resume_settings
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
 from engine.automode.verifier import evidence_gap
@@ -185,26 +186,7 @@ async def _run(
         # The run's id, its row, its session wrapper and its stop come from the supervisor.
         supervisor = RunSupervisor(SqliteRunStore(db))
         if args.resume is not None:
-            given = [
-                flag
-                for flag, value in (
-                    ("-p", args.prompt),
-                    ("--tool", args.tool),
-                    ("--agent-cmd", args.agent_cmd),
-                    ("--max-turns", args.max_turns),
-                    ("--workdir", args.workdir),
-                    ("--verify-cmd", args.verify_cmd),
-                    ("--prompts", args.prompts),
-                    ("passthrough arguments", args.passthrough or None),
-                    ("--checkout-repo", args.checkout_repo),
-                    ("--permissions", args.permissions),
-                )
-                if value is not None
-            ]
-            if given:
-                raise ConfigError(
-                    "--resume continues a run with its recorded settings; drop " + ", ".join(given)
-                )
+            refuse_resume_settings(args)
             record = await _target_run(SqliteRunStore(db), args.resume, missing_ok=True)
             run_id = record.id if record is not None else args.resume
             async with hold_run_workspace(settings, db, run_id):

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from engine.agents.factory import AGENT_NAMES
+from engine.automode.run import refuse_resume_settings
 from engine.errors import ConfigError
 from engine.settings import Settings
 from engine.spend import Budget
@@ -79,26 +80,7 @@ async def resume_on_workers(args: argparse.Namespace, settings: Settings, run_id
             so (see :func:`~engine.workers.control.raise_budget_on_workers`).
     """
     require_postgres(settings.database)
-    given = [
-        flag
-        for flag, value in (
-            ("-p", args.prompt),
-            ("--tool", args.tool),
-            ("--agent-cmd", args.agent_cmd),
-            ("--max-turns", args.max_turns),
-            ("--workdir", args.workdir),
-            ("--verify-cmd", args.verify_cmd),
-            ("--prompts", args.prompts),
-            ("passthrough arguments", args.passthrough or None),
-            ("--checkout-repo", args.checkout_repo),
-            ("--permissions", getattr(args, "permissions", None)),
-        )
-        if value is not None
-    ]
-    if given:
-        raise ConfigError(
-            "--resume continues a run with its recorded settings; drop " + ", ".join(given)
-        )
+    refuse_resume_settings(args)
     budget = Budget.given(args.budget, args.budget_tokens)
     if budget is None:
         raise ConfigError(
