@@ -21,6 +21,7 @@ import gc
 import importlib
 import logging
 import pkgutil
+import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,9 +40,16 @@ _LOGGER = logging.getLogger(__name__)
 
 Handler = Callable[[argparse.Namespace, "Settings"], Coroutine[Any, Any, int]]
 EXIT_USAGE = 2
+_DOC_CODE = re.compile(r"``(.+?)``", re.DOTALL)
 
 
 class _Parser(argparse.ArgumentParser):
+    """The parser of every command and sub-command: help for people, errors exit 2."""
+
+    def format_help(self) -> str:
+        # Descriptions come from docstrings, whose ``code`` spans are markup, not text.
+        return _DOC_CODE.sub(r"`\1`", super().format_help())
+
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"turnstile: error: {message}\n")
