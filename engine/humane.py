@@ -15,6 +15,7 @@ _STATES: Final = {
     "completed": "✅ finished",
     "complete": "✅ complete",
     "stopped": "⏹ stopped",
+    "turn_limit": "⏹ stopped at its turn limit",
     "parked": "⏸ paused (the bot restarts)",
     "error": "⚠️ failed",
     "crashed": "⚠️ failed",

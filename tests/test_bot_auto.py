@@ -379,3 +379,34 @@ async def test_a_bare_stop_with_several_runs_asks_which_one(
     assert [m for m in api.sent if "Which one should stop?" in "".join([*m.history, m.text])] == [
         ask
     ]
+
+
+async def test_a_run_that_reaches_its_turn_limit_says_so_in_its_live_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {"match": CLARIFY, "text": "Goal: result.txt."},
+                {"match": PLAN, "text": "1. write result.txt"},
+                {"match": EXECUTE, "text": "still working"},
+                {"match": EVALUATE, **evaluation("IN PROGRESS")},
+            ]
+        },
+        monkeypatch,
+    )
+    async with (
+        FakeBotApi() as api,
+        running_bot(api, bot_settings(api, tmp_path, max_turns=3)) as rt,
+    ):
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        live = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
+        run_id = live.text.split()[3]
+        report = await api.wait_for_message(
+            lambda m: m.text.startswith(f"Auto run {run_id}:"), timeout=40
+        )
+        assert report.text.startswith(f"Auto run {run_id}: stopped at its turn limit")
+        assert (await rt.runs.get_run(run_id)).status is RunStatus.STOPPED
+        await api.wait_until(lambda: "⏹ stopped at its turn limit" in live.text)
+    assert live.text.splitlines()[1].startswith("⏹ stopped at its turn limit · "), live.text

@@ -91,6 +91,16 @@ def run_status(state: AutoModeState) -> RunStatus:
     return RunStatus(state.status.value)
 
 
+TURN_LIMIT_STATUS: Final = "turn_limit"
+
+
+def live_status(state: AutoModeState) -> str:
+    """The state a run's live message shows: a run stopped by its turn limit says so."""
+    if state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE:
+        return TURN_LIMIT_STATUS
+    return run_status(state).value
+
+
 @dataclass(slots=True)
 class _InFlight:
     turn_id: int
@@ -489,7 +499,7 @@ class AutoModeChannel(BaseChannel):
                 StatusUpdate(
                     run_id=s.run_id,
                     mode="auto",
-                    status=run_status(s).value,
+                    status=live_status(s),
                     phase=s.phase.value,
                     turn=s.turn,
                     max_turns=s.max_turns,
