@@ -31,6 +31,7 @@ from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, NotFoundError
 from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
+from engine.runs.ids import short_id
 from engine.spend import Budget
 
 __all__ = ["AutoExtension"]
@@ -135,13 +136,13 @@ class AutoExtension(Feature):
         if started.queued:
             text = (
                 f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, project "
-                f"{project}).\n/status shows it; /stop {run_id} stops it."
+                f"{project}).\n/status shows it; /stop {short_id(run_id)} stops it."
             )
         else:
             text = (
                 f"🤖 Auto run {run_id} started ({started.agent}, project {project}).\n"
                 "Messages here, or /steer TEXT, become instructions for the next Execute "
-                f"turn. /stop {run_id} stops it."
+                f"turn. /stop {short_id(run_id)} stops it."
             )
         # The run's one live message (its status, edited in place), under the /auto asking;
         # dropped if the run's own status was written first.

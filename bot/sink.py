@@ -17,6 +17,7 @@ from bot.render import excerpt
 from engine.errors import NotFoundError
 from engine.humane import format_elapsed, humane, words
 from engine.runs import ChatPlace
+from engine.runs.ids import short_id
 from engine.sink import GateRequest, StatusUpdate, TextKind, summary_ref
 from engine.store.runs import SqliteRunStore
 
@@ -381,7 +382,7 @@ class BotSink:
             steer = "Messages here or /steer add instructions; "
             if not view.status.steerable:
                 steer = ""
-            text += f"\n{steer}/stop {run_id} stops it."
+            text += f"\n{steer}/stop {short_id(run_id)} stops it."
             if view.verdicts:
                 text += f"\n{view.verdicts[-1]}"
             if run_id in self.paused:

@@ -135,6 +135,9 @@ async def test_stop_by_run_id_preempts_an_auto_run(
                 == f"No run nosuchrun here. Running here: {run_id}. /status lists this chat's runs."
             )
         )
+        # what to type is short on a phone: the end of the run's id
+        assert f"/stop {run_id[-6:]} stops it." in started.text
+        assert run_id not in started.text.split("\n", 1)[1]
         # the Stop button of the run's live message (a run is also named by its id's end)
         await api.wait_until(lambda: any("Stop" in b["text"] for b in started.buttons))
         stop = next(b for b in started.buttons if "Stop" in b["text"])

@@ -189,7 +189,7 @@ async def test_an_auto_run_on_a_worker_looks_in_the_chat_like_a_local_one(
         ), _texts(status)
         assert not any(m.text.startswith("⏳") for m in api.sent)
         # It names /stop, not steering by message (which reaches no run on a worker).
-        assert any(f"\n/stop {run_id} stops it." in t for t in _texts(status))
+        assert any(f"\n/stop {run_id[-6:]} stops it." in t for t in _texts(status))
         assert not any("/steer" in t for t in _texts(status))
         # The run's one live status message, under the /auto, ended as a local run's does.
         assert status.reply_to == asked
@@ -218,7 +218,8 @@ async def test_stop_run_answers_at_once_then_says_when_it_has_stopped(
         run_id, status, _ = await _auto(api)
         await api.wait_until(lambda: "Execute running on worker w1" in status.text, timeout=60)
         before = len(api.sent)
-        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id}")
+        # named as its live message says: the end of its id
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text=f"/stop {run_id[-6:]}")
         answer = await api.wait_for_message(lambda m: "Stopping run" in _texts(m)[0])
         assert _texts(answer)[0] == f"⏹ Stopping run {run_id} on worker w1…"
         # Said at once: the turn is still cut off on its worker then.

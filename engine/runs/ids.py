@@ -8,7 +8,7 @@ import time
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id"]
+__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id", "short_id"]
 
 
 class RunMode(StrEnum):
@@ -28,3 +28,11 @@ def new_run_id(mode: RunMode | str, *, clock: float | None = None) -> str:
     """A new run id for ``mode`` (local time, so people read it as they read a clock)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock))
     return f"{RunMode(mode).value}-{stamp}-{secrets.token_hex(3)}"
+
+
+def short_id(run_id: str) -> str:
+    """What people may type for ``run_id`` on a phone: its random end (``3fa9c2``).
+
+    Commands that take a run accept the end of its id; an id of another shape is itself.
+    """
+    return run_id.rsplit("-", 1)[-1] if RUN_ID_PATTERN.match(run_id) else run_id
