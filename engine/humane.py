@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["format_elapsed", "humane", "words"]
+__all__ = ["exit_note", "format_elapsed", "humane", "words"]
 
 _STATES: Final = {
     "running": "⏳ running",
@@ -34,6 +34,18 @@ def format_elapsed(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def exit_note(exit_code: int | None, stderr_tail: str = "") -> str:
+    """Why a turn failed, as every front end says it: the agent's exit code and the end of
+    its error output ("" for a turn that exited 0 or has no code). ``stderr_tail`` is
+    redacted by the caller."""
+    if exit_code in (None, 0):
+        return ""
+    said = f"⚠️ the agent exited with code {exit_code}"
+    if stderr_tail.strip():
+        said += f"\nIts error output ended with:\n{stderr_tail.strip()}"
+    return said
 
 
 def words(state: str) -> str:

@@ -267,3 +267,49 @@ def test_chat_second_ctrl_c_while_stopping_quits(tmp_path: Path) -> None:
     assert run["status"] == "completed"
     shown = json.loads(run_cli(tmp_path, env, "runs", run["id"], "--json").stdout)
     assert [t["state"] for t in shown["turns"]] == ["interrupted"]
+
+
+FAILING = {"text": "half done", "exit": 3, "stderr": "warming up\nfatal: the model API said 401\n"}
+
+
+def test_chat_says_the_exit_code_and_the_end_of_the_error_output(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, write_script(tmp_path / "fake", replies=[FAILING]))
+    done = subprocess.run(
+        turnstile("chat", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(REPO)),
+        input="one\n",
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "half done",
+        "⚠️ the agent exited with code 3",
+        "Its error output ended with:",
+        "warming up",
+        "fatal: the model API said 401",
+    ]
+
+
+def test_autopilot_phase_that_fails_says_why_with_a_relative_path(tmp_path: Path) -> None:
+    env = cli_env(
+        tmp_path,
+        write_script(tmp_path / "fake", rules=[{"match": "", **FAILING}]),
+        extra={"TURNSTILE_TASKS_ROOT": str(tmp_path / "tasks"), "TURNSTILE_APPROVERS": "42"},
+    )
+    args = ["autopilot", "--task", "hf1", "--init", "--tool", "command", "--agent-cmd", AGENT_CMD]
+    done = run_cli(tmp_path, env, *args)
+    assert done.returncode == 4, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index(
+        "[hf1 · research] problems: research.md was not written in the task folder hf1/"
+    )
+    assert lines[at + 1 : at + 5] == [
+        "⚠️ the agent exited with code 3",
+        "Its error output ended with:",
+        "warming up",
+        "fatal: the model API said 401",
+    ]
+    assert str(tmp_path) not in done.stdout
