@@ -282,7 +282,7 @@ async def test_execute_failure_warns_and_continues(
     assert result.exit_code == 0
     assert "Execute exit code: 2 (stdout 12 chars, stderr 0 bytes)" in caplog.text
     assert "Execute step exited with code 2; continuing" in caplog.text
-    assert "Turn 4/10: Executing" in caplog.text
+    assert "Turn 5, round 4/10: Executing" in caplog.text
     assert "Objective achieved" in caplog.text
 
 
@@ -306,7 +306,7 @@ async def test_appended_instructions_are_sanitized_before_the_prompt(
 
     def on_text(text: str) -> None:
         # While turn 3 runs its Evaluate (after Execute published): a person steers.
-        if text.startswith("[turn 3/10 Execute") and not dropped:
+        if text.startswith("[turn 3 · round 3/10 · Execute") and not dropped:
             run = holder["run"]
             dropped.append(
                 run.append_instruction(

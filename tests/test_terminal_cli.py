@@ -81,11 +81,13 @@ def test_auto_piped_prints_plain_lines_and_the_report_on_stdout(tmp_path: Path) 
     progress = done.stderr.splitlines()
     assert progress[0].startswith(report[0].split(":")[0] + " · command · in ")
     for line in (
-        "turn 1/10 · Clarify …",
-        "✓ turn 1/10 Clarify · exit 0 · 0s · Goal: a file named result.txt exists and is "
-        "committed.",
-        "turn 3/10 · Execute …",
-        "✓ turn 3/10 Evaluate · exit 0 · 0s · AUTO-MODE STATUS: COMPLETE",
+        "turn 1 · round 1/10 · Clarify …",
+        "✓ turn 1 Clarify · round 1/10 · exit 0 · 0s · Goal: a file named result.txt exists "
+        "and is committed.",
+        "turn 3 · round 3/10 · Execute …",
+        # Execute and Evaluate share a round; each is a turn of its own.
+        "turn 4 · round 3/10 · Evaluate …",
+        "✓ turn 4 Evaluate · round 3/10 · exit 0 · 0s · AUTO-MODE STATUS: COMPLETE",
     ):
         assert line in progress, done.stderr
     # A person's view: no log records, no control codes, nothing of the report twice.
@@ -104,7 +106,7 @@ def test_log_level_brings_the_log_records_back_on_stderr_only(tmp_path: Path) ->
     info = run_cli(tmp_path, env, "--log-level", "INFO", *auto_args(ws, "-p", "x"))
     assert info.returncode == 0, info.stderr
     assert STAMP.search(info.stderr)
-    assert "engine.automode.channel: Turn 1/10: Clarifying objective" in info.stderr
+    assert "engine.automode.channel: Turn 1, round 1/10: Clarifying objective" in info.stderr
     assert "applying migration" not in info.stderr  # migrations are DEBUG
     assert not STAMP.search(info.stdout)
     assert info.stdout.startswith("Auto run ")
@@ -122,7 +124,7 @@ def test_a_warning_reads_as_words_without_log_level(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "turnstile: warning: Reached max turns without verified completion" in done.stderr
     assert not STAMP.search(done.stderr)
-    assert done.stdout.splitlines()[0].endswith(": stopped at its turn limit")
+    assert done.stdout.splitlines()[0].endswith(": stopped at its round limit")
 
 
 def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
@@ -138,7 +140,7 @@ def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
     child = spawn(tmp_path, env, *auto_args(ws, "-p", "create result.txt"))
     child.expect("Ctrl-C stops the run")
     # The live line: spinner, turn, phase, elapsed, and the agent's last line so far.
-    child.expect(r"turn 3/10 · Execute · \d+s")
+    child.expect(r"turn 3 · round 3/10 · Execute · \d+s")
     child.expect("editing result.txt now")
     gate.touch()
     code, _ = finish(child)
@@ -146,7 +148,7 @@ def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
     screen = (tmp_path / "screen.log").read_text()
     assert ESCAPE in screen  # drawn and redrawn in place
     text = plain(screen)
-    assert "✓ turn 3/10 Execute · exit 0" in text
+    assert "✓ turn 3 Execute · round 3/10 · exit 0" in text
     assert "Evidence (score 1.00, threshold 0.80):" in text
     assert not STAMP.search(text)
     assert not MODULE.search(text)

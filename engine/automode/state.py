@@ -36,6 +36,7 @@ __all__ = [
     "advance",
     "owner_alive",
     "owner_token",
+    "progress_line",
     "read_state_file",
     "write_state_file",
 ]
@@ -267,6 +268,12 @@ def _write_json(folder: Path, data: str, *, durable: bool) -> None:
 
 def read_state_file(folder: Path) -> AutoModeState:
     return AutoModeState.from_json(json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
+
+
+def progress_line(state: AutoModeState) -> str:
+    """How far a run went, as its report says it: the agent turns that ran (each one a
+    turn, as everywhere) and the round its turn limit counts."""
+    return f"Turns: {state.step - 1}, in round {state.turn} of {state.max_turns}"
 
 
 def with_transition(state: AutoModeState, tr: Transition, now: float) -> AutoModeState:

@@ -88,6 +88,8 @@ class WorkersAuto:
         self.sink = sink
         self.notices = notices
         self.followed: dict[str, _Followed] = {}
+        # The round each followed turn ran in (the run's state moves on once it ended).
+        self._rounds: dict[tuple[str, int], int] = {}
 
     async def start(self, request: AutoRequest) -> Started:
         """Queue the run as ``turnstile auto --checkout-repo PROJECT`` does."""
@@ -297,6 +299,7 @@ class WorkersAuto:
                 status=RunStatus.RUNNING.value,
                 phase=phase,
                 turn=turn,
+                round=self._rounds.get((run_id, turn), state.turn),
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=event,
@@ -308,6 +311,7 @@ class WorkersAuto:
         label = Phase(event.phase).label if event.phase else "Turn"
         where = f" on worker {event.worker}" if event.worker else ""
         assert event.state is not None  # (an auto run's)
+        self._rounds[(event.run_id, event.seq)] = event.state.turn
         await self._status(
             event.run_id, event.state, event.phase, event.seq, f"{label} running{where}"
         )
@@ -319,6 +323,7 @@ class WorkersAuto:
         if turn.state is TurnState.FINISHED and turn.exit_code is not None:
             text = turn_text(
                 turn=turn.seq,
+                round_=self._rounds.pop((event.run_id, turn.seq), state.turn),
                 max_turns=state.max_turns,
                 phase=phase,
                 code=turn.exit_code,
@@ -358,7 +363,8 @@ class WorkersAuto:
                 mode="auto",
                 status=event.record.status.value,
                 phase=state.phase.value,
-                turn=state.turn,
+                turn=state.step - 1,
+                round=state.turn,
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=state.message or event.record.status.value,
