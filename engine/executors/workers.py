@@ -88,8 +88,6 @@ class WorkersAuto:
         self.sink = sink
         self.notices = notices
         self.followed: dict[str, _Followed] = {}
-        # The round each followed turn ran in (the run's state moves on once it ended).
-        self._rounds: dict[tuple[str, int], int] = {}
 
     async def start(self, request: AutoRequest) -> Started:
         """Queue the run as ``turnstile auto --checkout-repo PROJECT`` does."""
@@ -175,7 +173,7 @@ class WorkersAuto:
             seen=frozenset((t.seq, t.attempt) for t in turns),
         )
         return (
-            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
+            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at round "
             f"{state.turn}, phase {state.phase.value}, on {where}."
         )
 
@@ -290,7 +288,13 @@ class WorkersAuto:
                 self.followed.pop(run_id)
 
     async def _status(
-        self, run_id: str, state: AutoModeState, phase: str | None, turn: int, event: str
+        self,
+        run_id: str,
+        state: AutoModeState,
+        phase: str | None,
+        turn: int,
+        event: str,
+        round_: int = 0,
     ) -> None:
         await self.sink.update_status(
             StatusUpdate(
@@ -299,7 +303,7 @@ class WorkersAuto:
                 status=RunStatus.RUNNING.value,
                 phase=phase,
                 turn=turn,
-                round=self._rounds.get((run_id, turn), state.turn),
+                round=round_ or state.turn,
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=event,
@@ -311,9 +315,13 @@ class WorkersAuto:
         label = Phase(event.phase).label if event.phase else "Turn"
         where = f" on worker {event.worker}" if event.worker else ""
         assert event.state is not None  # (an auto run's)
-        self._rounds[(event.run_id, event.seq)] = event.state.turn
         await self._status(
-            event.run_id, event.state, event.phase, event.seq, f"{label} running{where}"
+            event.run_id,
+            event.state,
+            event.phase,
+            event.seq,
+            f"{label} running{where}",
+            event.round,
         )
 
     async def _turn_ended(self, event: TurnEnded) -> None:
@@ -323,7 +331,7 @@ class WorkersAuto:
         if turn.state is TurnState.FINISHED and turn.exit_code is not None:
             text = turn_text(
                 turn=turn.seq,
-                round_=self._rounds.pop((event.run_id, turn.seq), state.turn),
+                round_=event.round or state.turn,
                 max_turns=state.max_turns,
                 phase=phase,
                 code=turn.exit_code,
@@ -341,7 +349,7 @@ class WorkersAuto:
         else:
             said = f"⚠️ {phase.label} failed{where}{why}"
         # In the live status's last line until the next turn starts or the run ends.
-        await self._status(event.run_id, state, phase.value, turn.seq, said)
+        await self._status(event.run_id, state, phase.value, turn.seq, said, event.round)
 
     async def _run_ended(self, followed: _Followed, event: RunEnded) -> None:
         followed.end = event
