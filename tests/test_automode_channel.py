@@ -379,7 +379,7 @@ async def test_unverified_complete_is_a_discrepancy_and_the_loop_goes_on(
     assert result.exit_code == 0
     assert "Verification discrepancy: agent reported COMPLETE" in caplog.text
     assert "Completion score: 0.50 (threshold 0.80)" in caplog.text
-    assert "Reached max turns without verified completion" in caplog.text
+    assert "Reached the round limit without verified completion" in caplog.text
     executes = [e["prompt"] for e in agent_log(env / "agent.log") if EXECUTE in e["prompt"]]
     assert len(executes) == 2
     assert "Verification feedback" not in executes[0]

@@ -165,7 +165,7 @@ def test_prompt_and_passthrough_after_double_dash(tmp_path: Path, ws: Path) -> N
     state = json.loads(run_row(tmp_path / "turnstile.db", run_id)["state_json"])
     assert state["objective"] == "goal"
     assert state["config"]["passthrough"] == ["xtra"]
-    assert "Reached max turns without verified completion" in done.stderr
+    assert "Reached the round limit without verified completion" in done.stderr
     turns = turns_of(tmp_path / "turnstile.db", run_id)
     assert [(s, p) for s, _, p, _ in turns] == [(1, "clarify"), (2, "plan")]
 

@@ -122,7 +122,7 @@ def test_a_warning_reads_as_words_without_log_level(tmp_path: Path) -> None:
     env = cli_env(tmp_path, write_script(tmp_path / "fake", rules=happy_rules()))
     done = run_cli(tmp_path, env, *auto_args(ws, "--max-turns", "2", "-p", "x"))
     assert done.returncode == 0, done.stderr
-    assert "turnstile: warning: Reached max turns without verified completion" in done.stderr
+    assert "turnstile: warning: Reached the round limit without verified completion" in done.stderr
     assert not STAMP.search(done.stderr)
     assert done.stdout.splitlines()[0].endswith(": stopped at its round limit")
 

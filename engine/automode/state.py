@@ -187,7 +187,7 @@ class Transition:
     message: str | None = None
 
 
-MAX_TURNS_MESSAGE: Final = "Reached max turns without verified completion"
+MAX_TURNS_MESSAGE: Final = "Reached the round limit without verified completion"
 ACHIEVED_MESSAGE: Final = "Objective achieved"
 
 
