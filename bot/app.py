@@ -36,7 +36,7 @@ from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import BotChatFront
-from bot.chatting import ChatFeature
+from bot.chatting import ChatFeature, rerun_markup, rerun_ref
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.files import FileDesk
@@ -61,7 +61,7 @@ from engine.executors.base import AgentFactory
 from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
-from engine.runs import Recovery, RunSupervisor
+from engine.runs import Recovery, RunMode, RunSupervisor
 from engine.sandbox import sandbox_state
 from engine.settings import Settings
 from engine.store.backend import open_database
@@ -515,13 +515,23 @@ class BotRuntime:
             if run.chat_id is None:
                 continue
             excerpt = turn.prompt if len(turn.prompt) <= 200 else turn.prompt[:200] + "…"
-            await self.publisher.say(
-                run.chat_id,
+            text = (
                 f"⚠️ Turn {turn.seq} of run {run.id} was cut off when the bot stopped "
-                f"unexpectedly; its output is lost. Prompt was: {excerpt}",
-                thread_id=run.thread_id,
-                run_id=run.id,
+                f"unexpectedly; its output is lost. Prompt was: {excerpt}"
             )
+            if run.mode == RunMode.CHAT:
+                # A chat turn is not run again by itself (an auto run's is): the button
+                # asks for it, once.
+                await self.publisher.live(
+                    rerun_ref(run.id, turn.seq),
+                    text,
+                    chat_id=run.chat_id,
+                    thread_id=run.thread_id,
+                    markup=rerun_markup(run.id, turn.seq),
+                    run_id=run.id,
+                )
+                continue
+            await self.publisher.say(run.chat_id, text, thread_id=run.thread_id, run_id=run.id)
         for row in uncertain:
             # Its send began before the crash: it may have arrived. Sent again it could be
             # a duplicate, so the chat is told instead (the output is kept with the turn).

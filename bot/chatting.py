@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
-from typing import Final
+from typing import Any, Final
 
 from telegram import Update
 
@@ -20,11 +20,11 @@ from bot.handlers import Dispatch
 from bot.progress import STOP_DATA
 from bot.replies import thread_of
 from chatfront.auth import Action
-from chatfront.store import Binding
+from chatfront.store import Binding, LiveMessage
 from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
 from engine.chats.sessions import ChatRun
-from engine.errors import ConfigError
+from engine.errors import ConfigError, NotFoundError
 from engine.settings import Settings
 from engine.workspace import WorkspaceManager
 from engine.workspace.manager import RESERVED_FOLDERS
@@ -66,6 +66,22 @@ def configured_project(settings: Settings, project: str) -> bool:
     return project in {p.name for p in WorkspaceManager.from_settings(settings).projects}
 
 
+# callback_data of the button under a cut-off chat turn: "rr:" + its run id + ":" + its
+# turn (well under Telegram's 64 bytes); its notice is the live message rerun_ref names.
+RERUN_DATA: Final = "rr:"
+
+
+def rerun_ref(run_id: str, seq: int) -> str:
+    """The live message telling a chat that turn ``seq`` of ``run_id`` was cut off."""
+    return f"rerun:{run_id}:{seq}"
+
+
+def rerun_markup(run_id: str, seq: int) -> dict[str, Any]:
+    """The one button under that notice: run the cut-off turn's prompt again."""
+    data = f"{RERUN_DATA}{run_id}:{seq}"
+    return {"inline_keyboard": [[{"text": "🔁 Run it again", "callback_data": data}]]}
+
+
 class ChatFeature(Feature):
     """Binds chats to agent sessions and turns their plain messages into turns."""
 
@@ -80,6 +96,7 @@ class ChatFeature(Feature):
         dispatch.command("new", Action.CHAT, self.cmd_new)
         # The ⏹ Stop button of a turn's progress message (bot.progress).
         dispatch.buttons(rf"^{STOP_DATA}", Action.STOP, self.on_stop_button)
+        dispatch.buttons(rf"^{RERUN_DATA}", Action.PROMPT, self.on_rerun_button)
         # Registered after the other features: a text none of them took is a turn.
         dispatch.text(self.on_text)
 
@@ -328,6 +345,71 @@ class ChatFeature(Feature):
                 update, f"⏳ Queued: {result.waiting + 1} message(s) wait for the running turn."
             )
         return True
+
+    async def on_rerun_button(self, update: Update, data: str) -> None:
+        """🔁 Run it again, under a turn a crash cut off: its prompt becomes the session's
+        next turn, once; the button goes whatever happens."""
+        ctx = self.ctx
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        run_id, _, seq = data.removeprefix(RERUN_DATA).rpartition(":")
+        ref = rerun_ref(run_id, int(seq)) if seq.isdigit() else ""
+        live = await ctx.store.get_live(ref) if ref else None
+        if live is None or live.chat_id != chat.id or live.markup is None:
+            await ctx.replies.answer(update, "This button was already used.")
+            return
+        try:
+            run = await ctx.runs.get_run(run_id)
+        except NotFoundError:
+            run = None
+        cut = [t for t in await ctx.runs.turns(run_id) if t.seq == int(seq)] if run else []
+        thread = thread_of(update.effective_message)
+        binding = await ctx.store.binding(chat.id, thread)
+        by = ctx.publisher.people.name(user.id)
+        if run is None or not cut or binding is None or binding.session_id != run.session_id:
+            # /new, /agent or /chat started another session here meanwhile (or none is
+            # bound): that one never saw the turn, so nothing runs on its own.
+            await self._settle_rerun(
+                live,
+                "🔁 Not run again: its session is gone (another one is bound here now). "
+                "Send the prompt again to run it in this chat's session.",
+            )
+            await ctx.replies.answer(update, "Its session is gone: send the prompt again.")
+            return
+        await self._settle_rerun(live, f"🔁 Run again by {by}: the answer follows.")
+        await ctx.store.audit(
+            action="rerun",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=f"{run_id} turn {seq}",
+        )
+        await ctx.replies.answer(update, "Running it again…")
+        try:
+            await ctx.chats.submit(
+                chat.id, thread, update_id=update.update_id, user_id=user.id, text=cut[-1].prompt
+            )
+        except ConfigError as exc:
+            await ctx.publisher.say(
+                chat.id,
+                f"⛔ The agent could not start: {exc}. The turn waits in the queue.",
+                thread_id=thread or None,
+            )
+
+    async def _settle_rerun(self, live: LiveMessage, said: str) -> None:
+        """The notice keeps its text, says what the press did, and loses its button."""
+        await self.ctx.store.set_live(
+            live.ref,
+            chat_id=live.chat_id,
+            thread_id=live.thread_id,
+            body=f"{live.body}\n{said}",
+            entities=live.entities,
+            markup=None,
+        )
+        self.ctx.publisher.wake()
 
     # -- stop and status ---------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from bot.outbox import OutboxSender
 from bot.render import MAX_CAPTION, Rendered, plain, render_markdown, render_parts
 from chatfront.people import People
 from chatfront.store import BotStore, OutboxItem
+from engine.humane import exit_note
 from engine.redact import Redactor
 from engine.turn import TurnOutput
 
@@ -204,12 +205,10 @@ class Publisher:
         whole: it is redacted into a document file, streamed, and the outbox row names
         the file; the sender uploads it from disk.
         """
-        if out.exit_code not in (None, 0):
-            header = f"{header}⚠️ the agent exited with code {out.exit_code}\n"
-            if out.stderr_tail.strip():
-                # Why it failed is usually on stderr: its end, redacted, before the output.
-                said = self.redact(out.stderr_tail.strip())
-                header += f"Its error output ended with:\n{said}\n\n"
+        # Why it failed is usually on stderr: its end, redacted, before the output.
+        note = exit_note(out.exit_code, self.redact(out.stderr_tail.strip()))
+        if note:
+            header = f"{header}{note}\n" + ("\n" if out.stderr_tail.strip() else "")
         filename = f"output-{run_id or 'run'}.md"
         text = out.text
         if out.spill_path is not None and (out.size or 0) <= self.document_threshold:

@@ -15,7 +15,7 @@ from bot.progress import AUTO_STOP_DATA, stop_button
 from bot.publish import Publisher
 from bot.render import excerpt
 from engine.errors import NotFoundError
-from engine.humane import format_elapsed, humane, words
+from engine.humane import format_elapsed, humane, turn_count, words
 from engine.runs import ChatPlace
 from engine.runs.ids import short_id
 from engine.sink import GateRequest, StatusUpdate, TextKind, summary_ref
@@ -69,11 +69,9 @@ def status_text(update: StatusUpdate, now: float | None = None) -> str:
     parts = [words(update.status)]
     if update.phase:
         parts.append(words(update.phase).capitalize() if update.mode == "auto" else update.phase)
-    if update.turn:
+    if update.turn or update.round:
         parts.append(
-            f"turn {update.turn} of {update.max_turns}"
-            if update.max_turns
-            else f"turn {update.turn}"
+            turn_count(update.turn, round_=update.round, limit=update.max_turns, of=" of ")
         )
     if update.started_at is not None:
         parts.append(format_elapsed((now or time.time()) - update.started_at))
@@ -258,11 +256,12 @@ class BotSink:
         if view is None or not view.turns:
             return
         name = run_id
+        count = len(view.turns)
         await self._publisher.document(
             place.chat_id,
             "\n\n".join(view.turns) + "\n",
             filename=f"turns-{name}.md",
-            caption=f"🤖 Auto run {name}: the output of its {len(view.turns)} turn(s)",
+            caption=f"🤖 Auto run {name}: the output of its {count} turn{'s' * (count != 1)}",
             thread_id=place.thread_id,
             run_id=run_id,
         )

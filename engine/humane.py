@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["format_elapsed", "humane", "words"]
+__all__ = ["exit_note", "format_elapsed", "humane", "turn_count", "words"]
 
 _STATES: Final = {
     "running": "⏳ running",
@@ -35,6 +35,32 @@ def format_elapsed(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def exit_note(exit_code: int | None, stderr_tail: str = "") -> str:
+    """Why a turn failed, as every front end says it: the agent's exit code and the end of
+    its error output ("" for a turn that exited 0 or has no code). ``stderr_tail`` is
+    redacted by the caller."""
+    if exit_code in (None, 0):
+        return ""
+    said = f"⚠️ the agent exited with code {exit_code}"
+    if stderr_tail.strip():
+        said += f"\nIts error output ended with:\n{stderr_tail.strip()}"
+    return said
+
+
+def turn_count(turn: int, *, round_: int = 0, limit: int | None = None, of: str = "/") -> str:
+    """How far a run is, counted one way everywhere: a turn is one agent turn.
+
+    An auto run's limit counts rounds (Clarify is round 1, Plan 2, then each Execute and
+    Evaluate, with its Adjust, one round): ``turn 4 · round 3/10``. Another run's limit, if
+    any, counts turns: ``turn 4/10``; without one ``turn 4``. ``of`` joins a count and its
+    limit (``" of "`` in a chat's sentence).
+    """
+    if round_:
+        said = f"round {round_}{of}{limit}" if limit else f"round {round_}"
+        return f"turn {turn} · {said}" if turn else said
+    return f"turn {turn}{of}{limit}" if limit else f"turn {turn}"
 
 
 def words(state: str) -> str:

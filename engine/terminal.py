@@ -32,7 +32,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from engine.agents.stream import AgentEvent, EventKind
-from engine.humane import format_elapsed
+from engine.humane import format_elapsed, turn_count
 from engine.redact import redact
 from engine.sink import GateRequest, StatusUpdate
 
@@ -42,7 +42,9 @@ __all__ = ["AskLine", "TerminalView"]
 AskLine = Callable[[], Awaitable[str | None]]
 
 # A turn's published output starts with this header (engine.automode.channel).
-_TURN_HEADER: Final = re.compile(r"^\[turn (\d+)/(\d+) ([^,\]]+), exit (-?\d+)\]\n?")
+_TURN_HEADER: Final = re.compile(
+    r"^\[turn (\d+) · round (\d+)/(\d+) · ([^,\]]+), exit (-?\d+)\]\n?"
+)
 _LINE_LIMIT: Final = 160
 
 
@@ -83,6 +85,7 @@ class TerminalView:
         self._since: float | None = None
         self._last: str = ""
         self._turn: int = 0
+        self._round: int = 0
         self._max_turns: int | None = None
         self._plain_key: tuple[object, ...] | None = None
         self._ended = False
@@ -178,10 +181,8 @@ class TerminalView:
     def status_line(self) -> Text:
         """The live line's text (without the spinner)."""
         parts = []
-        if self._turn:
-            parts.append(
-                f"turn {self._turn}/{self._max_turns}" if self._max_turns else f"turn {self._turn}"
-            )
+        if self._turn or self._round:
+            parts.append(turn_count(self._turn, round_=self._round, limit=self._max_turns))
         if self._activity:
             parts.append(self._activity)
         if self._since is not None:
@@ -196,12 +197,16 @@ class TerminalView:
         """Print a line above the live line (or just a line, when piped)."""
         self.console.print(Text(text, style=style or ""), soft_wrap=True)
 
-    def begin(self, activity: str, *, turn: int = 0, max_turns: int | None = None) -> None:
-        """Something started (a turn, a verify command): shown with its elapsed time."""
+    def begin(
+        self, activity: str, *, turn: int = 0, round_: int = 0, max_turns: int | None = None
+    ) -> None:
+        """Something started (a turn, a verify command): shown with its elapsed time.
+        ``round_``: an auto run's round, which its ``max_turns`` counts."""
         self._activity = activity
         self._since = self._clock()
         self._last = ""
         self._turn = turn
+        self._round = round_
         self._max_turns = max_turns
         if self.live:
             self._start_live()
@@ -209,7 +214,9 @@ class TerminalView:
             key = (turn, activity)
             if key != self._plain_key:
                 self._plain_key = key
-                where = f"turn {turn}/{max_turns} · " if turn and max_turns else ""
+                where = ""
+                if turn and max_turns:
+                    where = f"{turn_count(turn, round_=round_, limit=max_turns)} · "
                 self.say(f"{where}{activity} …")
 
     def end(self) -> float:
@@ -246,11 +253,14 @@ class TerminalView:
         if match is None:
             self.say(text)
             return
-        turn, max_turns, label, code = match.groups()
+        turn, round_, max_turns, label, code = match.groups()
         body = text[match.end() :]
         elapsed = self.end() if self._activity is not None else 0.0
         mark, style = ("✓", "green") if code == "0" else ("✗", "red")
-        line = f"{mark} turn {turn}/{max_turns} {label} · exit {code} · {format_elapsed(elapsed)}"
+        line = (
+            f"{mark} turn {turn} {label} · round {round_}/{max_turns} · exit {code} · "
+            f"{format_elapsed(elapsed)}"
+        )
         last = _last_line(body.split("\n… (", 1)[0])
         self.say(line + (f" · {last}" if last else ""), style=style)
 
@@ -261,7 +271,12 @@ class TerminalView:
             return
         event = update.last_event or ""
         if event.endswith(" running"):
-            self.begin(event.removesuffix(" running"), turn=update.turn, max_turns=update.max_turns)
+            self.begin(
+                event.removesuffix(" running"),
+                turn=update.turn,
+                round_=update.round,
+                max_turns=update.max_turns,
+            )
 
     async def request_gate(self, request: GateRequest) -> None:
         self.say(

@@ -115,9 +115,11 @@ def cli_env(
 
 def report_head(stdout: str) -> tuple[str, str]:
     """The run id and status from the first line of ``turnstile auto``'s final report
-    (``Auto run ID: STATUS``, ``… stopped at its turn limit`` or ``… failed (exit N)``)."""
+    (``Auto run ID: STATUS``, ``… stopped at its round limit`` or ``… failed (exit N)``)."""
     first = stdout.splitlines()[0]
-    match = re.fullmatch(r"Auto run (\S+): (\w+)(?: at its turn limit)?(?: \(exit -?\d+\))?", first)
+    match = re.fullmatch(
+        r"Auto run (\S+): (\w+)(?: at its round limit)?(?: \(exit -?\d+\))?", first
+    )
     assert match is not None, stdout
     return match.group(1), match.group(2)
 

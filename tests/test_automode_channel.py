@@ -282,7 +282,7 @@ async def test_execute_failure_warns_and_continues(
     assert result.exit_code == 0
     assert "Execute exit code: 2 (stdout 12 chars, stderr 0 bytes)" in caplog.text
     assert "Execute step exited with code 2; continuing" in caplog.text
-    assert "Turn 4/10: Executing" in caplog.text
+    assert "Turn 5, round 4/10: Executing" in caplog.text
     assert "Objective achieved" in caplog.text
 
 
@@ -306,7 +306,7 @@ async def test_appended_instructions_are_sanitized_before_the_prompt(
 
     def on_text(text: str) -> None:
         # While turn 3 runs its Evaluate (after Execute published): a person steers.
-        if text.startswith("[turn 3/10 Execute") and not dropped:
+        if text.startswith("[turn 3 · round 3/10 · Execute") and not dropped:
             run = holder["run"]
             dropped.append(
                 run.append_instruction(
@@ -379,7 +379,7 @@ async def test_unverified_complete_is_a_discrepancy_and_the_loop_goes_on(
     assert result.exit_code == 0
     assert "Verification discrepancy: agent reported COMPLETE" in caplog.text
     assert "Completion score: 0.50 (threshold 0.80)" in caplog.text
-    assert "Reached max turns without verified completion" in caplog.text
+    assert "Reached the round limit without verified completion" in caplog.text
     executes = [e["prompt"] for e in agent_log(env / "agent.log") if EXECUTE in e["prompt"]]
     assert len(executes) == 2
     assert "Verification feedback" not in executes[0]

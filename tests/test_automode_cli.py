@@ -134,10 +134,10 @@ def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path) -> None:
     run_id, status = report_head(done.stdout)
     assert status == "completed"
     for line in (
-        "Turn 1/10: Clarifying objective",
-        "Turn 2/10: Creating plan",
-        "Turn 3/10: Executing",
-        "Turn 3/10: Evaluating",
+        "Turn 1, round 1/10: Clarifying objective",
+        "Turn 2, round 2/10: Creating plan",
+        "Turn 3, round 3/10: Executing",
+        "Turn 4, round 3/10: Evaluating",
         "Evaluate exit code: 0 (stdout",
         "Completion score: 1.00 (threshold 0.80)",
         "Objective achieved",
@@ -147,7 +147,9 @@ def test_end_to_end_through_the_cli(tmp_path: Path, ws: Path) -> None:
     listed = run_cli(tmp_path, env, "runs")
     assert listed.returncode == 0
     row = next(line for line in listed.stdout.splitlines() if line.startswith(run_id))
-    assert row.split()[:6] == [run_id, "auto", "command", "completed", "evaluate", "3/10"]
+    assert row.split()[:9] == [
+        run_id, "auto", "command", "completed", "evaluate", "4", "·", "round", "3/10"
+    ]  # fmt: skip
     as_json = json.loads(run_cli(tmp_path, env, "runs", "--json").stdout.splitlines()[0])
     assert as_json["id"] == run_id
     assert as_json["status"] == "completed"
@@ -163,7 +165,7 @@ def test_prompt_and_passthrough_after_double_dash(tmp_path: Path, ws: Path) -> N
     state = json.loads(run_row(tmp_path / "turnstile.db", run_id)["state_json"])
     assert state["objective"] == "goal"
     assert state["config"]["passthrough"] == ["xtra"]
-    assert "Reached max turns without verified completion" in done.stderr
+    assert "Reached the round limit without verified completion" in done.stderr
     turns = turns_of(tmp_path / "turnstile.db", run_id)
     assert [(s, p) for s, _, p, _ in turns] == [(1, "clarify"), (2, "plan")]
 
@@ -254,7 +256,7 @@ async def test_append_steers_the_next_execute_turn(
     env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     started = await cli.wait_for("Auto run ")
-    await cli.wait_for("Turn 3/10: Executing")
+    await cli.wait_for("Turn 3, round 3/10: Executing")
     steer = await asyncio.to_thread(
         lambda: run_cli(tmp_path, env, "auto", "--append", "-", stdin="Please also write NOTES.md")
     )
@@ -293,7 +295,7 @@ async def test_ctrl_c_stops_the_run_and_the_agent(
     env = on(db_target, cli_env(tmp_path, script, extra={"FAKE_AGENT_PIDS": str(pids)}))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     started = await cli.wait_for("Auto run ")
-    await cli.wait_for("Turn 3/10: Executing")
+    await cli.wait_for("Turn 3, round 3/10: Executing")
     cli.proc.send_signal(sig)
     code, out, err = await cli.finish()
     assert code == expected, err
@@ -315,7 +317,7 @@ async def test_sigkill_mid_turn_then_resume(tmp_path: Path, ws: Path, db_target:
     env = on(db_target, cli_env(tmp_path, script, log=tmp_path / "agent.log"))
     cli = await Cli.start(tmp_path, env, *auto_args(ws, "-p", "x"))
     run_id = run_id_from(await cli.wait_for("Auto run "))
-    await cli.wait_for("Turn 3/10: Executing")
+    await cli.wait_for("Turn 3, round 3/10: Executing")
     cli.proc.kill()
     await cli.finish()
     gate.touch()  # lets an orphaned agent of the killed turn finish

@@ -31,7 +31,7 @@ from engine.automode import (
     render_instructions,
     sanitize_instruction,
 )
-from engine.automode.state import MAX_TURNS_MESSAGE, owner_alive, owner_token
+from engine.automode.state import MAX_TURNS_MESSAGE, owner_alive, owner_token, rounds_of
 from engine.automode.verifier import score
 from engine.errors import ConfigError, TurnExecError, TurnIOError, TurnPreempted
 from engine.testing import ScriptedSession
@@ -445,3 +445,24 @@ async def test_runner_errors(error: Exception, expected: type[Exception]) -> Non
     runner = AutoModeRunner(ScriptedSession([error]))  # type: ignore[list-item]
     with pytest.raises(expected):
         await runner.run_turn("p")
+
+
+@pytest.mark.parametrize(
+    ("phases", "rounds"),
+    [
+        (["clarify", "plan", "execute", "evaluate"], [1, 2, 3, 3]),
+        # Adjust stays in its round; the next Execute starts the next one
+        (
+            ["clarify", "plan", "execute", "evaluate", "adjust", "execute", "evaluate"],
+            [1, 2, 3, 3, 3, 4, 4],
+        ),
+        (["clarify", "plan", "execute", "evaluate", "execute", "evaluate"], [1, 2, 3, 3, 4, 4]),
+    ],
+)
+def test_the_round_of_each_turn_follows_from_the_phases_it_ran(
+    phases: list[str], rounds: list[int]
+) -> None:
+    turns = list(enumerate(phases, start=1))
+    assert rounds_of(turns) == dict(enumerate(rounds, start=1))
+    # a cut-off turn run again (same seq) is the same turn, in the same round
+    assert rounds_of([*turns, (3, "execute")]) == dict(enumerate(rounds, start=1))

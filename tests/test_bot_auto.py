@@ -192,12 +192,12 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
         # message showed it too, but a throttled edit may skip any line in between).
         assert "Claims of completion not accepted:" in final.text
         assert (
-            "Turn 3 claimed complete; not accepted. Evidence: no commit since the run "
+            "Turn 4 claimed complete; not accepted. Evidence: no commit since the run "
             "started, tree dirty (1 uncommitted path(s): result.txt)"
         ) in final.text
         turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
         assert turns.document is not None
-        assert b"Turn 3 claimed complete; not accepted" in turns.document
+        assert b"Turn 4 claimed complete; not accepted" in turns.document
         # an auto run posts its live message, its final report and its turns: nothing else
         assert [m.message_id for m in api.sent] == [
             started.message_id,
@@ -213,6 +213,52 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
         check=True,
     ).stdout.splitlines()
     assert log == ["add result.txt", "turnstile: a new workspace"]
+
+
+@pytest.mark.usefixtures("git_env")
+async def test_auto_counts_every_agent_turn_the_same_way_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two Execute/Evaluate rounds after Clarify and Plan: six agent turns, four rounds,
+    # and a limit of four rounds that stops the run there.
+    write_script(
+        tmp_path,
+        {
+            "rules": [
+                {"match": CLARIFY, "text": "Goal: result.txt."},
+                {"match": PLAN, "text": "1. write result.txt"},
+                {"match": EXECUTE, "text": "working on it"},
+                {"match": EVALUATE, **evaluation("IN PROGRESS")},
+            ],
+        },
+        monkeypatch,
+    )
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path, max_turns=4)):
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto write result.txt")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
+        run_id = started.text.split()[3]
+        final = await api.wait_for_message(
+            lambda m: m.text.startswith(f"Auto run {run_id}:"), timeout=40
+        )
+        turns = await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+        assert len(agent_log(tmp_path)) == 6
+        # the live message: its last state counts the six turns in four rounds
+        await api.wait_until(lambda: "turn 6 · round 4 of 4" in started.text)
+        seen = [*started.history, started.text]
+        assert not any("turn 3 of" in text or "turn 4 of" in text for text in seen)
+        # the report and its document count the same turns
+        assert final.text.startswith(f"Auto run {run_id}: stopped at its round limit")
+        assert "Turns: 6, in round 4 of 4; last phase: Evaluate" in final.text
+        assert turns.text == f"🤖 Auto run {run_id}: the output of its 6 turns"
+        assert turns.document is not None
+        document = turns.document.decode()
+        for head in (
+            "[turn 3 · round 3/4 · Execute, exit 0]",
+            "[turn 4 · round 3/4 · Evaluate, exit 0]",
+            "[turn 5 · round 4/4 · Execute, exit 0]",
+            "[turn 6 · round 4/4 · Evaluate, exit 0]",
+        ):
+            assert head in document
 
 
 async def test_auto_is_refused_up_front_where_completion_cannot_be_shown(

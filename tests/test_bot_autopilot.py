@@ -341,3 +341,26 @@ async def test_a_drive_a_terminal_took_over_is_not_resumed_by_the_bot(
             finally:
                 await handle.stop()
     assert not any("Autopilot for T6 failed" in m.text for m in api.sent)
+
+
+async def test_a_failing_phase_says_the_exit_code_and_the_error_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = {"match": "", "text": "half done", "exit": 3, "stderr": "fatal: API said 401\n"}
+    write_script(tmp_path, {"rules": [failing]}, monkeypatch)
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot hf1 fix the login")
+        problems = await api.wait_for_message(lambda m: "[hf1 · research] problems:" in m.text)
+        assert problems.text == (
+            "[hf1 · research] problems: research.md was not written in the task folder hf1/\n"
+            "⚠️ the agent exited with code 3\n"
+            "Its error output ended with:\n"
+            "fatal: API said 401"
+        )
+        person = await api.wait_for_message(lambda m: "after a revision turn" in m.text)
+        assert "exited with code 3" in person.text
+        assert "fatal: API said 401" in person.text
+        # the phase's own message says it too, ahead of the output
+        phase = next(m for m in api.sent if m.text.startswith("🛂 hf1 · research"))
+        assert any("exited with code 3" in old for old in [phase.text, *phase.history])
+        assert not any(str(tmp_path) in m.text for m in api.sent)

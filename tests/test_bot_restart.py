@@ -15,7 +15,7 @@ from tests.automode_support import GIT_ENV, git_workspace, happy_rules
 from tests.bot_process import bot_env, start_polling
 from tests.db_support import Target, rows, setting
 from tests.fakes.bot_api import FakeBotApi
-from tests.fakes.bot_harness import OPERATOR, wait_for_file, write_script
+from tests.fakes.bot_harness import OPERATOR, STRANGER, wait_for_file, write_script
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
@@ -160,3 +160,107 @@ async def test_auto_run_resumes_after_sigkill(
     assert status == "completed"
     assert attempts[0][2] == "interrupted"
     assert attempts[1][:2] == (attempts[0][0], 2)
+
+
+async def _cut_off_chat_turn(
+    api: FakeBotApi, root: Path, db: Target, pids: Path
+) -> asyncio.subprocess.Process:
+    """A chat turn running when the bot is killed; the bot started again (returned)."""
+    bot = await _start(api, root, db)
+    try:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
+        await api.wait_for_message(lambda m: "bound" in m.text)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="build the index")
+        await wait_for_file(pids)  # its agent is running
+        bot.send_signal(signal.SIGKILL)
+        await bot.wait()
+    finally:
+        if bot.returncode is None:
+            bot.kill()
+            await bot.wait()
+        for pid in pids.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    return await _start(api, root, db)
+
+
+async def _stop(bot: asyncio.subprocess.Process) -> None:
+    if bot.returncode is None:
+        bot.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(bot.wait(), 30)
+        except TimeoutError:
+            bot.kill()
+            await bot.wait()
+
+
+def _chat_script(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The session's first turn hangs (the bot is killed under it); later ones answer.
+    monkeypatch.setenv("FAKE_AGENT_PIDS", str(root / "pids"))
+    write_script(
+        root,
+        {
+            "replies": [{"grandchild": True, "wait_file": str(root / "never"), "text": "x"}],
+            "rules": [{"match": "", "text": "answer: {prompt}"}],
+        },
+        monkeypatch,
+    )
+
+
+async def test_a_cut_off_chat_turn_runs_again_from_its_button(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_target: Target
+) -> None:
+    _chat_script(tmp_path, monkeypatch)
+    async with FakeBotApi() as api:
+        bot = await _cut_off_chat_turn(api, tmp_path, db_target, tmp_path / "pids")
+        try:
+            cut = await api.wait_for_message(lambda m: "was cut off" in m.text, timeout=30)
+            assert "Prompt was: build the index" in cut.text
+            assert [b["text"] for b in cut.buttons] == ["🔁 Run it again"]
+            data = cut.buttons[0]["callback_data"]
+            # someone who may not start turns is refused; the button stays
+            api.push_callback(chat_id=CHAT, user_id=STRANGER, data=data, message_id=cut.message_id)
+            await api.wait_until(lambda: len(api.callback_answers) == 1)
+            assert cut.buttons
+            api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=data, message_id=cut.message_id)
+            answer = await api.wait_for_message(lambda m: m.text == "answer: build the index")
+            # once: the button is gone, and a press on it again runs nothing
+            await api.wait_until(lambda: not cut.buttons)
+            assert "🔁 Run again by" in cut.text
+            api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=data, message_id=cut.message_id)
+            await api.wait_until(lambda: len(api.callback_answers) == 3)
+            assert api.callback_answers[-1]["text"] == "This button was already used."
+            await _stop(bot)
+        finally:
+            await _stop(bot)
+    assert api.texts().count("answer: build the index") == 1
+    assert answer.message_id > cut.message_id
+    prompts = rows(
+        db_target, "SELECT prompt, state FROM turns ORDER BY id"
+    )  # the cut-off turn, then the same prompt run again in the same session
+    assert [(str(p), str(s)) for p, s in prompts] == [
+        ("build the index", "interrupted"),
+        ("build the index", "finished"),
+    ]
+    [(sessions,)] = rows(db_target, "SELECT COUNT(DISTINCT session_id) FROM runs")
+    assert sessions == 1
+
+
+async def test_a_cut_off_chat_turn_whose_session_is_gone_is_not_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_target: Target
+) -> None:
+    _chat_script(tmp_path, monkeypatch)
+    async with FakeBotApi() as api:
+        bot = await _cut_off_chat_turn(api, tmp_path, db_target, tmp_path / "pids")
+        try:
+            cut = await api.wait_for_message(lambda m: "was cut off" in m.text, timeout=30)
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/new")
+            await api.wait_for_message(lambda m: "A fresh" in m.text)
+            data = cut.buttons[0]["callback_data"]
+            api.push_callback(chat_id=CHAT, user_id=OPERATOR, data=data, message_id=cut.message_id)
+            await api.wait_until(lambda: not cut.buttons)
+            assert "Not run again: its session is gone" in cut.text
+            assert api.callback_answers[-1]["text"] == "Its session is gone: send the prompt again."
+        finally:
+            await _stop(bot)
+    assert not any(t.startswith("answer:") for t in api.texts())

@@ -28,14 +28,15 @@ def test_status_has_one_turn_count_and_no_labels() -> None:
         mode="auto",
         status="running",
         phase="execute",
-        turn=3,
+        turn=4,
+        round=3,
         max_turns=10,
         started_at=100.0,
         last_event="Execute running",
     )
     text = status_text(update, now=172.0)
-    assert (
-        text == "🤖 Auto run auto-1\n⏳ running · Execute · turn 3 of 10 · 1m12s\nExecute running"
+    assert text == (
+        "🤖 Auto run auto-1\n⏳ running · Execute · turn 4 · round 3 of 10 · 1m12s\nExecute running"
     )
 
 

@@ -201,7 +201,7 @@ async def test_an_auto_run_on_a_worker_looks_in_the_chat_like_a_local_one(
         assert "Commits since start: 1" in report.text
         assert "Objective: make result.txt" in report.text
         assert turns.document is not None
-        assert b"[turn 1/" in turns.document
+        assert "[turn 1 · round 1/".encode() in turns.document
         assert b"Clarify, exit 0]" in turns.document
         assert b"Evaluate, exit 0]" in turns.document
         # The live message, the report and the document: nothing else, as a local run.

@@ -267,7 +267,7 @@ async def test_runs_events_follow_goes_on_until_the_run_ends(
             line = (await asyncio.wait_for(auto.stderr.readline(), 60)).decode()
             assert line, "the auto run never said its id"
             found = re.search(r"run_id=([\w-]+)", line)
-            if "Turn 2/" in line and found:
+            if "Turn 2, round 2/" in line and found:
                 run_id = found[1]
         follower = await asyncio.create_subprocess_exec(
             *turnstile("runs", run_id, "--events", "--follow", "--json"),

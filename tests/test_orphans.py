@@ -212,7 +212,7 @@ async def test_auto_resume_kills_what_the_cut_off_turn_left(tmp_path: Path) -> N
     try:
         assert cli.stderr is not None
         lines: list[str] = []
-        while not any("Turn 3/10: Executing" in line for line in lines):
+        while not any("Turn 3, round 3/10: Executing" in line for line in lines):
             raw = await asyncio.wait_for(cli.stderr.readline(), 60)
             assert raw, "".join(lines)
             lines.append(raw.decode())

@@ -381,7 +381,7 @@ async def test_an_outage_under_a_bot_that_runs_the_turns_itself_loses_nothing(
             turns = _turns(found, auto)
             assert ("execute", 1, "interrupted") in turns, turns
             assert ("execute", 2, "finished") in turns, turns
-            assert any("resumed at turn 3, phase execute" in m.text for m in api.sent)
+            assert any("resumed at round 3, phase execute" in m.text for m in api.sent)
 
             await _seen(api, bot, lambda: any("answer was lost" in m.text for m in api.sent), 60)
             mid = api.pushed(later)["message"]["message_id"]

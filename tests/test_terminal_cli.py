@@ -81,11 +81,13 @@ def test_auto_piped_prints_plain_lines_and_the_report_on_stdout(tmp_path: Path) 
     progress = done.stderr.splitlines()
     assert progress[0].startswith(report[0].split(":")[0] + " · command · in ")
     for line in (
-        "turn 1/10 · Clarify …",
-        "✓ turn 1/10 Clarify · exit 0 · 0s · Goal: a file named result.txt exists and is "
-        "committed.",
-        "turn 3/10 · Execute …",
-        "✓ turn 3/10 Evaluate · exit 0 · 0s · AUTO-MODE STATUS: COMPLETE",
+        "turn 1 · round 1/10 · Clarify …",
+        "✓ turn 1 Clarify · round 1/10 · exit 0 · 0s · Goal: a file named result.txt exists "
+        "and is committed.",
+        "turn 3 · round 3/10 · Execute …",
+        # Execute and Evaluate share a round; each is a turn of its own.
+        "turn 4 · round 3/10 · Evaluate …",
+        "✓ turn 4 Evaluate · round 3/10 · exit 0 · 0s · AUTO-MODE STATUS: COMPLETE",
     ):
         assert line in progress, done.stderr
     # A person's view: no log records, no control codes, nothing of the report twice.
@@ -104,7 +106,7 @@ def test_log_level_brings_the_log_records_back_on_stderr_only(tmp_path: Path) ->
     info = run_cli(tmp_path, env, "--log-level", "INFO", *auto_args(ws, "-p", "x"))
     assert info.returncode == 0, info.stderr
     assert STAMP.search(info.stderr)
-    assert "engine.automode.channel: Turn 1/10: Clarifying objective" in info.stderr
+    assert "engine.automode.channel: Turn 1, round 1/10: Clarifying objective" in info.stderr
     assert "applying migration" not in info.stderr  # migrations are DEBUG
     assert not STAMP.search(info.stdout)
     assert info.stdout.startswith("Auto run ")
@@ -120,9 +122,9 @@ def test_a_warning_reads_as_words_without_log_level(tmp_path: Path) -> None:
     env = cli_env(tmp_path, write_script(tmp_path / "fake", rules=happy_rules()))
     done = run_cli(tmp_path, env, *auto_args(ws, "--max-turns", "2", "-p", "x"))
     assert done.returncode == 0, done.stderr
-    assert "turnstile: warning: Reached max turns without verified completion" in done.stderr
+    assert "turnstile: warning: Reached the round limit without verified completion" in done.stderr
     assert not STAMP.search(done.stderr)
-    assert done.stdout.splitlines()[0].endswith(": stopped at its turn limit")
+    assert done.stdout.splitlines()[0].endswith(": stopped at its round limit")
 
 
 def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
@@ -138,7 +140,7 @@ def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
     child = spawn(tmp_path, env, *auto_args(ws, "-p", "create result.txt"))
     child.expect("Ctrl-C stops the run")
     # The live line: spinner, turn, phase, elapsed, and the agent's last line so far.
-    child.expect(r"turn 3/10 · Execute · \d+s")
+    child.expect(r"turn 3 · round 3/10 · Execute · \d+s")
     child.expect("editing result.txt now")
     gate.touch()
     code, _ = finish(child)
@@ -146,7 +148,7 @@ def test_auto_on_a_terminal_shows_a_live_status_line(tmp_path: Path) -> None:
     screen = (tmp_path / "screen.log").read_text()
     assert ESCAPE in screen  # drawn and redrawn in place
     text = plain(screen)
-    assert "✓ turn 3/10 Execute · exit 0" in text
+    assert "✓ turn 3 Execute · round 3/10 · exit 0" in text
     assert "Evidence (score 1.00, threshold 0.80):" in text
     assert not STAMP.search(text)
     assert not MODULE.search(text)
@@ -267,3 +269,49 @@ def test_chat_second_ctrl_c_while_stopping_quits(tmp_path: Path) -> None:
     assert run["status"] == "completed"
     shown = json.loads(run_cli(tmp_path, env, "runs", run["id"], "--json").stdout)
     assert [t["state"] for t in shown["turns"]] == ["interrupted"]
+
+
+FAILING = {"text": "half done", "exit": 3, "stderr": "warming up\nfatal: the model API said 401\n"}
+
+
+def test_chat_says_the_exit_code_and_the_end_of_the_error_output(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, write_script(tmp_path / "fake", replies=[FAILING]))
+    done = subprocess.run(
+        turnstile("chat", "--tool", "command", "--agent-cmd", AGENT_CMD, "--workdir", str(REPO)),
+        input="one\n",
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "half done",
+        "⚠️ the agent exited with code 3",
+        "Its error output ended with:",
+        "warming up",
+        "fatal: the model API said 401",
+    ]
+
+
+def test_autopilot_phase_that_fails_says_why_with_a_relative_path(tmp_path: Path) -> None:
+    env = cli_env(
+        tmp_path,
+        write_script(tmp_path / "fake", rules=[{"match": "", **FAILING}]),
+        extra={"TURNSTILE_TASKS_ROOT": str(tmp_path / "tasks"), "TURNSTILE_APPROVERS": "42"},
+    )
+    args = ["autopilot", "--task", "hf1", "--init", "--tool", "command", "--agent-cmd", AGENT_CMD]
+    done = run_cli(tmp_path, env, *args)
+    assert done.returncode == 4, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index(
+        "[hf1 · research] problems: research.md was not written in the task folder hf1/"
+    )
+    assert lines[at + 1 : at + 5] == [
+        "⚠️ the agent exited with code 3",
+        "Its error output ended with:",
+        "warming up",
+        "fatal: the model API said 401",
+    ]
+    assert str(tmp_path) not in done.stdout

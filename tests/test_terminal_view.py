@@ -30,7 +30,13 @@ def piped() -> tuple[TerminalView, io.StringIO, Clock]:
 
 def status(turn: int, event: str, state: str = "running") -> StatusUpdate:
     return StatusUpdate(
-        run_id="r", mode="auto", status=state, turn=turn, max_turns=10, last_event=event
+        run_id="r",
+        mode="auto",
+        status=state,
+        turn=turn,
+        round=turn,
+        max_turns=10,
+        last_event=event,
     )
 
 
@@ -45,15 +51,17 @@ async def test_piped_lines_per_turn_and_no_report_twice() -> None:
         await view.update_status(status(1, "Clarify running"))  # no change: no line
         clock.now += 12
         long_line = "x" * 300
-        await view.publish_text("r", f"[turn 1/10 Clarify, exit 0]\nfirst\n{long_line}\n")
+        await view.publish_text(
+            "r", f"[turn 1 · round 1/10 · Clarify, exit 0]\nfirst\n{long_line}\n"
+        )
         await view.publish_text("r", "Appended instruction a.md refused: too big")
         await view.update_status(status(1, "Objective achieved", "completed"))
         await view.publish_text("r", "Auto run r: completed\nEvidence ...")
     lines = out.getvalue().splitlines()
-    assert lines[0] == "turn 1/10 · Clarify …"
-    assert lines[1].startswith("✓ turn 1/10 Clarify · exit 0 · 12s · xxx")
+    assert lines[0] == "turn 1 · round 1/10 · Clarify …"
+    assert lines[1].startswith("✓ turn 1 Clarify · round 1/10 · exit 0 · 12s · xxx")
     assert lines[1].endswith("…")  # long lines are cut, never wrapped
-    assert len(lines[1]) < 200
+    assert len(lines[1]) < 220
     assert lines[2] == "Appended instruction a.md refused: too big"
     assert len(lines) == 3
     assert view.report == "Auto run r: completed\nEvidence ..."
@@ -62,10 +70,10 @@ async def test_piped_lines_per_turn_and_no_report_twice() -> None:
 
 def test_agent_progress_shows_the_tool_or_the_last_text_redacted() -> None:
     view, _, clock = piped()
-    view.begin("Execute", turn=3, max_turns=10)
+    view.begin("Execute", turn=4, round_=3, max_turns=10)
     clock.now += 3
     view.on_agent_event(AgentEvent(EventKind.TOOL_USE, "s", text="ls -la", tool="Bash"))
-    assert view.status_line().plain == "turn 3/10 · Execute · 3s · running Bash: ls -la"
+    assert view.status_line().plain == "turn 4 · round 3/10 · Execute · 3s · running Bash: ls -la"
     view.on_agent_event(AgentEvent(EventKind.TEXT, "s", text="Reading.\nNow editing x.py"))
     assert view.status_line().plain.endswith("· Now editing x.py")
     view.on_output_line("token ghp_abcdefghijklmnopqrstuvwxyz0123456789AB here")
@@ -85,7 +93,7 @@ async def test_a_question_hides_the_live_line_until_it_is_answered() -> None:
         return "y"
 
     with view:
-        view.begin("Execute", turn=3, max_turns=10)
+        view.begin("Execute", turn=4, round_=3, max_turns=10)
         assert view.showing
         stream = view.question_stream()
         stream.write("\n🔐 The agent asks to use Bash:\n$ ls\n")

@@ -225,7 +225,7 @@ async def test_a_raised_budget_resumes_the_run_on_its_worker_at_its_next_turn(
 
         said = await auto.raise_budget(run_id, budget.raised(), chat_id=CHAT)
         assert said == (
-            f"▶️ Auto run {run_id} goes on under a budget of $0.0006, at turn 3, phase "
+            f"▶️ Auto run {run_id} goes on under a budget of $0.0006, at round 3, phase "
             "execute, on worker w1."
         )
         # At once: the live status is the running run's again.
@@ -461,7 +461,7 @@ async def test_turnstile_auto_resume_with_a_larger_budget_goes_on_on_the_worker(
 
     resumed = await blocking(cluster.cli, "auto", "--resume", run_id, "--budget", "0.0006")
     out = resumed.stdout
-    assert f"Auto run {run_id} goes on under a budget of $0.0006, at turn 3" in out, (
+    assert f"Auto run {run_id} goes on under a budget of $0.0006, at round 3" in out, (
         out + resumed.stderr
     )
     assert "on worker w1" in out

@@ -34,12 +34,14 @@ from engine.automode.state import (
     Verdict,
     advance,
     cap,
+    progress_line,
     with_transition,
 )
 from engine.automode.summary import WorkSummary, WorkSummaryGenerator
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
 from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
+from engine.humane import turn_count
 from engine.reaper import TurnProcess
 from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, publish
 from engine.spend import Spend
@@ -204,7 +206,8 @@ class AutoModeChannel(BaseChannel):
         turn_id = await self._store.start_turn(state.run_id, state.step, prompt, phase.value)
         self._in_flight = _InFlight(turn_id, phase, state.step, time.monotonic())
         _LOGGER.info(
-            "Turn %d/%d: %s",
+            "Turn %d, round %d/%d: %s",
+            state.step,
             state.turn,
             state.max_turns,
             _PHASE_LINES[phase],
@@ -214,7 +217,7 @@ class AutoModeChannel(BaseChannel):
             await self._report_intake(intake)
         await self._status(f"{phase.label} running")
         self._transcript(
-            f"## Turn {state.turn} · {phase.label} · step {state.step}\n\n### Prompt\n"
+            f"## Turn {state.step} · {phase.label} · round {state.turn}\n\n### Prompt\n"
         )
         self._transcript(prompt + "\n")
         return Ready(prompt)
@@ -311,12 +314,14 @@ class AutoModeChannel(BaseChannel):
             # The agent hears it in its next prompt; the people watching hear it here.
             goes_on = "" if new_state.terminal else " The run goes on."
             refused = (
-                f"🔎 Turn {state.turn} claimed complete; not accepted. {not_accepted[0].upper()}"
+                f"🔎 Turn {flight.seq} claimed complete; not accepted. {not_accepted[0].upper()}"
                 f"{not_accepted[1:]}.{goes_on}"
             )
         if budget_note is not None:
             await self._safe_publish(budget_note)
-        await self._announce(state.turn, phase, code, out, transition.message, report, refused)
+        await self._announce(
+            flight.seq, state.turn, phase, code, out, transition.message, report, refused
+        )
 
     # -- stop / failure paths (called by the run driver) --------------------------------
     async def record_preempted(self, error: str) -> None:
@@ -436,6 +441,7 @@ class AutoModeChannel(BaseChannel):
     async def _announce(
         self,
         turn: int,
+        round_: int,
         phase: Phase,
         code: int,
         out: TurnOutput,
@@ -455,6 +461,7 @@ class AutoModeChannel(BaseChannel):
         await self._safe_publish(
             turn_text(
                 turn=turn,
+                round_=round_,
                 max_turns=state.max_turns,
                 phase=phase,
                 code=code,
@@ -501,7 +508,9 @@ class AutoModeChannel(BaseChannel):
                     mode="auto",
                     status=live_status(s),
                     phase=s.phase.value,
-                    turn=s.turn,
+                    # The agent turn running, else the last one that ran.
+                    turn=s.step if self._in_flight is not None else s.step - 1,
+                    round=s.turn,
                     max_turns=s.max_turns,
                     started_at=s.started_at,
                     last_event=event,
@@ -529,7 +538,7 @@ def _ended_as(state: AutoModeState) -> str:
     if state.status is AutoStatus.ERROR:
         return "failed" + (f" (exit {state.exit_code})" if state.exit_code else "")
     limit = state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE
-    return "stopped at its turn limit" if limit else state.status.value
+    return "stopped at its round limit" if limit else state.status.value
 
 
 def final_report(
@@ -543,7 +552,7 @@ def final_report(
     lines = [
         f"Auto run {state.run_id}: {_ended_as(state)}",
         f"Objective: {_one_line(state.objective, 200)}",
-        f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}",
+        f"{progress_line(state)}; last phase: {state.phase.label}",
     ]
     if state.message:
         lines.append(state.message)
@@ -565,6 +574,7 @@ def final_report(
 def turn_text(
     *,
     turn: int,
+    round_: int,
     max_turns: int,
     phase: Phase,
     code: int,
@@ -573,7 +583,8 @@ def turn_text(
     stderr_tail: str | None,
     log_dir: str,
 ) -> str:
-    """What a sink is told of one finished turn: its head line, output head, error tail."""
+    """What a sink is told of one finished turn: its head line, output head, error tail.
+    ``turn`` is the agent turn; ``round_`` the run's round, which ``max_turns`` counts."""
     head = text[:_PUBLISH_HEAD]
     more = ""
     size = size if size is not None else len(text)
@@ -582,7 +593,8 @@ def turn_text(
     failed = ""
     if code != 0 and stderr_tail:
         failed = f"\nIts error output ended with:\n{stderr_tail.strip()}"
-    return f"[turn {turn}/{max_turns} {phase.label}, exit {code}]\n{head}{more}{failed}"
+    count = turn_count(turn, round_=round_, limit=max_turns)
+    return f"[{count} · {phase.label}, exit {code}]\n{head}{more}{failed}"
 
 
 _PHASE_LINES: Final[Mapping[Phase, str]] = {

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -36,7 +36,9 @@ __all__ = [
     "advance",
     "owner_alive",
     "owner_token",
+    "progress_line",
     "read_state_file",
+    "rounds_of",
     "write_state_file",
 ]
 
@@ -185,7 +187,7 @@ class Transition:
     message: str | None = None
 
 
-MAX_TURNS_MESSAGE: Final = "Reached max turns without verified completion"
+MAX_TURNS_MESSAGE: Final = "Reached the round limit without verified completion"
 ACHIEVED_MESSAGE: Final = "Objective achieved"
 
 
@@ -267,6 +269,31 @@ def _write_json(folder: Path, data: str, *, durable: bool) -> None:
 
 def read_state_file(folder: Path) -> AutoModeState:
     return AutoModeState.from_json(json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
+
+
+def rounds_of(turns: Iterable[tuple[int, str | None]]) -> dict[int, int]:
+    """The round of each agent turn (by its seq), from the phases its turns ran: Clarify
+    is round 1, Plan 2, each Execute starts the next round, and an Evaluate or Adjust is
+    in the round of the Execute before it (as :func:`advance` moves the cursor)."""
+    rounds: dict[int, int] = {}
+    current = 0
+    for seq, phase in sorted(set(turns), key=lambda t: t[0]):
+        if seq in rounds:
+            continue  # a cut-off turn run again: the same turn
+        if phase == Phase.CLARIFY:
+            current = 1
+        elif phase == Phase.PLAN:
+            current = 2
+        elif phase == Phase.EXECUTE:
+            current = max(current, 2) + 1
+        rounds[seq] = current
+    return rounds
+
+
+def progress_line(state: AutoModeState) -> str:
+    """How far a run went, as its report says it: the agent turns that ran (each one a
+    turn, as everywhere) and the round its turn limit counts."""
+    return f"Turns: {state.step - 1}, in round {state.turn} of {state.max_turns}"
 
 
 def with_transition(state: AutoModeState, tr: Transition, now: float) -> AutoModeState:

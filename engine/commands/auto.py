@@ -46,6 +46,7 @@ from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError
+from engine.humane import turn_count
 from engine.runs import RunMode, RunSpec, RunSupervisor
 from engine.settings import Settings
 from engine.spend import Budget
@@ -75,7 +76,13 @@ def register(subparsers: Any) -> None:
         metavar="TEMPLATE",
         help="argv template of the command agent: {prompt} {session_id} {cwd}",
     )
-    parser.add_argument("--max-turns", type=int, metavar="N", help="turn cap (Clarify, Plan count)")
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        metavar="N",
+        help="round limit: Clarify and Plan are rounds 1 and 2, then each Execute and "
+        "Evaluate (with its Adjust) is one round",
+    )
     parser.add_argument(
         "--budget",
         type=float,
@@ -309,7 +316,8 @@ def _watch_agent(run: AutoRun, view: TerminalView) -> None:
 def _header(run: AutoRun, view: TerminalView, *, resumed: bool) -> None:
     state = run.state
     verb = "Resuming" if resumed else "Auto run"
-    where = f"turn {state.turn}/{state.max_turns}, " if resumed else ""
+    count = turn_count(state.step - 1, round_=state.turn, limit=state.max_turns)
+    where = f"{count}, " if resumed else ""
     view.say(f"{verb} {run.run_id} · {state.tool} · {where}in {state.workdir}", style="bold")
     view.say(f"Objective: {' '.join(state.objective.split())[:200]}")
     view.say(f"Log folder: {state.log_dir}", style="dim")

@@ -32,7 +32,7 @@ from engine.agents.stream import JsonStreamAgent
 from engine.approvals.policy import ApprovalPolicy
 from engine.approvals.terminal import terminal_approvals
 from engine.errors import ConfigError, StoreError, TurnError, TurnPreempted
-from engine.humane import format_elapsed
+from engine.humane import exit_note, format_elapsed
 from engine.runs.ids import RunMode
 from engine.runs.owner import owner_token
 from engine.runs.supervisor import RunSupervisor
@@ -96,8 +96,9 @@ class TerminalChannel(BaseChannel):
     async def publish_output(self, out: TurnOutput) -> None:
         text = out.full_text()
         self._out.write(text if text.endswith("\n") else text + "\n")
-        if out.exit_code not in (None, 0):
-            self._out.write(f"[agent exited with code {out.exit_code}]\n")
+        note = exit_note(out.exit_code, out.stderr_tail)
+        if note:
+            self._out.write(note + "\n")
         self._out.flush()
 
 

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from engine.commands._settings import ListingSettings, full_settings
+from engine.humane import turn_count
 from engine.reaper import start_time
 from engine.runs.owner import owner_alive
 from engine.spend import Spend
@@ -90,6 +91,10 @@ def _warm(record: RunRecord, turns: list[TurnRecord]) -> bool:
 
 def _turn(record: RunRecord) -> str:
     max_turns = record.state.get("max_turns")
+    if max_turns and record.mode == "auto":
+        # An auto run's limit counts rounds; its turns are its agent turns, as everywhere.
+        turns = int(record.state.get("step", 1)) - 1
+        return turn_count(turns, round_=record.turn, limit=max_turns).removeprefix("turn ")
     return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
 
 

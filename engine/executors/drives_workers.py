@@ -35,7 +35,7 @@ from engine.executors.drives import (
 from engine.gates import GateRefused, Gates
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
-from engine.humane import humane
+from engine.humane import exit_note, humane
 from engine.runs import Recovery
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
@@ -409,6 +409,8 @@ class WorkersDrives:
         if turn.state is TurnState.FINISHED:
             code = "" if turn.exit_code in (0, None) else f" (exit code {turn.exit_code})"
             text = (turn.output or "").strip() or "(no output)"
+            note = exit_note(turn.exit_code, turn.stderr_tail or "")
+            text = f"{note}\n\n{text}" if note else text
             await publish(
                 self.sink,
                 drive_key(drive.task),

@@ -31,7 +31,7 @@ from engine.executors.base import (
     same_place,
     wait_all,
 )
-from engine.humane import format_elapsed
+from engine.humane import format_elapsed, turn_count
 from engine.runs import Recovery, RunMode, RunSpec, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
@@ -161,8 +161,8 @@ class LocalAuto:
             elapsed = int(time.time() - s.started_at)
             lines.append(
                 f"🤖 auto {s.run_id} · {s.status.value} · {s.phase.label} · "
-                f"turn {s.turn} of {s.max_turns} · {format_elapsed(elapsed)}"
-                + (" · warm" if s.run_id in warm else "")
+                f"{turn_count(s.step - 1, round_=s.turn, limit=s.max_turns, of=' of ')} · "
+                f"{format_elapsed(elapsed)}" + (" · warm" if s.run_id in warm else "")
             )
             if s.run_id in worktrees:
                 lines.append(f"   🌿 {worktrees[s.run_id]}")
@@ -245,7 +245,7 @@ class LocalAuto:
             return
         await self.notices.notice(
             run_id,
-            f"▶️ Auto run {run_id} resumed at turn {run.state.turn}, phase "
+            f"▶️ Auto run {run_id} resumed at round {run.state.turn}, phase "
             f"{run.state.phase.value}{why}.",
         )
 
@@ -275,7 +275,7 @@ class LocalAuto:
         self.notices.follow(run_id, place)
         run = await self._resumed(run_id, place, record.agent, budget=budget)
         return (
-            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
+            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at round "
             f"{run.state.turn}, phase {run.state.phase.value}."
         )
 

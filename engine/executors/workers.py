@@ -173,7 +173,7 @@ class WorkersAuto:
             seen=frozenset((t.seq, t.attempt) for t in turns),
         )
         return (
-            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at turn "
+            f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at round "
             f"{state.turn}, phase {state.phase.value}, on {where}."
         )
 
@@ -288,7 +288,13 @@ class WorkersAuto:
                 self.followed.pop(run_id)
 
     async def _status(
-        self, run_id: str, state: AutoModeState, phase: str | None, turn: int, event: str
+        self,
+        run_id: str,
+        state: AutoModeState,
+        phase: str | None,
+        turn: int,
+        event: str,
+        round_: int = 0,
     ) -> None:
         await self.sink.update_status(
             StatusUpdate(
@@ -297,6 +303,7 @@ class WorkersAuto:
                 status=RunStatus.RUNNING.value,
                 phase=phase,
                 turn=turn,
+                round=round_ or state.turn,
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=event,
@@ -309,7 +316,12 @@ class WorkersAuto:
         where = f" on worker {event.worker}" if event.worker else ""
         assert event.state is not None  # (an auto run's)
         await self._status(
-            event.run_id, event.state, event.phase, event.seq, f"{label} running{where}"
+            event.run_id,
+            event.state,
+            event.phase,
+            event.seq,
+            f"{label} running{where}",
+            event.round,
         )
 
     async def _turn_ended(self, event: TurnEnded) -> None:
@@ -319,6 +331,7 @@ class WorkersAuto:
         if turn.state is TurnState.FINISHED and turn.exit_code is not None:
             text = turn_text(
                 turn=turn.seq,
+                round_=event.round or state.turn,
                 max_turns=state.max_turns,
                 phase=phase,
                 code=turn.exit_code,
@@ -336,7 +349,7 @@ class WorkersAuto:
         else:
             said = f"⚠️ {phase.label} failed{where}{why}"
         # In the live status's last line until the next turn starts or the run ends.
-        await self._status(event.run_id, state, phase.value, turn.seq, said)
+        await self._status(event.run_id, state, phase.value, turn.seq, said, event.round)
 
     async def _run_ended(self, followed: _Followed, event: RunEnded) -> None:
         followed.end = event
@@ -360,7 +373,8 @@ class WorkersAuto:
                 if live_status(state) == TURN_LIMIT_STATUS
                 else event.record.status.value,
                 phase=state.phase.value,
-                turn=state.turn,
+                turn=state.step - 1,
+                round=state.turn,
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=state.message or event.record.status.value,

@@ -51,6 +51,7 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
+from engine.humane import exit_note
 from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
@@ -312,6 +313,9 @@ class Autopilot:
         )
         text = out.text.strip() or "(no output)"
         code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
+        # Why a turn failed leads its output, as a chat turn's does.
+        failed = exit_note(out.exit_code, out.stderr_tail)
+        text = f"{failed}\n\n{text}" if failed else text
         await self._say(
             task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
         )
@@ -589,10 +593,13 @@ class Autopilot:
             revision_notes=task.revision_notes,
             parent=task.parent,
         )
-        await self._turn(task, prompt, "phase")
+        out = await self._turn(task, prompt, "phase")
         problems = await self._check(task, spec, before_files, before_git)
         if problems:
-            await self._say(task, f"[{task.name} · {spec.name}] problems: " + "; ".join(problems))
+            await self._say(
+                task,
+                f"[{task.name} · {spec.name}] problems: " + "; ".join(problems) + _why(out),
+            )
             await self.store.record_audit(
                 "phase_check",
                 "problems",
@@ -602,12 +609,16 @@ class Autopilot:
             )
             if self.spent_budget:
                 return await self._budget_stop(task)  # (no revision turn past the budget)
-            await self._turn(task, render_revision_prompt(spec, task.folder, problems), "revision")
+            out = await self._turn(
+                task, render_revision_prompt(spec, task.folder, problems), "revision"
+            )
             problems = await self._check(task, spec, before_files, before_git)
             if problems:
                 return await self._to_human(
                     task,
-                    f"{spec.name} still has problems after a revision turn: " + "; ".join(problems),
+                    f"{spec.name} still has problems after a revision turn: "
+                    + "; ".join(problems)
+                    + _why(out),
                 )
         target = f"{spec.name}:{AWAITING_APPROVAL}" if spec.approval else spec.next
         try:
@@ -652,12 +663,12 @@ class Autopilot:
         if facts.artifact_error:
             problems.append(facts.artifact_error)
         elif facts.artifact_sha256 is None:
-            problems.append(f"{spec.artifact} was not written in {task.folder}")
+            problems.append(f"{spec.artifact} was not written in {_folder_words(task)}")
         if before_git is not None:
             after = await fingerprint(task.workdir, exclude=task.folder)
             if after != before_git:
                 problems.append(
-                    f"code in {task.workdir} changed during {spec.name}, which forbids code edits"
+                    f"code in the workspace changed during {spec.name}, which forbids code edits"
                 )
         after_files = set(await asyncio.to_thread(list_artifacts, task.folder))
         unexpected = sorted(after_files - before_files - {spec.artifact} - set(facts.blocked))
@@ -830,6 +841,20 @@ class Autopilot:
         (they looked at the stuck sub-tasks and chose to go on without them)."""
         history = await self.store.history(task.name)
         return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
+
+
+def _why(out: TurnOutput) -> str:
+    """What a phase's problems add of its turn: how the agent exited, when it failed."""
+    note = exit_note(out.exit_code, out.stderr_tail)
+    return f"\n{note}" if note else ""
+
+
+def _folder_words(task: TaskRecord) -> str:
+    """The task folder as people and the agent read it: relative to the agent's working
+    folder, never a machine's absolute path."""
+    inside = task.folder != task.workdir and task.folder.is_relative_to(task.workdir)
+    shown = task.folder.relative_to(task.workdir).as_posix() if inside else task.folder.name
+    return f"the task folder {shown}/"
 
 
 def _lock_of(store: TaskStore, task: TaskRecord) -> Lock:

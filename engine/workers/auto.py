@@ -93,7 +93,7 @@ async def resume_on_workers(args: argparse.Namespace, settings: Settings, run_id
     state = resumed.state
     where = f"worker {resumed.worker}" if resumed.worker else "another worker"
     print(
-        f"Auto run {run_id} goes on under a budget of {budget.text()}, at turn {state.turn}, "
+        f"Auto run {run_id} goes on under a budget of {budget.text()}, at round {state.turn}, "
         f"phase {state.phase.value}, on {where}",
         flush=True,
     )

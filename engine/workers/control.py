@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.automode.run import process_exit_code
-from engine.automode.state import AutoModeState, AutoStatus
+from engine.automode.state import AutoModeState, AutoStatus, progress_line
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
 from engine.spend import Budget
@@ -265,7 +265,7 @@ def _final(run_id: str, record: RunRecord | None, placement: Placement, out: Tex
     if record.exit_code:
         line += f" (exit {record.exit_code})"
     print(line, file=out)
-    print(f"Turns: {state.turn}/{state.max_turns}; last phase: {state.phase.label}", file=out)
+    print(f"{progress_line(state)}; last phase: {state.phase.label}", file=out)
     if state.message:
         print(state.message, file=out)
     if record.abort_reason:

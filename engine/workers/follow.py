@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from engine.automode.state import AutoModeState
+from engine.automode.state import AutoModeState, rounds_of
 from engine.errors import ConfigError, NotFoundError
 from engine.runs import RunMode
 from engine.store.backend import AnyDatabase
@@ -58,6 +58,7 @@ class TurnStarted:
     worker: str | None
     started_at: float
     state: AutoModeState | None
+    round: int = 0  # an auto run's round this turn ran in (the state has moved on since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class TurnEnded:
     turn: TurnRecord
     worker: str | None
     state: AutoModeState | None
+    round: int = 0  # as TurnStarted's
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +168,8 @@ class RunFollower:
         self, turns: Iterable[TurnRecord], record: RunRecord, placement: Placement
     ) -> list[RunEvent]:
         state = _auto_state(record)
+        turns = list(turns)
+        rounds = rounds_of((t.seq, t.phase) for t in turns) if state is not None else {}
         found: list[RunEvent] = []
         for turn in turns:
             key = (turn.seq, turn.attempt)
@@ -180,12 +184,19 @@ class RunFollower:
                         placement.worker or placement.last_worker,
                         turn.started_at,
                         state,
+                        rounds.get(turn.seq, 0),
                     )
                 )
             if turn.state is not TurnState.STARTED and key not in self.ended:
                 self.ended.add(key)
                 found.append(
-                    TurnEnded(self.run_id, turn, placement.last_worker or placement.worker, state)
+                    TurnEnded(
+                        self.run_id,
+                        turn,
+                        placement.last_worker or placement.worker,
+                        state,
+                        rounds.get(turn.seq, 0),
+                    )
                 )
         return found
 
