@@ -15,7 +15,7 @@ _STATES: Final = {
     "completed": "✅ finished",
     "complete": "✅ complete",
     "stopped": "⏹ stopped",
-    "turn_limit": "⏹ stopped at its turn limit",
+    "turn_limit": "⏹ stopped at its round limit",
     "parked": "⏸ paused (the bot restarts)",
     "error": "⚠️ failed",
     "crashed": "⚠️ failed",

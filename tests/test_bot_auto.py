@@ -430,7 +430,7 @@ async def test_a_bare_stop_with_several_runs_asks_which_one(
     ]
 
 
-async def test_a_run_that_reaches_its_turn_limit_says_so_in_its_live_message(
+async def test_a_run_that_reaches_its_round_limit_says_so_in_its_live_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_script(
@@ -455,7 +455,7 @@ async def test_a_run_that_reaches_its_turn_limit_says_so_in_its_live_message(
         report = await api.wait_for_message(
             lambda m: m.text.startswith(f"Auto run {run_id}:"), timeout=40
         )
-        assert report.text.startswith(f"Auto run {run_id}: stopped at its turn limit")
+        assert report.text.startswith(f"Auto run {run_id}: stopped at its round limit")
         assert (await rt.runs.get_run(run_id)).status is RunStatus.STOPPED
-        await api.wait_until(lambda: "⏹ stopped at its turn limit" in live.text)
-    assert live.text.splitlines()[1].startswith("⏹ stopped at its turn limit · "), live.text
+        await api.wait_until(lambda: "⏹ stopped at its round limit" in live.text)
+    assert live.text.splitlines()[1].startswith("⏹ stopped at its round limit · "), live.text

@@ -97,7 +97,7 @@ TURN_LIMIT_STATUS: Final = "turn_limit"
 
 
 def live_status(state: AutoModeState) -> str:
-    """The state a run's live message shows: a run stopped by its turn limit says so."""
+    """The state a run's live message shows: a run stopped by its round limit says so."""
     if state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE:
         return TURN_LIMIT_STATUS
     return run_status(state).value
