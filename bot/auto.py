@@ -104,7 +104,7 @@ class AutoExtension(Feature):
         binding = await self.ctx.store.binding(chat.id, thread or 0)
         project = binding.project if binding is not None else "default"
         place = ChatPlace(chat.id, thread)
-        cannot = await self._unverifiable(project)
+        cannot = await self._unverifiable(project, place)
         if cannot is not None:
             await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
             return
@@ -155,7 +155,7 @@ class AutoExtension(Feature):
             initial=True,
         )
 
-    async def _unverifiable(self, project: str) -> str | None:
+    async def _unverifiable(self, project: str, place: ChatPlace) -> str | None:
         """Why no completion could ever be accepted in the project's folder (None: it can).
 
         The bot has no verify command: in a folder that is no git repository nothing
@@ -164,7 +164,8 @@ class AutoExtension(Feature):
         if configured_project(self.ctx.settings, project):
             return None  # a git worktree of its own
         try:
-            folder = await self.ctx.chats.workdir_for(project, "")
+            # The chat's own workspace itself, not a worktree (none is made for the check).
+            folder = await self.ctx.chats.workdir_for(project, "", place, worktree=False)
         except ConfigError:
             return None  # said when the run is started
         gap = await evidence_gap(folder)

@@ -32,9 +32,9 @@ __all__ = [
 #: Makes an agent process as :func:`engine.agents.factory.create_agent` does (the bot's
 #: tests hand in fakes): chat sessions and drives alike.
 AgentFactory = Callable[..., "ProcessAgent"]
-#: Where a run of a project works: ``(project, run id) -> folder`` (a worktree of its own
-#: for a configured project).
-Workdirs = Callable[[str, str], Awaitable[Path]]
+#: Where a run of a project works: ``(project, run id, place) -> folder`` (a worktree of
+#: its own, of a configured project or of the place's own workspace for ``default``).
+Workdirs = Callable[[str, str, ChatPlace], Awaitable[Path]]
 #: The route of a run's tool calls for ``(agent, person who started it)``; None: none ask.
 Approvals = Callable[[str, "int | None"], "ApprovalFor | None"]
 
