@@ -15,7 +15,7 @@ from typing import Final
 from telegram import Update
 from telegram.error import TelegramError
 
-from bot.chatting import configured_project
+from bot.chatting import configured_project, project_words
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -32,6 +32,7 @@ from engine.errors import ConfigError, NotFoundError
 from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
 from engine.spend import Budget
+from engine.workspace.manager import DEFAULT_PROJECT
 
 __all__ = ["AutoExtension"]
 
@@ -102,7 +103,7 @@ class AutoExtension(Feature):
         if thread is None and chat.is_forum:
             thread = await self._topic(chat.id, f"auto: {objective[:60]}")
         binding = await self.ctx.store.binding(chat.id, thread or 0)
-        project = binding.project if binding is not None else "default"
+        project = binding.project if binding is not None else DEFAULT_PROJECT
         place = ChatPlace(chat.id, thread)
         cannot = await self._unverifiable(project, place)
         if cannot is not None:
@@ -132,14 +133,15 @@ class AutoExtension(Feature):
             update_id=update.update_id,
             reason=run_id,
         )
+        where = project_words(self.ctx.settings, project, thread)
         if started.queued:
             text = (
-                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, project "
-                f"{project}).\n/status shows it; /stop {run_id} stops it."
+                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, {where})."
+                f"\n/status shows it; /stop {run_id} stops it."
             )
         else:
             text = (
-                f"🤖 Auto run {run_id} started ({started.agent}, project {project}).\n"
+                f"🤖 Auto run {run_id} started ({started.agent}, {where}).\n"
                 "Messages here, or /steer TEXT, become instructions for the next Execute "
                 f"turn. /stop {run_id} stops it."
             )
@@ -161,8 +163,8 @@ class AutoExtension(Feature):
         The bot has no verify command: in a folder that is no git repository nothing
         could confirm completion, and the run would use all its turns.
         """
-        if configured_project(self.ctx.settings, project):
-            return None  # a git worktree of its own
+        if configured_project(self.ctx.settings, project) or self.ctx.chats.agents.remote:
+            return None  # a git worktree of its own (on the workers: the workers')
         try:
             # The chat's own workspace itself, not a worktree (none is made for the check).
             folder = await self.ctx.chats.workdir_for(project, "", place, worktree=False)

@@ -61,7 +61,11 @@ async def _chat_turn(
     """A chat session here, and one turn (that leaves files uncommitted with ``notes``)."""
     here = _in(chat, thread)
     api.push_message(chat_id=chat, user_id=OPERATOR, text="/chat", thread_id=thread)
-    await api.wait_for_message(lambda m: here(m) and "bound to a new" in m.text)
+    bound = await api.wait_for_message(lambda m: here(m) and "bound to a new" in m.text)
+    place = "topic" if thread else "chat"
+    assert bound.text.startswith(
+        f"🔗 This {place} is bound to a new command session (this {place}'s own workspace). "
+    ), bound.text
     text, answer = ("leave notes", "noted") if notes else ("look around", "looked")
     api.push_message(chat_id=chat, user_id=OPERATOR, text=text, thread_id=thread)
     await api.wait_for_message(lambda m: here(m) and m.text == answer, timeout=30)
@@ -75,6 +79,11 @@ async def _auto(
     api.push_message(chat_id=chat, user_id=OPERATOR, text="/auto make result.txt", thread_id=thread)
     started = await api.wait_for_message(lambda m: here(m) and m.text.startswith("🤖 Auto run "))
     run_id = started.text.split()[3]
+    place = "topic" if thread else "chat"
+    first = [*started.history, started.text][0]
+    assert first.startswith(
+        f"🤖 Auto run {run_id} started (command, this {place}'s own workspace).\n"
+    ), first
     report = await api.wait_for_message(
         lambda m: here(m) and m.text.startswith(f"Auto run {run_id}: "), timeout=40
     )

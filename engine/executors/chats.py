@@ -29,6 +29,7 @@ from engine.process import PreemptHandle
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase
 from engine.turn import TurnOutput
+from engine.workers.control import workers_project_problem
 from engine.workspace import WorkspaceManager
 
 __all__ = ["ChatAgent", "ChatAgents", "LocalChatAgents", "WorkersChatAgents"]
@@ -167,6 +168,10 @@ class WorkersChatAgents:
         return None  # a worker with the agent's CLI takes the turns
 
     def place_problem(self, project: str, branch: str | None) -> str | None:
+        # The words an auto run or a drive of this chat is refused with, too.
+        problem = workers_project_problem(self._settings, project)
+        if problem is not None:
+            return problem
         manager = WorkspaceManager.from_settings(self._settings)
         if project not in {p.name for p in manager.projects}:
             return (
