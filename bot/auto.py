@@ -99,16 +99,19 @@ class AutoExtension(Feature):
         if not objective:
             await self.ctx.replies.reply(update, USAGE)
             return
-        thread = message.message_thread_id if message.is_topic_message else None
-        if thread is None and chat.is_forum:
-            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
-        binding = await self.ctx.store.binding(chat.id, thread or 0)
+        asked = message.message_thread_id if message.is_topic_message else None
+        # The project (and the own workspace) of where it was asked, as /autopilot does.
+        binding = await self.ctx.store.binding(chat.id, asked or 0)
         project = binding.project if binding is not None else DEFAULT_PROJECT
-        place = ChatPlace(chat.id, thread)
-        cannot = await self._unverifiable(project, place)
+        asked_in = ChatPlace(chat.id, asked)
+        cannot = await self._unverifiable(project, asked_in)
         if cannot is not None:
             await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
             return
+        thread = asked
+        if thread is None and chat.is_forum:
+            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
+        place = ChatPlace(chat.id, thread)
         user = update.effective_user
         request = AutoRequest(
             objective=objective,
@@ -118,6 +121,7 @@ class AutoExtension(Feature):
             budget=budget,
             # Its own, else the chat's (/permissions); kept with the run for resumes.
             permissions=permissions or await self.ctx.store.place_permissions(chat.id, thread or 0),
+            asked_in=asked_in,
         )
         try:
             started = await self.executor.start(request)
@@ -133,7 +137,7 @@ class AutoExtension(Feature):
             update_id=update.update_id,
             reason=run_id,
         )
-        where = project_words(self.ctx.settings, project, thread)
+        where = project_words(self.ctx.settings, project, asked)
         if started.queued:
             text = (
                 f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, {where})."

@@ -85,7 +85,9 @@ class Notices(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AutoRequest:
-    """A new auto run asked for from a front end."""
+    """A new auto run asked for from a front end: it reports to ``place``; on ``default``
+    it works in a worktree of the own workspace of ``asked_in`` (None: of ``place``), the
+    chat or topic it was asked for in (a forum's run may report to a topic of its own)."""
 
     objective: str
     project: str
@@ -93,6 +95,7 @@ class AutoRequest:
     user_id: int | None = None
     budget: Budget | None = None  # None: the settings' TURNSTILE_RUN_BUDGET, if any
     permissions: str | None = None  # a preset (guarded, trusted, free); None: the settings'
+    asked_in: ChatPlace | None = None
 
 
 @dataclass(frozen=True, slots=True)
