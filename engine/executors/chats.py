@@ -29,7 +29,6 @@ from engine.process import PreemptHandle
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase
 from engine.turn import TurnOutput
-from engine.workers.control import workers_project_problem
 from engine.workspace import WorkspaceManager
 
 __all__ = ["ChatAgent", "ChatAgents", "LocalChatAgents", "WorkersChatAgents"]
@@ -168,6 +167,9 @@ class WorkersChatAgents:
         return None  # a worker with the agent's CLI takes the turns
 
     def place_problem(self, project: str, branch: str | None) -> str | None:
+        # Here, not at the top: the queue's driver loads only when the workers are used.
+        from engine.workers.control import workers_project_problem
+
         # The words an auto run or a drive of this chat is refused with, too.
         problem = workers_project_problem(self._settings, project)
         if problem is not None:
