@@ -40,7 +40,7 @@ from engine.workers.queue import (
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
 from engine.workspace.manager import DEFAULT_PROJECT, WorkspaceManager
-from engine.workspace.projects import ProjectError, is_repository_reference
+from engine.workspace.projects import is_repository_reference
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -86,12 +86,8 @@ def project_reference(settings: Settings, reference: str) -> str:
     """What a worker is told the project is: a configured name, else its URL or full path.
 
     Raises:
-        ProjectError: an unknown name, a path that is not a repository, or a chat's own
-            workspace (:func:`workers_project_problem`).
+        ProjectError: an unknown name or a path that is not a repository.
     """
-    problem = workers_project_problem(settings, reference)
-    if problem is not None:
-        raise ProjectError(problem)
     project = WorkspaceManager.from_settings(settings).project_for(reference)
     return reference if not is_repository_reference(reference) else project.url
 
