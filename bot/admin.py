@@ -58,7 +58,9 @@ HELP: Final = "\n".join(
         "",
         "Chat sessions",
         "/chat [agent] [project[@branch]] — bind this chat (or topic) to a new agent"
-        " session; then every message is one turn. Agents installed here: {agents}.",
+        " session; then every message is one turn. Agents installed here: {agents}."
+        " Without a project, this chat (or topic) works in a workspace of its own, which"
+        " no other chat sees; each /auto run gets a git worktree of it.",
         "/agent NAME · /project NAME[@branch] · /new — a new session with another agent,"
         " on another project, or just a fresh one. /model NAME — this chat's model, kept"
         " across restarts (/model default undoes it). /status shows how to continue the"

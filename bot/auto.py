@@ -15,7 +15,7 @@ from typing import Final
 from telegram import Update
 from telegram.error import TelegramError
 
-from bot.chatting import configured_project
+from bot.chatting import configured_project, project_words
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -33,6 +33,7 @@ from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
 from engine.runs.ids import short_id
 from engine.spend import Budget
+from engine.workspace.manager import DEFAULT_PROJECT
 
 __all__ = ["AutoExtension"]
 
@@ -99,16 +100,19 @@ class AutoExtension(Feature):
         if not objective:
             await self.ctx.replies.reply(update, USAGE)
             return
-        thread = message.message_thread_id if message.is_topic_message else None
-        if thread is None and chat.is_forum:
-            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
-        binding = await self.ctx.store.binding(chat.id, thread or 0)
-        project = binding.project if binding is not None else "default"
-        place = ChatPlace(chat.id, thread)
-        cannot = await self._unverifiable(project)
+        asked = message.message_thread_id if message.is_topic_message else None
+        # The project (and the own workspace) of where it was asked, as /autopilot does.
+        binding = await self.ctx.store.binding(chat.id, asked or 0)
+        project = binding.project if binding is not None else DEFAULT_PROJECT
+        asked_in = ChatPlace(chat.id, asked)
+        cannot = await self._unverifiable(project, asked_in)
         if cannot is not None:
             await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
             return
+        thread = asked
+        if thread is None and chat.is_forum:
+            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
+        place = ChatPlace(chat.id, thread)
         user = update.effective_user
         request = AutoRequest(
             objective=objective,
@@ -118,6 +122,7 @@ class AutoExtension(Feature):
             budget=budget,
             # Its own, else the chat's (/permissions); kept with the run for resumes.
             permissions=permissions or await self.ctx.store.place_permissions(chat.id, thread or 0),
+            asked_in=asked_in,
         )
         try:
             started = await self.executor.start(request)
@@ -133,14 +138,15 @@ class AutoExtension(Feature):
             update_id=update.update_id,
             reason=run_id,
         )
+        where = project_words(self.ctx.settings, project, asked)
         if started.queued:
             text = (
-                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, project "
-                f"{project}).\n/status shows it; /stop {short_id(run_id)} stops it."
+                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, {where})."
+                f"\n/status shows it; /stop {short_id(run_id)} stops it."
             )
         else:
             text = (
-                f"🤖 Auto run {run_id} started ({started.agent}, project {project}).\n"
+                f"🤖 Auto run {run_id} started ({started.agent}, {where}).\n"
                 "Messages here, or /steer TEXT, become instructions for the next Execute "
                 f"turn. /stop {short_id(run_id)} stops it."
             )
@@ -156,16 +162,17 @@ class AutoExtension(Feature):
             initial=True,
         )
 
-    async def _unverifiable(self, project: str) -> str | None:
+    async def _unverifiable(self, project: str, place: ChatPlace) -> str | None:
         """Why no completion could ever be accepted in the project's folder (None: it can).
 
         The bot has no verify command: in a folder that is no git repository nothing
         could confirm completion, and the run would use all its turns.
         """
-        if configured_project(self.ctx.settings, project):
-            return None  # a git worktree of its own
+        if configured_project(self.ctx.settings, project) or self.ctx.chats.agents.remote:
+            return None  # a git worktree of its own (on the workers: the workers')
         try:
-            folder = await self.ctx.chats.workdir_for(project, "")
+            # The chat's own workspace itself, not a worktree (none is made for the check).
+            folder = await self.ctx.chats.workdir_for(project, "", place, worktree=False)
         except ConfigError:
             return None  # said when the run is started
         gap = await evidence_gap(folder)

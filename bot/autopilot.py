@@ -52,6 +52,7 @@ from engine.gates.hashing import sha256_file_async
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
+from engine.workspace.manager import DEFAULT_PROJECT
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["AutopilotExtension"]
@@ -187,7 +188,7 @@ class AutopilotExtension(Feature):
         thread = message.message_thread_id if message.is_topic_message else None
         # A new task's drive on the workers is checked out from the chat's project.
         binding = await self.ctx.store.binding(chat.id, thread or 0)
-        project = binding.project if binding is not None else "default"
+        project = binding.project if binding is not None else DEFAULT_PROJECT
         if thread is None and chat.is_forum and not await self._exists(name):
             thread = await self._topic(chat.id, f"autopilot: {name}")
         place = ChatPlace(chat.id, thread)

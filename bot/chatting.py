@@ -27,7 +27,7 @@ from engine.chats.sessions import ChatRun
 from engine.errors import ConfigError, NotFoundError
 from engine.settings import Settings
 from engine.workspace import WorkspaceManager
-from engine.workspace.manager import RESERVED_FOLDERS
+from engine.workspace.manager import DEFAULT_PROJECT, RESERVED_FOLDERS
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["ChatFeature"]
@@ -48,10 +48,11 @@ _RESUME: Final = {
 
 
 def project_names(settings: Settings) -> list[str]:
-    """What ``/chat`` and ``/project`` accept: ``default``, the configured projects
-    (``TURNSTILE_PROJECTS``), and folders already under the workspaces root."""
+    """What ``/chat`` and ``/project`` accept: ``default`` (the chat's own workspace), the
+    configured projects (``TURNSTILE_PROJECTS``), and folders already under the workspaces
+    root."""
     manager = WorkspaceManager.from_settings(settings)
-    names = ["default", *(p.name for p in manager.projects)]
+    names = [DEFAULT_PROJECT, *(p.name for p in manager.projects)]
     if manager.root.is_dir():
         names += sorted(
             p.name
@@ -64,6 +65,14 @@ def project_names(settings: Settings) -> list[str]:
 def configured_project(settings: Settings, project: str) -> bool:
     """Whether ``project`` is configured (a git worktree of its own, a branch to pick)."""
     return project in {p.name for p in WorkspaceManager.from_settings(settings).projects}
+
+
+def project_words(settings: Settings, project: str, thread: int | None) -> str:
+    """Where a chat's runs work, in words: ``project web``, or for ``default`` (unless a
+    configured project has that name) ``this chat's own workspace`` (a topic's)."""
+    if project == DEFAULT_PROJECT and not configured_project(settings, project):
+        return f"this {'topic' if thread else 'chat'}'s own workspace"
+    return f"project {project}"
 
 
 # callback_data of the button under a cut-off chat turn: "rr:" + its run id + ":" + its
@@ -144,7 +153,7 @@ class ChatFeature(Feature):
         rest = list(args)
         if rest and rest[0] in AGENT_NAMES:
             agent = rest.pop(0)
-        target = rest.pop(0) if rest else "default"
+        target = rest.pop(0) if rest else DEFAULT_PROJECT
         if rest:
             await self.ctx.replies.reply(update, f"{_CHAT_USAGE}. {self._choices()}")
             return
@@ -153,7 +162,7 @@ class ChatFeature(Feature):
 
     async def cmd_agent(self, update: Update, args: list[str]) -> None:
         binding = await self._binding(update)
-        project = binding.project if binding is not None else "default"
+        project = binding.project if binding is not None else DEFAULT_PROJECT
         if len(args) != 1:
             await self.ctx.replies.reply(update, self._usage("agent"))
             return
@@ -264,7 +273,9 @@ class ChatFeature(Feature):
         except ConfigError as exc:
             await ctx.replies.reply(update, f"Cannot bind: {exc}")
             return
-        where = f"project {project}" + (f", branch {branch}" if branch else "")
+        where = project_words(ctx.settings, project, thread) + (
+            f", branch {branch}" if branch else ""
+        )
         await self._audit(update, "chat", f"{agent} {where}")
         place = "topic" if thread else "chat"
         head = (

@@ -160,7 +160,8 @@ async def test_stop_by_run_id_preempts_an_auto_run(
 async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # No workspace made beforehand: the bot makes the default one, a git repository.
+    # No workspace made beforehand: the bot makes the chat's own, a git repository, and
+    # the run works in a worktree of it.
     write_script(
         tmp_path,
         {
@@ -205,7 +206,8 @@ async def test_auto_in_the_default_workspace_can_finish_and_says_why_a_claim_was
             turns.message_id,
         ], [m.text[:50] for m in api.sent]
         workdir = Path((await rt.runs.get_run(run_id)).workdir or "")
-    assert workdir == (tmp_path / "ws" / "default").resolve()
+    assert workdir.parent == (tmp_path / "ws" / "worktrees" / f"chat_{CHAT}").resolve()
+    assert (tmp_path / "ws" / "chats" / f"chat_{CHAT}" / ".git").is_dir()
     log = subprocess.run(
         ["git", "-C", str(workdir), "log", "--format=%s"],
         capture_output=True,
@@ -264,9 +266,9 @@ async def test_auto_counts_every_agent_turn_the_same_way_everywhere(
 async def test_auto_is_refused_up_front_where_completion_cannot_be_shown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A default folder that exists with files and is no git repository (made by hand or
-    # by an older turnstile): left alone, and /auto says why it cannot start there.
-    folder = tmp_path / "ws" / "default"
+    # A chat's own folder that exists with files and is no git repository (made by
+    # hand): left alone, and /auto says why it cannot start there.
+    folder = tmp_path / "ws" / "chats" / f"chat_{CHAT}"
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("mine\n")
     write_script(tmp_path, {}, monkeypatch)

@@ -530,7 +530,6 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
 ) -> None:
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
-    workdir = git_workspace(tmp_path / "ws" / "default")
     release = tmp_path / "release"
     write_script(
         tmp_path,
@@ -554,7 +553,7 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
         FakeBotApi() as api,
     ):
         settings = bot_settings(api, tmp_path, transcription_url=stt.url)
-        async with running_bot(api, settings):
+        async with running_bot(api, settings) as rt:
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto sum the data")
             started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
             run_id = started.text.split()[3]
@@ -586,6 +585,8 @@ async def test_files_and_voice_notes_steer_a_running_auto_run(
             assert doc.document == b"3\n"
             await answer(api, "Not sent (TURNSTILE-SEND: ../../x)")
             await answer(api, "Objective achieved")
+            # The run's own worktree of the chat's workspace.
+            workdir = Path((await rt.runs.get_run(run_id)).workdir or "")
     assert (workdir / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
     executes = [p for p in prompts(tmp_path) if EXECUTE in p]
     assert len(executes) == 1
@@ -638,7 +639,7 @@ async def test_an_album_cut_off_by_a_crash_is_not_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_script(tmp_path, {}, monkeypatch)
-    uploads = tmp_path / "ws" / "default" / "uploads"
+    uploads = tmp_path / "ws" / "chats" / f"chat_{OPERATOR}" / "uploads"
     async with FakeBotApi() as api:
         bot = await _bot_process(api, tmp_path, TURNSTILE_ALBUM_WAIT_SECONDS="3600")
         try:

@@ -327,3 +327,27 @@ async def test_a_bot_starting_while_a_turn_runs_on_a_worker_leaves_that_turn_alo
         assert states == [("finished",)]
         assert [m for m in api.sent if m.text.startswith(f"Auto run {run_id}:")] == [report]
         assert len(api.sent) == 3, [_texts(m)[-1][:50] for m in api.sent]
+
+
+async def test_a_chat_with_no_project_is_told_the_same_on_the_workers_for_every_mode(
+    cluster: Cluster,
+) -> None:
+    # A configured project, but none called "default": this chat's own workspace is on the
+    # bot's disk, where no worker works. Chat, /auto and /autopilot say so alike.
+    cluster.env["TURNSTILE_PROJECTS"] = f"demo={cluster.remote}#main"
+    expected = (
+        "on the workers a run needs a project of TURNSTILE_PROJECTS, and none is bound here "
+        "(this chat's own workspace is on the bot's machine, where no worker works): "
+        "/project NAME binds one"
+    )
+    async with FakeBotApi() as api, _bot(cluster, api):
+        for command, answer in (
+            ("/chat", "Cannot bind: "),
+            ("/auto make result.txt", "Cannot start: "),
+            ("/autopilot nodefault", "Cannot start: "),
+        ):
+            api.push_message(chat_id=CHAT, user_id=OPERATOR, text=command)
+            refused = await api.wait_for_message(lambda m, a=answer: m.text.startswith(a))
+            assert refused.text == answer + expected, command
+    assert cluster.query("SELECT run_id FROM worker_runs") == []
+    assert not (cluster.tmp / "bot" / "ws" / "chats").exists()

@@ -51,7 +51,7 @@ def test_the_bot_never_spells_the_workspace_layout() -> None:
     assert [
         path for path, text in _sources("bot", {".py"}).items() if "settings.workspaces" in text
     ] == []
-    assert {"cache", "worktrees", "locks"} == RESERVED_FOLDERS
+    assert {"cache", "worktrees", "locks", "chats"} == RESERVED_FOLDERS
     names = "|".join(sorted(RESERVED_FOLDERS))
     quoted = re.compile(rf"""["']({names})["'/]|/ ?["']({names})""")
     offenders = [

@@ -78,7 +78,8 @@ def settings_for(api: FakeBotApi, root: Path, claude_bin: Path, **overrides: Any
 
 
 def workdir(root: Path) -> Path:
-    return root / "ws" / "default"
+    """The own workspace of the test chat, where its chat sessions work."""
+    return root / "ws" / "chats" / f"chat_{CHAT}"
 
 
 def is_request(msg: SentMessage) -> bool:

@@ -148,7 +148,7 @@ async def control_plane(
     )
     chat = Chat()
 
-    async def no_workdir(project: str, run_id: str) -> Path:
+    async def no_workdir(project: str, run_id: str, place: object) -> Path:
         raise AssertionError("a run on the workers has no folder here")
 
     async with open_database(settings) as db:
@@ -311,7 +311,7 @@ async def test_a_front_end_restart_leaves_a_run_on_the_workers_to_them(
     settings = make_settings(tmp_path, execution="workers")
     chat = Chat()
 
-    async def no_workdir(project: str, run_id: str) -> Path:
+    async def no_workdir(project: str, run_id: str, place: object) -> Path:
         raise AssertionError("no folder here")
 
     local = LocalAuto(

@@ -50,6 +50,8 @@ from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import BaseChannel, Closed, Idle, NextPrompt, Ready, TurnOutput, run_session_loop
 from engine.workspace import WorkspaceError, WorkspaceManager, WorkspaceStore
+from engine.workspace.manager import DEFAULT_PROJECT
+from engine.workspace.projects import Project
 
 __all__ = ["ChatChannel", "ChatFront", "ChatRun", "ChatSessions", "SubmitResult", "TurnView"]
 
@@ -271,28 +273,48 @@ class ChatSessions:
 
     # -- binding -----------------------------------------------------------------------
 
-    async def workdir_for(self, project: str, run_key: str, *, branch: str | None = None) -> Path:
+    async def workdir_for(
+        self,
+        project: str,
+        run_key: str,
+        place: ChatPlace | None = None,
+        *,
+        branch: str | None = None,
+        worktree: bool = True,
+    ) -> Path:
         """Where a run works: a git worktree of its own for a configured project
-        (``TURNSTILE_PROJECTS``, see docs/workspaces.md), else a folder under the
-        workspaces root (a new one is made a git repository with a first commit).
+        (``TURNSTILE_PROJECTS``, see docs/workspaces.md); for ``default`` in ``place``, a
+        worktree of that chat's (or topic's) own workspace, or without ``worktree`` (a chat
+        session) the workspace itself; else a folder under the workspaces root. A
+        workspace or folder made now is a git repository with a first commit.
 
         Raises:
             ConfigError: a malformed project setting, a reserved name, or git failed.
         """
         manager = WorkspaceManager.from_settings(self.settings, store=self.workspaces)
-        if project in {p.name for p in manager.projects}:
+        checkout: str | Project = project
+        what = project
+        if project not in {p.name for p in manager.projects}:
+            if project != DEFAULT_PROJECT or place is None:
+                try:
+                    # A git repository from the start: what completion is judged on.
+                    return await manager.plain_repository(project)
+                except GitError as exc:
+                    raise ConfigError(
+                        f"cannot make the folder of {project} a git repository: {exc}"
+                    ) from exc
+            what = "this chat's own workspace"
             try:
-                workspace = await manager.provision(run_key, project, branch=branch)
-            except (WorkspaceError, GitError) as exc:
-                raise ConfigError(f"cannot check out {project}: {exc}") from exc
-            return workspace.path
+                if not worktree:
+                    return await manager.place_repository(place.chat_id, place.thread_id)
+                checkout = await manager.place_project(place.chat_id, place.thread_id)
+            except GitError as exc:
+                raise ConfigError(f"cannot make {what} a git repository: {exc}") from exc
         try:
-            # A git repository from the start: what completion is judged on.
-            return await manager.plain_repository(project)
-        except GitError as exc:
-            raise ConfigError(
-                f"cannot make the folder of {project} a git repository: {exc}"
-            ) from exc
+            workspace = await manager.provision(run_key, checkout, branch=branch)
+        except (WorkspaceError, GitError) as exc:
+            raise ConfigError(f"cannot check out {what}: {exc}") from exc
+        return workspace.path
 
     async def bind(
         self,
@@ -323,7 +345,15 @@ class ChatSessions:
         # Remote: no folder here, it is checked out on the worker of the first turn.
         workdir = ""
         if not self.agents.remote:
-            workdir = str(await self.workdir_for(project, f"chat-{session_id[:8]}", branch=branch))
+            workdir = str(
+                await self.workdir_for(
+                    project,
+                    f"chat-{session_id[:8]}",
+                    ChatPlace(chat_id, thread_id or None),
+                    branch=branch,
+                    worktree=False,
+                )
+            )
         if old is not None:
             old.channel.close()
             if old.task is not None:

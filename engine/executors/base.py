@@ -32,9 +32,9 @@ __all__ = [
 #: Makes an agent process as :func:`engine.agents.factory.create_agent` does (the bot's
 #: tests hand in fakes): chat sessions and drives alike.
 AgentFactory = Callable[..., "ProcessAgent"]
-#: Where a run of a project works: ``(project, run id) -> folder`` (a worktree of its own
-#: for a configured project).
-Workdirs = Callable[[str, str], Awaitable[Path]]
+#: Where a run of a project works: ``(project, run id, place) -> folder`` (a worktree of
+#: its own, of a configured project or of the place's own workspace for ``default``).
+Workdirs = Callable[[str, str, ChatPlace], Awaitable[Path]]
 #: The route of a run's tool calls for ``(agent, person who started it)``; None: none ask.
 Approvals = Callable[[str, "int | None"], "ApprovalFor | None"]
 
@@ -85,7 +85,9 @@ class Notices(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AutoRequest:
-    """A new auto run asked for from a front end."""
+    """A new auto run asked for from a front end: it reports to ``place``; on ``default``
+    it works in a worktree of the own workspace of ``asked_in`` (None: of ``place``), the
+    chat or topic it was asked for in (a forum's run may report to a topic of its own)."""
 
     objective: str
     project: str
@@ -93,6 +95,7 @@ class AutoRequest:
     user_id: int | None = None
     budget: Budget | None = None  # None: the settings' TURNSTILE_RUN_BUDGET, if any
     permissions: str | None = None  # a preset (guarded, trusted, free); None: the settings'
+    asked_in: ChatPlace | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,13 @@ class WorkersChatAgents:
         return None  # a worker with the agent's CLI takes the turns
 
     def place_problem(self, project: str, branch: str | None) -> str | None:
+        # Here, not at the top: the queue's driver loads only when the workers are used.
+        from engine.workers.control import workers_project_problem
+
+        # The words an auto run or a drive of this chat is refused with, too.
+        problem = workers_project_problem(self._settings, project)
+        if problem is not None:
+            return problem
         manager = WorkspaceManager.from_settings(self._settings)
         if project not in {p.name for p in manager.projects}:
             return (

@@ -88,7 +88,7 @@ class LocalAuto:
         # The run's id keys its worktree: its branch is turnstile/<run id>.
         run_id = self.supervisor.reserve(RunMode.AUTO)
         agent = self.settings.default_agent
-        workdir = await self.workdirs(request.project, run_id)
+        workdir = await self.workdirs(request.project, run_id, request.asked_in or request.place)
         spec = RunSpec(
             objective=request.objective,
             agent=agent,

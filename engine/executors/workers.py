@@ -40,6 +40,7 @@ from engine.workers.control import (
     start_on_workers,
     stop_run_in,
     worker_status,
+    workers_project_problem,
 )
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.workers.store import Placement, WorkerStore
@@ -99,6 +100,9 @@ class WorkersAuto:
                 "and auto runs on the workers do not ask; /permissions default here, or run "
                 "it where the bot runs (TURNSTILE_EXECUTION=local)"
             )
+        problem = workers_project_problem(settings, request.project)
+        if problem is not None:
+            raise ConfigError(problem)
         spec = new_spec(
             objective=request.objective,
             tool=tool,

@@ -39,13 +39,14 @@ from engine.workers.queue import (
 )
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workers.views import waiting_note
-from engine.workspace.manager import WorkspaceManager
+from engine.workspace.manager import DEFAULT_PROJECT, WorkspaceManager
 from engine.workspace.projects import is_repository_reference
 
 if TYPE_CHECKING:
     from engine.settings import Settings
 
 __all__ = [
+    "NO_PROJECT_ON_WORKERS",
     "Resubmitted",
     "follow_run",
     "project_reference",
@@ -56,9 +57,29 @@ __all__ = [
     "stop_run_in",
     "stop_when_asked",
     "worker_status",
+    "workers_project_problem",
 ]
 
 _POLL: Final = 0.25
+
+
+#: Why a chat with no project runs nothing on the workers: the same words for a chat
+#: session, an auto run and an autopilot drive.
+NO_PROJECT_ON_WORKERS: Final = (
+    "on the workers a run needs a project of TURNSTILE_PROJECTS, and none is bound here "
+    "(this chat's own workspace is on the bot's machine, where no worker works): "
+    "/project NAME binds one"
+)
+
+
+def workers_project_problem(settings: Settings, project: str) -> str | None:
+    """Why a run of a chat on ``project`` cannot go to the workers (None: it can, as far
+    as its workspace goes): ``default`` that no configured project is called is the
+    chat's own workspace, on this machine's disk."""
+    configured = {p.name for p in WorkspaceManager.from_settings(settings).projects}
+    if project == DEFAULT_PROJECT and project not in configured:
+        return NO_PROJECT_ON_WORKERS
+    return None
 
 
 def project_reference(settings: Settings, reference: str) -> str:

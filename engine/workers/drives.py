@@ -212,7 +212,11 @@ async def queue_drive(
     from engine.agents.factory import AGENT_NAMES
     from engine.gates.names import check_task_name
     from engine.gates.service import Gates
-    from engine.workers.control import project_reference, start_on_workers
+    from engine.workers.control import (
+        project_reference,
+        start_on_workers,
+        workers_project_problem,
+    )
     from engine.workers.queue import require_postgres
 
     require_postgres(settings.database)
@@ -240,6 +244,9 @@ async def queue_drive(
     if current is not None:
         where = current.spec.project
     elif task is None and project is not None:
+        problem = workers_project_problem(settings, project) if chat is not None else None
+        if problem is not None:
+            raise ConfigError(problem)
         where = project_reference(settings, project)
     elif task is None:
         raise ConfigError("on the workers a new task needs a project: give --checkout-repo")

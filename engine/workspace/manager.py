@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BRANCH_PREFIX",
+    "DEFAULT_PROJECT",
     "RESCUE_PREFIX",
     "RESERVED_FOLDERS",
     "CleanupReport",
@@ -52,6 +53,7 @@ __all__ = [
     "WorkspaceStatus",
     "disk_usage",
     "format_size",
+    "place_workspace_name",
     "run_branch",
     "subtask_workspace_id",
 ]
@@ -72,7 +74,12 @@ RESCUE_PREFIX: Final = "turnstile/rescue/"
 CACHE_DIR: Final = "cache"
 WORKTREES_DIR: Final = "worktrees"
 LOCKS_DIR: Final = "locks"
-RESERVED_FOLDERS: Final = frozenset({CACHE_DIR, WORKTREES_DIR, LOCKS_DIR})
+# Each chat's (and forum topic's) own workspace: under a folder of the manager's, so no
+# chat can name another chat's workspace as a project.
+CHATS_DIR: Final = "chats"
+RESERVED_FOLDERS: Final = frozenset({CACHE_DIR, WORKTREES_DIR, LOCKS_DIR, CHATS_DIR})
+#: The project of a chat that has none bound: that chat's (or topic's) own workspace.
+DEFAULT_PROJECT: Final = "default"
 _SUB_SEP: Final = "--"
 _MAX_COMMITS: Final = 500
 _FETCH_REFSPEC: Final = "+refs/heads/*:refs/remotes/origin/*"
@@ -252,6 +259,14 @@ def _check_id(value: str, what: str) -> str:
     return value
 
 
+def place_workspace_name(chat_id: int, thread_id: int | None = None) -> str:
+    """The name of a chat's own workspace (folder, clone and worktrees): ``chat_-1001234``,
+    or ``chat_-1001234_topic_7`` for a forum topic; the sign stays, so no two chats share
+    one. The only place that spells it."""
+    topic = f"_topic_{thread_id}" if thread_id else ""
+    return f"chat_{chat_id}{topic}"
+
+
 def subtask_workspace_id(parent_id: str, name: str) -> str:
     """The id of sub-task ``name``'s workspace under the workspace ``parent_id``:
     ``PARENT--NAME`` (its branch is ``turnstile/PARENT--NAME``). A sub-task of a sub-task
@@ -405,7 +420,35 @@ class WorkspaceManager:
             ConfigError: ``name`` is reserved.
             GitError: git failed.
         """
-        path = self.plain_folder(name)
+        return await self._repository(self.plain_folder(name))
+
+    def place_folder(self, chat_id: int, thread_id: int | None = None) -> Path:
+        """The folder of the chat's (or forum topic's) own workspace."""
+        return self.root / CHATS_DIR / place_workspace_name(chat_id, thread_id)
+
+    async def place_repository(self, chat_id: int, thread_id: int | None = None) -> Path:
+        """The chat's (or topic's) own workspace, a git repository made on first use (as
+        :meth:`plain_repository` makes one): where its chat sessions work."""
+        return await self._repository(self.place_folder(chat_id, thread_id))
+
+    async def place_project(self, chat_id: int, thread_id: int | None = None) -> Project:
+        """The chat's own workspace as a project: each run on it gets a worktree of its own
+        (:meth:`provision`), cut from the workspace's branch, as on a configured project.
+
+        Raises:
+            ProjectError: a configured project has the workspace's name.
+            GitError: git failed.
+        """
+        path = await self.place_repository(chat_id, thread_id)
+        name = place_workspace_name(chat_id, thread_id)
+        if name in self._projects and name not in self._unconfigured:
+            raise ProjectError(
+                f"the project {name!r} in TURNSTILE_PROJECTS has the name of this chat's own "
+                "workspace; rename that project"
+            )
+        return Project(name=name, url=str(path))
+
+    async def _repository(self, path: Path) -> Path:
         await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         if (path / ".git").exists() or await asyncio.to_thread(_has_entries, path):
             return path
