@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id"]
+__all__ = ["RUN_ID_PATTERN", "RunMode", "named_runs", "new_run_id"]
 
 
 class RunMode(StrEnum):
@@ -28,3 +29,13 @@ def new_run_id(mode: RunMode | str, *, clock: float | None = None) -> str:
     """A new run id for ``mode`` (local time, so people read it as they read a clock)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock))
     return f"{RunMode(mode).value}-{stamp}-{secrets.token_hex(3)}"
+
+
+def named_runs(ids: Iterable[str], wanted: str) -> list[str]:
+    """The run ids ``wanted`` names: itself when it is one of ``ids``, else those that end
+    with it (a short handle such as ``4a37b``, the end of an id); more than one means the
+    handle is ambiguous."""
+    found = list(ids)
+    if wanted in found:
+        return [wanted]
+    return [run_id for run_id in found if wanted and run_id.endswith(wanted)]

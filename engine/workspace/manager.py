@@ -44,6 +44,7 @@ __all__ = [
     "BRANCH_PREFIX",
     "RESCUE_PREFIX",
     "RESERVED_FOLDERS",
+    "BranchPush",
     "CleanupReport",
     "MergeOutcome",
     "MergeReport",
@@ -155,6 +156,28 @@ class CleanupReport:
     busy: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchPush:
+    """Where a run's branch went: pushed back to ``to``, kept here, or why not pushed."""
+
+    branch: str
+    #: The repository it went to (shown: no credentials); None when not pushed.
+    to: str | None = None
+    #: Why it was not pushed (None: pushed, or turned off).
+    problem: str | None = None
+
+    def line(self) -> str:
+        """``Branch: turnstile/r1, pushed to /srv/git/web`` (or why it was not)."""
+        if self.to is not None and self.problem is None:
+            return f"Branch: {self.branch}, pushed to {self.to}"
+        if self.problem is not None:
+            return f"Branch: {self.branch}, not pushed: {self.problem}"
+        return (
+            f"Branch: {self.branch}, kept in turnstile's clone (pushing branches back is "
+            "turned off: TURNSTILE_PUSH_BRANCHES)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -819,6 +842,52 @@ class WorkspaceManager:
             # A rename or copy is followed by its source path.
             skip = entry[0] in "RC"
         return tuple(names)
+
+    async def push_back(self, workspace: Workspace) -> BranchPush:
+        """Push the workspace's branch to the repository its project was cloned from.
+
+        Never forced: a branch there that went elsewhere is left as it is and the push
+        is reported failed. Never raises for a failed push: the result says why.
+        """
+        cache = self.cache_path(workspace.project)
+        project = self._projects.get(workspace.project)
+        try:
+            if project is not None and project.local_path is not None:
+                source = str(await asyncio.to_thread(project.local_path.resolve))
+            elif project is not None:
+                source = project.url
+            else:
+                # A repository given by path or URL for the run: the clone knows where from.
+                found = await self._git.run(
+                    ["config", "--get", "remote.origin.url"], cwd=cache, check=False
+                )
+                source = found.stdout.strip()
+            if not source:
+                return BranchPush(workspace.branch, problem="its repository is not known")
+            shown = self.redact(redact_url(source))
+            ref = f"refs/heads/{workspace.branch}"
+            pushed = await self._git.run(
+                ["push", "--no-verify", "--quiet", "--", source, f"{ref}:{ref}"],
+                cwd=cache,
+                check=False,
+            )
+        except GitError as exc:
+            return BranchPush(workspace.branch, problem=self.redact(exc.message))
+        if not pushed.ok:
+            said = [line for line in pushed.stderr.splitlines() if line.strip()]
+            why = self.redact(said[0].removeprefix("error: ").strip()) if said else "git failed"
+            _LOGGER.warning(
+                "branch %s not pushed to %s: %s",
+                workspace.branch,
+                shown,
+                why,
+                extra={"run_id": workspace.run_id},
+            )
+            return BranchPush(workspace.branch, to=shown, problem=f"git push to {shown}: {why}")
+        _LOGGER.info(
+            "branch %s pushed to %s", workspace.branch, shown, extra={"run_id": workspace.run_id}
+        )
+        return BranchPush(workspace.branch, to=shown)
 
     # ------------------------------------------------------------------ waves
 
