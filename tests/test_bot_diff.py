@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from engine.workspace import Project, WorkspaceManager
 from tests.automode_support import CLARIFY, EVALUATE, EXECUTE, GIT_ENV, PLAN, git_workspace
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot, write_script
+from tests.test_workspace_git import git, git_test_env, make_remote
 
 pytestmark = pytest.mark.usefixtures("isolated_env", "bot_backend")
 
@@ -162,3 +164,44 @@ async def test_pushing_branches_back_can_be_turned_off(tmp_path: Path) -> None:
     assert f"Branch: turnstile/{run_id}, kept in turnstile's clone" in report.text
     assert "TURNSTILE_PUSH_BRANCHES" in report.text
     assert branches(origin) == ["main"]
+
+
+async def test_a_push_git_refuses_is_said_and_nothing_is_forced(tmp_path: Path) -> None:
+    """The project's repository already has the run's branch elsewhere: the push is refused
+    (never forced), and the result says so in words instead of raising."""
+    env = git_test_env(tmp_path / "home")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        remote = make_remote(tmp_path)
+        manager = WorkspaceManager(tmp_path / "ws", [Project(name="demo", url=str(remote))])
+        workspace = await manager.provision("auto-20261203-120000-abcdef", "demo")
+        (workspace.path / "x.txt").write_text("mine\n")
+        git("add", "x.txt", cwd=workspace.path)
+        git("commit", "-q", "-m", "mine", cwd=workspace.path)
+        # Somebody else's commit on a branch of the same name, in the project's repository.
+        other = tmp_path / "other"
+        git("clone", "-q", str(remote), str(other), cwd=tmp_path)
+        git("checkout", "-q", "-b", workspace.branch, cwd=other)
+        (other / "y.txt").write_text("theirs\n")
+        git("add", "y.txt", cwd=other)
+        git("commit", "-q", "-m", "theirs", cwd=other)
+        git("push", "-q", "origin", workspace.branch, cwd=other)
+
+        pushed = await manager.push_back(workspace)
+
+        assert pushed.problem is not None
+        assert pushed.line().startswith(
+            f"Branch: {workspace.branch}, not pushed: git push to {remote}: "
+        )
+        assert pushed.line().endswith(
+            "the repository has a branch of that name with other commits already (nothing "
+            "was forced)"
+        )
+        assert git("log", "-1", "--format=%s", workspace.branch, cwd=remote) == "theirs"
+
+        gone = tmp_path / "remote-moved.git"
+        remote.rename(gone)
+        missing = await manager.push_back(workspace)
+        assert missing.problem is not None
+        assert f"git push to {remote}: " in missing.line()

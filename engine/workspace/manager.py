@@ -874,8 +874,7 @@ class WorkspaceManager:
         except GitError as exc:
             return BranchPush(workspace.branch, problem=self.redact(exc.message))
         if not pushed.ok:
-            said = [line for line in pushed.stderr.splitlines() if line.strip()]
-            why = self.redact(said[0].removeprefix("error: ").strip()) if said else "git failed"
+            why = self.redact(_push_refusal(pushed.stderr))
             _LOGGER.warning(
                 "branch %s not pushed to %s: %s",
                 workspace.branch,
@@ -1127,6 +1126,20 @@ class WorkspaceManager:
         # Create-only (old value empty): an existing rescue branch is never overwritten.
         await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name
+
+
+def _push_refusal(stderr: str) -> str:
+    """Why git refused a push, in words (its first error line otherwise)."""
+    if "[rejected]" in stderr or "non-fast-forward" in stderr:
+        return (
+            "the repository has a branch of that name with other commits already (nothing "
+            "was forced)"
+        )
+    for line in stderr.splitlines():
+        for prefix in ("fatal: ", "error: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix).strip()
+    return "git failed"
 
 
 def _has_entries(path: Path) -> bool:
