@@ -673,7 +673,7 @@ class FileDesk(Feature):
             message.chat.id,
             text,
             filename=f"diff-{found.run_id or 'session'}.patch",
-            caption=f"🔀 The patch of {name.lower() if not found.run_id else name}"
+            caption=f"🔀 The patch of {f'run {found.run_id}' if found.run_id else 'this session'}"
             + (cut if changes.truncated else ""),
             thread_id=thread or None,
             run_id=found.run_id,
