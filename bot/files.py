@@ -15,9 +15,10 @@
 Outgoing files are copied into a spool folder first and queued in the outbox like every
 other message (kind ``file``), so a restart still delivers them.
 
-Long: files in and out are one feature with one set of limits and one target lookup
-(chat session or auto run); inbound parsing and outbound packing helpers already live in
-engine/files.py.
+Long: files in and out, and /diff, are one feature with one set of limits and one lookup
+of the run they concern (chat session, auto run, or this chat's last or named run);
+inbound parsing and outbound packing helpers already live in engine/files.py, the diff in
+engine/diff.py.
 """
 
 from __future__ import annotations
