@@ -45,7 +45,8 @@ COMMANDS: Final = [
     BotCommand("pause", "[RUN] — the run finishes what it is doing, then waits"),
     BotCommand("resume", "[RUN] — a paused run goes on"),
     BotCommand("status", "this chat's runs"),
-    BotCommand("get", "PATH — a file (a folder as a zip) of this chat's run"),
+    BotCommand("get", "PATH [RUN] — a file (a folder as a zip) of this chat's last run"),
+    BotCommand("diff", "[RUN] — what this chat's last run changed, the patch as a document"),
     BotCommand("web", "the board of runs and tasks in a browser (in a private chat)"),
     BotCommand("permissions", "[guarded|trusted|free|default] — what tool calls ask here"),
     BotCommand("tasks", "every task's state (admin)"),
@@ -85,6 +86,7 @@ HELP: Final = "\n".join(
         "Send a file or photo (an album is one turn): it is saved in the run's folder under"
         " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
         " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
+        "/diff [RUN] — what the chat's last run (or RUN) changed; /get PATH RUN works too.",
         "",
         "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
         " before a tool call: Allow once, Allow for this session, or Deny; the turn"

@@ -6,15 +6,19 @@
   prompt says which file arrived. An album (photos sharing ``media_group_id``) is one turn.
 - A voice note or audio message is transcribed (:mod:`engine.transcribe`), shown
   ("🎙 …") and becomes the prompt (or the steering note).
-- ``/get PATH`` sends a file (a folder as a zip) of the run's folder; a line
+- ``/get PATH [RUN]`` sends a file (a folder as a zip) of the run's folder; a line
   ``TURNSTILE-SEND: path`` in an agent's output sends that file after the turn.
+- ``/diff [RUN]`` says what the run changed against its start and sends the patch.
+- Both read the run named (its id, or the end of it), else the one replied to, else this
+  place's last run of any mode, finished ones too.
 
 Outgoing files are copied into a spool folder first and queued in the outbox like every
 other message (kind ``file``), so a restart still delivers them.
 
-Long: files in and out are one feature with one set of limits and one target lookup
-(chat session or auto run); inbound parsing and outbound packing helpers already live in
-engine/files.py.
+Long: files in and out, and /diff, are one feature with one set of limits and one lookup
+of the run they concern (chat session, auto run, or this chat's last or named run);
+inbound parsing and outbound packing helpers already live in engine/files.py, the diff in
+engine/diff.py.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from chatfront.auth import Action
 from chatfront.store import Binding, InboundState, OutboxItem
 from engine.automode import AutoRun
 from engine.chats.files import ChatUpload, upload_message
+from engine.diff import run_diff
 from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
     SEND_MARKER,
@@ -56,8 +61,11 @@ from engine.files import (
     zip_folder,
 )
 from engine.gates.artifacts import SqlArtifactStore
+from engine.runs import RunMode, named_runs
+from engine.store.runs import RunRecord
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.turn import TurnOutput
+from engine.workspace.runs import match_worktrees
 
 __all__ = ["FileDesk", "upload_prompt"]
 
@@ -88,6 +96,17 @@ class _Target:
     @property
     def action(self) -> Action:
         return Action.PROMPT if self.chat is not None else Action.STEER
+
+
+@dataclass(frozen=True, slots=True)
+class _RunFolder:
+    """The run ``/get`` and ``/diff`` read: its folder, and the commit it started from."""
+
+    run_id: str | None
+    workdir: Path
+    base: str | None = None
+    # Its folder is on a worker's disk.
+    remote: bool = False
 
 
 @dataclass
@@ -143,6 +162,7 @@ class FileDesk(Feature):
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command("get", Action.STATUS, self.cmd_get)
+        dispatch.command("diff", Action.STATUS, self.cmd_diff)
         dispatch.media(self.on_media)
 
     # -- where things go ---------------------------------------------------------------
@@ -559,27 +579,30 @@ class FileDesk(Feature):
         given = parts[1].strip() if len(parts) > 1 else ""
         if not given:
             await self.ctx.replies.reply(
-                update, "Usage: /get PATH (a file or folder of this chat's run)"
+                update,
+                "Usage: /get PATH [RUN] (a file or folder of this chat's last run, or of RUN)",
             )
             return
         thread = _thread(message)
-        target = await self._target(message, thread)
-        if target is None:
-            await self.ctx.replies.reply(
-                update, "No run here to take files from: send /chat first."
-            )
+        # "/get FILE RUN": the last word names a run of this chat (its id or the end of it).
+        path, _, last = given.rpartition(" ")
+        named = last if path.strip() and await self._chat_runs(message.chat.id, last) else None
+        found = await self._run_folder(message, thread, named)
+        if isinstance(found, str):
+            await self.ctx.replies.reply(update, found)
             return
-        if target.remote:
+        if found.remote:
             await self.ctx.replies.reply(
                 update,
                 "This chat's files are on the worker that runs its turns, not here: ask the "
                 f"agent to send them (a line {SEND_MARKER} path in its answer).",
             )
             return
+        wanted = path.strip() if named is not None else given
         try:
             item = await self._outgoing(
-                target.workdir,
-                given,
+                found.workdir,
+                wanted,
                 chat_id=message.chat.id,
                 thread=thread,
                 reply_to=message.message_id,
@@ -598,6 +621,140 @@ class FileDesk(Feature):
         )
         await self.ctx.store.enqueue([item])
         self.ctx.publisher.wake()
+
+    async def cmd_diff(self, update: Update, args: list[str]) -> None:
+        """``/diff [RUN]``: what the run changed against its start, the summary and files
+        in the message, the patch as a document."""
+        message = update.effective_message
+        assert message is not None
+        thread = _thread(message)
+        found = await self._run_folder(message, thread, args[0] if args else None, what="diff")
+        if isinstance(found, str):
+            await self.ctx.replies.reply(update, found)
+            return
+        name = f"Run {found.run_id}" if found.run_id else "This chat's session"
+        if found.remote:
+            await self.ctx.replies.reply(
+                update,
+                f"{name} works on a worker: its folder is not here. Its branch is pushed "
+                "after each turn (/status names it).",
+            )
+            return
+        limit = self.ctx.settings.send_max_bytes
+        changes = await run_diff(found.workdir, found.base, max_bytes=limit)
+        if changes.problem is not None:
+            await self.ctx.replies.reply(update, f"{name}: no changes to show. {changes.problem}")
+            return
+        against = (
+            f"against its start ({changes.base[:12]})"
+            if found.base is not None and changes.base is not None
+            else "against its last commit (where it started is not recorded)"
+        )
+        if not changes.changed:
+            await self.ctx.replies.reply(update, f"{name} changed nothing {against}.")
+            return
+        lines = changes.stat_lines()
+        await self.ctx.replies.reply(
+            update, f"🔀 {name}, {against}: {lines[0]}\n" + "\n".join(lines[1:])
+        )
+        user = update.effective_user
+        await self.ctx.store.audit(
+            action="diff",
+            outcome="allowed",
+            user_id=user.id if user is not None else None,
+            chat_id=message.chat.id,
+            update_id=update.update_id,
+            reason=found.run_id or "",
+        )
+        if not changes.patch:
+            return  # only new files not yet added to git, or binary ones: no patch to send
+        text = changes.patch.decode("utf-8", errors="replace")
+        cut = f", cut at {human_size(limit)} of {human_size(changes.patch_size)}"
+        await self.ctx.publisher.document(
+            message.chat.id,
+            text,
+            filename=f"diff-{found.run_id or 'session'}.patch",
+            caption=f"🔀 The patch of {f'run {found.run_id}' if found.run_id else 'this session'}"
+            + (cut if changes.truncated else ""),
+            thread_id=thread or None,
+            run_id=found.run_id,
+        )
+
+    async def _chat_runs(self, chat_id: int, wanted: str | None = None) -> list[RunRecord]:
+        """This chat's runs, newest first (``wanted``: those it names, see ``named_runs``)."""
+        runs = [r for r in await self.ctx.runs.list_runs() if r.chat_id == chat_id]
+        if wanted is None:
+            return runs
+        names = set(named_runs((r.id for r in runs), wanted))
+        return [r for r in runs if r.id in names]
+
+    async def _run_folder(
+        self, message: Message, thread: int, named: str | None, *, what: str = "get"
+    ) -> _RunFolder | str:
+        """The run ``/get`` and ``/diff`` read: the one named, the one replied to, a running
+        auto run here, else this place's last run of any mode (a chat session's while it is
+        the newest). A string says why there is none."""
+        chat_id = message.chat.id
+        if named is not None:
+            runs = await self._chat_runs(chat_id, named)
+            if len(runs) != 1:
+                listed = ", ".join(r.id for r in (await self._chat_runs(chat_id))[:5])
+                said = (
+                    "Several runs of this chat end so" if runs else f"No run {named} in this chat"
+                )
+                return f"{said}. Its last runs: {listed or 'none'}."
+            return await self._folder_of(runs[0])
+        reply = message.reply_to_message
+        if reply is not None:
+            run_id = await self.ctx.store.run_of_message(chat_id, reply.message_id)
+            replied = await self._chat_runs(chat_id, run_id) if run_id is not None else []
+            if len(replied) == 1:
+                return await self._folder_of(replied[0])
+        here = self.auto.running_in(chat_id, thread)
+        if here:
+            return await self._folder_of(await self.ctx.runs.get_run(here[-1].run_id))
+        runs = [
+            r
+            for r in await self._chat_runs(chat_id)
+            if (r.thread_id or 0) == thread and r.parent_id is None
+        ]
+        latest = runs[0] if runs else None
+        active_chat = self.ctx.chats.active.get((chat_id, thread))
+        binding = (
+            active_chat.binding
+            if active_chat is not None
+            else await self.ctx.store.binding(chat_id, thread)
+        )
+        if binding is not None and (latest is None or latest.mode == RunMode.CHAT):
+            if not binding.workdir:
+                return _RunFolder(binding.run_id, Path(), remote=True)
+            workdir = Path(binding.workdir)
+            return _RunFolder(binding.run_id, workdir, await self._base(binding.run_id, workdir))
+        if latest is None:
+            usage = "/diff RUN" if what == "diff" else "/get PATH RUN"
+            return (
+                "No run here yet: start one with /auto OBJECTIVE or /chat, or name an "
+                f"earlier one of this chat: {usage}."
+            )
+        return await self._folder_of(latest)
+
+    async def _folder_of(self, run: RunRecord) -> _RunFolder | str:
+        if not run.workdir:
+            return _RunFolder(run.id, Path(), remote=True)
+        workdir = Path(run.workdir)
+        if not await asyncio.to_thread(workdir.is_dir):
+            return (
+                f"Run {run.id}'s folder is not on this machine any more (it ran on a worker, "
+                "or its folder was cleaned up)."
+            )
+        base = run.state.get("base_commit") if run.mode == RunMode.AUTO else None
+        return _RunFolder(run.id, workdir, base or await self._base(run.id, workdir))
+
+    async def _base(self, run_id: str | None, workdir: Path) -> str | None:
+        """Where the run's worktree was cut from (None: it works in no worktree of its own)."""
+        found = await match_worktrees(self.ctx.db, {run_id or "": workdir})
+        workspace = found.get(run_id or "")
+        return workspace.base if workspace is not None else None
 
     async def _outgoing(
         self,

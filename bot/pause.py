@@ -25,7 +25,7 @@ from chatfront.auth import Action
 from engine.approvals import ApprovalPolicy
 from engine.errors import NotFoundError
 from engine.humane import format_elapsed
-from engine.runs import Recovery
+from engine.runs import Recovery, named_runs
 from engine.runs.pause import Pauses
 from engine.store.runs import RunRecord, RunStatus
 
@@ -67,9 +67,8 @@ class PauseFeature(Feature):
         here = await self._running_here(chat.id, thread_of(update.effective_message))
         if args:
             wanted = args[0]
-            found = [r for r in here if r.id == wanted] or [
-                r for r in here if r.id.endswith(wanted)
-            ]
+            names = named_runs((r.id for r in here), wanted)
+            found = [r for r in here if r.id in names]
             if len(found) == 1:
                 return found[0]
             listed = ", ".join(r.id for r in here) or "none"

@@ -282,7 +282,8 @@ class BotSink:
     ) -> None:
         task = run_id.removeprefix("autopilot:")
         if kind is TextKind.FINAL:
-            await self._task_summary(task, place, run_id)
+            # Under its head line, what the drive found the task changed (its stat, branch).
+            await self._task_summary(task, place, run_id, text.partition("\n")[2])
             return
         view = self._phases.get(task)
         if view is None or view.gated:
@@ -332,7 +333,7 @@ class BotSink:
             return
         await self._show_phase(view, place, update.run_id)
 
-    async def _task_summary(self, task: str, place: ChatPlace, run_id: str) -> None:
+    async def _task_summary(self, task: str, place: ChatPlace, run_id: str, work: str) -> None:
         view = self._phases.pop(task, None)
         if view is not None and not view.gated and view.state == "running":
             view.state = "done"
@@ -353,6 +354,8 @@ class BotSink:
                 _LOGGER.exception("could not describe task %s", task)
                 facts = []
             text += "".join(f"\n{line}" for line in facts)
+        if work.strip():
+            text += f"\n{work.strip()}"
         head = None
         if view is not None and view.excerpt:
             # The last phase's output, rendered (never raw Markdown).

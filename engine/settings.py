@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # Projects: JSON or name=url#branch,... (URLs may hold credentials, hence secret)
     projects: SecretStr | None = None
     workspace_retention_hours: float = Field(default=72.0, ge=0)
+    # Push a finished run's branch (turnstile/<run-id>) back to the repository its project
+    # was checked out from (a configured project, or a path or URL given for the run)
+    push_branches: bool = True
     runs_dir: Path = Path("runs")
     spill_limit: int = Field(default=1024 * 1024, ge=1024)
 

@@ -95,8 +95,8 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
         names = [c["command"] for c in api.commands]
         assert names == [
             "help", "chat", "agent", "model", "project", "new", "auto", "steer", "autopilot",
-            "approve", "reject", "cancel", "stop", "pause", "resume", "status", "get", "web",
-            "permissions", "tasks", "audit",
+            "approve", "reject", "cancel", "stop", "pause", "resume", "status", "get", "diff",
+            "web", "permissions", "tasks", "audit",
         ]  # fmt: skip
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
         help_text = await api.wait_for_message(lambda m: "/chat [agent] [project" in m.text)

@@ -17,6 +17,7 @@ from engine.workspace.runs import checkout_for_run
 from tests.gates_support import (
     AGENT_CMD,
     APPROVER,
+    DECOMPOSITION_EMPTY,
     EventSink,
     agent_env,
     make_settings,
@@ -174,3 +175,55 @@ def test_one_function_joins_workspace_ids() -> None:
     for bad in ("a--b", "a/b", "..", ""):
         with pytest.raises(ConfigError, match="invalid sub-task name"):
             workspace_id("p", [bad])
+
+
+async def test_a_complete_task_says_what_it_changed_and_pushes_its_branch_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drive's last words carry the task's changes and where its branch went."""
+    for key, value in git_test_env(tmp_path / "home").items():
+        monkeypatch.setenv(key, value)
+    remote = make_remote(tmp_path)
+    tasks = tmp_path / "tasks"
+    folder = tasks / "p"
+    rules: list[dict[str, Any]] = [
+        {"match": f"for task p.\nPhase: {phase} (", "files": {str(folder / artifact): phase}}
+        for phase, artifact in {
+            "research": "research.md",
+            "decomposition": "decomposition.md",
+            **ARTIFACTS,
+        }.items()
+    ]
+    rules[1]["files"][str(folder / "decomposition.md")] = DECOMPOSITION_EMPTY
+    implement = next(r for r in rules if "implement (" in r["match"])
+    implement["files"]["feature.txt"] = "new\nfeature\n"
+    implement["run"] = [["git", "add", "feature.txt"], ["git", "commit", "-q", "-m", "feature"]]
+    script = write_script(tmp_path, {"rules": rules})
+    for key, value in agent_env(tmp_path, script).items():
+        monkeypatch.setenv(key, value)
+    settings = make_settings(
+        tmp_path, workspaces=tmp_path / "ws", projects=f"demo={remote}#main", tasks_root=tasks
+    )
+    sink = EventSink()
+    async with open_gates(settings, poll_interval=0.05) as gates:
+        async with checkout_for_run(settings, gates.store.db, "demo", run_id="p") as ws:
+            assert ws is not None
+            await gates.init_task("p", folder=folder, workdir=ws.path)
+        handle = gates.start_autopilot("p", sink, tool="command", agent_cmd=AGENT_CMD)
+
+        async def approver() -> None:
+            while True:
+                request = await sink.queue.get()
+                assert (await gates.approve(request.task, by=APPROVER)).ok
+
+        helper = asyncio.create_task(approver(), name="approver")
+        try:
+            outcome = await asyncio.wait_for(handle.wait(), 100)
+        finally:
+            helper.cancel()
+    assert outcome is DriveOutcome.COMPLETE, "\n".join(sink.texts)
+    final = next(t for t in sink.texts if t.startswith("[p] complete"))
+    assert "Changed since the start: 1 file changed, 2 insertions(+)" in final
+    assert "feature.txt | +2 -0" in final
+    assert f"Branch: turnstile/p, pushed to {remote}" in final
+    assert git("log", "-1", "--format=%s", "turnstile/p", cwd=remote) == "feature"

@@ -200,6 +200,9 @@ def test_checkout_repo_takes_a_file_url_or_a_path(
     assert (worktree / "result.txt").read_text() == "done\n"
     assert git("symbolic-ref", "--short", "HEAD", cwd=worktree) == f"turnstile/{run_id}"
     assert (tmp_path / "ws" / "cache" / "widgets.git").is_dir()
+    # Its branch went back to the repository it was given by, named in the report.
+    assert f"Branch: turnstile/{run_id}, pushed to {other}" in by_url.stdout
+    assert git("log", "-1", "--format=%s", f"turnstile/{run_id}", cwd=other) == "add result.txt"
 
     # A relative path to the same repository reuses its clone.
     by_path = _auto(tmp_path, env, "./widgets.git")
@@ -207,6 +210,9 @@ def test_checkout_repo_takes_a_file_url_or_a_path(
     second, _ = report_head(by_path.stdout)
     assert (tmp_path / "ws" / "worktrees" / "widgets" / second / "result.txt").exists()
     assert git("rev-parse", "main", cwd=other) == before  # work stays on the run branches
+    assert f"Branch: turnstile/{second}, pushed to {other}" in by_path.stdout
+    pushed = git("branch", "--list", "turnstile/*", "--format=%(refname:short)", cwd=other)
+    assert pushed.split() == sorted([f"turnstile/{run_id}", f"turnstile/{second}"])
     projects = {p for (p,) in db_rows(db_target, "SELECT project FROM workspaces")}
     assert projects == {"widgets"}
 

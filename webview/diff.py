@@ -1,13 +1,7 @@
-"""What a run changed in its workdir: the files, a summary line and the highlighted patch.
-
-Read-only: git runs without its optional locks, so an agent's git in the same tree at the
-same moment never meets a lock of ours; external diff programs and text conversions are
-off, so a repository's settings cannot make us run anything.
-"""
+"""A run's diff for the web view: the changes (:mod:`engine.diff`), the patch highlighted."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -17,28 +11,17 @@ from pygments import highlight  # type: ignore[import-untyped]
 from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
 from pygments.lexers import DiffLexer  # type: ignore[import-untyped]
 
-from engine.errors import GitError
-from engine.git import GitResult, GitRunner
+from engine import diff as changes
+from engine.diff import DiffFile
+from engine.git import GitRunner
 
-__all__ = ["DiffFile", "RunDiff", "diff_css", "run_diff"]
+__all__ = ["DiffFile", "DiffView", "diff_css", "run_diff"]
 
 _CLASS: Final = "diff"
-_QUIET: Final = ("--no-color", "--no-ext-diff", "--no-textconv", "--find-renames")
 
 
 @dataclass(frozen=True, slots=True)
-class DiffFile:
-    """One changed file (a binary one counts no lines)."""
-
-    path: str
-    added: int
-    removed: int
-    binary: bool
-    old_path: str | None = None  # where a renamed file was
-
-
-@dataclass(frozen=True, slots=True)
-class RunDiff:
+class DiffView:
     """The workdir against ``base``; ``problem`` says why there is nothing to show."""
 
     base: str | None
@@ -61,7 +44,7 @@ def diff_css() -> str:
 
 async def run_diff(
     workdir: Path, base: str | None, *, max_bytes: int = 400_000, git: GitRunner | None = None
-) -> RunDiff:
+) -> DiffView:
     """What changed in ``workdir`` since ``base`` (or HEAD), uncommitted changes included.
 
     Args:
@@ -70,133 +53,33 @@ async def run_diff(
         max_bytes: the most of the patch shown; the rest is cut with a note.
         git: the runner (default: one that takes no optional locks).
     """
-    git = git or GitRunner(optional_locks=False)
-    try:
-        inside = await git.run(["rev-parse", "--is-inside-work-tree"], cwd=workdir, check=False)
-        if not inside.ok or inside.stdout.strip() != "true":
-            return RunDiff(base=None, problem=_not_a_repo(workdir, inside, git))
-        ref = base or "HEAD"
-        # Resolved to a commit id first: the ref is then never read as an option by git.
-        resolved = await git.run(
-            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
-            cwd=workdir,
-            check=False,
-        )
-        if not resolved.ok:
-            said = "The repository has no commits yet." if base is None else None
-            return RunDiff(base=None, problem=said or f"The commit {base} is not known here.")
-        numstat, patch, others = await _changes(git, workdir, resolved.stdout.strip())
-    except GitError as error:
-        # A folder that is gone fails git's start (or takes the tree away mid-way).
-        gone = not await asyncio.to_thread(workdir.is_dir)
-        said = f"The folder {workdir} is gone." if gone else f"git could not read it: {error}"
-        return RunDiff(base=None, problem=said)
-    files = _numstat(numstat.raw_stdout)
-    html, truncated = _highlight(patch.raw_stdout, max_bytes)
-    return RunDiff(
-        base=ref,
-        files=files,
-        stat_text=_stat(files),
-        patch_html=html,
-        truncated=truncated,
-        untracked=others.raw_stdout.count(b"\0"),
+    found = await changes.run_diff(workdir, base, max_bytes=max_bytes, git=git)
+    return DiffView(
+        base=found.base,
+        files=found.files,
+        stat_text=found.stat_text,
+        patch_html=_highlight(found),
+        truncated=found.truncated,
+        untracked=len(found.untracked),
+        problem=found.problem,
     )
 
 
-async def _changes(
-    git: GitRunner, workdir: Path, commit: str
-) -> tuple[GitResult, GitResult, GitResult]:
-    """The numstat, the patch and the untracked files against ``commit``, read at once."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            numstat = group.create_task(
-                git.run(["diff", *_QUIET, "--numstat", "-z", commit, "--"], cwd=workdir),
-                name="diff numstat",
-            )
-            patch = group.create_task(
-                git.run(["diff", *_QUIET, commit, "--"], cwd=workdir), name="diff patch"
-            )
-            untracked = ["ls-files", "--others", "--exclude-standard", "-z"]
-            others = group.create_task(git.run(untracked, cwd=workdir), name="diff untracked")
-    except* GitError as failed:
-        raise failed.exceptions[0] from None  # the group cancelled the others
-    return numstat.result(), patch.result(), others.result()
-
-
-def _not_a_repo(workdir: Path, result: GitResult, git: GitRunner) -> str:
-    """Why git found no working tree in ``workdir`` (inside ``.git`` it says "false")."""
-    said = result.stderr.strip()
-    if result.ok or "not a git repository" in said.lower():
-        return f"The folder {workdir} is not a git repository."
-    first = git.redactor(said.splitlines()[0]) if said else "no message"
-    return f"git could not read the folder {workdir}: {first}"
-
-
-def _numstat(raw: bytes) -> tuple[DiffFile, ...]:
-    """Parse ``--numstat -z``: ``ADDED\\tREMOVED\\tPATH\\0``, or for a rename
-    ``ADDED\\tREMOVED\\t\\0OLD\\0NEW\\0``; a binary file counts ``-`` lines."""
-    fields = raw.decode("utf-8", errors="replace").split("\0")
-    files: list[DiffFile] = []
-    i = 0
-    while i < len(fields) and fields[i]:
-        added, removed, path = fields[i].split("\t", 2)
-        old: str | None = None
-        if not path:  # a rename: the two paths follow
-            old, path = fields[i + 1], fields[i + 2]
-            i += 2
-        i += 1
-        binary = added == "-"
-        files.append(
-            DiffFile(
-                path=path,
-                added=0 if binary else int(added),
-                removed=0 if binary else int(removed),
-                binary=binary,
-                old_path=old,
-            )
-        )
-    return tuple(files)
-
-
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
-
-
-def _stat(files: tuple[DiffFile, ...]) -> str:
-    """git's own summary line (``diff --stat``): a zero count is left out unless both are."""
-    if not files:
-        return "no changes"
-    added = sum(f.added for f in files)
-    removed = sum(f.removed for f in files)
-    parts = [_plural(len(files), "file changed", "files changed")]
-    if added or not removed:
-        parts.append(_plural(added, "insertion(+)", "insertions(+)"))
-    if removed or not added:
-        parts.append(_plural(removed, "deletion(-)", "deletions(-)"))
-    return ", ".join(parts)
-
-
-def _highlight(raw: bytes, max_bytes: int) -> tuple[str, bool]:
-    """The patch as highlighted HTML, cut at a line's end within ``max_bytes``."""
-    truncated = len(raw) > max_bytes
-    if truncated:
-        cut = raw.rfind(b"\n", 0, max_bytes)
-        shown = raw[: cut + 1] if cut >= 0 else raw[:max_bytes]
-    else:
-        shown = raw
-    if not shown:
-        return "", truncated
-    text = shown.decode("utf-8", errors="replace")
+def _highlight(found: changes.RunDiff) -> str:
+    """The patch as highlighted HTML, with a note where it was cut."""
+    if not found.patch:
+        return ""
+    text = found.patch.decode("utf-8", errors="replace")
     html = str(highlight(text, DiffLexer(), HtmlFormatter(cssclass=_CLASS)))
-    if truncated:
-        left = len(raw) - len(shown)
+    if found.truncated:
+        left = found.patch_size - len(found.patch)
         html += f'<p class="diff-cut">The patch was cut here: {_size(left)} more are not shown.</p>'
-    return html, truncated
+    return html
 
 
 def _size(count: int) -> str:
     if count < 1024:
-        return _plural(count, "byte", "bytes")
+        return f"{count} byte{'' if count == 1 else 's'}"
     if count < 1024 * 1024:
         return f"{count / 1024:.0f} KB"
     return f"{count / 1024 / 1024:.1f} MB"

@@ -365,6 +365,7 @@ class AutoModeChannel(BaseChannel):
 
     async def _close_stopped(self) -> None:
         await self._final_evidence()
+        self.last_summary = await self._summary.generate(self._state.evaluation)
         now = self._clock()
         self._state = replace(
             self._state,

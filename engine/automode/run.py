@@ -11,6 +11,7 @@ belongs with start and resume, which share validation and the composition of the
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import shlex
@@ -54,6 +55,7 @@ from engine.store.events import EventKind, add_event, events_written
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, run_session_loop
+from engine.workspace.runs import push_run_branch
 
 __all__ = [
     "MAX_OBJECTIVE_BYTES",
@@ -340,7 +342,11 @@ def _build(
         store=store,
         templates=templates,
         verifier=verifier,
-        summary=WorkSummaryGenerator(workdir, base_commit=state.base_commit),
+        summary=WorkSummaryGenerator(
+            workdir,
+            base_commit=state.base_commit,
+            push=functools.partial(push_run_branch, settings, store.db, state.run_id),
+        ),
         inbox=inbox,
         sink=recording(sink if sink is not None else LogSink(), store.db),
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -543,7 +544,8 @@ class Autopilot:
             await self._follow_phase(task)
             if task.phase == COMPLETE:
                 await self._status(task, "complete")
-                await self._say(task, f"[{name}] complete", TextKind.FINAL)
+                work = await self._work_of(task)
+                await self._say(task, "\n".join([f"[{name}] complete", *work]), TextKind.FINAL)
                 await self._audit([name], f"task {name} complete")
                 return DriveOutcome.COMPLETE
             if task.phase == HUMAN_INTERVENTION:
@@ -566,6 +568,30 @@ class Autopilot:
                 outcome = await self._phase(task)
             if outcome is not None:
                 return outcome
+
+    async def _work_of(self, task: TaskRecord) -> list[str]:
+        """What a complete task changed in its worktree (commits, files) and where its branch
+        went; nothing for a task without a worktree of its own (a sub-task's is merged into
+        its parent's). Never raises: the task is complete whatever git says."""
+        if task.parent is not None:
+            return []
+        # Imported here: most drives have no worktree (as in engine.gates.worktrees).
+        from engine.automode.summary import WorkSummaryGenerator
+        from engine.workspace import SqliteWorkspaceStore, push_run_branch
+
+        try:
+            workspace = await SqliteWorkspaceStore(self.store.db).get(task.name)
+            if workspace is None or workspace.removed_at is not None:
+                return []
+            summary = await WorkSummaryGenerator(
+                workspace.path,
+                base_commit=workspace.base,
+                push=functools.partial(push_run_branch, self.settings, self.store.db, task.name),
+            ).generate()
+        except TurnstileError as exc:
+            _LOGGER.warning("could not read what task %s changed: %s", task.name, exc)
+            return []
+        return summary.render().splitlines()
 
     async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
         task, violations = await self.store.validate(task.name)

@@ -7,7 +7,7 @@ frozen :class:`RunSpec`; the :class:`RunSupervisor` writes its row, owns its ses
 start-up.
 """
 
-from engine.runs.ids import RUN_ID_PATTERN, RunMode, new_run_id
+from engine.runs.ids import RUN_ID_PATTERN, RunMode, named_runs, new_run_id
 from engine.runs.spec import AgentEnv, ChatPlace, RunSpec
 from engine.runs.supervisor import (
     CutOffTurn,
@@ -28,5 +28,6 @@ __all__ = [
     "RunSession",
     "RunSpec",
     "RunSupervisor",
+    "named_runs",
     "new_run_id",
 ]

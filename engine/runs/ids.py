@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["RUN_ID_PATTERN", "RunMode", "new_run_id", "short_id"]
+__all__ = ["RUN_ID_PATTERN", "RunMode", "named_runs", "new_run_id", "short_id"]
 
 
 class RunMode(StrEnum):
@@ -36,3 +37,13 @@ def short_id(run_id: str) -> str:
     Commands that take a run accept the end of its id; an id of another shape is itself.
     """
     return run_id.rsplit("-", 1)[-1] if RUN_ID_PATTERN.match(run_id) else run_id
+
+
+def named_runs(ids: Iterable[str], wanted: str) -> list[str]:
+    """The run ids ``wanted`` names: itself when it is one of ``ids``, else those that end
+    with it (a short handle such as ``4a37b``, the end of an id); more than one means the
+    handle is ambiguous."""
+    found = list(ids)
+    if wanted in found:
+        return [wanted]
+    return [run_id for run_id in found if wanted and run_id.endswith(wanted)]

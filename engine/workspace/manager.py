@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_PROJECT",
     "RESCUE_PREFIX",
     "RESERVED_FOLDERS",
+    "BranchPush",
     "CleanupReport",
     "MergeOutcome",
     "MergeReport",
@@ -162,6 +163,28 @@ class CleanupReport:
     busy: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchPush:
+    """Where a run's branch went: pushed back to ``to``, kept here, or why not pushed."""
+
+    branch: str
+    #: The repository it went to (shown: no credentials); None when not pushed.
+    to: str | None = None
+    #: Why it was not pushed (None: pushed, or turned off).
+    problem: str | None = None
+
+    def line(self) -> str:
+        """``Branch: turnstile/r1, pushed to /srv/git/web`` (or why it was not)."""
+        if self.to is not None and self.problem is None:
+            return f"Branch: {self.branch}, pushed to {self.to}"
+        if self.problem is not None:
+            return f"Branch: {self.branch}, not pushed: {self.problem}"
+        return (
+            f"Branch: {self.branch}, kept in turnstile's clone (pushing branches back is "
+            "turned off: TURNSTILE_PUSH_BRANCHES)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,6 +886,51 @@ class WorkspaceManager:
             skip = entry[0] in "RC"
         return tuple(names)
 
+    async def push_back(self, workspace: Workspace) -> BranchPush:
+        """Push the workspace's branch to the repository its project was cloned from.
+
+        Never forced: a branch there that went elsewhere is left as it is and the push
+        is reported failed. Never raises for a failed push: the result says why.
+        """
+        cache = self.cache_path(workspace.project)
+        project = self._projects.get(workspace.project)
+        try:
+            if project is not None and project.local_path is not None:
+                source = str(await asyncio.to_thread(project.local_path.resolve))
+            elif project is not None:
+                source = project.url
+            else:
+                # A repository given by path or URL for the run: the clone knows where from.
+                found = await self._git.run(
+                    ["config", "--get", "remote.origin.url"], cwd=cache, check=False
+                )
+                source = found.stdout.strip()
+            if not source:
+                return BranchPush(workspace.branch, problem="its repository is not known")
+            shown = self.redact(redact_url(source))
+            ref = f"refs/heads/{workspace.branch}"
+            pushed = await self._git.run(
+                ["push", "--no-verify", "--quiet", "--", source, f"{ref}:{ref}"],
+                cwd=cache,
+                check=False,
+            )
+        except GitError as exc:
+            return BranchPush(workspace.branch, problem=self.redact(exc.message))
+        if not pushed.ok:
+            why = self.redact(_push_refusal(pushed.stderr))
+            _LOGGER.warning(
+                "branch %s not pushed to %s: %s",
+                workspace.branch,
+                shown,
+                why,
+                extra={"run_id": workspace.run_id},
+            )
+            return BranchPush(workspace.branch, to=shown, problem=f"git push to {shown}: {why}")
+        _LOGGER.info(
+            "branch %s pushed to %s", workspace.branch, shown, extra={"run_id": workspace.run_id}
+        )
+        return BranchPush(workspace.branch, to=shown)
+
     # ------------------------------------------------------------------ waves
 
     async def merge_wave(
@@ -1101,6 +1169,20 @@ class WorkspaceManager:
         # Create-only (old value empty): an existing rescue branch is never overwritten.
         await self._git.run(["update-ref", f"refs/heads/{name}", sha, ""], cwd=path)
         return name
+
+
+def _push_refusal(stderr: str) -> str:
+    """Why git refused a push, in words (its first error line otherwise)."""
+    if "[rejected]" in stderr or "non-fast-forward" in stderr:
+        return (
+            "the repository has a branch of that name with other commits already (nothing "
+            "was forced)"
+        )
+    for line in stderr.splitlines():
+        for prefix in ("fatal: ", "error: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix).strip()
+    return "git failed"
 
 
 def _has_entries(path: Path) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
-from engine.workspace.manager import WorkspaceManager
+from engine.workspace.manager import BranchPush, WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "hold_run_workspace",
     "match_worktrees",
     "provision_for_run",
+    "push_run_branch",
     "release_run_workspace",
     "run_worktree_summary",
     "worktree_summaries",
@@ -194,6 +195,25 @@ async def match_worktrees(
 def _path_key(path: Path) -> str:
     # Paths are stored absolute; normalise spelling only (no file-system access).
     return str(Path(path).absolute()).rstrip("/")
+
+
+async def push_run_branch(settings: Settings, db: AnyDatabase, run_id: str) -> BranchPush | None:
+    """Push the run's branch back to its project's repository (``TURNSTILE_PUSH_BRANCHES``).
+
+    None when the run works in no worktree of its own (a chat's own folder): it has no
+    branch to push. Never raises for a failed push: the result says why.
+    """
+    store = SqliteWorkspaceStore(db)
+    workspace = await store.get(run_id)
+    if workspace is None:
+        return None
+    if not settings.push_branches:
+        return BranchPush(workspace.branch)
+    try:
+        manager = WorkspaceManager.from_settings(settings, store=store)
+    except ConfigError as exc:
+        return BranchPush(workspace.branch, problem=exc.message)
+    return await manager.push_back(workspace)
 
 
 async def release_run_workspace(settings: Settings, db: AnyDatabase, run_id: str) -> bool:
