@@ -90,17 +90,25 @@ async def test_get_and_diff_read_a_finished_auto_run_in_a_chat_without_a_session
 ) -> None:
     """A new user's first steps: /auto in a group never bound to a session, then /get and
     /diff. Before, /get answered "No run here to take files from: send /chat first"."""
-    git_workspace(tmp_path / "ws" / "default")
     async with FakeBotApi() as api, running_bot(api, bot_settings(api, tmp_path)):
         run_id, report = await finished_auto(api, "write the report")
         assert "Changed since the start: 1 file changed, 1 insertion(+)" in report.text
         assert "report.txt | +1 -0" in report.text
-        # The chat's own folder is no project: no branch of its own, nothing pushed.
-        assert "Branch:" not in report.text
+        # The run worked in a worktree of the chat's own workspace: its branch is pushed
+        # back there, where the chat's later sessions see it.
+        own = tmp_path / "ws" / "chats" / f"chat_{CHAT}"
+        assert f"Branch: turnstile/{run_id}, pushed to {own.resolve()}" in report.text
+        branches = subprocess.run(
+            ["git", "-C", str(own), "branch", "--format=%(refname:short)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert f"turnstile/{run_id}" in branches
 
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/get report.txt")
         doc = await api.wait_for_message(lambda m: m.filename == "report.txt")
-        assert doc.document == b"default\n"
+        assert doc.document == f"{run_id}\n".encode()  # its own worktree, named after it
 
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/diff")
         stat = await api.wait_for_message(lambda m: m.text.startswith("🔀 Run "))
@@ -111,7 +119,7 @@ async def test_get_and_diff_read_a_finished_auto_run_in_a_chat_without_a_session
         assert patch.filename == f"diff-{run_id}.patch"
         assert patch.document is not None
         assert b"+++ b/report.txt" in patch.document
-        assert b"+default" in patch.document
+        assert f"+{run_id}".encode() in patch.document
 
 
 @pytest.mark.usefixtures("agent")
