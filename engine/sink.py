@@ -52,6 +52,8 @@ class StatusUpdate:
     task: str | None = None
     steerable: bool = True  # whether a message from the people following it steers it
     spent: str | None = None  # what the run cost so far, in words (None: nothing known)
+    parent: str | None = None  # a wave's sub-task: the task it belongs to
+    wave: int | None = None  # and the wave it is in
 
 
 @dataclass(frozen=True, slots=True)

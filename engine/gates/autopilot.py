@@ -51,6 +51,7 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
+from engine.humane import words
 from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
@@ -261,6 +262,8 @@ class Autopilot:
                 turn=self.turns,
                 task=task.name,
                 last_event=event,
+                parent=task.parent,
+                wave=task.wave,
             )
         )
 
@@ -313,7 +316,9 @@ class Autopilot:
         text = out.text.strip() or "(no output)"
         code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
         await self._say(
-            task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
+            task,
+            f"[{task.name} · {words(task.phase)}] {kind} turn finished{code}:\n{text}",
+            TextKind.TURN,
         )
         if self.budget is not None:
             note = await self._count_spend(task, out)
@@ -619,7 +624,9 @@ class Autopilot:
                 await self._say(task, f"[{task.name}] changed by someone else; re-reading")
                 return None
             return await self._to_human(task, f"transition to {target} refused: {exc.detail}")
-        await self._say(task, f"[{task.name}] {spec.name} done → {moved.label}", TextKind.STEP)
+        await self._say(
+            task, f"[{task.name}] {words(spec.name)} done → {words(moved.label)}", TextKind.STEP
+        )
         return None
 
     async def _prior(self, task: TaskRecord) -> list[tuple[str, Path]]:
@@ -693,7 +700,9 @@ class Autopilot:
                     return None
                 return await self._to_human(task, f"cannot pass the gate: {exc.detail}")
             await self._say(
-                task, f"[{task.name}] {spec.name} approved → {moved.label}", TextKind.STEP
+                task,
+                f"[{task.name}] {words(spec.name)} approved → {words(moved.label)}",
+                TextKind.STEP,
             )
             return None
         expiry = self.store.policy.expiry_seconds
