@@ -806,6 +806,15 @@ class AutopilotExtension(Feature):
         # Answered first (a stop waits for the turn to end, longer than a press may wait).
         await self.ctx.replies.answer(update, "Stopping…")
         if not await self.stop(task, chat_id=chat.id, by=user.id):
+            # (a message of a drive that ended while the bot was away): its button goes.
+            message = update.effective_message
+            live = (
+                await self.ctx.store.live_by_message(chat.id, message.message_id)
+                if message is not None
+                else None
+            )
+            if live is not None and live.ref.startswith(("phase:", "wave:")):
+                await self._retire(live.ref, "⏹ Not running any more.")
             await self.ctx.replies.reply(update, f"The drive of {task} is not running any more.")
             return
         await self.ctx.store.audit(
