@@ -158,8 +158,10 @@ class _AutoView:
 class BotSink:
     """Routes each run's reports to the chat (and topic) it belongs to.
 
-    Few messages: an autopilot phase is one message, edited from "running" to "done" (a
-    gated phase's message becomes its gate); an auto run is one live message, then its
+    Few messages: an autopilot phase is one message, edited from "running" (with a Stop
+    button) to "done" (a gated phase's message becomes its gate); a wave of sub-tasks is
+    one message, a line per sub-task (their gates are messages of their own); an auto
+    run is one live message, then its
     final report with the turns' outputs as one document. Warnings and questions are
     messages of their own.
     """
@@ -385,7 +387,10 @@ class BotSink:
         place = await self.place(f"autopilot:{view.parent}")
         if place is None:
             return
-        lines = [f"🛂 {view.parent} · wave {view.wave}: {len(view.rows)} sub-task(s)"]
+        count = len(view.rows)
+        lines = [
+            f"🛂 {view.parent} · wave {view.wave}: {count} sub-task{'s' if count != 1 else ''}"
+        ]
         for task, (phase, state) in view.rows.items():
             said = _ROW_STATES.get(state, words(state))
             lines.append(
