@@ -33,6 +33,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import ChatNotices
+from bot.progress import AUTOPILOT_STOP_DATA
 from bot.render import excerpt as render_excerpt
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace
@@ -113,6 +114,8 @@ class AutopilotExtension(Feature):
         dispatch.buttons(r"^ap(:|\Z)", Action.APPROVE, self.on_button)
         # rc: cancel a pending reason; ry: reject with a reason that read like an approval.
         dispatch.buttons(r"^(rj|rc|ry)(:|\Z)", Action.REJECT, self.on_button)
+        # The Stop button of a drive's running phase (or wave): as /stop TASK.
+        dispatch.buttons(rf"^{AUTOPILOT_STOP_DATA}", Action.STOP, self.on_stop_button)
 
     # -- where a task's messages go ----------------------------------------------------
 
@@ -270,16 +273,6 @@ class AutopilotExtension(Feature):
         # From the database, by the hash the gate shows: the task folder may be on a
         # worker's disk, and the bot attaches exactly what people approve.
         content = await self._artifact_text(request, place)
-        if content is not None:
-            await publisher.document(
-                place.chat_id,
-                content,
-                filename=request.artifact_name,
-                caption=f"{request.task} · {request.phase} · sha256 {request.short_hash}",
-                thread_id=place.thread_id,
-                run_id=request.run_id,
-                ref=f"gatedoc:{gate_id}",
-            )
         # The phase's message becomes its gate: one message for the phase's whole life.
         phase_ref = self.sink.phase_message(request.task, request.phase)
         if phase_ref is not None:
@@ -297,6 +290,17 @@ class AutopilotExtension(Feature):
             markdown=excerpt,
             tail=tail,
         )
+        # After the gate (a wave's sub-task has no phase message before it: its gate is new).
+        if content is not None:
+            await publisher.document(
+                place.chat_id,
+                content,
+                filename=request.artifact_name,
+                caption=f"{request.task} · {words(request.phase)} · sha256 {request.short_hash}",
+                thread_id=place.thread_id,
+                run_id=request.run_id,
+                ref=f"gatedoc:{gate_id}",
+            )
 
     async def _artifact_text(self, request: GateRequest, place: ChatPlace) -> str | None:
         """The gate's stored artifact as text to attach; None (said in the chat) when the
@@ -317,7 +321,7 @@ class AutopilotExtension(Feature):
         if problem is not None:
             await self.ctx.publisher.say(
                 place.chat_id,
-                f"{request.task} · {request.phase}: {problem}.",
+                f"{request.task} · {words(request.phase)}: {problem}.",
                 thread_id=place.thread_id,
                 run_id=request.run_id,
             )
@@ -332,7 +336,7 @@ class AutopilotExtension(Feature):
         if len(text) > _EXCERPT:
             text = render_excerpt(text, lines=12, chars=_EXCERPT)
         head = (
-            f"🛂 Gate: task {request.task} · phase {request.phase}\n"
+            f"🛂 Gate: task {request.task} · phase {words(request.phase)}\n"
             f"Waiting for approval of {request.artifact_name} · sha256 {request.short_hash}\n\n"
         )
         tail = (
@@ -389,7 +393,7 @@ class AutopilotExtension(Feature):
     async def _report(
         self, update: Update, gate: GateRecord, result: ApprovalResult, user_id: int, verb: str
     ) -> None:
-        what = f"{gate.task} · {gate.phase} (sha256 {gate.sha256[:12]})"
+        what = f"{gate.task} · {words(gate.phase)} (sha256 {gate.sha256[:12]})"
         name = self.ctx.publisher.people.name(user_id)
         outcome = result.outcome
         if outcome is ApprovalOutcome.APPROVED:
@@ -405,7 +409,7 @@ class AutopilotExtension(Feature):
         elif outcome is ApprovalOutcome.REJECTED:
             if await self.ctx.store.close_gate(gate.gate_id, "rejected", user_id):
                 await self._decide_text(gate, f"↩️ Rejected by {name}; the phase re-runs.")
-            text = f"↩️ Rejected {what}; the {gate.phase} phase re-runs with your reason."
+            text = f"↩️ Rejected {what}; the {words(gate.phase)} phase re-runs with your reason."
         else:
             reason = result.reason.value if result.reason is not None else "refused"
             # Decided elsewhere (the CLI, another chat): this gate message is stale.
@@ -448,7 +452,7 @@ class AutopilotExtension(Feature):
         elif outcome is ApprovalOutcome.RECORDED:
             await self.ctx.publisher.say(
                 gate.chat_id,
-                f"Approval of {task} · {gate.phase} by {name} on the web view recorded: "
+                f"Approval of {task} · {words(gate.phase)} by {name} on the web view recorded: "
                 f"{result.approvals} of {result.quorum} needed.",
                 thread_id=gate.thread_id,
             )
@@ -554,7 +558,8 @@ class AutopilotExtension(Feature):
             return True
         if not await self._is_open(gate):
             await self.ctx.replies.reply(
-                update, f"That gate ({gate.task} · {gate.phase}) no longer waits for approval."
+                update,
+                f"That gate ({gate.task} · {words(gate.phase)}) no longer waits for approval.",
             )
             return True
         await self._approve(update, gate)
@@ -582,7 +587,7 @@ class AutopilotExtension(Feature):
                     user_id=user.id,
                     chat_id=chat.id,
                     update_id=update.update_id,
-                    reason=f"gate {gate.gate_id} ({gate.task} · {gate.phase}): {misplaced}",
+                    reason=f"gate {gate.gate_id} ({gate.task} · {words(gate.phase)}): {misplaced}",
                 )
                 _LOGGER.info("gate %s: press by %s refused (%s)", gate.gate_id, user.id, misplaced)
                 await self.ctx.replies.answer(
@@ -631,7 +636,7 @@ class AutopilotExtension(Feature):
         # message in a group does not).
         name = user.first_name or str(user.id)
         body = self.ctx.redactor(
-            f"{name}, why reject {gate.task} · {gate.phase}? Reply to this message with the "
+            f"{name}, why reject {gate.task} · {words(gate.phase)}? Reply to this message with the "
             "reason; it goes back to the agent as revision notes. Pressed Reject by mistake? "
             f"/cancel (after {_duration(self._reason_ttl)} without a reason, nothing is "
             "rejected)."
@@ -685,7 +690,7 @@ class AutopilotExtension(Feature):
             await self.ctx.replies.reply(
                 update,
                 f"“{reason}” reads like an approval, not a reason. Reject {gate.task} · "
-                f"{gate.phase} with the reason “{reason}”? Cancel rejects nothing (then "
+                f"{words(gate.phase)} with the reason “{reason}”? Cancel rejects nothing (then "
                 "approve with the gate's button). Or send the real reason.",
                 markup=_confirm_buttons(gate.gate_id, reason),
                 ref=f"reasonok:{gate.gate_id}:{user.id}:{update.update_id}",
@@ -751,7 +756,7 @@ class AutopilotExtension(Feature):
             reason=f"gate {asked.gate_id}",
         )
         gate = await store.gate(asked.gate_id)
-        what = f"{gate.task} · {gate.phase}" if gate is not None else "the gate"
+        what = f"{gate.task} · {words(gate.phase)}" if gate is not None else "the gate"
         still = (
             " still waits for approval" if gate is not None and await self._is_open(gate) else ""
         )
@@ -791,6 +796,36 @@ class AutopilotExtension(Feature):
     async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
         by_name = self.ctx.publisher.people.name(by)
         return await self.executor.stop_in(ChatPlace(chat_id, thread or None), by=by_name)
+
+    async def on_stop_button(self, update: Update, data: str) -> None:
+        """The Stop button of a running phase's message: the drive stops, as with /stop."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        task = data.removeprefix(AUTOPILOT_STOP_DATA)
+        # Answered first (a stop waits for the turn to end, longer than a press may wait).
+        await self.ctx.replies.answer(update, "Stopping…")
+        if not await self.stop(task, chat_id=chat.id, by=user.id):
+            # (a message of a drive that ended while the bot was away): its button goes.
+            message = update.effective_message
+            live = (
+                await self.ctx.store.live_by_message(chat.id, message.message_id)
+                if message is not None
+                else None
+            )
+            if live is not None and live.ref.startswith(("phase:", "wave:")):
+                await self._retire(live.ref, "⏹ Not running any more.")
+            await self.ctx.replies.reply(update, f"The drive of {task} is not running any more.")
+            return
+        await self.ctx.store.audit(
+            action="stop",
+            outcome="allowed",
+            user_id=user.id,
+            chat_id=chat.id,
+            update_id=update.update_id,
+            reason=drive_key(task),
+        )
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []

@@ -7,6 +7,9 @@ row is marked sent only after Telegram accepted it, so a restart delivers what w
 Live messages (run status, gates, a turn's progress) are edited in place, throttled per
 chat: at most one edit each ``edit_interval`` in a private chat, three times slower in a
 group (Telegram allows a group 20 messages a minute; sends count against the same pause).
+An edit that takes buttons away (a decided gate, a phase that ended) is urgent: it goes
+before the messages queued to send and is not held back by that pace (people must not
+press a decided gate's buttons); only a pause Telegram asked for (a 429) holds it.
 Telegram's answer sets the pace too: a 429 in a chat (seen by :class:`PacedRateLimiter`,
 which still retries the call) spaces that chat's later edits at least ``retry_after``
 apart, twice as far as before, easing back by a quarter with each edit that goes through.
@@ -140,7 +143,15 @@ class PacedRateLimiter(AIORateLimiter):
                     self.on_retry_after(chat_id, retry_seconds(exc))
                 raise
 
+        if endpoint in _EDITS:
+            # Telegram's 20 a minute in a group counts messages sent; the outbox paces its
+            # edits itself, and an urgent one (a decided gate) must not wait a minute
+            # behind the messages just sent. The overall limit still holds.
+            data = {k: v for k, v in data.items() if k != "chat_id"}
         return await super().process_request(noticed, args, kwargs, endpoint, data, rate_limit_args)
+
+
+_EDITS: Final = frozenset({"editMessageText", "editMessageReplyMarkup"})
 
 
 def _drop_spool(item: OutboxItem) -> None:
@@ -207,6 +218,8 @@ class OutboxSender:
         # Chats Telegram asked to slow down: their seconds between two edits.
         self._slowed: dict[int, float] = {}
         self._just_slowed: set[int] = set()  # the retried call itself does not ease
+        # Until when Telegram asked a chat to wait (its last 429): even urgent edits do.
+        self._held: dict[int, float] = {}
         self._refusals: deque[OutboxItem] = deque()
         self._refusal_backlog = refusal_backlog
         self._refusal_retries = refusal_retries
@@ -229,6 +242,7 @@ class OutboxSender:
         self._just_slowed.add(chat_id)
         _LOGGER.info("chat %s: edits slowed to one each %.1fs", chat_id, self._slowed[chat_id])
         # No edit of that chat before ``retry_after`` from now.
+        self._held[chat_id] = max(self._held.get(chat_id, 0.0), self._clock() + retry_after)
         self._last_in_chat[chat_id] = max(
             self._last_in_chat.get(chat_id, 0.0),
             self._clock() + retry_after - self.interval(chat_id),
@@ -335,13 +349,25 @@ class OutboxSender:
 
     async def _step(self) -> tuple[bool, float | None]:
         """Deliver one thing. Returns (did something, seconds until an edit is due)."""
+        due_in: float | None = None
+        now = self._clock()
+        dirty = await self._store.dirty_live()
+        for live in dirty:
+            if not live.urgent:
+                break  # (urgent ones come first)
+            # Buttons taken away (a gate decided): ahead of the queued messages and of
+            # the edit pace; only a flood pause Telegram asked for holds it back.
+            wait = self._held.get(live.chat_id, 0.0) - now
+            if wait > 0:
+                due_in = wait if due_in is None else min(due_in, wait)
+                continue
+            await self._edit(live)
+            return True, None
         row = await self._store.next_outbox()
         if row is not None:
             await self._deliver(row)
             return True, None
-        due_in: float | None = None
-        now = self._clock()
-        for live in await self._store.dirty_live():
+        for live in dirty:
             interval = self.interval(live.chat_id)
             last = max(
                 self._last_edit.get(live.ref, -interval),
@@ -609,4 +635,4 @@ class OutboxSender:
                     f"edit of {live.ref} refused ({passing.message}),"
                     f" attempt {attempt} of {self._refusal_retries + 1}"
                 ) from passing
-        await self._store.live_edited(live.ref, live.body, time.time())
+        await self._store.live_edited(live.ref, live.body, time.time(), urgent=live.urgent)

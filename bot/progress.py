@@ -28,6 +28,7 @@ from engine.humane import format_elapsed
 _LOGGER = logging.getLogger(__name__)
 
 __all__ = [
+    "AUTOPILOT_STOP_DATA",
     "AUTO_STOP_DATA",
     "GO_ON_DATA",
     "PAUSE_DATA",
@@ -48,6 +49,8 @@ _LINE: Final = 160
 
 # callback_data of an auto run's Stop button (on its live message; wherever it runs).
 AUTO_STOP_DATA: Final = "sw:"
+# callback_data of an autopilot drive's Stop button (its running phase, its wave): the task.
+AUTOPILOT_STOP_DATA: Final = "sx:"
 # callback_data of Pause and Go on: the prefix and the run id.
 PAUSE_DATA: Final = "pz:"
 GO_ON_DATA: Final = "go:"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bot.progress import AUTO_STOP_DATA, stop_button
+from bot.progress import AUTO_STOP_DATA, AUTOPILOT_STOP_DATA, stop_button
 from bot.publish import Publisher
 from bot.render import excerpt
 from engine.errors import NotFoundError
@@ -24,6 +24,7 @@ from engine.store.runs import SqliteRunStore
 __all__ = [
     "BotSink",
     "ChatPlace",
+    "autopilot_stop_button",
     "humane",
     "last_line",
     "status_ended",
@@ -68,7 +69,9 @@ def status_text(update: StatusUpdate, now: float | None = None) -> str:
         head += f" · task {update.task}"
     parts = [words(update.status)]
     if update.phase:
-        parts.append(words(update.phase).capitalize() if update.mode == "auto" else update.phase)
+        parts.append(
+            words(update.phase).capitalize() if update.mode == "auto" else words(update.phase)
+        )
     if update.turn or update.round:
         parts.append(
             turn_count(update.turn, round_=update.round, limit=update.max_turns, of=" of ")
@@ -96,6 +99,39 @@ class _PhaseView:
     gated: bool = False
 
 
+@dataclass
+class _WaveView:
+    """A wave of sub-tasks as one live message: each sub-task's phase and state."""
+
+    parent: str
+    wave: int
+    ref: str
+    # sub-task → (its phase, its state), in the order they first reported.
+    rows: dict[str, tuple[str, str]] = field(default_factory=dict)
+    ended: bool = False
+
+
+# The state of a phase as its message (and a wave's row) says it.
+_PHASE_STATES: Final = {
+    "running": "⏳ running…",
+    "done": "✅ done",
+    "complete": "✅ done",
+    "stopped": "⏹ stopped",
+    "human_intervention": "✋ waiting for a person",
+}
+# A wave's row says more of a sub-task's end than "done".
+_ROW_STATES: Final = {**_PHASE_STATES, "complete": "✅ complete"}
+
+
+def autopilot_stop_button(task: str) -> dict[str, object] | None:
+    """The Stop button of a drive's live message (None: the task's name is too long for a
+    button's 64 bytes; ``/stop TASK`` still stops it)."""
+    data = f"{AUTOPILOT_STOP_DATA}{task}"
+    if len(data.encode()) > 64:
+        return None
+    return stop_button(task, AUTOPILOT_STOP_DATA, paused=None)
+
+
 # Posts a gate in its chat (bot.autopilot).
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
 # Sends files of a run's folder to its chat: (place, run id, workdir, paths) (bot.files).
@@ -121,8 +157,10 @@ class _AutoView:
 class BotSink:
     """Routes each run's reports to the chat (and topic) it belongs to.
 
-    Few messages: an autopilot phase is one message, edited from "running" to "done" (a
-    gated phase's message becomes its gate); an auto run is one live message, then its
+    Few messages: an autopilot phase is one message, edited from "running" (with a Stop
+    button) to "done" (a gated phase's message becomes its gate); a wave of sub-tasks is
+    one message, a line per sub-task (their gates are messages of their own); an auto
+    run is one live message, then its
     final report with the turns' outputs as one document. Warnings and questions are
     messages of their own.
     """
@@ -137,6 +175,10 @@ class BotSink:
         self._resolvers: list[PlaceResolver] = []
         self._task_facts: TaskFacts | None = None
         self._phases: dict[str, _PhaseView] = {}
+        # A drive's waves of sub-tasks: (parent task, wave) → its one live message.
+        self._waves: dict[tuple[str, int], _WaveView] = {}
+        # A sub-task → its parent and wave (its reports go to the wave's message).
+        self._subtasks: dict[str, tuple[str, int]] = {}
         self._autos: dict[str, _AutoView] = {}
         #: Set by bot.pause: the runs paused now, and what their message says of it.
         self.paused: dict[str, str] = {}
@@ -281,6 +323,12 @@ class BotSink:
         self, run_id: str, text: str, kind: TextKind, place: ChatPlace
     ) -> None:
         task = run_id.removeprefix("autopilot:")
+        if task in self._subtasks:
+            # A wave's sub-task: its row in the wave's message says it (its turns' output
+            # is in its artifacts, its end in the parent's summary).
+            if kind in (TextKind.STEP, TextKind.FINAL):
+                await self._wave_row(task, "complete" if kind is TextKind.FINAL else "done")
+            return
         if kind is TextKind.FINAL:
             # Under its head line, what the drive found the task changed (its stat, branch).
             await self._task_summary(task, place, run_id, text.partition("\n")[2])
@@ -296,15 +344,10 @@ class BotSink:
         await self._show_phase(view, place, run_id)
 
     async def _show_phase(self, view: _PhaseView, place: ChatPlace, run_id: str) -> None:
-        state = {
-            "running": "⏳ running…",
-            "done": "✅ done",
-            "complete": "✅ done",
-            "human_intervention": "✋ waiting for a person",
-        }.get(view.state, words(view.state))
+        state = _PHASE_STATES.get(view.state, words(view.state))
         if view.state == "running" and view.event and view.event != "phase turn":
-            state = f"⏳ running: {view.event.replace('_', ' ')}…"
-        head = f"🛂 {view.task} · {view.phase.replace('_', ' ')}\n{state}"
+            state = f"⏳ running: {words(view.event)}…"
+        head = f"🛂 {view.task} · {words(view.phase)}\n{state}"
         await self._publisher.live(
             view.ref,
             head + ("\n\n" if view.excerpt else ""),
@@ -312,13 +355,80 @@ class BotSink:
             thread_id=place.thread_id,
             run_id=run_id,
             markdown=view.excerpt,
+            # While it runs, its Stop button stops the drive (gone when the phase ends:
+            # that edit goes out before any later message).
+            markup=autopilot_stop_button(view.task) if view.state == "running" else None,
             # Handed to its gate meanwhile: the gate is this message now.
             when=lambda: not view.gated,
         )
 
+    # -- autopilot: one message per wave of sub-tasks -------------------------------------
+
+    async def _wave_status(self, update: StatusUpdate, parent: str, wave: int) -> None:
+        task = update.task or update.run_id.removeprefix("autopilot:")
+        self._subtasks[task] = (parent, wave)
+        phase = (update.phase or "").split(":", 1)[0]
+        await self._wave_row(task, update.status, phase or None)
+
+    async def _wave_row(self, task: str, state: str, phase: str | None = None) -> None:
+        parent, wave = self._subtasks[task]
+        view = self._waves.get((parent, wave))
+        if view is None or view.ended:
+            key = self._keys.get(parent)
+            mark = key if key is not None else secrets.token_hex(3)
+            view = _WaveView(parent, wave, f"wave:{parent}:{wave}:{mark}")
+            self._waves[(parent, wave)] = view
+        was_phase, was_state = view.rows.get(task, ("", ""))
+        if state == "done" and was_state != "running":
+            return  # a step after its gate or its end: the row says it already
+        view.rows[task] = (phase or was_phase, state)
+        await self._show_wave(view)
+
+    async def _show_wave(self, view: _WaveView) -> None:
+        place = await self.place(f"autopilot:{view.parent}")
+        if place is None:
+            return
+        count = len(view.rows)
+        lines = [
+            f"🛂 {view.parent} · wave {view.wave}: {count} sub-task{'s' if count != 1 else ''}"
+        ]
+        for task, (phase, state) in view.rows.items():
+            said = _ROW_STATES.get(state, words(state))
+            lines.append(
+                f"{task} · {said}" if state == "complete" else f"{task} · {words(phase)} · {said}"
+            )
+        going = not view.ended and any(
+            s not in ("complete", "stopped") for _, s in view.rows.values()
+        )
+        await self._publisher.live(
+            view.ref,
+            "\n".join(lines),
+            chat_id=place.chat_id,
+            thread_id=place.thread_id,
+            run_id=f"autopilot:{view.parent}",
+            # Its Stop button stops the whole drive (the parent's, as /stop PARENT does).
+            markup=autopilot_stop_button(view.parent) if going else None,
+        )
+
+    async def _end_waves(self, parent: str, state: str) -> None:
+        """The drive of ``parent`` stopped or moved on: its waves' messages end (their
+        rows still running say ``state``; their Stop buttons go)."""
+        for (owner, _), view in list(self._waves.items()):
+            if owner != parent or view.ended:
+                continue
+            view.rows = {t: (p, state if s == "running" else s) for t, (p, s) in view.rows.items()}
+            view.ended = True
+            await self._show_wave(view)
+
     async def _autopilot_status(self, update: StatusUpdate, place: ChatPlace) -> None:
         task = update.task or update.run_id.removeprefix("autopilot:")
+        if update.parent is not None:
+            await self._wave_status(update, update.parent, update.wave or 1)
+            return
         phase = (update.phase or "").split(":", 1)[0]
+        if any(p == task for p, _ in self._waves) and update.status != "awaiting_approval":
+            # The parent moves on (or stops): its waves are over.
+            await self._end_waves(task, "stopped" if update.status != "running" else "done")
         view = self._phases.get(task)
         if update.status == "running":
             if view is None or view.gated or view.phase != phase or view.state != "running":

@@ -54,6 +54,8 @@ class StatusUpdate:
     spent: str | None = None  # what the run cost so far, in words (None: nothing known)
     # An auto run's round (its max_turns counts rounds; ``turn`` is its agent turns so far).
     round: int = 0
+    parent: str | None = None  # a wave's sub-task: the task it belongs to
+    wave: int | None = None  # and the wave it is in
 
 
 @dataclass(frozen=True, slots=True)

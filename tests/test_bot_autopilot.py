@@ -12,6 +12,7 @@ import pytest
 
 from bot.autopilot import AutopilotExtension
 from engine.gates import COMPLETE, Gates
+from engine.humane import words
 from engine.store.backend import open_database
 from engine.store.runs import RunStatus, SqliteRunStore
 from tests.fakes.bot_api import FakeBotApi, SentMessage
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.usefixtures("isolated_env", "bot_backend"), pytest.mar
 
 def _gate(phase: str, nth: int = 0):  # type: ignore[no-untyped-def]
     def match(m: SentMessage) -> bool:
-        return m.text.startswith("🛂 Gate:") and f"phase {phase}" in m.text
+        return m.text.startswith("🛂 Gate:") and f"phase {words(phase)}" in m.text
 
     return match
 
@@ -100,9 +101,9 @@ async def test_autopilot_through_every_gate(
         gate = await _gate_message(api, "test_design")
         reject = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Reject"))
         api.push_callback(chat_id=CHAT, user_id=APPROVER, data=reject, message_id=gate.message_id)
-        await api.wait_for_message(lambda m: ", why reject T1 · test_design" in m.text)
+        await api.wait_for_message(lambda m: ", why reject T1 · test design" in m.text)
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="cover the timeout path too")
-        await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected T1 · test_design"))
+        await api.wait_for_message(lambda m: m.text.startswith("↩️ Rejected T1 · test design"))
         # the phase re-ran with the reason; its new gate is approved by a plain APPROVED
         await _gate_message(api, "test_design", count=2)
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="approved")

@@ -341,5 +341,5 @@ async def test_an_autopilot_drive_s_log_holds_its_gates_turns_and_end(
     assert shown.returncode == 0, shown.stderr
     assert "task t waits for approval of its research" in shown.stdout
     assert "task t: research rejected by" in shown.stdout
-    assert "task t: test_design approved by" in shown.stdout
+    assert "task t: test design approved by" in shown.stdout
     assert "ended: completed" in shown.stdout

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from chatfront.store.records import LiveMessage, OutboxItem, OutboxRow
 from chatfront.store.tables import AUDIT_ORIGIN, Tables
 
-__all__ = ["LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
+__all__ = ["URGENT", "LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
 
 
 class Outbox(Protocol):
@@ -63,11 +63,26 @@ class LiveMessages(Protocol):
 
     async def dirty_live(self) -> list[LiveMessage]: ...
 
-    async def live_edited(self, ref: str, body: str, at: float) -> None: ...
+    async def live_edited(
+        self, ref: str, body: str, at: float, *, urgent: bool = False
+    ) -> None: ...
 
     async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None: ...
 
     async def touch_live(self, prefix: str) -> int: ...
+
+
+#: ``bot_live.dirty`` of an edit that takes buttons away: sent before queued new messages
+#: (1: an ordinary edit, paced; 0: shown as it is). Kept in the row, so a restart keeps it.
+URGENT: Final = 2
+
+
+def _due(sent: OutboxItem, current: Any) -> int:
+    """The ``dirty`` of a live message just delivered as ``sent``, its row now ``current``
+    (changed while the send was in flight: an edit is due, urgent when buttons went)."""
+    if current is None or current["body"] == sent.body:
+        return 0
+    return URGENT if sent.markup and current["markup_json"] is None else 1
 
 
 def _live_key(ref: str) -> str:
@@ -162,7 +177,7 @@ class OutboxTables(Tables):
                             body,
                             current["entities_json"] if current is not None else None,
                             current["markup_json"] if current is not None else None,
-                            int(body != item.body),
+                            _due(item, current),
                             now,
                             now,
                         ),
@@ -283,10 +298,14 @@ class LiveTables(Tables):
                 return
             if live is not None:
                 if (live["body"], live["entities_json"], live["markup_json"]) != (body, ents, mk):
+                    # Buttons taken away (a gate decided, a phase ended): urgent, so the
+                    # edit goes out ahead of the messages queued to send.
+                    dirty = URGENT if live["markup_json"] is not None and mk is None else 1
                     await conn.execute(
                         "UPDATE bot_live SET body = ?, entities_json = ?, markup_json = ?,"
-                        " dirty = 1, updated_at = ? WHERE ref = ?",
-                        (body, ents, mk, now, ref),
+                        " dirty = CASE WHEN dirty = ? THEN dirty ELSE ? END, updated_at = ?"
+                        " WHERE ref = ?",
+                        (body, ents, mk, URGENT, dirty, now, ref),
                     )
                 return
             cursor = await conn.execute(
@@ -333,9 +352,9 @@ class LiveTables(Tables):
                 if live["markup_json"] is None:
                     return False
                 await conn.execute(
-                    "UPDATE bot_live SET body = ?, markup_json = NULL, dirty = 1,"
+                    "UPDATE bot_live SET body = ?, markup_json = NULL, dirty = ?,"
                     " updated_at = ? WHERE ref = ?",
-                    (f"{live['body']}\n{note}", now, ref),
+                    (f"{live['body']}\n{note}", URGENT, now, ref),
                 )
                 return True
             cursor = await conn.execute(
@@ -381,16 +400,20 @@ class LiveTables(Tables):
         return LiveMessage.from_row(row) if row is not None else None
 
     async def dirty_live(self) -> list[LiveMessage]:
+        """The delivered live messages with an edit due, the urgent ones first."""
         rows = await self.db.fetchall(
-            "SELECT * FROM bot_live WHERE dirty = 1 AND message_id IS NOT NULL ORDER BY updated_at"
+            "SELECT * FROM bot_live WHERE dirty <> 0 AND message_id IS NOT NULL"
+            " ORDER BY dirty DESC, updated_at"
         )
         return [LiveMessage.from_row(r) for r in rows]
 
-    async def live_edited(self, ref: str, body: str, at: float) -> None:
+    async def live_edited(self, ref: str, body: str, at: float, *, urgent: bool = False) -> None:
+        """The edit to ``body`` went through; ``urgent``: it was the urgent one (whatever
+        changed since is not). An urgent change made meanwhile stays urgent."""
         await self.db.execute(
-            "UPDATE bot_live SET edited_at = ?, dirty = CASE WHEN body = ? THEN 0 ELSE 1 END"
-            " WHERE ref = ?",
-            (at, body, ref),
+            "UPDATE bot_live SET edited_at = ?, dirty = CASE WHEN body = ? THEN 0"
+            " WHEN dirty = ? AND ? = 0 THEN dirty ELSE 1 END WHERE ref = ?",
+            (at, body, URGENT, int(urgent), ref),
         )
 
     async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None:
@@ -403,5 +426,7 @@ class LiveTables(Tables):
         """Mark every live message whose ref starts with ``prefix`` for a refresh."""
         # Not LIKE: it is case-insensitive on SQLite only, and ``_``/``%`` are wildcards.
         return await self.db.execute(
-            "UPDATE bot_live SET dirty = 1 WHERE substr(ref, 1, ?) = ?", (len(prefix), prefix)
+            "UPDATE bot_live SET dirty = CASE WHEN dirty = ? THEN dirty ELSE 1 END"
+            " WHERE substr(ref, 1, ?) = ?",
+            (URGENT, len(prefix), prefix),
         )

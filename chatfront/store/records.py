@@ -95,6 +95,8 @@ class LiveMessage:
     markup: dict[str, Any] | None
     dirty: bool
     edited_at: float | None
+    #: Its due edit takes buttons away (a decided gate): sent before queued messages.
+    urgent: bool = False
 
     @classmethod
     def from_row(cls, row: StoredRow) -> LiveMessage:
@@ -108,6 +110,7 @@ class LiveMessage:
             markup=json.loads(row["markup_json"]) if row["markup_json"] else None,
             dirty=bool(row["dirty"]),
             edited_at=row["edited_at"],
+            urgent=row["dirty"] == 2,  # chatfront.store.outbox.URGENT
         )
 
 

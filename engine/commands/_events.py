@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engine.humane import words
 from engine.store.events import EventKind, EventLog, RunEvent
 from engine.store.runs import RunRecord
 
@@ -56,7 +57,7 @@ def _run_started(event: RunEvent, data: Mapping[str, Any]) -> str:
 def _turn_started(event: RunEvent, data: Mapping[str, Any]) -> str:
     said = f"{_turn(data)} started"
     if data.get("phase"):
-        said += f" ({data['phase']})"
+        said += f" ({words(str(data['phase']))})"
     return said + (f": {_first_line(data['prompt'], 100)}" if data.get("prompt") else "")
 
 
@@ -86,8 +87,13 @@ def _note(event: RunEvent, data: Mapping[str, Any]) -> str:
     return f"{_NOTES.get(str(data.get('note')), 'note')}: {_first_line(data.get('text'))}"
 
 
+def _phase(value: object) -> str:
+    """A phase (or a task's label) as people say it: "test design", never "test_design"."""
+    return words(str(value))
+
+
 def _gate_opened(event: RunEvent, data: Mapping[str, Any]) -> str:
-    said = f"{_task(event)} waits for approval of its {data.get('phase')}"
+    said = f"{_task(event)} waits for approval of its {_phase(data.get('phase'))}"
     if data.get("sha256"):
         said += f" (sha256 {str(data['sha256'])[:12]})"
     if data.get("change") == "reopen":
@@ -97,9 +103,10 @@ def _gate_opened(event: RunEvent, data: Mapping[str, Any]) -> str:
 
 def _gate_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
     decision = data.get("decision")
-    phase = data.get("phase")
+    phase = _phase(data.get("phase"))
     if decision == "rejected":
-        return f"{_task(event)}: {data.get('from') or phase} rejected{_by(data)}{_why(data)}"
+        rejected = _phase(data.get("from")) if data.get("from") else phase
+        return f"{_task(event)}: {rejected} rejected{_by(data)}{_why(data)}"
     count = f" ({data.get('approvers')} of {data.get('quorum')})" if data.get("quorum") else ""
     if decision == "approved":
         return f"{_task(event)}: {phase} approved{_by(data)}{count}"
@@ -107,7 +114,8 @@ def _gate_decided(event: RunEvent, data: Mapping[str, Any]) -> str:
 
 
 def _task_moved(event: RunEvent, data: Mapping[str, Any]) -> str:
-    return f"{_task(event)} moved from {data.get('from')} to {data.get('phase')}{_why(data)}"
+    moved = f"moved from {_phase(data.get('from'))} to {_phase(data.get('phase'))}"
+    return f"{_task(event)} {moved}{_why(data)}"
 
 
 def _tool_requested(event: RunEvent, data: Mapping[str, Any]) -> str:

@@ -69,7 +69,7 @@ class TerminalDriveSink:
 
     async def request_gate(self, request: GateRequest) -> None:
         self._say(
-            f"🛂 {request.task} · {request.phase} waits for approval of "
+            f"🛂 {request.task} · {words(request.phase)} waits for approval of "
             f"{request.artifact_name} (sha256 {request.short_hash}). Approve it here with "
             f"`turnstile status --task {request.task} --approve --by YOUR_ID`, or in the "
             f"chat the project is bound to: the Approve button, or /approve {request.task}."

@@ -24,7 +24,7 @@ from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused,
 from engine.gates.records import TaskRecord
 from engine.runs import Recovery, RunSupervisor
 from engine.runs.spec import ChatPlace
-from engine.sink import RunSink
+from engine.sink import RunSink, StatusUpdate
 from engine.spend import Budget
 from engine.turn import AgentSession
 
@@ -210,6 +210,10 @@ class LocalDrives:
         except asyncio.CancelledError:
             by = self._stopped_by.pop(name, None)
             if by is not None:
+                # Its running phase's message says so (and loses its Stop button).
+                await self.sink.update_status(
+                    StatusUpdate(run_id=key, mode="autopilot", status="stopped", task=name)
+                )
                 await self.notices.notice(
                     key,
                     f"⏹ Autopilot for {name} stopped by {by}; the task keeps its phase. "

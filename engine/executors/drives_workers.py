@@ -35,7 +35,7 @@ from engine.executors.drives import (
 from engine.gates import GateRefused, Gates
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
-from engine.humane import exit_note, humane
+from engine.humane import exit_note, humane, words
 from engine.runs import Recovery
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
@@ -379,7 +379,7 @@ class WorkersDrives:
         await publish(
             self.sink,
             drive_key(drive.task),
-            f"[{drive.task}] {before} done → {task.label}",
+            f"[{drive.task}] {words(before)} done → {words(task.label)}",
             TextKind.STEP,
         )
 
@@ -414,7 +414,7 @@ class WorkersDrives:
             await publish(
                 self.sink,
                 drive_key(drive.task),
-                f"[{drive.task} · {phase}] phase turn finished{code}:\n{text}",
+                f"[{drive.task} · {words(phase)}] phase turn finished{code}:\n{text}",
                 TextKind.TURN,
             )
             return
@@ -431,6 +431,8 @@ class WorkersDrives:
         run_id = drive.run_id
         key = drive_key(drive.task)
         if event.placement.status is PlacementStatus.STOPPED:
+            # Its running phase's message says so (and loses its Stop button), as here.
+            await self._status(drive, "stopped", None, 0)
             await self.notices.notice(
                 key,
                 f"⏹ Autopilot for {drive.task} stopped on the workers (run {run_id}); the "

@@ -52,7 +52,7 @@ from engine.gates.workflow import (
     PhaseSpec,
 )
 from engine.gates.worktrees import WaveWorkspaces
-from engine.humane import exit_note
+from engine.humane import exit_note, words
 from engine.locks import Lock
 from engine.runs import ChatPlace, RunMode, RunSupervisor
 from engine.settings import Settings
@@ -263,6 +263,8 @@ class Autopilot:
                 turn=self.turns,
                 task=task.name,
                 last_event=event,
+                parent=task.parent,
+                wave=task.wave,
             )
         )
 
@@ -318,7 +320,9 @@ class Autopilot:
         failed = exit_note(out.exit_code, out.stderr_tail)
         text = f"{failed}\n\n{text}" if failed else text
         await self._say(
-            task, f"[{task.name} · {task.phase}] {kind} turn finished{code}:\n{text}", TextKind.TURN
+            task,
+            f"[{task.name} · {words(task.phase)}] {kind} turn finished{code}:\n{text}",
+            TextKind.TURN,
         )
         if self.budget is not None:
             note = await self._count_spend(task, out)
@@ -656,7 +660,9 @@ class Autopilot:
                 await self._say(task, f"[{task.name}] changed by someone else; re-reading")
                 return None
             return await self._to_human(task, f"transition to {target} refused: {exc.detail}")
-        await self._say(task, f"[{task.name}] {spec.name} done → {moved.label}", TextKind.STEP)
+        await self._say(
+            task, f"[{task.name}] {words(spec.name)} done → {words(moved.label)}", TextKind.STEP
+        )
         return None
 
     async def _prior(self, task: TaskRecord) -> list[tuple[str, Path]]:
@@ -730,7 +736,9 @@ class Autopilot:
                     return None
                 return await self._to_human(task, f"cannot pass the gate: {exc.detail}")
             await self._say(
-                task, f"[{task.name}] {spec.name} approved → {moved.label}", TextKind.STEP
+                task,
+                f"[{task.name}] {words(spec.name)} approved → {words(moved.label)}",
+                TextKind.STEP,
             )
             return None
         expiry = self.store.policy.expiry_seconds

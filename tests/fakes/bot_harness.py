@@ -18,6 +18,7 @@ from typing import Any
 from telegram.ext import AIORateLimiter
 
 from bot.app import BotRuntime
+from engine.humane import words
 from engine.settings import Settings
 from engine.store.runs import RunStatus
 from tests.fakes.bot_api import FakeBotApi, SentMessage
@@ -86,10 +87,10 @@ def approved(task: str, phase: str = "") -> Callable[[SentMessage], bool]:
     adds no message), or the answer to a typed approval does."""
 
     def match(m: SentMessage) -> bool:
-        if m.text.startswith(f"✅ Approved {task} · {phase}".rstrip(" ·")):
+        if m.text.startswith(f"✅ Approved {task} · {words(phase)}".rstrip(" ·")):
             return True
         return (
-            m.text.startswith(f"🛂 Gate: task {task} · phase {phase}".rstrip())
+            m.text.startswith(f"🛂 Gate: task {task} · phase {words(phase)}".rstrip())
             and "✅ Approved by" in m.text
         )
 
