@@ -894,11 +894,17 @@ class AutopilotExtension(Feature):
                 await asyncio.sleep(2.0)
 
     async def _post_elsewhere(self, name: str) -> None:
-        if self.executor.state_of(name) is not None:
-            return  # driven here (or followed on the workers): its drive posts its gates
         task = await self.gates.open_gate(name)
         if task is None or task.gate_sha256 is None:
             return
+        # A wave's sub-task is driven by its parent's drive: the top task says who drives.
+        top: TaskRecord | None = task
+        seen = {task.name}
+        while top is not None and top.parent is not None and top.parent not in seen:
+            seen.add(top.parent)
+            top = await self.gates.store.find(top.parent)
+        if self.executor.state_of(name) or (top and self.executor.state_of(top.name)):
+            return  # driven here (or followed on the workers): its drive posts its gates
         place = await self.resolve(drive_key(name)) or await self._bound_place(task)
         if place is None:
             return  # no chat knows the task: the terminal that drives it says it

@@ -87,7 +87,8 @@ def all_commands_text(*, agents: str, tool_approval: str, voice: bool) -> str:
     lines += [f"{c.line()} ({needed_roles(c.action)})" for c in ALL_COMMANDS]
     lines += [
         "",
-        f"Agents here: {agents}. Tool approvals: {tool_approval}.",
+        f"Agents here: {agents}. Tool approvals: {tool_approval}; Copilot CLI and Codex"
+        " cannot ask: their allowed tools alone decide.",
         "Reply APPROVED to a gate message to approve it.",
         "Files and photos you send are saved under uploads/ and the caption is the prompt"
         + ("; voice notes are transcribed." if voice else "."),
