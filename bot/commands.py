@@ -89,7 +89,9 @@ def all_commands_text(*, agents: str, tool_approval: str, voice: bool) -> str:
         "",
         f"Agents here: {agents}. Tool approvals: {tool_approval}; Copilot CLI and Codex"
         " cannot ask: their allowed tools alone decide.",
-        "Reply APPROVED to a gate message to approve it.",
+        "/auto takes --budget USD and --permissions P before the goal; /web answers in a"
+        " private chat; /model default undoes /model. Reply APPROVED to a gate message to"
+        " approve it.",
         "Files and photos you send are saved under uploads/ and the caption is the prompt"
         + ("; voice notes are transcribed." if voice else "."),
     ]
