@@ -40,8 +40,7 @@ _APPROVAL_HELP: Final = {
 }
 
 
-# /help's message, and the data of its "All commands" button.
-_HELP_REF: Final = "help:"
+# The data of /help's "All commands" button.
 _ALL: Final = "hp:all"
 
 # A bare /stop with several runs working: which one (the button's data names the run).
@@ -84,14 +83,10 @@ class AdminFeature(Feature):
             update,
             help_text(roles, voice=voice),
             markup={"inline_keyboard": [[{"text": "All commands", "callback_data": _ALL}]]},
-            ref=f"{_HELP_REF}{update.update_id}",
         )
 
     async def on_all_commands(self, update: Update, data: str) -> None:
-        """The "All commands" button: its help message becomes the list of every command."""
-        chat = update.effective_chat
-        message = update.effective_message
-        assert chat is not None
+        """The "All commands" button: every command with the role it needs, in a reply."""
         await self.ctx.replies.answer(update)
         settings = self.ctx.settings
         text = all_commands_text(
@@ -99,17 +94,7 @@ class AdminFeature(Feature):
             tool_approval=_APPROVAL_HELP[settings.tool_approval],
             voice=settings.transcription_url is not None,
         )
-        live = (
-            await self.ctx.store.live_by_message(chat.id, message.message_id)
-            if message is not None
-            else None
-        )
-        if live is not None and live.ref.startswith(_HELP_REF):
-            await self.ctx.publisher.live(
-                live.ref, text, chat_id=live.chat_id, thread_id=live.thread_id, markup=None
-            )
-        else:
-            await self.ctx.replies.reply(update, text)
+        await self.ctx.replies.reply(update, text)
 
     async def cmd_stop(self, update: Update, args: list[str]) -> None:
         chat = update.effective_chat

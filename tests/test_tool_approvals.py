@@ -514,6 +514,6 @@ async def test_help_says_what_asks_and_what_cannot(tmp_path: Path) -> None:
                 data=help_text.buttons[0]["callback_data"],
                 message_id=help_text.message_id,
             )
-            await api.wait_until(lambda: "Tool approvals" in help_text.text)
+            help_text = await api.wait_for_message(lambda m: "Tool approvals" in m.text)
     assert "on here for tools outside the allowed list" in help_text.text
     assert "Copilot CLI and Codex cannot ask: their allowed tools alone decide" in help_text.text
