@@ -6,12 +6,14 @@ autopilot, tool approvals) for its part, in a fixed order.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from telegram import BotCommand, Update
+from telegram import Update
 
+from bot.commands import all_commands_text, help_text
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
@@ -24,85 +26,9 @@ from engine.sandbox import sandbox_state
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus
 
-__all__ = ["COMMANDS", "HELP", "AdminFeature"]
+__all__ = ["AdminFeature"]
 
 _PAGE: Final = 25
-
-COMMANDS: Final = [
-    BotCommand("help", "what this bot does and who may do what"),
-    BotCommand("chat", "[agent] [project[@branch]] — bind this chat or topic to an agent session"),
-    BotCommand("agent", "NAME — a new session of another agent here"),
-    BotCommand("model", "[NAME] — this chat's model (default: the agent's own)"),
-    BotCommand("project", "NAME[@branch] — a new session on another project"),
-    BotCommand("new", "a fresh session (same agent, project and model)"),
-    BotCommand("auto", "[--budget USD] [--permissions P] OBJECTIVE — start an auto-mode run"),
-    BotCommand("steer", "TEXT — an instruction for the running auto-mode run"),
-    BotCommand("autopilot", "TASK — start or resume the gated workflow of a task"),
-    BotCommand("approve", "[TASK] — approve the open gate"),
-    BotCommand("reject", "TASK REASON — reject the open gate with a reason"),
-    BotCommand("cancel", "drop the Reject that waits for your reason"),
-    BotCommand("stop", "[RUN] — stop the running turn at once"),
-    BotCommand("pause", "[RUN] — the run finishes what it is doing, then waits"),
-    BotCommand("resume", "[RUN] — a paused run goes on"),
-    BotCommand("status", "this chat's runs"),
-    BotCommand("get", "PATH [RUN] — a file (a folder as a zip) of this chat's last run"),
-    BotCommand("diff", "[RUN] — what this chat's last run changed, the patch as a document"),
-    BotCommand("web", "the board of runs and tasks in a browser (in a private chat)"),
-    BotCommand("permissions", "[guarded|trusted|free|default] — what tool calls ask here"),
-    BotCommand("tasks", "every task's state (admin)"),
-    BotCommand("audit", "the audit's findings (admin)"),
-]
-
-HELP: Final = "\n".join(
-    [
-        "turnstile drives coding agents turn by turn, with approval gates.",
-        "",
-        "Chat sessions",
-        "/chat [agent] [project[@branch]] — bind this chat (or topic) to a new agent"
-        " session; then every message is one turn. Agents installed here: {agents}."
-        " Without a project, this chat (or topic) works in a workspace of its own, which"
-        " no other chat sees; each /auto run gets a git worktree of it.",
-        "/agent NAME · /project NAME[@branch] · /new — a new session with another agent,"
-        " on another project, or just a fresh one. /model NAME — this chat's model, kept"
-        " across restarts (/model default undoes it). /status shows how to continue the"
-        " session from a terminal.",
-        "",
-        "Runs",
-        "/auto [--budget USD] [--permissions P] OBJECTIVE — auto mode: clarify, plan,"
-        " execute until verified done; with a budget it stops after the turn that spends"
-        " it. Messages (or /steer TEXT) become instructions for the next execute turn.",
-        "/autopilot TASK — the gated workflow; each approval gate posts the artifact with"
-        " Approve / Reject buttons.",
-        "/approve [TASK] · reply APPROVED to a gate message · /reject TASK REASON",
-        "/cancel — drop a Reject button press whose reason you have not sent yet.",
-        "/stop [RUN] — stop the running turn now; the run ends stopped.",
-        "/pause [RUN] — the run finishes the tool call (or turn) it is in, then waits,"
-        " keeping its place; /resume [RUN] or its ▶ Go on button lets it go on.",
-        "/status — this chat's runs. /tasks, /audit — admins.",
-        "/web — in a private chat: the board of every run and task, with their timelines,"
-        " changes and gates, as a Mini App or in a browser.",
-        "",
-        "Files",
-        "Send a file or photo (an album is one turn): it is saved in the run's folder under"
-        " uploads/ and the caption is the prompt. Voice notes are transcribed into the"
-        " prompt. /get PATH sends a file of the run's folder (a folder as a zip).",
-        "/diff [RUN] — what the chat's last run (or RUN) changed; /get PATH RUN works too.",
-        "",
-        "Tool approvals — {tool_approval}. When on, a Claude Code session asks here"
-        " before a tool call: Allow once, Allow for this session, or Deny; the turn"
-        " waits. /permissions guarded (every change asks), trusted (only destructive or"
-        " outward actions ask) or free (nothing asks, still sandboxed) sets it for this"
-        " chat (admins). Deleting outside the project, a force push to the default branch,"
-        " a script piped from the internet and reading secret files always ask. With"
-        " approvals on, the agent may also ask you a question here: answer with a button"
-        " or a reply (operators). Copilot CLI and Codex cannot ask: their allowed tools"
-        " alone decide.",
-        "",
-        "Rights: operators chat, start, steer, pause, stop and answer the agent's"
-        " questions; approvers approve and reject; admins"
-        " everything. Your id: {user_id}.",
-    ]
-)
 
 _APPROVAL_HELP: Final = {
     "off": "off here: only the allowed tools run",
@@ -113,6 +39,9 @@ _APPROVAL_HELP: Final = {
     "free": "free here: nothing asks but the catastrophic",
 }
 
+
+# The data of /help's "All commands" button.
+_ALL: Final = "hp:all"
 
 # A bare /stop with several runs working: which one (the button's data names the run).
 _PICK: Final = "sp:"
@@ -136,8 +65,10 @@ class AdminFeature(Feature):
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command(("help", "start"), Action.HELP, self.cmd_help)
+        dispatch.buttons(rf"^{_ALL}\Z", Action.HELP, self.on_all_commands)
         dispatch.command("stop", Action.STOP, self.cmd_stop)
         dispatch.command("status", Action.STATUS, self.cmd_status)
+        dispatch.command("pending", Action.STATUS, self.cmd_pending)
         dispatch.command("tasks", Action.TASKS, self.cmd_tasks)
         dispatch.command("audit", Action.AUDIT, self.cmd_audit)
         dispatch.buttons(r"^tk(:|\Z)", Action.TASKS, self.on_page)
@@ -145,14 +76,25 @@ class AdminFeature(Feature):
 
     async def cmd_help(self, update: Update, args: list[str]) -> None:
         user = update.effective_user
+        assert user is not None
+        roles = self.ctx.authorizer.roles(user.id)
+        voice = self.ctx.settings.transcription_url is not None
         await self.ctx.replies.reply(
             update,
-            HELP.format(
-                agents=", ".join(installed_agents(self.ctx.settings)) or "none",
-                user_id=user.id if user else "?",
-                tool_approval=_APPROVAL_HELP[self.ctx.settings.tool_approval],
-            ),
+            help_text(roles, voice=voice),
+            markup={"inline_keyboard": [[{"text": "All commands", "callback_data": _ALL}]]},
         )
+
+    async def on_all_commands(self, update: Update, data: str) -> None:
+        """The "All commands" button: every command with the role it needs, in a reply."""
+        await self.ctx.replies.answer(update)
+        settings = self.ctx.settings
+        text = all_commands_text(
+            agents=", ".join(installed_agents(settings)) or "none",
+            tool_approval=_APPROVAL_HELP[settings.tool_approval],
+            voice=settings.transcription_url is not None,
+        )
+        await self.ctx.replies.reply(update, text)
 
     async def cmd_stop(self, update: Update, args: list[str]) -> None:
         chat = update.effective_chat
@@ -297,6 +239,21 @@ class AdminFeature(Feature):
             )
         await self.ctx.replies.reply(update, "\n".join(lines))
 
+    async def cmd_pending(self, update: Update, args: list[str]) -> None:
+        """What waits for the person asking: gates, tool calls, the agents' questions."""
+        chat = update.effective_chat
+        user = update.effective_user
+        assert chat is not None
+        assert user is not None
+        items: list[str] = []
+        for owner in self.owners:
+            items.extend(await owner.pending_for(user.id, chat.id))
+        if not items:
+            await self.ctx.replies.reply(update, "Nothing waits for you. /status")
+            return
+        head = "1 thing waits" if len(items) == 1 else f"{len(items)} things wait"
+        await self.ctx.replies.reply(update, "\n\n".join([f"{head} for you:", *items]))
+
     # -- /tasks and /audit -------------------------------------------------------------
 
     async def cmd_tasks(self, update: Update, args: list[str]) -> None:
@@ -318,17 +275,41 @@ class AdminFeature(Feature):
     async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
         ctx = self.ctx
         rows = [row for group in await ctx.gates.list_tasks() for row in _task_rows(group)]
+        tasks = [t for t, _ in rows if t is not None]
+        # A drive holds a running autopilot run (in the bot, a terminal or on a worker).
+        driven = {
+            r.task
+            for r in await ctx.runs.list_runs(status=RunStatus.RUNNING)
+            if r.mode == "autopilot" and r.task is not None
+        }
+        states = [_state_of(t, driven) for t in tasks]
         pages = max(1, (len(rows) + _PAGE - 1) // _PAGE)
         page = min(max(page, 0), pages - 1)
         shown = rows[page * _PAGE : (page + 1) * _PAGE]
         # What the shown tasks cost: asked for this page's tasks only.
         spend = await ctx.runs.spend_of_tasks([t.name for t, _ in shown if t is not None])
-        lines = [
-            _task_line(t, indent, spend.get(t.name)) if t is not None else indent
-            for t, indent in shown
-        ]
-        body = "\n".join(lines) or "No tasks yet. /autopilot TASK starts one."
-        text = f"📋 Tasks, waiting for approval first · page {page + 1} of {pages}\n{body}"
+        now = time.time()
+        lines: list[str] = []
+        for task, indent in shown:
+            if task is None:
+                lines.append(indent)
+                continue
+            record = await ctx.gates.store.find(task.name)
+            owner = (
+                ctx.publisher.people.name(int(record.started_by))
+                if record is not None and record.started_by and record.started_by.isdigit()
+                else None
+            )
+            lines += _task_lines(
+                task, indent, _state_of(task, driven), owner, now, spend.get(task.name)
+            )
+        if not tasks:
+            text = "📋 No tasks yet. /autopilot TASK starts one."
+        else:
+            head = _summary(len(tasks), states)
+            if pages > 1:
+                head.append(f"page {page + 1} of {pages}")
+            text = "\n".join([*head, "", *lines])
         buttons = []
         if page > 0:
             buttons.append({"text": "◀ previous", "callback_data": f"tk:{ref}:{page - 1}"})
@@ -392,22 +373,68 @@ _DOINGS: Final = {
     "tool_approval": "deciding a tool call",
 }
 
-_TASK_ICONS: Final = {"complete": "✅", "human_intervention": "✋"}
+# A task's state on the board: its icon, and how the summary counts it.
+_WAITING, _RUNNING, _IDLE, _PERSON, _DONE = "waiting", "running", "idle", "person", "done"
+_ICONS: Final = {_WAITING: "🛂", _RUNNING: "⏳", _IDLE: "💤", _PERSON: "✋", _DONE: "✅"}
+_COUNTED: Final = {
+    _WAITING: "wait for approval",
+    _RUNNING: "running",
+    _IDLE: "idle",
+    _PERSON: "need a person",
+    _DONE: "done",
+}
+# A phone shows about this many characters a line.
+_PHONE: Final = 35
 
 
-def _task_line(task: Any, indent: str = "", spend: Spend | None = None) -> str:
-    """One short line a phone shows well: icon, name, phase in words (no columns)."""
+def _state_of(task: Any, driven: set[str]) -> str:
+    """Waiting for approval, running (a drive holds it), idle, needing a person, or done."""
     if task.sub_state == "awaiting_approval":
-        icon, state = "🛂", f"{task.phase.replace('_', ' ')}, waiting for approval"
-    else:
-        icon = _TASK_ICONS.get(task.phase, "⏳")
-        state = words(task.phase).removeprefix(f"{icon} ")
-    line = f"{indent}{icon} {task.name} · {state}"
-    if task.revision_notes:
-        line += " · has revision notes"
+        return _WAITING
+    if task.phase == "complete":
+        return _DONE
+    if task.phase == "human_intervention":
+        return _PERSON
+    return _RUNNING if task.name in driven else _IDLE
+
+
+def _summary(count: int, states: list[str]) -> list[str]:
+    """ "📋 12 tasks: 2 wait for approval, 1 running, 9 done", wrapped for a phone."""
+    parts = [f"{states.count(s)} {said}" for s, said in _COUNTED.items() if s in states]
+    text = f"📋 {count} task{'s' if count != 1 else ''}: " + ", ".join(parts)
+    return textwrap.wrap(text, _PHONE)
+
+
+def _age(seconds: float) -> str:
+    """How long ago, in the fewest characters: ``40s``, ``5m``, ``3h``, ``2d``."""
+    whole = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= size:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def _task_lines(
+    task: Any, indent: str, state: str, owner: str | None, now: float, spend: Spend | None
+) -> list[str]:
+    """Short lines a phone shows whole (two, mostly): the state's icon and the name, then
+    the phase, who started it, how long since it last moved, and what it cost."""
+    facts = [words(task.phase).removeprefix("✅ ")]
+    if owner:
+        facts.append(owner if len(owner) <= 10 else owner[:9] + "…")
+    facts.append(_age(now - task.updated_at))
     if spend is not None and spend.cost_usd is not None:
-        line += f" · {spend.cost_text()}"
-    return line
+        facts.append(spend.cost_text())
+    if task.revision_notes:
+        facts.append("notes")
+    pad = " " * (len(indent) + 2)
+    lines = [f"{indent}{_ICONS[state]} {task.name}", pad + facts[0]]
+    for fact in facts[1:]:  # packed into as few lines as a phone shows whole
+        if len(lines[-1]) + 3 + len(fact) <= _PHONE:
+            lines[-1] += " · " + fact
+        else:
+            lines.append(pad + fact)
+    return lines
 
 
 def _task_rows(group: TaskGroup) -> list[tuple[Any, str]]:
@@ -416,5 +443,5 @@ def _task_rows(group: TaskGroup) -> list[tuple[Any, str]]:
         (group.task, "") if group.task is not None else (None, group.name)
     ]
     for wave in sorted(group.waves):
-        rows += [(t, "   ↳ ") for t in group.waves[wave]]
+        rows += [(t, "↳ ") for t in group.waves[wave]]
     return rows

@@ -20,6 +20,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
 from bot.tool_approvals import NOT_YET, ToolApprovalExtension, turn_progress
 from chatfront.auth import Action
@@ -229,6 +230,22 @@ class AgentQuestionFeature(Feature):
         if waiting:
             await self._withdraw(waiting, STOPPED)
         return []
+
+    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+        """The agents' questions ``user_id`` may answer."""
+        items = []
+        for question in await self.store.pending():
+            run = await self._run_of(question.run_id)
+            if run is None or run.chat_id is None:
+                continue
+            if not self.ctx.authorizer.check(user_id, run.chat_id, Action.ANSWER).allowed:
+                continue
+            live = await self.ctx.store.get_live(_ref(question.id))
+            link = message_link(run.chat_id, live.message_id if live is not None else None)
+            where = f": {link}" if link else (" here" if run.chat_id == chat_id else "")
+            asked = self.ctx.redactor(" ".join(question.question.split())[:80])
+            items.append(f"❓ run {run.id} asks: {asked}\n   answer on its message{where}")
+        return items
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []

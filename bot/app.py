@@ -31,12 +31,13 @@ from telegram import Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
-from bot.admin import COMMANDS, AdminFeature
+from bot.admin import AdminFeature
 from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chat import BotChatFront
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
+from bot.commands import COMMANDS
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.files import FileDesk

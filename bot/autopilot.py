@@ -20,10 +20,12 @@ private state between modules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from telegram import Update
@@ -35,10 +37,11 @@ from bot.handlers import Dispatch
 from bot.notices import ChatNotices
 from bot.progress import AUTOPILOT_STOP_DATA
 from bot.render import excerpt as render_excerpt
+from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace
 from chatfront.auth import Action
-from chatfront.store import GateRecord, OutboxItem, ReasonRequest
+from chatfront.store import Binding, GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
 from engine.errors import UnsafeFileError
 from engine.executors import drive_executor
@@ -50,11 +53,14 @@ from engine.gates import (
     Refusal,
 )
 from engine.gates.hashing import sha256_file_async
+from engine.gates.policy import approver_refusal
+from engine.gates.records import TaskRecord
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery, RunMode
 from engine.sink import GateRequest
+from engine.store.events import EventKind, EventLog
 from engine.workspace.manager import DEFAULT_PROJECT
-from engine.workspace.runs import worktree_summaries
+from engine.workspace.runs import match_worktrees, worktree_summaries
 
 __all__ = ["AutopilotExtension"]
 
@@ -86,6 +92,7 @@ class AutopilotExtension(Feature):
         # Where each task's messages go (a sub-task's go to its parent's chat).
         self.places: dict[str, ChatPlace] = {}
         self.closing = False
+        self._elsewhere: asyncio.Task[None] | None = None
         # Drives in this process or on the workers, as the settings say.
         self.executor = drive_executor(
             ctx.settings,
@@ -787,6 +794,43 @@ class AutopilotExtension(Feature):
         if await self.ctx.store.retire_live(ref, note):
             self.ctx.publisher.wake()
 
+    # -- /pending ----------------------------------------------------------------------
+
+    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+        """The open gates ``user_id`` may approve (not their own task's when self-approval
+        is refused, not one they approved already)."""
+        if not self.ctx.authorizer.check(user_id, chat_id, Action.APPROVE).allowed:
+            return []
+        store = self.gates.store
+        items = []
+        for group in await self.gates.list_tasks():
+            if not group.awaiting:
+                break  # the groups with an open gate come first
+            for entry in group.all():
+                task = await self.gates.open_gate(entry.name) if entry.awaiting_approval else None
+                if task is None or approver_refusal(store.policy, task, str(user_id)):
+                    continue
+                if str(user_id) in {a.approver for a in await store.gate_approvals(task)}:
+                    continue
+                assert task.gate_sha256 is not None
+                gate = await self.ctx.store.open_gate_for(task.name, task.phase, task.gate_sha256)
+                where = await self._gate_link(gate, chat_id)
+                items.append(
+                    f"🛂 {task.name} · {words(task.phase)}\n"
+                    f"   /approve {task.name} or /reject {task.name} REASON{where}"
+                )
+        return items
+
+    async def _gate_link(self, gate: GateRecord | None, chat_id: int) -> str:
+        """Where the gate's message is, for a /pending line ("" when nowhere to point)."""
+        if gate is None:
+            return ""
+        live = await self.ctx.store.get_live(f"gate:{gate.gate_id}")
+        link = message_link(gate.chat_id, live.message_id if live is not None else None)
+        if link is not None:
+            return f"\n   the gate: {link}"
+        return "" if gate.chat_id == chat_id else "\n   (its gate is in another chat)"
+
     # -- /stop, /status ----------------------------------------------------------------
 
     async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
@@ -851,20 +895,104 @@ class AutopilotExtension(Feature):
     async def recover(self, report: Recovery) -> None:
         """Where each task's messages go, then the drives the executor resumes or follows
         again; gates are re-posted only when they changed (an open gate's message is
-        refreshed instead)."""
+        refreshed instead). From then on, gates other processes open (a terminal's
+        ``turnstile autopilot``) are posted too."""
         for task_name, chat_id, thread_id in await self.ctx.store.task_places():
             place = ChatPlace(chat_id, thread_id)
             self.places[task_name] = place
             self.sink.register(drive_key(task_name), place, task=task_name)
         await self.executor.recover(report)
+        self._elsewhere = self.ctx.spawn(self._gates_elsewhere(), "autopilot-gates-elsewhere")
+
+    # -- gates another process opened --------------------------------------------------
+
+    async def _gates_elsewhere(self) -> None:
+        """Post the gates opened by drives this bot does not run (a terminal's, on a task
+        of this chat or of a project a chat is bound to), as its own drives' are: the
+        open ones first (opened while the bot was away), then each as it opens."""
+        log = EventLog(self.ctx.db)
+        while not self.closing:
+            try:
+                cursor = await log.last_id()
+                for group in await self.gates.list_tasks():
+                    if not group.awaiting:
+                        break
+                    for entry in group.all():
+                        if entry.awaiting_approval:
+                            await self._post_elsewhere(entry.name)
+                async for event in log.tail((EventKind.GATE_OPENED,), after=cursor):
+                    if event.task is not None:
+                        await self._post_elsewhere(event.task)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away for a while: try again
+                _LOGGER.warning("cannot follow the gates other processes open: %s", exc)
+                await asyncio.sleep(2.0)
+
+    async def _post_elsewhere(self, name: str) -> None:
+        task = await self.gates.open_gate(name)
+        if task is None or task.gate_sha256 is None:
+            return
+        # A wave's sub-task is driven by its parent's drive: the top task says who drives.
+        top: TaskRecord | None = task
+        seen = {task.name}
+        while top is not None and top.parent is not None and top.parent not in seen:
+            seen.add(top.parent)
+            top = await self.gates.store.find(top.parent)
+        if self.executor.state_of(name) or (top and self.executor.state_of(top.name)):
+            return  # driven here (or followed on the workers): its drive posts its gates
+        place = await self.resolve(drive_key(name)) or await self._bound_place(task)
+        if place is None:
+            return  # no chat knows the task: the terminal that drives it says it
+        self.places.setdefault(name, place)
+        spec = self.gates.workflow.phase(task.phase)
+        request = GateRequest(
+            task=name,
+            phase=spec.name,
+            artifact_name=spec.artifact,
+            artifact_path=task.folder / spec.artifact,
+            sha256=task.gate_sha256,
+            excerpt=await self.gates.store.excerpt(task.gate_sha256, 1500),
+            run_id=drive_key(name),
+        )
+        _LOGGER.info("gate of %s opened elsewhere posted", spec.name, extra={"task": name})
+        await self.post_gate(request, place)
+
+    async def _bound_place(self, task: TaskRecord) -> ChatPlace | None:
+        """The chat (or topic) bound most recently to the task's project: the project of
+        its worktree, or the folder it works in."""
+        found = await match_worktrees(self.ctx.db, {task.name: str(task.workdir)})
+        project = found[task.name].project if task.name in found else None
+        bindings = await self.ctx.store.bindings()
+        # (Resolving the folders reads the disk.)
+        chosen = await asyncio.to_thread(_bound_to, bindings, project, task.workdir)
+        if chosen is None:
+            return None
+        return ChatPlace(chosen.chat_id, chosen.thread_id or None)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True
+        if self._elsewhere is not None:
+            self._elsewhere.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elsewhere
         await self.executor.shutdown(park=park, preempt=preempt)
 
     async def park_all(self) -> None:
         self.closing = True
         await self.executor.park_all()
+
+
+def _bound_to(bindings: list[Binding], project: str | None, workdir: Path) -> Binding | None:
+    """The latest of ``bindings`` (oldest first) to ``project`` or to a folder holding
+    ``workdir``."""
+    where = workdir.resolve()
+    chosen = None
+    for binding in bindings:
+        folder = Path(binding.workdir).resolve() if binding.workdir else None
+        if binding.project == project or (folder is not None and where.is_relative_to(folder)):
+            chosen = binding
+    return chosen
 
 
 def _buttons(gate_id: str) -> dict[str, Any]:

@@ -32,6 +32,11 @@ class Feature:
         """This feature's lines of ``/status`` in the chat (and topic)."""
         return []
 
+    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+        """What waits for ``user_id`` (asking in ``chat_id``) that this feature posted, one
+        item each, with how to act on it (``/pending``)."""
+        return []
+
     async def recover(self, report: Recovery) -> None:
         """At start-up, after the supervisor's recovery (``report``): resume and announce
         this feature's runs, refresh what people see."""

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_MESSAGE",
     "Rendered",
     "excerpt",
+    "message_link",
     "plain",
     "render_markdown",
     "render_parts",
@@ -33,6 +34,15 @@ MAX_MESSAGE: Final = 4096
 MAX_CAPTION: Final = 1024
 _HEAD_LINES: Final = 12
 _HEAD_CHARS: Final = 600
+
+
+def message_link(chat_id: int, message_id: int | None) -> str | None:
+    """A link that opens a message of a supergroup (None: another kind of chat, or a
+    message not yet delivered: Telegram has no link for those)."""
+    digits = str(chat_id)
+    if message_id is None or not digits.startswith("-100"):
+        return None
+    return f"https://t.me/c/{digits.removeprefix('-100')}/{message_id}"
 
 
 @dataclass(frozen=True, slots=True)

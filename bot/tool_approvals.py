@@ -26,6 +26,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.progress import TurnProgress
+from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
 from chatfront.store import Binding
@@ -430,6 +431,25 @@ class ToolApprovalExtension(Feature):
         if waiting:
             await self._cancel(waiting, f"{STOPPED} by {self._name(by)}")
         return []
+
+    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+        """The tool calls waiting for a decision that ``user_id`` may take."""
+        items = []
+        for request in await self.store.pending():
+            run = await self._run_of(request)
+            if run is None or run.chat_id is None:
+                continue
+            if self._refusal(user_id, run.chat_id, request) is not None:
+                continue
+            live = await self.ctx.store.get_live(_ref(request.id))
+            link = message_link(run.chat_id, live.message_id if live is not None else None)
+            where = f": {link}" if link else (" here" if run.chat_id == chat_id else "")
+            first = summarize(request.tool, request.input).splitlines()[0][:60]
+            items.append(
+                f"🔐 run {run.id} asks to use {request.tool}: {first}\n"
+                f"   Allow or Deny on its message{where}"
+            )
+        return items
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
         lines = []

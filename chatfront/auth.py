@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["Action", "Authorizer", "Decision", "Role", "needed_roles"]
+__all__ = ["Action", "Authorizer", "Decision", "Role", "allows", "needed_roles"]
 
 
 class Role(StrEnum):
@@ -58,6 +58,11 @@ def needed_roles(action: Action) -> str:
     """The roles that grant ``action``, in words ("operator or approver"; "admin")."""
     needed = [role.value for role in Role if role in _NEEDS[action]]
     return " or ".join(needed) if needed else Role.ADMIN.value
+
+
+def allows(roles: Collection[Role], action: Action) -> bool:
+    """Whether someone with ``roles`` may do ``action`` (admins may do everything)."""
+    return Role.ADMIN in roles or any(role in _NEEDS[action] for role in roles)
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,7 @@ async def test_revoked_token_stops_the_bot_in_one_line_and_keeps_the_message(
     async with open_database(db_target) as db:
         rows = await db.fetchall("SELECT state, body FROM bot_outbox")
     assert [r["state"] for r in rows] == ["pending"]
-    assert "turnstile drives coding agents" in rows[0]["body"]
+    assert "Your commands:" in rows[0]["body"]
 
 
 async def test_token_refused_at_start_is_one_line(tmp_path: Path, api: FakeBotApi) -> None:
@@ -189,7 +189,7 @@ async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
     assert said in failed.reason
     assert said in report.text
     assert any("not delivered" in r.getMessage() and said in r.getMessage() for r in caplog.records)
-    assert not [m for m in fake.sent if "turnstile drives coding agents" in m.text]
+    assert not [m for m in fake.sent if "Your commands:" in m.text]
 
 
 # --- a flood of strangers ---------------------------------------------------------------
@@ -221,7 +221,7 @@ async def test_a_flood_of_strangers_never_delays_a_real_answer(tmp_path: Path) -
 
             await wait_until(all_handled, timeout=60, what="every update handled")
             fake.release()
-            answer = await fake.wait_for_message(lambda m: "turnstile drives coding" in m.text)
+            answer = await fake.wait_for_message(lambda m: "Your commands:" in m.text)
             assert rt.sender is not None
             await rt.sender.wait_idle()
             entries = await rt.store.audit_entries(limit=1000)

@@ -73,7 +73,7 @@ async def test_a_second_bot_on_another_name_of_the_database_is_refused(
             # The first bot is untouched: still running, still answering.
             assert first.returncode is None
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
-            await api.wait_for_message(lambda m: "turnstile drives coding agents" in m.text)
+            await api.wait_for_message(lambda m: "Your commands:" in m.text)
             first.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(first.wait(), 30) == 0
         finally:

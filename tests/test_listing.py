@@ -63,3 +63,28 @@ def test_streamed_listing_equals_the_grouped_one(
 
 def test_no_tasks() -> None:
     assert render_rows([]) == "no tasks"
+
+
+def test_names_sort_as_people_count(db_path: Path) -> None:
+    """feature-2 comes before feature-10, in the terminal's listing and the grouped one."""
+    tasks = [
+        ("feature-10", None, None),
+        ("feature-2", None, None),
+        ("feature-1", None, None),
+        ("feature-2.s10", "feature-2", 1),
+        ("feature-2.s9", "feature-2", 1),
+    ]
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DELETE FROM gate_tasks")
+        conn.executemany(
+            "INSERT INTO gate_tasks (name, folder, workdir, phase, version, parent, wave,"
+            " gate_round, created_at, updated_at) VALUES (?, '/f', '/w', 'research', 1, ?, ?,"
+            " 0, 1.0, 2.0)",
+            tasks,
+        )
+        rows = conn.execute(LIST_QUERY).fetchall()
+    names = [line.split()[0] for line in render_rows(rows).splitlines() if "wave" not in line]
+    assert names == ["feature-1", "feature-2", "feature-2.s9", "feature-2.s10", "feature-10"]
+    groups = group_tasks(ListEntry._make(r) for r in rows)
+    assert [g.name for g in groups] == ["feature-1", "feature-2", "feature-10"]
+    assert [t.name for t in groups[1].all()] == ["feature-2", "feature-2.s9", "feature-2.s10"]

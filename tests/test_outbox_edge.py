@@ -25,7 +25,7 @@ from tests.fakes.bot_harness import CHAT, OPERATOR, bot_settings, running_bot
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(60)]
 
-HELP = "turnstile drives coding agents"
+HELP = "Your commands:"
 BUTTONS = {"inline_keyboard": [[{"text": "✅ Approve", "callback_data": "ap:g1"}]]}
 
 

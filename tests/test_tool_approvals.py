@@ -377,7 +377,7 @@ async def test_a_press_counts_only_on_the_requests_own_message(tmp_path: Path) -
             # a message of the bot in another allowed chat, for a forged press to be on
             api.push_message(chat_id=OTHER_CHAT, user_id=OPERATOR, text="/help")
             elsewhere = await api.wait_for_message(
-                lambda m: m.chat_id == OTHER_CHAT and "Tool approvals" in m.text
+                lambda m: m.chat_id == OTHER_CHAT and "Your commands:" in m.text
             )
             request_id = await _request_in_bot(rt, starter=OPERATOR)
             ask = await api.wait_for_message(lambda m: "asks to use Bash" in m.text)
@@ -506,6 +506,14 @@ async def test_help_says_what_asks_and_what_cannot(tmp_path: Path) -> None:
         settings = bot_settings(api, tmp_path, tool_approval="unlisted")
         async with running_bot(api, settings):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
+            help_text = await api.wait_for_message(lambda m: "Your commands:" in m.text)
+            # what asks is in the list of all commands, one tap away
+            api.push_callback(
+                chat_id=CHAT,
+                user_id=OPERATOR,
+                data=help_text.buttons[0]["callback_data"],
+                message_id=help_text.message_id,
+            )
             help_text = await api.wait_for_message(lambda m: "Tool approvals" in m.text)
     assert "on here for tools outside the allowed list" in help_text.text
     assert "Copilot CLI and Codex cannot ask: their allowed tools alone decide" in help_text.text

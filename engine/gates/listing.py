@@ -1,8 +1,12 @@
-"""Task lists grouped by parent and wave, tasks awaiting approval first (pure functions)."""
+"""Task lists grouped by parent and wave, tasks awaiting approval first (pure functions).
+
+Names sort as people count: ``feature-2`` before ``feature-10`` (:func:`natural_key`).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol
@@ -12,6 +16,7 @@ __all__ = [
     "Listable",
     "TaskGroup",
     "group_tasks",
+    "natural_key",
     "render_groups",
     "render_groups_json",
     "render_rows",
@@ -20,8 +25,21 @@ __all__ = [
 #: The rows come from :meth:`engine.gates.store.GateStore.listing_rows` (its
 #: :data:`~engine.gates.store.LIST_QUERY`), in listing order: each group (a task and its
 #: sub-tasks) together, the task first, then its sub-tasks by wave and name.
-#: :func:`render_rows` streams that order into text without building a row object;
+#: :func:`render_rows` streams that order into text without building a row object (it
+#: re-sorts only the groups, and a wave's sub-tasks, by :func:`natural_key`);
 #: :func:`group_tasks` takes rows in any order.
+
+_DIGITS: Final = re.compile(r"([0-9]+)")
+_split_digits = _DIGITS.split
+
+
+def natural_key(name: str) -> list[str | int]:
+    """``name``'s sort key with its runs of digits as numbers: ``feature-2`` comes before
+    ``feature-10`` (text parts and numbers alternate, so any two keys compare)."""
+    parts: list[str | int] = list(_split_digits(name))
+    if len(parts) > 1:
+        parts[1::2] = [int(p) for p in parts[1::2]]
+    return parts
 
 
 class Listable(Protocol):
@@ -99,8 +117,13 @@ class TaskGroup:
         return out
 
 
-def _by_name(task: Listable) -> str:
-    return task.name
+def _by_name(task: Listable) -> tuple[list[str | int], str]:
+    # The name itself breaks a tie ("a01" and "a1" count alike).
+    return natural_key(task.name), task.name
+
+
+def _group_key(name: str) -> tuple[list[str | int], str]:
+    return natural_key(name), name
 
 
 _AWAITING = "awaiting_approval"
@@ -134,10 +157,9 @@ def group_tasks(records: Iterable[Listable]) -> list[TaskGroup]:
     for group in groups.values():
         waves = group.waves
         if len(waves) > 1 or any(len(m) > 1 for m in waves.values()):
-            # Already sorted when the rows come from LIST_QUERY: Timsort is linear then.
             group.waves = {w: sorted(waves[w], key=_by_name) for w in sorted(waves)}
     # Gated groups first, each part in name order (dicts keep insertion order).
-    names = sorted(groups)
+    names = sorted(groups, key=_group_key)
     gated = [groups[n] for n in names if groups[n].gate_open]
     return gated + [groups[n] for n in names if not groups[n].gate_open]
 
@@ -202,21 +224,26 @@ def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
     """:func:`render_groups` of :func:`group_tasks`, straight from the listing rows.
 
     One pass over the rows in the query's order, no object per row and no call per row
-    for the common line: the listing of 10,000 tasks is a hot path (``status --list``,
-    the admin board). The output is the same text.
+    for the common line but its sort key: the listing of 10,000 tasks is a hot path
+    (``status --list``, the admin board). The output is the same text.
     """
-    gated: list[list[str]] = []
-    rest: list[list[str]] = []
+    gated: list[tuple[str, list[str]]] = []
+    rest: list[tuple[str, list[str]]] = []
     lines: list[str] = []
     add = lines.append
+    # A wave's sub-tasks, kept until the wave ends: the query sorts them as text.
+    members: list[tuple[str, str]] = []
     current: str | None = None
     wave_seen: int | None = None
     gate_open = False
     for name, phase, sub, version, parent, wave, sha, notes, _updated in rows:
         key = parent or name
         if key != current:
+            if members:
+                lines.extend(line for _, line in sorted(members, key=_member_key))
+                members = []
             if current is not None:
-                (gated if gate_open else rest).append(lines)
+                (gated if gate_open else rest).append((current, lines))
             current, lines, wave_seen, gate_open = key, [], None, False
             add = lines.append
             if parent is not None:
@@ -232,16 +259,34 @@ def render_rows(rows: Iterable[tuple[Any, ...]]) -> str:
         else:
             number = wave or 1
             if number != wave_seen:
+                if members:
+                    lines.extend(line for _, line in sorted(members, key=_member_key))
+                    members = []
                 add(f"  wave {number}:")
                 wave_seen = number
             line = _SUB_LINE % (name, label, version)
         if sha or notes:
             line += _extras(sub, sha, notes)
-        add(line)
+        if parent is None:
+            add(line)
+        else:
+            members.append((name, line))
     if current is None:
         return "no tasks"
-    (gated if gate_open else rest).append(lines)
-    return "\n".join([line for group in gated + rest for line in group])
+    if members:
+        lines.extend(line for _, line in sorted(members, key=_member_key))
+    (gated if gate_open else rest).append((current, lines))
+    gated.sort(key=_part_key)
+    rest.sort(key=_part_key)
+    return "\n".join([line for _, group in gated + rest for line in group])
+
+
+def _member_key(member: tuple[str, str]) -> tuple[list[str | int], str]:
+    return natural_key(member[0]), member[0]
+
+
+def _part_key(part: tuple[str, list[str]]) -> tuple[list[str | int], str]:
+    return natural_key(part[0]), part[0]
 
 
 def _task_json(task: Listable) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -266,6 +266,29 @@ class EventLog:
                 if deadline is not None and time.monotonic() >= deadline:
                     return
                 await wait()
+
+    async def last_id(self) -> int:
+        """The cursor of the newest event (0: none yet)."""
+        row = await self._db.fetchone("SELECT MAX(id) AS last FROM events")
+        return int(row["last"] or 0) if row is not None else 0
+
+    async def tail(
+        self, kinds: Collection[EventKind], *, after: int = 0, limit: int = 200
+    ) -> AsyncIterator[RunEvent]:
+        """Every run's and task's events of these ``kinds`` from the cursor on, as they are
+        written, without end (a front end announcing what any process did)."""
+        marks = ", ".join("?" * len(kinds))
+        query = f"SELECT * FROM events WHERE id > ? AND kind IN ({marks}) ORDER BY id LIMIT ?"  # noqa: S608
+        cursor = after
+        async with self._wakeups() as wait:
+            while True:
+                rows = await self._db.fetchall(query, (cursor, *kinds, limit))
+                for row in rows:
+                    event = RunEvent.from_row(row)
+                    cursor = event.id
+                    yield event
+                if len(rows) < limit:
+                    await wait()
 
     @contextlib.asynccontextmanager
     async def _wakeups(self) -> AsyncIterator[Callable[[], Any]]:

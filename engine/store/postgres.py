@@ -593,7 +593,13 @@ class PostgresDatabase:
             fresh = await psycopg.AsyncConnection.connect(
                 self.url.conninfo(), autocommit=True, connect_timeout=2
             )
-            await fresh.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            try:
+                await fresh.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            except BaseException:
+                # (cancelled meanwhile: a follower stopping) the connection goes with it
+                with contextlib.suppress(psycopg.Error):
+                    await asyncio.shield(fresh.close())
+                raise
             return fresh
 
         async def notified(wait: float) -> bool:
