@@ -29,20 +29,21 @@ class Command:
 
     def line(self, *, short: bool = False) -> str:
         """``/name ARGS — text``; ``short`` leaves optional arguments (``[...]``) out."""
-        args = f" {self.args}" if self.args and not (short and self.args[0] == "[") else ""
+        shown = [a for a in self.args.split() if not (short and a.startswith("["))]
+        args = "".join(f" {a}" for a in shown)
         return f"/{self.name}{args} — {self.text}"
 
 
 #: Every command, in the order of the menu and of /help.
 ALL_COMMANDS: Final = (
     Command("help", Action.HELP, "what you may do here"),
-    Command("chat", Action.CHAT, "talk to an agent", "[agent] [project]"),
+    Command("chat", Action.CHAT, "talk to agents", "[agent] [project]"),
     Command("agent", Action.CHAT, "switch agent", "NAME"),
     Command("model", Action.CHAT, "set the model", "[NAME]"),
     Command("project", Action.CHAT, "switch project", "NAME"),
     Command("new", Action.CHAT, "a fresh session"),
     Command("auto", Action.START_RUN, "work until done", "GOAL"),
-    Command("steer", Action.STEER, "guide the auto run", "TEXT"),
+    Command("steer", Action.STEER, "guide a run", "TEXT"),
     Command("autopilot", Action.START_RUN, "a gated task", "TASK"),
     Command("approve", Action.APPROVE, "approve a gate", "[TASK]"),
     Command("reject", Action.REJECT, "reject it, saying why", "TASK REASON"),
@@ -53,7 +54,7 @@ ALL_COMMANDS: Final = (
     Command("pause", Action.PAUSE, "hold a run", "[RUN]"),
     Command("resume", Action.PAUSE, "go on", "[RUN]"),
     Command("get", Action.STATUS, "a run's file", "PATH [RUN]"),
-    Command("diff", Action.STATUS, "what a run changed", "[RUN]"),
+    Command("diff", Action.STATUS, "a run's changes", "[RUN]"),
     Command("web", Action.HELP, "runs in a browser"),
     Command("permissions", Action.PERMISSIONS, "what tool calls ask", "[PRESET]"),
     Command("tasks", Action.TASKS, "every task's state"),

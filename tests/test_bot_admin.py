@@ -99,7 +99,7 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
             "diff", "web", "permissions", "tasks", "audit",
         ]  # fmt: skip
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/help")
-        help_text = await api.wait_for_message(lambda m: "/chat — talk to an agent" in m.text)
+        help_text = await api.wait_for_message(lambda m: "/chat — talk to agents" in m.text)
         assert "/model — set the model" in help_text.text
         # a folder already under the workspaces root is a project /chat accepts
         (tmp_path / "ws" / "proj-a").mkdir(parents=True)

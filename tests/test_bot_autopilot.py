@@ -363,5 +363,8 @@ async def test_a_failing_phase_says_the_exit_code_and_the_error_output(
         assert "fatal: API said 401" in person.text
         # the phase's own message says it too, ahead of the output
         phase = next(m for m in api.sent if m.text.startswith("🛂 hf1 · research"))
-        assert any("exited with code 3" in old for old in [phase.text, *phase.history])
+        # (its edits are paced: they may still follow the messages after it)
+        await api.wait_until(
+            lambda: any("exited with code 3" in old for old in [phase.text, *phase.history])
+        )
         assert not any(str(tmp_path) in m.text for m in api.sent)

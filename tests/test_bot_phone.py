@@ -53,7 +53,7 @@ async def test_help_shows_each_role_its_own_commands(
         admin = await _help_of(api, ADMIN)
         stranger = await _help_of(api, STRANGER)
         assert operator.text.startswith("You are an operator. Your commands:")
-        assert "\n/chat — talk to an agent\n" in operator.text
+        assert "\n/chat — talk to agents\n" in operator.text
         assert "/approve" not in operator.text
         assert "/tasks" not in operator.text
         assert _words(operator.text) <= 80, operator.text
@@ -225,7 +225,7 @@ async def test_a_gate_opened_in_a_terminal_is_posted_in_the_chat_bound_to_its_pr
 
             research = await api.wait_for_message(gate("research"), timeout=60)
             assert [b["text"] for b in research.buttons] == ["✅ Approve", "❌ Reject"]
-            assert any(m.filename == "research.md" for m in api.sent)
+            await api.wait_for_message(lambda m: m.filename == "research.md")  # (after it)
             api.push_callback(
                 chat_id=CHAT,
                 user_id=APPROVER,
