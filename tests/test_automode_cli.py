@@ -203,8 +203,8 @@ def test_exit_codes_follow_the_contract(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--max-turns", "0", "-p", "x"], "--max-turns must be at least 1"),
-        (["--max-turns", "-3", "-p", "x"], "--max-turns must be at least 1"),
+        (["--max-rounds", "0", "-p", "x"], "--max-rounds must be at least 1"),
+        (["--max-turns", "-3", "-p", "x"], "--max-rounds must be at least 1"),
         (["--workdir", "/no/such/dir", "-p", "x"], "does not exist"),
         ([], "give the objective"),
         (["-p", "x", "--", "-p", "y"], "given twice"),
@@ -234,7 +234,7 @@ def test_resume_refuses_unknown_and_finished_runs(tmp_path: Path, ws: Path) -> N
     assert "cannot be resumed" in again.stderr
     flags = run_cli(tmp_path, env, "auto", "--resume", "x", "--max-turns", "3", "-p", "y")
     assert flags.returncode == 2
-    assert "drop -p, --max-turns" in flags.stderr
+    assert "drop -p, --max-rounds" in flags.stderr
     missing = run_cli(tmp_path, env, "auto", "--resume", "auto-nope")
     assert missing.returncode == 1
     assert "no run 'auto-nope'" in missing.stderr

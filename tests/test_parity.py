@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -29,6 +30,9 @@ _TWO = "# Decomposition\n\n```subtasks\nwave 1: a1 - one\nwave 1: a2 - two\n```\
 
 # What says where or when, not what: left out of the comparison.
 _PLACE = {"id", "run_id", "at", "turn_id"}
+
+
+_ELAPSED = re.compile(r"(· )\d+(?:h\d+m|m\d+s|s)\b")
 
 
 def _events(cluster: Cluster, run_id: str) -> list[dict[str, Any]]:
@@ -212,8 +216,14 @@ async def _chat(
         asked = sorted({m.reply_to for m in after if m.reply_to is not None})
         # What each message says, which file it carries and which of the person's
         # messages it answers (its place among them: ids differ by what else was sent).
+        # How long a turn took ("✅ done · 1s") is the machine's, not the run's.
         return [
-            (m.text, m.filename, m.document, asked.index(m.reply_to) if m.reply_to else None)
+            (
+                _ELAPSED.sub(r"\1…", m.text),
+                m.filename,
+                m.document,
+                asked.index(m.reply_to) if m.reply_to else None,
+            )
             for m in after
         ]
 

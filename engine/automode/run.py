@@ -273,7 +273,7 @@ def _validate(
     if tool not in AGENT_NAMES:
         raise ConfigError(f"unknown agent {tool!r}: choose one of {', '.join(AGENT_NAMES)}")
     if turns < 1:
-        raise ConfigError(f"--max-turns must be at least 1, got {turns}")
+        raise ConfigError(f"--max-rounds must be at least 1, got {turns}")
     if not objective.strip():
         raise ConfigError("the objective (-p PROMPT) is empty")
     if "\x00" in objective:
@@ -593,7 +593,7 @@ def refuse_resume_settings(args: Any) -> None:
             ("-p", args.prompt),
             ("--tool", args.tool),
             ("--agent-cmd", args.agent_cmd),
-            ("--max-turns", args.max_turns),
+            ("--max-rounds", args.max_turns),
             ("--workdir", args.workdir),
             ("--verify-cmd", args.verify_cmd),
             ("--prompts", args.prompts),

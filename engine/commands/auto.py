@@ -3,7 +3,7 @@
 ::
 
     turnstile auto --tool {claude,copilot,codex,command} [--agent-cmd TEMPLATE]
-                   [--max-turns N] [--workdir DIR | --checkout-repo PROJECT]
+                   [--max-rounds N] [--workdir DIR | --checkout-repo PROJECT]
                    [--verify-cmd CMD] [--prompts DIR] -p PROMPT [-- PASSTHROUGH...]
     turnstile auto --resume RUN_OR_SESSION_ID
     turnstile auto --append TEXT [--session RUN_OR_SESSION_ID]
@@ -77,11 +77,14 @@ def register(subparsers: Any) -> None:
         help="argv template of the command agent: {prompt} {session_id} {cwd}",
     )
     parser.add_argument(
-        "--max-turns",
+        "--max-rounds",
+        "--max-turns",  # its older name, from before the limit was said in rounds
+        dest="max_turns",
         type=int,
         metavar="N",
-        help="round limit: Clarify and Plan are rounds 1 and 2, then each Execute and "
-        "Evaluate (with its Adjust) is one round",
+        help="round limit (default TURNSTILE_MAX_TURNS): Clarify and Plan are rounds 1 and "
+        "2, then each Execute and Evaluate (with its Adjust) is one round; --max-turns is "
+        "the same",
     )
     parser.add_argument(
         "--budget",
@@ -250,7 +253,7 @@ def _objective(args: argparse.Namespace) -> tuple[str, list[str]]:
     if objective is None:
         raise ConfigError("give the objective with -p PROMPT")
     if args.max_turns is not None and args.max_turns < 1:
-        raise ConfigError(f"--max-turns must be at least 1, got {args.max_turns}")
+        raise ConfigError(f"--max-rounds must be at least 1, got {args.max_turns}")
     Budget.given(args.budget, args.budget_tokens)  # a bad budget is said before it starts
     return objective, passthrough
 
