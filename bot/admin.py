@@ -22,6 +22,7 @@ from chatfront.auth import Action
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
 from engine.humane import words
+from engine.runs.ids import named_runs
 from engine.sandbox import sandbox_state
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus
@@ -108,10 +109,10 @@ class AdminFeature(Feature):
             if r.chat_id == chat.id
         ]
         wanted = args[0] if args else None
-        if wanted is not None and wanted not in here:
+        if wanted is not None:
             # a run may be named by the end of its id ("/stop 4a37b")
-            ending = [run_id for run_id in here if run_id.endswith(wanted)]
-            wanted = ending[0] if len(ending) == 1 else wanted
+            named = named_runs(here, wanted)
+            wanted = named[0] if len(named) == 1 else wanted
         if wanted is None:
             working = await self._working_here(chat.id, thread)
             if len(working) > 1:  # which one? one button per run, and one for all
