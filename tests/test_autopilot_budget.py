@@ -232,7 +232,9 @@ async def test_a_waves_turns_count_and_its_running_turns_end_before_it_stops(
     assert all(s.in_flight == 0 for s in sessions.values())
     # Nothing started after: no other phase of p.a or p.c, and p.e (waiting for a slot)
     # and wave 2's p.d never started.
-    assert [n for n, e in log if e.endswith("started")] == ["p", "p", "p.a", "p.c"]
+    started = [n for n, e in log if e.endswith("started")]
+    assert started[:2] == ["p", "p"]
+    assert sorted(started[2:]) == ["p.a", "p.c"]  # (the wave's two slots, in either order)
     assert set(records) == {"p", "p.a", "p.c"}
     assert a.label == c.label == "design:awaiting_approval"
     assert {records[n].status.value for n in records} == {"stopped"}
