@@ -45,6 +45,8 @@ async def test_the_terminal_autopilot_view_says_every_phase_in_words(tmp_path: P
     assert "k · test design waits for approval of test_plan.md" in text
     assert "k · adversarial bug find: ⏳ running" in text, text
     assert "the task is complete" in text
+    # its end said once, not "k · ✅ complete: ✅ complete"
+    assert "k: ✅ complete" in text.splitlines(), text
     leaked = [
         line for line in text.splitlines() if _INTERNAL.search(re.sub(r"\S+\.md\b", "", line))
     ]

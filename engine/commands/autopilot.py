@@ -63,9 +63,12 @@ class TerminalDriveSink:
         if self._shown.get(update.run_id) == seen:
             return
         self._shown[update.run_id] = seen
-        where = f"{update.task} · " if update.task else ""
+        state = words(update.status)
+        # A phase that is the state itself (a task that is complete) is said once.
         phase = words(update.phase) if update.phase else ""
-        self._say(f"{where}{phase}: {words(update.status)}".replace(" : ", ": "))
+        phase = "" if phase in (state, update.status, state.split(" ", 1)[-1]) else phase
+        head = " · ".join(part for part in (update.task or "", phase) if part)
+        self._say(f"{head}: {state}" if head else state)
 
     async def request_gate(self, request: GateRequest) -> None:
         self._say(
