@@ -920,9 +920,14 @@ class AutopilotExtension(Feature):
                     for entry in group.all():
                         if entry.awaiting_approval:
                             await self._post_elsewhere(entry.name)
-                async for event in log.tail((EventKind.GATE_OPENED,), after=cursor):
-                    if event.task is not None:
-                        await self._post_elsewhere(event.task)
+                # Closed with the loop, however it ends: a cancel while a gate is being
+                # posted leaves the tail suspended, holding its LISTEN connection open.
+                async with contextlib.aclosing(
+                    log.tail((EventKind.GATE_OPENED,), after=cursor)
+                ) as opened:
+                    async for event in opened:
+                        if event.task is not None:
+                            await self._post_elsewhere(event.task)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database away for a while: try again

@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -274,7 +274,7 @@ class EventLog:
 
     async def tail(
         self, kinds: Collection[EventKind], *, after: int = 0, limit: int = 200
-    ) -> AsyncIterator[RunEvent]:
+    ) -> AsyncGenerator[RunEvent, None]:
         """Every run's and task's events of these ``kinds`` from the cursor on, as they are
         written, without end (a front end announcing what any process did)."""
         marks = ", ".join("?" * len(kinds))
