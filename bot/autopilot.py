@@ -977,10 +977,15 @@ class AutopilotExtension(Feature):
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True
-        if self._elsewhere is not None:
-            self._elsewhere.cancel()
+        follower = self._elsewhere
+        if follower is not None:
+            # A cancel a library swallows (a timeout firing as it lands, on 3.11) is sent
+            # again: the follower never holds the bot's shutdown up.
+            while not follower.done():
+                follower.cancel()
+                await asyncio.wait({follower}, timeout=0.5)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._elsewhere
+                await follower
         await self.executor.shutdown(park=park, preempt=preempt)
 
     async def park_all(self) -> None:

@@ -302,8 +302,11 @@ class EventLog:
         _followers.setdefault(self._db, set()).add(waiter)
 
         async def wait() -> None:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # lands as its timeout fires, and a follower that is stopped never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), self._poll)
+                async with asyncio.timeout(self._poll):
+                    await waiter.wait()
             waiter.clear()
 
         try:
