@@ -96,11 +96,12 @@ def run_status(state: AutoModeState) -> RunStatus:
 TURN_LIMIT_STATUS: Final = "turn_limit"
 
 
-def live_status(state: AutoModeState) -> str:
-    """The state a run's live message shows: a run stopped by its round limit says so."""
+def live_status(state: AutoModeState, recorded: str | None = None) -> str:
+    """The state a run's live message shows: a run stopped by its round limit says so;
+    else ``recorded`` (the store's status, where one was read) or the state's own."""
     if state.status is AutoStatus.STOPPED and state.message == MAX_TURNS_MESSAGE:
         return TURN_LIMIT_STATUS
-    return run_status(state).value
+    return recorded if recorded is not None else run_status(state).value
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from typing import Final
 from engine.aio import raise_if_cancelled
 from engine.automode import AutoRun
 from engine.automode.budget import STOPPED_BY_BUDGET
-from engine.automode.channel import TURN_LIMIT_STATUS, final_report, live_status, turn_text
+from engine.automode.channel import final_report, live_status, turn_text
 from engine.automode.state import AutoModeState, Phase
 from engine.errors import ConfigError, TurnstileError
 from engine.executors.base import AutoRequest, Notices, Started, wait_all
@@ -373,9 +373,7 @@ class WorkersAuto:
             StatusUpdate(
                 run_id=run_id,
                 mode="auto",
-                status=TURN_LIMIT_STATUS
-                if live_status(state) == TURN_LIMIT_STATUS
-                else event.record.status.value,
+                status=live_status(state, event.record.status.value),
                 phase=state.phase.value,
                 turn=state.step - 1,
                 round=state.turn,
