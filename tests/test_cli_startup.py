@@ -292,7 +292,12 @@ def test_a_schema_behind_is_migrated_by_a_listing(tmp_path: Path, command: str) 
     assert before[ENGINE] == latest[ENGINE] - 1
     proc, _, _ = run_turnstile(tmp_path, *command.split(), env=env_for(db))
     assert proc.returncode == 0, proc.stderr
-    assert read_schema_versions(db) == latest
+    # The engine's tables (and its workers') are brought up to date; a front end's are left
+    # for the front end itself (a listing does not look the front ends up: start-up time).
+    after = read_schema_versions(db)
+    assert after[ENGINE] == latest[ENGINE]
+    assert after["workers"] == latest["workers"]
+    assert after.get("bot", 0) == 0
     with sqlite3.connect(db) as conn:
         index = conn.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?",

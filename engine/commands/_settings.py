@@ -24,8 +24,15 @@ from engine.store.location import PostgresURL, parse_database
 
 if TYPE_CHECKING:
     from engine.settings import Settings
+    from engine.store import MigrationSet
 
-__all__ = ["SECRET_NAMES", "ListingSettings", "full_settings", "read_listing_settings"]
+__all__ = [
+    "SECRET_NAMES",
+    "ListingSettings",
+    "full_settings",
+    "listing_migrations",
+    "read_listing_settings",
+]
 
 _PREFIX = "turnstile_"
 _ENV_FILE = ".env"
@@ -93,6 +100,18 @@ class ListingSettings:
 def full_settings(settings: Settings | ListingSettings) -> Settings:
     """``settings`` whole: as they are, or built from a listing's few."""
     return settings.full() if isinstance(settings, ListingSettings) else settings
+
+
+def listing_migrations() -> tuple[MigrationSet, ...]:
+    """The migrations a listing brings up to date: the engine's and its workers', not the
+    front ends' (looking those up reads every installed package's entry points, start-up
+    time a listing of the engine's own tables does without; a front end migrates its
+    tables when it starts)."""
+    from engine.store import MigrationSet, load_migrations
+    from engine.store.database import ENGINE
+    from engine.workers.migrations import migrations as workers
+
+    return (MigrationSet(ENGINE, load_migrations()), workers())
 
 
 def read_listing_settings(

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.commands._settings import ListingSettings, full_settings
+from engine.commands._settings import ListingSettings, full_settings, listing_migrations
 from engine.humane import turn_count
 from engine.reaper import start_time
 from engine.runs.owner import owner_alive
@@ -190,8 +190,9 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
     if follow and not events:
         print("turnstile runs: --follow goes with --events", file=sys.stderr)
         return 2
-    # One question at a time: one connection (no pool to start) does.
-    async with open_database(settings, pooled=False) as db:
+    # One question at a time: one connection (no pool to start) does; only the engine's
+    # tables are read, so the front ends' migrations are not looked up.
+    async with open_database(settings, pooled=False, migrations=listing_migrations()) as db:
         if events:
             from engine.commands._events import print_events
             from engine.store.events import EventLog

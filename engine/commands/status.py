@@ -196,12 +196,14 @@ async def _artifact(args: argparse.Namespace, gates: Gates) -> int:
 
 
 async def _list(args: argparse.Namespace, settings: Settings | ListingSettings) -> int:
+    from engine.commands._settings import listing_migrations
     from engine.gates.listing import ListEntry, group_tasks, render_groups_json, render_rows
     from engine.gates.store import SqlGateStore
     from engine.store.backend import open_database
 
-    # Listing needs no workflow and no folders: one query (on one connection), then render.
-    async with open_database(settings, pooled=False) as db:
+    # Listing needs no workflow and no folders: one query (on one connection), then render;
+    # and only the engine's tables, so the front ends' migrations are not looked up.
+    async with open_database(settings, pooled=False, migrations=listing_migrations()) as db:
         rows = await SqlGateStore(db).listing_rows()
     if args.json:
         text = render_groups_json(group_tasks(map(ListEntry._make, rows)))

@@ -7,15 +7,32 @@ frozen :class:`RunSpec`; the :class:`RunSupervisor` writes its row, owns its ses
 start-up.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from engine.runs.ids import RUN_ID_PATTERN, RunMode, named_runs, new_run_id
 from engine.runs.spec import AgentEnv, ChatPlace, RunSpec
-from engine.runs.supervisor import (
-    CutOffTurn,
-    DriveProbe,
-    Recovery,
-    RunSession,
-    RunSupervisor,
-)
+
+if TYPE_CHECKING:
+    from engine.runs.supervisor import (
+        CutOffTurn,
+        DriveProbe,
+        Recovery,
+        RunSession,
+        RunSupervisor,
+    )
+
+_SUPERVISOR = frozenset({"CutOffTurn", "DriveProbe", "Recovery", "RunSession", "RunSupervisor"})
+
+
+def __getattr__(name: str) -> Any:
+    # Start-up time: the supervisor (and the workspaces and git under it) is imported when a
+    # name of it is asked for, not by every command that reads a run id or an owner.
+    if name in _SUPERVISOR:
+        from engine.runs import supervisor
+
+        return getattr(supervisor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "RUN_ID_PATTERN",

@@ -50,39 +50,90 @@ two runs starting at once clone once. Credentials in project URLs never appear i
 errors (:attr:`Project.display_url`, :attr:`WorkspaceManager.redact`).
 """
 
-from engine.errors import DiskFullError, GitError
-from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
-from engine.workspace.manager import (
-    BRANCH_PREFIX,
-    RESCUE_PREFIX,
-    RESERVED_FOLDERS,
-    BranchPush,
-    CleanupReport,
-    MergeOutcome,
-    MergeReport,
-    SubtaskMerge,
-    WorkspaceManager,
-    WorkspaceStatus,
-    disk_usage,
-    format_size,
-    subtask_workspace_id,
-)
-from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
-from engine.workspace.runs import (
-    add_checkout_argument,
-    checkout_for_run,
-    hold_run_workspace,
-    provision_for_run,
-    push_run_branch,
-    release_run_workspace,
-    run_worktree_summary,
-)
-from engine.workspace.store import (
-    MemoryWorkspaceStore,
-    SqliteWorkspaceStore,
-    Workspace,
-    WorkspaceStore,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.errors import DiskFullError, GitError
+    from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
+    from engine.workspace.manager import (
+        BRANCH_PREFIX,
+        RESCUE_PREFIX,
+        RESERVED_FOLDERS,
+        BranchPush,
+        CleanupReport,
+        MergeOutcome,
+        MergeReport,
+        SubtaskMerge,
+        WorkspaceManager,
+        WorkspaceStatus,
+        disk_usage,
+        format_size,
+        subtask_workspace_id,
+    )
+    from engine.workspace.projects import Project, ProjectError, parse_projects, redact_url
+    from engine.workspace.runs import (
+        add_checkout_argument,
+        checkout_for_run,
+        hold_run_workspace,
+        provision_for_run,
+        push_run_branch,
+        release_run_workspace,
+        run_worktree_summary,
+    )
+    from engine.workspace.store import (
+        MemoryWorkspaceStore,
+        SqliteWorkspaceStore,
+        Workspace,
+        WorkspaceStore,
+    )
+
+# Start-up time: a name is imported from its module when it is first asked for, so a
+# listing that needs the store of worktrees does not load the manager and git.
+_WHERE: dict[str, str] = {
+    "DiskFullError": "engine.errors",
+    "GitError": "engine.errors",
+    "WorkspaceBusyError": "engine.workspace.errors",
+    "WorkspaceError": "engine.workspace.errors",
+    "WorkspaceStateError": "engine.workspace.errors",
+    "BRANCH_PREFIX": "engine.workspace.manager",
+    "RESCUE_PREFIX": "engine.workspace.manager",
+    "RESERVED_FOLDERS": "engine.workspace.manager",
+    "BranchPush": "engine.workspace.manager",
+    "CleanupReport": "engine.workspace.manager",
+    "MergeOutcome": "engine.workspace.manager",
+    "MergeReport": "engine.workspace.manager",
+    "SubtaskMerge": "engine.workspace.manager",
+    "WorkspaceManager": "engine.workspace.manager",
+    "WorkspaceStatus": "engine.workspace.manager",
+    "disk_usage": "engine.workspace.manager",
+    "format_size": "engine.workspace.manager",
+    "subtask_workspace_id": "engine.workspace.manager",
+    "Project": "engine.workspace.projects",
+    "ProjectError": "engine.workspace.projects",
+    "parse_projects": "engine.workspace.projects",
+    "redact_url": "engine.workspace.projects",
+    "add_checkout_argument": "engine.workspace.runs",
+    "checkout_for_run": "engine.workspace.runs",
+    "hold_run_workspace": "engine.workspace.runs",
+    "provision_for_run": "engine.workspace.runs",
+    "push_run_branch": "engine.workspace.runs",
+    "release_run_workspace": "engine.workspace.runs",
+    "run_worktree_summary": "engine.workspace.runs",
+    "MemoryWorkspaceStore": "engine.workspace.store",
+    "SqliteWorkspaceStore": "engine.workspace.store",
+    "Workspace": "engine.workspace.store",
+    "WorkspaceStore": "engine.workspace.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(where), name)
+
 
 __all__ = [
     "BRANCH_PREFIX",

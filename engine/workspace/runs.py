@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
-from engine.workspace.manager import BranchPush, WorkspaceManager
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
 if TYPE_CHECKING:
     from engine.settings import Settings
     from engine.store.backend import AnyDatabase
+    from engine.workspace.manager import BranchPush
 
 __all__ = [
     "add_checkout_argument",
@@ -65,6 +65,8 @@ async def provision_for_run(
         GitError: git failed.
         WorkspaceError: the worktree is damaged.
     """
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     return await manager.provision(run_id, project)
 
@@ -96,6 +98,8 @@ async def checkout_for_run(
         return
     if workdir is not None:
         raise ConfigError("--checkout-repo and --workdir exclude each other")
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(db))
     chosen = manager.project_for(project)
     existed = await manager.get(run_id) is not None
@@ -119,6 +123,8 @@ async def hold_run_workspace(
     """
     # Only the root is needed to lock: a malformed TURNSTILE_PROJECTS must not stop runs
     # that have no worktree.
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     workspace = await manager.get(run_id)
     if workspace is None or workspace.removed_at is not None:
@@ -130,6 +136,8 @@ async def hold_run_workspace(
 
 async def run_worktree_summary(settings: Settings, db: AnyDatabase, run_id: str) -> str | None:
     """``turnstile/<run> · 44.2 MB`` for ``turnstile runs`` and ``/status``, or None."""
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     return await manager.summary(run_id)
 
@@ -149,6 +157,8 @@ async def worktree_summaries(
     matched = await match_worktrees(db, runs, store=store)
     if not matched:
         return {}
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager(settings.workspaces, (), store=store)
     out: dict[str, str] = {}
     cache: dict[str, str | None] = {}
@@ -203,6 +213,8 @@ async def push_run_branch(settings: Settings, db: AnyDatabase, run_id: str) -> B
     None when the run works in no worktree of its own (a chat's own folder): it has no
     branch to push. Never raises for a failed push: the result says why.
     """
+    from engine.workspace.manager import BranchPush, WorkspaceManager  # start-up time
+
     store = SqliteWorkspaceStore(db)
     workspace = await store.get(run_id)
     if workspace is None:
@@ -222,6 +234,8 @@ async def release_run_workspace(settings: Settings, db: AnyDatabase, run_id: str
     For runs without a row in the runs table (an autopilot task); auto runs are found
     finished through their ``finished_at``. Returns whether there was a worktree.
     """
+    from engine.workspace.manager import WorkspaceManager  # start-up time: when used
+
     manager = WorkspaceManager(settings.workspaces, (), store=SqliteWorkspaceStore(db))
     workspace = await manager.get(run_id)
     if workspace is None:
