@@ -35,7 +35,6 @@ from bot.admin import AdminFeature
 from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
-from bot.chat import BotChatFront
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
 from bot.commands import COMMANDS
 from bot.context import BotContext
@@ -44,14 +43,16 @@ from bot.files import FileDesk
 from bot.handlers import Dispatch
 from bot.outbox import OutboxSender, PacedRateLimiter, retry_seconds
 from bot.pause import PauseFeature
-from bot.progress import PREFIX as PROGRESS
-from bot.progress import settle_leftovers
-from bot.publish import Publisher
+from bot.render import TELEGRAM
 from bot.replies import Replies
 from bot.sink import BotSink
 from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
+from chatfront.chat import OutboxChatFront
+from chatfront.progress import PREFIX as PROGRESS
+from chatfront.progress import settle_leftovers
+from chatfront.publish import Publisher
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
@@ -324,11 +325,12 @@ class BotRuntime:
             self.publisher = Publisher(
                 self.store,
                 self.sender,
+                renderer=TELEGRAM,
                 redactor=self.redactor,
                 document_threshold=self.settings.document_threshold,
                 documents_dir=self.settings.runs_dir / "documents",
             )
-            chat_front = BotChatFront(self.store, self.publisher)
+            chat_front = OutboxChatFront(self.store, self.publisher)
             self.chats = ChatSessions(
                 settings=self.settings,
                 store=self.store,
