@@ -41,7 +41,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
-from bot.outbox import OutboxSender, PacedRateLimiter, retry_seconds
+from bot.outbox import PacedRateLimiter, TelegramTransport, retry_seconds
 from bot.pause import PauseFeature
 from bot.render import TELEGRAM
 from bot.replies import Replies
@@ -50,6 +50,7 @@ from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
 from chatfront.chat import OutboxChatFront
+from chatfront.outbox import OutboxSender
 from chatfront.progress import PREFIX as PROGRESS
 from chatfront.progress import settle_leftovers
 from chatfront.publish import Publisher
@@ -312,7 +313,7 @@ class BotRuntime:
             await self.app.initialize()
             self.username = self.app.bot.username
             self.sender = OutboxSender(
-                self.app.bot,
+                TelegramTransport(self.app.bot),
                 self.store,
                 edit_interval=self._edit_interval,
                 on_migrate=self._migrated,
@@ -320,7 +321,7 @@ class BotRuntime:
                 refusal_backlog=self.settings.refusal_backlog,
             )
             if isinstance(self._rate_limiter, PacedRateLimiter):
-                # A 429 in a chat slows that chat's edits (bot.outbox).
+                # A 429 in a chat slows that chat's edits (chatfront.outbox).
                 self._rate_limiter.on_retry_after = self.sender.slow_down
             self.publisher = Publisher(
                 self.store,
