@@ -35,23 +35,25 @@ from bot.admin import AdminFeature
 from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
-from bot.chat import BotChatFront
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
 from bot.commands import COMMANDS
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
-from bot.outbox import OutboxSender, PacedRateLimiter, retry_seconds
+from bot.outbox import PacedRateLimiter, TelegramTransport, retry_seconds
 from bot.pause import PauseFeature
-from bot.progress import PREFIX as PROGRESS
-from bot.progress import settle_leftovers
-from bot.publish import Publisher
+from bot.render import TELEGRAM
 from bot.replies import Replies
 from bot.sink import BotSink
 from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
+from chatfront.chat import OutboxChatFront
+from chatfront.outbox import OutboxSender
+from chatfront.progress import PREFIX as PROGRESS
+from chatfront.progress import settle_leftovers
+from chatfront.publish import Publisher
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
@@ -311,7 +313,7 @@ class BotRuntime:
             await self.app.initialize()
             self.username = self.app.bot.username
             self.sender = OutboxSender(
-                self.app.bot,
+                TelegramTransport(self.app.bot),
                 self.store,
                 edit_interval=self._edit_interval,
                 on_migrate=self._migrated,
@@ -319,16 +321,17 @@ class BotRuntime:
                 refusal_backlog=self.settings.refusal_backlog,
             )
             if isinstance(self._rate_limiter, PacedRateLimiter):
-                # A 429 in a chat slows that chat's edits (bot.outbox).
+                # A 429 in a chat slows that chat's edits (chatfront.outbox).
                 self._rate_limiter.on_retry_after = self.sender.slow_down
             self.publisher = Publisher(
                 self.store,
                 self.sender,
+                renderer=TELEGRAM,
                 redactor=self.redactor,
                 document_threshold=self.settings.document_threshold,
                 documents_dir=self.settings.runs_dir / "documents",
             )
-            chat_front = BotChatFront(self.store, self.publisher)
+            chat_front = OutboxChatFront(self.store, self.publisher)
             self.chats = ChatSessions(
                 settings=self.settings,
                 store=self.store,

@@ -20,11 +20,11 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import RAISE_BUDGET, ChatNotices
-from bot.progress import AUTO_STOP_DATA
 from bot.replies import thread_of
 from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
+from chatfront.progress import AUTO_STOP_DATA
 from engine.approvals import ApprovalPolicy
 from engine.automode import AutoRun
 from engine.automode.verifier import evidence_gap

@@ -35,12 +35,12 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import ChatNotices
-from bot.progress import AUTOPILOT_STOP_DATA
-from bot.render import excerpt as render_excerpt
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from bot.sink import ChatPlace
 from chatfront.auth import Action
+from chatfront.progress import AUTOPILOT_STOP_DATA
+from chatfront.render import excerpt as render_excerpt
 from chatfront.store import Binding, GateRecord, OutboxItem, ReasonRequest
 from engine.agents.factory import create_agent
 from engine.errors import UnsafeFileError

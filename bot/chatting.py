@@ -17,9 +17,9 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.progress import STOP_DATA
 from bot.replies import thread_of
 from chatfront.auth import Action
+from chatfront.progress import STOP_DATA
 from chatfront.store import Binding, LiveMessage
 from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
@@ -103,7 +103,7 @@ class ChatFeature(Feature):
         dispatch.command("model", Action.CHAT, self.cmd_model)
         dispatch.command("project", Action.CHAT, self.cmd_project, usage=self._usage("project"))
         dispatch.command("new", Action.CHAT, self.cmd_new)
-        # The ⏹ Stop button of a turn's progress message (bot.progress).
+        # The ⏹ Stop button of a turn's progress message (chatfront.progress).
         dispatch.buttons(rf"^{STOP_DATA}", Action.STOP, self.on_stop_button)
         dispatch.buttons(rf"^{RERUN_DATA}", Action.PROMPT, self.on_rerun_button)
         # Registered after the other features: a text none of them took is a turn.

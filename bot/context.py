@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from telegram import Bot
 
-from bot.chat import BotChatFront
-from bot.publish import Publisher
 from bot.replies import Replies
 from bot.sink import BotSink
 from chatfront.auth import Authorizer
+from chatfront.chat import OutboxChatFront
+from chatfront.publish import Publisher
 from chatfront.store import BotStore
 from engine.chats.sessions import ChatSessions
 from engine.gates import Gates
@@ -45,7 +45,7 @@ class BotContext:
     supervisor: RunSupervisor
     gates: Gates
     chats: ChatSessions
-    chat_front: BotChatFront
+    chat_front: OutboxChatFront
     sink: BotSink
     bot: Bot
     spawn: Callable[[Awaitable[None], str], asyncio.Task[None]]

@@ -12,20 +12,20 @@
 - Both read the run named (its id, or the end of it), else the one replied to, else this
   place's last run of any mode, finished ones too.
 
-Outgoing files are copied into a spool folder first and queued in the outbox like every
-other message (kind ``file``), so a restart still delivers them.
+Outgoing files are checked, copied into a spool folder and queued in the outbox like
+every other message (kind ``file``, :mod:`chatfront.outgoing`), so a restart still
+delivers them.
 
 Long: files in and out, and /diff, are one feature with one set of limits and one lookup
 of the run they concern (chat session, auto run, or this chat's last or named run);
 inbound parsing and outbound packing helpers already live in engine/files.py, the diff in
-engine/diff.py.
+engine/diff.py, what is sent in chatfront/outgoing.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -37,9 +37,9 @@ from bot.auto import AutoExtension
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.sink import ChatPlace
 from chatfront.auth import Action
-from chatfront.store import Binding, InboundState, OutboxItem
+from chatfront.outgoing import OutgoingFiles
+from chatfront.store import Binding, InboundState
 from engine.automode import AutoRun
 from engine.chats.files import ChatUpload, upload_message
 from engine.diff import run_diff
@@ -50,21 +50,15 @@ from engine.files import (
     clean_mime,
     exclude_in_git,
     human_size,
-    read_for_send,
-    resolve_inside,
     sanitize_name,
     save_upload,
-    send_markers,
-    sent_caption,
     type_refused,
     upload_prompt,
-    zip_folder,
 )
 from engine.gates.artifacts import SqlArtifactStore
 from engine.runs import RunMode, named_runs
 from engine.store.runs import RunRecord
 from engine.transcribe import HttpTranscriber, Transcriber
-from engine.turn import TurnOutput
 from engine.workspace.runs import match_worktrees
 
 __all__ = ["FileDesk", "upload_prompt"]
@@ -73,7 +67,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # Telegram's own limit on what a bot may download through getFile.
 _TELEGRAM_DOWNLOAD_LIMIT: Final = 20 * 1024 * 1024
-_MARKERS_PER_TURN: Final = 10
 
 
 def _thread(message: Message) -> int:
@@ -153,12 +146,18 @@ class FileDesk(Feature):
                 language=settings.transcription_language,
             )
         self.transcriber = transcriber
-        self.spool = settings.runs_dir / "outgoing"
+        self.outgoing = OutgoingFiles(
+            ctx.publisher,
+            spool=settings.runs_dir / "outgoing",
+            max_bytes=settings.send_max_bytes,
+            artifacts=SqlArtifactStore(ctx.db),
+            sent_files=lambda out: ctx.chats.agents.sent_files(out),
+        )
         self._albums: dict[tuple[int, int, str], _Album] = {}
         self._excluded: set[Path] = set()
         self._closing = False
-        ctx.chat_front.output_files = self.marker_items
-        ctx.sink.send_files_with(self.send_marked)
+        ctx.chat_front.output_files = self.outgoing.marker_items
+        ctx.sink.send_files_with(self.outgoing.send_marked)
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command("get", Action.STATUS, self.cmd_get)
@@ -600,7 +599,7 @@ class FileDesk(Feature):
             return
         wanted = path.strip() if named is not None else given
         try:
-            item = await self._outgoing(
+            item = await self.outgoing.item(
                 found.workdir,
                 wanted,
                 chat_id=message.chat.id,
@@ -756,154 +755,6 @@ class FileDesk(Feature):
         workspace = found.get(run_id or "")
         return workspace.base if workspace is not None else None
 
-    async def _outgoing(
-        self,
-        workdir: Path,
-        given: str,
-        *,
-        chat_id: int,
-        thread: int,
-        reply_to: int | None = None,
-        run_id: str | None = None,
-    ) -> OutboxItem:
-        """Check, copy into the spool and describe one file (a folder: a zip) to send.
-
-        Raises:
-            FileRefusedError: the path is refused, too large, empty or unreadable.
-        """
-        limit = self.ctx.settings.send_max_bytes
-        redact = self.ctx.redactor
-        await asyncio.to_thread(self.spool.mkdir, parents=True, exist_ok=True)
-        tag = secrets.token_hex(6)
-        shown = given.strip()
-        try:
-            if await asyncio.to_thread(_is_dir, workdir, shown):
-                name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
-                dest = self.spool / f"{tag}-{name}"
-                zipped = await asyncio.to_thread(
-                    zip_folder, workdir, shown, dest=dest, max_bytes=limit, redact=redact
-                )
-                caption = sent_caption(shown, zipped)
-            else:
-                out = await asyncio.to_thread(
-                    read_for_send, workdir, shown, max_bytes=limit, redact=redact
-                )
-                name = sanitize_name(out.name)
-                dest = self.spool / f"{tag}-{name}"
-                await asyncio.to_thread(dest.write_bytes, out.data)
-                caption = sent_caption(shown, out)
-        except OSError as exc:
-            raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
-        return OutboxItem(
-            chat_id=chat_id,
-            thread_id=thread or None,
-            kind="file",
-            body=str(dest),
-            filename=name,
-            caption=caption[:1024],
-            reply_to=reply_to,
-            run_id=run_id,
-        )
-
-    async def marker_items(
-        self, binding: Binding, out: TurnOutput, run_id: str
-    ) -> list[OutboxItem]:
-        """The files a chat turn's ``TURNSTILE-SEND:`` lines ask for (or why each is not
-        sent), committed with the turn's output. Never raises."""
-        if not binding.workdir:
-            return await self._sent_from_worker(binding, out, run_id)
-        paths = send_markers(out.text, limit=_MARKERS_PER_TURN)
-        return await self._marked(
-            Path(binding.workdir), paths, binding.chat_id, binding.thread_id, run_id
-        )
-
-    async def _sent_from_worker(
-        self, binding: Binding, out: TurnOutput, run_id: str
-    ) -> list[OutboxItem]:
-        """The files a turn on a worker sent (read and checked there, stored in the
-        database), as a local chat's: the same captions and refusals."""
-        sent_files = self.ctx.chats.agents.sent_files(out)
-        if not sent_files:
-            return []
-        store = SqlArtifactStore(self.ctx.db)
-        chat_id, thread = binding.chat_id, binding.thread_id
-        items: list[OutboxItem] = []
-        for sent in sent_files[:_MARKERS_PER_TURN]:
-            try:
-                if sent.refused:
-                    raise FileRefusedError(sent.refused, reason="worker")
-                content = await store.get(sent.sha256)
-                if content is None:
-                    raise FileRefusedError(
-                        f"{sent.given} is no longer stored; ask for it again", reason="missing"
-                    )
-                await asyncio.to_thread(self.spool.mkdir, parents=True, exist_ok=True)
-                name = sanitize_name(sent.name)
-                dest = self.spool / f"{secrets.token_hex(6)}-{name}"
-                await asyncio.to_thread(dest.write_bytes, content.content)
-            except FileRefusedError as exc:
-                items.append(
-                    OutboxItem(
-                        chat_id=chat_id,
-                        thread_id=thread or None,
-                        body=self.ctx.redactor(f"⚠️ Not sent ({SEND_MARKER} {sent.given}): {exc}"),
-                        run_id=run_id,
-                    )
-                )
-                continue
-            except Exception:
-                # The turn's output goes out whatever happens to its files.
-                _LOGGER.exception("preparing %s from the worker failed", sent.given)
-                continue
-            items.append(
-                OutboxItem(
-                    chat_id=chat_id,
-                    thread_id=thread or None,
-                    kind="file",
-                    body=str(dest),
-                    filename=name,
-                    caption=sent.caption[:1024],
-                    run_id=run_id,
-                )
-            )
-        return items
-
-    async def send_marked(
-        self, place: ChatPlace, run_id: str, workdir: Path, paths: list[str]
-    ) -> None:
-        """An auto run's ``TURNSTILE-SEND:`` files (through the run sink)."""
-        items = await self._marked(
-            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id or 0, run_id
-        )
-        if items:
-            await self.ctx.store.enqueue(items)
-            self.ctx.publisher.wake()
-
-    async def _marked(
-        self, workdir: Path, paths: list[str], chat_id: int, thread: int, run_id: str
-    ) -> list[OutboxItem]:
-        items: list[OutboxItem] = []
-        for given in paths:
-            try:
-                items.append(
-                    await self._outgoing(
-                        workdir, given, chat_id=chat_id, thread=thread, run_id=run_id
-                    )
-                )
-            except FileRefusedError as exc:
-                items.append(
-                    OutboxItem(
-                        chat_id=chat_id,
-                        thread_id=thread or None,
-                        body=self.ctx.redactor(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
-                        run_id=run_id,
-                    )
-                )
-            except Exception:
-                # The turn's output goes out whatever happens to its files.
-                _LOGGER.exception("preparing %s for the chat failed", given)
-        return items
-
     # -- shutdown --------------------------------------------------------------------
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
@@ -913,10 +764,3 @@ class FileDesk(Feature):
             if album.timer is not None:
                 album.timer.cancel()
             await self._flush(key)
-
-
-def _is_dir(root: Path, given: str) -> bool:
-    try:
-        return resolve_inside(root, given).is_dir()
-    except FileRefusedError:
-        return False

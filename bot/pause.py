@@ -18,10 +18,10 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.progress import GO_ON_DATA, PAUSE_DATA, PREFIX, stop_button
 from bot.replies import thread_of
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
+from chatfront.progress import GO_ON_DATA, PAUSE_DATA, PREFIX, stop_button
 from engine.approvals import ApprovalPolicy
 from engine.errors import NotFoundError
 from engine.humane import format_elapsed

@@ -12,18 +12,20 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 import telegramify_markdown as tgmd
 
+from chatfront.render import Rendered
 from engine.redact import Edit, Redactor
 
 __all__ = [
     "MAX_CAPTION",
     "MAX_MESSAGE",
-    "Rendered",
-    "excerpt",
+    "TELEGRAM",
+    "TelegramRenderer",
+    "caption",
     "message_link",
     "plain",
     "render_markdown",
@@ -43,16 +45,6 @@ def message_link(chat_id: int, message_id: int | None) -> str | None:
     if message_id is None or not digits.startswith("-100"):
         return None
     return f"https://t.me/c/{digits.removeprefix('-100')}/{message_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """One message body: text and its entities (UTF-16 offsets), or a document."""
-
-    text: str
-    entities: tuple[dict[str, Any], ...] = ()
-    document: str | None = None
-    filename: str | None = None
 
 
 def plain(text: str) -> Rendered:
@@ -308,14 +300,45 @@ def render_parts(parts: Sequence[tuple[str, bool]], *, redact: Redactor) -> Rend
     return Rendered(text=text, entities=tuple(e.to_dict() for e in entities))
 
 
-def excerpt(markdown: str, *, lines: int = 8, chars: int = 600) -> str:
-    """The head of a Markdown text, cut on a line (an unclosed code fence is closed)."""
-    kept = markdown.strip().splitlines()[:lines]
-    out = "\n".join(kept)
-    if len(out) > chars:
-        out = out[:chars].rsplit("\n", 1)[0] if "\n" in out[:chars] else out[:chars]
-    if sum(line.lstrip().startswith("```") for line in out.splitlines()) % 2:
-        out += "\n```"
-    if out != markdown.strip():
-        out += "\n…"
-    return out
+def caption(text: str) -> str:
+    """At most Telegram's caption limit (counted in UTF-16 units, as Telegram does)."""
+    if _utf16(text) <= MAX_CAPTION:
+        return text
+    out = text[: MAX_CAPTION - 1]
+    while _utf16(out) > MAX_CAPTION - 1:
+        out = out[:-1]
+    return out + "…"
+
+
+class TelegramRenderer:
+    """:class:`chatfront.render.Renderer` for Telegram: Markdown as entities, Telegram's
+    limits."""
+
+    def markdown(
+        self,
+        markdown: str,
+        *,
+        redact: Redactor,
+        document_threshold: int,
+        header: str = "",
+        filename: str = "output.md",
+    ) -> list[Rendered]:
+        return render_markdown(
+            markdown,
+            redact=redact,
+            document_threshold=document_threshold,
+            header=header,
+            filename=filename,
+        )
+
+    def plain(self, text: str) -> Rendered:
+        return plain(text)
+
+    def parts(self, parts: Sequence[tuple[str, bool]], *, redact: Redactor) -> Rendered:
+        return render_parts(parts, redact=redact)
+
+    def caption(self, text: str) -> str:
+        return caption(text)
+
+
+TELEGRAM: Final = TelegramRenderer()

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 from telegram import Message, Update
 
-from bot.publish import Publisher
 from chatfront.auth import Action, Authorizer, needed_roles
+from chatfront.publish import Publisher
 from chatfront.store import BotStore
 
 __all__ = ["Replies", "thread_of"]

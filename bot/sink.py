@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bot.progress import AUTO_STOP_DATA, AUTOPILOT_STOP_DATA, stop_button
-from bot.publish import Publisher
-from bot.render import excerpt
+from chatfront.progress import AUTO_STOP_DATA, AUTOPILOT_STOP_DATA, stop_button
+from chatfront.publish import Publisher
+from chatfront.render import excerpt
 from engine.errors import NotFoundError
 from engine.humane import format_elapsed, humane, turn_count, words
 from engine.runs import ChatPlace

@@ -25,10 +25,10 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.progress import TurnProgress
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
+from chatfront.progress import TurnProgress
 from chatfront.store import Binding
 from engine.approvals import (
     ApprovalPolicy,

@@ -6,6 +6,12 @@
   (:mod:`chatfront.migrations`; its tables keep the ``bot_`` prefix).
 - :mod:`chatfront.auth`: who may do what (roles and actions).
 - :mod:`chatfront.people`: how people are called in messages.
+- :mod:`chatfront.outbox`: the one sender of the outbox, over a messenger's
+  :class:`~chatfront.outbox.Transport` (its send and edit calls, its errors as ours).
+- :mod:`chatfront.publish`: what is said, redacted, rendered by the messenger's
+  :class:`~chatfront.render.Renderer` and queued; :mod:`chatfront.progress`: a turn's
+  progress message; :mod:`chatfront.chat`: what the engine's chat mode asks of a chat;
+  :mod:`chatfront.outgoing`: files of a run's folder sent into a chat.
 
 Nothing here imports ``telegram`` or ``bot``; the engine imports nothing from here.
 """

@@ -18,9 +18,10 @@ from telegram import Update
 from telegram.ext import ApplicationBuilder
 
 from bot.handlers import Dispatch
-from bot.publish import Publisher
+from bot.render import TELEGRAM
 from bot.replies import Replies
 from chatfront.auth import Action, Authorizer
+from chatfront.publish import Publisher
 from chatfront.store import BotStore, SqlBotStore
 from engine.redact import Redactor
 from tests.fakes.bot_api import FakeBotApi
@@ -95,7 +96,9 @@ async def _bench(tmp_path: Path, db: Any) -> AsyncIterator[_Bench]:
         authorizer = Authorizer.from_ids(
             admins=[ADMIN], approvers=[], operators=[], allowed_chats=[CHAT]
         )
-        publisher = Publisher(store, None, redactor=Redactor(), document_threshold=100_000)
+        publisher = Publisher(
+            store, None, renderer=TELEGRAM, redactor=Redactor(), document_threshold=100_000
+        )
         replies = Replies(publisher, authorizer, store)
         app = ApplicationBuilder().token(api.token).base_url(api.base_url).updater(None).build()
         await app.initialize()

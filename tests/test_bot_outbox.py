@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from telegram.ext import AIORateLimiter, ExtBot
 
-from bot.outbox import OutboxSender
+from bot.outbox import TelegramTransport
+from chatfront.outbox import OutboxSender
 from chatfront.store import OutboxItem, SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import FakeBotApi
@@ -40,7 +41,7 @@ async def _deliver(
                 rate_limiter=AIORateLimiter(max_retries=3),
             )
             store = SqlBotStore(db)
-            sender = OutboxSender(bot, store, first_backoff=0.01)
+            sender = OutboxSender(TelegramTransport(bot), store, first_backoff=0.01)
             async with bot:
                 await store.enqueue(
                     OutboxItem(chat_id=1 + i % 3, body=f"m{i}") for i in range(messages)

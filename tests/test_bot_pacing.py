@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from telegram.ext import ExtBot
 
-from bot.outbox import OutboxSender, PacedRateLimiter
+from bot.outbox import PacedRateLimiter, TelegramTransport
+from chatfront.outbox import OutboxSender
 from chatfront.store import SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import ApiCall, FakeBotApi
@@ -59,7 +60,7 @@ async def test_a_429_slows_that_chats_edits_and_loses_none(
             api.token, base_url=api.base_url, base_file_url=api.file_url, rate_limiter=limiter
         )
         store = SqlBotStore(db)
-        sender = OutboxSender(bot, store, edit_interval=0.05)
+        sender = OutboxSender(TelegramTransport(bot), store, edit_interval=0.05)
         limiter.on_retry_after = sender.slow_down
         async with bot:
             task = asyncio.create_task(sender.run())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.progress import TurnProgress, stop_button
+from chatfront.progress import TurnProgress, stop_button
 from engine.agents.stream import AgentEvent, EventKind
 from tests.bot_process import CHAT, OPERATOR, bot_env, spawn
 from tests.fakes.bot_api import FakeBotApi

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from bot.publish import Publisher
+from bot.render import TELEGRAM
+from chatfront.publish import Publisher
 from chatfront.store import OutboxItem, SqlBotStore
 from engine.redact import Redactor
 from engine.store import SqliteRunStore
@@ -315,7 +316,9 @@ class _SlowFirstWrite(SqlBotStore):
 async def test_a_live_message_shows_its_last_words_when_writes_overlap(database: Any) -> None:
     """A turn's "working" still being written when its "done" is said: "done" stays."""
     store = _SlowFirstWrite(database)
-    publisher = Publisher(store, None, redactor=Redactor(), document_threshold=100_000)
+    publisher = Publisher(
+        store, None, renderer=TELEGRAM, redactor=Redactor(), document_threshold=100_000
+    )
     place: dict[str, Any] = {"chat_id": -5, "thread_id": None, "run_id": "r1"}
     working = asyncio.create_task(publisher.live("progress:r1:1", "⏳ working", **place))
     await store.writing.wait()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bot import publish
-from bot.render import MAX_CAPTION, MAX_MESSAGE, render_markdown
+from bot.render import MAX_CAPTION, MAX_MESSAGE, TELEGRAM, render_markdown
+from chatfront import publish
 from chatfront.auth import Action, Authorizer
 from chatfront.store import InboundState, OutboxItem, SqlBotStore
 from engine.redact import Redactor
@@ -157,6 +157,7 @@ async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
         pub = publish.Publisher(
             SqlBotStore(db),
             None,
+            renderer=TELEGRAM,
             redactor=Redactor(),
             document_threshold=1000,
             documents_dir=tmp_path / "documents",
@@ -185,6 +186,7 @@ async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
         pub = publish.Publisher(
             SqlBotStore(db),
             None,
+            renderer=TELEGRAM,
             redactor=Redactor([secret]),
             document_threshold=1000,
             documents_dir=tmp_path / "documents",

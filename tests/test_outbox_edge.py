@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from telegram.ext import ExtBot
 
-from bot.outbox import OutboxSender
+from bot.outbox import TelegramTransport
+from chatfront.outbox import OutboxSender
 from chatfront.store import OutboxItem, SqlBotStore
 from engine.store.backend import open_database
 from tests.fakes.bot_api import FakeBotApi
@@ -48,7 +49,9 @@ async def _sender(
     async with FakeBotApi() as api, open_database(root / "bot.db") as db:
         bot = ExtBot(api.token, base_url=api.base_url, base_file_url=api.file_url)
         store = SqlBotStore(db)
-        sender = OutboxSender(bot, store, edit_interval=0.01, first_backoff=0.01, **options)
+        sender = OutboxSender(
+            TelegramTransport(bot), store, edit_interval=0.01, first_backoff=0.01, **options
+        )
         async with bot:
             task = asyncio.create_task(sender.run(), name="outbox-sender")
             try:

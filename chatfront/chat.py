@@ -1,7 +1,8 @@
-"""The bot's side of chat sessions: a turn's progress message, its answer in the outbox.
+"""A chat front end's side of chat sessions: a turn's progress message, its answer in the
+outbox.
 
 The chat mode itself is the engine's (:class:`engine.chats.sessions.ChatSessions`); this
-module is what it asks of the bot (:class:`~engine.chats.sessions.ChatFront`): a progress
+module is what it asks of a chat front end (:class:`~engine.chats.sessions.ChatFront`): a progress
 message under the message that asked, the answer and the files it hands over queued in
 the transaction that finishes the turn, and notes said in the chat.
 """
@@ -10,28 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bot.progress import TurnProgress
-from bot.publish import Publisher
+from chatfront.progress import TurnProgress
+from chatfront.publish import Publisher
 from chatfront.store import Binding, BotStore, OutboxItem
 from engine.chats.records import PromptRow
 from engine.chats.sessions import ChatRun, TurnView
 from engine.turn import TurnOutput
 
-__all__ = ["BotChatFront", "OutputFiles"]
+__all__ = ["OutboxChatFront", "OutputFiles"]
 
-# The outbox messages for files an agent's output asks to send (bot/files.py).
+# The outbox messages for files an agent's output asks to send (the front end's files
+# feature).
 OutputFiles = Callable[[Binding, TurnOutput, str], Awaitable[list[OutboxItem]]]
 
 
-class BotChatFront:
-    """:class:`~engine.chats.sessions.ChatFront` in Telegram chats."""
+class OutboxChatFront:
+    """:class:`~engine.chats.sessions.ChatFront` in chats: said through the outbox."""
 
     def __init__(self, store: BotStore, publisher: Publisher) -> None:
         self.store = store
         self.publisher = publisher
-        #: Set by bot.files: the files a turn's answer hands over.
+        #: Set by the front end's files feature: the files a turn's answer hands over.
         self.output_files: OutputFiles | None = None
-        #: Set by bot.pause: the runs paused now, and what their progress says of it.
+        #: Set by the front end's pause feature: the runs paused now, and what their
+        #: progress says of it.
         self.paused: dict[str, str] = {}
 
     def open_turn(self, run: ChatRun, prompt: PromptRow) -> TurnView:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from bot.publish import Publisher
+from chatfront.publish import Publisher
 from chatfront.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
 from engine.errors import StoreUnreachableError
@@ -127,7 +127,7 @@ class TurnProgress:
         self.reply_to = reply_to
         self.ref = f"{prefix}{run_id}:{turn}"
         self._stop_data = stop_data
-        # Runs paused now, and what their message says of it (kept by bot.pause).
+        # Runs paused now, and what their message says of it (kept by the front end).
         self._paused = paused if paused is not None else {}
         self._clock = clock
         self.started = clock()

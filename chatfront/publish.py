@@ -1,4 +1,5 @@
-"""Everything the bot says goes through here: redacted, rendered, committed to the outbox."""
+"""Everything a chat front end says goes through here: redacted, rendered in its
+messenger's format (a :class:`~chatfront.render.Renderer`), committed to the outbox."""
 
 from __future__ import annotations
 
@@ -11,19 +12,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from bot.outbox import OutboxSender
-from bot.render import MAX_CAPTION, Rendered, plain, render_markdown, render_parts
 from chatfront.people import People
+from chatfront.render import Rendered, Renderer
 from chatfront.store import BotStore, OutboxItem
 from engine.humane import exit_note
 from engine.redact import Redactor
 from engine.turn import TurnOutput
 
-__all__ = ["MAX_OUTPUT_BYTES", "Publisher"]
+__all__ = ["MAX_OUTPUT_BYTES", "Publisher", "Sender"]
 
-# Telegram takes documents up to 50 MB from bots; a bigger output is cut (and says so).
+# Telegram takes documents up to 50 MB from bots (the tightest limit of the messengers a
+# front end may use); a bigger output is cut (and says so).
 MAX_OUTPUT_BYTES: Final = 45 * 1024 * 1024
 # A spilled output is redacted into its document this much at a time (memory stays flat).
 _CHUNK: Final = 1024 * 1024
@@ -91,14 +92,16 @@ def _redacted_copy(
     return _Copied(size=size, lines=lines, head="\n".join(head)[:_HEAD_CHARS])
 
 
-def _caption(text: str) -> str:
-    """At most Telegram's caption limit (counted in UTF-16 units, as Telegram does)."""
-    if len(text.encode("utf-16-le")) // 2 <= MAX_CAPTION:
-        return text
-    out = text[: MAX_CAPTION - 1]
-    while len(out.encode("utf-16-le")) // 2 > MAX_CAPTION - 1:
-        out = out[:-1]
-    return out + "…"
+class Sender(Protocol):
+    """What the publisher asks of the front end's outbox sender."""
+
+    def wake(self) -> None:
+        """Rows were queued: deliver them."""
+        ...
+
+    def offer_refusal(self, item: OutboxItem) -> bool:
+        """Queue a "not allowed" answer in the low-priority lane; False when it is full."""
+        ...
 
 
 class Publisher:
@@ -107,8 +110,9 @@ class Publisher:
     def __init__(
         self,
         store: BotStore,
-        sender: OutboxSender | None,
+        sender: Sender | None,
         *,
+        renderer: Renderer,
         redactor: Redactor,
         document_threshold: int,
         documents_dir: Path | None = None,
@@ -119,6 +123,7 @@ class Publisher:
         # How people are called in what the bot says ("approved by Ann").
         self.people = people or People(store)
         self.sender = sender
+        self.render = renderer
         self.redact = redactor
         self.document_threshold = document_threshold
         # Where the redacted documents of spilled outputs wait for their upload (by default
@@ -227,7 +232,7 @@ class Publisher:
                     filename=filename,
                 )
             ]
-        rendered = render_markdown(
+        rendered = self.render.markdown(
             text,
             redact=self.redact,
             document_threshold=self.document_threshold,
@@ -274,7 +279,7 @@ class Publisher:
             kind="file",
             body=str(target),
             filename=filename,
-            caption=_caption(self.redact(note)),
+            caption=self.render.caption(self.redact(note)),
             run_id=run_id,
             reply_to=reply_to,
         )
@@ -293,11 +298,11 @@ class Publisher:
     ) -> None:
         """Queue a message (redacted; Markdown rendered when asked) and wake the sender."""
         if markdown:
-            rendered = render_markdown(
+            rendered = self.render.markdown(
                 text, redact=self.redact, document_threshold=self.document_threshold
             )
         else:
-            rendered = [plain(self.redact(text))]
+            rendered = [self.render.plain(self.redact(text))]
         items = self.items_for(
             rendered,
             chat_id=chat_id,
@@ -338,7 +343,7 @@ class Publisher:
         item = OutboxItem(
             chat_id=chat_id,
             thread_id=thread_id,
-            body=plain(self.redact(text)).text,
+            body=self.render.plain(self.redact(text)).text,
             reply_to=reply_to,
         )
         return self.sender.offer_refusal(item)
@@ -362,7 +367,7 @@ class Publisher:
                     kind="document",
                     body=self.redact(content),
                     filename=filename,
-                    caption=plain(self.redact(caption)).text[:1024],
+                    caption=self.render.caption(self.render.plain(self.redact(caption)).text),
                     run_id=run_id,
                     ref=ref,
                 )
@@ -393,9 +398,9 @@ class Publisher:
         ``when``, asked once the write's turn comes, can still call it off.
         """
         if markdown is None and not tail:
-            rendered = plain(self.redact(text))
+            rendered = self.render.plain(self.redact(text))
         else:
-            rendered = render_parts(
+            rendered = self.render.parts(
                 [(text, False), (markdown or "", True), (tail, False)], redact=self.redact
             )
         async with self.in_order(ref):
