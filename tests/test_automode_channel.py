@@ -25,7 +25,7 @@ from engine.automode import (
     prepare_resume,
     resumable,
 )
-from engine.automode.state import owner_token
+from engine.automode.state import AutoModeState, owner_token
 from engine.errors import ConfigError, TurnExecError
 from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
@@ -152,10 +152,11 @@ async def test_each_phase_emits_its_prompt_in_order(
     assert "Goal: a file named result.txt" in turns[1].prompt
     assert "1. write result.txt" in turns[2].prompt
     assert "committed" in turns[3].prompt
-    # The state file in the log folder mirrors the store.
+    # The state file in the log folder mirrors the store: the cursor, and for people
+    # reading the folder the run's status (which the store keeps in its column only).
     mirrored = json.loads((run.log_dir / "state.json").read_text())
-    assert mirrored == record.state
-    assert mirrored["status"] == "completed"
+    assert {k: v for k, v in mirrored.items() if k != "status"} == record.state
+    assert mirrored["status"] == record.status.value == "completed"
     assert result.report is not None
     assert "commits: yes (1 since the run started)" in result.report
     assert "add result.txt" in result.report
@@ -252,7 +253,10 @@ async def test_required_turn_failure_takes_the_crash_path(
     assert record.status is RunStatus.CRASHED
     assert record.abort_reason == reason
     assert record.exit_code == code
-    assert record.state["status"] == "error"
+    # The column is the run's one status: the stored cursor has none, and read back the
+    # state says where the run stands from the column.
+    assert "status" not in record.state
+    assert AutoModeState.of_run(record).status is AutoStatus.ERROR
     assert reason in caplog.text
     assert len(agent_log(env / "agent.log")) == len(replies)  # nothing ran after it
     assert not resumable(run.state)

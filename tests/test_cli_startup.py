@@ -359,13 +359,23 @@ def test_a_listing_on_postgresql_does_not_wait_for_a_migration(
 
 def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        # The engine's latest migration (0015: why a request asks, questions, pauses)
-        # undone by hand.
-        for column in ("asks_because", "no_grant"):
-            conn.execute(f"ALTER TABLE tool_requests DROP COLUMN {column}".encode())
-        conn.execute(b"DROP TABLE agent_questions")
-        conn.execute(b"DROP TABLE run_pauses")
-        conn.execute("UPDATE schema_versions SET version = version - 1 WHERE owner = %s", (ENGINE,))
+        # The engine's latest migrations (0016: a drive's session on its run; 0017: one
+        # status per run) undone by hand: gate_sessions back, with a session in it.
+        conn.execute(
+            b"CREATE TABLE gate_sessions (task TEXT PRIMARY KEY REFERENCES gate_tasks (name),"
+            b" agent TEXT NOT NULL, session_id TEXT NOT NULL,"
+            b" started BIGINT NOT NULL DEFAULT 0, updated_at DOUBLE PRECISION NOT NULL)"
+        )
+        conn.execute(
+            b"INSERT INTO gate_tasks (name, folder, workdir, phase, version, created_at,"
+            b" updated_at) VALUES ('t', '/f', '/w', 'research', 1, 1, 1)"
+        )
+        conn.execute(
+            b"INSERT INTO runs (id, mode, agent, session_id, status, task, created_at,"
+            b" updated_at) VALUES ('autopilot-1', 'autopilot', 'claude', '', 'parked', 't', 1, 1)"
+        )
+        conn.execute(b"INSERT INTO gate_sessions VALUES ('t', 'claude', 's-t', 1, 1)")
+        conn.execute("UPDATE schema_versions SET version = version - 2 WHERE owner = %s", (ENGINE,))
     proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
     latest = {s.owner: s.latest for s in discover_migrations()}
@@ -373,14 +383,10 @@ def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_
         rows: dict[str, int] = dict(
             conn.execute("SELECT owner, version FROM schema_versions").fetchall()
         )
-        column = conn.execute(
-            "SELECT count(*) FROM information_schema.columns"
-            " WHERE table_name = 'tool_requests' AND column_name IN ('asks_because', 'no_grant')"
-        ).fetchone()
         tables = conn.execute(
-            "SELECT count(*) FROM information_schema.tables"
-            " WHERE table_name IN ('agent_questions', 'run_pauses')"
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'gate_sessions'"
         ).fetchone()
+        session = conn.execute("SELECT session_id FROM runs WHERE id = 'autopilot-1'").fetchone()
     assert rows == latest
-    assert column == (2,)
-    assert tables == (2,)
+    assert tables == (0,)
+    assert session == ("s-t",)

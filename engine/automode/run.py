@@ -53,7 +53,7 @@ from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, add_event, events_written
 from engine.store.leases import database_lock
-from engine.store.runs import RunStatus, SqliteRunStore, TurnState
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState, stored_state
 from engine.turn import AgentSession, run_session_loop
 from engine.workspace.runs import push_run_branch
 
@@ -544,7 +544,7 @@ async def _claim(
         await conn.execute(
             "UPDATE runs SET status = ?, state_json = ?, exit_code = NULL, abort_reason = NULL,"
             " finished_at = NULL, updated_at = ? WHERE id = ?",
-            (RunStatus.RUNNING.value, json.dumps(state.to_json()), state.updated_at, run_id),
+            (RunStatus.RUNNING.value, stored_state(state.to_json()), state.updated_at, run_id),
         )
         resumed = {"from": row[1], "phase": state.phase.value}
         await add_event(conn, db, EventKind.RUN_RESUMED, run_id=run_id, data=resumed)
@@ -636,7 +636,7 @@ async def prepare_resume(
     record = await store.get_run(run_id)
     if record.mode != "auto":
         raise ConfigError(f"run {run_id} is a {record.mode} run, not an auto run")
-    state = AutoModeState.from_json(record.state)
+    state = AutoModeState.of_run(record)
     if not resumable(state):
         raise ConfigError(f"run {run_id} has ended ({state.status.value}); it cannot be resumed")
     state = _rebudgeted(state, budget)

@@ -2,9 +2,13 @@
 
 The transition function :func:`advance` is pure data in, data out; the channel does
 the I/O around it (store, state file, logs, sink). The state is persisted twice:
-in the store (the source of truth, ``runs.state_json``) and as ``state.json`` in the
-run's log folder, written atomically after every committed transition (a mirror for
-people and tools reading the folder).
+in the store (the source of truth: the run's row, the cursor in ``runs.state_json``) and
+as ``state.json`` in the run's log folder, written atomically after every committed
+transition (a mirror for people and tools reading the folder).
+
+The run's status is ``runs.status``, its only one: the stored cursor carries none (the
+store drops it), and a state loaded from the store takes its status from the column
+(:meth:`AutoModeState.of_run`, :func:`status_of_run`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Final
 
 # Re-exported: they moved where `turnstile runs` reaches them without loading auto mode.
 from engine.runs.owner import owner_alive, owner_token
+from engine.store.runs import RunRecord, RunStatus
 
 __all__ = [
     "STATE_FILE",
@@ -39,6 +44,7 @@ __all__ = [
     "progress_line",
     "read_state_file",
     "rounds_of",
+    "status_of_run",
     "write_state_file",
 ]
 
@@ -154,8 +160,33 @@ class AutoModeState:
         values["config"] = dict(values.get("config", {}))
         return cls(**values)
 
+    @classmethod
+    def of_run(cls, record: RunRecord) -> AutoModeState:
+        """The state of the auto run ``record``: its cursor, and its status from the run's
+        status (whatever status an older row's cursor still carries is not read)."""
+        state = cls.from_json(record.state)
+        return replace(state, status=status_of_run(record.status, abort=state.abort))
+
 
 _FIELDS: Final = tuple(AutoModeState.__dataclass_fields__)
+
+
+def status_of_run(status: RunStatus, *, abort: str | None) -> AutoStatus:
+    """Where an auto run stands, from its store status (``channel.run_status`` the other
+    way round). Parked (at a shutdown) is still running; crashed is an abort of a required
+    turn when the cursor says so (``abort``), else a turn that failed: the cursor stays
+    where it was and a resume runs that turn again, so the run has not ended."""
+    match status:
+        case RunStatus.COMPLETED:
+            return AutoStatus.COMPLETED
+        case RunStatus.STOPPED:
+            return AutoStatus.STOPPED
+        case RunStatus.ERROR:
+            return AutoStatus.ERROR
+        case RunStatus.CRASHED if abort is not None:
+            return AutoStatus.ERROR
+        case _:
+            return AutoStatus.RUNNING
 
 
 @dataclass(frozen=True, slots=True)

@@ -389,7 +389,7 @@ async def _append(args: argparse.Namespace, settings: Settings) -> int:
     async with open_database(settings) as db:
         store = SqliteRunStore(db)
         record = await _target_run(store, args.session)
-    state = AutoModeState.from_json(record.state)
+    state = AutoModeState.of_run(record)
     if not resumable(state):
         raise ConfigError(f"run {record.id} has ended ({state.status.value})")
     if record.log_dir is None:
@@ -427,9 +427,7 @@ async def _target_run(
     live = [
         r
         for r in runs
-        if r.status is RunStatus.RUNNING
-        and AutoModeState.from_json(r.state).status is AutoStatus.RUNNING
-        and owner_alive(AutoModeState.from_json(r.state).owner)
+        if r.status is RunStatus.RUNNING and owner_alive(AutoModeState.of_run(r).owner)
     ]
     if not live:
         raise ConfigError("no auto run is running here; name one with --session RUN_ID")

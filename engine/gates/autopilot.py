@@ -286,12 +286,11 @@ class Autopilot:
         agent = self._factory(task, session_id, started)
         run_id = self._run_ids.get(task.name)
         if run_id is not None:
+            # The session is the run's, recorded before the first turn runs: after a crash
+            # it is resumed, and a later drive of the task opens its run with it.
             await self.runs.update_run(run_id, session_id=session_id)
             # Its turns go through the supervisor: slots, and no new turn once parked.
             agent = self.supervisor.attach(run_id, agent, parks=True)
-        if not started:
-            # Recorded before the first turn runs: after a crash the session is resumed.
-            await self.store.save_session(task.name, self.tool, session_id, True)
         self._agents[task.name] = agent
         return agent
 

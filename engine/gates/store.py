@@ -1,4 +1,4 @@
-"""The gate store: tasks, their history, approvals and agent sessions. SQL lives here only.
+"""The gate store: tasks, their history, approvals; the drives' agent sessions. SQL lives here only.
 
 :class:`GateStore` is what the rest of the gates use; :class:`SqlGateStore` implements it
 over either database (a SQLite file or PostgreSQL, :data:`engine.store.backend.AnyDatabase`)
@@ -446,24 +446,37 @@ class SqlGateStore:
         )
 
     # -- agent sessions ------------------------------------------------------------------
+    # A drive's agent session is its run's: ``runs.session_id`` of the task's newest
+    # autopilot run (a later drive opens its run with it and resumes it); no table of its
+    # own. The session's agent is that of the first run that carried it.
 
     async def get_session(self, name: str) -> SessionRecord | None:
-        row = await self._db.fetchone(
-            "SELECT task, agent, session_id, started FROM gate_sessions WHERE task = ?", (name,)
-        )
-        if row is None:
+        """The agent session of the task's drives; None until one was made, or after it
+        was given up (an empty session id: the next turn starts a new one)."""
+        row = await self._db.fetchone(_SELECT_SESSION, (name,))
+        if row is None or not row[0]:
             return None
-        return SessionRecord(row[0], row[1], row[2], bool(row[3]))
+        return SessionRecord(name, row[1], row[0], True)
 
     async def save_session(self, name: str, agent: str, session_id: str, started: bool) -> None:
-        async with self._db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO gate_sessions (task, agent, session_id, started, updated_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (task) DO UPDATE SET "
-                "agent = excluded.agent, session_id = excluded.session_id, "
-                "started = excluded.started, updated_at = excluded.updated_at",
-                (name, agent, session_id, int(started), self._clock()),
-            )
+        """Give the task's newest run ``session_id``; not ``started``: the session is new,
+        so none is recorded (the drive's next turn starts it and records it)."""
+        del agent  # the run's own (its agent column, set when it opened)
+        await self._db.execute(_SAVE_SESSION, (session_id if started else "", name))
+
+
+# The task's newest autopilot run (``?``: the task) holds its drives' session.
+_SELECT_SESSION: Final = (
+    "SELECT r.session_id, (SELECT f.agent FROM runs f WHERE f.mode = 'autopilot'"
+    " AND f.task = r.task AND f.session_id = r.session_id"
+    " ORDER BY f.created_at, f.id LIMIT 1) AS agent"
+    " FROM runs r WHERE r.id = (SELECT n.id FROM runs n WHERE n.mode = 'autopilot'"
+    " AND n.task = ? ORDER BY n.created_at DESC, n.id DESC LIMIT 1)"
+)
+_SAVE_SESSION: Final = (
+    "UPDATE runs SET session_id = ? WHERE id = (SELECT n.id FROM runs n"
+    " WHERE n.mode = 'autopilot' AND n.task = ? ORDER BY n.created_at DESC, n.id DESC LIMIT 1)"
+)
 
 
 def _change_event(change: Change, reason: str | None) -> tuple[EventKind, dict[str, Any]]:

@@ -41,6 +41,7 @@ __all__ = [
     "TurnState",
     "finish_turn_in",
     "finished_values",
+    "stored_state",
 ]
 
 
@@ -65,6 +66,12 @@ def finished_values(out: TurnOutput, at: float) -> tuple[Any, ...]:
         at,
         *Spend.of_turn(out.metadata).columns(),
     )
+
+
+def stored_state(state: Mapping[str, Any]) -> str:
+    """A run's state as ``runs.state_json`` keeps it: without a status of its own, since
+    ``runs.status`` is the run's one status (an auto run's cursor has one in memory)."""
+    return json.dumps({k: v for k, v in state.items() if k != "status"})
 
 
 #: The spend of each run's finished turns, summed (``{in}``: the run ids' placeholders).
@@ -343,7 +350,7 @@ class SqliteRunStore:
                     chat_id,
                     thread_id,
                     task,
-                    json.dumps(dict(state or {})),
+                    stored_state(state or {}),
                     now,
                     now,
                     parent_id,
@@ -399,7 +406,7 @@ class SqliteRunStore:
         for name, value in fields.items():
             if name == "state":
                 columns.append("state_json = ?")
-                values.append(json.dumps(dict(value)))
+                values.append(stored_state(value))
             else:
                 columns.append(f"{name} = ?")
                 values.append(value.value if isinstance(value, StrEnum) else value)

@@ -131,7 +131,7 @@ async def raise_budget_on_workers(
     record = await run_or_none(SqliteRunStore(db), run_id)
     if placement is None or record is None or placement.spec.mode != "auto":
         raise ConfigError(f"run {run_id} is not an auto run on the workers")
-    state = AutoModeState.from_json(record.state)
+    state = AutoModeState.of_run(record)
     if state.config.get("stopped_by") != STOPPED_BY_BUDGET or not placement.ended:
         raise ConfigError(f"run {run_id} was not stopped by its budget")
     old = Budget.from_config(state.config)
@@ -281,7 +281,7 @@ def _final(run_id: str, record: RunRecord | None, placement: Placement, out: Tex
     if placement.report:  # the worker's, as `turnstile auto` prints a local run's
         print(placement.report, file=out, flush=True)
         return process_exit_code(record.exit_code or 0)
-    state = AutoModeState.from_json(record.state)
+    state = AutoModeState.of_run(record)
     line = f"Auto run {run_id}: {record.status.value}"
     if record.exit_code:
         line += f" (exit {record.exit_code})"
@@ -360,7 +360,7 @@ async def _end_stopped(
     elif record is not None:
         now = time.time()
         state = replace(
-            AutoModeState.from_json(record.state),
+            AutoModeState.of_run(record),
             status=AutoStatus.STOPPED,
             exit_code=STOP_EXIT_CODE,
             message=STOPPED_BY_PERSON,

@@ -203,7 +203,7 @@ class RunFollower:
 
 def _auto_state(record: RunRecord) -> AutoModeState | None:
     """An auto run's state; None for an autopilot drive's run (its task holds its state)."""
-    return AutoModeState.from_json(record.state) if record.mode == RunMode.AUTO else None
+    return AutoModeState.of_run(record) if record.mode == RunMode.AUTO else None
 
 
 async def run_or_none(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
