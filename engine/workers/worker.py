@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
 from engine.workers.autopilot import AUTOPILOT, DriveSteps, wake_parked
 from engine.workers.chat import CHAT_MODE, ChatTurns
+from engine.workers.control import on_signals
 from engine.workers.host import AUTO_MODE, RunHost, sweep
 from engine.workers.queue import (
     SHARED_QUEUE,
@@ -224,17 +224,8 @@ class Worker:
             self._cut_off.set()
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal)
-                installed.append(sig)
-        try:
+        with on_signals(self._on_signal):
             return await self._run()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
 
     async def _run(self) -> int:
         settings = self.settings
