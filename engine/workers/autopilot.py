@@ -59,6 +59,7 @@ from engine.sink import LogSink, TextKind, publish
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
+from engine.workers.follow import run_or_none
 from engine.workers.host import Checkout, Next, PrimedSession, RunHost, stop_watch
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
@@ -409,13 +410,6 @@ def budget_stopped(placement: Placement, record: RunRecord | None) -> bool:
     )
 
 
-async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
-    try:
-        return await runs.get_run(run_id)
-    except NotFoundError:
-        return None
-
-
 async def _locate(store: TaskStore, spec: QueuedRun, worktree: Path) -> TaskRecord:
     """The drive's task, pointed at its folder in this worker's worktree (created here on
     the drive's first step when the workers started it)."""
@@ -482,7 +476,7 @@ class DriveSteps:
         gates = Gates(host.db, host.settings)
         runs = SqliteRunStore(host.db)
         checkout = await host.checkout(run_id, spec.project)
-        first = await _get_run(runs, run_id) is None
+        first = await run_or_none(runs, run_id) is None
         async with checkout.locked():
             if first and spec.base_run is not None:
                 if not await checkout.adopt(run_branch(spec.base_run)):
@@ -582,7 +576,7 @@ async def _end(host: RunHost, placement: Placement, status: PlacementStatus, not
 
 
 async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
-    record = await _get_run(runs, run_id)
+    record = await run_or_none(runs, run_id)
     if record is not None and record.status in (RunStatus.RUNNING, RunStatus.PARKED):
         await runs.update_run(
             run_id, status=RunStatus.STOPPED, exit_code=STOP_EXIT_CODE, finished_at=time.time()

@@ -25,11 +25,12 @@ from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.automode.channel import STOPPED_BY_PERSON
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, AutoStatus
-from engine.errors import NotFoundError, TurnError, TurnPreempted, TurnstileError
+from engine.errors import TurnError, TurnPreempted, TurnstileError
 from engine.runs import AgentEnv, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, SqliteRunStore
 from engine.turn import Ready
+from engine.workers.follow import run_or_none
 from engine.workers.host import Checkout, Next, PrimedSession, RunHost, stop_watch
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
 from engine.workspace.manager import run_branch
@@ -93,10 +94,7 @@ class AutoTurns:
             record = None
             if held is None:
                 checkout = await host.checkout(run_id, placement.spec.project)
-                try:
-                    record = await SqliteRunStore(host.db).get_run(run_id)
-                except NotFoundError:
-                    record = None
+                record = await run_or_none(SqliteRunStore(host.db), run_id)
                 if record is not None and moved:
                     await _adopt(host, checkout, record)
             else:
