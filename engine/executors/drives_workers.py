@@ -44,7 +44,7 @@ from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, EventLog
 from engine.store.runs import SqliteRunStore, TurnState
 from engine.workers.autopilot import budget_stopped
-from engine.workers.control import stop_run_in
+from engine.workers.control import chat_placements, stop_placed
 from engine.workers.drives import gate_requests, queue_drive, wake_drive
 from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted, run_or_none
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
@@ -171,18 +171,7 @@ class WorkersDrives:
         return None
 
     async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
-        """The unfinished drives on the workers started from this chat (and topic)."""
-        found = []
-        for placement in await WorkerStore(self.db).placements():
-            spec = placement.spec
-            if placement.ended or spec.chat_id != chat_id or spec.mode == "auto":
-                continue
-            if spec.parent_run is not None:
-                continue  # a wave's sub-task: stopped with its drive
-            if thread is not None and (spec.thread_id or 0) != thread:
-                continue
-            found.append(placement)
-        return found
+        return await chat_placements(self.db, chat_id, thread, drives=True)
 
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
         if await self.local.stop(key, chat_id=chat_id, by=by):
@@ -201,13 +190,7 @@ class WorkersDrives:
 
     async def _stop(self, placement: Placement) -> bool:
         """Its follower says the drive stopped once its worker has stopped it."""
-        try:
-            done = await stop_run_in(self.settings, self.db, placement.run_id)
-        except ConfigError as exc:  # it ended meanwhile
-            _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": placement.run_id})
-            return False
-        _LOGGER.info("%s", done, extra={"run_id": placement.run_id})
-        return True
+        return await stop_placed(self.settings, self.db, placement.run_id)
 
     # -- start-up and shutdown -----------------------------------------------------------
 

@@ -34,11 +34,12 @@ from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.workers.control import (
+    chat_placements,
     new_spec,
     project_reference,
     raise_budget_on_workers,
     start_on_workers,
-    stop_run_in,
+    stop_placed,
     worker_status,
     workers_project_problem,
 )
@@ -132,16 +133,8 @@ class WorkersAuto:
         return self.local.running_in_chat(chat_id)
 
     async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
-        """The unfinished runs on the workers started from this chat (and topic)."""
-        found = []
-        for placement in await WorkerStore(self.db).placements():
-            spec = placement.spec
-            if placement.ended or spec.chat_id != chat_id or spec.mode != "auto":
-                continue  # (a drive's is the drives' executor's: engine.executors.drives)
-            if thread is not None and (spec.thread_id or 0) != thread:
-                continue
-            found.append(placement)
-        return found
+        # (A drive's is the drives' executor's: engine.executors.drives.)
+        return await chat_placements(self.db, chat_id, thread, drives=False)
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -190,12 +183,8 @@ class WorkersAuto:
 
     async def _stop(self, placement: Placement) -> bool:
         run_id = placement.run_id
-        try:
-            done = await stop_run_in(self.settings, self.db, run_id)
-        except ConfigError as exc:  # it ended meanwhile
-            _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": run_id})
+        if not await stop_placed(self.settings, self.db, run_id):
             return False
-        _LOGGER.info("%s", done, extra={"run_id": run_id})
         where = f" on worker {placement.worker}" if placement.worker else ""
         # Said at once; written again when the follower sees the run end (the same message).
         await self.notices.notice(

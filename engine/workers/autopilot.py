@@ -37,12 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
@@ -60,16 +59,16 @@ from engine.sink import LogSink, TextKind, publish
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
+from engine.workers.follow import run_or_none
+from engine.workers.host import Checkout, Next, PrimedSession, RunHost, stop_watch
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workspace.manager import WorkspaceManager, run_branch
-from engine.workspace.store import SqliteWorkspaceStore
+from engine.workspace.manager import run_branch
 
 if TYPE_CHECKING:
     import procrastinate
 
     from engine.settings import Settings
-    from engine.store.postgres import PostgresDatabase
 
 __all__ = [
     "AUTOPILOT",
@@ -77,12 +76,11 @@ __all__ = [
     "EXIT_HUMAN",
     "EXIT_PARKED",
     "TASKS_DIR",
-    "StepRunner",
+    "DriveSteps",
     "budget_stopped",
     "drive_ready",
     "drive_spend",
     "drives_by_task",
-    "run_step",
     "wake_parked",
     "wake_parked_drive",
 ]
@@ -90,29 +88,10 @@ __all__ = [
 _LOGGER = logging.getLogger(__name__)
 
 
-class StepRunner(Protocol):
-    """What a drive's step needs of the worker running it (its :class:`TurnRunner`)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def db(self) -> PostgresDatabase: ...
-    @property
-    def app(self) -> procrastinate.App: ...
-    @property
-    def env(self) -> Mapping[str, str]: ...
-    @property
-    def queue(self) -> str: ...
-
-
 AUTOPILOT: Final = "autopilot"
 #: Where a task created on the workers keeps its folder, inside the drive's worktree.
 TASKS_DIR: Final = Path(".turnstile") / "tasks"
-_STOP_POLL: Final = 0.25
 _MERGED: Final = "wave_merged"
-_IDENTITY: Final = ("-c", "user.name=turnstile", "-c", "user.email=turnstile@localhost")
 
 EXIT_PARKED: Final = 3
 EXIT_HUMAN: Final = 4
@@ -134,8 +113,7 @@ class _StepPilot(Autopilot):
         placement: Placement,
         app: procrastinate.App,
         workers: WorkerStore,
-        workdir: Path,
-        remote: str,
+        checkout: Checkout,
         env: Mapping[str, str],
         primer: str | None = None,
     ) -> None:
@@ -157,8 +135,7 @@ class _StepPilot(Autopilot):
         self.spends = SqliteRunStore(store.db)
         self.app = app
         self.workers = workers
-        self.workdir = workdir
-        self.remote = remote
+        self.checkout = checkout
         self.env = env
         self.stepped = False
         self.waiting_for: list[str] = []
@@ -176,7 +153,7 @@ class _StepPilot(Autopilot):
         )
         if self.primer is None:
             return agent
-        return _Primed(agent, self.primer)
+        return PrimedSession(agent, self.primer)
 
     def run_id(self, name: str) -> str:
         return self.placement.run_id if name == self.placement.spec.task else super().run_id(name)
@@ -364,55 +341,21 @@ class _StepPilot(Autopilot):
     async def _merge_wave(
         self, task: TaskRecord, members: list[TaskRecord], drives: Mapping[str, Placement]
     ) -> dict[str, str]:
-        git = GitRunner()
-        identity = await _identity(git, self.workdir)
         problems: dict[str, str] = {}
+        checkout = self.checkout
         for sub in members:
             if sub.phase != COMPLETE or sub.name not in drives:
                 continue
-            branch = run_branch_of(drives[sub.name].run_id)
-            fetched = await git.run(
-                ["fetch", "--no-tags", self.remote, f"refs/heads/{branch}"],
-                cwd=self.workdir,
-                check=False,
+            branch = run_branch(drives[sub.name].run_id)
+            problem = await checkout.manager.merge_pushed(
+                checkout.path,
+                checkout.remote,
+                branch,
+                message=f"Merge sub-task {sub.name} ({branch})",
             )
-            if fetched.exit_code != 0:
-                problems[sub.name] = f"its branch {branch} could not be fetched"
-                continue
-            merged = await git.run(
-                [
-                    *identity,
-                    "merge",
-                    "--no-ff",
-                    "--no-edit",
-                    "-m",
-                    f"Merge sub-task {sub.name} ({branch})",
-                    "FETCH_HEAD",
-                ],
-                cwd=self.workdir,
-                check=False,
-            )
-            if merged.exit_code != 0:
-                await git.run(["merge", "--abort"], cwd=self.workdir, check=False)
-                problems[sub.name] = f"merging {branch} conflicted"
+            if problem is not None:
+                problems[sub.name] = problem
         return problems
-
-
-class _Primed:
-    """The first prompt of a new session starts with where the drive stands, in plain
-    words (the earlier conversation was on a lost worker's disk)."""
-
-    def __init__(self, agent: AgentSession, primer: str) -> None:
-        self.agent = agent
-        self._primer: str | None = primer
-
-    @property
-    def session_id(self) -> str:
-        return self.agent.session_id
-
-    async def run_turn(self, prompt: str) -> TurnOutput:
-        primer, self._primer = self._primer, None
-        return await self.agent.run_turn(primer + prompt if primer else prompt)
 
 
 def moved_primer(task: TaskRecord, run_id: str, worker: str) -> str:
@@ -421,7 +364,7 @@ def moved_primer(task: TaskRecord, run_id: str, worker: str) -> str:
         "Note before this turn: this drive moved to another machine (worker "
         f"{worker}) because the one it ran on stopped answering. Your earlier conversation "
         "was kept on that machine and is gone, so this is a new session. The working tree "
-        f"is the branch {run_branch_of(run_id)} as it was pushed after the last finished "
+        f"is the branch {run_branch(run_id)} as it was pushed after the last finished "
         "step; anything not committed by then is not in it, and the task's earlier "
         f"artifacts are in {task.folder}. Task {task.name} is at {task.label}"
         + (f"; its summary: {task.summary}" if task.summary else "")
@@ -436,18 +379,6 @@ async def _interrupt_cut_off(runs: SqliteRunStore, run_id: str) -> None:
             await runs.fail_turn(
                 turn.id, TurnState.INTERRUPTED, "the worker running it stopped answering"
             )
-
-
-def run_branch_of(run_id: str) -> str:
-    return run_branch(run_id)
-
-
-async def _identity(git: GitRunner, cwd: Path) -> tuple[str, ...]:
-    """``-c user.*`` for the commits turnstile makes itself, where git has no identity."""
-    if os.environ.get("GIT_COMMITTER_EMAIL") and os.environ.get("GIT_AUTHOR_EMAIL"):
-        return ()
-    found = await git.run(["config", "--get", "user.email"], cwd=cwd, check=False)
-    return () if found.exit_code == 0 else _IDENTITY
 
 
 async def drives_by_task(workers: WorkerStore) -> dict[str, Placement]:
@@ -477,13 +408,6 @@ def budget_stopped(placement: Placement, record: RunRecord | None) -> bool:
         and record is not None
         and record.status is RunStatus.STOPPED
     )
-
-
-async def _get_run(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
-    try:
-        return await runs.get_run(run_id)
-    except NotFoundError:
-        return None
 
 
 async def _locate(store: TaskStore, spec: QueuedRun, worktree: Path) -> TaskRecord:
@@ -516,141 +440,107 @@ async def _locate(store: TaskStore, spec: QueuedRun, worktree: Path) -> TaskReco
     return task
 
 
-async def _fetch_reset(git: GitRunner, cwd: Path, remote: str, branch: str) -> bool:
-    fetched = await git.run(
-        ["fetch", "--no-tags", remote, f"refs/heads/{branch}"], cwd=cwd, check=False
-    )
-    if fetched.exit_code != 0:
-        return False
-    await git.run(["reset", "--hard", "FETCH_HEAD"], cwd=cwd)
-    return True
-
-
-async def _commit_and_push(
-    git: GitRunner, worktree: Path, task: TaskRecord, remote: str, branch: str
-) -> None:
-    """Commit the task's folder (its artifacts and ``.state``) and push the run branch:
-    never forced, no other branch."""
-    if task.folder.is_relative_to(worktree):
-        rel = str(task.folder.relative_to(worktree))
-        await git.run(["add", "-A", "--", rel], cwd=worktree)
-        staged = await git.run(["diff", "--cached", "--quiet"], cwd=worktree, check=False)
-        if staged.exit_code != 0:
-            identity = await _identity(git, worktree)
-            await git.run(
-                [
-                    *identity,
-                    "commit",
-                    "--no-verify",
-                    "-q",
-                    "-m",
-                    f"turnstile: {task.name} at {task.label}",
-                ],
-                cwd=worktree,
-            )
-    await git.run(["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=worktree)
-
-
-async def _watch_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(Exception):
-            if await workers.stop_requested(run_id):
-                stop.set()
-                return
-        await asyncio.sleep(_STOP_POLL)
-
-
-async def run_step(
-    runner: StepRunner, placement: Placement, *, moved: bool, stop: asyncio.Event
-) -> bool:
-    """One step of the drive ``placement``; whether its next step is to be queued here."""
-    spec = placement.spec
-    run_id = placement.run_id
-    workers = WorkerStore(runner.db)
-    if spec.task is None:
-        raise ConfigError(f"run {run_id} is an autopilot drive without a task")
-    if stop.is_set():
-        await _end(runner, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
-        return False
-    from engine.gates.service import Gates
-
-    settings = runner.settings
-    gates = Gates(runner.db, settings)
-    manager = WorkspaceManager.from_settings(settings, store=SqliteWorkspaceStore(runner.db))
-    project = manager.project_for(spec.project)
-    remote = settings.runs_remote or project.url
-    runs = SqliteRunStore(runner.db)
-    first = await _get_run(runs, run_id) is None
+async def _commit(checkout: Checkout, task: TaskRecord) -> None:
+    """Commit the task's folder (its artifacts and ``.state``) on the run branch."""
+    worktree = checkout.path
+    if not task.folder.is_relative_to(worktree):
+        return
     git = GitRunner()
-    workspace = await manager.provision(run_id, project)
-    worktree = Path(workspace.path)
-    async with manager.lock(workspace):
-        if first and spec.base_run is not None:
-            if not await _fetch_reset(git, worktree, remote, run_branch_of(spec.base_run)):
-                raise ConfigError(f"the branch of run {spec.base_run} could not be fetched")
-        elif moved:
-            await _fetch_reset(git, worktree, remote, run_branch_of(run_id))
-            # The agent's conversation was on the lost worker's disk: a new session.
-            await gates.store.save_session(spec.task, spec.tool, str(uuid.uuid4()), False)
-            await _interrupt_cut_off(runs, run_id)
-        task = await _locate(gates.store, spec, worktree)
-        primer = moved_primer(task, run_id, runner.name) if moved else None
-        pilot = _StepPilot(
-            gates.store,
-            settings,
-            placement=placement,
-            app=runner.app,
-            workers=workers,
-            workdir=worktree,
-            remote=remote,
-            env=runner.env,
-            primer=primer,
-        )
-        await pilot.count_from_store()
-        outcome, stopped = await _drive_one(pilot, spec.task, run_id, workers, stop, first)
-        task = await gates.store.get(spec.task)
-        await _commit_and_push(git, worktree, task, remote, run_branch_of(run_id))
-    if stopped:
-        await _end(runner, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
-        return False
-    if outcome is DriveOutcome.STOPPED_BY_BUDGET:
-        assert pilot.budget is not None
-        # (Its run is recorded stopped: see budget_stopped.)
-        await _end(runner, placement, PlacementStatus.FINISHED, pilot.budget.stopped_text())
-        return False
-    if pilot.stepped:
-        await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
-        return True
-    if outcome is DriveOutcome.PARKED:
-        note = (
-            f"waiting for its sub-tasks: {', '.join(pilot.waiting_for)}"
-            if pilot.waiting_for
-            else f"waiting for approval at {task.label}"
-        )
-        await workers.set_placement(run_id, status=PlacementStatus.PARKED, note=note)
-        if pilot.waiting_for:
-            # A sub-task that ended while this step ran found the drive not parked yet
-            # and woke nobody: look again now that it is.
-            parked = await workers.placement(run_id)
-            if parked is not None and await drive_ready(gates.store, workers, parked):
-                await wake_parked_drive(runner.app, workers, run_id)
-        return False
-    note = "complete" if outcome is DriveOutcome.COMPLETE else f"needs a person at {task.label}"
-    await _end(runner, placement, PlacementStatus.FINISHED, note)
-    return False
+    await git.run(["add", "-A", "--", str(task.folder.relative_to(worktree))], cwd=worktree)
+    staged = await git.run(["diff", "--cached", "--quiet"], cwd=worktree, check=False)
+    if staged.exit_code != 0:
+        identity = await checkout.manager.identity_args(worktree)
+        message = f"turnstile: {task.name} at {task.label}"
+        await git.run([*identity, "commit", "--no-verify", "-q", "-m", message], cwd=worktree)
+
+
+class DriveSteps:
+    """One phase step of an autopilot drive a step (a phase's agent turn and its checks,
+    or passing an approved gate); a drive at its gate or waiting for its wave parks."""
+
+    after_outage: Final = Next.CONTINUE
+
+    async def step(
+        self, host: RunHost, placement: Placement, *, moved: bool, stop: asyncio.Event
+    ) -> Next:
+        spec = placement.spec
+        run_id = placement.run_id
+        workers = WorkerStore(host.db)
+        if spec.task is None:
+            raise ConfigError(f"run {run_id} is an autopilot drive without a task")
+        if stop.is_set():
+            await _end(host, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+            return Next.DONE
+        from engine.gates.service import Gates
+
+        gates = Gates(host.db, host.settings)
+        runs = SqliteRunStore(host.db)
+        checkout = await host.checkout(run_id, spec.project)
+        first = await run_or_none(runs, run_id) is None
+        async with checkout.locked():
+            if first and spec.base_run is not None:
+                if not await checkout.adopt(run_branch(spec.base_run)):
+                    raise ConfigError(f"the branch of run {spec.base_run} could not be fetched")
+            elif moved:
+                await checkout.adopt()
+                # The agent's conversation was on the lost worker's disk: a new session.
+                await gates.store.save_session(spec.task, spec.tool, str(uuid.uuid4()), False)
+                await _interrupt_cut_off(runs, run_id)
+            task = await _locate(gates.store, spec, checkout.path)
+            pilot = _StepPilot(
+                gates.store,
+                host.settings,
+                placement=placement,
+                app=host.app,
+                workers=workers,
+                checkout=checkout,
+                env=host.env,
+                primer=moved_primer(task, run_id, host.name) if moved else None,
+            )
+            await pilot.count_from_store()
+            async with stop_watch(host.db, run_id, stop):
+                outcome, stopped = await _drive_one(pilot, spec.task, run_id, stop, first)
+            task = await gates.store.get(spec.task)
+            await _commit(checkout, task)
+            await checkout.push()
+        if stopped:
+            await _end(host, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+            return Next.DONE
+        if outcome is DriveOutcome.STOPPED_BY_BUDGET:
+            assert pilot.budget is not None
+            # (Its run is recorded stopped: see budget_stopped.)
+            await _end(host, placement, PlacementStatus.FINISHED, pilot.budget.stopped_text())
+            return Next.DONE
+        if pilot.stepped:
+            return Next.CONTINUE
+        if outcome is DriveOutcome.PARKED:
+            note = (
+                f"waiting for its sub-tasks: {', '.join(pilot.waiting_for)}"
+                if pilot.waiting_for
+                else f"waiting for approval at {task.label}"
+            )
+            await workers.set_placement(run_id, status=PlacementStatus.PARKED, note=note)
+            if pilot.waiting_for:
+                # A sub-task that ended while this step ran found the drive not parked yet
+                # and woke nobody: look again now that it is.
+                parked = await workers.placement(run_id)
+                if parked is not None and await drive_ready(gates.store, workers, parked):
+                    await wake_parked_drive(host.app, workers, run_id)
+            return Next.PARK
+        note = "complete" if outcome is DriveOutcome.COMPLETE else f"needs a person at {task.label}"
+        await _end(host, placement, PlacementStatus.FINISHED, note)
+        return Next.DONE
 
 
 async def _drive_one(
     pilot: _StepPilot,
     name: str,
     run_id: str,
-    workers: WorkerStore,
     stop: asyncio.Event,
     first: bool,
 ) -> tuple[DriveOutcome | None, bool]:
     """Run one step; (its outcome, whether a person stopped it)."""
     drive = asyncio.create_task(pilot.drive(name, audit_at_start=first), name=f"step-{run_id}")
-    watch = asyncio.create_task(_watch_stop(workers, run_id, stop), name=f"stop-{run_id}")
     stopped = asyncio.create_task(stop.wait(), name=f"stopped-{run_id}")
     try:
         await asyncio.wait({drive, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -669,29 +559,24 @@ async def _drive_one(
             await asyncio.shield(drive)
         raise
     finally:
-        for task in (watch, stopped):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        stopped.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopped
 
 
-async def _end(
-    runner: StepRunner, placement: Placement, status: PlacementStatus, note: str
-) -> None:
+async def _end(host: RunHost, placement: Placement, status: PlacementStatus, note: str) -> None:
     """The drive has ended here; a wave's sub-task wakes its parent's drive."""
-    workers = WorkerStore(runner.db)
     run_id = placement.run_id
     if status is PlacementStatus.STOPPED:
-        await _record_stopped(SqliteRunStore(runner.db), run_id)
-    await workers.set_placement(run_id, status=status, note=note)
-    await workers.clear_stop(run_id)
+        await _record_stopped(SqliteRunStore(host.db), run_id)
+    await host.end(run_id, status, note)
     parent = placement.spec.parent_run
     if parent is not None:
-        await wake_parked_drive(runner.app, workers, parent)
+        await wake_parked_drive(host.app, WorkerStore(host.db), parent)
 
 
 async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
-    record = await _get_run(runs, run_id)
+    record = await run_or_none(runs, run_id)
     if record is not None and record.status in (RunStatus.RUNNING, RunStatus.PARKED):
         await runs.update_run(
             run_id, status=RunStatus.STOPPED, exit_code=STOP_EXIT_CODE, finished_at=time.time()
@@ -729,7 +614,7 @@ async def drive_ready(store: TaskStore, workers: WorkerStore, placement: Placeme
     )
 
 
-async def wake_parked(runner: StepRunner) -> int:
+async def wake_parked(runner: RunHost) -> int:
     """Queue the next step of each drive parked here that can go on; how many."""
     workers = WorkerStore(runner.db)
     parked = [

@@ -4,9 +4,9 @@ With ``TURNSTILE_EXECUTION=workers`` the bot's chat loop does not spawn the agen
 session is a :class:`WorkerChatSession`: each turn writes the message to
 ``worker_chat_turns``, queues "run one turn of run R" (the job's input stays the run id)
 and waits for the row to end; the reply is then posted by the bot exactly as a local
-turn's. The worker side is :func:`run_chat_turn`: the chat's worktree (the project
-checked out under the session's key, so every run of one chat session shares it) and
-its agent session, resumed turn after turn on the worker that ran the last one.
+turn's. The worker side is :class:`ChatTurns`, the chat mode's step driver: the chat's worktree
+(the project checked out under the session's key, so every run of one chat session shares
+it) and its agent session, resumed turn after turn on the worker that ran the last one.
 
 A turn cut off by a dead worker is reported, never re-run (:class:`~engine.errors.TurnCutOff`);
 the next message goes to another worker, in a new agent session told so in plain words
@@ -28,9 +28,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from engine.approvals.policy import ApprovalPolicy
@@ -44,13 +43,12 @@ from engine.errors import (
     TurnPreempted,
     TurnstileError,
 )
-from engine.git import GitRunner
 from engine.process import PreemptHandle
 from engine.redact import Redactor
 from engine.runs.stop import until_stopped
 from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import SqliteRunStore
-from engine.turn import TurnOutput
+from engine.turn import AgentSession, TurnOutput
 from engine.workers.chatfiles import (
     SENT_FILES,
     collect_sends,
@@ -58,6 +56,7 @@ from engine.workers.chatfiles import (
     write_uploads,
 )
 from engine.workers.chatturns import (
+    CHAT_MODE,
     ChatTurn,
     ChatTurnStatus,
     ChatTurnStore,
@@ -65,8 +64,8 @@ from engine.workers.chatturns import (
     output_from_json,
     output_to_json,
 )
-from engine.workers.store import PlacementStatus, QueuedRun, WorkerStatus, WorkerStore
-from engine.workspace.manager import BRANCH_PREFIX, WorkspaceManager
+from engine.workers.host import Next, PrimedSession, RunHost, stop_watch
+from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -76,18 +75,16 @@ __all__ = [
     "ChatTurn",
     "ChatTurnStatus",
     "ChatTurnStore",
+    "ChatTurns",
     "WorkerChatSession",
     "chat_session_key",
     "moved_chat_primer",
-    "run_chat_turn",
 ]
 
 _LOGGER = logging.getLogger(__name__)
 
-CHAT_MODE: Final = "chat"
 _POLL: Final = 0.25
 _CHECK_WORKERS: Final = 1.0
-_STOP_POLL: Final = 0.25
 # How long a stopped turn may take to say so, past the agent's grace.
 _STOP_MARGIN: Final = 20.0
 _PRIMER_TURNS: Final = 3
@@ -116,18 +113,23 @@ def moved_chat_primer(worker: str, branch: str, earlier: list[ChatTurn], gone: s
 # -- the worker's side -------------------------------------------------------------------
 
 
-async def run_chat_turn(
-    *,
-    worker: str,
-    settings: Settings,
-    db: AnyDatabase,
-    manager: WorkspaceManager,
-    spec: QueuedRun,
-    stop: asyncio.Event,
-    env: Mapping[str, str],
-) -> None:
+class ChatTurns:
+    """One queued message of a chat run a step; the run then waits for the next one (the
+    bot queues each message)."""
+
+    after_outage: Final = Next.PARK  # (a chat turn reports itself)
+
+    async def step(
+        self, host: RunHost, placement: Placement, *, moved: bool, stop: asyncio.Event
+    ) -> Next:
+        await _chat_turn(host, placement.spec, stop)
+        return Next.PARK
+
+
+async def _chat_turn(host: RunHost, spec: QueuedRun, stop: asyncio.Event) -> None:
     """Run the run's queued chat turn here and record how it ended (never raises for the
     turn itself: whatever happened is the row's status, read by the bot)."""
+    worker, settings, db = host.name, host.settings, host.db
     turns = ChatTurnStore(db)
     turn = await turns.next_queued(spec.run_id)
     if turn is None:
@@ -136,7 +138,7 @@ async def run_chat_turn(
         return
     try:
         with _approvals(settings, spec) as approval:
-            await _run(worker, settings, db, manager, spec, turn, stop, env, approval)
+            await _run(host, spec, turn, stop, approval)
     except asyncio.CancelledError:
         # The worker is going down with the turn in flight: reported like a lost worker.
         await asyncio.shield(
@@ -178,18 +180,15 @@ async def run_chat_turn(
 
 
 async def _run(
-    worker: str,
-    settings: Settings,
-    db: AnyDatabase,
-    manager: WorkspaceManager,
+    host: RunHost,
     spec: QueuedRun,
     turn: ChatTurn,
     stop: asyncio.Event,
-    env: Mapping[str, str],
     approval: ApprovalRoute | None = None,
 ) -> None:
     from engine.agents.factory import create_agent, probe_turn_mode
 
+    worker, settings, db = host.name, host.settings, host.db
     turns = ChatTurnStore(db)
     workers = WorkerStore(db)
     if stop.is_set() or await workers.stop_requested(spec.run_id):
@@ -198,11 +197,9 @@ async def _run(
         )
         await workers.clear_stop(spec.run_id)
         return
-    project = manager.project_for(spec.project)
-    workspace = await manager.provision(turn.session_key, project)
-    branch = f"{BRANCH_PREFIX}{turn.session_key}"
-    remote = settings.runs_remote or project.url
-    async with manager.lock(workspace):
+    checkout = await host.checkout(turn.session_key, spec.project)
+    workspace = checkout.workspace
+    async with checkout.locked():
         earlier = await turns.history(turn.session_key, before=turn.created_at)
         earlier = [t for t in earlier if (t.run_id, t.seq) != (turn.run_id, turn.seq)]
         last = earlier[0] if earlier else None
@@ -217,9 +214,9 @@ async def _run(
         else:
             # The session's conversation is on another machine's disk (or the bot's).
             session, resume, finished = str(uuid.uuid4()), False, False
-            await _adopt(workspace.path, remote, branch)
+            await checkout.adopt()
             primer = moved_chat_primer(
-                worker, branch, earlier, last.worker if last is not None else None
+                worker, checkout.branch, earlier, last.worker if last is not None else None
             )
         if not await turns.start(turn, worker, session):
             return  # stopped while it waited
@@ -228,63 +225,60 @@ async def _run(
         if turn.model is not None:
             run_settings = settings.model_copy(update={"agent_model": turn.model})
         await probe_turn_mode(spec.tool, run_settings)  # asked off the event loop
-        agent = create_agent(
+        agent: AgentSession = create_agent(
             spec.tool,
             run_settings,
             cwd=workspace.path,
             session_id=session,
             agent_cmd=spec.agent_cmd,
             passthrough=spec.passthrough,
-            extra_env=env,
+            extra_env=host.env,
             resume=resume,
             turns_finished=finished,
             approval=approval,
         )
-        poller = asyncio.create_task(_poll_stop(workers, spec.run_id, stop), name="chat-stop-poll")
+        if primer is not None:
+            agent = PrimedSession(agent, primer)
         status, output, error = ChatTurnStatus.DONE, None, None
-        try:
-            prompt = turn.prompt
-            if turn.uploads:
-                # The files sent with the message, where a local chat puts them.
-                prompt = await write_uploads(
+        async with stop_watch(db, spec.run_id, stop):
+            try:
+                prompt = turn.prompt
+                if turn.uploads:
+                    # The files sent with the message, where a local chat puts them.
+                    prompt = await write_uploads(
+                        db,
+                        workspace.path,
+                        turn.session_key,
+                        turn.uploads,
+                        prompt,
+                        settings.uploads_dir,
+                    )
+                out = await until_stopped(
+                    agent.run_turn(prompt), stop, what="the turn", session_id=session
+                )
+                # The files the answer hands back (TURNSTILE-SEND lines), stored for the bot.
+                sent = await collect_sends(
                     db,
                     workspace.path,
-                    turn.session_key,
-                    turn.uploads,
-                    prompt,
-                    settings.uploads_dir,
+                    out.text,
+                    max_bytes=settings.send_max_bytes,
+                    redact=Redactor(settings.secret_values()),
                 )
-            out = await until_stopped(
-                agent.run_turn(primer + prompt if primer else prompt),
-                stop,
-                what="the turn",
-                session_id=session,
-            )
-            # The files the answer hands back (TURNSTILE-SEND lines), stored for the bot.
-            sent = await collect_sends(
-                db,
-                workspace.path,
-                out.text,
-                max_bytes=settings.send_max_bytes,
-                redact=Redactor(settings.secret_values()),
-            )
-            if sent:
-                out = replace(
-                    out, metadata={**out.metadata, SENT_FILES: [f.to_json() for f in sent]}
-                )
-            output = output_to_json(out)
-        except TurnPreempted as exc:
-            status, error = ChatTurnStatus.STOPPED, str(exc)
-        except TurnError as exc:
-            status, error = ChatTurnStatus.FAILED, str(exc)[:500]
-        except (FileRefusedError, OSError) as exc:
-            status, error = ChatTurnStatus.FAILED, f"the files sent could not be written: {exc}"
-        finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+                if sent:
+                    out = replace(
+                        out, metadata={**out.metadata, SENT_FILES: [f.to_json() for f in sent]}
+                    )
+                output = output_to_json(out)
+            except TurnPreempted as exc:
+                status, error = ChatTurnStatus.STOPPED, str(exc)
+            except TurnError as exc:
+                status, error = ChatTurnStatus.FAILED, str(exc)[:500]
+            except (FileRefusedError, OSError) as exc:
+                status, error = ChatTurnStatus.FAILED, f"the files sent could not be written: {exc}"
         # Pushed before the reply is recorded: the next worker finds what this turn did.
-        await _push(workspace.path, remote, branch)
+        # A refused push is logged: the reply still goes out (the next worker then starts
+        # from the last push).
+        await checkout.push(required=False)
     await turns.finish(turn.run_id, turn.seq, status, output_json=output, error=error)
     if status is ChatTurnStatus.STOPPED:
         await workers.clear_stop(spec.run_id)
@@ -308,37 +302,6 @@ def _approvals(settings: Settings, spec: QueuedRun) -> Iterator[ApprovalRoute | 
         policy=policy,
         starter=spec.approval_starter,
     )
-
-
-async def _poll_stop(workers: WorkerStore, run_id: str, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            if await workers.stop_requested(run_id):
-                stop.set()
-                return
-        except TurnstileError as exc:  # the database may be away a moment
-            _LOGGER.warning("cannot read stop requests: %s", exc)
-        await asyncio.sleep(_STOP_POLL)
-
-
-async def _adopt(path: Path, remote: str, branch: str) -> None:
-    """The worktree at the session's pushed branch (none pushed: the project's start)."""
-    git = GitRunner()
-    fetched = await git.run(
-        ["fetch", "--no-tags", remote, f"refs/heads/{branch}"], cwd=path, check=False
-    )
-    if fetched.exit_code == 0:
-        await git.run(["reset", "--hard", "FETCH_HEAD"], cwd=path)
-
-
-async def _push(path: Path, remote: str, branch: str) -> None:
-    """Push the session's branch (never forced, no other branch); a failure is logged, the
-    turn's reply still goes out (the next worker then starts from the last push)."""
-    done = await GitRunner().run(
-        ["push", "--no-verify", remote, f"HEAD:refs/heads/{branch}"], cwd=path, check=False
-    )
-    if done.exit_code != 0:
-        _LOGGER.warning("could not push %s: %s", branch, done.stderr.strip()[:300])
 
 
 # -- the control plane's side --------------------------------------------------------------
@@ -507,26 +470,14 @@ class WorkerChatSession:
                 raise TurnError(turn.error or "the turn failed on its worker")
 
     async def _sweep(self) -> None:
-        """The running turn's worker went silent: end the turn interrupted and free the run,
-        as every live worker's sweep does (there may be none left to do it)."""
-        from engine.workers.queue import make_app, move_to_shared, require_postgres
+        """The running turn's worker went silent: the sweep every live worker makes ends
+        the turn interrupted and frees the run (there may be no live worker to make it)."""
+        from engine.workers.host import sweep
+        from engine.workers.queue import make_app, require_postgres
 
-        workers = WorkerStore(self.db)
-        await workers.declare_lost(self.settings.worker_timeout)
-        placement = await workers.placement(self.run_id)
-        holder = placement.worker if placement is not None else None
-        gone = {w.name for w in await workers.workers() if w.status is not WorkerStatus.ALIVE}
-        if holder is None or holder not in gone or not await workers.release(self.run_id, holder):
-            return
-        await ChatTurnStore(self.db).interrupt(self.run_id, holder)
         app = make_app(require_postgres(self.settings.database), pool_size=2)
         async with app.open_async():
-            await move_to_shared(app, self.run_id, self.spec.tool)
-        await workers.set_placement(
-            self.run_id,
-            status=PlacementStatus.WAITING,
-            note=f"worker {holder} is gone; waiting for another worker",
-        )
+            await sweep(self.db, app, silent_after=self.settings.worker_timeout)
 
     async def _stop(self, seq: int) -> None:
         """Stop the turn on its worker (the stop flag and an abort, as ``turnstile stop``

@@ -17,6 +17,7 @@ from engine.store.backend import AnyDatabase
 from engine.turn import TurnOutput
 
 __all__ = [
+    "CHAT_MODE",
     "ChatTurn",
     "ChatTurnStatus",
     "ChatTurnStore",
@@ -24,6 +25,9 @@ __all__ = [
     "output_from_json",
     "output_to_json",
 ]
+
+#: The mode of a chat session's runs on the workers.
+CHAT_MODE: Final = "chat"
 
 
 def chat_session_key(session_id: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import logging
 import signal
 import socket
 import time
@@ -48,11 +49,14 @@ if TYPE_CHECKING:
 __all__ = [
     "NO_PROJECT_ON_WORKERS",
     "Resubmitted",
+    "chat_placements",
     "follow_run",
+    "on_signals",
     "project_reference",
     "raise_budget_on_workers",
     "start_on_workers",
     "stop_on_signals",
+    "stop_placed",
     "stop_run",
     "stop_run_in",
     "stop_when_asked",
@@ -60,6 +64,7 @@ __all__ = [
     "workers_project_problem",
 ]
 
+_LOGGER = logging.getLogger(__name__)
 _POLL: Final = 0.25
 
 
@@ -194,21 +199,59 @@ async def worker_status(
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[asyncio.Event]:
-    """An event set by Ctrl-C or SIGTERM while the block runs (a terminal following a run
-    on the workers stops it then); the loop's handlers are put back after."""
-    stop = asyncio.Event()
+def on_signals(handler: Callable[[], object]) -> Iterator[None]:
+    """``handler`` runs on Ctrl-C or SIGTERM while the block runs; the loop's handlers are
+    put back after."""
     loop = asyncio.get_running_loop()
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, handler)
             installed.append(sig)
     try:
-        yield stop
+        yield
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by Ctrl-C or SIGTERM while the block runs (a terminal following a run
+    on the workers stops it then)."""
+    stop = asyncio.Event()
+    with on_signals(stop.set):
+        yield stop
+
+
+async def chat_placements(
+    db: AnyDatabase, chat_id: int, thread: int | None = None, *, drives: bool
+) -> list[Placement]:
+    """The unfinished runs on the workers started from this chat (and topic): its auto
+    runs, or (``drives``) its autopilot drives, a wave's sub-tasks left out (they are
+    stopped with their drive)."""
+    found = []
+    for placement in await WorkerStore(db).placements():
+        spec = placement.spec
+        if placement.ended or spec.chat_id != chat_id or (spec.mode != "auto") != drives:
+            continue
+        if drives and spec.parent_run is not None:
+            continue
+        if thread is not None and (spec.thread_id or 0) != thread:
+            continue
+        found.append(placement)
+    return found
+
+
+async def stop_placed(settings: Settings, db: AnyDatabase, run_id: str) -> bool:
+    """:func:`stop_run_in` for a run a chat lists; False when it had ended meanwhile."""
+    try:
+        done = await stop_run_in(settings, db, run_id)
+    except ConfigError as exc:  # it ended meanwhile
+        _LOGGER.info("nothing to stop: %s", exc, extra={"run_id": run_id})
+        return False
+    _LOGGER.info("%s", done, extra={"run_id": run_id})
+    return True
 
 
 async def follow_run(

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -39,21 +38,21 @@ from engine.agents.registry import installed_agents
 from engine.errors import ConfigError, TurnstileError
 from engine.store.backend import open_database
 from engine.store.runs import SqliteRunStore, TurnState
-from engine.workers.autopilot import AUTOPILOT, run_step, wake_parked
-from engine.workers.chat import CHAT_MODE
-from engine.workers.chatturns import ChatTurnStore
+from engine.workers.autopilot import AUTOPILOT, DriveSteps, wake_parked
+from engine.workers.chat import CHAT_MODE, ChatTurns
+from engine.workers.control import on_signals
+from engine.workers.host import AUTO_MODE, RunHost, sweep
 from engine.workers.queue import (
     SHARED_QUEUE,
     TASK_NAME,
     agent_queue,
     ensure_queue_schema,
     make_app,
-    move_to_shared,
     require_postgres,
     worker_queue,
 )
 from engine.workers.store import PlacementStatus, WorkerStatus, WorkerStore
-from engine.workers.turn import TurnRunner
+from engine.workers.turn import AutoTurns
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -78,7 +77,7 @@ def default_worker_name() -> str:
 
 
 async def _run_turn_job(context: JobContext, run_id: str) -> None:
-    runner: TurnRunner = context.additional_context[_CONTEXT_KEY]
+    runner: RunHost = context.additional_context[_CONTEXT_KEY]
     await runner.job(
         run_id,
         queue=context.job.queue,
@@ -88,38 +87,6 @@ async def _run_turn_job(context: JobContext, run_id: str) -> None:
 
 def register_task(app: procrastinate.App) -> None:
     app.task(name=TASK_NAME, pass_context=True)(_run_turn_job)
-
-
-async def sweep(db: PostgresDatabase, app: procrastinate.App, *, silent_after: float) -> list[str]:
-    """Declare silent workers lost and move the runs of every gone worker; the runs moved."""
-    store = WorkerStore(db)
-    for name in await store.declare_lost(silent_after):
-        _LOGGER.warning("worker %s stopped answering; its runs move to other workers", name)
-    moved: list[str] = []
-    for worker in await store.workers():
-        if worker.status is WorkerStatus.ALIVE:
-            continue
-        for placement in await store.runs_of(worker.name):
-            if not await store.release(placement.run_id, worker.name):
-                continue  # another sweeper was first
-            if placement.spec.mode == CHAT_MODE:
-                # A cut-off chat turn is reported in the chat, not re-run.
-                await ChatTurnStore(db).interrupt(placement.run_id, worker.name)
-            how = await move_to_shared(app, placement.run_id, placement.spec.tool)
-            await store.set_placement(
-                placement.run_id,
-                status=PlacementStatus.WAITING,
-                note=f"worker {worker.name} is gone; waiting for another worker",
-            )
-            _LOGGER.info(
-                "run %s of worker %s %s on its agent's queue",
-                placement.run_id,
-                worker.name,
-                how,
-                extra={"run_id": placement.run_id},
-            )
-            moved.append(placement.run_id)
-    return moved
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -257,17 +224,8 @@ class Worker:
             self._cut_off.set()
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal)
-                installed.append(sig)
-        try:
+        with on_signals(self._on_signal):
             return await self._run()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
 
     async def _run(self) -> int:
         settings = self.settings
@@ -288,14 +246,18 @@ class Worker:
                 )
                 # Asked ahead, off the event loop: a first turn finds the answers known.
                 await probe_agents(settings)
-                runner = TurnRunner(
+                runner = RunHost(
                     self.name,
                     settings,
                     pg,
                     app,
                     agents=self.agents,
+                    drivers={
+                        AUTO_MODE: AutoTurns(),
+                        CHAT_MODE: ChatTurns(),
+                        AUTOPILOT: DriveSteps(),
+                    },
                     warm_pool=new_warm_pool(settings),
-                    modes={AUTOPILOT: run_step},
                 )
                 try:
                     await self._serve(pg, app, runner)
@@ -336,9 +298,7 @@ class Worker:
                     )
         await sweep(db, app, silent_after=self.settings.worker_timeout)
 
-    async def _serve(
-        self, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
-    ) -> None:
+    async def _serve(self, db: PostgresDatabase, app: procrastinate.App, runner: RunHost) -> None:
         settings = self.settings
         queue_worker = _QueueWorker(
             app,
@@ -381,14 +341,14 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
 
-    async def _cut_when_asked(self, runner: TurnRunner) -> None:
+    async def _cut_when_asked(self, runner: RunHost) -> None:
         await self._cut_off.wait()
         _LOGGER.warning("cutting off %d running turn(s)", len(runner.running))
         for task in list(runner.running.values()):
             task.cancel()
 
     async def _heartbeat(
-        self, db: PostgresDatabase, app: procrastinate.App, runner: TurnRunner
+        self, db: PostgresDatabase, app: procrastinate.App, runner: RunHost
     ) -> None:
         store = WorkerStore(db)
         interval = self.settings.worker_heartbeat
@@ -420,7 +380,7 @@ class Worker:
         store: WorkerStore,
         db: PostgresDatabase,
         app: procrastinate.App,
-        runner: TurnRunner,
+        runner: RunHost,
         *,
         steady_since: float,
     ) -> bool:

@@ -805,6 +805,11 @@ class WorkspaceManager:
         )
         return result.exit_code == 0
 
+    async def identity_args(self, cwd: Path) -> tuple[str, ...]:
+        """``-c user.*`` for a commit turnstile makes itself in ``cwd`` (none where git has
+        an identity of its own)."""
+        return await self._identity_args(cwd)
+
     async def _identity_args(self, cwd: Path) -> tuple[str, ...]:
         """``-c user.*`` defaults, only where git has no identity of its own."""
         if self._identity is None:
@@ -981,6 +986,28 @@ class WorkspaceManager:
                 extra={"run_id": parent.run_id},
             )
         return report
+
+    async def merge_pushed(
+        self, cwd: Path, remote: str, branch: str, *, message: str
+    ) -> str | None:
+        """Merge ``branch`` as pushed to ``remote`` into the branch checked out at ``cwd``:
+        a wave's sub-task that ran on another machine (``--no-ff``, never forced). None once
+        merged; else what went wrong, the merge undone."""
+        fetched = await self._git.run(
+            ["fetch", "--no-tags", remote, f"refs/heads/{branch}"], cwd=cwd, check=False
+        )
+        if fetched.exit_code != 0:
+            return f"its branch {branch} could not be fetched"
+        identity = await self._identity_args(cwd)
+        merged = await self._git.run(
+            [*identity, "merge", "--no-ff", "--no-edit", "-m", message, "FETCH_HEAD"],
+            cwd=cwd,
+            check=False,
+        )
+        if merged.exit_code == 0:
+            return None
+        await self._git.run(["merge", "--abort"], cwd=cwd, check=False)
+        return f"merging {branch} conflicted"
 
     async def _merge_one(
         self,
