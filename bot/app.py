@@ -23,7 +23,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Coroutine
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -56,7 +55,7 @@ from chatfront.progress import settle_leftovers
 from chatfront.publish import Publisher
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
-from engine.aio import raise_if_cancelled
+from engine.aio import ClosedOnExit, raise_if_cancelled
 from engine.chats.sessions import ChatSessions
 from engine.errors import ConfigError, StoreError, StoreUnreachableError
 from engine.executors import chat_agents, recover_runs
@@ -156,7 +155,7 @@ class Features:
             await feature.park_all()
 
 
-class BotRuntime:
+class BotRuntime(ClosedOnExit):
     """Everything the bot runs, wired once. Use as an async context manager."""
 
     def __init__(
@@ -384,19 +383,11 @@ class BotRuntime:
             for new, old in (await self.store.migrated_from()).items():
                 self.authorizer.follow_migration(old, new)
         except BaseException:
-            await self._close()
+            await self.aclose()
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._close()
-
-    async def _close(self) -> None:
+    async def aclose(self) -> None:
         for bg in list(self._tasks):
             bg.cancel()
         pending: list[asyncio.Task[None] | None] = [self._poller, self._sender_task, *self._tasks]

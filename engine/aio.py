@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
-__all__ = ["raise_if_cancelled"]
+__all__ = ["ClosedOnExit", "OpenedAndClosed", "raise_if_cancelled"]
 
 
 def raise_if_cancelled() -> None:
@@ -18,3 +19,30 @@ def raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+class ClosedOnExit:
+    """``async with`` it: however the block ends, :meth:`aclose` is awaited."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class OpenedAndClosed:
+    """``async with`` it: :meth:`open` is awaited first, :meth:`close` however it ends."""
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

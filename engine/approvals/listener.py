@@ -25,9 +25,9 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from engine.aio import ClosedOnExit
 from engine.approvals.questions import QuestionState, QuestionStore, check_question
 from engine.approvals.route import SERVER_NAME, ApprovalRoute
 from engine.approvals.store import SqliteApprovalStore
@@ -91,7 +91,7 @@ class _Lines:
         await self._writer.drain()
 
 
-class ApprovalListener:
+class ApprovalListener(ClosedOnExit):
     """The permission server of one agent process, while it lives (an async context)."""
 
     def __init__(
@@ -130,14 +130,6 @@ class ApprovalListener:
             await self.aclose()
             raise
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop listening, end the connections, withdraw the questions nobody answered,

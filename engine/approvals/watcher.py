@@ -16,10 +16,9 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Self
 
-from engine.aio import raise_if_cancelled
+from engine.aio import ClosedOnExit, raise_if_cancelled
 from engine.approvals.questions import AgentQuestion, QuestionStore
 from engine.approvals.store import ApprovalStore, ToolRequest
 from engine.errors import StoreUnreachableError
@@ -42,7 +41,7 @@ class _Nudges(asyncio.DatagramProtocol):
         self._event.set()
 
 
-class ApprovalWatcher:
+class ApprovalWatcher(ClosedOnExit):
     """Listens for nudges and runs ``handler`` on every new request; an async context manager."""
 
     def __init__(
@@ -81,14 +80,6 @@ class ApprovalWatcher:
         self.wake_path = path
         self._task = asyncio.create_task(self._run(), name="tool-approval-watcher")
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         if self._task is not None:

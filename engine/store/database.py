@@ -29,11 +29,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiosqlite
 
+from engine.aio import OpenedAndClosed
 from engine.errors import StoreError, StoreReadOnlyError
 
 __all__ = [
@@ -214,7 +214,7 @@ async def _engine_version(conn: Any) -> tuple[int, bool]:
     return current, bool(row and row[0])
 
 
-class Database:
+class Database(OpenedAndClosed):
     """An async SQLite connection with a single-writer discipline.
 
     Use as an async context manager. Writes go through :meth:`transaction`
@@ -241,18 +241,6 @@ class Database:
         self._busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def open(self) -> None:
         if self._conn is not None:

@@ -28,13 +28,13 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
-from typing import Any, Final, Protocol, Self
+from typing import Any, Final, Protocol
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import RowMaker, tuple_row
 
+from engine.aio import OpenedAndClosed
 from engine.errors import SchemaTooNewError, StoreError, StoreUnreachableError
 from engine.store.database import (
     ENGINE,
@@ -313,7 +313,7 @@ class _OneConnection:
         await self._conn.close()
 
 
-class PostgresDatabase:
+class PostgresDatabase(OpenedAndClosed):
     """A pool of connections to one PostgreSQL database, with the stores' interface.
 
     Use as an async context manager; opening it reaches the server and migrates.
@@ -346,18 +346,6 @@ class PostgresDatabase:
         # open, and the connection that checks the server is the one it works on.
         self._pooled = pooled
         self._pool: _Pool | None = None
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _clean(self, exc: BaseException) -> str:
         """The driver's message on one line, with the password (if any) taken out."""
