@@ -39,6 +39,7 @@ from bot.chat import BotChatFront
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
 from bot.commands import COMMANDS
 from bot.context import BotContext
+from bot.controls import InlineControls
 from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
@@ -48,10 +49,10 @@ from bot.progress import PREFIX as PROGRESS
 from bot.progress import settle_leftovers
 from bot.publish import Publisher
 from bot.replies import Replies
-from bot.sink import BotSink
 from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
+from chatfront.sink import BotSink
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import raise_if_cancelled
@@ -361,7 +362,7 @@ class BotRuntime:
                 gates=self.gates,
                 chats=self.chats,
                 chat_front=chat_front,
-                sink=BotSink(self.publisher, self.runs),
+                sink=BotSink(self.publisher, self.runs, InlineControls()),
                 bot=self.app.bot,
                 spawn=self.spawn,
                 handled_in_transaction=self.handled_in_transaction,

@@ -11,8 +11,8 @@ from telegram import Bot
 from bot.chat import BotChatFront
 from bot.publish import Publisher
 from bot.replies import Replies
-from bot.sink import BotSink
 from chatfront.auth import Authorizer
+from chatfront.sink import BotSink
 from chatfront.store import BotStore
 from engine.chats.sessions import ChatSessions
 from engine.gates import Gates

@@ -37,8 +37,8 @@ from bot.auto import AutoExtension
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.sink import ChatPlace
 from chatfront.auth import Action
+from chatfront.sink import ChatPlace
 from chatfront.store import Binding, InboundState, OutboxItem
 from engine.automode import AutoRun
 from engine.chats.files import ChatUpload, upload_message

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import telegramify_markdown as tgmd
 
+from chatfront.text import excerpt
 from engine.redact import Edit, Redactor
 
 __all__ = [
@@ -306,16 +307,3 @@ def render_parts(parts: Sequence[tuple[str, bool]], *, redact: Redactor) -> Rend
     if not text.strip():
         text = "…"
     return Rendered(text=text, entities=tuple(e.to_dict() for e in entities))
-
-
-def excerpt(markdown: str, *, lines: int = 8, chars: int = 600) -> str:
-    """The head of a Markdown text, cut on a line (an unclosed code fence is closed)."""
-    kept = markdown.strip().splitlines()[:lines]
-    out = "\n".join(kept)
-    if len(out) > chars:
-        out = out[:chars].rsplit("\n", 1)[0] if "\n" in out[:chars] else out[:chars]
-    if sum(line.lstrip().startswith("```") for line in out.splitlines()) % 2:
-        out += "\n```"
-    if out != markdown.strip():
-        out += "\n…"
-    return out

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.render import excerpt, render_parts
-from bot.sink import status_text
 from chatfront.people import People, display_name
+from chatfront.sink import status_text
 from chatfront.store import SqlBotStore
 from engine.humane import humane, words
 from engine.redact import Redactor
