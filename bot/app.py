@@ -37,6 +37,7 @@ from bot.autopilot import AutopilotExtension
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
 from bot.commands import COMMANDS
 from bot.context import BotContext
+from bot.controls import InlineControls
 from bot.feature import Feature
 from bot.files import FileDesk
 from bot.handlers import Dispatch
@@ -44,7 +45,6 @@ from bot.outbox import PacedRateLimiter, TelegramTransport, retry_seconds
 from bot.pause import PauseFeature
 from bot.render import TELEGRAM
 from bot.replies import Replies
-from bot.sink import BotSink
 from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
@@ -53,6 +53,7 @@ from chatfront.outbox import OutboxSender
 from chatfront.progress import PREFIX as PROGRESS
 from chatfront.progress import settle_leftovers
 from chatfront.publish import Publisher
+from chatfront.sink import BotSink
 from chatfront.store import InboundState, OutboxRow, SqlBotStore
 from engine.agents.factory import create_agent, new_warm_pool, probe_agents
 from engine.aio import ClosedOnExit, raise_if_cancelled
@@ -363,7 +364,7 @@ class BotRuntime(ClosedOnExit):
                 gates=self.gates,
                 chats=self.chats,
                 chat_front=chat_front,
-                sink=BotSink(self.publisher, self.runs),
+                sink=BotSink(self.publisher, self.runs, InlineControls()),
                 bot=self.app.bot,
                 spawn=self.spawn,
                 handled_in_transaction=self.handled_in_transaction,

@@ -2,7 +2,7 @@
 
 The chat's commands go to the engine's auto executor (:mod:`engine.executors`), which
 drives a run in this process or queues it on the workers, as the settings say; the run's
-reports come back through the bot's :class:`~bot.sink.BotSink`, and what the executor says
+reports come back through the bot's :class:`~chatfront.sink.BotSink`, and what the executor says
 beside them through :class:`~bot.notices.ChatNotices`.
 """
 
@@ -21,10 +21,10 @@ from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import RAISE_BUDGET, ChatNotices
 from bot.replies import thread_of
-from bot.sink import ChatPlace
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
 from chatfront.progress import AUTO_STOP_DATA
+from chatfront.sink import ChatPlace
 from engine.approvals import ApprovalPolicy
 from engine.automode import AutoRun
 from engine.automode.verifier import evidence_gap

@@ -37,15 +37,15 @@ from bot.handlers import Dispatch
 from bot.notices import ChatNotices
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
-from bot.sink import ChatPlace
 from chatfront.auth import Action
 from chatfront.progress import AUTOPILOT_STOP_DATA
-from chatfront.render import excerpt as render_excerpt
+from chatfront.sink import ChatPlace
 from chatfront.store import Binding, GateRecord, OutboxItem, ReasonRequest
+from chatfront.text import excerpt as render_excerpt
 from engine.agents.factory import create_agent
-from engine.errors import UnsafeFileError
+from engine.errors import NotFoundError, UnsafeFileError
 from engine.executors import drive_executor
-from engine.executors.drives import DriveRefused, DriveRequest, drive_key, task_of
+from engine.executors.drives import DriveRefused, DriveRequest
 from engine.gates import (
     ApprovalOutcome,
     ApprovalResult,
@@ -127,10 +127,17 @@ class AutopilotExtension(Feature):
     # -- where a task's messages go ----------------------------------------------------
 
     async def resolve(self, run_id: str) -> ChatPlace | None:
-        """The chat of ``autopilot:TASK`` (a sub-task goes to its parent's chat)."""
-        if run_id == task_of(run_id):
+        """The chat of a drive's run: its task's (a sub-task goes to its parent's chat)."""
+        try:
+            run = await self.ctx.runs.get_run(run_id)
+        except NotFoundError:
             return None
-        name = task_of(run_id)
+        if run.mode != RunMode.AUTOPILOT or run.task is None:
+            return None
+        return await self._place_of_task(run.task)
+
+    async def _place_of_task(self, name: str) -> ChatPlace | None:
+        """Where the messages of task ``name`` go (a sub-task: its parent's chat)."""
         seen: set[str] = set()
         while name and name not in seen:
             seen.add(name)
@@ -234,7 +241,7 @@ class AutopilotExtension(Feature):
             f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
             f"buttons. /stop {name} stops the drive (the task keeps its phase).",
             thread_id=thread,
-            run_id=drive_key(name),
+            run_id=run_id,
         )
 
     async def _exists(self, name: str) -> bool:
@@ -493,7 +500,7 @@ class AutopilotExtension(Feature):
                     artifact_name=spec.artifact,
                     chat_id=chat.id,
                     thread_id=thread,
-                    run_id=drive_key(task),
+                    run_id=await self._drive_run(task),
                 )
                 gate = await self.ctx.store.gate(gate_id)
             return gate
@@ -868,7 +875,7 @@ class AutopilotExtension(Feature):
             user_id=user.id,
             chat_id=chat.id,
             update_id=update.update_id,
-            reason=drive_key(task),
+            reason=task,
         )
 
     async def status_lines(self, chat_id: int, thread: int) -> list[str]:
@@ -900,7 +907,7 @@ class AutopilotExtension(Feature):
         for task_name, chat_id, thread_id in await self.ctx.store.task_places():
             place = ChatPlace(chat_id, thread_id)
             self.places[task_name] = place
-            self.sink.register(drive_key(task_name), place, task=task_name)
+            self.sink.register_task(task_name, place)
         await self.executor.recover(report)
         self._elsewhere = self.ctx.spawn(self._gates_elsewhere(), "autopilot-gates-elsewhere")
 
@@ -946,7 +953,7 @@ class AutopilotExtension(Feature):
             top = await self.gates.store.find(top.parent)
         if self.executor.state_of(name) or (top and self.executor.state_of(top.name)):
             return  # driven here (or followed on the workers): its drive posts its gates
-        place = await self.resolve(drive_key(name)) or await self._bound_place(task)
+        place = await self._place_of_task(name) or await self._bound_place(task)
         if place is None:
             return  # no chat knows the task: the terminal that drives it says it
         self.places.setdefault(name, place)
@@ -958,10 +965,15 @@ class AutopilotExtension(Feature):
             artifact_path=task.folder / spec.artifact,
             sha256=task.gate_sha256,
             excerpt=await self.gates.store.excerpt(task.gate_sha256, 1500),
-            run_id=drive_key(name),
+            run_id=await self._drive_run(name),
         )
         _LOGGER.info("gate of %s opened elsewhere posted", spec.name, extra={"task": name})
         await self.post_gate(request, place)
+
+    async def _drive_run(self, task: str) -> str | None:
+        """The run of the latest drive of ``task`` (None: it was never driven)."""
+        run = await self.ctx.runs.latest_task_run(RunMode.AUTOPILOT, task)
+        return run.id if run is not None else None
 
     async def _bound_place(self, task: TaskRecord) -> ChatPlace | None:
         """The chat (or topic) bound most recently to the task's project: the project of

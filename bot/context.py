@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from telegram import Bot
 
 from bot.replies import Replies
-from bot.sink import BotSink
 from chatfront.auth import Authorizer
 from chatfront.chat import OutboxChatFront
 from chatfront.publish import Publisher
+from chatfront.sink import BotSink
 from chatfront.store import BotStore
 from engine.chats.sessions import ChatSessions
 from engine.gates import Gates

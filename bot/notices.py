@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from bot.context import BotContext
-from bot.sink import status_ended
+from chatfront.sink import status_ended
 from engine.runs import ChatPlace
 from engine.spend import Budget
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from engine.redact import Redactor
 
-__all__ = ["Rendered", "Renderer", "excerpt"]
+__all__ = ["Rendered", "Renderer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +58,3 @@ class Renderer(Protocol):
     def caption(self, text: str) -> str:
         """``text`` cut to the messenger's caption limit."""
         ...
-
-
-def excerpt(markdown: str, *, lines: int = 8, chars: int = 600) -> str:
-    """The head of a Markdown text, cut on a line (an unclosed code fence is closed)."""
-    kept = markdown.strip().splitlines()[:lines]
-    out = "\n".join(kept)
-    if len(out) > chars:
-        out = out[:chars].rsplit("\n", 1)[0] if "\n" in out[:chars] else out[:chars]
-    if sum(line.lstrip().startswith("```") for line in out.splitlines()) % 2:
-        out += "\n```"
-    if out != markdown.strip():
-        out += "\n…"
-    return out

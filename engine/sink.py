@@ -27,6 +27,7 @@ __all__ = [
     "NullSink",
     "RecordingSink",
     "RunSink",
+    "RunText",
     "StatusUpdate",
     "TextKind",
     "publish",
@@ -56,6 +57,7 @@ class StatusUpdate:
     round: int = 0
     parent: str | None = None  # a wave's sub-task: the task it belongs to
     wave: int | None = None  # and the wave it is in
+    parent_run: str | None = None  # and the run of the drive it belongs to
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +115,29 @@ class TextKind(StrEnum):
     FINAL = "final"  # the run's final report (a task complete, an auto run's result)
 
 
+@dataclass(frozen=True, slots=True)
+class RunText:
+    """A text for the people following run ``run_id``, and what it is.
+
+    ``task`` is the task the run drives (an autopilot drive or a wave's sub-task; None for
+    a chat session or an auto run). ``body`` is what ``text`` says under its head line, on
+    its own (a turn's output, what a complete task's drive found it changed), so a front
+    end never takes ``text`` apart.
+    """
+
+    run_id: str
+    text: str
+    kind: TextKind = TextKind.NOTE
+    task: str | None = None
+    body: str | None = None
+
+
 @runtime_checkable
 class KindSink(Protocol):
     """A sink that wants to know what each text is (the bot folds turns into one message)."""
 
-    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
-        """Like :meth:`RunSink.publish_text`, with the text's kind."""
+    async def publish_run_text(self, said: RunText) -> None:
+        """Like :meth:`RunSink.publish_text`, with what the text is and whose."""
         ...
 
 
@@ -128,10 +147,19 @@ def summary_ref(task: str, key: str) -> str:
     return f"summary:{task}:{key}"
 
 
-async def publish(sink: RunSink, run_id: str, text: str, kind: TextKind = TextKind.NOTE) -> None:
-    """Publish ``text`` through ``sink``, with its kind when the sink takes one."""
+async def publish(
+    sink: RunSink,
+    run_id: str,
+    text: str,
+    kind: TextKind = TextKind.NOTE,
+    *,
+    task: str | None = None,
+    body: str | None = None,
+) -> None:
+    """Publish ``text`` through ``sink``, with what it is (:class:`RunText`) when the sink
+    takes that."""
     if isinstance(sink, KindSink):
-        await sink.publish_kind(run_id, text, kind)
+        await sink.publish_run_text(RunText(run_id, text, kind, task, body))
     else:
         await sink.publish_text(run_id, text)
 
@@ -189,7 +217,7 @@ class RecordingSink:
     """A sink that also writes what it is given to the run's event log, then passes it on.
 
     A turn's output is not copied (its turn-ended event points at the turn, which holds it);
-    every other text is a note event with its kind. ``autopilot:TASK`` keys are the task's.
+    every other text is a note event with its kind, of the text's run and task.
     """
 
     def __init__(
@@ -199,8 +227,11 @@ class RecordingSink:
         self._db = db
         self._owner = owner or _owner
 
-    async def _record(self, key: str, kind: EventKind, data: dict[str, object]) -> None:
-        run_id, task = self._owner(key)
+    async def _record(
+        self, key: str, kind: EventKind, data: dict[str, object], task: str | None = None
+    ) -> None:
+        run_id, owner_task = self._owner(key)
+        task = task or owner_task
         try:
             async with self._db.transaction() as conn:
                 await add_event(conn, self._db, kind, run_id=run_id, task=task, data=data)
@@ -209,15 +240,14 @@ class RecordingSink:
             return
         events_written(self._db)
 
-    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
-        if kind is not TextKind.TURN:
-            await self._record(
-                run_id, EventKind.NOTE, {"note": kind.value, "text": text[:_NOTE_HEAD]}
-            )
-        await publish(self.inner, run_id, text, kind)
+    async def publish_run_text(self, said: RunText) -> None:
+        if said.kind is not TextKind.TURN:
+            data: dict[str, object] = {"note": said.kind.value, "text": said.text[:_NOTE_HEAD]}
+            await self._record(said.run_id, EventKind.NOTE, data, said.task)
+        await publish(self.inner, said.run_id, said.text, said.kind, task=said.task, body=said.body)
 
     async def publish_text(self, run_id: str, text: str) -> None:
-        await self.publish_kind(run_id, text, TextKind.NOTE)
+        await self.publish_run_text(RunText(run_id, text))
 
     async def update_status(self, update: StatusUpdate) -> None:
         await self.inner.update_status(update)
@@ -241,9 +271,7 @@ Owner = tuple[str | None, str | None]
 
 
 def _owner(key: str) -> Owner:
-    """A run id is the run's; ``autopilot:TASK`` the task's."""
-    if key.startswith("autopilot:"):
-        return None, key.removeprefix("autopilot:")
+    """A key is a run id: the run's (its task, when a text says it, is the text's)."""
     return key, None
 
 
@@ -251,7 +279,7 @@ def recording(
     sink: RunSink, db: AnyDatabase, owner: Callable[[str], Owner] | None = None
 ) -> RunSink:
     """``sink``, its texts (and files, when it sends them) written to the event log too;
-    ``owner`` tells whose each key is (by default: a run id, or ``autopilot:TASK``)."""
+    ``owner`` tells whose each key is (by default: the run of that id)."""
     if isinstance(sink, RecordingSink):
         return sink
     if isinstance(sink, FileSink):

@@ -72,9 +72,13 @@ async def test_a_gate_added_again_keeps_its_decision(database: Any) -> None:
     """Regression: ``INSERT OR REPLACE`` reopened a decided gate and forgot who decided."""
     store = SqlBotStore(database, clock=lambda: EPOCH)
     place = {"task": "T", "phase": "research", "sha256": "a" * 64, "artifact_name": "r.md"}
-    await store.add_gate("g1", **place, chat_id=-5, thread_id=None, run_id="autopilot:T")
+    await store.add_gate(
+        "g1", **place, chat_id=-5, thread_id=None, run_id="autopilot-20250101-120000-0f3a9c"
+    )
     assert await store.close_gate("g1", "approved", 42)
-    await store.add_gate("g1", **place, chat_id=SUPERGROUP, thread_id=3, run_id="autopilot:T")
+    await store.add_gate(
+        "g1", **place, chat_id=SUPERGROUP, thread_id=3, run_id="autopilot-20250101-120000-0f3a9c"
+    )
     gate = await store.gate("g1")
     assert gate is not None
     assert (gate.state, gate.chat_id, gate.thread_id) == ("approved", SUPERGROUP, 3)

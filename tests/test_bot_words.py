@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.render import render_parts
-from bot.sink import status_text
 from chatfront.people import People, display_name
-from chatfront.render import excerpt
+from chatfront.sink import status_text
 from chatfront.store import SqlBotStore
+from chatfront.text import excerpt
 from engine.humane import humane, words
 from engine.redact import Redactor
 from engine.sink import StatusUpdate

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.autopilot import AutopilotExtension
-from bot.sink import ChatPlace
+from chatfront.sink import ChatPlace
 from engine.gates import (
     AWAITING_APPROVAL,
     ApprovalOutcome,
@@ -262,7 +262,7 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
                 artifact_path=task.folder / "research.md",
                 sha256=str(opened.gate_sha256),
                 excerpt=await gates.store.excerpt(opened.gate_sha256, 1500),
-                run_id="autopilot:W1",
+                run_id="autopilot-20250101-120000-a1b2c3",
             )
             await pilot.post_gate(request, ChatPlace(CHAT, None))
             doc = await api.wait_for_message(lambda m: m.filename == "research.md", timeout=30)
@@ -278,7 +278,7 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
                 artifact_path=task.folder / "research.md",
                 sha256=_sha("never stored"),
                 excerpt="",
-                run_id="autopilot:W1",
+                run_id="autopilot-20250101-120000-a1b2c3",
             )
             await pilot.post_gate(missing, ChatPlace(CHAT, None))
             await api.wait_for_message(lambda m: "is not stored" in m.text, timeout=30)

@@ -21,10 +21,12 @@ from engine.errors import StoreError
 from engine.store import (
     Database,
     MigrationSet,
+    PostgresURL,
     SqliteAuditLog,
     SqliteRunStore,
     discover_migrations,
 )
+from engine.store.backend import open_database
 from engine.store.database import load_migrations, read_schema_versions
 from engine.workers.migrations import migrations as workers_migrations
 from tests.conftest import REPO
@@ -239,3 +241,59 @@ def test_migration_sets_are_validated() -> None:
         MigrationSet("x", (step, step))
     with pytest.raises(StoreError, match="engine's, once"):
         Database(":memory:", migrations=[])
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_drive_keys_of_stored_messages_and_gates_become_run_ids(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    db_target: Path | PostgresURL = tmp_path / "t.db"
+    if dialect == "postgresql":  # an empty database (not the migrated template)
+        cluster = request.getfixturevalue("pg_cluster")
+        url = cluster.new_database(template="template0")
+        request.addfinalizer(lambda: cluster.drop_database(url))
+        db_target = PostgresURL(url)
+    # A database from before drives reported under their run ids (bot schema 7).
+    full = discover_migrations()
+    before = tuple(
+        MigrationSet(s.owner, s.migrations[:7], s.adopted) if s.owner == "bot" else s for s in full
+    )
+    async with open_database(db_target, migrations=before) as db:
+        assert (await db.schema_versions())["bot"] == 7
+        runs = SqliteRunStore(db)
+        for run_id, task, at in (("ap-1", "T", 10.0), ("ap-2", "T", 20.0), ("ap-3", "U", 10.0)):
+            await runs.create_run(
+                run_id, mode="autopilot", agent="claude", session_id="s", task=task
+            )
+            await db.execute("UPDATE runs SET created_at = ? WHERE id = ?", (at, run_id))
+        rows = [
+            ("autopilot:T", 15.0),  # said during the first drive of T
+            ("autopilot:T", 25.0),  # during the second
+            ("autopilot:T", 5.0),  # before any (the start's reply): the first
+            ("autopilot:GONE", 9.0),  # a task no drive is recorded for
+            ("chat-20250101-120000-aaaaaa", 9.0),  # not a drive's: untouched
+        ]
+        for run_id, at in rows:
+            await db.execute(
+                "INSERT INTO bot_outbox (chat_id, kind, body, run_id, state, created_at)"
+                " VALUES (-100, 'text', 'x', ?, 'sent', ?)",
+                (run_id, at),
+            )
+        await db.execute(
+            "INSERT INTO bot_gates (gate_id, task, phase, sha256, artifact_name, chat_id,"
+            " run_id, state, created_at) VALUES ('g1', 'U', 'research', 'a', 'r.md', -100,"
+            " 'autopilot:U', 'open', 12.0)"
+        )
+    async with open_database(db_target) as db:
+        assert await db.schema_versions() == LATEST
+        found = await db.fetchall("SELECT run_id FROM bot_outbox ORDER BY id")
+        assert [r["run_id"] for r in found] == [
+            "ap-1",
+            "ap-2",
+            "ap-1",
+            None,
+            "chat-20250101-120000-aaaaaa",
+        ]
+        gate = await db.fetchone("SELECT run_id FROM bot_gates WHERE gate_id = 'g1'")
+        assert gate is not None
+        assert gate["run_id"] == "ap-3"

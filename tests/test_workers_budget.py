@@ -29,7 +29,7 @@ from engine.executors.base import AutoRequest
 from engine.executors.local import LocalAuto
 from engine.executors.workers import WorkersAuto
 from engine.runs import ChatPlace, Recovery, RunSupervisor
-from engine.sink import GateRequest, StatusUpdate, TextKind
+from engine.sink import GateRequest, RunText, StatusUpdate, TextKind
 from engine.spend import Budget
 from engine.store.backend import open_database
 from engine.store.runs import RunStatus, SqliteRunStore
@@ -66,8 +66,8 @@ class Chat:
     async def publish_text(self, run_id: str, text: str) -> None:
         self.texts.append((run_id, TextKind.NOTE, text))
 
-    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
-        self.texts.append((run_id, kind, text))
+    async def publish_run_text(self, said: RunText) -> None:
+        self.texts.append((said.run_id, said.kind, said.text))
 
     async def update_status(self, update: StatusUpdate) -> None:
         self.statuses[update.run_id] = update

@@ -54,6 +54,7 @@ __all__ = [
     "AutoRunStore",
     "final_report",
     "run_status",
+    "turn_body",
     "turn_text",
 ]
 
@@ -460,6 +461,7 @@ class AutoModeChannel(BaseChannel):
             _LOGGER.info(
                 "Work summary:\n%s", self.last_summary.render() if self.last_summary else ""
             )
+        log_dir = str(self._log_dir)
         await self._safe_publish(
             turn_text(
                 turn=turn,
@@ -470,9 +472,16 @@ class AutoModeChannel(BaseChannel):
                 text=out.text,
                 size=out.size,
                 stderr_tail=out.stderr_tail,
-                log_dir=str(self._log_dir),
+                log_dir=log_dir,
             ),
             TextKind.TURN,
+            body=turn_body(
+                code=code,
+                text=out.text,
+                size=out.size,
+                stderr_tail=out.stderr_tail,
+                log_dir=log_dir,
+            ),
         )
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
         paths = send_markers(out.text)
@@ -523,8 +532,10 @@ class AutoModeChannel(BaseChannel):
             )
         )
 
-    async def _safe_publish(self, text: str, kind: TextKind = TextKind.NOTE) -> None:
-        await self._sink_call(publish(self._sink, self._state.run_id, text, kind))
+    async def _safe_publish(
+        self, text: str, kind: TextKind = TextKind.NOTE, body: str | None = None
+    ) -> None:
+        await self._sink_call(publish(self._sink, self._state.run_id, text, kind, body=body))
 
     async def _sink_call(self, call: Any) -> None:
         # The state is committed before anything is reported: a failing sink loses a
@@ -585,8 +596,17 @@ def turn_text(
     stderr_tail: str | None,
     log_dir: str,
 ) -> str:
-    """What a sink is told of one finished turn: its head line, output head, error tail.
+    """What a sink is told of one finished turn: its head line, then :func:`turn_body`.
     ``turn`` is the agent turn; ``round_`` the run's round, which ``max_turns`` counts."""
+    count = turn_count(turn, round_=round_, limit=max_turns)
+    body = turn_body(code=code, text=text, size=size, stderr_tail=stderr_tail, log_dir=log_dir)
+    return f"[{count} · {phase.label}, exit {code}]\n{body}"
+
+
+def turn_body(
+    *, code: int, text: str, size: int | None, stderr_tail: str | None, log_dir: str
+) -> str:
+    """A finished turn's text under its head line: the output's head, the error's tail."""
     head = text[:_PUBLISH_HEAD]
     more = ""
     size = size if size is not None else len(text)
@@ -595,8 +615,7 @@ def turn_text(
     failed = ""
     if code != 0 and stderr_tail:
         failed = f"\nIts error output ended with:\n{stderr_tail.strip()}"
-    count = turn_count(turn, round_=round_, limit=max_turns)
-    return f"[{count} · {phase.label}, exit {code}]\n{head}{more}{failed}"
+    return f"{head}{more}{failed}"
 
 
 _PHASE_LINES: Final[Mapping[Phase, str]] = {

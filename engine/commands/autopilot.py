@@ -19,7 +19,7 @@ from engine.settings import Settings
 from engine.spend import Budget
 
 if TYPE_CHECKING:  # start-up time: the drive's modules load only when a drive runs
-    from engine.sink import GateRequest, StatusUpdate, TextKind
+    from engine.sink import GateRequest, RunText, StatusUpdate
 
 __all__ = ["EXIT_BUDGET", "EXIT_HUMAN", "EXIT_PARKED", "drive_budget", "register"]
 
@@ -50,13 +50,13 @@ class TerminalDriveSink:
     async def publish_text(self, run_id: str, text: str) -> None:
         self._say(humane(text.strip()))
 
-    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
-        if kind == "turn":
-            first = next((line for line in text.splitlines() if line.strip()), "")
+    async def publish_run_text(self, said: RunText) -> None:
+        if said.kind == "turn":
+            first = next((line for line in said.text.splitlines() if line.strip()), "")
             if first:
                 self._say(f"   {first[:160]}")
             return
-        self._say(humane(text.strip()))
+        self._say(humane(said.text.strip()))
 
     async def update_status(self, update: StatusUpdate) -> None:
         seen = (update.status, update.phase, update.turn)

@@ -49,9 +49,9 @@ class Notices(Protocol):
     def follow(
         self, key: str, place: ChatPlace, *, task: str | None = None, run_id: str | None = None
     ) -> None:
-        """The reports of ``key`` (a run id, ``autopilot:TASK``) go to ``place`` from now
-        on; ``task``: the task it drives; ``run_id``: the drive's run on the workers (the
-        names of its messages are made from it)."""
+        """The reports of run ``key`` go to ``place`` from now on; ``task``: the task it
+        drives; ``run_id``: set for a drive on the workers (the names of its messages are
+        made from it, so a follower started again after a restart edits the same ones)."""
         ...
 
     def place_of_task(self, task: str) -> ChatPlace | None:

@@ -6,8 +6,9 @@ on the workers
 (:class:`~engine.executors.drives_workers.WorkersDrives`) a drive is queued and followed
 from the store, its gates announced through the sink as the workers open them. Either way
 the drive's phases, turns and gates reach the front end through its
-:class:`~engine.sink.RunSink` (``autopilot:TASK`` is the key of a task's reports), and what
-the executor says beside them through :class:`~engine.executors.base.Notices`.
+:class:`~engine.sink.RunSink` under the drive's run id (its task a field beside it), and what
+the executor says beside them through :class:`~engine.executors.base.Notices`. A task's name
+stays what people type (``/stop TASK``); the drive's run id is its key everywhere else.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Protocol
 
 from engine.errors import TurnstileError
 from engine.executors.base import AgentFactory, Notices, same_place
 from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
 from engine.gates.records import TaskRecord
-from engine.runs import Recovery, RunSupervisor
+from engine.runs import Recovery, RunMode, RunSupervisor
 from engine.runs.spec import ChatPlace
 from engine.sink import RunSink, StatusUpdate
 from engine.spend import Budget
+from engine.store.runs import RunStatus
 from engine.turn import AgentSession
 
 __all__ = [
@@ -34,23 +36,9 @@ __all__ = [
     "DriveRequest",
     "DriveStarted",
     "LocalDrives",
-    "drive_key",
-    "task_of",
 ]
 
 _LOGGER = logging.getLogger(__name__)
-
-#: The key of a task's reports to a sink (and of the messages about its drive).
-DRIVE_PREFIX: Final = "autopilot:"
-
-
-def drive_key(task: str) -> str:
-    return DRIVE_PREFIX + task
-
-
-def task_of(key: str) -> str:
-    """The task of ``autopilot:TASK``; any other key is taken for a task name."""
-    return key.removeprefix(DRIVE_PREFIX)
 
 
 class DriveRefused(TurnstileError):
@@ -73,8 +61,8 @@ class DriveRequest:
 
 @dataclass(frozen=True, slots=True)
 class DriveStarted:
-    """A drive an executor took: the phase it starts at (``created``: the task is new);
-    on the workers, its run and whether it was queued now or found there (``new``)."""
+    """A drive an executor took: the phase it starts at (``created``: the task is new),
+    its run; on the workers, whether it was queued now or found there (``new``)."""
 
     task: str
     label: str | None = None
@@ -101,13 +89,13 @@ class DriveExecutor(Protocol):
         ...
 
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
-        """Stop the drive ``key`` (a task, ``autopilot:TASK`` or the drive's run id,
-        here or on the workers) of the chat, stopped by the person named ``by``; False when
+        """Stop the drive ``key`` (a task's name or the drive's run id, here or on the
+        workers) of the chat, stopped by the person named ``by``; False when
         the chat has none such."""
         ...
 
     async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
-        """Stop every drive of ``place``; their keys."""
+        """Stop every drive of ``place``; their run ids."""
         ...
 
     async def wake(self, task: str) -> None:
@@ -146,6 +134,7 @@ class LocalDrives:
         self.agent_factory = agent_factory
         self.drives: dict[str, DriveHandle] = {}
         self.places: dict[str, ChatPlace] = {}
+        self.run_ids: dict[str, str] = {}  # a task → the run of its drive here
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self._stopped_by: dict[str, str] = {}
 
@@ -184,12 +173,25 @@ class LocalDrives:
             created = True
         if task.phase == COMPLETE:
             raise DriveRefused(f"Task {name} is already complete.")
-        self._start(name, request.place, request.budget)
-        return DriveStarted(name, task.label, created)
+        run_id = await self._run_for(name)
+        self._start(name, request.place, run_id, request.budget)
+        return DriveStarted(name, task.label, created, run_id=run_id)
 
-    def _start(self, name: str, place: ChatPlace, budget: Budget | None = None) -> DriveHandle:
+    async def _run_for(self, name: str) -> str:
+        """The id of the run a drive of ``name`` starting now has: the parked (or crashed)
+        one it resumes, else a new one's (known before the drive opens it, so everything
+        said of the drive, its first words too, is said under it)."""
+        last = await self.supervisor.runs.latest_task_run(RunMode.AUTOPILOT, name)
+        if last is not None and last.status in (RunStatus.RUNNING, RunStatus.PARKED):
+            return last.id
+        return self.supervisor.reserve(RunMode.AUTOPILOT)
+
+    def _start(
+        self, name: str, place: ChatPlace, run_id: str, budget: Budget | None = None
+    ) -> DriveHandle:
         self.places[name] = place
-        self.notices.follow(drive_key(name), place, task=name)
+        self.run_ids[name] = run_id
+        self.notices.follow(run_id, place, task=name)
         handle = self.gates.start_autopilot(
             name,
             self.sink,
@@ -197,17 +199,18 @@ class LocalDrives:
             chat=(place.chat_id, place.thread_id),
             supervisor=self.supervisor,
             budget=budget,
+            run_id=run_id,
         )
         self.drives[name] = handle
         self.watchers[name] = asyncio.create_task(self._watch(name, handle), name=f"ap-{name}")
         return handle
 
     async def _watch(self, name: str, handle: DriveHandle) -> None:
-        key = drive_key(name)
         try:
             outcome = await handle.wait()
             _LOGGER.info("autopilot drive ended %s", outcome.value, extra={"task": name})
         except asyncio.CancelledError:
+            key = self._opened(name, handle)
             by = self._stopped_by.pop(name, None)
             if by is not None:
                 # Its running phase's message says so (and loses its Stop button).
@@ -220,11 +223,16 @@ class LocalDrives:
                     f"/autopilot {name} resumes it.",
                 )
         except Exception as exc:
+            key = self._opened(name, handle)
             _LOGGER.exception("autopilot drive failed", extra={"task": name})
             await self.notices.notice(key, f"⚠️ Autopilot for {name} failed: {str(exc)[:500]}")
         finally:
             if self.drives.get(name) is handle:
                 self.drives.pop(name, None)
+
+    def _opened(self, name: str, handle: DriveHandle) -> str:
+        opened = handle.pilot.run_of(name) if handle.pilot is not None else None
+        return opened or self.run_ids[name]
 
     def state_of(self, task: str) -> str | None:
         handle = self.drives.get(task)
@@ -234,12 +242,13 @@ class LocalDrives:
         return "driving · warm" if handle.pilot and handle.pilot.warm(task) else "driving"
 
     def _task_named(self, key: str) -> str:
-        """The task ``key`` names: a task, ``autopilot:TASK``, or the run id of its drive
-        (as on the workers)."""
-        for name, handle in self.drives.items():
-            if handle.pilot is not None and handle.pilot.run_of(name) == key:
+        """The task ``key`` names: the run id of its drive, else ``key`` is its name."""
+        for name, run_id in self.run_ids.items():
+            handle = self.drives.get(name)
+            opened = handle.pilot.run_of(name) if handle and handle.pilot else None
+            if key in (run_id, opened):
                 return name
-        return task_of(key)
+        return key
 
     async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
         name = self._task_named(key)
@@ -259,7 +268,7 @@ class LocalDrives:
         stopped = []
         for name, at in list(self.places.items()):
             if same_place(at, place) and await self.stop(name, chat_id=place.chat_id, by=by):
-                stopped.append(drive_key(name))
+                stopped.append(self.run_ids[name])
         return stopped
 
     async def wake(self, task: str) -> None:
@@ -282,7 +291,7 @@ class LocalDrives:
             if task.phase in (COMPLETE, HUMAN_INTERVENTION):
                 continue  # waiting for a person (or done): a person resumes it
             place = self.notices.place_of_task(name) or ChatPlace(run.chat_id, run.thread_id)
-            self._start(name, place)
+            self._start(name, place, run.id)
             _LOGGER.info("autopilot drive resumed at %s", task.label, extra={"task": name})
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:

@@ -30,7 +30,6 @@ from engine.executors.drives import (
     DriveRequest,
     DriveStarted,
     LocalDrives,
-    drive_key,
 )
 from engine.gates import GateRefused, Gates
 from engine.gates.records import TaskRecord
@@ -150,9 +149,10 @@ class WorkersDrives:
             try:
                 for request, drive in await gate_requests(self.settings, self.db):
                     assert drive.chat_id is not None  # (only the chats' drives are listed)
+                    assert request.run_id is not None  # (a gate of a drive on the workers)
                     if self.notices.place_of_task(request.task) is None:
                         place = ChatPlace(drive.chat_id, drive.thread_id)
-                        self.notices.follow(drive_key(request.task), place, task=request.task)
+                        self.notices.follow(request.run_id, place, task=request.task)
                     await self.sink.request_gate(request)
             except TurnstileError as exc:  # the database may be away a moment
                 raise_if_cancelled()
@@ -177,7 +177,7 @@ class WorkersDrives:
         if await self.local.stop(key, chat_id=chat_id, by=by):
             return True
         for placement in await self._placed(chat_id):
-            if key in (placement.run_id, placement.spec.task, drive_key(placement.spec.task or "")):
+            if key in (placement.run_id, placement.spec.task):
                 return await self._stop(placement)
         return False
 
@@ -240,7 +240,7 @@ class WorkersDrives:
         a restart, what had ended before it is not shown again)."""
         if run_id in self.followed:
             return
-        self.notices.follow(drive_key(task), place, task=task, run_id=run_id)
+        self.notices.follow(run_id, place, task=task, run_id=run_id)
         drive = _Drive(run_id, task, place)
         self.followed[run_id] = drive
         drive.job = asyncio.create_task(self._follow(drive, resumed), name=f"drive-{run_id}")
@@ -308,7 +308,7 @@ class WorkersDrives:
         placement = await WorkerStore(self.db).placement(drive.run_id)
         since = placement.created_at if placement is not None else 0.0
         log = EventLog(self.db)
-        key = drive_key(drive.task)
+        key = drive.run_id
         cursor = 0
         while True:
             last = ended.is_set()
@@ -361,9 +361,10 @@ class WorkersDrives:
             return  # (sent to a person: said when the drive ends)
         await publish(
             self.sink,
-            drive_key(drive.task),
+            drive.run_id,
             f"[{drive.task}] {words(before)} done → {words(task.label)}",
             TextKind.STEP,
+            task=drive.task,
         )
 
     async def _status(
@@ -376,7 +377,7 @@ class WorkersDrives:
             return
         await self.sink.update_status(
             StatusUpdate(
-                run_id=drive_key(drive.task),
+                run_id=drive.run_id,
                 mode="autopilot",
                 status=status,
                 phase=phase,
@@ -396,9 +397,11 @@ class WorkersDrives:
             text = f"{note}\n\n{text}" if note else text
             await publish(
                 self.sink,
-                drive_key(drive.task),
+                drive.run_id,
                 f"[{drive.task} · {words(phase)}] phase turn finished{code}:\n{text}",
                 TextKind.TURN,
+                task=drive.task,
+                body=text,
             )
             return
         where = f" on worker {event.worker}" if event.worker else ""
@@ -411,8 +414,7 @@ class WorkersDrives:
         if await self._end_said(event.placement):
             return
         task = await self._task(drive.task)
-        run_id = drive.run_id
-        key = drive_key(drive.task)
+        run_id = key = drive.run_id
         if event.placement.status is PlacementStatus.STOPPED:
             # Its running phase's message says so (and loses its Stop button), as here.
             await self._status(drive, "stopped", None, 0)
@@ -436,7 +438,9 @@ class WorkersDrives:
             return
         if task is not None and task.phase == COMPLETE:
             await self._status(drive, "complete", task.label, 0)
-            await publish(self.sink, key, f"[{drive.task}] complete", TextKind.FINAL)
+            await publish(
+                self.sink, key, f"[{drive.task}] complete", TextKind.FINAL, task=drive.task, body=""
+            )
             return
         if task is not None and task.phase == HUMAN_INTERVENTION:
             await self._status(drive, "human_intervention", task.label, 0)

@@ -20,7 +20,7 @@ from typing import Final
 from engine.aio import raise_if_cancelled
 from engine.automode import AutoRun
 from engine.automode.budget import STOPPED_BY_BUDGET
-from engine.automode.channel import final_report, live_status, turn_text
+from engine.automode.channel import final_report, live_status, turn_body, turn_text
 from engine.automode.state import AutoModeState, Phase
 from engine.errors import ConfigError, TurnstileError
 from engine.executors.base import AutoRequest, Notices, Started, wait_all
@@ -333,7 +333,14 @@ class WorkersAuto:
                 stderr_tail=turn.stderr_tail,
                 log_dir=state.log_dir,
             )
-            await publish(self.sink, event.run_id, text, TextKind.TURN)
+            body = turn_body(
+                code=turn.exit_code,
+                text=turn.output or "",
+                size=turn.output_size,
+                stderr_tail=turn.stderr_tail,
+                log_dir=state.log_dir,
+            )
+            await publish(self.sink, event.run_id, text, TextKind.TURN, body=body)
             return
         where = f" on worker {event.worker}" if event.worker else ""
         why = f": {turn.error}" if turn.error else ""

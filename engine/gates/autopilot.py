@@ -196,8 +196,12 @@ class Autopilot:
         chat: tuple[int, int | None] | None = None,
         supervisor: RunSupervisor | None = None,
         budget: Budget | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.store = store
+        # The id of the run of the task this drive is started for, when its caller chose it
+        # (the parked run it resumes, or a new one's): its reports are known by it at once.
+        self._reserved = run_id
         self.budget = DriveBudget(budget) if budget is not None else None
         self._root: str | None = None  # the task this drive was started for
         self.worktrees = worktrees
@@ -206,6 +210,7 @@ class Autopilot:
         self.chat = chat
         self.cancelled_as = RunStatus.STOPPED
         self._run_ids: dict[str, str] = {}
+        self._parent_runs: dict[str, str] = {}  # a wave's sub-task → its parent's run
         self._run_phases: dict[str, str] = {}  # the phase each run was last recorded in
         self.settings = settings
         self.sink = recording(sink, store.db, self._owner)
@@ -238,7 +243,12 @@ class Autopilot:
             event.set()
 
     def run_id(self, name: str) -> str:
-        return f"autopilot:{name}"
+        """The run the texts and status of task ``name`` are said under: its drive's run
+        (a task with none open, as one the audit names: the run of this drive's task)."""
+        run_id = self._run_ids.get(name) or self._run_ids.get(self._root or "")
+        if run_id is None:
+            raise RuntimeError(f"task {name}: no run of this drive is open")
+        return run_id
 
     def run_of(self, name: str) -> str | None:
         """The run id of the drive of task ``name`` (None: none opened yet)."""
@@ -250,8 +260,22 @@ class Autopilot:
         agent = getattr(agent, "agent", agent)  # through the run's session wrapper
         return bool(getattr(agent, "resident", False))
 
-    async def _say(self, task: TaskRecord, text: str, kind: TextKind = TextKind.NOTE) -> None:
-        await publish(self.sink, self.run_id(task.name), text[:MAX_PUBLISH], kind)
+    async def _say(
+        self,
+        task: TaskRecord,
+        text: str,
+        kind: TextKind = TextKind.NOTE,
+        body: str | None = None,
+    ) -> None:
+        """Say ``text`` of ``task`` (``body``: what it says under its head line, alone)."""
+        await publish(
+            self.sink,
+            self.run_id(task.name),
+            text[:MAX_PUBLISH],
+            kind,
+            task=task.name,
+            body=body[:MAX_PUBLISH] if body is not None else None,
+        )
 
     async def _status(self, task: TaskRecord, status: str, event: str | None = None) -> None:
         await self.sink.update_status(
@@ -265,6 +289,7 @@ class Autopilot:
                 last_event=event,
                 parent=task.parent,
                 wave=task.wave,
+                parent_run=self._parent_runs.get(task.name),
             )
         )
 
@@ -322,6 +347,7 @@ class Autopilot:
             task,
             f"[{task.name} · {words(task.phase)}] {kind} turn finished{code}:\n{text}",
             TextKind.TURN,
+            body=text,
         )
         if self.budget is not None:
             note = await self._count_spend(task, out)
@@ -386,9 +412,6 @@ class Autopilot:
 
     def _owner(self, key: str) -> tuple[str | None, str | None]:
         """Whose a text said under ``key`` is: the drive's run and its task."""
-        if key.startswith("autopilot:"):
-            name = key.removeprefix("autopilot:")
-            return self._run_ids.get(name), name
         names = [name for name, run_id in self._run_ids.items() if run_id == key]
         return key, names[0] if names else None
 
@@ -411,6 +434,9 @@ class Autopilot:
         if place is None and last is not None:
             place = (last.chat_id, last.thread_id) if last.chat_id is not None else None
         chat_id, thread_id = place if place is not None else (None, None)
+        reserved = self._reserved if task.name == self._root else None
+        if reserved is not None and last is not None and last.id != reserved:
+            last = None  # (not the run the caller resumes: a new one, by the id it chose)
         if last is not None and last.status in (RunStatus.RUNNING, RunStatus.PARKED):
             run_id = last.id
             await self.runs.update_run(
@@ -429,6 +455,8 @@ class Autopilot:
                 RunMode.AUTOPILOT,
                 agent=self.tool,
                 session_id=session.session_id if session is not None else "",
+                # (An id of a run that ended meanwhile is not given again.)
+                run_id=reserved if last is None or last.id != reserved else None,
                 objective=task.summary,
                 workdir=str(task.workdir),
                 chat=ChatPlace(chat_id, thread_id) if chat_id is not None else None,
@@ -470,9 +498,12 @@ class Autopilot:
         report = await run_audit(self.store, tasks=tasks, reason=reason)
         if report.findings:
             lines = [f"- {f.task}: {f.kind.value}: {f.detail}" for f in report.findings[:20]]
-            await self.sink.publish_text(
-                self.run_id(tasks[0] if tasks else "all"),
+            name = tasks[0] if tasks else self._root or ""
+            await publish(
+                self.sink,
+                self.run_id(name),
                 f"audit ({reason}): {len(report.findings)} findings\n" + "\n".join(lines),
+                task=name,
             )
         return report
 
@@ -488,6 +519,8 @@ class Autopilot:
         self._events.setdefault(name, asyncio.Event())
         if self._root is None:
             self._root = name
+        if parent_run is not None:
+            self._parent_runs[name] = parent_run
         remove = self.store.add_listener(self._on_change)
         try:
             task = await self.store.get(name)
@@ -548,7 +581,12 @@ class Autopilot:
             if task.phase == COMPLETE:
                 await self._status(task, "complete")
                 work = await self._work_of(task)
-                await self._say(task, "\n".join([f"[{name}] complete", *work]), TextKind.FINAL)
+                await self._say(
+                    task,
+                    "\n".join([f"[{name}] complete", *work]),
+                    TextKind.FINAL,
+                    body="\n".join(work),
+                )
                 await self._audit([name], f"task {name} complete")
                 return DriveOutcome.COMPLETE
             if task.phase == HUMAN_INTERVENTION:

@@ -35,10 +35,11 @@ from engine.gates.tasks import TaskStore
 from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
 from engine.logs import log_context
-from engine.runs import RunSupervisor
+from engine.runs import RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.spend import Budget
+from engine.store.runs import SqliteRunStore
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -280,6 +281,7 @@ class Gates:
     async def pending_gates(self) -> list[GateRequest]:
         """Every open gate, to re-post or refresh gate messages on start-up."""
         out: list[GateRequest] = []
+        runs = SqliteRunStore(self.store.db)
         for task in await self.store.list_tasks():
             if not task.awaiting_approval or task.gate_sha256 is None:
                 continue
@@ -288,6 +290,8 @@ class Gates:
             spec = self.workflow.phase(task.phase)
             path = task.folder / spec.artifact
             excerpt = await self.store.excerpt(task.gate_sha256, 1500)
+            # The gate's drive: the task's latest (None: a gate no drive opened).
+            drive = await runs.latest_task_run(RunMode.AUTOPILOT, task.name)
             out.append(
                 GateRequest(
                     task=task.name,
@@ -296,7 +300,7 @@ class Gates:
                     artifact_path=path,
                     sha256=task.gate_sha256,
                     excerpt=excerpt,
-                    run_id=f"autopilot:{task.name}",
+                    run_id=drive.id if drive is not None else None,
                 )
             )
         return out
@@ -326,12 +330,14 @@ class Gates:
         chat: tuple[int, int | None] | None = None,
         supervisor: RunSupervisor | None = None,
         budget: Budget | None = None,
+        run_id: str | None = None,
     ) -> DriveHandle:
         """Start (or resume, from the recorded phase) driving ``task``; call from a running
         event loop. A second start for a task already being driven returns the same handle.
 
         ``budget``: what the drive's turns may spend (the caller checked that its agent
-        reports it: :meth:`engine.spend.Budget.refusal_for`).
+        reports it: :meth:`engine.spend.Budget.refusal_for`). ``run_id``: the id of the
+        drive's run, when the caller chose it (the parked run it resumes, or a reserved one).
         """
         current = self._drives.get(task)
         if current is not None and not current.done:
@@ -350,6 +356,7 @@ class Gates:
             chat=chat,
             supervisor=supervisor,
             budget=budget,
+            run_id=run_id,
         )
         # The task copies the context: every line it logs carries the task name.
         with log_context(task=task):

@@ -1,30 +1,36 @@
-"""The bot's :class:`engine.sink.RunSink`: a run's texts, live status and gates as chat messages."""
+"""A chat front end's :class:`engine.sink.RunSink`: a run's texts, live status and gates as
+chat messages, whatever the messenger.
+
+It reads only typed data from the engine (a text's run, task and kind, a turn's output on
+its own: :class:`engine.sink.RunText`; a :class:`~engine.sink.StatusUpdate`), never takes
+the engine's text apart. What is the messenger's it is handed: the publisher that queues
+messages (:class:`Publisher`) and the buttons of a live message (:class:`Controls`).
+"""
 
 from __future__ import annotations
 
 import logging
-import re
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, Protocol
 
-from chatfront.progress import AUTO_STOP_DATA, AUTOPILOT_STOP_DATA, stop_button
-from chatfront.publish import Publisher
-from chatfront.render import excerpt
+from chatfront.people import People
+from chatfront.store import BotStore
+from chatfront.text import excerpt, last_line, status_ended, status_text
 from engine.errors import NotFoundError
-from engine.humane import format_elapsed, humane, turn_count, words
+from engine.humane import humane, words
 from engine.runs import ChatPlace
 from engine.runs.ids import short_id
-from engine.sink import GateRequest, StatusUpdate, TextKind, summary_ref
+from engine.sink import GateRequest, RunText, StatusUpdate, TextKind, summary_ref
 from engine.store.runs import SqliteRunStore
 
 __all__ = [
     "BotSink",
     "ChatPlace",
-    "autopilot_stop_button",
+    "Controls",
+    "Publisher",
     "humane",
     "last_line",
     "status_ended",
@@ -34,56 +40,68 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-_ICONS = {"auto": "🤖", "autopilot": "🛂", "chat": "💬"}
 _EXCERPT_LINES: Final = 4
-_TURN_HEAD: Final = re.compile(r"^\[[^\]\n]*\]\s*(?:[^\n]*turn finished[^\n]*:)?\n?")
+
+#: A message's buttons, as the messenger takes them (None: none).
+Markup = dict[str, Any] | None
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+class Publisher(Protocol):
+    """What the sink queues messages through (the chat front end's outbox)."""
+
+    store: BotStore
+    people: People
+
+    async def say(
+        self,
+        chat_id: int,
+        text: str,
+        *,
+        thread_id: int | None = None,
+        markdown: bool = False,
+        run_id: str | None = None,
+    ) -> None: ...
+
+    async def document(
+        self,
+        chat_id: int,
+        content: str,
+        *,
+        filename: str,
+        caption: str,
+        thread_id: int | None = None,
+        run_id: str | None = None,
+    ) -> None: ...
+
+    async def live(
+        self,
+        ref: str,
+        text: str,
+        *,
+        chat_id: int,
+        thread_id: int | None,
+        markup: Markup = None,
+        run_id: str | None = None,
+        markdown: str | None = None,
+        when: Callable[[], bool] | None = None,
+    ) -> None: ...
 
 
-def last_line(text: str) -> str:
-    """The last non-empty line of ``text`` (Markdown marks stripped), for a status line."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip().lstrip("#>*-` ").rstrip("`* ")
-        if line:
-            return _one_line(line)
-    return ""
+class Controls(Protocol):
+    """The buttons of the sink's live messages, in the messenger's own terms."""
+
+    def stop_drive(self, task: str) -> Markup:
+        """The Stop button of the drive of ``task`` (None: the messenger cannot say it;
+        ``/stop TASK`` still stops it)."""
+        ...
+
+    def stop_auto(self, run_id: str, *, paused: bool) -> Markup:
+        """Stop, and Pause or (``paused``) Go on, of auto run ``run_id``."""
+        ...
 
 
 def _is_auto(run_id: str) -> bool:
     return run_id.startswith(("auto-", "auto:"))
-
-
-def status_text(update: StatusUpdate, now: float | None = None) -> str:
-    """The live status message: mode, run, turn of how many, elapsed, state, last event."""
-    icon = _ICONS.get(update.mode, "▶️")
-    mode = {"auto": "Auto run", "autopilot": "Autopilot", "chat": "Chat session"}.get(
-        update.mode, update.mode
-    )
-    name = update.run_id.removeprefix(f"{update.mode}:")
-    head = f"{icon} {mode} {name}"
-    if update.task and update.task != name:
-        head += f" · task {update.task}"
-    parts = [words(update.status)]
-    if update.phase:
-        parts.append(
-            words(update.phase).capitalize() if update.mode == "auto" else words(update.phase)
-        )
-    if update.turn or update.round:
-        parts.append(
-            turn_count(update.turn, round_=update.round, limit=update.max_turns, of=" of ")
-        )
-    if update.started_at is not None:
-        parts.append(format_elapsed((now or time.time()) - update.started_at))
-    if update.spent:
-        parts.append(f"{update.spent} so far")
-    text = head + "\n" + " · ".join(parts)
-    if update.last_event:
-        text += "\n" + _one_line(update.last_event, 300)
-    return text
 
 
 @dataclass
@@ -123,15 +141,6 @@ _PHASE_STATES: Final = {
 _ROW_STATES: Final = {**_PHASE_STATES, "complete": "✅ complete"}
 
 
-def autopilot_stop_button(task: str) -> dict[str, object] | None:
-    """The Stop button of a drive's live message (None: the task's name is too long for a
-    button's 64 bytes; ``/stop TASK`` still stops it)."""
-    data = f"{AUTOPILOT_STOP_DATA}{task}"
-    if len(data.encode()) > 64:
-        return None
-    return stop_button(task, AUTOPILOT_STOP_DATA, paused=None)
-
-
 # Posts a gate in its chat (bot.autopilot).
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
 # Sends files of a run's folder to its chat: (place, run id, workdir, paths) (bot.files).
@@ -165,11 +174,14 @@ class BotSink:
     messages of their own.
     """
 
-    def __init__(self, publisher: Publisher, runs: SqliteRunStore) -> None:
+    def __init__(self, publisher: Publisher, runs: SqliteRunStore, controls: Controls) -> None:
         self._publisher = publisher
         self._runs = runs
+        self._controls = controls
         self._places: dict[str, ChatPlace] = {}
         self._tasks: dict[str, ChatPlace] = {}
+        # A drive's task → its run (its waves' messages are the drive's).
+        self._task_runs: dict[str, str] = {}
         self._on_gate: GateHandler | None = None
         self._on_files: FilesHandler | None = None
         self._resolvers: list[PlaceResolver] = []
@@ -226,12 +238,18 @@ class BotSink:
         task: str | None = None,
         key: str | None = None,
     ) -> None:
-        """``key``: the drive's run on the workers (its messages' refs are made from it)."""
+        """The reports of ``run_id`` (of ``task``, when it drives one) go to ``place``;
+        ``key``: the drive's run on the workers (its messages' refs are made from it)."""
         self._places[run_id] = place
         if task is not None:
             self._tasks[task] = place
+            self._task_runs[task] = run_id
             if key is not None:
                 self._keys[task] = key
+
+    def register_task(self, task: str, place: ChatPlace) -> None:
+        """The reports of ``task``'s drives go to ``place`` (known before a drive's run)."""
+        self._tasks[task] = place
 
     def place_of_task(self, task: str) -> ChatPlace | None:
         return self._tasks.get(task)
@@ -256,20 +274,21 @@ class BotSink:
         return place
 
     async def publish_text(self, run_id: str, text: str) -> None:
-        await self.publish_kind(run_id, text, TextKind.NOTE)
+        await self.publish_run_text(RunText(run_id, text))
 
-    async def publish_kind(self, run_id: str, text: str, kind: TextKind) -> None:
+    async def publish_run_text(self, said: RunText) -> None:
+        run_id, text, kind = said.run_id, said.text, said.kind
         place = await self.place(run_id)
         if place is None:
             _LOGGER.info("%s", text, extra={"run_id": run_id})
             return
-        if run_id.startswith("autopilot:") and kind not in (TextKind.NOTE, TextKind.PERSON):
-            await self._autopilot_text(run_id, text, kind, place)
+        if said.task is not None and kind not in (TextKind.NOTE, TextKind.PERSON):
+            await self._autopilot_text(said, said.task, place)
             return
         if _is_auto(run_id) and kind is TextKind.TURN:
             view = self._autos.setdefault(run_id, _AutoView())
             view.turns.append(text)
-            view.last = last_line(_TURN_HEAD.sub("", text, count=1)) or None
+            view.last = last_line(said.body if said.body is not None else text) or None
             await self._show_auto(run_id, place)
             return
         if _is_auto(run_id) and kind is TextKind.VERDICT:
@@ -308,7 +327,7 @@ class BotSink:
             run_id=run_id,
         )
 
-    # -- autopilot: one message per phase ----------------------------------------------
+    # -- autopilot, one message per phase ----------------------------------------------
 
     def phase_message(self, task: str, phase: str) -> str | None:
         """The ref of the message showing ``task``'s ``phase``, handed over to its gate
@@ -319,10 +338,8 @@ class BotSink:
         view.gated = True
         return view.ref
 
-    async def _autopilot_text(
-        self, run_id: str, text: str, kind: TextKind, place: ChatPlace
-    ) -> None:
-        task = run_id.removeprefix("autopilot:")
+    async def _autopilot_text(self, said: RunText, task: str, place: ChatPlace) -> None:
+        run_id, kind = said.run_id, said.kind
         if task in self._subtasks:
             # A wave's sub-task: its row in the wave's message says it (its turns' output
             # is in its artifacts, its end in the parent's summary).
@@ -331,13 +348,13 @@ class BotSink:
             return
         if kind is TextKind.FINAL:
             # Under its head line, what the drive found the task changed (its stat, branch).
-            await self._task_summary(task, place, run_id, text.partition("\n")[2])
+            await self._task_summary(task, place, run_id, said.body or "")
             return
         view = self._phases.get(task)
         if view is None or view.gated:
             return  # a step after the gate: its message says it already
         if kind is TextKind.TURN:
-            body = _TURN_HEAD.sub("", text, count=1).strip()
+            body = (said.body if said.body is not None else said.text).strip()
             view.excerpt = excerpt(body, lines=_EXCERPT_LINES, chars=400) if body else None
         elif kind is TextKind.STEP:
             view.state = "done"
@@ -357,16 +374,21 @@ class BotSink:
             markdown=view.excerpt,
             # While it runs, its Stop button stops the drive (gone when the phase ends:
             # that edit goes out before any later message).
-            markup=autopilot_stop_button(view.task) if view.state == "running" else None,
+            markup=self._controls.stop_drive(view.task) if view.state == "running" else None,
             # Handed to its gate meanwhile: the gate is this message now.
             when=lambda: not view.gated,
         )
 
-    # -- autopilot: one message per wave of sub-tasks -------------------------------------
+    # -- autopilot, one message per wave of sub-tasks -------------------------------------
 
-    async def _wave_status(self, update: StatusUpdate, parent: str, wave: int) -> None:
-        task = update.task or update.run_id.removeprefix("autopilot:")
+    async def _wave_status(
+        self, update: StatusUpdate, parent: str, wave: int, place: ChatPlace
+    ) -> None:
+        task = update.task or update.run_id
         self._subtasks[task] = (parent, wave)
+        if update.parent_run is not None:
+            self._task_runs.setdefault(parent, update.parent_run)
+        self._tasks.setdefault(parent, place)  # (a sub-task reports to its parent's chat)
         phase = (update.phase or "").split(":", 1)[0]
         await self._wave_row(task, update.status, phase or None)
 
@@ -385,7 +407,7 @@ class BotSink:
         await self._show_wave(view)
 
     async def _show_wave(self, view: _WaveView) -> None:
-        place = await self.place(f"autopilot:{view.parent}")
+        place = self._tasks.get(view.parent)
         if place is None:
             return
         count = len(view.rows)
@@ -405,9 +427,9 @@ class BotSink:
             "\n".join(lines),
             chat_id=place.chat_id,
             thread_id=place.thread_id,
-            run_id=f"autopilot:{view.parent}",
+            run_id=self._task_runs.get(view.parent),
             # Its Stop button stops the whole drive (the parent's, as /stop PARENT does).
-            markup=autopilot_stop_button(view.parent) if going else None,
+            markup=self._controls.stop_drive(view.parent) if going else None,
         )
 
     async def _end_waves(self, parent: str, state: str) -> None:
@@ -421,10 +443,11 @@ class BotSink:
             await self._show_wave(view)
 
     async def _autopilot_status(self, update: StatusUpdate, place: ChatPlace) -> None:
-        task = update.task or update.run_id.removeprefix("autopilot:")
+        task = update.task or update.run_id
         if update.parent is not None:
-            await self._wave_status(update, update.parent, update.wave or 1)
+            await self._wave_status(update, update.parent, update.wave or 1, place)
             return
+        self._task_runs[task] = update.run_id
         phase = (update.phase or "").split(":", 1)[0]
         if any(p == task for p, _ in self._waves) and update.status != "awaiting_approval":
             # The parent moves on (or stops): its waves are over.
@@ -507,9 +530,7 @@ class BotSink:
             thread_id=place.thread_id,
             run_id=run_id,
             markup=(
-                stop_button(run_id, AUTO_STOP_DATA, paused=run_id in self.paused)
-                if running
-                else None
+                self._controls.stop_auto(run_id, paused=run_id in self.paused) if running else None
             ),
         )
 
@@ -558,12 +579,3 @@ class BotSink:
             )
             return
         await self._on_gate(request, place)
-
-
-def status_ended(body: str) -> bool:
-    """Whether a run's live status message says it ended (its second line, the state)."""
-    lines = body.splitlines()
-    if len(lines) < 2:
-        return False
-    ended = [words(s) for s in ("completed", "stopped", "error", "crashed")]
-    return any(lines[1].startswith(w) for w in ended)
