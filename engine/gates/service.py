@@ -20,7 +20,7 @@ from engine.gates.autopilot import (
     next_step,
 )
 from engine.gates.folder import Violation
-from engine.gates.listing import ListEntry, TaskGroup, group_tasks, render_rows
+from engine.gates.listing import ListEntry, TaskGroup, group_tasks
 from engine.gates.policy import GatePolicy
 from engine.gates.records import (
     ApprovalRecord,
@@ -156,10 +156,6 @@ class Gates:
         """
         rows = await self.store.gate_store.listing_rows()
         return group_tasks(map(ListEntry._make, rows))
-
-    async def listing_text(self) -> str:
-        """:meth:`list_tasks` rendered as text (streamed from the rows: no object per task)."""
-        return render_rows(await self.store.gate_store.listing_rows())
 
     async def transition(
         self, task: str, target: str, *, actor: str | None = None, reason: str | None = None

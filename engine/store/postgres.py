@@ -610,11 +610,6 @@ class PostgresDatabase(OpenedAndClosed):
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
 
-    async def server_version(self) -> str:
-        """The server's version, as it names it (``15.14``)."""
-        row = await self.fetchone("SHOW server_version")
-        return str(row[0]) if row is not None else "unknown"
-
     async def schema_version(self) -> int:
         """The engine's schema version."""
         return (await self.schema_versions())[ENGINE]
