@@ -160,7 +160,7 @@ class _AutoView:
     last: str | None = None
     turns: list[str] = field(default_factory=list)
     # Claims of completion not accepted ("🔎 Turn 3 claimed complete; not accepted. …").
-    verdicts: list[str] = field(default_factory=list)
+    verdicts: list[RunText] = field(default_factory=list)
 
 
 class BotSink:
@@ -295,7 +295,7 @@ class BotSink:
             # Folded: the live message's last line while the run goes on, the final
             # report's list when it ends, and the turns document after its turn.
             view = self._autos.setdefault(run_id, _AutoView())
-            view.verdicts.append(text)
+            view.verdicts.append(said)
             if view.turns:
                 view.turns[-1] += f"\n\n{text}"
             await self._show_auto(run_id, place)
@@ -304,7 +304,7 @@ class BotSink:
             verdicts = self._autos.get(run_id, _AutoView()).verdicts
             if verdicts:
                 text += "\n\nClaims of completion not accepted:\n" + "\n".join(
-                    f"- {v.removeprefix('🔎 ').removesuffix(' The run goes on.')}" for v in verdicts
+                    f"- {v.claim.said() if v.claim is not None else v.text}" for v in verdicts
                 )
         await self._publisher.say(
             place.chat_id, humane(text), thread_id=place.thread_id, markdown=True, run_id=run_id
@@ -519,7 +519,7 @@ class BotSink:
                 steer = ""
             text += f"\n{steer}/stop {short_id(run_id)} stops it."
             if view.verdicts:
-                text += f"\n{view.verdicts[-1]}"
+                text += f"\n{view.verdicts[-1].text}"
             if run_id in self.paused:
                 text += f"\n{self.paused[run_id]}"
         running = view.status.status == "running"

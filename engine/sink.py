@@ -26,11 +26,14 @@ __all__ = [
     "LogSink",
     "NullSink",
     "RecordingSink",
+    "RefusedClaim",
     "RunSink",
     "RunText",
     "StatusUpdate",
     "TextKind",
+    "TurnDone",
     "publish",
+    "publish_said",
     "recording",
     "summary_ref",
 ]
@@ -58,6 +61,9 @@ class StatusUpdate:
     parent: str | None = None  # a wave's sub-task: the task it belongs to
     wave: int | None = None  # and the wave it is in
     parent_run: str | None = None  # and the run of the drive it belongs to
+    # The phase of the agent turn running now, as a person reads it ("Execute"); None
+    # between turns (an auto run's; ``turn`` is then the turn running).
+    running: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +122,46 @@ class TextKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class TurnDone:
+    """A finished agent turn of an auto run, as its head line says it, and what it said."""
+
+    turn: int  # the agent turn
+    round: int  # the run's round, which ``max_turns`` counts
+    max_turns: int
+    phase: str  # the phase, as a person reads it ("Execute")
+    exit_code: int
+    output: str  # the head of its output that is shown
+    size: int  # the whole output's length (past ``output``'s: the transcript has the rest)
+    error: str | None = None  # the end of its error output, when it failed
+
+    @property
+    def cut(self) -> bool:
+        """Whether the output goes on past what is shown."""
+        return self.size > len(self.output)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedClaim:
+    """A claim of completion the engine checked and did not accept, and why."""
+
+    turn: int  # the agent turn that claimed it
+    why: str  # what the evidence lacks, in words ("evidence: no commit since ...")
+
+    def said(self) -> str:
+        """The claim and why it is not accepted, as one sentence of its own."""
+        why = self.why[:1].upper() + self.why[1:]
+        return f"Turn {self.turn} claimed complete; not accepted. {why}."
+
+
+@dataclass(frozen=True, slots=True)
 class RunText:
     """A text for the people following run ``run_id``, and what it is.
 
     ``task`` is the task the run drives (an autopilot drive or a wave's sub-task; None for
     a chat session or an auto run). ``body`` is what ``text`` says under its head line, on
-    its own (a turn's output, what a complete task's drive found it changed), so a front
-    end never takes ``text`` apart.
+    its own (a turn's output, what a complete task's drive found it changed); ``turn`` is
+    what an auto run's turn text says of its turn, ``claim`` what a verdict text says of
+    the claim it refuses: so a front end never takes ``text`` apart.
     """
 
     run_id: str
@@ -130,6 +169,8 @@ class RunText:
     kind: TextKind = TextKind.NOTE
     task: str | None = None
     body: str | None = None
+    turn: TurnDone | None = None
+    claim: RefusedClaim | None = None
 
 
 @runtime_checkable
@@ -155,13 +196,21 @@ async def publish(
     *,
     task: str | None = None,
     body: str | None = None,
+    turn: TurnDone | None = None,
+    claim: RefusedClaim | None = None,
 ) -> None:
     """Publish ``text`` through ``sink``, with what it is (:class:`RunText`) when the sink
     takes that."""
+    await publish_said(sink, RunText(run_id, text, kind, task, body, turn, claim))
+
+
+async def publish_said(sink: RunSink, said: RunText) -> None:
+    """Publish ``said`` through ``sink``: all of it when the sink takes a :class:`RunText`,
+    else its text."""
     if isinstance(sink, KindSink):
-        await sink.publish_run_text(RunText(run_id, text, kind, task, body))
+        await sink.publish_run_text(said)
     else:
-        await sink.publish_text(run_id, text)
+        await sink.publish_text(said.run_id, said.text)
 
 
 class NullSink:
@@ -244,7 +293,7 @@ class RecordingSink:
         if said.kind is not TextKind.TURN:
             data: dict[str, object] = {"note": said.kind.value, "text": said.text[:_NOTE_HEAD]}
             await self._record(said.run_id, EventKind.NOTE, data, said.task)
-        await publish(self.inner, said.run_id, said.text, said.kind, task=said.task, body=said.body)
+        await publish_said(self.inner, said)
 
     async def publish_text(self, run_id: str, text: str) -> None:
         await self.publish_run_text(RunText(run_id, text))

@@ -19,7 +19,6 @@ question until the answer is in, so the next refresh never overdraws the prompt.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -34,17 +33,13 @@ from rich.text import Text
 from engine.agents.stream import AgentEvent, EventKind
 from engine.humane import format_elapsed, turn_count
 from engine.redact import redact
-from engine.sink import GateRequest, StatusUpdate
+from engine.sink import GateRequest, RunText, StatusUpdate
 
 __all__ = ["AskLine", "TerminalView"]
 
 # Reads one answer line from the person (None: no more input).
 AskLine = Callable[[], Awaitable[str | None]]
 
-# A turn's published output starts with this header (engine.automode.channel).
-_TURN_HEADER: Final = re.compile(
-    r"^\[turn (\d+) · round (\d+)/(\d+) · ([^,\]]+), exit (-?\d+)\]\n?"
-)
 _LINE_LIMIT: Final = 160
 
 
@@ -245,23 +240,27 @@ class TerminalView:
 
     # -- RunSink ------------------------------------------------------------------------------
     async def publish_text(self, run_id: str, text: str) -> None:
+        await self.publish_run_text(RunText(run_id, text))
+
+    async def publish_run_text(self, said: RunText) -> None:
         if self._ended:
             # The final report: the command prints it on stdout once the run is over.
-            self.report = text
+            self.report = said.text
             return
-        match = _TURN_HEADER.match(text)
-        if match is None:
-            self.say(text)
+        done = said.turn
+        if done is None:
+            self.say(said.text)
             return
-        turn, round_, max_turns, label, code = match.groups()
-        body = text[match.end() :]
         elapsed = self.end() if self._activity is not None else 0.0
-        mark, style = ("✓", "green") if code == "0" else ("✗", "red")
+        code = done.exit_code
+        mark, style = ("✓", "green") if code == 0 else ("✗", "red")
         line = (
-            f"{mark} turn {turn} {label} · round {round_}/{max_turns} · exit {code} · "
-            f"{format_elapsed(elapsed)}"
+            f"{mark} turn {done.turn} {done.phase} · round {done.round}/{done.max_turns} · "
+            f"exit {code} · {format_elapsed(elapsed)}"
         )
-        last = _last_line(body.split("\n… (", 1)[0])
+        # Its last line: of the output, or of the error output when all the output is shown.
+        shown = done.output if done.cut or not done.error else f"{done.output}\n{done.error}"
+        last = _last_line(shown)
         self.say(line + (f" · {last}" if last else ""), style=style)
 
     async def update_status(self, update: StatusUpdate) -> None:
@@ -269,10 +268,9 @@ class TerminalView:
             self._ended = True
             self.end()
             return
-        event = update.last_event or ""
-        if event.endswith(" running"):
+        if update.running is not None:
             self.begin(
-                event.removesuffix(" running"),
+                update.running,
                 turn=update.turn,
                 round_=update.round,
                 max_turns=update.max_turns,

@@ -8,8 +8,10 @@ import io
 from rich.console import Console
 
 from engine.agents.stream import AgentEvent, EventKind
+from engine.automode.channel import turn_said
+from engine.automode.state import Phase
 from engine.humane import format_elapsed
-from engine.sink import StatusUpdate
+from engine.sink import RunText, StatusUpdate
 from engine.terminal import TerminalView
 
 
@@ -28,7 +30,9 @@ def piped() -> tuple[TerminalView, io.StringIO, Clock]:
     return view, out, clock
 
 
-def status(turn: int, event: str, state: str = "running") -> StatusUpdate:
+def status(
+    turn: int, event: str, state: str = "running", running: str | None = None
+) -> StatusUpdate:
     return StatusUpdate(
         run_id="r",
         mode="auto",
@@ -37,6 +41,7 @@ def status(turn: int, event: str, state: str = "running") -> StatusUpdate:
         round=turn,
         max_turns=10,
         last_event=event,
+        running=running,
     )
 
 
@@ -47,12 +52,25 @@ def test_elapsed_reads_as_words() -> None:
 async def test_piped_lines_per_turn_and_no_report_twice() -> None:
     view, out, clock = piped()
     with view:
-        await view.update_status(status(1, "Clarify running"))
-        await view.update_status(status(1, "Clarify running"))  # no change: no line
+        await view.update_status(status(1, "Clarify running", running="Clarify"))
+        await view.update_status(
+            status(1, "Clarify running", running="Clarify")
+        )  # no change: no line
         clock.now += 12
         long_line = "x" * 300
-        await view.publish_text(
-            "r", f"[turn 1 · round 1/10 · Clarify, exit 0]\nfirst\n{long_line}\n"
+        await view.publish_run_text(
+            turn_said(
+                "r",
+                turn=1,
+                round_=1,
+                max_turns=10,
+                phase=Phase.CLARIFY,
+                code=0,
+                text=f"first\n{long_line}\n",
+                size=None,
+                stderr_tail=None,
+                log_dir="logs",
+            )
         )
         await view.publish_text("r", "Appended instruction a.md refused: too big")
         await view.update_status(status(1, "Objective achieved", "completed"))
@@ -66,6 +84,31 @@ async def test_piped_lines_per_turn_and_no_report_twice() -> None:
     assert len(lines) == 3
     assert view.report == "Auto run r: completed\nEvidence ..."
     assert "\x1b[" not in out.getvalue()
+
+
+async def test_a_failed_turn_ends_with_its_error_output_unless_its_output_was_cut() -> None:
+    view, out, _ = piped()
+
+    def failed(text: str) -> RunText:
+        return turn_said(
+            "r",
+            turn=2,
+            round_=1,
+            max_turns=10,
+            phase=Phase.PLAN,
+            code=3,
+            text=text,
+            size=None,
+            stderr_tail="Traceback\nboom\n",
+            log_dir="logs",
+        )
+
+    with view:
+        await view.publish_run_text(failed("planned"))
+        await view.publish_run_text(failed("y" * 5000 + "\nlast of all"))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "✗ turn 2 Plan · round 1/10 · exit 3 · 0s · boom"
+    assert lines[1].startswith("✗ turn 2 Plan · round 1/10 · exit 3 · 0s · yyy")
 
 
 def test_agent_progress_shows_the_tool_or_the_last_text_redacted() -> None:

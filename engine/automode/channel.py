@@ -43,7 +43,18 @@ from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
 from engine.humane import turn_count
 from engine.reaper import TurnProcess
-from engine.sink import FileSink, NullSink, RunSink, StatusUpdate, TextKind, publish
+from engine.sink import (
+    FileSink,
+    NullSink,
+    RefusedClaim,
+    RunSink,
+    RunText,
+    StatusUpdate,
+    TextKind,
+    TurnDone,
+    publish,
+    publish_said,
+)
 from engine.spend import Spend
 from engine.store.runs import RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
@@ -54,8 +65,7 @@ __all__ = [
     "AutoRunStore",
     "final_report",
     "run_status",
-    "turn_body",
-    "turn_text",
+    "turn_said",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -311,14 +321,8 @@ class AutoModeChannel(BaseChannel):
         self._transcript(f"### Output (exit {code})\n\n{out.text}\n\n")
         if out.stderr_tail:
             self._transcript(f"### Error output (its end)\n\n{out.stderr_tail}\n\n")
-        refused: str | None = None
-        if not_accepted is not None:
-            # The agent hears it in its next prompt; the people watching hear it here.
-            goes_on = "" if new_state.terminal else " The run goes on."
-            refused = (
-                f"🔎 Turn {flight.seq} claimed complete; not accepted. {not_accepted[0].upper()}"
-                f"{not_accepted[1:]}.{goes_on}"
-            )
+        # The agent hears it in its next prompt; the people watching hear it here.
+        refused = None if not_accepted is None else RefusedClaim(flight.seq, not_accepted)
         if budget_note is not None:
             await self._safe_publish(budget_note)
         await self._announce(
@@ -450,7 +454,7 @@ class AutoModeChannel(BaseChannel):
         out: TurnOutput,
         message: str | None,
         report: str | None,
-        verdict: str | None = None,
+        refused: RefusedClaim | None = None,
     ) -> None:
         state = self._state
         if message is not None:
@@ -461,34 +465,29 @@ class AutoModeChannel(BaseChannel):
             _LOGGER.info(
                 "Work summary:\n%s", self.last_summary.render() if self.last_summary else ""
             )
-        log_dir = str(self._log_dir)
-        await self._safe_publish(
-            turn_text(
-                turn=turn,
-                round_=round_,
-                max_turns=state.max_turns,
-                phase=phase,
-                code=code,
-                text=out.text,
-                size=out.size,
-                stderr_tail=out.stderr_tail,
-                log_dir=log_dir,
-            ),
-            TextKind.TURN,
-            body=turn_body(
-                code=code,
-                text=out.text,
-                size=out.size,
-                stderr_tail=out.stderr_tail,
-                log_dir=log_dir,
-            ),
+        said = turn_said(
+            state.run_id,
+            turn=turn,
+            round_=round_,
+            max_turns=state.max_turns,
+            phase=phase,
+            code=code,
+            text=out.text,
+            size=out.size,
+            stderr_tail=out.stderr_tail,
+            log_dir=str(self._log_dir),
         )
+        await self._sink_call(publish_said(self._sink, said))
         # Files the agent hands over (TURNSTILE-SEND lines) follow its output.
         paths = send_markers(out.text)
         if paths and isinstance(self._sink, FileSink):
             await self._sink_call(self._sink.send_files(state.run_id, Path(state.workdir), paths))
-        if verdict is not None:  # after the turn's output, before the final report
-            await self._safe_publish(verdict, TextKind.VERDICT)
+        if refused is not None:  # after the turn's output, before the final report
+            goes_on = "" if state.terminal else " The run goes on."
+            verdict = RunText(
+                state.run_id, f"🔎 {refused.said()}{goes_on}", TextKind.VERDICT, claim=refused
+            )
+            await self._sink_call(publish_said(self._sink, verdict))
         if state.terminal:
             await self._status(state.message or state.status.value)
             await self._safe_publish(report or self._final_report(state), TextKind.FINAL)
@@ -525,6 +524,7 @@ class AutoModeChannel(BaseChannel):
                     max_turns=s.max_turns,
                     started_at=s.started_at,
                     last_event=event,
+                    running=self._in_flight.phase.label if self._in_flight is not None else None,
                     spent=self.spend.cost_text()
                     if self.spend is not None and self.spend.cost_usd is not None
                     else None,
@@ -532,10 +532,8 @@ class AutoModeChannel(BaseChannel):
             )
         )
 
-    async def _safe_publish(
-        self, text: str, kind: TextKind = TextKind.NOTE, body: str | None = None
-    ) -> None:
-        await self._sink_call(publish(self._sink, self._state.run_id, text, kind, body=body))
+    async def _safe_publish(self, text: str, kind: TextKind = TextKind.NOTE) -> None:
+        await self._sink_call(publish(self._sink, self._state.run_id, text, kind))
 
     async def _sink_call(self, call: Any) -> None:
         # The state is committed before anything is reported: a failing sink loses a
@@ -584,7 +582,8 @@ def final_report(
     return "\n".join(lines)
 
 
-def turn_text(
+def turn_said(
+    run_id: str,
     *,
     turn: int,
     round_: int,
@@ -595,27 +594,19 @@ def turn_text(
     size: int | None,
     stderr_tail: str | None,
     log_dir: str,
-) -> str:
-    """What a sink is told of one finished turn: its head line, then :func:`turn_body`.
+) -> RunText:
+    """What a sink is told of one finished turn: its head line, then what it said (the
+    output's head, the error output's end), as text and as data (:class:`TurnDone`).
     ``turn`` is the agent turn; ``round_`` the run's round, which ``max_turns`` counts."""
-    count = turn_count(turn, round_=round_, limit=max_turns)
-    body = turn_body(code=code, text=text, size=size, stderr_tail=stderr_tail, log_dir=log_dir)
-    return f"[{count} · {phase.label}, exit {code}]\n{body}"
-
-
-def turn_body(
-    *, code: int, text: str, size: int | None, stderr_tail: str | None, log_dir: str
-) -> str:
-    """A finished turn's text under its head line: the output's head, the error's tail."""
-    head = text[:_PUBLISH_HEAD]
-    more = ""
+    error = stderr_tail.strip() if code != 0 and stderr_tail else None
     size = size if size is not None else len(text)
-    if size > len(head):
-        more = f"\n… ({size} characters in all; see {log_dir}/transcript.md)"
-    failed = ""
-    if code != 0 and stderr_tail:
-        failed = f"\nIts error output ended with:\n{stderr_tail.strip()}"
-    return f"{head}{more}{failed}"
+    done = TurnDone(turn, round_, max_turns, phase.label, code, text[:_PUBLISH_HEAD], size, error)
+    more = f"\n… ({size} characters in all; see {log_dir}/transcript.md)" if done.cut else ""
+    failed = f"\nIts error output ended with:\n{error}" if error is not None else ""
+    body = f"{done.output}{more}{failed}"
+    count = turn_count(turn, round_=round_, limit=max_turns)
+    head = f"[{count} · {phase.label}, exit {code}]"
+    return RunText(run_id, f"{head}\n{body}", TextKind.TURN, body=body, turn=done)
 
 
 _PHASE_LINES: Final[Mapping[Phase, str]] = {

@@ -20,7 +20,7 @@ from typing import Final
 from engine.aio import raise_if_cancelled
 from engine.automode import AutoRun
 from engine.automode.budget import STOPPED_BY_BUDGET
-from engine.automode.channel import final_report, live_status, turn_body, turn_text
+from engine.automode.channel import final_report, live_status, turn_said
 from engine.automode.state import AutoModeState, Phase
 from engine.errors import ConfigError, TurnstileError
 from engine.executors.base import AutoRequest, Notices, Started, wait_all
@@ -29,7 +29,7 @@ from engine.humane import format_elapsed, words
 from engine.runs import Recovery
 from engine.runs.spec import ChatPlace
 from engine.settings import Settings
-from engine.sink import RunSink, StatusUpdate, TextKind, publish
+from engine.sink import RunSink, StatusUpdate, TextKind, publish, publish_said
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -322,7 +322,8 @@ class WorkersAuto:
         assert state is not None  # (an auto run's)
         phase = Phase(turn.phase) if turn.phase else state.phase
         if turn.state is TurnState.FINISHED and turn.exit_code is not None:
-            text = turn_text(
+            ended = turn_said(
+                event.run_id,
                 turn=turn.seq,
                 round_=event.round or state.turn,
                 max_turns=state.max_turns,
@@ -333,14 +334,7 @@ class WorkersAuto:
                 stderr_tail=turn.stderr_tail,
                 log_dir=state.log_dir,
             )
-            body = turn_body(
-                code=turn.exit_code,
-                text=turn.output or "",
-                size=turn.output_size,
-                stderr_tail=turn.stderr_tail,
-                log_dir=state.log_dir,
-            )
-            await publish(self.sink, event.run_id, text, TextKind.TURN, body=body)
+            await publish_said(self.sink, ended)
             return
         where = f" on worker {event.worker}" if event.worker else ""
         why = f": {turn.error}" if turn.error else ""
