@@ -226,7 +226,7 @@ class AdminFeature(Feature):
         midnight = time.mktime((*time.localtime()[:3], 0, 0, 0, 0, 0, -1))
         today = await self.ctx.runs.spend_in_chat(chat.id, since=midnight)
         if today.known:  # (an agent that reports nothing: nothing to say)
-            lines.append(f"💰 Today in this chat: {today.line().removeprefix('Spend: ')}")
+            lines.append(f"💰 Today in this chat: {today.said()}")
         walls = sandbox_state(self.ctx.settings)
         if not walls.confined and self.ctx.settings.sandbox == "off":
             lines.append(
@@ -420,7 +420,7 @@ def _task_lines(
 ) -> list[str]:
     """Short lines a phone shows whole (two, mostly): the state's icon and the name, then
     the phase, who started it, how long since it last moved, and what it cost."""
-    facts = [words(task.phase).removeprefix("✅ ")]
+    facts = [words(task.phase, icon=False)]
     if owner:
         facts.append(owner if len(owner) <= 10 else owner[:9] + "…")
     facts.append(_age(now - task.updated_at))

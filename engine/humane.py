@@ -49,27 +49,34 @@ def exit_note(exit_code: int | None, stderr_tail: str = "") -> str:
     return said
 
 
-def turn_count(turn: int, *, round_: int = 0, limit: int | None = None, of: str = "/") -> str:
+def turn_count(
+    turn: int, *, round_: int = 0, limit: int | None = None, of: str = "/", named: bool = True
+) -> str:
     """How far a run is, counted one way everywhere: a turn is one agent turn.
 
     An auto run's limit counts rounds (Clarify is round 1, Plan 2, then each Execute and
     Evaluate, with its Adjust, one round): ``turn 4 · round 3/10``. Another run's limit, if
     any, counts turns: ``turn 4/10``; without one ``turn 4``. ``of`` joins a count and its
-    limit (``" of "`` in a chat's sentence).
+    limit (``" of "`` in a chat's sentence). ``named=False`` leaves out the leading word
+    "turn" (a table's column says it): ``4 · round 3/10``.
     """
+    head = "turn " if named else ""
     if round_:
         said = f"round {round_}{of}{limit}" if limit else f"round {round_}"
-        return f"turn {turn} · {said}" if turn else said
-    return f"turn {turn}{of}{limit}" if limit else f"turn {turn}"
+        return f"{head}{turn} · {said}" if turn else said
+    return f"{head}{turn}{of}{limit}" if limit else f"{head}{turn}"
 
 
-def words(state: str) -> str:
-    """A run's or phase's state as people say it (never ``research:awaiting_approval``)."""
-    if state in _STATES:
-        return _STATES[state]
+def words(state: str, *, icon: bool = True) -> str:
+    """A run's or phase's state as people say it (never ``research:awaiting_approval``),
+    with its icon (``✅ finished``) unless ``icon`` is False (where a front end marks states
+    itself)."""
+    said = _STATES.get(state)
+    if said is not None:
+        return said if icon else said.split(" ", 1)[1]
     phase, _, rest = state.partition(":")
     if rest:
-        return f"{phase.replace('_', ' ')}, {words(rest).split(' ', 1)[-1]}"
+        return f"{phase.replace('_', ' ')}, {words(rest, icon=False)}"
     return state.replace("_", " ")
 
 

@@ -161,8 +161,12 @@ class Spend:
 
     def line(self) -> str:
         """The spend in one line for people: cost, tokens, and what is not known."""
+        return "Spend: " + self.said()
+
+    def said(self) -> str:
+        """:meth:`line` without its label (``$0.42 · 1,200 tokens (…)``)."""
         if not self.known:
-            return "Spend: unknown (the agent reports neither cost nor tokens)"
+            return "unknown (the agent reports neither cost nor tokens)"
         parts = []
         if self.cost_usd is not None:
             parts.append(self.cost_text())
@@ -183,7 +187,7 @@ class Spend:
             parts.append(f"{said} ({', '.join(details)})" if details else said)
         if self.unknown:
             parts.append(f"{self.unknown} of {self.turns} turns reported nothing")
-        return "Spend: " + " · ".join(parts)
+        return " · ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

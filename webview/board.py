@@ -136,9 +136,7 @@ class BoardPage:
 
 def words(state: str) -> str:
     """A state in words, without the chat's emoji (the board marks states itself)."""
-    said = _words(state)
-    head, _, rest = said.partition(" ")
-    return rest if rest and not any(c.isalnum() for c in head) else said
+    return _words(state, icon=False)
 
 
 def _spent(spend: Spend | None) -> str:

@@ -66,7 +66,7 @@ class TerminalDriveSink:
         state = words(update.status)
         # A phase that is the state itself (a task that is complete) is said once.
         phase = words(update.phase) if update.phase else ""
-        phase = "" if phase in (state, update.status, state.split(" ", 1)[-1]) else phase
+        phase = "" if phase in (state, update.status, words(update.status, icon=False)) else phase
         head = " · ".join(part for part in (update.task or "", phase) if part)
         self._say(f"{head}: {state}" if head else state)
 

@@ -94,7 +94,7 @@ def _turn(record: RunRecord) -> str:
     if max_turns and record.mode == "auto":
         # An auto run's limit counts rounds; its turns are its agent turns, as everywhere.
         turns = int(record.state.get("step", 1)) - 1
-        return turn_count(turns, round_=record.turn, limit=max_turns).removeprefix("turn ")
+        return turn_count(turns, round_=record.turn, limit=max_turns, named=False)
     return f"{record.turn}/{max_turns}" if max_turns else str(record.turn)
 
 
