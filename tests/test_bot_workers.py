@@ -24,7 +24,7 @@ from engine.automode.state import AutoModeState
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import TurnOutput
 from engine.workers.follow import RunEnded, RunEvent, RunFollower, TurnEnded, TurnStarted, Waiting
-from engine.workers.store import PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.store import QueuedRun, WorkerStore
 from tests.automode_support import (
     CLARIFY,
     EVALUATE,
@@ -81,7 +81,7 @@ async def test_the_follower_gives_each_turn_once_then_the_end(database: Any) -> 
         "Goal: x",
     )
     await runs.update_run("auto-f1", status=RunStatus.COMPLETED)
-    await workers.set_placement("auto-f1", status=PlacementStatus.FINISHED, note="")
+    await workers.let_go("auto-f1", "")
     end = await _next(events)
     assert isinstance(end, RunEnded)
     assert end.record is not None

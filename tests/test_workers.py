@@ -481,8 +481,8 @@ def test_a_job_on_the_shared_queue_is_handed_to_a_worker_with_the_agent(cluster:
     run_id = "auto-shared-queue-1"
     spec = QueuedRun(run_id=run_id, objective="x", tool="codex", project="demo")
     cluster.query(
-        "INSERT INTO worker_runs (run_id, spec_json, worker, status, note, moves, created_at,"
-        " updated_at) VALUES (%s, %s, NULL, 'waiting', NULL, 0, 0, 0) RETURNING run_id",
+        "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves, created_at,"
+        " updated_at) VALUES (%s, %s, NULL, 'queued', NULL, 0, 0, 0) RETURNING run_id",
         run_id,
         spec.to_json(),
     )

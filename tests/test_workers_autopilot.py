@@ -171,10 +171,10 @@ def start_drive(cluster: Cluster, agent_cmd: str, task: str = "t1") -> str:
 
 
 def placement(cluster: Cluster, run_id: str) -> tuple[str, str | None, str | None]:
-    rows = cluster.query("SELECT status, worker, note FROM worker_runs WHERE run_id = %s", run_id)
-    assert rows, f"no placement of {run_id}"
-    status, worker, note = rows[0]
-    return status, worker, note
+    """How the drive stands on the workers, the worker of its last step, its note."""
+    found = cluster.placement(run_id)
+    assert found is not None, f"no placement of {run_id}"
+    return found.status.value, found.last_worker, found.note
 
 
 def start_wave(cluster: Cluster, agent_cmd: str) -> str:

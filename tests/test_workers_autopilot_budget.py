@@ -225,11 +225,14 @@ def test_a_waves_sub_tasks_count_and_none_starts_once_the_budget_is_spent(
     assert placement(cluster, run_id)[2] == "Stopped by its budget: $1.30 of $1.00 spent"
     assert cluster.status(run_id) == "stopped"
     subs = cluster.query(
-        "SELECT r.task, w.status FROM runs r JOIN worker_runs w ON w.run_id = r.id"
+        "SELECT r.task, r.id FROM runs r JOIN worker_runs w ON w.run_id = r.id"
         " WHERE r.parent_id = %s ORDER BY r.task",
         run_id,
     )
-    assert subs == [("p.a1", "finished"), ("p.a2", "finished")]
+    assert [(task, placement(cluster, sub)[0]) for task, sub in subs] == [
+        ("p.a1", "finished"),
+        ("p.a2", "finished"),
+    ]
     specs = cluster.query(
         "SELECT spec_json FROM worker_runs w JOIN runs r ON r.id = w.run_id WHERE r.parent_id = %s",
         run_id,

@@ -33,7 +33,7 @@ from engine.sink import GateRequest, RunText, StatusUpdate, TextKind
 from engine.spend import Budget
 from engine.store.backend import open_database
 from engine.store.runs import RunStatus, SqliteRunStore
-from engine.workers.store import PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.store import QueuedRun, WorkerStore
 from tests.agent_clis import ensure_cli
 from tests.fakes.bot_api import FakeBotApi
 from tests.fakes.bot_harness import ADMIN, OPERATOR, bot_settings, running_bot
@@ -184,10 +184,10 @@ def state_of(cluster: Cluster, run_id: str) -> dict[str, Any]:
 
 
 def placement_of(cluster: Cluster, run_id: str) -> tuple[str, str | None, int]:
-    [(status, worker, moves)] = cluster.query(
-        "SELECT status, worker, moves FROM worker_runs WHERE run_id = %s", run_id
-    )
-    return str(status), worker, int(moves)
+    """How the run stands on the workers, the worker of its last turn, its moves."""
+    found = cluster.placement(run_id)
+    assert found is not None
+    return found.status.value, found.last_worker, found.moves
 
 
 @realcli
@@ -303,7 +303,7 @@ async def test_a_front_end_restart_leaves_a_run_on_the_workers_to_them(
     runs, workers = SqliteRunStore(database), WorkerStore(database)
     spec = QueuedRun(run_id="auto-r1", objective="o", tool="claude", project="demo", chat_id=CHAT)
     await workers.place(spec)
-    await workers.set_placement("auto-r1", status=PlacementStatus.RUNNING)
+    await workers.take("auto-r1", "w1")
     state = AutoModeState("auto-r1", "s", "o", "/w", "/w/logs", max_turns=5, tool="claude")
     await runs.create_run(
         "auto-r1", mode="auto", agent="claude", session_id="s", chat_id=CHAT, state=state.to_json()

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from engine.agents.stream import TURN_MARKER_VAR
-from engine.workers.store import PlacementStatus, QueuedRun, WorkerStatus, WorkerStore
+from engine.workers.store import QueuedRun, WorkerStatus, WorkerStore
 from engine.workers.views import worker_views
 from tests.agent_clis import ensure_cli
 from tests.fakes.model_api import FakeModelAPI, Hold, Text
@@ -105,8 +105,8 @@ def turn_process(cluster: Cluster, run_id: str, seq: int) -> int | None:
 
 
 def placement_status(cluster: Cluster, run_id: str) -> str | None:
-    rows = cluster.query("SELECT status FROM worker_runs WHERE run_id = %s", run_id)
-    return str(rows[0][0]) if rows else None
+    found = cluster.placement(run_id)
+    return found.status.value if found is not None else None
 
 
 def warm_marks(cluster: Cluster) -> dict[str, str]:
@@ -351,9 +351,11 @@ async def test_a_warm_mark_counts_only_from_the_live_worker_that_holds_the_run(
     await store.mark_warm("w2", ["b"])
     assert await warm() == {"a": True, "b": False}
     # An ended run, or a worker no longer alive, is not warm whatever was recorded.
-    await store.set_placement("a", status=PlacementStatus.FINISHED)
+    await store.let_go("a")
     assert await warm() == {"a": False, "b": False}
-    await store.set_placement("a", status=PlacementStatus.RUNNING)
+    a = QueuedRun(run_id="a", objective="o", tool="claude", project="p")
+    assert await store.resubmit(a, holder="w1")
+    await store.take("a", "w1")
     await store.set_worker_status("w1", WorkerStatus.LOST)
     assert await warm() == {"a": False, "b": False}
     await store.mark_warm("w1", [])

@@ -4,6 +4,8 @@ and real ``turnstile worker`` subprocesses, shared by the worker suites.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import signal
@@ -18,6 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from engine.store.postgres import PostgresDatabase
+from engine.workers.store import Placement, WorkerStore
 from tests.automode_support import (
     AGENT_CMD,
     cli_env,
@@ -151,6 +155,17 @@ class Cluster:
     def status(self, run_id: str) -> str | None:
         rows = self.query("SELECT status FROM runs WHERE id = %s", run_id)
         return rows[0][0] if rows else None
+
+    def placement(self, run_id: str) -> Placement | None:
+        """The run's placement as the store reads it (how it stands, from its run's row)."""
+
+        async def read() -> Placement | None:
+            async with PostgresDatabase(self.url, pooled=False) as db:
+                return await WorkerStore(db).placement(run_id)
+
+        # (In a thread of its own: an async test calls it from its running loop too.)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, read()).result()
 
     def stop_all(self) -> None:
         for worker in self.workers.values():

@@ -60,7 +60,14 @@ from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
 from engine.workers.follow import run_or_none
-from engine.workers.host import Checkout, Next, PrimedSession, RunHost, stop_watch
+from engine.workers.host import (
+    Checkout,
+    Next,
+    PrimedSession,
+    RunHost,
+    record_stopped,
+    stop_watch,
+)
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
 from engine.workspace.manager import run_branch
@@ -233,11 +240,8 @@ class _StepPilot(Autopilot):
             if child.spec.parent_run != self.placement.run_id or child.ended:
                 continue
             if child.status is PlacementStatus.PARKED:
-                await _record_stopped(self.spends, child.run_id)
-                note = "stopped: the drive's budget is spent"
-                await self.workers.set_placement(
-                    child.run_id, status=PlacementStatus.FINISHED, note=note
-                )
+                await _record_budget_stopped(self.spends, child.run_id)
+                await self.workers.let_go(child.run_id, "stopped: the drive's budget is spent")
             else:
                 busy.append(child.spec.task or child.run_id)
         if busy:
@@ -401,12 +405,13 @@ async def drive_spend(workers: WorkerStore, runs: SqliteRunStore, run_id: str) -
 
 
 def budget_stopped(placement: Placement, record: RunRecord | None) -> bool:
-    """Whether the drive's budget ended it: its placement finished with its run stopped (a
-    person's stop ends the placement stopped); the placement's note says what was spent."""
+    """Whether the drive's budget ended it: its run stopped with no stop's exit status (a
+    person's stop has it); the placement's note says what was spent."""
     return (
-        placement.status is PlacementStatus.FINISHED
+        placement.ended
         and record is not None
         and record.status is RunStatus.STOPPED
+        and record.exit_code != STOP_EXIT_CODE
     )
 
 
@@ -469,7 +474,7 @@ class DriveSteps:
         if spec.task is None:
             raise ConfigError(f"run {run_id} is an autopilot drive without a task")
         if stop.is_set():
-            await _end(host, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+            await _end(host, placement, STOPPED_BY_PERSON, stopped=True)
             return Next.DONE
         from engine.gates.service import Gates
 
@@ -504,12 +509,12 @@ class DriveSteps:
             await _commit(checkout, task)
             await checkout.push()
         if stopped:
-            await _end(host, placement, PlacementStatus.STOPPED, STOPPED_BY_PERSON)
+            await _end(host, placement, STOPPED_BY_PERSON, stopped=True)
             return Next.DONE
         if outcome is DriveOutcome.STOPPED_BY_BUDGET:
             assert pilot.budget is not None
             # (Its run is recorded stopped: see budget_stopped.)
-            await _end(host, placement, PlacementStatus.FINISHED, pilot.budget.stopped_text())
+            await _end(host, placement, pilot.budget.stopped_text())
             return Next.DONE
         if pilot.stepped:
             return Next.CONTINUE
@@ -519,7 +524,7 @@ class DriveSteps:
                 if pilot.waiting_for
                 else f"waiting for approval at {task.label}"
             )
-            await workers.set_placement(run_id, status=PlacementStatus.PARKED, note=note)
+            await workers.park(run_id, note)
             if pilot.waiting_for:
                 # A sub-task that ended while this step ran found the drive not parked yet
                 # and woke nobody: look again now that it is.
@@ -528,7 +533,7 @@ class DriveSteps:
                     await wake_parked_drive(host.app, workers, run_id)
             return Next.PARK
         note = "complete" if outcome is DriveOutcome.COMPLETE else f"needs a person at {task.label}"
-        await _end(host, placement, PlacementStatus.FINISHED, note)
+        await _end(host, placement, note)
         return Next.DONE
 
 
@@ -564,23 +569,24 @@ async def _drive_one(
             await stopped
 
 
-async def _end(host: RunHost, placement: Placement, status: PlacementStatus, note: str) -> None:
-    """The drive has ended here; a wave's sub-task wakes its parent's drive."""
+async def _end(host: RunHost, placement: Placement, note: str, *, stopped: bool = False) -> None:
+    """The drive has ended here (``stopped``: by a person); a wave's sub-task wakes its
+    parent's drive."""
     run_id = placement.run_id
-    if status is PlacementStatus.STOPPED:
-        await _record_stopped(SqliteRunStore(host.db), run_id)
-    await host.end(run_id, status, note)
+    if stopped:
+        await record_stopped(SqliteRunStore(host.db), run_id)
+    await host.end(run_id, note)
     parent = placement.spec.parent_run
     if parent is not None:
         await wake_parked_drive(host.app, WorkerStore(host.db), parent)
 
 
-async def _record_stopped(runs: SqliteRunStore, run_id: str) -> None:
+async def _record_budget_stopped(runs: SqliteRunStore, run_id: str) -> None:
+    """A sub-task at its gate ends with its drive's budget: stopped, as the drive it is in
+    (no exit status: a person did not stop it)."""
     record = await run_or_none(runs, run_id)
     if record is not None and record.status in (RunStatus.RUNNING, RunStatus.PARKED):
-        await runs.update_run(
-            run_id, status=RunStatus.STOPPED, exit_code=STOP_EXIT_CODE, finished_at=time.time()
-        )
+        await runs.update_run(run_id, status=RunStatus.STOPPED, finished_at=time.time())
 
 
 async def wake_parked_drive(app: procrastinate.App, workers: WorkerStore, run_id: str) -> None:

@@ -65,7 +65,7 @@ from engine.workers.chatturns import (
     output_to_json,
 )
 from engine.workers.host import Next, PrimedSession, RunHost, stop_watch
-from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.store import Placement, QueuedRun, WorkerStore
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -504,10 +504,11 @@ class WorkerChatSession:
         _LOGGER.warning("run %s: its worker did not confirm the stop in time", self.run_id)
 
     async def close(self, *, stopped: bool) -> None:
-        """The chat run ended: its placement ends with it (nothing more is queued)."""
+        """The chat run ended: the workers let it go (nothing more is queued); how it ended
+        (``stopped`` or not) is its run's row's, which the chat mode writes."""
+        del stopped
         if not self._placed:
             return
         workers = WorkerStore(self.db)
-        status = PlacementStatus.STOPPED if stopped else PlacementStatus.FINISHED
-        await workers.set_placement(self.run_id, status=status, note="")
+        await workers.let_go(self.run_id, "")
         await workers.clear_stop(self.run_id)

@@ -147,7 +147,7 @@ async def raise_budget_on_workers(
             f"run {run_id} was stopped by its budget of {old.text()}: it goes on only under "
             "a larger one"
         )
-    holder = placement.worker
+    holder = placement.last_worker  # (the worker that holds its worktree, if alive)
     now = time.time()
     alive = {w.name for w in await workers.workers() if w.alive(now, settings.worker_timeout)}
     if holder not in alive:
@@ -320,7 +320,8 @@ async def _stop_once_asked(
 def _final(run_id: str, record: RunRecord | None, placement: Placement, out: TextIO) -> int:
     if record is None:
         print(f"Auto run {run_id}: did not start: {placement.note or 'stopped'}", file=out)
-        return 1 if placement.status is PlacementStatus.FINISHED else STOP_EXIT_CODE
+        # (With no row, its note is all there is: a person's stop, or why it could not.)
+        return STOP_EXIT_CODE if placement.note == STOPPED_BY_PERSON else 1
     if placement.report:  # the worker's, as `turnstile auto` prints a local run's
         print(placement.report, file=out, flush=True)
         return process_exit_code(record.exit_code or 0)
@@ -417,7 +418,7 @@ async def _end_stopped(
             finished_at=now,
             state=state.to_json(),
         )
-    await workers.set_placement(run_id, status=PlacementStatus.STOPPED, note=STOPPED_BY_PERSON)
+    await workers.let_go(run_id, STOPPED_BY_PERSON)
     await workers.clear_stop(run_id)
 
 

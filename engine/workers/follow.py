@@ -38,7 +38,7 @@ _POLL: Final = 0.25
 _NOTE_EVERY: Final = 4
 
 _FINGERPRINT: Final = (
-    "SELECT w.status, w.worker, w.note, w.moves, w.updated_at, r.status AS run_status,"
+    "SELECT w.job, w.worker, w.note, w.moves, w.updated_at, r.status AS run_status,"
     " r.updated_at AS run_updated,"
     " (SELECT COUNT(*) FROM turns t WHERE t.run_id = w.run_id) AS turns,"
     " (SELECT MAX(t.finished_at) FROM turns t WHERE t.run_id = w.run_id) AS turn_end"

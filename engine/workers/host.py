@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,10 +29,12 @@ from typing import TYPE_CHECKING, Final, Protocol
 import procrastinate
 
 from engine.agents.warm import WarmPool
-from engine.errors import StoreUnreachableError, TurnstileError, TurnSuperseded
+from engine.automode.channel import STOP_EXIT_CODE
+from engine.errors import NotFoundError, StoreUnreachableError, TurnstileError, TurnSuperseded
 from engine.git import GitRunner
 from engine.logs import log_context
 from engine.store.backend import AnyDatabase, wait_reachable
+from engine.store.runs import RunStatus, SqliteRunStore
 from engine.turn import AgentSession, TurnOutput
 from engine.workers.chatturns import CHAT_MODE, ChatTurnStore
 from engine.workers.queue import (
@@ -42,7 +45,7 @@ from engine.workers.queue import (
     nudge,
     worker_queue,
 )
-from engine.workers.store import Placement, PlacementStatus, WorkerStatus, WorkerStore
+from engine.workers.store import Placement, WorkerStatus, WorkerStore
 from engine.workspace.manager import WorkspaceManager, run_branch
 from engine.workspace.store import SqliteWorkspaceStore, Workspace
 
@@ -59,6 +62,7 @@ __all__ = [
     "RunHost",
     "StepDriver",
     "fetch_reset",
+    "record_stopped",
     "stop_watch",
     "sweep",
 ]
@@ -238,17 +242,13 @@ async def sweep(db: AnyDatabase, app: procrastinate.App, *, silent_after: float)
         if worker.status is WorkerStatus.ALIVE:
             continue
         for placement in await store.runs_of(worker.name):
-            if not await store.release(placement.run_id, worker.name):
+            note = f"worker {worker.name} is gone; waiting for another worker"
+            if not await store.release(placement.run_id, worker.name, note):
                 continue  # another sweeper was first
             if placement.spec.mode == CHAT_MODE:
                 # A cut-off chat turn is reported in the chat, not re-run.
                 await ChatTurnStore(db).interrupt(placement.run_id, worker.name)
             how = await move_to_shared(app, placement.run_id, placement.spec.tool)
-            await store.set_placement(
-                placement.run_id,
-                status=PlacementStatus.WAITING,
-                note=f"worker {worker.name} is gone; waiting for another worker",
-            )
             _LOGGER.info(
                 "run %s of worker %s %s on its agent's queue",
                 placement.run_id,
@@ -258,6 +258,37 @@ async def sweep(db: AnyDatabase, app: procrastinate.App, *, silent_after: float)
             )
             moved.append(placement.run_id)
     return moved
+
+
+async def _record_error(runs: SqliteRunStore, run_id: str, why: str) -> None:
+    """A run that cannot go on has ended in error (a run with no row yet: its placement's
+    note says why)."""
+    try:
+        record = await runs.get_run(run_id)
+    except NotFoundError:
+        return
+    if record.status in (RunStatus.RUNNING, RunStatus.PARKED):
+        await runs.update_run(
+            run_id, status=RunStatus.ERROR, abort_reason=why[:500], finished_at=time.time()
+        )
+
+
+async def record_stopped(runs: SqliteRunStore, run_id: str) -> None:
+    """A person's stop ended the run: its row says so (stopped, with the stop's exit
+    status, which tells it from a budget's stop). A run with no row yet has none to say it."""
+    try:
+        record = await runs.get_run(run_id)
+    except NotFoundError:
+        return
+    if record.status in (RunStatus.RUNNING, RunStatus.PARKED) or (
+        record.status is RunStatus.STOPPED and record.exit_code is None
+    ):
+        await runs.update_run(
+            run_id,
+            status=RunStatus.STOPPED,
+            exit_code=STOP_EXIT_CODE,
+            finished_at=record.finished_at or time.time(),
+        )
 
 
 @dataclass(slots=True)
@@ -399,18 +430,20 @@ class RunHost:
                 # Bad input or a broken checkout: the run cannot go on; say why where
                 # `turnstile runs` and the following terminal read it.
                 _LOGGER.error("run %s cannot go on: %s", run_id, exc)
-                await workers.set_placement(run_id, status=PlacementStatus.FINISHED, note=str(exc))
+                await self.forget(run_id)
+                await _record_error(SqliteRunStore(self.db), run_id, str(exc))
+                await workers.let_go(run_id, str(exc))
                 return False
         if after is Next.CONTINUE and before.note:
             # Taking it set it running; only a note (parked, waiting) is left to clear.
-            await workers.set_placement(run_id, status=PlacementStatus.RUNNING, note="")
+            await workers.set_note(run_id, "")
         return after is Next.CONTINUE
 
-    async def end(self, run_id: str, status: PlacementStatus, note: str = "") -> None:
-        """The run has ended here: let go of it, record how, drop its stop request."""
+    async def end(self, run_id: str, note: str = "") -> None:
+        """The run has ended here (its row says how): let go of it, drop its stop request."""
         await self.forget(run_id)
         workers = WorkerStore(self.db)
-        await workers.set_placement(run_id, status=status, note=note)
+        await workers.let_go(run_id, note)
         await workers.clear_stop(run_id)
 
     async def forget(self, run_id: str, *, keep_stop: bool = False) -> None:

@@ -2,6 +2,10 @@
 
 Portable SQL behind one small store, like the engine's other stores; the tables come from
 this package's own migrations (``engine/workers/migrations``, owner ``workers``).
+
+A placement holds what is about where its run goes (the worker that holds it, whether a
+job of it is queued or taken, a note) and no status of the run's own: how the run stands
+is its row's in ``runs``, read with it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from engine.workers.migrations import OWNER, migrations
 __all__ = [
     "AGENT_QUEUE_PREFIX",
     "OWNER",
+    "Job",
     "Placement",
     "PlacementStatus",
     "QueuedRun",
@@ -44,12 +49,28 @@ class WorkerStatus(StrEnum):
 
 
 class PlacementStatus(StrEnum):
+    """How a run stands on the workers, as read from its placement and its run's row (no
+    column holds it: :attr:`Placement.status`)."""
+
     WAITING = "waiting"
+    """A job of the run is queued and no worker has taken it yet."""
     RUNNING = "running"
     FINISHED = "finished"
     STOPPED = "stopped"
+    """Let go after a person stopped it."""
     PARKED = "parked"
     """An autopilot drive waiting at an approval gate or for its sub-tasks (no job queued)."""
+
+
+class Job(StrEnum):
+    """Whether a step job of a placed run is queued (no worker took it yet) or taken."""
+
+    QUEUED = "queued"
+    TAKEN = "taken"
+
+
+# How a person's stop ends a run (its exit status), as the auto mode records it.
+_STOPPED_BY_PERSON_EXIT: Final = 130
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,19 +234,25 @@ class WorkerRecord:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a run's turns go: its spec, the worker holding its worktree, its standing."""
+    """Where a run's turns go: its spec, the worker holding its worktree, its job.
+
+    The run's own status is its row's in ``runs`` (``run_status``, None before its first
+    step made the row); :attr:`status` reads how it stands on the workers from both.
+    """
 
     run_id: str
     spec: QueuedRun
     worker: str | None
     last_worker: str | None
-    status: PlacementStatus
+    job: Job | None
     note: str | None
     moves: int
     created_at: float
     updated_at: float
     # The run's final report as its worker wrote it (None: not ended, or nothing written).
     report: str | None = None
+    run_status: str | None = None
+    run_exit_code: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Placement:
@@ -234,21 +261,44 @@ class Placement:
             spec=QueuedRun.from_json(row["spec_json"]),
             worker=row["worker"],
             last_worker=row["last_worker"],
-            status=PlacementStatus(row["status"]),
+            job=Job(row["job"]) if row["job"] is not None else None,
             note=row["note"],
             moves=row["moves"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             report=row["report"],
+            run_status=row["run_status"],
+            run_exit_code=row["run_exit_code"],
         )
 
     @property
     def ended(self) -> bool:
-        return self.status in (PlacementStatus.FINISHED, PlacementStatus.STOPPED)
+        """The workers are done with it: no worker holds it and no job of it is queued."""
+        return self.worker is None and self.job is None
+
+    @property
+    def status(self) -> PlacementStatus:
+        if self.job is Job.QUEUED:
+            return PlacementStatus.WAITING
+        if self.job is Job.TAKEN:
+            return PlacementStatus.RUNNING
+        if not self.ended:
+            return PlacementStatus.PARKED  # held, and no job: it waits for its next one
+        if self.run_status == "stopped" and self.run_exit_code == _STOPPED_BY_PERSON_EXIT:
+            return PlacementStatus.STOPPED
+        return PlacementStatus.FINISHED
+
+
+# A placement with its run's status and exit code (no row yet: NULL).
+_PLACEMENTS: Final = (
+    "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code"
+    " FROM worker_runs w LEFT JOIN runs r ON r.id = w.run_id"
+)
 
 
 class WorkerStore:
-    """The three tables, on SQLite or PostgreSQL."""
+    """The workers' tables, on SQLite or PostgreSQL (a placement read with its run's
+    status from ``runs``)."""
 
     def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self._db = db
@@ -340,19 +390,20 @@ class WorkerStore:
 
     # -- placements ------------------------------------------------------------------
     async def place(self, spec: QueuedRun) -> None:
+        """Record the run as placed, its first job queued."""
         now = self._clock()
         await self._db.execute(
-            "INSERT INTO worker_runs (run_id, spec_json, worker, status, note, moves,"
+            "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves,"
             " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
-            (spec.run_id, spec.to_json(), PlacementStatus.WAITING.value, now, now),
+            (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
         )
 
     async def placement(self, run_id: str) -> Placement | None:
-        row = await self._db.fetchone("SELECT * FROM worker_runs WHERE run_id = ?", (run_id,))
+        row = await self._db.fetchone(f"{_PLACEMENTS} WHERE w.run_id = ?", (run_id,))
         return Placement.from_row(row) if row is not None else None
 
     async def placements(self) -> list[Placement]:
-        rows = await self._db.fetchall("SELECT * FROM worker_runs ORDER BY created_at DESC")
+        rows = await self._db.fetchall(f"{_PLACEMENTS} ORDER BY w.created_at DESC")
         return [Placement.from_row(r) for r in rows]
 
     async def take(self, run_id: str, worker: str) -> tuple[Placement | None, str | None]:
@@ -375,62 +426,57 @@ class WorkerStore:
                 f"SELECT * FROM worker_runs WHERE run_id = ?{self._db.for_update}",  # noqa: S608
                 (run_id,),
             )
-            row = await cursor.fetchone()
-            if row is None:
+            if await cursor.fetchone() is None:
                 return None, None, stop_asked
-            before = Placement.from_row(row)
+            cursor = await conn.execute(f"{_PLACEMENTS} WHERE w.run_id = ?", (run_id,))
+            before = Placement.from_row(await cursor.fetchone())
             if before.worker not in (None, worker) or before.ended:
                 return before, before.worker, stop_asked
             await conn.execute(
-                "UPDATE worker_runs SET worker = ?, last_worker = ?, status = ?, updated_at = ?"
+                "UPDATE worker_runs SET worker = ?, last_worker = ?, job = ?, updated_at = ?"
                 " WHERE run_id = ?",
-                (worker, worker, PlacementStatus.RUNNING.value, self._clock(), run_id),
+                (worker, worker, Job.TAKEN.value, self._clock(), run_id),
             )
             return before, before.worker, stop_asked
 
-    async def set_placement(
-        self,
-        run_id: str,
-        *,
-        status: PlacementStatus | None = None,
-        note: str | None = None,
-        release: bool = False,
-    ) -> None:
-        """Update a run's standing; ``release`` frees it for any worker (a move)."""
-        sets = ["updated_at = ?"]
+    async def set_note(self, run_id: str, note: str) -> None:
+        """What the run's placement says beside its run's status (empty: nothing)."""
+        await self._db.execute(
+            "UPDATE worker_runs SET note = ?, updated_at = ? WHERE run_id = ?",
+            (note, self._clock(), run_id),
+        )
+
+    async def park(self, run_id: str, note: str) -> None:
+        """Its holder keeps it with no job queued: it waits (a gate, its sub-tasks)."""
+        await self._db.execute(
+            "UPDATE worker_runs SET job = NULL, note = ?, updated_at = ? WHERE run_id = ?",
+            (note, self._clock(), run_id),
+        )
+
+    async def let_go(self, run_id: str, note: str | None = None) -> None:
+        """The workers are done with the run (its row says how it ended): no holder, no job.
+        ``note``: why, beside its status (None: left as it was)."""
+        sets = "worker = NULL, job = NULL, updated_at = ?"
         params: list[Any] = [self._clock()]
-        if status is not None:
-            sets.append("status = ?")
-            params.append(status.value)
         if note is not None:
-            sets.append("note = ?")
+            sets += ", note = ?"
             params.append(note)
-        if release:
-            sets.append("worker = NULL")
-            sets.append("moves = moves + 1")
         params.append(run_id)
         await self._db.execute(
-            f"UPDATE worker_runs SET {', '.join(sets)} WHERE run_id = ?",  # noqa: S608
+            f"UPDATE worker_runs SET {sets} WHERE run_id = ?",  # noqa: S608
             params,
         )
 
     async def resubmit(self, spec: QueuedRun, *, holder: str | None) -> bool:
-        """Put an ended run back under ``spec`` (a raised budget), waiting for ``holder``
-        (None: any worker, as a moved run: it is taken from its pushed branch); its report
-        is cleared. Compare-and-set on its having ended: False when it had not."""
+        """Put an ended run back under ``spec`` (a raised budget), a job queued for
+        ``holder`` (None: any worker, as a moved run: it is taken from its pushed branch);
+        its report is cleared. Compare-and-set on its having ended: False when it had not."""
         released = ", moves = moves + 1" if holder is None else ""
         count = await self._db.execute(
-            "UPDATE worker_runs SET spec_json = ?, status = ?, note = NULL, report = NULL,"  # noqa: S608
-            f" worker = ?{released}, updated_at = ? WHERE run_id = ? AND status IN (?, ?)",
-            (
-                spec.to_json(),
-                PlacementStatus.WAITING.value,
-                holder,
-                self._clock(),
-                spec.run_id,
-                PlacementStatus.FINISHED.value,
-                PlacementStatus.STOPPED.value,
-            ),
+            "UPDATE worker_runs SET spec_json = ?, job = ?, note = NULL, report = NULL,"  # noqa: S608
+            f" worker = ?{released}, updated_at = ?"
+            " WHERE run_id = ? AND worker IS NULL AND job IS NULL",
+            (spec.to_json(), Job.QUEUED.value, holder, self._clock(), spec.run_id),
         )
         return count > 0
 
@@ -440,25 +486,19 @@ class WorkerStore:
             "UPDATE worker_runs SET report = ? WHERE run_id = ?", (report, run_id)
         )
 
-    async def release(self, run_id: str, worker: str) -> bool:
-        """Free the run ``worker`` held for any worker (compare-and-set: one caller wins)."""
+    async def release(self, run_id: str, worker: str, note: str | None = None) -> bool:
+        """Free the run ``worker`` held for any worker, a job of it queued (a move;
+        compare-and-set: one caller wins)."""
         count = await self._db.execute(
-            "UPDATE worker_runs SET worker = NULL, moves = moves + 1, status = ?, updated_at = ?"
-            " WHERE run_id = ? AND worker = ?",
-            (PlacementStatus.WAITING.value, self._clock(), run_id, worker),
+            "UPDATE worker_runs SET worker = NULL, moves = moves + 1, job = ?,"
+            " note = COALESCE(?, note), updated_at = ? WHERE run_id = ? AND worker = ?",
+            (Job.QUEUED.value, note, self._clock(), run_id, worker),
         )
         return count > 0
 
     async def runs_of(self, worker: str) -> list[Placement]:
-        rows = await self._db.fetchall(
-            "SELECT * FROM worker_runs WHERE worker = ? AND status IN (?, ?, ?)",
-            (
-                worker,
-                PlacementStatus.WAITING.value,
-                PlacementStatus.RUNNING.value,
-                PlacementStatus.PARKED.value,
-            ),
-        )
+        """The runs ``worker`` holds."""
+        rows = await self._db.fetchall(f"{_PLACEMENTS} WHERE w.worker = ?", (worker,))
         return [Placement.from_row(r) for r in rows]
 
     # -- warm sessions ---------------------------------------------------------------

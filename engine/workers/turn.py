@@ -31,8 +31,15 @@ from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, SqliteRunStore
 from engine.turn import Ready
 from engine.workers.follow import run_or_none
-from engine.workers.host import Checkout, Next, PrimedSession, RunHost, stop_watch
-from engine.workers.store import Placement, PlacementStatus, WorkerStore
+from engine.workers.host import (
+    Checkout,
+    Next,
+    PrimedSession,
+    RunHost,
+    record_stopped,
+    stop_watch,
+)
+from engine.workers.store import Placement, WorkerStore
 from engine.workspace.manager import run_branch
 
 __all__ = ["AutoTurns", "moved_primer"]
@@ -116,8 +123,10 @@ class AutoTurns:
             return Next.CONTINUE
         if held.run.channel.report:  # what the chat and the terminal show of its end
             await WorkerStore(host.db).set_report(run_id, held.run.channel.report)
-        final = PlacementStatus.STOPPED if stop.is_set() else PlacementStatus.FINISHED
-        await host.end(run_id, final)
+        if stop.is_set():
+            # (A stop that came as its last turn ended finds the run still running.)
+            await record_stopped(SqliteRunStore(host.db), run_id)
+        await host.end(run_id)
         return Next.DONE
 
 
