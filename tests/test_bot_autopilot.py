@@ -64,6 +64,8 @@ async def test_autopilot_through_every_gate(
         assert "# research" not in gate.text
         assert "awaiting_approval" not in gate.text
         assert "sha256 " in gate.text
+        # The artifact's document is queued after the gate message: it may still be on its way.
+        await api.wait_until(lambda: any(m.filename == "research.md" for m in api.sent))
         docs = [m for m in api.sent if m.filename == "research.md"]
         assert len(docs) == 1
         assert docs[0].document is not None
