@@ -47,6 +47,8 @@ from tests.support import clean_env, race_two
 
 REPO = Path(__file__).resolve().parent.parent
 SUPERGROUP = -1001234567890123  # beyond a 4-byte INTEGER
+# A place id is text: a Telegram chat's is its number's; another messenger's is any text.
+SUPERGROUP_PLACE = str(SUPERGROUP)
 EPOCH = 1764560000.123456  # float4 would read back 1.76456e+09
 
 
@@ -152,11 +154,11 @@ async def test_runs_round_trip_big_ids_and_exact_times(database: Any) -> None:
         mode="chat",
         agent="claude",
         session_id="s",
-        chat_id=SUPERGROUP,
-        thread_id=7,
+        chat_id=SUPERGROUP_PLACE,
+        thread_id="7",
         state={"k": [1, 2]},
     )
-    assert (run.chat_id, run.thread_id, run.state) == (SUPERGROUP, 7, {"k": [1, 2]})
+    assert (run.chat_id, run.thread_id, run.state) == (SUPERGROUP_PLACE, "7", {"k": [1, 2]})
     assert run.created_at == EPOCH  # DOUBLE PRECISION: not a second lost
     updated = await runs.update_run("r1", status=RunStatus.PARKED, phase="plan", turn=3)
     assert (updated.status, updated.phase, updated.turn) == (RunStatus.PARKED, "plan", 3)
@@ -255,14 +257,14 @@ async def test_latest_task_run(database: Any) -> None:
 
 async def test_audit_log_appends_filters_and_caps(database: Any) -> None:
     audit = SqliteAuditLog(database, clock=lambda: EPOCH)
-    await audit.record("approve", "allowed", task="T", actor="42", chat_id=SUPERGROUP)
+    await audit.record("approve", "allowed", task="T", actor="42", chat_id=SUPERGROUP_PLACE)
     await audit.record("refusal", "refused", origin="bot", detail="x" * (MAX_DETAIL + 50))
     # One entry inside a caller's own transaction, with its other writes.
     async with database.transaction() as conn:
         await conn.execute(*audit.insert("transition", "done", task="T", phase="plan"))
     everything = await audit.entries()
     assert [e.event for e in everything] == ["approve", "refusal", "transition"]
-    assert everything[0].chat_id == SUPERGROUP
+    assert everything[0].chat_id == SUPERGROUP_PLACE
     assert everything[0].at == EPOCH
     assert len(everything[1].detail or "") == MAX_DETAIL
     assert [e.event for e in await audit.entries(task="T")] == ["approve", "transition"]
@@ -362,7 +364,7 @@ async def test_every_migration_makes_the_same_tables_on_both(
     assert pg_tables == lite_tables
     assert len(pg_tables) >= 18
     assert chat_type is not None
-    assert chat_type[0] == "bigint"
+    assert chat_type[0] == "text"  # a place's id is text (engine 0018)
     assert at_type is not None
     assert at_type[0] == "double precision"
 
