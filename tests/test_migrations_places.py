@@ -98,8 +98,7 @@ async def _write_as_before(db: AnyDatabase) -> None:
             (GROUP,),
         ),
         (
-            "INSERT INTO bot_tasks (task, chat_id, thread_id, created_at)"
-            " VALUES ('T', ?, 7, 1.0)",
+            "INSERT INTO bot_tasks (task, chat_id, thread_id, created_at) VALUES ('T', ?, 7, 1.0)",
             (GROUP,),
         ),
         (
