@@ -172,7 +172,7 @@ class AdminFeature(Feature):
             f"{_PICK_REF}{update.update_id}",
             f"{len(runs)} runs are working here. Which one should stop?",
             chat_id=chat_of(chat),
-            thread_id=thread or None,
+            thread_id=thread,
             markup={"inline_keyboard": rows},
             reply_to=message.message_id if message is not None else None,
         )

@@ -77,7 +77,7 @@ class AutoExtension(Feature):
 
     def running_in(self, chat_id: PlaceId, thread: PlaceId | None) -> list[AutoRun]:
         """The auto runs of this chat and topic driven here, oldest first."""
-        return self.executor.running_in(ChatPlace(chat_id, thread or None))
+        return self.executor.running_in(ChatPlace(chat_id, thread))
 
     def running(self, run_id: str) -> AutoRun | None:
         return self.executor.running(run_id)
@@ -248,7 +248,7 @@ class AutoExtension(Feature):
         return await self.executor.stop(run_id, chat_id=chat_id)
 
     async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
-        return await self.executor.stop_in(ChatPlace(chat_id, thread or None))
+        return await self.executor.stop_in(ChatPlace(chat_id, thread))
 
     async def on_stop_button(self, update: Update, data: str) -> None:
         chat = update.effective_chat

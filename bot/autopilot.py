@@ -852,7 +852,7 @@ class AutopilotExtension(Feature):
 
     async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         by_name = self.ctx.publisher.people.name(by)
-        return await self.executor.stop_in(ChatPlace(chat_id, thread or None), by=by_name)
+        return await self.executor.stop_in(ChatPlace(chat_id, thread), by=by_name)
 
     async def on_stop_button(self, update: Update, data: str) -> None:
         """The Stop button of a running phase's message: the drive stops, as with /stop."""

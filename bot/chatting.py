@@ -415,7 +415,7 @@ class ChatFeature(Feature):
             await ctx.publisher.say(
                 chat_of(chat),
                 f"⛔ The agent could not start: {exc}. The turn waits in the queue.",
-                thread_id=thread or None,
+                thread_id=thread,
             )
 
     async def _settle_rerun(self, live: LiveMessage, said: str) -> None:

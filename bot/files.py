@@ -487,7 +487,7 @@ class FileDesk(Feature):
         assert chat_id is not None
 
         async def say(line: str) -> None:
-            await self.ctx.publisher.say(chat_id, line, thread_id=thread or None, reply_to=reply_to)
+            await self.ctx.publisher.say(chat_id, line, thread_id=thread, reply_to=reply_to)
 
         if target.auto is not None:
             try:
@@ -675,7 +675,7 @@ class FileDesk(Feature):
             filename=f"diff-{found.run_id or 'session'}.patch",
             caption=f"🔀 The patch of {f'run {found.run_id}' if found.run_id else 'this session'}"
             + (cut if changes.truncated else ""),
-            thread_id=thread or None,
+            thread_id=thread,
             run_id=found.run_id,
         )
 

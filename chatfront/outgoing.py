@@ -111,7 +111,7 @@ class OutgoingFiles:
             raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
         return OutboxItem(
             chat_id=chat_id,
-            thread_id=thread or None,
+            thread_id=thread,
             kind="file",
             body=str(dest),
             filename=name,
@@ -160,7 +160,7 @@ class OutgoingFiles:
                 items.append(
                     OutboxItem(
                         chat_id=chat_id,
-                        thread_id=thread or None,
+                        thread_id=thread,
                         body=self.publisher.redact(
                             f"⚠️ Not sent ({SEND_MARKER} {sent.given}): {exc}"
                         ),
@@ -175,7 +175,7 @@ class OutgoingFiles:
             items.append(
                 OutboxItem(
                     chat_id=chat_id,
-                    thread_id=thread or None,
+                    thread_id=thread,
                     kind="file",
                     body=str(dest),
                     filename=name,
@@ -209,7 +209,7 @@ class OutgoingFiles:
                 items.append(
                     OutboxItem(
                         chat_id=chat_id,
-                        thread_id=thread or None,
+                        thread_id=thread,
                         body=self.publisher.redact(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
                         run_id=run_id,
                     )

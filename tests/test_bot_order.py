@@ -125,7 +125,7 @@ async def test_a_message_queued_before_the_turn_took_messages_goes_before_a_late
             await wait_until(
                 lambda: (1, "A1 hold:a1") in seen(tmp_path), what="A1 reaches the agent"
             )
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             await wait_until(lambda: run.agent.preempt.active, what="A1's turn takes messages")
             a3 = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="A3")
             await api.wait_until(lambda: reply_to(api, a3) is not None)
@@ -188,7 +188,7 @@ async def test_after_a_restart_queued_messages_go_before_a_new_one(
             await wait_until(
                 lambda: seen(tmp_path) == [(1, "A1 hold:a1")], what="A1 reaches the agent"
             )
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             await wait_until(lambda: run.agent.preempt.active, what="A1's turn takes messages")
             a3 = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="A3")
             await api.wait_until(lambda: reply_to(api, a3) is not None)

@@ -353,7 +353,7 @@ class ChatSessions:
                 await self.workdir_for(
                     project,
                     f"chat-{session_id[:8]}",
-                    ChatPlace(chat_id, thread_id or None),
+                    ChatPlace(chat_id, thread_id),
                     branch=branch,
                     worktree=False,
                 )
@@ -492,7 +492,7 @@ class ChatSessions:
             agent=binding.agent,
             session_id=binding.session_id,
             workdir=binding.workdir or None,
-            chat=ChatPlace(binding.chat_id, binding.thread_id or None),
+            chat=ChatPlace(binding.chat_id, binding.thread_id),
         )
         await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
         run = ChatRun(
