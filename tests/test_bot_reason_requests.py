@@ -305,15 +305,15 @@ async def test_the_store_expires_requests_by_its_clock(database: Any) -> None:
     assert await store.reason_request(str(CHAT), APPROVER, max_age=60) is None
     # a fresh request is used up once; an expired one is never taken
     await store.ask_reason(str(CHAT), APPROVER, "g2")
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) == "g2"
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) == "g2"
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) is None
     await store.ask_reason(str(CHAT), APPROVER, "g3")
     now[0] += 61
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) is None
     # dropping names the gate: a request for another gate stays
     await store.ask_reason(str(CHAT), APPROVER, "g4")
-    assert not await store.drop_reason_request(CHAT, APPROVER, gate_id="g1")
-    assert await store.drop_reason_request(CHAT, APPROVER, gate_id="g4")
+    assert not await store.drop_reason_request(str(CHAT), APPROVER, gate_id="g1")
+    assert await store.drop_reason_request(str(CHAT), APPROVER, gate_id="g4")
     await store.ask_reason(str(CHAT), APPROVER, "g5")
     # a restart keeps a pending request
     async with open_database(_target(database)) as db:
@@ -327,7 +327,9 @@ async def test_retiring_a_question_reaches_it_queued_in_flight_or_delivered(data
     store = SqlBotStore(database)
     force = {"force_reply": True, "selective": True}
     for n in (1, 2):
-        await store.enqueue([OutboxItem(chat_id=CHAT, body=f"why {n}?", markup=force, ref=f"q{n}")])
+        await store.enqueue(
+            [OutboxItem(chat_id=str(CHAT), body=f"why {n}?", markup=force, ref=f"q{n}")]
+        )
     # q1: retired while its send is in flight (read by the sender, not yet recorded).
     in_flight = await store.next_outbox()
     assert in_flight is not None
@@ -349,7 +351,7 @@ async def test_retiring_a_question_reaches_it_queued_in_flight_or_delivered(data
     assert [m.ref for m in await store.dirty_live()] == ["q1"]
     # Delivered first, then retired: an edit.
     await store.live_edited("q1", "why 1?\n✖ Cancelled.", 0.0)
-    await store.enqueue([OutboxItem(chat_id=CHAT, body="why 3?", markup=force, ref="q3")])
+    await store.enqueue([OutboxItem(chat_id=str(CHAT), body="why 3?", markup=force, ref="q3")])
     third = await store.next_outbox()
     assert third is not None
     await store.outbox_sent(third, 503)

@@ -86,7 +86,7 @@ async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
             assert rt.chats is not None
             async with asyncio.timeout(60):
                 while not (
-                    (run := rt.chats.active.get((CHAT, 0))) is not None
+                    (run := rt.chats.active.get((str(CHAT), None))) is not None
                     and run.agent.preempt.active
                     and run.agent.turn.tool_calls
                 ):
