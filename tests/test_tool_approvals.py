@@ -402,7 +402,7 @@ async def test_a_press_counts_only_on_the_requests_own_message(tmp_path: Path) -
                 for e in await rt.store.audit_entries()
                 if (e.action, e.outcome) == ("tool_approval", "refused")
             ]
-            assert [chat for chat, _ in reversed(refused)] == [c for c, _ in forged]
+            assert [chat for chat, _ in reversed(refused)] == [str(c) for c, _ in forged]
             assert all(
                 f"not on its own (message {ask.message_id} in chat {CHAT})" in (reason or "")
                 for _, reason in refused
