@@ -17,12 +17,14 @@ from bot.commands import all_commands_text, help_text
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from bot.replies import thread_of
 from chatfront.auth import Action
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
 from engine.humane import words
 from engine.runs.ids import named_runs
+from engine.runs.spec import PlaceId
 from engine.sandbox import sandbox_state
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus
@@ -106,7 +108,7 @@ class AdminFeature(Feature):
         here = [
             r.id
             for r in await self.ctx.runs.list_runs(status=RunStatus.RUNNING)
-            if r.chat_id == chat.id
+            if r.chat_id == chat_of(chat)
         ]
         wanted = args[0] if args else None
         if wanted is not None:
@@ -114,11 +116,11 @@ class AdminFeature(Feature):
             named = named_runs(here, wanted)
             wanted = named[0] if len(named) == 1 else wanted
         if wanted is None:
-            working = await self._working_here(chat.id, thread)
+            working = await self._working_here(chat_of(chat), thread)
             if len(working) > 1:  # which one? one button per run, and one for all
                 await self._ask_which(update, working, thread)
                 return
-        stopped = await self._stop(chat.id, thread, wanted, by=user.id)
+        stopped = await self._stop(chat_of(chat), thread, wanted, by=user.id)
         if not stopped and wanted is None:
             await self.ctx.replies.reply(update, "Nothing is running here.")
         elif not stopped and wanted in here:
@@ -129,7 +131,9 @@ class AdminFeature(Feature):
                 update, f"No run {args[0]} here.{listed} /status lists this chat's runs."
             )
 
-    async def _stop(self, chat_id: int, thread: int, run_id: str | None, *, by: int) -> list[str]:
+    async def _stop(
+        self, chat_id: PlaceId, thread: PlaceId | None, run_id: str | None, *, by: int
+    ) -> list[str]:
         """Stop ``run_id`` (None: every run of the place); returns what was stopped."""
         stopped: list[str] = []
         for owner in self.owners:
@@ -140,11 +144,11 @@ class AdminFeature(Feature):
                 stopped.extend(await owner.stop_chat(chat_id, thread, by=by))
         return stopped
 
-    async def _working_here(self, chat_id: int, thread: int) -> list[RunRecord]:
+    async def _working_here(self, chat_id: PlaceId, thread: PlaceId | None) -> list[RunRecord]:
         """The runs of this chat or topic that a stop would stop (not an idle session)."""
         found = []
         for run in await self.ctx.runs.list_runs(status=RunStatus.RUNNING):
-            if run.chat_id != chat_id or (run.thread_id or 0) != thread or run.parent_id:
+            if run.chat_id != chat_id or run.thread_id != thread or run.parent_id:
                 continue
             if run.mode == "chat":
                 chat_run = self.ctx.chats.find(run.id)
@@ -154,19 +158,21 @@ class AdminFeature(Feature):
             found.append(run)
         return found
 
-    async def _ask_which(self, update: Update, runs: list[RunRecord], thread: int) -> None:
+    async def _ask_which(
+        self, update: Update, runs: list[RunRecord], thread: PlaceId | None
+    ) -> None:
         chat = update.effective_chat
         message = update.effective_message
         assert chat is not None
         rows = [
             [{"text": f"⏹ {_run_label(run)}", "callback_data": f"{_PICK}{run.id}"}] for run in runs
         ]
-        rows.append([{"text": "⏹ all of them", "callback_data": f"{_PICK}all:{thread}"}])
+        rows.append([{"text": "⏹ all of them", "callback_data": f"{_PICK}all:{thread or ''}"}])
         await self.ctx.publisher.live(
             f"{_PICK_REF}{update.update_id}",
             f"{len(runs)} runs are working here. Which one should stop?",
-            chat_id=chat.id,
-            thread_id=thread or None,
+            chat_id=chat_of(chat),
+            thread_id=thread,
             markup={"inline_keyboard": rows},
             reply_to=message.message_id if message is not None else None,
         )
@@ -180,15 +186,17 @@ class AdminFeature(Feature):
         choice = data.removeprefix(_PICK)
         if choice.startswith("all:"):
             run_id = None
-            thread = int(choice.removeprefix("all:"))
+            topic = choice.removeprefix("all:")
+            # ("all:0": a button from before topics were text, with 0 for no topic)
+            thread = topic if topic not in ("", "0") else None
         else:
             run_id, thread = choice, thread_of(message)
-        stopped = await self._stop(chat.id, thread, run_id, by=user.id)
+        stopped = await self._stop(chat_of(chat), thread, run_id, by=user.id)
         await self.ctx.store.audit(
             action="stop",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=", ".join(stopped) or "nothing left to stop",
         )
@@ -200,7 +208,7 @@ class AdminFeature(Feature):
         )
         await self.ctx.replies.answer(update, said[:190])
         live = (
-            await self.ctx.store.live_by_message(chat.id, message.message_id)
+            await self.ctx.store.live_by_message(chat_of(chat), message.message_id)
             if message is not None
             else None
         )
@@ -220,11 +228,11 @@ class AdminFeature(Feature):
         thread = thread_of(update.effective_message)
         lines: list[str] = []
         for owner in self.owners:
-            lines.extend(await owner.status_lines(chat.id, thread))
+            lines.extend(await owner.status_lines(chat_of(chat), thread))
         if not lines:
             lines.append("No runs in this chat. /help")
         midnight = time.mktime((*time.localtime()[:3], 0, 0, 0, 0, 0, -1))
-        today = await self.ctx.runs.spend_in_chat(chat.id, since=midnight)
+        today = await self.ctx.runs.spend_in_chat(chat_of(chat), since=midnight)
         if today.known:  # (an agent that reports nothing: nothing to say)
             lines.append(f"💰 Today in this chat: {today.said()}")
         walls = sandbox_state(self.ctx.settings)
@@ -248,7 +256,7 @@ class AdminFeature(Feature):
         assert user is not None
         items: list[str] = []
         for owner in self.owners:
-            items.extend(await owner.pending_for(user.id, chat.id))
+            items.extend(await owner.pending_for(user.id, chat_of(chat)))
         if not items:
             await self.ctx.replies.reply(update, "Nothing waits for you. /status")
             return
@@ -261,8 +269,8 @@ class AdminFeature(Feature):
         message = update.effective_message
         chat = update.effective_chat
         assert chat is not None
-        thread = message.message_thread_id if message and message.is_topic_message else None
-        await self._show_tasks(chat.id, thread, str(update.update_id), 0)
+        thread = thread_of(message)
+        await self._show_tasks(chat_of(chat), thread, str(update.update_id), 0)
 
     async def on_page(self, update: Update, data: str) -> None:
         chat = update.effective_chat
@@ -271,9 +279,11 @@ class AdminFeature(Feature):
         await self.ctx.replies.answer(update)
         # isdigit() alone admits "²", which int() refuses.
         number = int(page) if page.isascii() and page.isdigit() else 0
-        await self._show_tasks(chat.id, None, ref, number)
+        await self._show_tasks(chat_of(chat), None, ref, number)
 
-    async def _show_tasks(self, chat_id: int, thread: int | None, ref: str, page: int) -> None:
+    async def _show_tasks(
+        self, chat_id: PlaceId, thread: PlaceId | None, ref: str, page: int
+    ) -> None:
         ctx = self.ctx
         rows = [row for group in await ctx.gates.list_tasks() for row in _task_rows(group)]
         tasks = [t for t, _ in rows if t is not None]
@@ -341,7 +351,7 @@ class AdminFeature(Feature):
             lines.extend(f"- chat {e.chat_id}: {e.reason}" for e in undelivered[:10])
         if refusals:
             lines.append(f"Bot refusals (latest {min(len(refusals), 10)} of {len(refusals)}):")
-            here = update.effective_chat.id if update.effective_chat else None
+            here = chat_of(update.effective_chat) if update.effective_chat else None
             for e in refusals[:10]:
                 who = ctx.publisher.people.name(e.user_id)
                 where = "here" if e.chat_id == here else f"in chat {e.chat_id}"

@@ -20,6 +20,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press
 from bot.tool_approvals import NOT_YET, ToolApprovalExtension, turn_progress
@@ -27,6 +28,7 @@ from chatfront.auth import Action
 from engine.approvals import AgentQuestion, QuestionState, QuestionStore
 from engine.errors import NotFoundError
 from engine.runs import Recovery
+from engine.runs.spec import PlaceId
 from engine.store.runs import RunRecord
 
 __all__ = ["AgentQuestionFeature", "question_text"]
@@ -156,14 +158,16 @@ class AgentQuestionFeature(Feature):
             return
         await self._answer(update, question, question.options[choice])
 
-    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+    async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
         """A reply to a question's message answers it; any other text is not ours."""
         message = update.effective_message
         chat = update.effective_chat
         assert chat is not None
         if message is None or message.reply_to_message is None:
             return False
-        live = await self.ctx.store.live_by_message(chat.id, message.reply_to_message.message_id)
+        live = await self.ctx.store.live_by_message(
+            chat_of(chat), message.reply_to_message.message_id
+        )
         if live is None or not live.ref.startswith(REF):
             return False
         try:
@@ -194,7 +198,7 @@ class AgentQuestionFeature(Feature):
             action="answer",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=f"question {settled.id} of run {settled.run_id}: {answer}"[:300],
         )
@@ -210,28 +214,28 @@ class AgentQuestionFeature(Feature):
             _LOGGER.info("question %s withdrawn: %s", question.id, reason)
             await self._refresh(question)
 
-    async def _runs_waiting(self, chat_id: int, thread: int | None) -> list[str]:
+    async def _runs_waiting(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         found: dict[str, None] = {}
         for question in await self.store.pending():
             run = await self._run_of(question.run_id)
             if run is None or run.chat_id != chat_id:
                 continue
-            if thread is None or (run.thread_id or 0) == thread:
+            if thread is None or run.thread_id == thread:
                 found.setdefault(run.id, None)
         return list(found)
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         if run_id in await self._runs_waiting(chat_id, None):
             await self._withdraw([run_id], STOPPED)
         return False  # the run itself belongs to another feature
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         waiting = await self._runs_waiting(chat_id, thread)
         if waiting:
             await self._withdraw(waiting, STOPPED)
         return []
 
-    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+    async def pending_for(self, user_id: int, chat_id: PlaceId) -> list[str]:
         """The agents' questions ``user_id`` may answer."""
         items = []
         for question in await self.store.pending():
@@ -247,11 +251,11 @@ class AgentQuestionFeature(Feature):
             items.append(f"❓ run {run.id} asks: {asked}\n   answer on its message{where}")
         return items
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         lines = []
         for question in await self.store.pending():
             run = await self._run_of(question.run_id)
-            if run is not None and run.chat_id == chat_id and (run.thread_id or 0) == thread:
+            if run is not None and run.chat_id == chat_id and run.thread_id == thread:
                 first = question.question.splitlines()[0][:80]
                 lines.append(f"❓ run {run.id} waits for an answer: {first}")
         return lines

@@ -43,6 +43,7 @@ from bot.files import FileDesk
 from bot.handlers import Dispatch
 from bot.outbox import PacedRateLimiter, TelegramTransport, retry_seconds
 from bot.pause import PauseFeature
+from bot.places import chat_of, telegram_chat
 from bot.render import TELEGRAM
 from bot.replies import Replies
 from bot.tool_approvals import ToolApprovalExtension
@@ -65,6 +66,7 @@ from engine.gates import Gates
 from engine.locks import InodeLock, Lock
 from engine.redact import Redactor
 from engine.runs import Recovery, RunMode, RunSupervisor
+from engine.runs.spec import PlaceId
 from engine.sandbox import sandbox_state
 from engine.settings import Settings
 from engine.store.backend import open_database
@@ -97,7 +99,7 @@ class ChatOrderedProcessor(BaseUpdateProcessor):
     def __init__(self, runtime: BotRuntime, max_concurrent_updates: int = 256) -> None:
         super().__init__(max_concurrent_updates)
         self._runtime = runtime
-        self._locks: dict[int, asyncio.Lock] = {}
+        self._locks: dict[PlaceId, asyncio.Lock] = {}
 
     async def do_process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
         if not isinstance(update, Update):
@@ -107,7 +109,7 @@ class ChatOrderedProcessor(BaseUpdateProcessor):
         if _urgent(update) or chat is None:
             await coroutine
         else:
-            lock = self._locks.setdefault(chat.id, asyncio.Lock())
+            lock = self._locks.setdefault(chat_of(chat), asyncio.Lock())
             try:
                 await lock.acquire()
             except BaseException:
@@ -191,7 +193,7 @@ class BotRuntime(ClosedOnExit):
             admins=settings.admins,
             approvers=settings.approvers,
             operators=settings.operators,
-            allowed_chats=settings.allowed_chats,
+            allowed_chats=(str(c) for c in settings.allowed_chats),
         )
         # Resident agent processes (warm sessions) are bounded across every chat and run.
         self.warm_pool = new_warm_pool(settings)
@@ -345,8 +347,10 @@ class BotRuntime(ClosedOnExit):
             replies = Replies(self.publisher, self.authorizer, self.store)
             bot = self.app.bot
 
-            async def react(chat_id: int, message_id: int) -> object:
-                return await bot.set_message_reaction(chat_id, message_id, reaction="👎")
+            async def react(chat_id: PlaceId, message_id: int) -> object:
+                return await bot.set_message_reaction(
+                    telegram_chat(chat_id), message_id, reaction="👎"
+                )
 
             replies.react = react
             # One per process: in-process approvals wake a parked drive at once.
@@ -596,7 +600,7 @@ class BotRuntime(ClosedOnExit):
             _LOGGER.error("%s", self.fatal)
         self.request_shutdown()
 
-    def _migrated(self, old: int, new: int) -> None:
+    def _migrated(self, old: PlaceId, new: PlaceId) -> None:
         """The sender learnt of a migration from Telegram (the store already followed it)."""
         self.authorizer.follow_migration(old, new)
         if self.chats is not None:
@@ -608,9 +612,9 @@ class BotRuntime(ClosedOnExit):
         if message is None or chat is None:
             return
         if message.migrate_to_chat_id is not None:
-            old, new = chat.id, int(message.migrate_to_chat_id)
+            old, new = chat_of(chat), str(message.migrate_to_chat_id)
         elif message.migrate_from_chat_id is not None:
-            old, new = int(message.migrate_from_chat_id), chat.id
+            old, new = str(message.migrate_from_chat_id), chat_of(chat)
         else:
             return
         if self.authorizer.migrated.get(new) == old:

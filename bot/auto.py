@@ -20,6 +20,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import RAISE_BUDGET, ChatNotices
+from bot.places import chat_of, telegram_chat
 from bot.replies import thread_of
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
@@ -32,6 +33,7 @@ from engine.errors import ConfigError, NotFoundError
 from engine.executors import AutoRequest, auto_executor
 from engine.runs import Recovery
 from engine.runs.ids import short_id
+from engine.runs.spec import PlaceId
 from engine.spend import Budget
 from engine.workspace.manager import DEFAULT_PROJECT
 
@@ -73,9 +75,9 @@ class AutoExtension(Feature):
         dispatch.buttons(rf"^{AUTO_STOP_DATA}", Action.STOP, self.on_stop_button)
         dispatch.buttons(rf"^{RAISE_BUDGET}", Action.BUDGET, self.on_raise_budget)
 
-    def running_in(self, chat_id: int, thread: int) -> list[AutoRun]:
+    def running_in(self, chat_id: PlaceId, thread: PlaceId | None) -> list[AutoRun]:
         """The auto runs of this chat and topic driven here, oldest first."""
-        return self.executor.running_in(ChatPlace(chat_id, thread or None))
+        return self.executor.running_in(ChatPlace(chat_id, thread))
 
     def running(self, run_id: str) -> AutoRun | None:
         return self.executor.running(run_id)
@@ -100,19 +102,19 @@ class AutoExtension(Feature):
         if not objective:
             await self.ctx.replies.reply(update, USAGE)
             return
-        asked = message.message_thread_id if message.is_topic_message else None
+        asked = thread_of(message)
         # The project (and the own workspace) of where it was asked, as /autopilot does.
-        binding = await self.ctx.store.binding(chat.id, asked or 0)
+        binding = await self.ctx.store.binding(chat_of(chat), asked)
         project = binding.project if binding is not None else DEFAULT_PROJECT
-        asked_in = ChatPlace(chat.id, asked)
+        asked_in = ChatPlace(chat_of(chat), asked)
         cannot = await self._unverifiable(project, asked_in)
         if cannot is not None:
             await self.ctx.replies.reply(update, f"Cannot start: {cannot}")
             return
         thread = asked
         if thread is None and chat.is_forum:
-            thread = await self._topic(chat.id, f"auto: {objective[:60]}")
-        place = ChatPlace(chat.id, thread)
+            thread = await self._topic(chat_of(chat), f"auto: {objective[:60]}")
+        place = ChatPlace(chat_of(chat), thread)
         user = update.effective_user
         request = AutoRequest(
             objective=objective,
@@ -121,7 +123,8 @@ class AutoExtension(Feature):
             user_id=user.id if user is not None else None,
             budget=budget,
             # Its own, else the chat's (/permissions); kept with the run for resumes.
-            permissions=permissions or await self.ctx.store.place_permissions(chat.id, thread or 0),
+            permissions=permissions
+            or await self.ctx.store.place_permissions(chat_of(chat), thread),
             asked_in=asked_in,
         )
         try:
@@ -134,7 +137,7 @@ class AutoExtension(Feature):
             action="auto",
             outcome="allowed",
             user_id=user.id if user else None,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=run_id,
         )
@@ -155,7 +158,7 @@ class AutoExtension(Feature):
         await self.ctx.publisher.live(
             f"status:{run_id}",
             text,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             thread_id=thread,
             run_id=run_id,
             reply_to=message.message_id,
@@ -191,21 +194,21 @@ class AutoExtension(Feature):
         parts = text.split(maxsplit=1)
         await self._steer(update, parts[1] if len(parts) > 1 else "", explicit=True)
 
-    async def _topic(self, chat_id: int, name: str) -> int | None:
+    async def _topic(self, chat_id: PlaceId, name: str) -> PlaceId | None:
         bot = self.ctx.bot
         try:
-            topic = await bot.create_forum_topic(chat_id=chat_id, name=name[:128])
+            topic = await bot.create_forum_topic(chat_id=telegram_chat(chat_id), name=name[:128])
         except TelegramError as exc:
             _LOGGER.warning("could not create a forum topic: %s", exc)
             return None
-        return int(topic.message_thread_id)
+        return str(topic.message_thread_id)
 
     # -- steering ----------------------------------------------------------------------
 
-    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+    async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
         chat = update.effective_chat
         assert chat is not None
-        if not self.running_in(chat.id, thread):
+        if not self.running_in(chat_of(chat), thread):
             return False
         await self._steer(update, text, explicit=False)
         return True
@@ -215,8 +218,10 @@ class AutoExtension(Feature):
         message = update.effective_message
         assert chat is not None
         assert message is not None
-        thread = message.message_thread_id if message.is_topic_message else 0
-        runs = self.running_in(chat.id, thread or 0) or self.executor.running_in_chat(chat.id)
+        thread = thread_of(message)
+        runs = self.running_in(chat_of(chat), thread) or self.executor.running_in_chat(
+            chat_of(chat)
+        )
         if not runs:
             if explicit:
                 await self.ctx.replies.reply(update, "No auto-mode run is running here to steer.")
@@ -239,11 +244,11 @@ class AutoExtension(Feature):
 
     # -- stopping, status, start-up and shutdown: the executor's --------------------------
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         return await self.executor.stop(run_id, chat_id=chat_id)
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
-        return await self.executor.stop_in(ChatPlace(chat_id, thread or None))
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
+        return await self.executor.stop_in(ChatPlace(chat_id, thread))
 
     async def on_stop_button(self, update: Update, data: str) -> None:
         chat = update.effective_chat
@@ -251,7 +256,7 @@ class AutoExtension(Feature):
         assert chat is not None
         assert user is not None
         run_id = data.removeprefix(AUTO_STOP_DATA)
-        if not await self.executor.stop(run_id, chat_id=chat.id):
+        if not await self.executor.stop(run_id, chat_id=chat_of(chat)):
             await self.ctx.replies.answer(update, "Nothing is running there any more.")
             return
         await self.ctx.replies.answer(update, "Stopping…")
@@ -259,7 +264,7 @@ class AutoExtension(Feature):
             action="stop",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=run_id,
         )
@@ -277,28 +282,28 @@ class AutoExtension(Feature):
             budget = Budget.from_config(record.state.get("config", {}))
             if budget is None:
                 raise ConfigError(f"run {run_id} has no budget to raise")
-            said = await self.executor.raise_budget(run_id, budget.raised(), chat_id=chat.id)
+            said = await self.executor.raise_budget(run_id, budget.raised(), chat_id=chat_of(chat))
         except (ConfigError, NotFoundError) as exc:
             await self.ctx.replies.answer(update, f"⛔ {exc}"[:190])
             return
         await self.ctx.replies.answer(update, "Going on.")
         name = self.ctx.publisher.people.name(user.id)
         await self.ctx.publisher.say(
-            chat.id,
+            chat_of(chat),
             f"{said} (raised by {name})",
-            thread_id=thread_of(message) or None,
+            thread_id=thread_of(message),
             run_id=run_id,
         )
         await self.ctx.store.audit(
             action="budget",
             outcome="raised",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=f"{run_id}: {budget.raised().text()}",
         )
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         return await self.executor.status_lines(chat_id)
 
     async def recover(self, report: Recovery) -> None:

@@ -35,6 +35,7 @@ from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.notices import ChatNotices
+from bot.places import chat_of, telegram_chat
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
@@ -57,6 +58,7 @@ from engine.gates.policy import approver_refusal
 from engine.gates.records import TaskRecord
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery, RunMode
+from engine.runs.spec import PlaceId
 from engine.sink import GateRequest
 from engine.store.events import EventKind, EventLog
 from engine.workspace.manager import DEFAULT_PROJECT
@@ -202,13 +204,13 @@ class AutopilotExtension(Feature):
         text = message.text or ""
         parts = text.split(maxsplit=2)
         summary = parts[2].strip() if len(parts) > 2 else None
-        thread = message.message_thread_id if message.is_topic_message else None
+        thread = thread_of(message)
         # A new task's drive on the workers is checked out from the chat's project.
-        binding = await self.ctx.store.binding(chat.id, thread or 0)
+        binding = await self.ctx.store.binding(chat_of(chat), thread)
         project = binding.project if binding is not None else DEFAULT_PROJECT
         if thread is None and chat.is_forum and not await self._exists(name):
-            thread = await self._topic(chat.id, f"autopilot: {name}")
-        place = ChatPlace(chat.id, thread)
+            thread = await self._topic(chat_of(chat), f"autopilot: {name}")
+        place = ChatPlace(chat_of(chat), thread)
         request = DriveRequest(name, place, project, summary=summary, user_id=user.id)
         try:
             started = await self.executor.start(request)
@@ -216,13 +218,13 @@ class AutopilotExtension(Feature):
             await self.ctx.replies.reply(update, str(exc))
             return
         self.places[name] = place
-        await self.ctx.store.save_task_place(name, chat.id, thread, user.id)
+        await self.ctx.store.save_task_place(name, chat_of(chat), thread, user.id)
         run_id = started.run_id
         await self.ctx.store.audit(
             action="autopilot",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=name if run_id is None else f"{name} {run_id}",
         )
@@ -237,7 +239,7 @@ class AutopilotExtension(Feature):
             return
         verb = "started" if started.created else f"resumed at {words(started.label or '')}"
         await self.ctx.publisher.say(
-            chat.id,
+            chat_of(chat),
             f"🛂 Autopilot for task {name} {verb}. Gates come here with Approve / Reject "
             f"buttons. /stop {name} stops the drive (the task keeps its phase).",
             thread_id=thread,
@@ -251,13 +253,15 @@ class AutopilotExtension(Feature):
             return False
         return True
 
-    async def _topic(self, chat_id: int, name: str) -> int | None:
+    async def _topic(self, chat_id: PlaceId, name: str) -> PlaceId | None:
         try:
-            topic = await self.ctx.bot.create_forum_topic(chat_id=chat_id, name=name[:128])
+            topic = await self.ctx.bot.create_forum_topic(
+                chat_id=telegram_chat(chat_id), name=name[:128]
+            )
         except TelegramError as exc:
             _LOGGER.warning("could not create a forum topic: %s", exc)
             return None
-        return int(topic.message_thread_id)
+        return str(topic.message_thread_id)
 
     # -- gates -------------------------------------------------------------------------
 
@@ -386,7 +390,7 @@ class AutopilotExtension(Feature):
         result = await self.gates.approve(
             gate.task,
             by=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             expected_sha256=gate.sha256,
         )
@@ -399,7 +403,7 @@ class AutopilotExtension(Feature):
         assert user is not None
         assert chat is not None
         result = await self.gates.reject(
-            gate.task, by=user.id, reason=reason, chat_id=chat.id, update_id=update.update_id
+            gate.task, by=user.id, reason=reason, chat_id=chat_of(chat), update_id=update.update_id
         )
         await self.executor.wake(gate.task)
         await self._report(update, gate, result, user.id, "reject")
@@ -489,7 +493,7 @@ class AutopilotExtension(Feature):
             if gate is None:
                 # Opened elsewhere (the terminal, another process): decided here all the
                 # same; the record says which chat decided it.
-                thread = message.message_thread_id if message and message.is_topic_message else None
+                thread = thread_of(message)
                 gate_id = secrets.token_hex(4)
                 spec = self.gates.workflow.phase(record.phase)
                 await self.ctx.store.add_gate(
@@ -498,14 +502,16 @@ class AutopilotExtension(Feature):
                     phase=record.phase,
                     sha256=record.gate_sha256,
                     artifact_name=spec.artifact,
-                    chat_id=chat.id,
+                    chat_id=chat_of(chat),
                     thread_id=thread,
                     run_id=await self._drive_run(task),
                 )
                 gate = await self.ctx.store.gate(gate_id)
             return gate
         gates = [
-            g for g in await self.ctx.store.open_gates(chat_id=chat.id) if await self._is_open(g)
+            g
+            for g in await self.ctx.store.open_gates(chat_id=chat_of(chat))
+            if await self._is_open(g)
         ]
         if len(gates) == 1:
             return gates[0]
@@ -534,7 +540,7 @@ class AutopilotExtension(Feature):
         if gate is not None:
             await self._reject(update, gate, parts[2].strip())
 
-    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+    async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
         chat = update.effective_chat
         user = update.effective_user
         message = update.effective_message
@@ -549,15 +555,15 @@ class AutopilotExtension(Feature):
         reply = message.reply_to_message
         gate: GateRecord | None = None
         if reply is not None:
-            live = await self.ctx.store.live_by_message(chat.id, reply.message_id)
+            live = await self.ctx.store.live_by_message(chat_of(chat), reply.message_id)
             # A reply to the gate message or to the artifact's document.
             if live is not None and live.ref.startswith(("gate:", "gatedoc:")):
                 gate = await self.ctx.store.gate(live.ref.partition(":")[2])
         if gate is None:
             open_here = [
                 g
-                for g in await self.ctx.store.open_gates(chat_id=chat.id)
-                if (g.thread_id or 0) == thread and await self._is_open(g)
+                for g in await self.ctx.store.open_gates(chat_id=chat_of(chat))
+                if g.thread_id == thread and await self._is_open(g)
             ]
             if not open_here:
                 return False
@@ -599,7 +605,7 @@ class AutopilotExtension(Feature):
                     action=action.value,
                     outcome="refused",
                     user_id=user.id,
-                    chat_id=chat.id,
+                    chat_id=chat_of(chat),
                     update_id=update.update_id,
                     reason=f"gate {gate.gate_id} ({gate.task} · {words(gate.phase)}): {misplaced}",
                 )
@@ -640,11 +646,11 @@ class AutopilotExtension(Feature):
         assert chat is not None
         assert user is not None
         store = self.ctx.store
-        previous = await store.reason_request(chat.id, user.id)
+        previous = await store.reason_request(chat_of(chat), user.id)
         if previous is not None and previous.gate_id != gate.gate_id:
             await self._close_prompt(previous, "⏭ Replaced by a newer Reject.")
         ref = f"reason:{gate.gate_id}:{user.id}:{update.update_id}"
-        await store.ask_reason(chat.id, user.id, gate.gate_id, prompt_ref=ref)
+        await store.ask_reason(chat_of(chat), user.id, gate.gate_id, prompt_ref=ref)
         # A forced reply, selective to the person named in it: their app opens a reply to
         # this question, and a reply to the bot reaches it even in privacy mode (a plain
         # message in a group does not).
@@ -665,8 +671,8 @@ class AutopilotExtension(Feature):
         await store.enqueue(
             [
                 OutboxItem(
-                    chat_id=chat.id,
-                    thread_id=thread_of(message) or None,
+                    chat_id=chat_of(chat),
+                    thread_id=thread_of(message),
                     body=body,
                     entities=(mention,) if body.startswith(name) else (),
                     markup={"force_reply": True, "selective": True},
@@ -684,7 +690,7 @@ class AutopilotExtension(Feature):
         assert chat is not None
         assert user is not None
         store = self.ctx.store
-        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        asked = await store.reason_request(chat_of(chat), user.id, max_age=self._reason_ttl)
         if asked is None:
             return False
         if asked.expired:
@@ -692,11 +698,11 @@ class AutopilotExtension(Feature):
             return False
         gate = await store.gate(asked.gate_id)
         if gate is None or not await self._is_open(gate):
-            await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+            await store.drop_reason_request(chat_of(chat), user.id, gate_id=asked.gate_id)
             await self._close_prompt(asked, "⏹ That gate is closed; nothing was rejected.")
             return False
         if not await self.ctx.replies.authorize(update, Action.REJECT):
-            await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+            await store.drop_reason_request(chat_of(chat), user.id, gate_id=asked.gate_id)
             return True
         reason = text.strip()
         if _APPROVAL_WORD.fullmatch(reason):
@@ -710,7 +716,7 @@ class AutopilotExtension(Feature):
                 ref=f"reasonok:{gate.gate_id}:{user.id}:{update.update_id}",
             )
             return True
-        if await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id):
+        if await store.drop_reason_request(chat_of(chat), user.id, gate_id=asked.gate_id):
             await self._close_prompt(asked, "✍️ Reason received.")
             await self._reject(update, gate, reason)
         return True
@@ -722,7 +728,7 @@ class AutopilotExtension(Feature):
         assert chat is not None
         assert user is not None
         store = self.ctx.store
-        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        asked = await store.reason_request(chat_of(chat), user.id, max_age=self._reason_ttl)
         if asked is None or asked.gate_id != gate_id or asked.expired:
             if asked is not None and asked.expired:
                 await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
@@ -732,7 +738,7 @@ class AutopilotExtension(Feature):
             )
             return
         gate = await store.gate(gate_id)
-        await store.drop_reason_request(chat.id, user.id, gate_id=gate_id)
+        await store.drop_reason_request(chat_of(chat), user.id, gate_id=gate_id)
         await self._close_prompt(asked, "✍️ Reason received.")
         if gate is None or not await self._is_open(gate):
             await self._retire_pressed(update, "⏹ That gate is closed.")
@@ -748,7 +754,7 @@ class AutopilotExtension(Feature):
         assert chat is not None
         assert user is not None
         store = self.ctx.store
-        asked = await store.reason_request(chat.id, user.id, max_age=self._reason_ttl)
+        asked = await store.reason_request(chat_of(chat), user.id, max_age=self._reason_ttl)
         if asked is not None and asked.expired:
             await self._close_prompt(asked, "⌛ No reason came in time; nothing was rejected.")
             asked = None
@@ -758,14 +764,14 @@ class AutopilotExtension(Feature):
                 update, "Nothing to cancel: no Reject is waiting for your reason."
             )
             return
-        await store.drop_reason_request(chat.id, user.id, gate_id=asked.gate_id)
+        await store.drop_reason_request(chat_of(chat), user.id, gate_id=asked.gate_id)
         await self._close_prompt(asked, "✖ Cancelled; nothing was rejected.")
         await self._retire_pressed(update, "✖ Cancelled; nothing was rejected.")
         await store.audit(
             action="reject",
             outcome="cancelled",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=f"gate {asked.gate_id}",
         )
@@ -791,7 +797,7 @@ class AutopilotExtension(Feature):
         user = update.effective_user
         if query is None or query.message is None or chat is None or user is None:
             return
-        live = await self.ctx.store.live_by_message(chat.id, query.message.message_id)
+        live = await self.ctx.store.live_by_message(chat_of(chat), query.message.message_id)
         # Refs are "reason…:GATE:USER:UPDATE": only the person asked retires the question.
         if live is not None and live.ref.split(":")[2:3] == [str(user.id)]:
             await self._retire(live.ref, note)
@@ -803,7 +809,7 @@ class AutopilotExtension(Feature):
 
     # -- /pending ----------------------------------------------------------------------
 
-    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+    async def pending_for(self, user_id: int, chat_id: PlaceId) -> list[str]:
         """The open gates ``user_id`` may approve (not their own task's when self-approval
         is refused, not one they approved already)."""
         if not self.ctx.authorizer.check(user_id, chat_id, Action.APPROVE).allowed:
@@ -828,7 +834,7 @@ class AutopilotExtension(Feature):
                 )
         return items
 
-    async def _gate_link(self, gate: GateRecord | None, chat_id: int) -> str:
+    async def _gate_link(self, gate: GateRecord | None, chat_id: PlaceId) -> str:
         """Where the gate's message is, for a /pending line ("" when nowhere to point)."""
         if gate is None:
             return ""
@@ -840,13 +846,13 @@ class AutopilotExtension(Feature):
 
     # -- /stop, /status ----------------------------------------------------------------
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         by_name = self.ctx.publisher.people.name(by)
         return await self.executor.stop(run_id, chat_id=chat_id, by=by_name)
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         by_name = self.ctx.publisher.people.name(by)
-        return await self.executor.stop_in(ChatPlace(chat_id, thread or None), by=by_name)
+        return await self.executor.stop_in(ChatPlace(chat_id, thread), by=by_name)
 
     async def on_stop_button(self, update: Update, data: str) -> None:
         """The Stop button of a running phase's message: the drive stops, as with /stop."""
@@ -857,11 +863,11 @@ class AutopilotExtension(Feature):
         task = data.removeprefix(AUTOPILOT_STOP_DATA)
         # Answered first (a stop waits for the turn to end, longer than a press may wait).
         await self.ctx.replies.answer(update, "Stopping…")
-        if not await self.stop(task, chat_id=chat.id, by=user.id):
+        if not await self.stop(task, chat_id=chat_of(chat), by=user.id):
             # (a message of a drive that ended while the bot was away): its button goes.
             message = update.effective_message
             live = (
-                await self.ctx.store.live_by_message(chat.id, message.message_id)
+                await self.ctx.store.live_by_message(chat_of(chat), message.message_id)
                 if message is not None
                 else None
             )
@@ -873,12 +879,12 @@ class AutopilotExtension(Feature):
             action="stop",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=task,
         )
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         lines = []
         for name, place in self.places.items():
             if place.chat_id != chat_id:
@@ -985,7 +991,7 @@ class AutopilotExtension(Feature):
         chosen = await asyncio.to_thread(_bound_to, bindings, project, task.workdir)
         if chosen is None:
             return None
-        return ChatPlace(chosen.chat_id, chosen.thread_id or None)
+        return ChatPlace(chosen.chat_id, chosen.thread_id)
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
         self.closing = True

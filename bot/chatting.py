@@ -17,6 +17,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from bot.replies import thread_of
 from chatfront.auth import Action
 from chatfront.progress import STOP_DATA
@@ -25,6 +26,7 @@ from engine.agents.factory import AGENT_NAMES
 from engine.agents.registry import agent_spec, installed_agents
 from engine.chats.sessions import ChatRun
 from engine.errors import ConfigError, NotFoundError
+from engine.runs.spec import PlaceId
 from engine.settings import Settings
 from engine.workspace import WorkspaceManager
 from engine.workspace.manager import DEFAULT_PROJECT, RESERVED_FOLDERS
@@ -67,7 +69,7 @@ def configured_project(settings: Settings, project: str) -> bool:
     return project in {p.name for p in WorkspaceManager.from_settings(settings).projects}
 
 
-def project_words(settings: Settings, project: str, thread: int | None) -> str:
+def project_words(settings: Settings, project: str, thread: PlaceId | None) -> str:
     """Where a chat's runs work, in words: ``project web``, or for ``default`` (unless a
     configured project has that name) ``this chat's own workspace`` (a topic's)."""
     if project == DEFAULT_PROJECT and not configured_project(settings, project):
@@ -224,7 +226,7 @@ class ChatFeature(Feature):
             return
         model = None if name == "default" else name
         try:
-            await ctx.chats.set_model(chat.id, binding.thread_id, model)
+            await ctx.chats.set_model(chat_of(chat), binding.thread_id, model)
         except ConfigError as exc:
             await ctx.replies.reply(update, f"Not changed: {exc}")
             return
@@ -238,7 +240,7 @@ class ChatFeature(Feature):
     async def _binding(self, update: Update) -> Binding | None:
         chat = update.effective_chat
         assert chat is not None
-        return await self.ctx.store.binding(chat.id, thread_of(update.effective_message))
+        return await self.ctx.store.binding(chat_of(chat), thread_of(update.effective_message))
 
     async def _bind(
         self,
@@ -262,7 +264,7 @@ class ChatFeature(Feature):
         thread = thread_of(update.effective_message)
         try:
             binding = await ctx.chats.bind(
-                chat.id,
+                chat_of(chat),
                 thread,
                 agent=agent,
                 project=project,
@@ -287,7 +289,9 @@ class ChatFeature(Feature):
             update,
             f"{head}. Every message is now one turn; replies come back here.",
         )
-        _LOGGER.info("chat bound", extra={"chat_id": chat.id, "session_id": binding.session_id})
+        _LOGGER.info(
+            "chat bound", extra={"chat_id": chat_of(chat), "session_id": binding.session_id}
+        )
 
     async def _audit(self, update: Update, action: str, reason: str) -> None:
         chat = update.effective_chat
@@ -297,12 +301,12 @@ class ChatFeature(Feature):
             action=action,
             outcome="allowed",
             user_id=user.id if user is not None else None,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=reason,
         )
 
-    async def on_text(self, update: Update, text: str, thread: int) -> bool:
+    async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
         ctx = self.ctx
         message = update.message
         chat = update.effective_chat
@@ -310,10 +314,10 @@ class ChatFeature(Feature):
         assert message is not None
         assert chat is not None
         assert user is not None
-        active = ctx.chats.active.get((chat.id, thread))
+        active = ctx.chats.active.get((chat_of(chat), thread))
         binding = active.binding if active is not None else None
         if binding is None:
-            binding = await ctx.store.binding(chat.id, thread)
+            binding = await ctx.store.binding(chat_of(chat), thread)
         if binding is None:
             # In a group with privacy mode off, not every message is for us: hint only in
             # a private chat or in answer to one of our messages.
@@ -322,7 +326,7 @@ class ChatFeature(Feature):
                 and message.reply_to_message.from_user is not None
                 and message.reply_to_message.from_user.id == ctx.bot.id
             )
-            if to_us and ctx.replies.allowed(user.id, chat.id, Action.PROMPT):
+            if to_us and ctx.replies.allowed(user.id, chat_of(chat), Action.PROMPT):
                 await ctx.replies.reply(
                     update, "This chat is not bound to an agent session yet: send /chat first."
                 )
@@ -331,7 +335,7 @@ class ChatFeature(Feature):
             return True
         try:
             result = await ctx.chats.submit(
-                chat.id, thread, update_id=update.update_id, user_id=user.id, text=text
+                chat_of(chat), thread, update_id=update.update_id, user_id=user.id, text=text
             )
         except ConfigError as exc:
             # The message is queued; the agent could not start (no sandbox here, say): say
@@ -368,7 +372,7 @@ class ChatFeature(Feature):
         run_id, _, seq = data.removeprefix(RERUN_DATA).rpartition(":")
         ref = rerun_ref(run_id, int(seq)) if seq.isdigit() else ""
         live = await ctx.store.get_live(ref) if ref else None
-        if live is None or live.chat_id != chat.id or live.markup is None:
+        if live is None or live.chat_id != chat_of(chat) or live.markup is None:
             await ctx.replies.answer(update, "This button was already used.")
             return
         try:
@@ -377,7 +381,7 @@ class ChatFeature(Feature):
             run = None
         cut = [t for t in await ctx.runs.turns(run_id) if t.seq == int(seq)] if run else []
         thread = thread_of(update.effective_message)
-        binding = await ctx.store.binding(chat.id, thread)
+        binding = await ctx.store.binding(chat_of(chat), thread)
         by = ctx.publisher.people.name(user.id)
         if run is None or not cut or binding is None or binding.session_id != run.session_id:
             # /new, /agent or /chat started another session here meanwhile (or none is
@@ -394,20 +398,24 @@ class ChatFeature(Feature):
             action="rerun",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=f"{run_id} turn {seq}",
         )
         await ctx.replies.answer(update, "Running it again…")
         try:
             await ctx.chats.submit(
-                chat.id, thread, update_id=update.update_id, user_id=user.id, text=cut[-1].prompt
+                chat_of(chat),
+                thread,
+                update_id=update.update_id,
+                user_id=user.id,
+                text=cut[-1].prompt,
             )
         except ConfigError as exc:
             await ctx.publisher.say(
-                chat.id,
+                chat_of(chat),
                 f"⛔ The agent could not start: {exc}. The turn waits in the queue.",
-                thread_id=thread or None,
+                thread_id=thread,
             )
 
     async def _settle_rerun(self, live: LiveMessage, said: str) -> None:
@@ -430,7 +438,7 @@ class ChatFeature(Feature):
         assert chat is not None
         assert user is not None
         run = self.ctx.chats.find(data.removeprefix(STOP_DATA))
-        if run is None or run.binding.chat_id != chat.id or not run.busy:
+        if run is None or run.binding.chat_id != chat_of(chat) or not run.busy:
             await self.ctx.replies.answer(update, "Nothing is running there any more.")
             return
         await self.ctx.replies.answer(update, "Stopping…")
@@ -438,13 +446,13 @@ class ChatFeature(Feature):
             action="stop",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=run.run_id,
         )
         await self.ctx.chats.stop(run, user.id)
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         run = self.ctx.chats.find(run_id)
         # An idle session has nothing to stop: it stays bound and waits for the next message.
         if run is None or run.binding.chat_id != chat_id or not await self._working(run):
@@ -452,7 +460,7 @@ class ChatFeature(Feature):
         await self.ctx.chats.stop(run, by)
         return True
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         run = self.ctx.chats.active.get((chat_id, thread))
         if run is None or not await self._working(run):
             return []
@@ -463,7 +471,7 @@ class ChatFeature(Feature):
         """A turn runs, or a message waits to become one (an idle session is not stopped)."""
         return run.busy or bool(await self.ctx.store.queued_count(*run.key))
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         ctx = self.ctx
         binding = await ctx.store.binding(chat_id, thread)
         if binding is None:

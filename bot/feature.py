@@ -6,6 +6,7 @@ import asyncio
 
 from bot.handlers import Dispatch
 from engine.runs import Recovery
+from engine.runs.spec import PlaceId
 
 __all__ = ["Feature"]
 
@@ -20,19 +21,19 @@ class Feature:
     def register(self, dispatch: Dispatch) -> None:
         """Add this feature's commands, text and media filters and button patterns."""
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         """Stop one run of this chat; True when it existed."""
         return False
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         """Stop every run of this chat or topic; returns their ids."""
         return []
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         """This feature's lines of ``/status`` in the chat (and topic)."""
         return []
 
-    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+    async def pending_for(self, user_id: int, chat_id: PlaceId) -> list[str]:
         """What waits for ``user_id`` (asking in ``chat_id``) that this feature posted, one
         item each, with how to act on it (``/pending``)."""
         return []

@@ -37,6 +37,7 @@ from bot.auto import AutoExtension
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of, thread_of
 from chatfront.auth import Action
 from chatfront.outgoing import OutgoingFiles
 from chatfront.store import Binding, InboundState
@@ -57,6 +58,7 @@ from engine.files import (
 )
 from engine.gates.artifacts import SqlArtifactStore
 from engine.runs import RunMode, named_runs
+from engine.runs.spec import PlaceId
 from engine.store.runs import RunRecord
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.workspace.runs import match_worktrees
@@ -67,12 +69,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # Telegram's own limit on what a bot may download through getFile.
 _TELEGRAM_DOWNLOAD_LIMIT: Final = 20 * 1024 * 1024
-
-
-def _thread(message: Message) -> int:
-    if message.is_topic_message and message.message_thread_id is not None:
-        return int(message.message_thread_id)
-    return 0
 
 
 @dataclass
@@ -105,8 +101,8 @@ class _RunFolder:
 @dataclass
 class _Album:
     target: _Target
-    chat_id: int
-    thread: int
+    chat_id: PlaceId
+    thread: PlaceId | None
     update_id: int
     user_id: int
     reply_to: int
@@ -153,7 +149,7 @@ class FileDesk(Feature):
             artifacts=SqlArtifactStore(ctx.db),
             sent_files=lambda out: ctx.chats.agents.sent_files(out),
         )
-        self._albums: dict[tuple[int, int, str], _Album] = {}
+        self._albums: dict[tuple[PlaceId, PlaceId | None, str], _Album] = {}
         self._excluded: set[Path] = set()
         self._closing = False
         ctx.chat_front.output_files = self.outgoing.marker_items
@@ -166,8 +162,8 @@ class FileDesk(Feature):
 
     # -- where things go ---------------------------------------------------------------
 
-    async def _target(self, message: Message, thread: int) -> _Target | None:
-        chat_id = message.chat.id
+    async def _target(self, message: Message, thread: PlaceId | None) -> _Target | None:
+        chat_id = chat_of(message.chat)
         reply = message.reply_to_message
         if reply is not None:
             run_id = await self.ctx.store.run_of_message(chat_id, reply.message_id)
@@ -202,7 +198,7 @@ class FileDesk(Feature):
         if (
             to_us
             and user is not None
-            and self.ctx.replies.allowed(user.id, message.chat.id, Action.PROMPT)
+            and self.ctx.replies.allowed(user.id, chat_of(message.chat), Action.PROMPT)
         ):
             await self.ctx.replies.reply(
                 update, "This chat is not bound to an agent session yet: send /chat first."
@@ -215,7 +211,7 @@ class FileDesk(Feature):
         user = update.effective_user
         if message is None or user is None:
             return
-        thread = _thread(message)
+        thread = thread_of(message)
         target = await self._target(message, thread)
         if target is None:
             await self._not_bound(update, message, self.ctx.bot.id)
@@ -378,18 +374,18 @@ class FileDesk(Feature):
         update: Update,
         message: Message,
         target: _Target,
-        thread: int,
+        thread: PlaceId | None,
         saved: SavedFile | ChatUpload,
         caption: str,
         group: str,
     ) -> None:
-        key = (message.chat.id, thread, group)
+        key = (chat_of(message.chat), thread, group)
         album = self._albums.get(key)
         if album is None:
             assert update.effective_user is not None
             album = _Album(
                 target,
-                message.chat.id,
+                chat_of(message.chat),
                 thread,
                 update.update_id,
                 update.effective_user.id,
@@ -406,14 +402,14 @@ class FileDesk(Feature):
             album.timer.cancel()
         album.timer = asyncio.create_task(self._album_later(key), name=f"album-{group}")
 
-    async def _album_later(self, key: tuple[int, int, str]) -> None:
+    async def _album_later(self, key: tuple[PlaceId, PlaceId | None, str]) -> None:
         # Telegram delivers an album as separate messages in quick succession; the turn
         # starts once none has come for a moment.
         # Once the bot is shutting down, no more parts will come.
         await asyncio.sleep(0 if self._closing else self.ctx.settings.album_wait_seconds)
         await self._flush(key)
 
-    async def _flush(self, key: tuple[int, int, str]) -> None:
+    async def _flush(self, key: tuple[PlaceId, PlaceId | None, str]) -> None:
         album = self._albums.pop(key, None)
         if album is None:
             return
@@ -440,13 +436,13 @@ class FileDesk(Feature):
         self,
         update: Update | None,
         target: _Target,
-        thread: int,
+        thread: PlaceId | None,
         files: list[SavedFile | ChatUpload],
         captions: list[str],
         update_id: int,
         *,
         user_id: int | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         reply_to: int | None = None,
     ) -> None:
         stored = [f for f in files if isinstance(f, ChatUpload)]
@@ -471,13 +467,13 @@ class FileDesk(Feature):
         self,
         update: Update | None,
         target: _Target,
-        thread: int,
+        thread: PlaceId | None,
         text: str,
         update_id: int,
         *,
         what: str,
         user_id: int | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         reply_to: int | None = None,
     ) -> None:
         """Queue ``text`` as the chat session's next turn, or note it for the auto run."""
@@ -485,13 +481,13 @@ class FileDesk(Feature):
             assert update.effective_chat is not None
             assert update.effective_user is not None
             assert update.effective_message is not None
-            chat_id = update.effective_chat.id
+            chat_id = chat_of(update.effective_chat)
             user_id = update.effective_user.id
             reply_to = update.effective_message.message_id
         assert chat_id is not None
 
         async def say(line: str) -> None:
-            await self.ctx.publisher.say(chat_id, line, thread_id=thread or None, reply_to=reply_to)
+            await self.ctx.publisher.say(chat_id, line, thread_id=thread, reply_to=reply_to)
 
         if target.auto is not None:
             try:
@@ -523,7 +519,9 @@ class FileDesk(Feature):
         elif result.busy or result.waiting:
             await say(f"⏳ Queued: {result.waiting + 1} message(s) wait for the running turn.")
 
-    async def _voice(self, update: Update, message: Message, target: _Target, thread: int) -> None:
+    async def _voice(
+        self, update: Update, message: Message, target: _Target, thread: PlaceId | None
+    ) -> None:
         if self.transcriber is None:
             await self.ctx.replies.reply(
                 update,
@@ -582,10 +580,12 @@ class FileDesk(Feature):
                 "Usage: /get PATH [RUN] (a file or folder of this chat's last run, or of RUN)",
             )
             return
-        thread = _thread(message)
+        thread = thread_of(message)
         # "/get FILE RUN": the last word names a run of this chat (its id or the end of it).
         path, _, last = given.rpartition(" ")
-        named = last if path.strip() and await self._chat_runs(message.chat.id, last) else None
+        named = (
+            last if path.strip() and await self._chat_runs(chat_of(message.chat), last) else None
+        )
         found = await self._run_folder(message, thread, named)
         if isinstance(found, str):
             await self.ctx.replies.reply(update, found)
@@ -602,7 +602,7 @@ class FileDesk(Feature):
             item = await self.outgoing.item(
                 found.workdir,
                 wanted,
-                chat_id=message.chat.id,
+                chat_id=chat_of(message.chat),
                 thread=thread,
                 reply_to=message.message_id,
             )
@@ -614,7 +614,7 @@ class FileDesk(Feature):
             action="get",
             outcome="allowed",
             user_id=user.id if user is not None else None,
-            chat_id=message.chat.id,
+            chat_id=chat_of(message.chat),
             update_id=update.update_id,
             reason=given[:200],
         )
@@ -626,7 +626,7 @@ class FileDesk(Feature):
         in the message, the patch as a document."""
         message = update.effective_message
         assert message is not None
-        thread = _thread(message)
+        thread = thread_of(message)
         found = await self._run_folder(message, thread, args[0] if args else None, what="diff")
         if isinstance(found, str):
             await self.ctx.replies.reply(update, found)
@@ -661,7 +661,7 @@ class FileDesk(Feature):
             action="diff",
             outcome="allowed",
             user_id=user.id if user is not None else None,
-            chat_id=message.chat.id,
+            chat_id=chat_of(message.chat),
             update_id=update.update_id,
             reason=found.run_id or "",
         )
@@ -670,16 +670,16 @@ class FileDesk(Feature):
         text = changes.patch.decode("utf-8", errors="replace")
         cut = f", cut at {human_size(limit)} of {human_size(changes.patch_size)}"
         await self.ctx.publisher.document(
-            message.chat.id,
+            chat_of(message.chat),
             text,
             filename=f"diff-{found.run_id or 'session'}.patch",
             caption=f"🔀 The patch of {f'run {found.run_id}' if found.run_id else 'this session'}"
             + (cut if changes.truncated else ""),
-            thread_id=thread or None,
+            thread_id=thread,
             run_id=found.run_id,
         )
 
-    async def _chat_runs(self, chat_id: int, wanted: str | None = None) -> list[RunRecord]:
+    async def _chat_runs(self, chat_id: PlaceId, wanted: str | None = None) -> list[RunRecord]:
         """This chat's runs, newest first (``wanted``: those it names, see ``named_runs``)."""
         runs = [r for r in await self.ctx.runs.list_runs() if r.chat_id == chat_id]
         if wanted is None:
@@ -688,12 +688,12 @@ class FileDesk(Feature):
         return [r for r in runs if r.id in names]
 
     async def _run_folder(
-        self, message: Message, thread: int, named: str | None, *, what: str = "get"
+        self, message: Message, thread: PlaceId | None, named: str | None, *, what: str = "get"
     ) -> _RunFolder | str:
         """The run ``/get`` and ``/diff`` read: the one named, the one replied to, a running
         auto run here, else this place's last run of any mode (a chat session's while it is
         the newest). A string says why there is none."""
-        chat_id = message.chat.id
+        chat_id = chat_of(message.chat)
         if named is not None:
             runs = await self._chat_runs(chat_id, named)
             if len(runs) != 1:
@@ -715,7 +715,7 @@ class FileDesk(Feature):
         runs = [
             r
             for r in await self._chat_runs(chat_id)
-            if (r.thread_id or 0) == thread and r.parent_id is None
+            if r.thread_id == thread and r.parent_id is None
         ]
         latest = runs[0] if runs else None
         active_chat = self.ctx.chats.active.get((chat_id, thread))

@@ -38,9 +38,11 @@ from telegram.ext import (
     filters,
 )
 
+from bot.places import chat_of
 from bot.replies import Replies, thread_of
 from chatfront.auth import Action, Authorizer
 from chatfront.store import BotStore
+from engine.runs.spec import PlaceId
 from engine.settings import Settings
 
 __all__ = [
@@ -58,7 +60,7 @@ PtbApp = Application[Any, Any, Any, Any, Any, Any]
 
 # A command gets its arguments; a text its body and topic (True: consumed); a button its data.
 CommandCallback = Callable[[Update, list[str]], Awaitable[None]]
-TextCallback = Callable[[Update, str, int], Awaitable[bool]]
+TextCallback = Callable[[Update, str, PlaceId | None], Awaitable[bool]]
 MediaCallback = Callable[[Update], Awaitable[None]]
 ButtonCallback = Callable[[Update, str], Awaitable[None]]
 FollowMigration = Callable[[Update], Awaitable[None]]
@@ -229,7 +231,7 @@ class Dispatch:
             action="any",
             outcome="refused",
             user_id=user.id if user is not None else None,
-            chat_id=chat.id if chat is not None else None,
+            chat_id=chat_of(chat) if chat is not None else None,
             update_id=update.update_id,
             reason=reason,
         )
@@ -249,12 +251,12 @@ class Dispatch:
         if message is not None and (message.migrate_to_chat_id or message.migrate_from_chat_id):
             await self._follow_migration(update)
             raise ApplicationHandlerStop
-        if not self._authorizer.chat_allowed(chat.id):
+        if not self._authorizer.chat_allowed(chat_of(chat)):
             # The log is where an admin finds a group's id to allow it.
             _LOGGER.info(
                 "ignored update %s from chat %s (%s) not in TURNSTILE_ALLOWED_CHATS, user %s",
                 update.update_id,
-                chat.id,
+                chat_of(chat),
                 chat.type,
                 user.id,
             )
@@ -266,7 +268,7 @@ class Dispatch:
                 and not self._replies.refuse(
                     update,
                     f"⛔ This chat is not allowed. Your Telegram user id is {user.id} "
-                    f"(chat id {chat.id}); an admin can add it to the bot's settings.",
+                    f"(chat id {chat_of(chat)}); an admin can add it to the bot's settings.",
                 )
             ):
                 reason = self._replies.unanswered(reason)

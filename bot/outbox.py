@@ -42,6 +42,7 @@ from telegram.error import (
 )
 from telegram.ext import AIORateLimiter
 
+from bot.places import telegram_chat, telegram_topic
 from chatfront.outbox import (
     ChatMoved,
     CredentialsRefused,
@@ -52,6 +53,8 @@ from chatfront.outbox import (
     Unreachable,
 )
 from chatfront.store import LiveMessage, OutboxItem
+from engine.errors import ConfigError
+from engine.runs.spec import PlaceId
 
 __all__ = ["PacedRateLimiter", "TelegramTransport", "retry_seconds"]
 
@@ -94,7 +97,7 @@ class PacedRateLimiter(AIORateLimiter):
     """PTB's rate limiter (it retries a 429 after ``retry_after``) that also tells
     ``on_retry_after(chat_id, seconds)`` about each 429, so the outbox slows that chat."""
 
-    on_retry_after: Callable[[int, float], None] | None = None
+    on_retry_after: Callable[[PlaceId, float], None] | None = None
 
     async def process_request(
         self,
@@ -111,8 +114,8 @@ class PacedRateLimiter(AIORateLimiter):
             try:
                 return await callback(*a, **kw)
             except RetryAfter as exc:
-                if self.on_retry_after is not None and isinstance(chat_id, int):
-                    self.on_retry_after(chat_id, retry_seconds(exc))
+                if self.on_retry_after is not None and isinstance(chat_id, int | str):
+                    self.on_retry_after(str(chat_id), retry_seconds(exc))
                 raise
 
         if endpoint in _EDITS:
@@ -148,7 +151,7 @@ def delivery_error(exc: TelegramError) -> DeliveryError:
     """PTB's error of a send or an edit as the sender's (BadRequest and TimedOut are
     NetworkErrors in PTB: the order matters)."""
     if isinstance(exc, ChatMigrated):
-        return ChatMoved(exc.message, int(exc.new_chat_id))
+        return ChatMoved(exc.message, str(exc.new_chat_id))
     if isinstance(exc, RetryAfter):
         return FloodWait(exc.message, retry_seconds(exc))
     if isinstance(exc, BadRequest):
@@ -169,8 +172,12 @@ class TelegramTransport:
     def __init__(self, bot: Bot) -> None:
         self._bot = bot
 
-    def pace(self, chat_id: int) -> float:
-        return _GROUP_PACE if chat_id < 0 else 1.0  # (a group's id is negative)
+    def pace(self, chat_id: PlaceId) -> float:
+        try:
+            group = telegram_chat(chat_id) < 0  # (a group's id is negative)
+        except ConfigError:
+            group = False
+        return _GROUP_PACE if group else 1.0
 
     async def credentials_work(self) -> bool:
         try:
@@ -187,6 +194,8 @@ class TelegramTransport:
         # two are messages Telegram took.
         try:
             message = await self._call(item, formatted=formatted, reply=reply)
+        except ConfigError as exc:  # not a Telegram chat: it never will be
+            raise Refused(str(exc)) from exc
         except TelegramError as exc:
             if type(exc) is not TelegramError:
                 raise delivery_error(exc) from exc
@@ -196,6 +205,7 @@ class TelegramTransport:
         return message.message_id
 
     async def _call(self, item: OutboxItem, *, formatted: bool, reply: bool) -> Message:
+        chat_id, thread_id = telegram_chat(item.chat_id), telegram_topic(item.thread_id)
         entities = _entities(item.entities) if formatted else None
         reply_params = (
             ReplyParameters(message_id=item.reply_to, allow_sending_without_reply=True)
@@ -208,10 +218,10 @@ class TelegramTransport:
             fh = await asyncio.to_thread(open, item.body, "rb")
             with fh:
                 return await self._bot.send_document(
-                    chat_id=item.chat_id,
+                    chat_id=chat_id,
                     document=InputFile(fh, filename=item.filename, read_file_handle=False),
                     caption=item.caption,
-                    message_thread_id=item.thread_id,
+                    message_thread_id=thread_id,
                     reply_parameters=reply_params,
                     reply_markup=_markup(item.markup),
                     disable_content_type_detection=True,
@@ -220,20 +230,20 @@ class TelegramTransport:
         if item.kind == "document":
             data = item.body.encode("utf-8")
             return await self._bot.send_document(
-                chat_id=item.chat_id,
+                chat_id=chat_id,
                 document=data,
                 filename=item.filename or "output.md",
                 caption=item.caption,
-                message_thread_id=item.thread_id,
+                message_thread_id=thread_id,
                 reply_parameters=reply_params,
                 reply_markup=_markup(item.markup),
                 disable_content_type_detection=True,
             )
         return await self._bot.send_message(
-            chat_id=item.chat_id,
+            chat_id=chat_id,
             text=item.body,
             entities=entities,
-            message_thread_id=item.thread_id,
+            message_thread_id=thread_id,
             reply_parameters=reply_params,
             reply_markup=_markup(item.markup),
             link_preview_options=None,
@@ -243,7 +253,7 @@ class TelegramTransport:
         assert live.message_id is not None
         try:
             await self._bot.edit_message_text(
-                chat_id=live.chat_id,
+                chat_id=telegram_chat(live.chat_id),
                 message_id=live.message_id,
                 text=live.body,
                 entities=_entities(live.entities),
@@ -255,6 +265,8 @@ class TelegramTransport:
             raise delivery_error(exc) from exc
         except TelegramError as exc:
             raise delivery_error(exc) from exc
+        except ConfigError as exc:  # not a Telegram chat
+            raise Refused(str(exc)) from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A reading error: the edit went through, its answer could not be read.
             raise Refused(f"{type(exc).__name__}: {exc}"[:200]) from exc

@@ -18,6 +18,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from bot.replies import thread_of
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
@@ -27,6 +28,7 @@ from engine.errors import NotFoundError
 from engine.humane import format_elapsed
 from engine.runs import Recovery, named_runs
 from engine.runs.pause import Pauses
+from engine.runs.spec import PlaceId
 from engine.store.runs import RunRecord, RunStatus
 
 __all__ = ["PauseFeature"]
@@ -56,15 +58,15 @@ class PauseFeature(Feature):
 
     # -- finding the run ---------------------------------------------------------------
 
-    async def _running_here(self, chat_id: int, thread: int) -> list[RunRecord]:
+    async def _running_here(self, chat_id: PlaceId, thread: PlaceId | None) -> list[RunRecord]:
         runs = await self.ctx.runs.list_runs(status=RunStatus.RUNNING)
-        return [r for r in runs if r.chat_id == chat_id and (r.thread_id or 0) == thread]
+        return [r for r in runs if r.chat_id == chat_id and r.thread_id == thread]
 
     async def _named(self, update: Update, args: list[str], verb: str) -> RunRecord | None:
         """The run ``args`` name (or the one run here); None once the person was told why."""
         chat = update.effective_chat
         assert chat is not None
-        here = await self._running_here(chat.id, thread_of(update.effective_message))
+        here = await self._running_here(chat_of(chat), thread_of(update.effective_message))
         if args:
             wanted = args[0]
             names = named_runs((r.id for r in here), wanted)
@@ -92,7 +94,7 @@ class PauseFeature(Feature):
             if own is not None:
                 policy = ApprovalPolicy(own)
             elif run.chat_id is not None:
-                policy = await self.approvals.policy_in(run.chat_id, run.thread_id or 0)
+                policy = await self.approvals.policy_in(run.chat_id, run.thread_id)
             else:
                 policy = self.approvals.policy
             if policy is not ApprovalPolicy.OFF:
@@ -112,7 +114,7 @@ class PauseFeature(Feature):
         else:  # a bare /resume: the one paused run here
             chat = update.effective_chat
             assert chat is not None
-            here = await self._running_here(chat.id, thread_of(update.effective_message))
+            here = await self._running_here(chat_of(chat), thread_of(update.effective_message))
             paused = await self.pauses.of([r.id for r in here])
             waiting = [r for r in here if r.id in paused]
             if len(waiting) == 1:
@@ -144,7 +146,7 @@ class PauseFeature(Feature):
             run = await self.ctx.runs.get_run(run_id)
         except NotFoundError:
             run = None
-        if run is None or run.chat_id != chat.id or run.status is not RunStatus.RUNNING:
+        if run is None or run.chat_id != chat_of(chat) or run.status is not RunStatus.RUNNING:
             await self.ctx.replies.answer(update, "That run is not running any more.")
             return None
         return run
@@ -202,7 +204,7 @@ class PauseFeature(Feature):
             action=action,
             outcome="allowed",
             user_id=user.id if user is not None else None,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=run_id,
         )
@@ -236,21 +238,21 @@ class PauseFeature(Feature):
 
     # -- stop, status, start-up --------------------------------------------------------
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         # Asked after the run's owner stopped it: the pause goes with the stop.
         if run_id in self.lines or await self.pauses.get(run_id) is not None:
             await self.pauses.resume(run_id, by=by)
             self.lines.pop(run_id, None)
         return False
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         here = await self._running_here(chat_id, thread)
         for run_id in await self.pauses.of([r.id for r in here]):
             await self.pauses.resume(run_id, by=by)
             self.lines.pop(run_id, None)
         return []
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         here = await self._running_here(chat_id, thread)
         paused = await self.pauses.of([r.id for r in here])
         lines = []

@@ -19,6 +19,7 @@ import telegramify_markdown as tgmd
 
 from chatfront.render import Rendered
 from engine.redact import Edit, Redactor
+from engine.runs.spec import PlaceId
 
 __all__ = [
     "MAX_CAPTION",
@@ -38,13 +39,13 @@ _HEAD_LINES: Final = 12
 _HEAD_CHARS: Final = 600
 
 
-def message_link(chat_id: int, message_id: int | None) -> str | None:
+def message_link(chat_id: PlaceId, message_id: int | None) -> str | None:
     """A link that opens a message of a supergroup (None: another kind of chat, or a
     message not yet delivered: Telegram has no link for those)."""
-    digits = str(chat_id)
-    if message_id is None or not digits.startswith("-100"):
+    digits = chat_id.removeprefix("-100")
+    if message_id is None or digits == chat_id or not digits.isdigit():
         return None
-    return f"https://t.me/c/{digits.removeprefix('-100')}/{message_id}"
+    return f"https://t.me/c/{digits}/{message_id}"
 
 
 def plain(text: str) -> Rendered:

@@ -13,11 +13,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from telegram import Message, Update
+from telegram import Update
 
+from bot.places import chat_of, thread_of
 from chatfront.auth import Action, Authorizer, needed_roles
 from chatfront.publish import Publisher
 from chatfront.store import BotStore
+from engine.runs.spec import PlaceId
 
 __all__ = ["Replies", "thread_of"]
 
@@ -57,21 +59,12 @@ async def misplaced_press(
     pressed = query.message if query is not None else None
     if pressed is None or chat is None:
         return "pressed on no message"
-    if (chat.id, pressed.message_id) != (live.chat_id, live.message_id):
+    if (chat_of(chat), pressed.message_id) != (live.chat_id, live.message_id):
         return (
-            f"pressed on message {pressed.message_id} in chat {chat.id}, not on its own "
+            f"pressed on message {pressed.message_id} in chat {chat_of(chat)}, not on its own "
             f"(message {live.message_id} in chat {live.chat_id})"
         )
     return None
-
-
-def thread_of(message: Message | None) -> int:
-    """The forum topic a message is in (0: none)."""
-    if message is None:
-        return 0
-    if message.is_topic_message and message.message_thread_id is not None:
-        return int(message.message_thread_id)
-    return 0
 
 
 _DOING: Final = {
@@ -104,7 +97,7 @@ class Replies:
         self._last_refusal: dict[tuple[str, int], tuple[float, bool]] = {}
         #: Puts a 👎 on a message (chat id, message id); set by the runtime once the bot
         #: is up. A refusal repeated within a minute is answered so, not by a message.
-        self.react: Callable[[int, int], Awaitable[object]] | None = None
+        self.react: Callable[[PlaceId, int], Awaitable[object]] | None = None
 
     async def reply(self, update: Update, text: str, **kw: Any) -> None:
         """Say ``text`` in the update's chat and topic, as a reply to its message."""
@@ -113,9 +106,9 @@ class Replies:
         if chat is None:
             return
         await self._publisher.say(
-            chat.id,
+            chat_of(chat),
             text,
-            thread_id=thread_of(message) or None,
+            thread_id=thread_of(message),
             reply_to=message.message_id if message is not None else None,
             **kw,
         )
@@ -141,7 +134,7 @@ class Replies:
         chat = update.effective_chat
         assert chat is not None
         user_id = user.id if user is not None else None
-        decision = self._authorizer.check(user_id, chat.id, action)
+        decision = self._authorizer.check(user_id, chat_of(chat), action)
         if decision.allowed:
             return True
         _LOGGER.info("refused %s for user %s: %s", action.value, user_id, decision.reason)
@@ -175,7 +168,7 @@ class Replies:
             action=action.value,
             outcome="refused",
             user_id=user_id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=reason,
         )
@@ -189,11 +182,11 @@ class Replies:
         if self.react is None or message is None or chat is None:
             return
         try:
-            await self.react(chat.id, message.message_id)
+            await self.react(chat_of(chat), message.message_id)
         except Exception as exc:  # a reaction is a courtesy: never fail the update for it
             _LOGGER.info("could not react to a refused message: %s", exc)
 
-    def allowed(self, user_id: int | None, chat_id: int, action: Action) -> bool:
+    def allowed(self, user_id: int | None, chat_id: PlaceId, action: Action) -> bool:
         """The right alone: nothing audited, nothing said."""
         return self._authorizer.check(user_id, chat_id, action).allowed
 
@@ -203,9 +196,9 @@ class Replies:
         chat = update.effective_chat
         assert chat is not None
         return self._publisher.refusal(
-            chat.id,
+            chat_of(chat),
             text,
-            thread_id=thread_of(message) or None,
+            thread_id=thread_of(message),
             reply_to=message.message_id if message is not None else None,
         )
 

@@ -25,6 +25,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
@@ -45,6 +46,7 @@ from engine.automode.run import ApprovalFor
 from engine.errors import ConfigError, NotFoundError
 from engine.executors import worker_of
 from engine.runs import Recovery
+from engine.runs.spec import PlaceId
 from engine.store.runs import RunRecord
 
 __all__ = ["ToolApprovalExtension", "request_text", "turn_progress"]
@@ -152,7 +154,7 @@ class ToolApprovalExtension(Feature):
         assert chat is not None
         assert user is not None
         thread = thread_of(update.effective_message)
-        current = await self.policy_in(chat.id, thread)
+        current = await self.policy_in(chat_of(chat), thread)
         if not args:
             await self.ctx.replies.reply(
                 update,
@@ -167,12 +169,12 @@ class ToolApprovalExtension(Feature):
                 update, "Usage: /permissions guarded | trusted | free | default"
             )
             return
-        if not self.ctx.authorizer.check(user.id, chat.id, Action.PERMISSIONS).allowed:
+        if not self.ctx.authorizer.check(user.id, chat_of(chat), Action.PERMISSIONS).allowed:
             await self.ctx.store.audit(
                 action="permissions",
                 outcome="refused",
                 user_id=user.id,
-                chat_id=chat.id,
+                chat_id=chat_of(chat),
                 update_id=update.update_id,
                 reason=f"{wanted} needs admin",
             )
@@ -181,16 +183,16 @@ class ToolApprovalExtension(Feature):
             )
             return
         chosen = None if wanted == "default" else wanted
-        await self.ctx.store.set_place_permissions(chat.id, thread, chosen, by=user.id)
+        await self.ctx.store.set_place_permissions(chat_of(chat), thread, chosen, by=user.id)
         await self.ctx.store.audit(
             action="permissions",
             outcome="allowed",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=wanted,
         )
-        now = await self.policy_in(chat.id, thread)
+        now = await self.policy_in(chat_of(chat), thread)
         await self.ctx.replies.reply(
             update,
             f"🔐 Permissions here: {now.label}. They apply to runs started from now on "
@@ -199,7 +201,7 @@ class ToolApprovalExtension(Feature):
 
     # -- wiring runs -------------------------------------------------------------------
 
-    async def policy_in(self, chat_id: int, thread_id: int) -> ApprovalPolicy:
+    async def policy_in(self, chat_id: PlaceId, thread_id: PlaceId | None) -> ApprovalPolicy:
         """The policy of a place's runs: its /permissions, else the settings'."""
         chosen = await self.ctx.store.place_permissions(chat_id, thread_id)
         return ApprovalPolicy(chosen) if chosen else self.policy
@@ -328,13 +330,13 @@ class ToolApprovalExtension(Feature):
             await self.ctx.replies.answer(update, "This request is unknown.")
             return
         misplaced = await misplaced_press(self.ctx.store, update, _ref(request.id))
-        refusal = misplaced or self._refusal(user.id, chat.id, request)
+        refusal = misplaced or self._refusal(user.id, chat_of(chat), request)
         if refusal is not None:
             await self.ctx.store.audit(
                 action="tool_approval",
                 outcome="refused",
                 user_id=user.id,
-                chat_id=chat.id,
+                chat_id=chat_of(chat),
                 update_id=update.update_id,
                 reason=f"request {request.id} ({request.tool}): {refusal}",
             )
@@ -358,7 +360,7 @@ class ToolApprovalExtension(Feature):
             action="tool_approval",
             outcome=decided.state.value,
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
             reason=(
                 f"request {decided.id} of run {decided.run_id}: {decided.tool} "
@@ -378,7 +380,7 @@ class ToolApprovalExtension(Feature):
         if decided.scope is Scope.SESSION:
             await self._apply_grant(decided)
 
-    def _refusal(self, user_id: int, chat_id: int, request: ToolRequest) -> str | None:
+    def _refusal(self, user_id: int, chat_id: PlaceId, request: ToolRequest) -> str | None:
         """Why ``user_id`` may not decide ``request`` (None: they may)."""
         auth = self.ctx.authorizer
         is_starter = request.starter_id is not None and user_id == request.starter_id
@@ -411,28 +413,28 @@ class ToolApprovalExtension(Feature):
             _LOGGER.info("tool request %s cancelled: %s", request.id, reason)
             await self._refresh(request)
 
-    async def _runs_waiting(self, chat_id: int, thread: int | None) -> list[str]:
+    async def _runs_waiting(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         found: dict[str, None] = {}
         for request in await self.store.pending():
             run = await self._run_of(request)
             if run is None or run.chat_id != chat_id:
                 continue
-            if thread is None or (run.thread_id or 0) == thread:
+            if thread is None or run.thread_id == thread:
                 found.setdefault(run.id, None)
         return list(found)
 
-    async def stop(self, run_id: str, *, chat_id: int, by: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:
         if run_id in await self._runs_waiting(chat_id, None):
             await self._cancel([run_id], f"{STOPPED} by {self._name(by)}")
         return False  # the run itself belongs to the chat sessions or another extension
 
-    async def stop_chat(self, chat_id: int, thread: int, *, by: int) -> list[str]:
+    async def stop_chat(self, chat_id: PlaceId, thread: PlaceId | None, *, by: int) -> list[str]:
         waiting = await self._runs_waiting(chat_id, thread)
         if waiting:
             await self._cancel(waiting, f"{STOPPED} by {self._name(by)}")
         return []
 
-    async def pending_for(self, user_id: int, chat_id: int) -> list[str]:
+    async def pending_for(self, user_id: int, chat_id: PlaceId) -> list[str]:
         """The tool calls waiting for a decision that ``user_id`` may take."""
         items = []
         for request in await self.store.pending():
@@ -451,7 +453,7 @@ class ToolApprovalExtension(Feature):
             )
         return items
 
-    async def status_lines(self, chat_id: int, thread: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         lines = []
         for request in await self.store.pending():
             run = await self._run_of(request)

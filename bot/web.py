@@ -20,6 +20,7 @@ from telegram import Update
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
+from bot.places import chat_of
 from chatfront.auth import Action
 from engine.errors import NotFoundError
 
@@ -159,7 +160,7 @@ class WebFeature(Feature):
             action="web_link",
             outcome="issued",
             user_id=user.id,
-            chat_id=chat.id,
+            chat_id=chat_of(chat),
             update_id=update.update_id,
         )
 

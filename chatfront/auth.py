@@ -6,6 +6,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from engine.runs.spec import PlaceId
+
 __all__ = ["Action", "Authorizer", "Decision", "Role", "allows", "needed_roles"]
 
 
@@ -78,8 +80,8 @@ class Authorizer:
     admins: frozenset[int] = frozenset()
     approvers: frozenset[int] = frozenset()
     operators: frozenset[int] = frozenset()
-    allowed_chats: frozenset[int] = frozenset()
-    migrated: dict[int, int] = field(default_factory=dict)
+    allowed_chats: frozenset[PlaceId] = frozenset()
+    migrated: dict[PlaceId, PlaceId] = field(default_factory=dict)
 
     @classmethod
     def from_ids(
@@ -88,7 +90,7 @@ class Authorizer:
         admins: Iterable[int],
         approvers: Iterable[int],
         operators: Iterable[int],
-        allowed_chats: Iterable[int],
+        allowed_chats: Iterable[PlaceId],
     ) -> Authorizer:
         return cls(
             frozenset(admins), frozenset(approvers), frozenset(operators), frozenset(allowed_chats)
@@ -104,17 +106,17 @@ class Authorizer:
             found.add(Role.OPERATOR)
         return frozenset(found)
 
-    def chat_allowed(self, chat_id: int) -> bool:
+    def chat_allowed(self, chat_id: PlaceId) -> bool:
         """A listed chat, or a supergroup a listed group became."""
         if chat_id in self.allowed_chats:
             return True
         old = self.migrated.get(chat_id)
         return old is not None and old in self.allowed_chats
 
-    def follow_migration(self, old_chat: int, new_chat: int) -> None:
+    def follow_migration(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
         self.migrated[new_chat] = old_chat
 
-    def check(self, user_id: int | None, chat_id: int, action: Action) -> Decision:
+    def check(self, user_id: int | None, chat_id: PlaceId, action: Action) -> Decision:
         if not self.chat_allowed(chat_id):
             return Decision(False, "chat not allowed")
         if user_id is None:

@@ -42,7 +42,7 @@ class OutboxChatFront:
         progress = TurnProgress(
             self.publisher,
             chat_id=b.chat_id,
-            thread_id=b.thread_id or None,
+            thread_id=b.thread_id,
             run_id=run.run_id,
             turn=run.turn,
             reply_to=None,
@@ -65,7 +65,7 @@ class OutboxChatFront:
         items = await self.publisher.output_items(
             out,
             chat_id=b.chat_id,
-            thread_id=b.thread_id or None,
+            thread_id=b.thread_id,
             run_id=run.run_id,
             reply_to=progress.reply_to if progress is not None else None,
         )
@@ -79,9 +79,7 @@ class OutboxChatFront:
         self.publisher.wake()
 
     async def say(self, binding: Binding, text: str, *, run_id: str) -> None:
-        await self.publisher.say(
-            binding.chat_id, text, thread_id=binding.thread_id or None, run_id=run_id
-        )
+        await self.publisher.say(binding.chat_id, text, thread_id=binding.thread_id, run_id=run_id)
 
     def name(self, user_id: int) -> str:
         return self.publisher.people.name(user_id)

@@ -62,6 +62,7 @@ from typing import Any, Final, Literal, Protocol
 from chatfront.store import BotStore, LiveMessage, OutboxItem, OutboxRow
 from engine.aio import raise_if_cancelled
 from engine.errors import StoreUnreachableError
+from engine.runs.spec import PlaceId
 
 __all__ = [
     "ChatMoved",
@@ -113,7 +114,7 @@ class FloodWait(DeliveryError):
 class ChatMoved(DeliveryError):
     """The chat has a new id: what waits for it goes to ``new_chat``."""
 
-    def __init__(self, message: str, new_chat: int) -> None:
+    def __init__(self, message: str, new_chat: PlaceId) -> None:
         super().__init__(message)
         self.new_chat = new_chat
 
@@ -162,7 +163,7 @@ class Transport(Protocol):
         """Whether the messenger still takes the front end's credentials."""
         ...
 
-    def pace(self, chat_id: int) -> float:
+    def pace(self, chat_id: PlaceId) -> float:
         """How much slower than the edit interval edits go in ``chat_id`` (1: as fast)."""
         ...
 
@@ -188,7 +189,7 @@ class OutboxSender:
         *,
         edit_interval: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
-        on_migrate: Callable[[int, int], Any] | None = None,
+        on_migrate: Callable[[PlaceId, PlaceId], Any] | None = None,
         on_token_refused: Callable[[str], Any] | None = None,
         first_backoff: float = 0.5,
         refusal_backlog: int = 20,
@@ -207,13 +208,13 @@ class OutboxSender:
         self.token_refused: str | None = None
         self._first_backoff = first_backoff
         self._last_edit: dict[str, float] = {}
-        self._last_in_chat: dict[int, float] = {}
+        self._last_in_chat: dict[PlaceId, float] = {}
         # Chats the messenger asked to slow down: their seconds between two edits.
-        self._slowed: dict[int, float] = {}
-        self._just_slowed: set[int] = set()  # the retried call itself does not ease
+        self._slowed: dict[PlaceId, float] = {}
+        self._just_slowed: set[PlaceId] = set()  # the retried call itself does not ease
         # Until when the messenger asked a chat to wait (its last flood pause): even
         # urgent edits do.
-        self._held: dict[int, float] = {}
+        self._held: dict[PlaceId, float] = {}
         self._refusals: deque[OutboxItem] = deque()
         self._refusal_backlog = refusal_backlog
         self._refusal_retries = refusal_retries
@@ -222,15 +223,15 @@ class OutboxSender:
         self.sent = 0
         self.failed = 0
 
-    def interval(self, chat_id: int) -> float:
+    def interval(self, chat_id: PlaceId) -> float:
         """Seconds between two edits in ``chat_id``: the edit interval times the
         transport's pace there (a Telegram group: 3), or slower after flood pauses."""
         return max(self._base_interval(chat_id), self._slowed.get(chat_id, 0.0))
 
-    def _base_interval(self, chat_id: int) -> float:
+    def _base_interval(self, chat_id: PlaceId) -> float:
         return self._edit_interval * self._transport.pace(chat_id)
 
-    def slow_down(self, chat_id: int, retry_after: float) -> None:
+    def slow_down(self, chat_id: PlaceId, retry_after: float) -> None:
         """The messenger asked ``chat_id`` to wait ``retry_after`` seconds: its edits go
         at least that far apart, and twice as far apart as they did."""
         interval = max(2 * self.interval(chat_id), retry_after)
@@ -244,7 +245,7 @@ class OutboxSender:
             self._clock() + retry_after - self.interval(chat_id),
         )
 
-    def _eased(self, chat_id: int) -> None:
+    def _eased(self, chat_id: PlaceId) -> None:
         slowed = self._slowed.get(chat_id)
         if slowed is None or chat_id in self._just_slowed:
             self._just_slowed.discard(chat_id)

@@ -33,6 +33,7 @@ from engine.files import (
 )
 from engine.gates.artifacts import SqlArtifactStore
 from engine.runs import ChatPlace
+from engine.runs.spec import PlaceId
 from engine.turn import TurnOutput
 
 __all__ = ["OutgoingFiles"]
@@ -75,8 +76,8 @@ class OutgoingFiles:
         workdir: Path,
         given: str,
         *,
-        chat_id: int,
-        thread: int,
+        chat_id: PlaceId,
+        thread: PlaceId | None,
         reply_to: int | None = None,
         run_id: str | None = None,
     ) -> OutboxItem:
@@ -110,7 +111,7 @@ class OutgoingFiles:
             raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
         return OutboxItem(
             chat_id=chat_id,
-            thread_id=thread or None,
+            thread_id=thread,
             kind="file",
             body=str(dest),
             filename=name,
@@ -159,7 +160,7 @@ class OutgoingFiles:
                 items.append(
                     OutboxItem(
                         chat_id=chat_id,
-                        thread_id=thread or None,
+                        thread_id=thread,
                         body=self.publisher.redact(
                             f"⚠️ Not sent ({SEND_MARKER} {sent.given}): {exc}"
                         ),
@@ -174,7 +175,7 @@ class OutgoingFiles:
             items.append(
                 OutboxItem(
                     chat_id=chat_id,
-                    thread_id=thread or None,
+                    thread_id=thread,
                     kind="file",
                     body=str(dest),
                     filename=name,
@@ -189,14 +190,14 @@ class OutgoingFiles:
     ) -> None:
         """An auto run's ``TURNSTILE-SEND:`` files (through the run sink)."""
         items = await self._marked(
-            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id or 0, run_id
+            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id, run_id
         )
         if items:
             await self.publisher.store.enqueue(items)
             self.publisher.wake()
 
     async def _marked(
-        self, workdir: Path, paths: list[str], chat_id: int, thread: int, run_id: str
+        self, workdir: Path, paths: list[str], chat_id: PlaceId, thread: PlaceId | None, run_id: str
     ) -> list[OutboxItem]:
         items: list[OutboxItem] = []
         for given in paths:
@@ -208,7 +209,7 @@ class OutgoingFiles:
                 items.append(
                     OutboxItem(
                         chat_id=chat_id,
-                        thread_id=thread or None,
+                        thread_id=thread,
                         body=self.publisher.redact(f"⚠️ Not sent ({SEND_MARKER} {given}): {exc}"),
                         run_id=run_id,
                     )

@@ -24,6 +24,7 @@ from chatfront.store import BotStore
 from engine.agents.stream import AgentEvent, EventKind
 from engine.errors import StoreUnreachableError
 from engine.humane import format_elapsed
+from engine.runs.spec import PlaceId
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,8 +110,8 @@ class TurnProgress:
         self,
         publisher: Publisher,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str,
         turn: int,
         reply_to: int | None,

@@ -19,6 +19,7 @@ from chatfront.render import Rendered, Renderer
 from chatfront.store import BotStore, OutboxItem
 from engine.humane import exit_note
 from engine.redact import Redactor
+from engine.runs.spec import PlaceId
 from engine.turn import TurnOutput
 
 __all__ = ["MAX_OUTPUT_BYTES", "Publisher", "Sender"]
@@ -157,8 +158,8 @@ class Publisher:
         self,
         rendered: list[Rendered],
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str | None = None,
         reply_to: int | None = None,
         markup: dict[str, Any] | None = None,
@@ -198,8 +199,8 @@ class Publisher:
         self,
         out: TurnOutput,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str | None,
         header: str = "",
         reply_to: int | None = None,
@@ -248,8 +249,8 @@ class Publisher:
         spill: Path,
         size: int | None,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str | None,
         header: str,
         reply_to: int | None,
@@ -286,10 +287,10 @@ class Publisher:
 
     async def say(
         self,
-        chat_id: int,
+        chat_id: PlaceId,
         text: str,
         *,
-        thread_id: int | None = None,
+        thread_id: PlaceId | None = None,
         markdown: bool = False,
         reply_to: int | None = None,
         run_id: str | None = None,
@@ -330,7 +331,7 @@ class Publisher:
         self.wake()
 
     def refusal(
-        self, chat_id: int, text: str, *, thread_id: int | None, reply_to: int | None
+        self, chat_id: PlaceId, text: str, *, thread_id: PlaceId | None, reply_to: int | None
     ) -> bool:
         """Offer a "not allowed" answer to the sender's low-priority lane.
 
@@ -350,12 +351,12 @@ class Publisher:
 
     async def document(
         self,
-        chat_id: int,
+        chat_id: PlaceId,
         content: str,
         *,
         filename: str,
         caption: str,
-        thread_id: int | None = None,
+        thread_id: PlaceId | None = None,
         run_id: str | None = None,
         ref: str | None = None,
     ) -> None:
@@ -380,8 +381,8 @@ class Publisher:
         ref: str,
         text: str,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         markup: dict[str, Any] | None = None,
         run_id: str | None = None,
         reply_to: int | None = None,

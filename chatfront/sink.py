@@ -23,6 +23,7 @@ from engine.errors import NotFoundError
 from engine.humane import humane, words
 from engine.runs import ChatPlace
 from engine.runs.ids import short_id
+from engine.runs.spec import PlaceId
 from engine.sink import GateRequest, RunText, StatusUpdate, TextKind, summary_ref
 from engine.store.runs import SqliteRunStore
 
@@ -54,22 +55,22 @@ class Publisher(Protocol):
 
     async def say(
         self,
-        chat_id: int,
+        chat_id: PlaceId,
         text: str,
         *,
-        thread_id: int | None = None,
+        thread_id: PlaceId | None = None,
         markdown: bool = False,
         run_id: str | None = None,
     ) -> None: ...
 
     async def document(
         self,
-        chat_id: int,
+        chat_id: PlaceId,
         content: str,
         *,
         filename: str,
         caption: str,
-        thread_id: int | None = None,
+        thread_id: PlaceId | None = None,
         run_id: str | None = None,
     ) -> None: ...
 
@@ -78,8 +79,8 @@ class Publisher(Protocol):
         ref: str,
         text: str,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         markup: Markup = None,
         run_id: str | None = None,
         markdown: str | None = None,

@@ -380,7 +380,7 @@ async def test_a_front_ends_drive_keeps_its_budget_here(tmp_path: Path) -> None:
         return CostlySession(cwd.name, cwd, session_id, cost=lambda _: 0.6, log=log)
 
     sink = EventSink()
-    place = ChatPlace(-100, None)
+    place = ChatPlace("-100", None)
     budget = Budget(usd=1.0)
     async with open_gates(make_settings(tmp_path), poll_interval=0.02) as gates:
         told = Told()

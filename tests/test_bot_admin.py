@@ -110,7 +110,7 @@ async def test_help_commands_and_status(tmp_path: Path, monkeypatch: pytest.Monk
         await api.wait_for_message(lambda m: "Queued" in m.text)
         # The agent reported a tool call: /status still shows the turn and its elapsed time.
         assert rt.chats is not None
-        rt.chats.active[(CHAT, 0)].last_event = "🔧 Bash: ls"
+        rt.chats.active[(str(CHAT), None)].last_event = "🔧 Bash: ls"
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
         status = await api.wait_for_message(lambda m: m.text.startswith("💬 chat session ·"))
         assert "proj-a" in status.text
@@ -195,7 +195,7 @@ async def test_chat_on_a_configured_project_gets_its_own_worktree(
             await api.wait_for_message(lambda m: "bound" in m.text)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="where")
             await api.wait_for_message(lambda m: m.text == "in where")
-            binding = await rt.store.binding(CHAT, 0)
+            binding = await rt.store.binding(str(CHAT), None)
             assert binding is not None
             # /status shows the session's branch and the worktree's disk usage.
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
@@ -285,7 +285,7 @@ async def test_forum_topics_are_separate_sessions(
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="in eight", thread_id=8)
         seven = await api.wait_for_message(lambda m: m.text.endswith(": in seven"))
         eight = await api.wait_for_message(lambda m: m.text.endswith(": in eight"))
-        b7, b8 = await rt.store.binding(CHAT, 7), await rt.store.binding(CHAT, 8)
+        b7, b8 = await rt.store.binding(str(CHAT), "7"), await rt.store.binding(str(CHAT), "8")
         assert b7 is not None
         assert b8 is not None
         assert b7.session_id != b8.session_id

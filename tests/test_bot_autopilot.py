@@ -266,8 +266,8 @@ async def test_gate_buttons_count_only_on_the_gate_message(
                 for e in reversed(await rt.store.audit_entries())
                 if e.outcome == "refused" and f"gate {gate_id}" in (e.reason or "")
             ]
-            assert refused == [("approve", c) for c, _ in forged] + [
-                ("reject", c) for c, _ in forged
+            assert refused == [("approve", str(c)) for c, _ in forged] + [
+                ("reject", str(c)) for c, _ in forged
             ]
             # the press on the gate's own message still approves it
             await _press(api, chat_id=CHAT, data=approve, message_id=gate.message_id)
@@ -331,7 +331,7 @@ async def test_a_drive_a_terminal_took_over_is_not_resumed_by_the_bot(
             run = await SqliteRunStore(db).latest_task_run("autopilot", "T6")
             assert run is not None
             assert run.status is RunStatus.RUNNING
-            assert run.chat_id == CHAT
+            assert run.chat_id == str(CHAT)
             try:
                 async with running_bot(api, settings) as rt:
                     assert rt.features is not None

@@ -163,7 +163,7 @@ async def test_a_decided_gate_loses_its_buttons_before_queued_messages_go(
         approve = next(b["callback_data"] for b in gate.buttons if b["text"].endswith("Approve"))
         # A loaded outbox: many messages queued to this chat before the press.
         await rt.store.enqueue(
-            [OutboxItem(chat_id=CHAT, thread_id=None, body=f"burst {i}") for i in range(600)]
+            [OutboxItem(chat_id=str(CHAT), thread_id=None, body=f"burst {i}") for i in range(600)]
         )
         rt.publisher.wake()
         await api.wait_until(lambda: any(m.text == "burst 5" for m in api.sent))

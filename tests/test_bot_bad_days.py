@@ -184,7 +184,7 @@ async def test_permanent_refusal_is_logged_audited_and_shown_in_audit(
         entries = await rt.store.audit_entries()
     [failed] = [e for e in entries if e.action == "deliver"]
     assert failed.outcome == "failed"
-    assert failed.chat_id == CHAT
+    assert failed.chat_id == str(CHAT)
     assert failed.reason is not None
     assert said in failed.reason
     assert said in report.text

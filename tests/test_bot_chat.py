@@ -53,7 +53,7 @@ async def test_three_turn_chat_session_resumes_the_same_session(
         log = agent_log(tmp_path)
         assert [e["prompt"] for e in log] == ["question 1", "question 2", "question 3"]
         assert len({e["session"] for e in log}) == 1
-        binding = await rt.store.binding(CHAT, 0)
+        binding = await rt.store.binding(str(CHAT), None)
         assert binding is not None
         assert binding.turns == 3
         runs = await SqliteRunStore(rt.db).list_runs()
@@ -132,15 +132,15 @@ async def test_unauthorized_command_and_button_are_refused_and_audited(
         await wait_until(later_audited, what="the unanswered refusals audited")
         entries = await rt.store.audit_entries()
         refused = [(e.user_id, e.chat_id, e.action) for e in entries if e.outcome == "refused"]
-        assert (STRANGER, CHAT, "chat") in refused
-        assert (STRANGER, CHAT, "stop") in refused
-        assert (STRANGER, CHAT, "approve") in refused
+        assert (STRANGER, str(CHAT), "chat") in refused
+        assert (STRANGER, str(CHAT), "stop") in refused
+        assert (STRANGER, str(CHAT), "approve") in refused
         # the later refusals in the minute are not answered, yet audited as such
         for action in ("stop", "status"):
             later = next(e for e in entries if e.user_id == STRANGER and e.action == action)
             assert "not answered" in (later.reason or "")
-        assert (OPERATOR, -555, "any") in refused
-        assert await rt.store.binding(CHAT, 0) is None
+        assert (OPERATOR, "-555", "any") in refused
+        assert await rt.store.binding(str(CHAT), None) is None
         assert not await rt.runs.list_runs()
     # one refusal a minute in the group, never a flood
     assert sum(t.startswith("⛔") for t in api.texts()) == 1
@@ -282,10 +282,10 @@ async def test_chat_takes_only_installed_agents_and_known_projects_and_says_the_
             missing = await api.wait_for_message(lambda m: "claude is not installed" in m.text)
             assert "npm install -g @anthropic-ai/claude-code" in missing.text
             assert "Agents installed here: command." in missing.text
-            assert await rt.store.binding(CHAT, 0) is None
+            assert await rt.store.binding(str(CHAT), None) is None
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat command default@main")
             await api.wait_for_message(lambda m: "it has no branches" in m.text)
-            assert await rt.store.binding(CHAT, 0) is None
+            assert await rt.store.binding(str(CHAT), None) is None
     assert not (tmp_path / "ws" / "foo").exists()
     assert agent_log(tmp_path) == []
 
@@ -322,7 +322,7 @@ async def test_agent_model_project_and_new_change_the_session_in_the_chat(
                 await api.wait_for_message(lambda m: "Model here: the agent's default" in m.text)
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/model big-model-1")
                 await api.wait_for_message(lambda m: "🧠 Model for this command session" in m.text)
-                first = await rt.store.binding(CHAT, 0)
+                first = await rt.store.binding(str(CHAT), None)
                 assert first is not None
                 assert first.model == "big-model-1"
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text="one")
@@ -331,7 +331,7 @@ async def test_agent_model_project_and_new_change_the_session_in_the_chat(
                 # /new: a fresh session, same agent, project and model
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/new")
                 await api.wait_for_message(lambda m: "🆕 A fresh command session here" in m.text)
-                fresh = await rt.store.binding(CHAT, 0)
+                fresh = await rt.store.binding(str(CHAT), None)
                 assert fresh is not None
                 assert fresh.session_id != first.session_id
                 assert fresh.model == "big-model-1"
@@ -343,7 +343,7 @@ async def test_agent_model_project_and_new_change_the_session_in_the_chat(
                 await api.wait_for_message(lambda m: "codex is not installed" in m.text)
                 api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/agent claude")
                 await api.wait_for_message(lambda m: "bound to a new claude session" in m.text)
-                switched = await rt.store.binding(CHAT, 0)
+                switched = await rt.store.binding(str(CHAT), None)
                 assert switched is not None
                 assert (switched.agent, switched.model) == ("claude", None)
                 # /status: how to go on from a terminal, once the session has a turn

@@ -125,7 +125,7 @@ async def test_two_groups_each_have_their_own_workspace_and_their_runs_a_worktre
             caption="keep this",
         )
         await api.wait_for_message(lambda m: m.chat_id == GROUP_A and "keep this" in m.text)
-        binding_a = await rt.store.binding(GROUP_A, 0)
+        binding_a = await rt.store.binding(str(GROUP_A), None)
         assert binding_a is not None
         session_a = Path(binding_a.workdir)
         assert (session_a / "uploads" / "private.csv").read_bytes() == b"a,b\n1,2\n"
@@ -137,7 +137,7 @@ async def test_two_groups_each_have_their_own_workspace_and_their_runs_a_worktre
         await wait_for_run_status(rt, run_b, RunStatus.COMPLETED)
         # Group B's chat session, and an auto run in group A.
         await _chat_turn(api, GROUP_B, notes=False)
-        binding_b = await rt.store.binding(GROUP_B, 0)
+        binding_b = await rt.store.binding(str(GROUP_B), None)
         assert binding_b is not None
         session_b = Path(binding_b.workdir)
         run_a, report_a = await _auto(api, rt, GROUP_A)
@@ -181,7 +181,7 @@ async def test_two_topics_of_a_forum_each_have_their_own_workspace(
         assert report_9.text.startswith(f"Auto run {run_9}: completed"), report_9.text
         run_7, report_7 = await _auto(api, rt, GROUP_A, 7)
         assert report_7.text.startswith(f"Auto run {run_7}: completed"), report_7.text
-        binding_7 = await rt.store.binding(GROUP_A, 7)
+        binding_7 = await rt.store.binding(str(GROUP_A), "7")
         assert binding_7 is not None
         workdir_7 = await _workdir(rt, run_7)
         workdir_9 = await _workdir(rt, run_9)

@@ -184,8 +184,8 @@ async def test_chat_migrated_to_supergroup_is_followed(
             api.push_update({"message": migrate})
             api.push_message(chat_id=new_chat, user_id=OPERATOR, text="after")
             await api.wait_for_message(lambda m: m.text == "reply after" and m.chat_id == new_chat)
-            assert await rt.store.binding(new_chat, 0) is not None
-            assert await rt.store.binding(old_chat, 0) is None
+            assert await rt.store.binding(str(new_chat), None) is not None
+            assert await rt.store.binding(str(old_chat), None) is None
 
 
 async def test_duplicate_update_ids_are_acted_on_once(

@@ -94,7 +94,7 @@ async def _bench(tmp_path: Path, db: Any) -> AsyncIterator[_Bench]:
     async with FakeBotApi() as api:
         store = SqlBotStore(db)
         authorizer = Authorizer.from_ids(
-            admins=[ADMIN], approvers=[], operators=[], allowed_chats=[CHAT]
+            admins=[ADMIN], approvers=[], operators=[], allowed_chats=[str(CHAT)]
         )
         publisher = Publisher(
             store, None, renderer=TELEGRAM, redactor=Redactor(), document_threshold=100_000

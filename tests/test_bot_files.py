@@ -55,7 +55,7 @@ async def bound_chat(
     async with running_bot(api, bot_settings(api, tmp_path, **overrides)) as rt:
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text=command)
         await api.wait_for_message(lambda m: "bound to a new" in m.text)
-        binding = await rt.store.binding(CHAT, 0)
+        binding = await rt.store.binding(str(CHAT), None)
         assert binding is not None
         yield rt, Path(binding.workdir)
 

@@ -115,7 +115,7 @@ async def test_a_message_queued_before_the_turn_took_messages_goes_before_a_late
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="A1 hold:a1")
 
             def a1_taken() -> bool:
-                run = rt.chats.active.get((CHAT, 0)) if rt.chats else None
+                run = rt.chats.active.get((str(CHAT), None)) if rt.chats else None
                 return run is not None and run.busy
 
             await wait_until(a1_taken, what="A1 taken for a turn")
@@ -125,7 +125,7 @@ async def test_a_message_queued_before_the_turn_took_messages_goes_before_a_late
             await wait_until(
                 lambda: (1, "A1 hold:a1") in seen(tmp_path), what="A1 reaches the agent"
             )
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             await wait_until(lambda: run.agent.preempt.active, what="A1's turn takes messages")
             a3 = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="A3")
             await api.wait_until(lambda: reply_to(api, a3) is not None)
@@ -164,7 +164,7 @@ async def started_with_queue(
     async with BotRuntime(settings, rate_limiter=limiter) as rt:
         for body in queued:
             await rt.store.queue_prompt(
-                CHAT, 0, update_id=None, user_id=OPERATOR, body=body, depth=10
+                str(CHAT), None, update_id=None, user_id=OPERATOR, body=body, depth=10
             )
         await rt.start()
         try:
@@ -188,7 +188,7 @@ async def test_after_a_restart_queued_messages_go_before_a_new_one(
             await wait_until(
                 lambda: seen(tmp_path) == [(1, "A1 hold:a1")], what="A1 reaches the agent"
             )
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             await wait_until(lambda: run.agent.preempt.active, what="A1's turn takes messages")
             a3 = api.push_message(chat_id=CHAT, user_id=OPERATOR, text="A3")
             await api.wait_until(lambda: reply_to(api, a3) is not None)
@@ -213,7 +213,7 @@ async def test_a_message_being_handed_to_a_turn_when_the_bot_stopped_is_not_lost
         async with BotRuntime(settings) as rt:
             # As the crashed bot left it: recorded for the running turn, never taken.
             held = await rt.store.hold_for_steering(
-                CHAT, 0, update_id=None, user_id=OPERATOR, body="B1"
+                str(CHAT), None, update_id=None, user_id=OPERATOR, body="B1"
             )
             assert held is not None
             await rt.start()

@@ -44,7 +44,7 @@ async def _deliver(
             sender = OutboxSender(TelegramTransport(bot), store, first_backoff=0.01)
             async with bot:
                 await store.enqueue(
-                    OutboxItem(chat_id=1 + i % 3, body=f"m{i}") for i in range(messages)
+                    OutboxItem(chat_id=str(1 + i % 3), body=f"m{i}") for i in range(messages)
                 )
                 task = asyncio.create_task(sender.run())
                 sender.wake()

@@ -45,7 +45,7 @@ async def _keep_changing(
     while loop.time() < end:
         n += 1
         for chat in chats:
-            await store.set_live(f"p{chat}", chat_id=chat, thread_id=None, body=f"{tag} {n}")
+            await store.set_live(f"p{chat}", chat_id=str(chat), thread_id=None, body=f"{tag} {n}")
         sender.wake()
         await asyncio.sleep(0.01)  # the pace of the agent's events, not a synchronization
 
@@ -65,7 +65,7 @@ async def test_a_429_slows_that_chats_edits_and_loses_none(
         async with bot:
             task = asyncio.create_task(sender.run())
             for chat in (SLOWED, OTHER):
-                await store.set_live(f"p{chat}", chat_id=chat, thread_id=None, body="start")
+                await store.set_live(f"p{chat}", chat_id=str(chat), thread_id=None, body="start")
             sender.wake()
             await api.wait_until(lambda: len(api.sent) == 2)
             # The slowed chat alone is busy, then Telegram answers one of its edits 429.
@@ -81,7 +81,7 @@ async def test_a_429_slows_that_chats_edits_and_loses_none(
             refused = next(c for c in api.calls_of("editMessageText") if c.status == 429)
             await _keep_changing(store, sender, (SLOWED, OTHER), 3.0, "after")
             for chat in (SLOWED, OTHER):
-                await store.set_live(f"p{chat}", chat_id=chat, thread_id=None, body="last")
+                await store.set_live(f"p{chat}", chat_id=str(chat), thread_id=None, body="last")
             sender.wake()
             # No edit is lost: the last state of both messages lands.
             await api.wait_until(lambda: all(m.text == "last" for m in api.sent), timeout=20)

@@ -32,7 +32,7 @@ async def test_events_become_the_progress_lines() -> None:
     recorder = _Recorder()
     progress = TurnProgress(
         recorder,  # type: ignore[arg-type]
-        chat_id=5,
+        chat_id="5",
         thread_id=None,
         run_id="chat-x",
         turn=2,

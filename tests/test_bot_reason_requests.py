@@ -58,7 +58,8 @@ async def _delivered(rt: Any, message: SentMessage) -> None:
     """Until the bot has recorded the question as delivered (the fake Bot API shows it a
     moment before the bot's own bookkeeping: a /cancel in that moment is another test)."""
     await wait_until(
-        lambda: rt.store.live_by_message(CHAT, message.message_id), what="the question recorded"
+        lambda: rt.store.live_by_message(str(CHAT), message.message_id),
+        what="the question recorded",
     )
 
 
@@ -231,7 +232,7 @@ async def test_cancel_before_the_question_is_recorded_delivered_still_marks_it(
         # the bot has not recorded it delivered when /cancel comes in.
         api.hold_answers(["sendMessage"])
         prompt = await _press_reject(api, gate)
-        assert await rt.store.live_by_message(CHAT, prompt.message_id) is None
+        assert await rt.store.live_by_message(str(CHAT), prompt.message_id) is None
 
         async def cancelled() -> bool:
             entries = await rt.store.audit_entries(limit=50)
@@ -239,7 +240,7 @@ async def test_cancel_before_the_question_is_recorded_delivered_still_marks_it(
 
         api.push_message(chat_id=CHAT, user_id=APPROVER, text="/cancel")
         await wait_until(cancelled, what="the /cancel handled")
-        assert await rt.store.live_by_message(CHAT, prompt.message_id) is None
+        assert await rt.store.live_by_message(str(CHAT), prompt.message_id) is None
         api.release()
         await api.wait_for_message(lambda m: m.text.startswith("✖ Cancelled: nothing was rejected"))
         await api.wait_until(
@@ -251,7 +252,7 @@ async def test_cancel_before_the_question_is_recorded_delivered_still_marks_it(
         assert shown.count("Cancelled; nothing was rejected") == 1
         assert shown.startswith(prompt.text.split("\n")[0])
         assert await _still_awaiting(rt, "T5")
-        assert await rt.store.reason_request(CHAT, APPROVER) is None
+        assert await rt.store.reason_request(str(CHAT), APPROVER) is None
 
 
 @pytest.mark.usefixtures("bot_backend")
@@ -278,7 +279,7 @@ async def test_a_reason_request_expires(tmp_path: Path, monkeypatch: pytest.Monk
                     in next(m for m in api.sent if m.message_id == prompt.message_id).text
                 )
             )
-            assert await rt.store.reason_request(CHAT, APPROVER) is None
+            assert await rt.store.reason_request(str(CHAT), APPROVER) is None
             assert "after 90 seconds without a reason" in prompt.text
 
 
@@ -289,8 +290,8 @@ def _target(database: Any) -> Any:
 async def test_the_store_expires_requests_by_its_clock(database: Any) -> None:
     now = [1000.0]
     store = SqlBotStore(database, clock=lambda: now[0])
-    await store.ask_reason(CHAT, APPROVER, "g1", prompt_ref="reason:g1:22:7")
-    pending = await store.reason_request(CHAT, APPROVER, max_age=60)
+    await store.ask_reason(str(CHAT), APPROVER, "g1", prompt_ref="reason:g1:22:7")
+    pending = await store.reason_request(str(CHAT), APPROVER, max_age=60)
     assert pending is not None
     assert (pending.gate_id, pending.prompt_ref, pending.expired) == (
         "g1",
@@ -298,26 +299,26 @@ async def test_the_store_expires_requests_by_its_clock(database: Any) -> None:
         False,
     )
     now[0] += 61
-    lapsed = await store.reason_request(CHAT, APPROVER, max_age=60)
+    lapsed = await store.reason_request(str(CHAT), APPROVER, max_age=60)
     assert lapsed is not None
     assert lapsed.expired
-    assert await store.reason_request(CHAT, APPROVER, max_age=60) is None
+    assert await store.reason_request(str(CHAT), APPROVER, max_age=60) is None
     # a fresh request is used up once; an expired one is never taken
-    await store.ask_reason(CHAT, APPROVER, "g2")
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) == "g2"
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
-    await store.ask_reason(CHAT, APPROVER, "g3")
+    await store.ask_reason(str(CHAT), APPROVER, "g2")
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) == "g2"
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) is None
+    await store.ask_reason(str(CHAT), APPROVER, "g3")
     now[0] += 61
-    assert await store.take_reason_request(CHAT, APPROVER, max_age=60) is None
+    assert await store.take_reason_request(str(CHAT), APPROVER, max_age=60) is None
     # dropping names the gate: a request for another gate stays
-    await store.ask_reason(CHAT, APPROVER, "g4")
-    assert not await store.drop_reason_request(CHAT, APPROVER, gate_id="g1")
-    assert await store.drop_reason_request(CHAT, APPROVER, gate_id="g4")
-    await store.ask_reason(CHAT, APPROVER, "g5")
+    await store.ask_reason(str(CHAT), APPROVER, "g4")
+    assert not await store.drop_reason_request(str(CHAT), APPROVER, gate_id="g1")
+    assert await store.drop_reason_request(str(CHAT), APPROVER, gate_id="g4")
+    await store.ask_reason(str(CHAT), APPROVER, "g5")
     # a restart keeps a pending request
     async with open_database(_target(database)) as db:
         store = SqlBotStore(db, clock=lambda: now[0])
-        pending = await store.reason_request(CHAT, APPROVER, max_age=60)
+        pending = await store.reason_request(str(CHAT), APPROVER, max_age=60)
         assert pending is not None
         assert pending.gate_id == "g5"
 
@@ -326,7 +327,9 @@ async def test_retiring_a_question_reaches_it_queued_in_flight_or_delivered(data
     store = SqlBotStore(database)
     force = {"force_reply": True, "selective": True}
     for n in (1, 2):
-        await store.enqueue([OutboxItem(chat_id=CHAT, body=f"why {n}?", markup=force, ref=f"q{n}")])
+        await store.enqueue(
+            [OutboxItem(chat_id=str(CHAT), body=f"why {n}?", markup=force, ref=f"q{n}")]
+        )
     # q1: retired while its send is in flight (read by the sender, not yet recorded).
     in_flight = await store.next_outbox()
     assert in_flight is not None
@@ -348,7 +351,7 @@ async def test_retiring_a_question_reaches_it_queued_in_flight_or_delivered(data
     assert [m.ref for m in await store.dirty_live()] == ["q1"]
     # Delivered first, then retired: an edit.
     await store.live_edited("q1", "why 1?\n✖ Cancelled.", 0.0)
-    await store.enqueue([OutboxItem(chat_id=CHAT, body="why 3?", markup=force, ref="q3")])
+    await store.enqueue([OutboxItem(chat_id=str(CHAT), body="why 3?", markup=force, ref="q3")])
     third = await store.next_outbox()
     assert third is not None
     await store.outbox_sent(third, 503)

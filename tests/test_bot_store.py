@@ -24,7 +24,7 @@ from engine.turn import TurnOutput
 from tests.support import race_two
 
 REPO = Path(__file__).resolve().parent.parent
-SUPERGROUP = -1001234567890123  # beyond a 4-byte INTEGER
+SUPERGROUP = "-1001234567890123"  # a place id: a Telegram id as text, beyond a 4-byte INTEGER
 EPOCH = 1764560000.123456  # float4 would read back 1.76456e+09
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,13 +33,13 @@ pytestmark = pytest.mark.timeout(180)
 async def test_supergroup_ids_and_exact_times_round_trip(database: Any) -> None:
     store = SqlBotStore(database, clock=lambda: EPOCH)
     binding = await store.bind(
-        SUPERGROUP, 7, agent="claude", project="p", workdir="/w", session_id="s", user_id=42
+        SUPERGROUP, "7", agent="claude", project="p", workdir="/w", session_id="s", user_id=42
     )
-    assert (binding.chat_id, binding.thread_id, binding.bound_by) == (SUPERGROUP, 7, 42)
+    assert (binding.chat_id, binding.thread_id, binding.bound_by) == (SUPERGROUP, "7", 42)
     assert await store.queue_prompt(
-        SUPERGROUP, 7, update_id=900_000_000_001, user_id=42, body="hi", depth=5
+        SUPERGROUP, "7", update_id=900_000_000_001, user_id=42, body="hi", depth=5
     ) == (True, 0)
-    await store.enqueue([OutboxItem(chat_id=SUPERGROUP, thread_id=7, body="out", run_id="r1")])
+    await store.enqueue([OutboxItem(chat_id=SUPERGROUP, thread_id="7", body="out", run_id="r1")])
     row = await store.next_outbox()
     assert row is not None
     assert row.item.chat_id == SUPERGROUP
@@ -50,13 +50,13 @@ async def test_supergroup_ids_and_exact_times_round_trip(database: Any) -> None:
     assert request is not None
     assert request.created_at == EPOCH  # DOUBLE PRECISION: not a second lost
     # A group that became a supergroup: everything follows it, the old id is remembered.
-    await store.migrate_chat(-5, SUPERGROUP)
-    await store.migrate_chat(-5, SUPERGROUP)  # followed twice (two updates say so)
-    assert await store.migrated_from() == {SUPERGROUP: -5}
+    await store.migrate_chat("-5", SUPERGROUP)
+    await store.migrate_chat("-5", SUPERGROUP)  # followed twice (two updates say so)
+    assert await store.migrated_from() == {SUPERGROUP: "-5"}
     # Binding again replaces the binding whole: a new session, no turns, no run.
-    await store.set_binding_run(SUPERGROUP, 7, "r1")
+    await store.set_binding_run(SUPERGROUP, "7", "r1")
     again = await store.bind(
-        SUPERGROUP, 7, agent="codex", project="q", workdir="/v", session_id="t", user_id=43
+        SUPERGROUP, "7", agent="codex", project="q", workdir="/v", session_id="t", user_id=43
     )
     assert (again.agent, again.session_id, again.turns, again.run_id, again.bound_by) == (
         "codex",
@@ -73,25 +73,25 @@ async def test_a_gate_added_again_keeps_its_decision(database: Any) -> None:
     store = SqlBotStore(database, clock=lambda: EPOCH)
     place = {"task": "T", "phase": "research", "sha256": "a" * 64, "artifact_name": "r.md"}
     await store.add_gate(
-        "g1", **place, chat_id=-5, thread_id=None, run_id="autopilot-20250101-120000-0f3a9c"
+        "g1", **place, chat_id="-5", thread_id=None, run_id="autopilot-20250101-120000-0f3a9c"
     )
     assert await store.close_gate("g1", "approved", 42)
     await store.add_gate(
-        "g1", **place, chat_id=SUPERGROUP, thread_id=3, run_id="autopilot-20250101-120000-0f3a9c"
+        "g1", **place, chat_id=SUPERGROUP, thread_id="3", run_id="autopilot-20250101-120000-0f3a9c"
     )
     gate = await store.gate("g1")
     assert gate is not None
-    assert (gate.state, gate.chat_id, gate.thread_id) == ("approved", SUPERGROUP, 3)
+    assert (gate.state, gate.chat_id, gate.thread_id) == ("approved", SUPERGROUP, "3")
     row = await database.fetchone(
         "SELECT decided_by, decided_at FROM bot_gates WHERE gate_id = ?", ("g1",)
     )
     assert (row["decided_by"], row["decided_at"]) == (42, EPOCH)
     assert await store.open_gates() == []
     # An open gate added again stays open (it does not supersede itself).
-    await store.add_gate("g2", **place, chat_id=-5, thread_id=None, run_id=None)
-    await store.add_gate("g2", **place, chat_id=-5, thread_id=None, run_id=None)
+    await store.add_gate("g2", **place, chat_id="-5", thread_id=None, run_id=None)
+    await store.add_gate("g2", **place, chat_id="-5", thread_id=None, run_id=None)
     assert [g.gate_id for g in await store.open_gates()] == ["g2"]
-    await store.add_gate("g3", **place, chat_id=-5, thread_id=None, run_id=None)
+    await store.add_gate("g3", **place, chat_id="-5", thread_id=None, run_id=None)
     assert [g.gate_id for g in await store.open_gates()] == ["g3"]  # g2 superseded
     assert await store.close_gates_of("T", "stale", None) == ["g3"]
     assert await store.close_gates_of("T", "stale", None) == []
@@ -101,18 +101,18 @@ async def test_a_reason_asked_again_keeps_the_message_that_asked(database: Any) 
     """Regression: ``INSERT OR REPLACE`` reset ``prompt_message_ref`` to NULL."""
     now = [1000.0]
     store = SqlBotStore(database, clock=lambda: now[0])
-    await store.ask_reason(-5, 42, "g1", prompt_ref="reason:g1:42:7")
+    await store.ask_reason("-5", 42, "g1", prompt_ref="reason:g1:42:7")
     now[0] += 10
-    await store.ask_reason(-5, 42, "g1")  # renewed: still the message that asked
-    request = await store.reason_request(-5, 42)
+    await store.ask_reason("-5", 42, "g1")  # renewed: still the message that asked
+    request = await store.reason_request("-5", 42)
     assert request is not None
     assert (request.gate_id, request.prompt_ref, request.created_at) == (
         "g1",
         "reason:g1:42:7",
         1010.0,
     )
-    await store.ask_reason(-5, 42, "g2")  # another gate: not that message any more
-    request = await store.reason_request(-5, 42)
+    await store.ask_reason("-5", 42, "g2")  # another gate: not that message any more
+    request = await store.reason_request("-5", 42)
     assert request is not None
     assert (request.gate_id, request.prompt_ref) == ("g2", None)
 
@@ -120,7 +120,7 @@ async def test_a_reason_asked_again_keeps_the_message_that_asked(database: Any) 
 async def test_touching_live_messages_matches_a_prefix_exactly(database: Any) -> None:
     store = SqlBotStore(database)
     for ref in ("gate:a1", "Gate:a2", "gatex:a3", "gate%b", "run:1"):
-        await store.enqueue([OutboxItem(chat_id=1, body=ref, ref=ref)])
+        await store.enqueue([OutboxItem(chat_id="1", body=ref, ref=ref)])
         row = await store.next_outbox()
         assert row is not None
         await store.outbox_sent(row, len(ref))
@@ -139,33 +139,33 @@ async def test_a_prompt_taken_becomes_a_turn_and_a_steering_replay_is_ignored(
     runs = SqliteRunStore(database)
     await runs.create_run("r1", mode="chat", agent="claude", session_id="s", chat_id=SUPERGROUP)
     await store.bind(
-        SUPERGROUP, 0, agent="claude", project="p", workdir="/w", session_id="s", user_id=1
+        SUPERGROUP, None, agent="claude", project="p", workdir="/w", session_id="s", user_id=1
     )
-    await store.queue_prompt(SUPERGROUP, 0, update_id=1, user_id=1, body="one", depth=5)
-    await store.queue_prompt(SUPERGROUP, 0, update_id=2, user_id=1, body="two", depth=5)
-    taken = await store.take_prompt(SUPERGROUP, 0, "r1", 1)
+    await store.queue_prompt(SUPERGROUP, None, update_id=1, user_id=1, body="one", depth=5)
+    await store.queue_prompt(SUPERGROUP, None, update_id=2, user_id=1, body="two", depth=5)
+    taken = await store.take_prompt(SUPERGROUP, None, "r1", 1)
     assert taken is not None
     prompt, turn_id = taken
     assert prompt.body == "one"
-    steer = await store.hold_for_steering(SUPERGROUP, 0, update_id=3, user_id=1, body="faster")
+    steer = await store.hold_for_steering(SUPERGROUP, None, update_id=3, user_id=1, body="faster")
     assert steer is not None
-    assert await store.hold_for_steering(SUPERGROUP, 0, update_id=3, user_id=1, body="x") is None
+    assert await store.hold_for_steering(SUPERGROUP, None, update_id=3, user_id=1, body="x") is None
     await store.commit_turn(
         prompt.id,
         turn_id,
         TurnOutput(text="done", exit_code=0),
         [OutboxItem(chat_id=SUPERGROUP, body="done", run_id="r1")],
         chat_id=SUPERGROUP,
-        thread_id=0,
+        thread_id=None,
     )
     await store.steering_done(steer, delivered=False)  # waits for the next turn
-    assert await store.queued_count(SUPERGROUP, 0) == 2
-    second = await store.take_prompt(SUPERGROUP, 0, "r1", 2)
+    assert await store.queued_count(SUPERGROUP, None) == 2
+    second = await store.take_prompt(SUPERGROUP, None, "r1", 2)
     assert second is not None
     assert second[0].body == "two"
     turns = await runs.turns("r1")
     assert [(t.seq, t.attempt, t.output) for t in turns] == [(1, 1, "done"), (2, 1, None)]
-    binding = await store.binding(SUPERGROUP, 0)
+    binding = await store.binding(SUPERGROUP, None)
     assert binding is not None
     assert binding.turns == 1
 
@@ -187,28 +187,28 @@ _CHILD = textwrap.dedent(
                 # Queue one, take one, in turns: both processes on the same chat queue.
                 taken = []
                 for i in range(count):
-                    await store.queue_prompt(-100, 0, update_id=None, user_id=1,
+                    await store.queue_prompt("-100", None, update_id=None, user_id=1,
                                              body=f"{name}-{i}", depth=10_000)
-                    got = await store.take_prompt(-100, 0, "r1", i)
+                    got = await store.take_prompt("-100", None, "r1", i)
                     if got is not None:
                         taken.append(got[0].id)
-                while (got := await store.take_prompt(-100, 0, "r1", count)) is not None:
+                while (got := await store.take_prompt("-100", None, "r1", count)) is not None:
                     taken.append(got[0].id)
                 print(json.dumps({"taken": taken}))
             elif mode == "depth":
                 queued = 0
                 for i in range(count):
-                    ok, _ = await store.queue_prompt(-100, 0, update_id=None, user_id=1,
+                    ok, _ = await store.queue_prompt("-100", None, update_id=None, user_id=1,
                                                      body=f"{name}-{i}", depth=7)
                     queued += ok
                 print(json.dumps({"queued": queued}))
             elif mode == "live":
                 for i in range(count):
-                    await store.set_live(f"status:{i}", chat_id=-100, thread_id=None,
+                    await store.set_live(f"status:{i}", chat_id="-100", thread_id=None,
                                          body=f"{name} {i}")
                 print(json.dumps({"ok": True}))
             elif mode == "reasons":
-                won = [await store.take_reason_request(-100, i) is not None
+                won = [await store.take_reason_request("-100", i) is not None
                        for i in range(count)]
                 print(json.dumps({"won": won}))
 
@@ -245,7 +245,7 @@ async def test_two_processes_queueing_and_taking_take_every_prompt_once(
 async def test_two_processes_queueing_never_pass_the_depth(database: Any, tmp_path: Path) -> None:
     results = await _race(tmp_path, "depth", _target(database), 20)
     assert sum(r["queued"] for r in results) == 7
-    assert await SqlBotStore(database).queued_count(-100, 0) == 7
+    assert await SqlBotStore(database).queued_count("-100", None) == 7
 
 
 async def test_two_processes_setting_a_live_message_queue_it_once(
@@ -263,7 +263,7 @@ async def test_two_processes_taking_one_reason_request_exactly_one_gets_it(
     count = 60
     store = SqlBotStore(database)
     for i in range(count):
-        await store.ask_reason(-100, i, f"g{i}")
+        await store.ask_reason("-100", i, f"g{i}")
     first, second = (r["won"] for r in await _race(tmp_path, "reasons", _target(database), count))
     assert [a + b for a, b in zip(first, second, strict=True)] == [1] * count
     assert await database.fetchall("SELECT * FROM bot_reason_requests") == []
@@ -273,7 +273,7 @@ async def test_a_live_message_s_first_words_never_replace_newer_ones(database: A
     """A run's first status can be set before the words that announce it (the run started
     turning first): the announcement is then dropped, but its reply-to is kept."""
     store = SqlBotStore(database, clock=lambda: EPOCH)
-    place: dict[str, Any] = {"chat_id": -5, "thread_id": None, "run_id": "r1"}
+    place: dict[str, Any] = {"chat_id": "-5", "thread_id": None, "run_id": "r1"}
     await store.set_live("status:r1", body="Auto run r1 · turn 1", **place)
     await store.set_live(
         "status:r1", body="Auto run r1 started", reply_to=77, initial=True, **place
@@ -323,7 +323,7 @@ async def test_a_live_message_shows_its_last_words_when_writes_overlap(database:
     publisher = Publisher(
         store, None, renderer=TELEGRAM, redactor=Redactor(), document_threshold=100_000
     )
-    place: dict[str, Any] = {"chat_id": -5, "thread_id": None, "run_id": "r1"}
+    place: dict[str, Any] = {"chat_id": "-5", "thread_id": None, "run_id": "r1"}
     working = asyncio.create_task(publisher.live("progress:r1:1", "⏳ working", **place))
     await store.writing.wait()
     await publisher.live("progress:r1:1", "✅ done", **place)

@@ -92,18 +92,18 @@ def test_empty_output_says_so() -> None:
 
 def test_authorization_is_deny_by_default_and_per_action() -> None:
     nobody = Authorizer.from_ids(admins=(), approvers=(), operators=(), allowed_chats=())
-    assert not nobody.check(1, 1, Action.HELP).allowed
-    auth = Authorizer.from_ids(admins=(1,), approvers=(2,), operators=(3,), allowed_chats=(-5,))
-    assert not auth.check(1, -6, Action.HELP).allowed  # chat not allowed, even for an admin
-    assert auth.check(1, -5, Action.AUDIT).allowed
-    assert auth.check(2, -5, Action.APPROVE).allowed
-    assert not auth.check(2, -5, Action.PROMPT).allowed
-    assert auth.check(3, -5, Action.STOP).allowed
-    assert not auth.check(3, -5, Action.APPROVE).allowed
-    assert not auth.check(3, -5, Action.TASKS).allowed
-    assert not auth.check(4, -5, Action.HELP).allowed
-    auth.follow_migration(-5, -1005)
-    assert auth.check(3, -1005, Action.PROMPT).allowed
+    assert not nobody.check(1, "1", Action.HELP).allowed
+    auth = Authorizer.from_ids(admins=(1,), approvers=(2,), operators=(3,), allowed_chats=("-5",))
+    assert not auth.check(1, "-6", Action.HELP).allowed  # chat not allowed, even for an admin
+    assert auth.check(1, "-5", Action.AUDIT).allowed
+    assert auth.check(2, "-5", Action.APPROVE).allowed
+    assert not auth.check(2, "-5", Action.PROMPT).allowed
+    assert auth.check(3, "-5", Action.STOP).allowed
+    assert not auth.check(3, "-5", Action.APPROVE).allowed
+    assert not auth.check(3, "-5", Action.TASKS).allowed
+    assert not auth.check(4, "-5", Action.HELP).allowed
+    auth.follow_migration("-5", "-1005")
+    assert auth.check(3, "-1005", Action.PROMPT).allowed
 
 
 async def test_store_dedupes_prunes_and_keeps_the_offset(database: Any) -> None:
@@ -114,7 +114,7 @@ async def test_store_dedupes_prunes_and_keeps_the_offset(database: Any) -> None:
     await store.sync()
     for uid in (5, 6, 7):
         await store.mark_inbound(uid, InboundState.HANDLED)
-    await store.enqueue([OutboxItem(chat_id=1, body="a"), OutboxItem(chat_id=1, body="b")])
+    await store.enqueue([OutboxItem(chat_id="1", body="a"), OutboxItem(chat_id="1", body="b")])
     row = await store.next_outbox()
     assert row is not None
     await store.outbox_sent(row, 10)
@@ -127,23 +127,23 @@ async def test_store_dedupes_prunes_and_keeps_the_offset(database: Any) -> None:
 
 async def test_queue_depth_and_duplicate_updates(database: Any) -> None:
     store = SqlBotStore(database)
-    assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
+    assert await store.queue_prompt("1", None, update_id=1, user_id=2, body="a", depth=2) == (
         True,
         0,
     )
-    assert await store.queue_prompt(1, 0, update_id=1, user_id=2, body="a", depth=2) == (
+    assert await store.queue_prompt("1", None, update_id=1, user_id=2, body="a", depth=2) == (
         True,
         1,
     )
-    assert await store.queue_prompt(1, 0, update_id=2, user_id=2, body="b", depth=2) == (
+    assert await store.queue_prompt("1", None, update_id=2, user_id=2, body="b", depth=2) == (
         True,
         1,
     )
-    assert await store.queue_prompt(1, 0, update_id=3, user_id=2, body="c", depth=2) == (
+    assert await store.queue_prompt("1", None, update_id=3, user_id=2, body="c", depth=2) == (
         False,
         2,
     )
-    assert await store.queued_count(1, 0) == 2
+    assert await store.queued_count("1", None) == 2
 
 
 async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
@@ -162,7 +162,7 @@ async def test_huge_spilled_output_is_cut_and_says_where_the_rest_is(
             document_threshold=1000,
             documents_dir=tmp_path / "documents",
         )
-        [item] = await pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
+        [item] = await pub.output_items(out, chat_id="1", thread_id=None, run_id="r1")
     # Streamed from the spill file into a document file the sender uploads from disk.
     assert item.kind == "file"
     body = Path(item.body).read_text()
@@ -191,7 +191,7 @@ async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
             document_threshold=1000,
             documents_dir=tmp_path / "documents",
         )
-        [item] = await pub.output_items(out, chat_id=1, thread_id=None, run_id="r1")
+        [item] = await pub.output_items(out, chat_id="1", thread_id=None, run_id="r1")
     body = Path(item.body).read_text()
     assert secret not in body
     assert body.splitlines()[0].startswith("line 0 ")

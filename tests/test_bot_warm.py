@@ -86,7 +86,7 @@ async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
             assert rt.chats is not None
             async with asyncio.timeout(60):
                 while not (
-                    (run := rt.chats.active.get((CHAT, 0))) is not None
+                    (run := rt.chats.active.get((str(CHAT), None))) is not None
                     and run.agent.preempt.active
                     and run.agent.turn.tool_calls
                 ):
@@ -107,7 +107,7 @@ async def test_a_message_sent_during_a_warm_turn_reaches_that_turn(
             assert "also mention bananas" in model.model_requests[1].all_text()
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="and now?")
             await api.wait_for_message(lambda m: m.text == "second turn")
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             assert isinstance(run.agent, WarmClaudeAgent)
             assert run.agent.spawns == 1
             # Two turns, the steering message in the first, none queued as a turn of its own.
@@ -142,7 +142,7 @@ async def test_per_tool_approval_works_on_a_warm_session(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="and now?")
             await api.wait_for_message(lambda m: m.text == "still warm", timeout=60)
             assert rt.chats is not None
-            agent = rt.chats.active[(CHAT, 0)].agent
+            agent = rt.chats.active[(str(CHAT), None)].agent
             assert isinstance(agent, WarmClaudeAgent)
             assert agent.spawns == 1
     assert marked_processes(box.marker) == []
@@ -170,7 +170,7 @@ async def test_a_warm_codex_chat_session_says_so_in_status_and_takes_steering(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
             await api.wait_for_message(lambda m: m.text == "first turn")
             assert rt.chats is not None
-            run = rt.chats.active[(CHAT, 0)]
+            run = rt.chats.active[(str(CHAT), None)]
             assert isinstance(run.agent, WarmCodexAgent)
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/status")
             await api.wait_for_message(lambda m: "chat session · codex · warm" in m.text)
@@ -255,7 +255,7 @@ async def test_an_auto_run_counts_in_the_warm_cap_with_the_chat_sessions(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="hello")
             await api.wait_for_message(lambda m: m.text == "chat answer", timeout=60)
             assert rt.chats is not None
-            chat = rt.chats.active[(CHAT, 0)].agent
+            chat = rt.chats.active[(str(CHAT), None)].agent
             assert isinstance(chat, WarmClaudeAgent)
             assert chat.resident  # idle between turns, its process stays
             assert rt.warm_pool.members == [chat]

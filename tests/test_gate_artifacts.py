@@ -264,7 +264,7 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
                 excerpt=await gates.store.excerpt(opened.gate_sha256, 1500),
                 run_id="autopilot-20250101-120000-a1b2c3",
             )
-            await pilot.post_gate(request, ChatPlace(CHAT, None))
+            await pilot.post_gate(request, ChatPlace(str(CHAT), None))
             doc = await api.wait_for_message(lambda m: m.filename == "research.md", timeout=30)
             assert doc.document == body.encode()
             gate = await api.wait_for_message(lambda m: m.text.startswith("🛂 Gate:"), timeout=30)
@@ -280,7 +280,7 @@ async def test_the_bot_posts_the_artifact_from_the_database(tmp_path: Path) -> N
                 excerpt="",
                 run_id="autopilot-20250101-120000-a1b2c3",
             )
-            await pilot.post_gate(missing, ChatPlace(CHAT, None))
+            await pilot.post_gate(missing, ChatPlace(str(CHAT), None))
             await api.wait_for_message(lambda m: "is not stored" in m.text, timeout=30)
             assert len([m for m in api.sent if m.filename == "research.md"]) == 1
 

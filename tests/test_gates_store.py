@@ -90,10 +90,10 @@ async def test_approval_binds_to_hash_and_is_idempotent(tmp_path: Path) -> None:
         await _to_gate(gates)
         task = await gates.task("t")
         assert task.gate_sha256 is not None
-        first = await gates.approve("t", by=APPROVER, chat_id=-100, update_id=5)
+        first = await gates.approve("t", by=APPROVER, chat_id="-100", update_id=5)
         assert first.outcome is ApprovalOutcome.APPROVED
         assert first.sha256 == task.gate_sha256
-        again = await gates.approve("t", by=APPROVER, chat_id=-100, update_id=6)
+        again = await gates.approve("t", by=APPROVER, chat_id="-100", update_id=6)
         assert again.outcome is ApprovalOutcome.ALREADY_APPROVED
         approvals = await gates.store.approvals("t")
         assert len(approvals) == 1

@@ -128,13 +128,15 @@ async def test_a_database_from_main_migrates_and_keeps_its_rows(tmp_path: Path) 
         assert run is not None
         assert run.session_id == "s-old"
         bot = SqlBotStore(db)
-        binding = await bot.binding(-100, 0)
+        binding = await bot.binding("-100", None)  # (main wrote the number and topic 0)
         assert binding is not None
         assert binding.session_id == "s-old"
+        assert (binding.chat_id, binding.thread_id) == ("-100", None)  # text; no topic: None
         old = await bot.next_outbox()
         assert old is not None
         assert old.item.body == "queued before the upgrade"
-        await bot.enqueue([OutboxItem(chat_id=-100, kind="text", body="after")])
+        assert old.item.chat_id == "-100"
+        await bot.enqueue([OutboxItem(chat_id="-100", kind="text", body="after")])
         assert await bot.pending_outbox() == 2
         # Both audit trails are now the one log, each entry with its origin.
         [refusal] = await bot.audit_entries()

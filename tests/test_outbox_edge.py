@@ -107,17 +107,17 @@ async def test_a_live_message_delivered_without_its_id_goes_on_as_a_new_one(
 ) -> None:
     async with _sender(tmp_path) as (api, store, sender):
         api.garble_answers(["sendMessage"], body=b'{"ok": true}')
-        await store.set_live("status:r1", chat_id=7, thread_id=None, body="one")
+        await store.set_live("status:r1", chat_id="7", thread_id=None, body="one")
         sender.wake()
         await api.wait_for_message(lambda m: m.text == "one")
         await sender.wait_idle()
         # Not sent again, and not silently dropped at its next change: a new message.
-        await store.set_live("status:r1", chat_id=7, thread_id=None, body="two")
+        await store.set_live("status:r1", chat_id="7", thread_id=None, body="two")
         sender.wake()
         two = await api.wait_for_message(lambda m: m.text == "two")
         await sender.wait_idle()
         # That one the bot knows: later changes are edits of it.
-        await store.set_live("status:r1", chat_id=7, thread_id=None, body="three")
+        await store.set_live("status:r1", chat_id="7", thread_id=None, body="three")
         sender.wake()
         await api.wait_until(lambda: two.text == "three")
         live = await store.get_live("status:r1")
@@ -133,7 +133,7 @@ async def test_a_message_with_buttons_delivered_without_its_id_is_posted_again(
 ) -> None:
     async with _sender(tmp_path) as (api, store, sender):
         api.garble_answers(["sendMessage"])
-        await store.set_live("gate:g1", chat_id=7, thread_id=None, body="gate", markup=BUTTONS)
+        await store.set_live("gate:g1", chat_id="7", thread_id=None, body="gate", markup=BUTTONS)
         sender.wake()
         await api.wait_until(lambda: len(api.sent) == 2)
         await sender.wait_idle()
@@ -178,7 +178,9 @@ async def test_a_refusal_that_does_not_pass_fails_the_message_after_a_few_tries(
 ) -> None:
     async with _sender(tmp_path, refusal_retries=2) as (api, store, sender):
         api.fail(["sendMessage"], 403, count=3, description="Forbidden")
-        await store.enqueue([OutboxItem(chat_id=7, body="m1"), OutboxItem(chat_id=7, body="m2")])
+        await store.enqueue(
+            [OutboxItem(chat_id="7", body="m1"), OutboxItem(chat_id="7", body="m2")]
+        )
         sender.wake()
         await api.wait_for_message(lambda m: m.text == "m2")
         await sender.wait_idle()
@@ -203,7 +205,9 @@ async def test_a_refusal_that_does_not_pass_fails_the_message_after_a_few_tries(
 async def test_a_chat_gone_for_the_bot_is_not_tried_again(tmp_path: Path, description: str) -> None:
     async with _sender(tmp_path) as (api, store, sender):
         api.fail(["sendMessage"], 403, description=description)
-        await store.enqueue([OutboxItem(chat_id=7, body="m1"), OutboxItem(chat_id=8, body="m2")])
+        await store.enqueue(
+            [OutboxItem(chat_id="7", body="m1"), OutboxItem(chat_id="8", body="m2")]
+        )
         sender.wake()
         await api.wait_for_message(lambda m: m.text == "m2")
         await sender.wait_idle()
@@ -214,12 +218,12 @@ async def test_a_chat_gone_for_the_bot_is_not_tried_again(tmp_path: Path, descri
 
 async def test_an_edit_refused_once_is_made_later(tmp_path: Path) -> None:
     async with _sender(tmp_path) as (api, store, sender):
-        await store.set_live("status:r1", chat_id=7, thread_id=None, body="running")
+        await store.set_live("status:r1", chat_id="7", thread_id=None, body="running")
         sender.wake()
         shown = await api.wait_for_message(lambda m: m.text == "running")
         await sender.wait_idle()
         api.fail(["editMessageText"], 403, description="Forbidden")
-        await store.set_live("status:r1", chat_id=7, thread_id=None, body="done")
+        await store.set_live("status:r1", chat_id="7", thread_id=None, body="done")
         sender.wake()
         await api.wait_until(lambda: shown.text == "done")
     assert [c.status for c in api.calls_of("editMessageText")] == [403, 200]

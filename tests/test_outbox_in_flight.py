@@ -28,10 +28,10 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
             await store.enqueue(
                 [
                     OutboxItem(
-                        chat_id=CHAT, kind="text", body="part one of the answer", run_id="r1"
+                        chat_id=str(CHAT), kind="text", body="part one of the answer", run_id="r1"
                     ),
                     OutboxItem(
-                        chat_id=CHAT, kind="text", body="part two of the answer", run_id="r1"
+                        chat_id=str(CHAT), kind="text", body="part two of the answer", run_id="r1"
                     ),
                 ]
             )
@@ -51,7 +51,7 @@ async def test_an_in_flight_message_is_noticed_not_resent(tmp_path: Path) -> Non
         # A send that failed and will be retried is no longer in flight.
         async with open_database(settings.database) as db:
             store = SqlBotStore(db)
-            await store.enqueue([OutboxItem(chat_id=CHAT, kind="text", body="retried")])
+            await store.enqueue([OutboxItem(chat_id=str(CHAT), kind="text", body="retried")])
             row = await store.next_outbox()
             assert row is not None
             await store.outbox_sending(row.id)

@@ -30,12 +30,12 @@ async def runs(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
 async def test_open_run_mints_an_id_and_writes_the_row(runs: SqliteRunStore) -> None:
     supervisor = RunSupervisor(runs)
     run_id = await supervisor.open_run(
-        RunMode.CHAT, agent="claude", session_id="s1", chat=ChatPlace(-5, 3), workdir="/w"
+        RunMode.CHAT, agent="claude", session_id="s1", chat=ChatPlace("-5", "3"), workdir="/w"
     )
     assert RUN_ID_PATTERN.match(run_id)
     record = await runs.get_run(run_id)
     assert (record.mode, record.agent, record.session_id) == ("chat", "claude", "s1")
-    assert (record.chat_id, record.thread_id, record.status) == (-5, 3, RunStatus.RUNNING)
+    assert (record.chat_id, record.thread_id, record.status) == ("-5", "3", RunStatus.RUNNING)
 
 
 async def test_a_reserved_id_names_the_worktree_before_the_row_is_written(
@@ -135,7 +135,7 @@ async def test_recovery_marks_cut_off_turns_and_says_what_resumes(
     runs: SqliteRunStore,
 ) -> None:
     supervisor = RunSupervisor(runs)
-    place = ChatPlace(-1, None)
+    place = ChatPlace("-1", None)
     chat_crashed = await supervisor.open_run(RunMode.CHAT, agent="a", session_id="1", chat=place)
     chat_parked = await supervisor.open_run(RunMode.CHAT, agent="a", session_id="2", chat=place)
     auto = await supervisor.open_run(RunMode.AUTO, agent="a", session_id="3", chat=place)
@@ -175,7 +175,7 @@ async def test_recovery_lists_each_chat_drive_once_and_none_alive_elsewhere(
         # A clock that always moves: which run of a task is the newest is never a tie.
         runs = SqliteRunStore(db, clock=lambda: float(next(ticks)))
         supervisor = RunSupervisor(runs)
-        place = ChatPlace(-5, 7)
+        place = ChatPlace("-5", "7")
 
         async def drive(task: str, **kwargs: object) -> str:
             return await supervisor.open_run(
@@ -201,8 +201,8 @@ async def test_recovery_lists_each_chat_drive_once_and_none_alive_elsewhere(
 
         # Resumed: the chat's drives, each by its newest run, oldest first.
         assert [(r.id, r.task) for r in report.drives] == [(parked, "a"), (crashed, "f")]
-        assert report.drives[0].chat_id == -5
-        assert report.drives[0].thread_id == 7
+        assert report.drives[0].chat_id == "-5"
+        assert report.drives[0].thread_id == "7"
         # Not: a terminal's drive, a wave's sub-task (its parent's drive resumes it), a
         # drive another process still runs, a stopped one, a superseded run.
         listed = {r.id for r in report.drives}

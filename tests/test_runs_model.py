@@ -56,7 +56,7 @@ def test_a_run_spec_crosses_a_process_boundary_as_json(tmp_path: Path) -> None:
         workdir=tmp_path,
         run_id=new_run_id(RunMode.AUTO),
         project="api",
-        chat=ChatPlace(-100, 7),
+        chat=ChatPlace("-100", "7"),
         max_turns=4,
         agent_cmd="agent {prompt}",
         passthrough=("--fast",),
@@ -71,6 +71,21 @@ def test_a_run_spec_crosses_a_process_boundary_as_json(tmp_path: Path) -> None:
         spec.objective = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         spec.env.extra_env["X"] = "1"  # type: ignore[index]
+
+
+def test_a_place_is_text_and_a_spec_queued_with_numbers_still_reads(tmp_path: Path) -> None:
+    # Another messenger's ids are kept as given; a spec queued before ids were text (numbers,
+    # a binding's topic 0 for "no topic") reads back as the same place in text.
+    spec = RunSpec(objective="o", agent="command", workdir=tmp_path, chat=ChatPlace("room-a"))
+    assert RunSpec.from_json(json.loads(json.dumps(spec.to_json()))).chat == ChatPlace("room-a")
+    old = {"objective": "o", "agent": "command", "workdir": str(tmp_path)}
+    chat = RunSpec.from_json({**old, "chat": {"chat_id": -100, "thread_id": 7}}).chat
+    assert chat == ChatPlace("-100", "7")
+    chat = RunSpec.from_json({**old, "chat": {"chat_id": -100, "thread_id": 0}}).chat
+    assert chat == ChatPlace("-100", None)
+    assert ChatPlace("room-a", "") == ChatPlace("room-a")
+    with pytest.raises(ConfigError, match="as text"):
+        ChatPlace(-100)  # type: ignore[arg-type]
 
 
 def test_a_spec_missing_its_objective_is_refused() -> None:
@@ -132,7 +147,7 @@ async def test_auto_from_the_chat_works_on_the_branch_named_after_its_run(
     assert rows[run_id]["mode"] == "auto"
     assert rows[run_id]["branch"] == f"turnstile/{run_id}"
     assert rows[run_id]["project"] == "demo"
-    assert rows[run_id]["chat"] == {"id": CHAT, "topic": None}
+    assert rows[run_id]["chat"] == {"id": str(CHAT), "topic": None}  # a place id: text
     for key in ("id", "mode", "status", "agent", "project", "branch", "chat"):
         assert key in rows[run_id]
 
@@ -166,7 +181,7 @@ async def test_autopilot_drives_from_the_terminal_and_the_chat_are_runs(
         assert row["status"] == "parked"
         assert row["phase"] == "research"
         assert row["turn"] == 1
-    assert rows["T1"]["chat"] == {"id": CHAT, "topic": None}
+    assert rows["T1"]["chat"] == {"id": str(CHAT), "topic": None}
     assert rows["T2"]["chat"] is None
 
     rc, text, err = await run_cli("runs", "--mode", "autopilot", env=env)

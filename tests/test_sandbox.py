@@ -136,7 +136,7 @@ async def test_a_hostile_agent_in_a_chat_reaches_nothing_of_the_control_plane(
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="go")
             reply = await api.wait_for_message(lambda m: m.text.startswith("attempts:"), 120)
             assert reply.text == f"attempts: {len(ATTACKS)}; held: {len(ATTACKS)}; work committed"
-            binding = await rt.store.binding(CHAT, 0)
+            binding = await rt.store.binding(str(CHAT), None)
             assert binding is not None
             workdir = Path(binding.workdir)
             # Nothing was decided behind the people's backs.

@@ -313,7 +313,7 @@ async def test_get_and_an_agents_marker_send_files_with_their_secrets_hidden(
     ):
         api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/chat")
         await api.wait_for_message(lambda m: "bound to a new" in m.text)
-        binding = await rt.store.binding(CHAT, 0)
+        binding = await rt.store.binding(str(CHAT), None)
         assert binding is not None
         workdir = Path(binding.workdir)
         (workdir / "keys16.txt").write_bytes(ENV_UTF16)

@@ -99,7 +99,7 @@ def test_sums_keep_what_is_unknown_apart() -> None:
     )
 
 
-async def _run(db: AnyDatabase, *reports: dict[str, Any], chat: int | None = None) -> str:
+async def _run(db: AnyDatabase, *reports: dict[str, Any], chat: str | None = None) -> str:
     runs = SqliteRunStore(db)
     run_id = await RunSupervisor(runs).open_run(
         RunMode.AUTO,
@@ -116,9 +116,9 @@ async def _run(db: AnyDatabase, *reports: dict[str, Any], chat: int | None = Non
 
 async def test_the_store_keeps_each_turns_spend_and_sums_it(database: AnyDatabase) -> None:
     runs = SqliteRunStore(database)
-    first = await _run(database, CLAUDE, COPILOT, CLAUDE, chat=-100)
+    first = await _run(database, CLAUDE, COPILOT, CLAUDE, chat="-100")
     second = await _run(database, CODEX)
-    await _run(database, CLAUDE, chat=-200)
+    await _run(database, CLAUDE, chat="-200")
     turns = await runs.turns(first)
     assert [t.spend.cost_usd for t in turns] == [0.000235, None, 0.000235]
     assert (turns[1].spend.turns, turns[1].spend.unknown) == (1, 1)
@@ -131,9 +131,9 @@ async def test_the_store_keeps_each_turns_spend_and_sums_it(database: AnyDatabas
     assert type(spend[first].output) is int  # (not PostgreSQL's Decimal: it goes to JSON)
     assert type(spend[first].cost_usd) is float
     assert (spend[second].cost_usd, spend[second].cache_read) == (None, 1000)
-    today = await runs.spend_in_chat(-100, since=time.time() - 60)
+    today = await runs.spend_in_chat("-100", since=time.time() - 60)
     assert (today.cost_usd, today.turns) == (pytest.approx(0.00047), 3)
-    assert not (await runs.spend_in_chat(-100, since=time.time() + 60)).known
+    assert not (await runs.spend_in_chat("-100", since=time.time() + 60)).known
     # The turn's event says what it cost too.
     ended = [e for e in await EventLog(database).read(first) if e.kind == "turn_ended"]
     assert ended[0].data["cost_usd"] == 0.000235
@@ -192,8 +192,8 @@ async def test_a_chats_daily_budget_counts_its_other_runs_today(database: AnyDat
     from engine.automode.state import AutoModeState, AutoStatus
 
     runs = SqliteRunStore(database)
-    await _run(database, CLAUDE, CLAUDE, chat=-300)  # $0.00047 spent in the chat today
-    await _run(database, CLAUDE, CLAUDE, chat=-301)  # another chat's: not counted
+    await _run(database, CLAUDE, CLAUDE, chat="-300")  # $0.00047 spent in the chat today
+    await _run(database, CLAUDE, CLAUDE, chat="-301")  # another chat's: not counted
     now = time.time()
     state = AutoModeState(
         run_id="auto-x",

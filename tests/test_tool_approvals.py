@@ -315,7 +315,7 @@ async def test_the_server_waits_for_the_decision_and_answers_in_one_text_block(
 async def _request_in_bot(rt: Any, starter: int) -> int:
     run_id = "rtest01"
     await SqliteRunStore(rt.db).create_run(
-        run_id, mode="chat", agent="claude", session_id="s", workdir="/tmp", chat_id=CHAT
+        run_id, mode="chat", agent="claude", session_id="s", workdir="/tmp", chat_id=str(CHAT)
     )
     store = SqliteApprovalStore(rt.db)
     request = await store.open_request(
@@ -402,7 +402,7 @@ async def test_a_press_counts_only_on_the_requests_own_message(tmp_path: Path) -
                 for e in await rt.store.audit_entries()
                 if (e.action, e.outcome) == ("tool_approval", "refused")
             ]
-            assert [chat for chat, _ in reversed(refused)] == [c for c, _ in forged]
+            assert [chat for chat, _ in reversed(refused)] == [str(c) for c, _ in forged]
             assert all(
                 f"not on its own (message {ask.message_id} in chat {CHAT})" in (reason or "")
                 for _, reason in refused
@@ -443,7 +443,12 @@ async def test_requests_left_by_a_crash_are_reported_at_start(tmp_path: Path) ->
         settings = bot_settings(api, tmp_path, tool_approval="unlisted")
         async with Database(settings.database) as db:
             await SqliteRunStore(db).create_run(
-                "rgone01", mode="chat", agent="claude", session_id="s", workdir="/tmp", chat_id=CHAT
+                "rgone01",
+                mode="chat",
+                agent="claude",
+                session_id="s",
+                workdir="/tmp",
+                chat_id=str(CHAT),
             )
             request = await SqliteApprovalStore(db).open_request(
                 "rgone01", "Bash", {"command": "ls"}

@@ -348,7 +348,7 @@ async def test_a_front_ends_drive_on_the_workers_keeps_its_budget_and_says_it_st
 
     setup_claude(cluster, costs={"research": 0.85, "decomposition": 0.30})
     await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
-    request = DriveRequest("t2", ChatPlace(-100, None), "demo", budget=Budget(usd=1.0))
+    request = DriveRequest("t2", ChatPlace("-100", None), "demo", budget=Budget(usd=1.0))
     async with workers_drives(cluster, "copilot") as (drives, _):
         with pytest.raises(DriveRefused, match="copilot reports neither cost"):
             await drives.start(request)

@@ -49,7 +49,7 @@ realcli = pytest.mark.realcli
 
 T = TypeVar("T")
 CHAT = -1001
-PLACE = ChatPlace(CHAT, None)
+PLACE = ChatPlace(str(CHAT), None)
 
 
 @dataclass
@@ -219,11 +219,11 @@ async def test_a_raised_budget_resumes_the_run_on_its_worker_at_its_next_turn(
 
         # Another chat cannot raise it; a budget no larger than the last is refused.
         with pytest.raises(Exception, match="not this chat's"):
-            await auto.raise_budget(run_id, budget.raised(), chat_id=CHAT - 1)
+            await auto.raise_budget(run_id, budget.raised(), chat_id=str(CHAT - 1))
         with pytest.raises(Exception, match=r"budget of \$0\.0003: it goes on only under"):
-            await auto.raise_budget(run_id, budget, chat_id=CHAT)
+            await auto.raise_budget(run_id, budget, chat_id=str(CHAT))
 
-        said = await auto.raise_budget(run_id, budget.raised(), chat_id=CHAT)
+        said = await auto.raise_budget(run_id, budget.raised(), chat_id=str(CHAT))
         assert said == (
             f"▶️ Auto run {run_id} goes on under a budget of $0.0006, at round 3, phase "
             "execute, on worker w1."
@@ -232,7 +232,7 @@ async def test_a_raised_budget_resumes_the_run_on_its_worker_at_its_next_turn(
         assert chat.statuses[run_id].status == "running"
         # Once at a time: a second raise while it goes on is refused.
         with pytest.raises(Exception, match="was not stopped by its budget"):
-            await auto.raise_budget(run_id, budget.raised().raised(), chat_id=CHAT)
+            await auto.raise_budget(run_id, budget.raised().raised(), chat_id=str(CHAT))
 
         await wait_until(lambda: len(chat.offers) == 2, timeout=120, what="the run to stop again")
 
@@ -281,7 +281,7 @@ async def test_the_chats_daily_budget_holds_on_the_workers(
         message = state_of(cluster, first)["message"]
         assert message.startswith("Stopped by this chat's budget for today: $0.000"), message
         assert message.endswith("of $0.0003 spent")
-        assert cluster.query("SELECT chat_id FROM runs WHERE id = %s", first) == [(CHAT,)]
+        assert cluster.query("SELECT chat_id FROM runs WHERE id = %s", first) == [(str(CHAT),)]
         # The chat's second run today stops after its first turn: the day's is spent.
         second = (await auto.start(AutoRequest("again", "demo", PLACE))).run_id
         await wait_until(
@@ -301,12 +301,19 @@ async def test_a_front_end_restart_leaves_a_run_on_the_workers_to_them(
     """A run on the workers records its chat (for the chat's spend today); the start-up
     recovery reports it with the chat's auto runs, and the bot must not resume it here."""
     runs, workers = SqliteRunStore(database), WorkerStore(database)
-    spec = QueuedRun(run_id="auto-r1", objective="o", tool="claude", project="demo", chat_id=CHAT)
+    spec = QueuedRun(
+        run_id="auto-r1", objective="o", tool="claude", project="demo", chat_id=str(CHAT)
+    )
     await workers.place(spec)
     await workers.take("auto-r1", "w1")
     state = AutoModeState("auto-r1", "s", "o", "/w", "/w/logs", max_turns=5, tool="claude")
     await runs.create_run(
-        "auto-r1", mode="auto", agent="claude", session_id="s", chat_id=CHAT, state=state.to_json()
+        "auto-r1",
+        mode="auto",
+        agent="claude",
+        session_id="s",
+        chat_id=str(CHAT),
+        state=state.to_json(),
     )
     record = await runs.get_run("auto-r1")
     settings = make_settings(tmp_path, execution="workers")
@@ -415,7 +422,7 @@ async def test_an_admin_presses_raise_in_the_chat_and_the_run_goes_on_on_its_wor
             )
             record = await rt.runs.get_run(run_id)
     assert record.state["config"]["budget_usd"] == 0.0006
-    assert record.chat_id == BOT_CHAT
+    assert record.chat_id == str(BOT_CHAT)
     assert [s for s, _, _ in turns_of(cluster, run_id)] == [1, 2, 3]
     assert again.message_id != report.message_id
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from chatfront.store.records import AuditEntry
+from chatfront.store.records import AuditEntry, topic_key
 from chatfront.store.tables import AUDIT_ORIGIN, Tables
+from engine.runs.spec import PlaceId
 
 __all__ = ["BotAudit", "BotAuditTables", "ChatMoveTables", "ChatMoves"]
 
@@ -13,18 +14,20 @@ __all__ = ["BotAudit", "BotAuditTables", "ChatMoveTables", "ChatMoves"]
 class ChatMoves(Protocol):
     """Chat ids that changed (a group became a supergroup)."""
 
-    async def migrate_chat(self, old_chat: int, new_chat: int) -> None: ...
+    async def migrate_chat(self, old_chat: PlaceId, new_chat: PlaceId) -> None: ...
 
-    async def migrated_from(self) -> dict[int, int]: ...
+    async def migrated_from(self) -> dict[PlaceId, PlaceId]: ...
 
 
 class PlacePermissions(Protocol):
     """A place's permission preset (/permissions), beside the settings' policy."""
 
-    async def place_permissions(self, chat_id: int, thread_id: int) -> str | None: ...
+    async def place_permissions(
+        self, chat_id: PlaceId, thread_id: PlaceId | None
+    ) -> str | None: ...
 
     async def set_place_permissions(
-        self, chat_id: int, thread_id: int, policy: str | None, *, by: int | None
+        self, chat_id: PlaceId, thread_id: PlaceId | None, policy: str | None, *, by: int | None
     ) -> None: ...
 
 
@@ -37,7 +40,7 @@ class BotAudit(Protocol):
         action: str,
         outcome: str,
         user_id: int | None,
-        chat_id: int | None,
+        chat_id: PlaceId | None,
         update_id: int | None,
         reason: str | None = None,
     ) -> None: ...
@@ -48,7 +51,7 @@ class BotAudit(Protocol):
 class ChatMoveTables(Tables):
     """:class:`ChatMoves` on the database."""
 
-    async def migrate_chat(self, old_chat: int, new_chat: int) -> None:
+    async def migrate_chat(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
         """Follow a group that became a supergroup: bindings, queues and outbox move."""
         now = self._clock()
         async with self.db.transaction() as conn:
@@ -75,37 +78,37 @@ class ChatMoveTables(Tables):
                 "UPDATE bot_live SET chat_id = ? WHERE chat_id = ?", (new_chat, old_chat)
             )
 
-    async def migrated_from(self) -> dict[int, int]:
+    async def migrated_from(self) -> dict[PlaceId, PlaceId]:
         """new chat id → old chat id, for every followed migration."""
         rows = await self.db.fetchall("SELECT old_chat_id, new_chat_id FROM bot_chat_migrations")
-        return {int(r["new_chat_id"]): int(r["old_chat_id"]) for r in rows}
+        return {str(r["new_chat_id"]): str(r["old_chat_id"]) for r in rows}
 
 
 class PlacePermissionTables(Tables):
     """:class:`PlacePermissions` on the database."""
 
-    async def place_permissions(self, chat_id: int, thread_id: int) -> str | None:
+    async def place_permissions(self, chat_id: PlaceId, thread_id: PlaceId | None) -> str | None:
         row = await self.db.fetchone(
             "SELECT policy FROM bot_place_permissions WHERE chat_id = ? AND thread_id = ?",
-            (chat_id, thread_id),
+            (chat_id, topic_key(thread_id)),
         )
         return str(row["policy"]) if row is not None else None
 
     async def set_place_permissions(
-        self, chat_id: int, thread_id: int, policy: str | None, *, by: int | None
+        self, chat_id: PlaceId, thread_id: PlaceId | None, policy: str | None, *, by: int | None
     ) -> None:
         """Set the place's preset (None: back to the settings' policy)."""
         if policy is None:
             await self.db.execute(
                 "DELETE FROM bot_place_permissions WHERE chat_id = ? AND thread_id = ?",
-                (chat_id, thread_id),
+                (chat_id, topic_key(thread_id)),
             )
             return
         await self.db.execute(
             "INSERT INTO bot_place_permissions (chat_id, thread_id, policy, set_by, set_at)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT (chat_id, thread_id) DO UPDATE"
             " SET policy = excluded.policy, set_by = excluded.set_by, set_at = excluded.set_at",
-            (chat_id, thread_id, policy, by, self._clock()),
+            (chat_id, topic_key(thread_id), policy, by, self._clock()),
         )
 
 
@@ -118,7 +121,7 @@ class BotAuditTables(Tables):
         action: str,
         outcome: str,
         user_id: int | None,
-        chat_id: int | None,
+        chat_id: PlaceId | None,
         update_id: int | None,
         reason: str | None = None,
     ) -> None:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from chatfront.store.records import GateRecord, ReasonRequest
 from chatfront.store.tables import Tables
+from engine.runs.spec import PlaceId, place_id
 
 __all__ = [
     "GateMessageTables",
@@ -29,14 +30,14 @@ class GateMessages(Protocol):
         phase: str,
         sha256: str,
         artifact_name: str,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str | None,
     ) -> None: ...
 
     async def gate(self, gate_id: str) -> GateRecord | None: ...
 
-    async def open_gates(self, *, chat_id: int | None = None) -> list[GateRecord]: ...
+    async def open_gates(self, *, chat_id: PlaceId | None = None) -> list[GateRecord]: ...
 
     async def close_gate(self, gate_id: str, state: str, user_id: int | None) -> bool: ...
 
@@ -55,19 +56,19 @@ class ReasonRequests(Protocol):
     """A person asked for a rejection reason, one request per chat and person."""
 
     async def ask_reason(
-        self, chat_id: int, user_id: int, gate_id: str, *, prompt_ref: str | None = None
+        self, chat_id: PlaceId, user_id: int, gate_id: str, *, prompt_ref: str | None = None
     ) -> None: ...
 
     async def reason_request(
-        self, chat_id: int, user_id: int, *, max_age: float | None = None
+        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
     ) -> ReasonRequest | None: ...
 
     async def drop_reason_request(
-        self, chat_id: int, user_id: int, *, gate_id: str | None = None
+        self, chat_id: PlaceId, user_id: int, *, gate_id: str | None = None
     ) -> bool: ...
 
     async def take_reason_request(
-        self, chat_id: int, user_id: int, *, max_age: float | None = None
+        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
     ) -> str | None: ...
 
 
@@ -75,10 +76,10 @@ class TaskPlaces(Protocol):
     """The chat each autopilot task started from a chat reports to."""
 
     async def save_task_place(
-        self, task: str, chat_id: int, thread_id: int | None, started_by: int | None
+        self, task: str, chat_id: PlaceId, thread_id: PlaceId | None, started_by: int | None
     ) -> None: ...
 
-    async def task_places(self) -> list[tuple[str, int, int | None]]: ...
+    async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]: ...
 
 
 class GateMessageTables(Tables):
@@ -92,8 +93,8 @@ class GateMessageTables(Tables):
         phase: str,
         sha256: str,
         artifact_name: str,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         run_id: str | None,
     ) -> None:
         async with self.db.transaction() as conn:
@@ -127,7 +128,7 @@ class GateMessageTables(Tables):
         row = await self.db.fetchone("SELECT * FROM bot_gates WHERE gate_id = ?", (gate_id,))
         return GateRecord.from_row(row) if row is not None else None
 
-    async def open_gates(self, *, chat_id: int | None = None) -> list[GateRecord]:
+    async def open_gates(self, *, chat_id: PlaceId | None = None) -> list[GateRecord]:
         if chat_id is None:
             rows = await self.db.fetchall(
                 "SELECT * FROM bot_gates WHERE state = 'open' ORDER BY created_at"
@@ -196,7 +197,7 @@ class ReasonRequestTables(Tables):
     """:class:`ReasonRequests` on the database."""
 
     async def ask_reason(
-        self, chat_id: int, user_id: int, gate_id: str, *, prompt_ref: str | None = None
+        self, chat_id: PlaceId, user_id: int, gate_id: str, *, prompt_ref: str | None = None
     ) -> None:
         """Wait for ``user_id``'s rejection reason in ``chat_id`` (one request per pair:
         a new one replaces the old); ``prompt_ref`` is the live message that asked.
@@ -217,7 +218,7 @@ class ReasonRequestTables(Tables):
         )
 
     async def reason_request(
-        self, chat_id: int, user_id: int, *, max_age: float | None = None
+        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
     ) -> ReasonRequest | None:
         """The pending reason request of ``user_id`` in ``chat_id``, left in place.
 
@@ -249,7 +250,7 @@ class ReasonRequestTables(Tables):
         return request
 
     async def drop_reason_request(
-        self, chat_id: int, user_id: int, *, gate_id: str | None = None
+        self, chat_id: PlaceId, user_id: int, *, gate_id: str | None = None
     ) -> bool:
         """Forget the pending request (only if it is for ``gate_id``, when given)."""
         sql = "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?"
@@ -263,7 +264,7 @@ class ReasonRequestTables(Tables):
         return changed > 0
 
     async def take_reason_request(
-        self, chat_id: int, user_id: int, *, max_age: float | None = None
+        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
     ) -> str | None:
         """The gate a pending, unexpired request is for; the request is used up.
 
@@ -291,14 +292,14 @@ class ReasonRequestTables(Tables):
 
     async def _load_asked(self) -> None:
         rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")
-        self._asked = {(int(r["chat_id"]), int(r["user_id"])) for r in rows}
+        self._asked = {(str(r["chat_id"]), int(r["user_id"])) for r in rows}
 
 
 class TaskPlaceTables(Tables):
     """:class:`TaskPlaces` on the database."""
 
     async def save_task_place(
-        self, task: str, chat_id: int, thread_id: int | None, started_by: int | None
+        self, task: str, chat_id: PlaceId, thread_id: PlaceId | None, started_by: int | None
     ) -> None:
         await self.db.execute(
             "INSERT INTO bot_tasks (task, chat_id, thread_id, started_by, active, created_at)"
@@ -307,8 +308,8 @@ class TaskPlaceTables(Tables):
             (task, chat_id, thread_id, started_by, self._clock()),
         )
 
-    async def task_places(self) -> list[tuple[str, int, int | None]]:
+    async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]:
         rows = await self.db.fetchall(
             "SELECT task, chat_id, thread_id FROM bot_tasks ORDER BY created_at"
         )
-        return [(r["task"], r["chat_id"], r["thread_id"]) for r in rows]
+        return [(r["task"], str(r["chat_id"]), place_id(r["thread_id"])) for r in rows]

@@ -8,6 +8,7 @@ from typing import Any, Final, Protocol
 
 from chatfront.store.records import LiveMessage, OutboxItem, OutboxRow
 from chatfront.store.tables import AUDIT_ORIGIN, Tables
+from engine.runs.spec import PlaceId
 
 __all__ = ["URGENT", "LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
 
@@ -29,11 +30,11 @@ class Outbox(Protocol):
 
     async def outbox_sent(self, row: OutboxRow, message_id: int | None) -> None: ...
 
-    async def run_of_message(self, chat_id: int, message_id: int) -> str | None: ...
+    async def run_of_message(self, chat_id: PlaceId, message_id: int) -> str | None: ...
 
     async def outbox_failed(self, row: OutboxRow, error: str) -> None: ...
 
-    async def outbox_retarget(self, old_chat: int, new_chat: int) -> None: ...
+    async def outbox_retarget(self, old_chat: PlaceId, new_chat: PlaceId) -> None: ...
 
 
 class LiveMessages(Protocol):
@@ -43,8 +44,8 @@ class LiveMessages(Protocol):
         self,
         ref: str,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         body: str,
         entities: tuple[dict[str, Any], ...] = (),
         markup: dict[str, Any] | None = None,
@@ -67,7 +68,7 @@ class LiveMessages(Protocol):
         self, ref: str, body: str, at: float, *, urgent: bool = False
     ) -> None: ...
 
-    async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None: ...
+    async def live_by_message(self, chat_id: PlaceId, message_id: int) -> LiveMessage | None: ...
 
     async def touch_live(self, prefix: str) -> int: ...
 
@@ -207,7 +208,7 @@ class OutboxTables(Tables):
         if buttons or item.body != sent_body:
             await self._insert_outbox(conn, item, now)
 
-    async def run_of_message(self, chat_id: int, message_id: int) -> str | None:
+    async def run_of_message(self, chat_id: PlaceId, message_id: int) -> str | None:
         """The run a delivered message belongs to (a reply to it addresses that run)."""
         row = await self.db.fetchone(
             "SELECT run_id FROM bot_outbox WHERE chat_id = ? AND message_id = ?"
@@ -237,7 +238,7 @@ class OutboxTables(Tables):
                 )
             )
 
-    async def outbox_retarget(self, old_chat: int, new_chat: int) -> None:
+    async def outbox_retarget(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
         """A group became a supergroup: pending messages follow it."""
         async with self.db.transaction() as conn:
             await conn.execute(
@@ -256,8 +257,8 @@ class LiveTables(Tables):
         self,
         ref: str,
         *,
-        chat_id: int,
-        thread_id: int | None,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         body: str,
         entities: tuple[dict[str, Any], ...] = (),
         markup: dict[str, Any] | None = None,
@@ -416,7 +417,7 @@ class LiveTables(Tables):
             (at, body, URGENT, int(urgent), ref),
         )
 
-    async def live_by_message(self, chat_id: int, message_id: int) -> LiveMessage | None:
+    async def live_by_message(self, chat_id: PlaceId, message_id: int) -> LiveMessage | None:
         row = await self.db.fetchone(
             "SELECT * FROM bot_live WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
         )

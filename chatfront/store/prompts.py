@@ -12,9 +12,11 @@ from chatfront.store.records import (
     PromptRow,
     binding_from_row,
     prompt_from_row,
+    topic_key,
 )
 from chatfront.store.tables import Tables
 from engine.chats.records import ChatQueue
+from engine.runs.spec import PlaceId, place_id
 from engine.store.backend import execute_later
 from engine.store.events import EventKind, add_event, events_written, turn_started
 from engine.store.runs import TurnState, finish_turn_in
@@ -41,8 +43,8 @@ class PromptQueue(ChatQueue, Protocol):
         out: TurnOutput,
         items: Iterable[OutboxItem],
         *,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
     ) -> None: ...
 
     async def running_prompts(self) -> list[PromptRow]: ...
@@ -50,8 +52,8 @@ class PromptQueue(ChatQueue, Protocol):
     async def requeue_steering(self) -> int: ...
 
 
-def _queue_key(chat_id: int, thread_id: int) -> str:
-    return f"bot_prompts:{chat_id}:{thread_id}"
+def _queue_key(chat_id: PlaceId, thread_id: PlaceId | None) -> str:
+    return f"bot_prompts:{chat_id}:{topic_key(thread_id)}"
 
 
 class ChatBindingTables(Tables):
@@ -59,8 +61,8 @@ class ChatBindingTables(Tables):
 
     async def bind(
         self,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         *,
         agent: str,
         project: str,
@@ -81,7 +83,7 @@ class ChatBindingTables(Tables):
             " model = excluded.model",
             (
                 chat_id,
-                thread_id,
+                topic_key(thread_id),
                 agent,
                 project,
                 workdir,
@@ -95,9 +97,10 @@ class ChatBindingTables(Tables):
         assert binding is not None
         return binding
 
-    async def binding(self, chat_id: int, thread_id: int) -> Binding | None:
+    async def binding(self, chat_id: PlaceId, thread_id: PlaceId | None) -> Binding | None:
         row = await self.db.fetchone(
-            "SELECT * FROM bot_bindings WHERE chat_id = ? AND thread_id = ?", (chat_id, thread_id)
+            "SELECT * FROM bot_bindings WHERE chat_id = ? AND thread_id = ?",
+            (chat_id, topic_key(thread_id)),
         )
         return binding_from_row(row) if row is not None else None
 
@@ -105,16 +108,20 @@ class ChatBindingTables(Tables):
         rows = await self.db.fetchall("SELECT * FROM bot_bindings ORDER BY created_at")
         return [binding_from_row(r) for r in rows]
 
-    async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None:
+    async def set_binding_run(
+        self, chat_id: PlaceId, thread_id: PlaceId | None, run_id: str | None
+    ) -> None:
         await self.db.execute(
             "UPDATE bot_bindings SET run_id = ? WHERE chat_id = ? AND thread_id = ?",
-            (run_id, chat_id, thread_id),
+            (run_id, chat_id, topic_key(thread_id)),
         )
 
-    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+    async def set_binding_model(
+        self, chat_id: PlaceId, thread_id: PlaceId | None, model: str | None
+    ) -> None:
         await self.db.execute(
             "UPDATE bot_bindings SET model = ? WHERE chat_id = ? AND thread_id = ?",
-            (model, chat_id, thread_id),
+            (model, chat_id, topic_key(thread_id)),
         )
 
 
@@ -123,8 +130,8 @@ class PromptTables(Tables):
 
     async def queue_prompt(
         self,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         *,
         update_id: int | None,
         user_id: int | None,
@@ -144,7 +151,7 @@ class PromptTables(Tables):
             cursor = await conn.execute(
                 "SELECT COUNT(*), (SELECT 1 FROM bot_prompts WHERE update_id = ?)"
                 " FROM bot_prompts WHERE chat_id = ? AND thread_id = ? AND state = 'queued'",
-                (update_id, chat_id, thread_id),
+                (update_id, chat_id, topic_key(thread_id)),
             )
             row = await cursor.fetchone()
             waiting = int(row[0]) if row else 0
@@ -156,7 +163,7 @@ class PromptTables(Tables):
                 "INSERT INTO bot_prompts (chat_id, thread_id, update_id, user_id, body, state,"
                 " created_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)"
                 " ON CONFLICT (update_id) DO NOTHING RETURNING id",
-                (chat_id, thread_id, update_id, user_id, body, self._clock()),
+                (chat_id, topic_key(thread_id), update_id, user_id, body, self._clock()),
             )
             if await cursor.fetchone() is None:  # the same update, queued from another chat
                 return True, waiting
@@ -169,7 +176,13 @@ class PromptTables(Tables):
         return True, waiting
 
     async def hold_for_steering(
-        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, body: str
+        self,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
+        *,
+        update_id: int | None,
+        user_id: int | None,
+        body: str,
     ) -> int | None:
         """Record a message meant for the running turn (not queued for the next one).
 
@@ -181,7 +194,7 @@ class PromptTables(Tables):
                 "INSERT INTO bot_prompts (chat_id, thread_id, update_id, user_id, body, state,"
                 " created_at) VALUES (?, ?, ?, ?, ?, 'steering', ?)"
                 " ON CONFLICT (update_id) DO NOTHING RETURNING id",
-                (chat_id, thread_id, update_id, user_id, body, self._clock()),
+                (chat_id, topic_key(thread_id), update_id, user_id, body, self._clock()),
             )
             inserted = await cursor.fetchone()
             if inserted is None:  # recorded before: a replay
@@ -203,16 +216,16 @@ class PromptTables(Tables):
                 "UPDATE bot_prompts SET state = 'queued' WHERE id = ?", (prompt_id,)
             )
 
-    async def queued_count(self, chat_id: int, thread_id: int) -> int:
+    async def queued_count(self, chat_id: PlaceId, thread_id: PlaceId | None) -> int:
         row = await self.db.fetchone(
             "SELECT COUNT(*) FROM bot_prompts WHERE chat_id = ? AND thread_id = ?"
             " AND state = 'queued'",
-            (chat_id, thread_id),
+            (chat_id, topic_key(thread_id)),
         )
         return int(row[0]) if row is not None else 0
 
     async def take_prompt(
-        self, chat_id: int, thread_id: int, run_id: str, seq: int
+        self, chat_id: PlaceId, thread_id: PlaceId | None, run_id: str, seq: int
     ) -> tuple[PromptRow, int] | None:
         """Take the oldest queued prompt and record its turn as started, atomically.
 
@@ -227,7 +240,7 @@ class PromptTables(Tables):
             cursor = await conn.execute(
                 "SELECT * FROM bot_prompts WHERE chat_id = ? AND thread_id = ? AND state = 'queued'"
                 " ORDER BY id LIMIT 1",
-                (chat_id, thread_id),
+                (chat_id, topic_key(thread_id)),
             )
             row = await cursor.fetchone()
             if row is None:
@@ -264,8 +277,8 @@ class PromptTables(Tables):
         out: TurnOutput,
         items: Iterable[OutboxItem],
         *,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
     ) -> None:
         """One transaction: the turn's output recorded, its messages queued, the prompt done."""
         now = self._clock()
@@ -278,7 +291,7 @@ class PromptTables(Tables):
             )
             await conn.execute(
                 "UPDATE bot_bindings SET turns = turns + 1 WHERE chat_id = ? AND thread_id = ?",
-                (chat_id, thread_id),
+                (chat_id, topic_key(thread_id)),
             )
             # Last: its event takes the log's lock, held to the commit (engine.store.events).
             await finish_turn_in(conn, self.db, turn_id, out, now)
@@ -304,15 +317,15 @@ class PromptTables(Tables):
             "UPDATE bot_prompts SET state = 'queued' WHERE state = 'steering'"
         )
 
-    async def drop_queued(self, chat_id: int, thread_id: int) -> int:
+    async def drop_queued(self, chat_id: PlaceId, thread_id: PlaceId | None) -> int:
         return await self.db.execute(
             "UPDATE bot_prompts SET state = 'dropped', finished_at = ? WHERE chat_id = ?"
             " AND thread_id = ? AND state = 'queued'",
-            (self._clock(), chat_id, thread_id),
+            (self._clock(), chat_id, topic_key(thread_id)),
         )
 
-    async def chats_with_queued(self) -> list[tuple[int, int]]:
+    async def chats_with_queued(self) -> list[tuple[PlaceId, PlaceId | None]]:
         rows = await self.db.fetchall(
             "SELECT DISTINCT chat_id, thread_id FROM bot_prompts WHERE state = 'queued'"
         )
-        return [(r["chat_id"], r["thread_id"]) for r in rows]
+        return [(str(r["chat_id"]), place_id(r["thread_id"])) for r in rows]

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from engine.chats.records import Binding, PromptRow
+from engine.runs.spec import PlaceId, place_id
 
 __all__ = [
     "AuditEntry",
@@ -22,7 +23,15 @@ __all__ = [
     "StoredRow",
     "binding_from_row",
     "prompt_from_row",
+    "topic_key",
 ]
+
+
+def topic_key(thread_id: PlaceId | None) -> str:
+    """A topic where it is part of a key (a binding's, a queue's, a place's permissions):
+    ``""`` for none. (SQLite hands a numeric id in these INTEGER columns back as a number:
+    rows are read back through :func:`~engine.runs.spec.place_id`.)"""
+    return thread_id or ""
 
 
 class StoredRow(Protocol):
@@ -42,9 +51,9 @@ class InboundState(StrEnum):
 class OutboxItem:
     """One message to deliver (before it is queued)."""
 
-    chat_id: int
+    chat_id: PlaceId
     body: str
-    thread_id: int | None = None
+    thread_id: PlaceId | None = None
     kind: str = "text"
     entities: tuple[dict[str, Any], ...] = ()
     filename: str | None = None
@@ -67,8 +76,8 @@ class OutboxRow:
             id=row["id"],
             attempts=row["attempts"],
             item=OutboxItem(
-                chat_id=row["chat_id"],
-                thread_id=row["thread_id"],
+                chat_id=str(row["chat_id"]),
+                thread_id=place_id(row["thread_id"]),
                 kind=row["kind"],
                 body=row["body"],
                 entities=tuple(json.loads(row["entities_json"] or "[]")),
@@ -87,8 +96,8 @@ class LiveMessage:
     """A message edited in place (a run's status, a gate)."""
 
     ref: str
-    chat_id: int
-    thread_id: int | None
+    chat_id: PlaceId
+    thread_id: PlaceId | None
     message_id: int | None
     body: str
     entities: tuple[dict[str, Any], ...]
@@ -102,8 +111,8 @@ class LiveMessage:
     def from_row(cls, row: StoredRow) -> LiveMessage:
         return cls(
             ref=row["ref"],
-            chat_id=row["chat_id"],
-            thread_id=row["thread_id"],
+            chat_id=str(row["chat_id"]),
+            thread_id=place_id(row["thread_id"]),
             message_id=row["message_id"],
             body=row["body"],
             entities=tuple(json.loads(row["entities_json"] or "[]")),
@@ -116,8 +125,8 @@ class LiveMessage:
 
 def binding_from_row(row: StoredRow) -> Binding:
     return Binding(
-        chat_id=row["chat_id"],
-        thread_id=row["thread_id"],
+        chat_id=str(row["chat_id"]),
+        thread_id=place_id(row["thread_id"]),
         agent=row["agent"],
         project=row["project"],
         workdir=row["workdir"],
@@ -146,8 +155,8 @@ class GateRecord:
     phase: str
     sha256: str
     artifact_name: str
-    chat_id: int
-    thread_id: int | None
+    chat_id: PlaceId
+    thread_id: PlaceId | None
     run_id: str | None
     state: str
 
@@ -159,8 +168,8 @@ class GateRecord:
             phase=row["phase"],
             sha256=row["sha256"],
             artifact_name=row["artifact_name"],
-            chat_id=row["chat_id"],
-            thread_id=row["thread_id"],
+            chat_id=str(row["chat_id"]),
+            thread_id=place_id(row["thread_id"]),
             run_id=row["run_id"],
             state=row["state"],
         )
@@ -170,7 +179,7 @@ class GateRecord:
 class AuditEntry:
     at: float
     user_id: int | None
-    chat_id: int | None
+    chat_id: PlaceId | None
     update_id: int | None
     action: str
     outcome: str
@@ -180,8 +189,8 @@ class AuditEntry:
 def prompt_from_row(row: StoredRow) -> PromptRow:
     return PromptRow(
         id=row["id"],
-        chat_id=row["chat_id"],
-        thread_id=row["thread_id"],
+        chat_id=str(row["chat_id"]),
+        thread_id=place_id(row["thread_id"]),
         update_id=row["update_id"],
         user_id=row["user_id"],
         body=row["body"],

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from chatfront.store.records import OutboxItem
+from engine.runs.spec import PlaceId
 from engine.store.audit import SqliteAuditLog
 from engine.store.backend import AnyDatabase, execute_later
 from engine.store.dialect import advisory_key
@@ -32,7 +33,7 @@ class Tables:
         # The system's one audit log; the bot's entries are those of origin "bot".
         self._audit = SqliteAuditLog(db, clock=clock)
         # (chat, user) pairs the bot asked for a rejection reason (loaded on first use).
-        self._asked: set[tuple[int, int]] | None = None
+        self._asked: set[tuple[PlaceId, int]] | None = None
 
     async def _serialize(self, conn: Any, name: str) -> None:
         """Hold ``name`` until the transaction ends: its writers take turns.

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from engine.automode.state import AutoModeState, AutoStatus
+from engine.runs.spec import PlaceId
 from engine.spend import BUDGET_WARN_AT, Budget, Spend
 
 __all__ = ["STOPPED_BY_BUDGET", "check_budget"]
@@ -23,7 +24,7 @@ STOPPED_BY_BUDGET = "budget"
 
 
 class ChatSpend(Protocol):
-    async def spend_in_chat(self, chat_id: int, *, since: float) -> Spend: ...
+    async def spend_in_chat(self, chat_id: PlaceId, *, since: float) -> Spend: ...
 
 
 async def check_budget(
@@ -46,7 +47,7 @@ async def check_budget(
     daily, chat_id = config.get("daily_budget"), config.get("chat_id")
     if daily and chat_id is not None:
         midnight = time.mktime((*time.localtime(now)[:3], 0, 0, 0, 0, 0, -1))
-        today = await store.spend_in_chat(int(chat_id), since=midnight) + this_turn
+        today = await store.spend_in_chat(str(chat_id), since=midnight) + this_turn
         caps.append(("day", "this chat's budget for today", Budget(usd=float(daily)), today))
     for _, what, limit, spent in caps:
         if limit.used(spent) >= 1:

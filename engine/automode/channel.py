@@ -43,6 +43,7 @@ from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
 from engine.humane import turn_count
 from engine.reaper import TurnProcess
+from engine.runs.spec import PlaceId
 from engine.sink import (
     FileSink,
     NullSink,
@@ -94,7 +95,7 @@ class AutoRunStore(Protocol):
 
     async def spend_of(self, run_ids: Collection[str]) -> dict[str, Spend]: ...
 
-    async def spend_in_chat(self, chat_id: int, *, since: float) -> Spend: ...
+    async def spend_in_chat(self, chat_id: PlaceId, *, since: float) -> Spend: ...
 
 
 def run_status(state: AutoModeState) -> RunStatus:

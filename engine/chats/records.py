@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.runs.spec import PlaceId
+
 __all__ = ["Binding", "ChatQueue", "PromptRow"]
 
 
@@ -16,8 +18,9 @@ __all__ = ["Binding", "ChatQueue", "PromptRow"]
 class Binding:
     """A chat (or forum topic) bound to one agent session."""
 
-    chat_id: int
-    thread_id: int
+    chat_id: PlaceId
+    #: Its topic (None: the chat itself).
+    thread_id: PlaceId | None
     agent: str
     project: str
     #: Its folder here ("" when its turns run on the workers: the folder is on a worker).
@@ -36,8 +39,9 @@ class PromptRow:
     """One message of a place's queue."""
 
     id: int
-    chat_id: int
-    thread_id: int
+    chat_id: PlaceId
+    #: Its topic (None: the chat itself).
+    thread_id: PlaceId | None
     #: The front end's id of what brought the message (the bot: a Telegram update).
     update_id: int | None
     user_id: int | None
@@ -52,8 +56,8 @@ class ChatQueue(Protocol):
 
     async def bind(
         self,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         *,
         agent: str,
         project: str,
@@ -63,18 +67,22 @@ class ChatQueue(Protocol):
         model: str | None = None,
     ) -> Binding: ...
 
-    async def binding(self, chat_id: int, thread_id: int) -> Binding | None: ...
+    async def binding(self, chat_id: PlaceId, thread_id: PlaceId | None) -> Binding | None: ...
 
-    async def set_binding_run(self, chat_id: int, thread_id: int, run_id: str | None) -> None: ...
+    async def set_binding_run(
+        self, chat_id: PlaceId, thread_id: PlaceId | None, run_id: str | None
+    ) -> None: ...
 
-    async def set_binding_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+    async def set_binding_model(
+        self, chat_id: PlaceId, thread_id: PlaceId | None, model: str | None
+    ) -> None:
         """The place's model from its next run on (None: the agent's default)."""
         ...
 
     async def queue_prompt(
         self,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         *,
         update_id: int | None,
         user_id: int | None,
@@ -85,17 +93,23 @@ class ChatQueue(Protocol):
         ...
 
     async def hold_for_steering(
-        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, body: str
+        self,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
+        *,
+        update_id: int | None,
+        user_id: int | None,
+        body: str,
     ) -> int | None:
         """Keep a message on its way into the running turn (None: it was queued instead)."""
         ...
 
     async def steering_done(self, prompt_id: int, *, delivered: bool) -> None: ...
 
-    async def queued_count(self, chat_id: int, thread_id: int) -> int: ...
+    async def queued_count(self, chat_id: PlaceId, thread_id: PlaceId | None) -> int: ...
 
     async def take_prompt(
-        self, chat_id: int, thread_id: int, run_id: str, seq: int
+        self, chat_id: PlaceId, thread_id: PlaceId | None, run_id: str, seq: int
     ) -> tuple[PromptRow, int] | None:
         """The oldest queued message, its turn ``seq`` of ``run_id`` started with it in one
         transaction: (the message, the turn's id); None when nothing waits."""
@@ -103,6 +117,6 @@ class ChatQueue(Protocol):
 
     async def end_prompt(self, prompt_id: int, state: str, *, requeue: bool = False) -> None: ...
 
-    async def drop_queued(self, chat_id: int, thread_id: int) -> int: ...
+    async def drop_queued(self, chat_id: PlaceId, thread_id: PlaceId | None) -> int: ...
 
-    async def chats_with_queued(self) -> list[tuple[int, int]]: ...
+    async def chats_with_queued(self) -> list[tuple[PlaceId, PlaceId | None]]: ...

@@ -45,6 +45,7 @@ from engine.humane import format_elapsed
 from engine.logs import log_context
 from engine.process import TurnProcess
 from engine.runs import ChatPlace, RunMode, RunSupervisor
+from engine.runs.spec import PlaceId
 from engine.settings import Settings
 from engine.store.backend import AnyDatabase, wait_reachable
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -56,6 +57,9 @@ from engine.workspace.projects import Project
 __all__ = ["ChatChannel", "ChatFront", "ChatRun", "ChatSessions", "SubmitResult", "TurnView"]
 
 _LOGGER = logging.getLogger(__name__)
+
+#: A place as the chat mode keys its runs: the chat and its topic (None: no topic).
+PlaceKey = tuple[PlaceId, PlaceId | None]
 
 _STATUS_DEBOUNCE: Final = 0.05
 
@@ -190,7 +194,7 @@ class ChatRun:
         self.channel = ChatChannel(self)
 
     @property
-    def key(self) -> tuple[int, int]:
+    def key(self) -> PlaceKey:
         return (self.binding.chat_id, self.binding.thread_id)
 
     @property
@@ -264,12 +268,12 @@ class ChatSessions:
         self.status_tick = status_tick
         # The database to wait for after an outage.
         self.db = db
-        self.active: dict[tuple[int, int], ChatRun] = {}
+        self.active: dict[PlaceKey, ChatRun] = {}
         # Where a new run's tool calls ask a person (set by the front end).
         self.approvals: Callable[[str, Binding], Awaitable[ApprovalRoute | None]] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
-        self._submitting: dict[tuple[int, int], asyncio.Lock] = {}
+        self._submitting: dict[PlaceKey, asyncio.Lock] = {}
 
     # -- binding -----------------------------------------------------------------------
 
@@ -318,8 +322,8 @@ class ChatSessions:
 
     async def bind(
         self,
-        chat_id: int,
-        thread_id: int,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
         *,
         agent: str,
         project: str,
@@ -349,7 +353,7 @@ class ChatSessions:
                 await self.workdir_for(
                     project,
                     f"chat-{session_id[:8]}",
-                    ChatPlace(chat_id, thread_id or None),
+                    ChatPlace(chat_id, thread_id),
                     branch=branch,
                     worktree=False,
                 )
@@ -369,7 +373,9 @@ class ChatSessions:
             model=model,
         )
 
-    async def set_model(self, chat_id: int, thread_id: int, model: str | None) -> None:
+    async def set_model(
+        self, chat_id: PlaceId, thread_id: PlaceId | None, model: str | None
+    ) -> None:
         """The chat's model from its next turn on: an idle run ends (the next message
         starts one with the model, resuming the same session).
 
@@ -390,7 +396,13 @@ class ChatSessions:
     # -- prompts -----------------------------------------------------------------------
 
     async def submit(
-        self, chat_id: int, thread_id: int, *, update_id: int | None, user_id: int | None, text: str
+        self,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
+        *,
+        update_id: int | None,
+        user_id: int | None,
+        text: str,
     ) -> SubmitResult:
         """Queue one message as the next turn; start the chat's run when needed.
 
@@ -419,7 +431,12 @@ class ChatSessions:
         return SubmitResult(queued=queued, waiting=waiting, busy=busy)
 
     async def _steer(
-        self, chat_id: int, thread_id: int, update_id: int | None, user_id: int | None, text: str
+        self,
+        chat_id: PlaceId,
+        thread_id: PlaceId | None,
+        update_id: int | None,
+        user_id: int | None,
+        text: str,
     ) -> SubmitResult | None:
         run = self.active.get((chat_id, thread_id))
         steer = getattr(run.agent, "steer", None) if run is not None and run.busy else None
@@ -443,7 +460,7 @@ class ChatSessions:
         _LOGGER.info("message delivered to the running turn", extra={"run_id": run.run_id})
         return SubmitResult(queued=False, waiting=0, busy=True, steered=True)
 
-    async def ensure_running(self, chat_id: int, thread_id: int) -> ChatRun | None:
+    async def ensure_running(self, chat_id: PlaceId, thread_id: PlaceId | None) -> ChatRun | None:
         """Wake the chat's run, or start one for its binding."""
         async with self._lock:
             run = self.active.get((chat_id, thread_id))
@@ -475,7 +492,7 @@ class ChatSessions:
             agent=binding.agent,
             session_id=binding.session_id,
             workdir=binding.workdir or None,
-            chat=ChatPlace(binding.chat_id, binding.thread_id or None),
+            chat=ChatPlace(binding.chat_id, binding.thread_id),
         )
         await self.store.set_binding_run(binding.chat_id, binding.thread_id, run_id)
         run = ChatRun(
@@ -625,7 +642,7 @@ class ChatSessions:
                 raise_if_cancelled()
                 _LOGGER.warning("cannot show the run's status yet: %s", exc)
 
-    def follow_migration(self, old_chat: int, new_chat: int) -> None:
+    def follow_migration(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
         """Runs of a group that became a supergroup now answer in the new chat."""
         for key, run in list(self.active.items()):
             if key[0] == old_chat:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from engine.runs.spec import ChatPlace
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.spend import Budget
 
 if TYPE_CHECKING:
@@ -126,11 +126,11 @@ class AutoExecutor(Protocol):
         """The runs of ``place`` driven in this process, oldest first (steered by text)."""
         ...
 
-    def running_in_chat(self, chat_id: int) -> list[AutoRun]:
+    def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
         """The runs of any topic of the chat driven in this process, oldest first."""
         ...
 
-    async def stop(self, run_id: str, *, chat_id: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId) -> bool:
         """Stop the chat's run ``run_id``; False when the chat has none such."""
         ...
 
@@ -138,11 +138,11 @@ class AutoExecutor(Protocol):
         """Stop every run of ``place``; their ids."""
         ...
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId) -> list[str]:
         """One line (or two) per unfinished run of the chat, for a status listing."""
         ...
 
-    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: PlaceId) -> str:
         """Let the chat's run its budget stopped go on under ``budget``; what to tell the
         person who raised it.
 
@@ -166,8 +166,8 @@ class AutoExecutor(Protocol):
 
 
 def same_place(a: ChatPlace, b: ChatPlace) -> bool:
-    """Whether two places are the same chat and topic (no topic is topic 0)."""
-    return a.chat_id == b.chat_id and (a.thread_id or 0) == (b.thread_id or 0)
+    """Whether two places are the same chat and topic."""
+    return a.chat_id == b.chat_id and a.thread_id == b.thread_id
 
 
 async def wait_all(tasks: list[asyncio.Task[None]]) -> None:

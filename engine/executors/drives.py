@@ -24,7 +24,7 @@ from engine.executors.base import AgentFactory, Notices, same_place
 from engine.gates import COMPLETE, HUMAN_INTERVENTION, DriveHandle, GateRefused, Gates
 from engine.gates.records import TaskRecord
 from engine.runs import Recovery, RunMode, RunSupervisor
-from engine.runs.spec import ChatPlace
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.sink import RunSink, StatusUpdate
 from engine.spend import Budget
 from engine.store.runs import RunStatus
@@ -88,7 +88,7 @@ class DriveExecutor(Protocol):
         """How the task is driven now, in words (``driving``, ``driving · warm``), else None."""
         ...
 
-    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+    async def stop(self, key: str, *, chat_id: PlaceId, by: str) -> bool:
         """Stop the drive ``key`` (a task's name or the drive's run id, here or on the
         workers) of the chat, stopped by the person named ``by``; False when
         the chat has none such."""
@@ -250,7 +250,7 @@ class LocalDrives:
                 return name
         return key
 
-    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+    async def stop(self, key: str, *, chat_id: PlaceId, by: str) -> bool:
         name = self._task_named(key)
         handle = self.drives.get(name)
         place = self.places.get(name)

@@ -36,7 +36,7 @@ from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.humane import exit_note, humane, words
 from engine.runs import Recovery
-from engine.runs.spec import ChatPlace
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
 from engine.sink import RunSink, StatusUpdate, TextKind, publish, summary_ref
 from engine.store.backend import AnyDatabase
@@ -170,10 +170,10 @@ class WorkersDrives:
                 return "driving on the workers"
         return None
 
-    async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
-        return await chat_placements(self.db, chat_id, thread, drives=True)
+    async def _placed(self, chat_id: PlaceId, place: ChatPlace | None = None) -> list[Placement]:
+        return await chat_placements(self.db, chat_id, drives=True, place=place)
 
-    async def stop(self, key: str, *, chat_id: int, by: str) -> bool:
+    async def stop(self, key: str, *, chat_id: PlaceId, by: str) -> bool:
         if await self.local.stop(key, chat_id=chat_id, by=by):
             return True
         for placement in await self._placed(chat_id):
@@ -183,7 +183,7 @@ class WorkersDrives:
 
     async def stop_in(self, place: ChatPlace, *, by: str) -> list[str]:
         stopped = await self.local.stop_in(place, by=by)
-        for placement in await self._placed(place.chat_id, place.thread_id or 0):
+        for placement in await self._placed(place.chat_id, place):
             if await self._stop(placement):
                 stopped.append(placement.run_id)
         return stopped

@@ -33,7 +33,7 @@ from engine.executors.base import (
 )
 from engine.humane import format_elapsed, turn_count
 from engine.runs import Recovery, RunMode, RunSpec, RunSupervisor
-from engine.runs.spec import ChatPlace
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
 from engine.sink import RunSink
 from engine.spend import Budget, Spend
@@ -119,12 +119,12 @@ class LocalAuto:
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
         return [a.run for a in self.active.values() if same_place(a.place, place)]
 
-    def running_in_chat(self, chat_id: int) -> list[AutoRun]:
+    def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
         return [a.run for a in self.active.values() if a.place.chat_id == chat_id]
 
     # -- stopping ----------------------------------------------------------------------
 
-    async def stop(self, run_id: str, *, chat_id: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId) -> bool:
         active = self.active.get(run_id)
         if active is None or active.place.chat_id != chat_id:
             return False
@@ -143,7 +143,7 @@ class LocalAuto:
         if not self.supervisor.stop(active.run.run_id):
             await active.run.stop()  # (not attached yet: the run's latch waits for it)
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId) -> list[str]:
         runs = self.running_in_chat(chat_id)
         here = [run.state for run in runs]
         # A warm session: its agent process stays between the run's turns.
@@ -265,7 +265,7 @@ class LocalAuto:
         self._track(run, place)
         return run
 
-    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: PlaceId) -> str:
         record = await self.runs.get_run(run_id)
         if record.chat_id != chat_id:
             raise ConfigError(f"run {run_id} is not this chat's")

@@ -27,7 +27,7 @@ from engine.executors.base import AutoRequest, Notices, Started, wait_all
 from engine.executors.local import LocalAuto
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery
-from engine.runs.spec import ChatPlace
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
 from engine.sink import RunSink, StatusUpdate, TextKind, publish, publish_said
 from engine.spend import Budget, Spend
@@ -129,16 +129,16 @@ class WorkersAuto:
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
         return self.local.running_in(place)
 
-    def running_in_chat(self, chat_id: int) -> list[AutoRun]:
+    def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
         return self.local.running_in_chat(chat_id)
 
-    async def _placed(self, chat_id: int, thread: int | None = None) -> list[Placement]:
+    async def _placed(self, chat_id: PlaceId, place: ChatPlace | None = None) -> list[Placement]:
         # (A drive's is the drives' executor's: engine.executors.drives.)
-        return await chat_placements(self.db, chat_id, thread, drives=False)
+        return await chat_placements(self.db, chat_id, drives=False, place=place)
 
     # -- stopping ----------------------------------------------------------------------
 
-    async def stop(self, run_id: str, *, chat_id: int) -> bool:
+    async def stop(self, run_id: str, *, chat_id: PlaceId) -> bool:
         if await self.local.stop(run_id, chat_id=chat_id):
             return True
         for placement in await self._placed(chat_id):
@@ -146,7 +146,7 @@ class WorkersAuto:
                 return await self._stop(placement)
         return False
 
-    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: int) -> str:
+    async def raise_budget(self, run_id: str, budget: Budget, *, chat_id: PlaceId) -> str:
         placement = await WorkerStore(self.db).placement(run_id)
         if placement is None:
             return await self.local.raise_budget(run_id, budget, chat_id=chat_id)
@@ -176,7 +176,7 @@ class WorkersAuto:
 
     async def stop_in(self, place: ChatPlace) -> list[str]:
         stopped = await self.local.stop_in(place)
-        for placement in await self._placed(place.chat_id, place.thread_id or 0):
+        for placement in await self._placed(place.chat_id, place):
             if await self._stop(placement):
                 stopped.append(placement.run_id)
         return stopped
@@ -213,7 +213,7 @@ class WorkersAuto:
 
     # -- status ------------------------------------------------------------------------
 
-    async def status_lines(self, chat_id: int) -> list[str]:
+    async def status_lines(self, chat_id: PlaceId) -> list[str]:
         lines = await self.local.status_lines(chat_id)
         placements = await self._placed(chat_id)
         if not placements:

@@ -54,7 +54,7 @@ from engine.gates.workflow import (
 from engine.gates.worktrees import WaveWorkspaces
 from engine.humane import exit_note, words
 from engine.locks import Lock
-from engine.runs import ChatPlace, RunMode, RunSupervisor
+from engine.runs import ChatPlace, PlaceId, RunMode, RunSupervisor
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink, StatusUpdate, TextKind, publish, recording
 from engine.spend import Budget
@@ -193,7 +193,7 @@ class Autopilot:
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
         runs: RunStore | None = None,
-        chat: tuple[int, int | None] | None = None,
+        chat: tuple[PlaceId, PlaceId | None] | None = None,
         supervisor: RunSupervisor | None = None,
         budget: Budget | None = None,
         run_id: str | None = None,

@@ -42,6 +42,7 @@ from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.store import Change, GateStore, HistoryEntry, NewTask
 from engine.gates.taskfolder import TaskFolders, read_decls, snapshot
 from engine.gates.workflow import AWAITING_APPROVAL, COMPLETE, HUMAN_INTERVENTION, Workflow
+from engine.runs.spec import PlaceId
 from engine.store.audit import AuditLog, SqliteAuditLog
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class GateKeeper:
         task: str | None = None,
         phase: str | None = None,
         actor: str | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         sha256: str | None = None,
         detail: str | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.gates.refusals import Refusal
 from engine.gates.workflow import AWAITING_APPROVAL, COMPLETE, HUMAN_INTERVENTION
+from engine.runs.spec import PlaceId
 from engine.store.audit import AuditRecord
 
 __all__ = [
@@ -113,9 +114,14 @@ class ApprovalRecord:
     gate_round: int
     sha256: str
     approver: str
-    chat_id: int | None
+    chat_id: PlaceId | None
     update_id: int | None
     at: float
+
+    def __post_init__(self) -> None:
+        # (text: SQLite hands a number back for a numeric id in its INTEGER column)
+        if self.chat_id is not None:
+            object.__setattr__(self, "chat_id", str(self.chat_id))
 
 
 #: One entry of the audit log (the gates' events are in the system's one log).

@@ -36,6 +36,7 @@ from engine.gates.workflow import Workflow, load_workflow
 from engine.gates.worktrees import TaskWorktrees, WaveWorkspaces
 from engine.logs import log_context
 from engine.runs import RunMode, RunSupervisor
+from engine.runs.spec import PlaceId
 from engine.settings import Settings
 from engine.sink import GateRequest, RunSink
 from engine.spend import Budget
@@ -201,7 +202,7 @@ class Gates:
         task: str,
         *,
         by: str | int,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         expected_sha256: str | None = None,
     ) -> ApprovalResult:
@@ -223,7 +224,7 @@ class Gates:
         *,
         by: str | int,
         reason: str,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
     ) -> ApprovalResult:
         """Reject the open gate; the phase re-runs with ``reason`` as delimited revision
@@ -323,7 +324,7 @@ class Gates:
         wait_for_approval: bool = True,
         agent_factory: AgentFactory | None = None,
         worktrees: WaveWorkspaces | None = None,
-        chat: tuple[int, int | None] | None = None,
+        chat: tuple[PlaceId, PlaceId | None] | None = None,
         supervisor: RunSupervisor | None = None,
         budget: Budget | None = None,
         run_id: str | None = None,

@@ -28,6 +28,7 @@ from engine.gates.records import (
     TransitionRecord,
 )
 from engine.gates.refusals import GateRefused, Refusal
+from engine.runs.spec import PlaceId
 from engine.store.backend import execute_later
 from engine.store.events import EventKind, add_event, events_written
 
@@ -131,7 +132,7 @@ class ApprovalRequest:
     sha256: str
     quorum: int
     at: float
-    chat_id: int | None = None
+    chat_id: PlaceId | None = None
     update_id: int | None = None
     subtasks: tuple[NewTask, ...] = ()
     clash: Callable[[TaskRecord], str | None] = field(default=lambda _existing: None)

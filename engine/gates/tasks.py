@@ -30,6 +30,7 @@ from engine.gates.records import (
 from engine.gates.refusals import GateRefused, Refusal
 from engine.gates.store import ApprovalRequest, Change, HistoryEntry, NewTask, Tally
 from engine.gates.taskfolder import parse_decls
+from engine.runs.spec import PlaceId
 
 __all__ = [
     "ApprovalOutcome",
@@ -55,7 +56,7 @@ class TaskStore(GateKeeper):
         name: str,
         *,
         by: str | int,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         expected_sha256: str | None = None,
     ) -> ApprovalResult:
@@ -126,7 +127,7 @@ class TaskStore(GateKeeper):
         return result
 
     async def _approval_request(
-        self, task: TaskRecord, actor: str, chat_id: int | None, update_id: int | None
+        self, task: TaskRecord, actor: str, chat_id: PlaceId | None, update_id: int | None
     ) -> ApprovalRequest:
         """Check the gate's artifact is in the database (the approval binds to that content)
         and, where its file is on this machine, that it still has the gate's hash
@@ -229,7 +230,7 @@ class TaskStore(GateKeeper):
         *,
         by: str | int,
         reason: str,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
     ) -> ApprovalResult:
         """Reject the open gate: the phase re-runs with ``reason`` as revision notes."""

@@ -10,7 +10,7 @@ start-up.
 from typing import TYPE_CHECKING, Any
 
 from engine.runs.ids import RUN_ID_PATTERN, RunMode, named_runs, new_run_id
-from engine.runs.spec import AgentEnv, ChatPlace, RunSpec
+from engine.runs.spec import AgentEnv, ChatPlace, PlaceId, RunSpec, place_id
 
 if TYPE_CHECKING:
     from engine.runs.supervisor import (
@@ -40,6 +40,7 @@ __all__ = [
     "ChatPlace",
     "CutOffTurn",
     "DriveProbe",
+    "PlaceId",
     "Recovery",
     "RunMode",
     "RunSession",
@@ -47,4 +48,5 @@ __all__ = [
     "RunSupervisor",
     "named_runs",
     "new_run_id",
+    "place_id",
 ]

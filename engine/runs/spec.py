@@ -18,15 +18,50 @@ from engine.errors import ConfigError
 from engine.runs.ids import RunMode
 from engine.spend import Budget
 
-__all__ = ["AgentEnv", "ChatPlace", "RunSpec"]
+__all__ = ["AgentEnv", "ChatPlace", "PlaceId", "RunSpec", "place_id"]
+
+PlaceId = str
+"""A chat's or a topic's id as its front end names it: opaque text, never a number.
+
+Telegram's chat and topic ids are their decimal text (``"-1001234"``, ``"7"``); another
+messenger's ids (``"room-a"``) are kept as given. Only the Telegram front end turns them
+back into numbers, where its API and its own rules need them.
+"""
+
+
+def place_id(value: object) -> PlaceId | None:
+    """An id read from stored data (a number in a database written before, text now).
+
+    ``None``, ``""`` and ``0`` are "none": the no-topic marks used before (a run's topic
+    ``NULL``, a binding's ``0``).
+    """
+    if value is None or value == "" or value == 0:
+        return None
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
 class ChatPlace:
-    """Where in a chat a run reports: the chat and, in a forum, its topic."""
+    """Where in a chat a run reports: the chat and, in a forum, its topic (None: no topic)."""
 
-    chat_id: int
-    thread_id: int | None = None
+    chat_id: PlaceId
+    thread_id: PlaceId | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chat_id, str) or not self.chat_id:
+            raise ConfigError(f"a chat place needs a chat id as text, not {self.chat_id!r}")
+        if self.thread_id is not None and not isinstance(self.thread_id, str):
+            raise ConfigError(f"a topic id is text, not {self.thread_id!r}")
+        if self.thread_id == "":
+            object.__setattr__(self, "thread_id", None)
+
+    @classmethod
+    def stored(cls, chat_id: object, thread_id: object = None) -> ChatPlace:
+        """The place from stored values (numbers in data written before, text now)."""
+        chat = place_id(chat_id)
+        if chat is None:
+            raise ConfigError(f"not a chat id: {chat_id!r}")
+        return cls(chat, place_id(thread_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +183,7 @@ class RunSpec:
                 mode=RunMode(data.get("mode", RunMode.AUTO.value)),
                 run_id=data.get("run_id"),
                 project=data.get("project"),
-                chat=ChatPlace(int(chat["chat_id"]), chat.get("thread_id")) if chat else None,
+                chat=ChatPlace.stored(chat["chat_id"], chat.get("thread_id")) if chat else None,
                 max_turns=int(max_turns) if max_turns is not None else None,
                 agent_cmd=data.get("agent_cmd"),
                 passthrough=tuple(str(a) for a in data.get("passthrough", ())),

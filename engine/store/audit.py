@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from engine.runs.spec import PlaceId
+
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
@@ -35,11 +37,16 @@ class AuditRecord:
     event: str
     outcome: str
     actor: str | None
-    chat_id: int | None
+    chat_id: PlaceId | None
     update_id: int | None
     sha256: str | None
     detail: str | None
     origin: str
+
+    def __post_init__(self) -> None:
+        # (text: SQLite hands a number back for a numeric id in its INTEGER column)
+        if self.chat_id is not None:
+            object.__setattr__(self, "chat_id", str(self.chat_id))
 
 
 class AuditLog(Protocol):
@@ -54,7 +61,7 @@ class AuditLog(Protocol):
         task: str | None = None,
         phase: str | None = None,
         actor: str | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         sha256: str | None = None,
         detail: str | None = None,
@@ -81,7 +88,7 @@ class SqliteAuditLog:
         task: str | None = None,
         phase: str | None = None,
         actor: str | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         sha256: str | None = None,
         detail: str | None = None,
@@ -110,7 +117,7 @@ class SqliteAuditLog:
         task: str | None = None,
         phase: str | None = None,
         actor: str | None = None,
-        chat_id: int | None = None,
+        chat_id: PlaceId | None = None,
         update_id: int | None = None,
         sha256: str | None = None,
         detail: str | None = None,

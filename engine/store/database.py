@@ -35,6 +35,7 @@ import aiosqlite
 
 from engine.aio import OpenedAndClosed
 from engine.errors import StoreError, StoreReadOnlyError
+from engine.store.dialect import runs_on
 
 __all__ = [
     "ENGINE",
@@ -354,7 +355,8 @@ class Database(OpenedAndClosed):
                         migration.name,
                     )
                     for statement in migration.statements:
-                        await conn.execute(statement)
+                        if runs_on(statement, "sqlite"):
+                            await conn.execute(statement)
                     done = migration.version
                 if schema.owner == ENGINE:
                     if done != current:

@@ -11,6 +11,10 @@ tested on their own:
   ``BLOB`` becomes ``BYTEA`` and every other ``INTEGER`` becomes ``BIGINT`` (Telegram ids
   such as ``-100…`` overflow a 4-byte integer). Words inside quotes or comments are left
   alone.
+
+A migration statement that only one of them needs says so on a comment line of its own
+before it, ``-- only on postgresql`` or ``-- only on sqlite`` (:func:`runs_on`): changing a
+column's type, which PostgreSQL does in place and SQLite cannot.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterator
 
-__all__ = ["advisory_key", "postgres_ddl", "postgres_query"]
+__all__ = ["advisory_key", "postgres_ddl", "postgres_query", "runs_on"]
 
 # One token at a time: a quoted string, a quoted name, a comment, or one other character.
 _TOKEN = re.compile(
@@ -71,6 +75,22 @@ def postgres_ddl(statement: str) -> str:
         return _INTEGER.sub("BIGINT", code)
 
     return _rewrite_code(statement, change)
+
+
+_ONLY_ON = re.compile(r"^\s*--\s*only on (\w+)\s*$", re.IGNORECASE | re.MULTILINE)
+DIALECTS = frozenset({"sqlite", "postgresql"})
+
+
+def runs_on(statement: str, dialect: str) -> bool:
+    """Whether a migration statement is for ``dialect`` (``sqlite``, ``postgresql``).
+
+    Raises:
+        ValueError: the statement names a database that is neither.
+    """
+    named = {m.group(1).lower() for m in _ONLY_ON.finditer(statement)}
+    if named - DIALECTS:
+        raise ValueError(f"a migration is only for an unknown database: {sorted(named)}")
+    return not named or dialect in named
 
 
 def advisory_key(name: str) -> int:

@@ -42,7 +42,7 @@ from engine.store.database import (
     discover_migrations,
     resolve_versions,
 )
-from engine.store.dialect import postgres_ddl, postgres_query
+from engine.store.dialect import postgres_ddl, postgres_query, runs_on
 from engine.store.location import PostgresURL
 
 __all__ = ["PgConnection", "PgCursor", "PostgresDatabase", "Row"]
@@ -671,7 +671,8 @@ class PostgresDatabase(OpenedAndClosed):
                         migration.name,
                     )
                     for statement in migration.statements:
-                        await _execute_ddl(conn, statement)
+                        if runs_on(statement, "postgresql"):
+                            await _execute_ddl(conn, statement)
                     done = migration.version
                 if rows.get(schema.owner) != done:
                     await conn.execute(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
+from engine.runs.spec import PlaceId, place_id
 from engine.spend import Spend
 from engine.store.events import (
     EventKind,
@@ -141,8 +142,8 @@ class RunRecord:
     objective: str | None
     workdir: str | None
     log_dir: str | None
-    chat_id: int | None
-    thread_id: int | None
+    chat_id: PlaceId | None
+    thread_id: PlaceId | None
     task: str | None
     state: Mapping[str, Any]
     exit_code: int | None
@@ -166,8 +167,9 @@ class RunRecord:
             objective=row["objective"],
             workdir=row["workdir"],
             log_dir=row["log_dir"],
-            chat_id=row["chat_id"],
-            thread_id=row["thread_id"],
+            # (text: SQLite hands a number back for a numeric id in these INTEGER columns)
+            chat_id=place_id(row["chat_id"]),
+            thread_id=place_id(row["thread_id"]),
             task=row["task"],
             state=json.loads(row["state_json"]),
             exit_code=row["exit_code"],
@@ -252,8 +254,8 @@ class RunStore(Protocol):
         objective: str | None = None,
         workdir: str | None = None,
         log_dir: str | None = None,
-        chat_id: int | None = None,
-        thread_id: int | None = None,
+        chat_id: PlaceId | None = None,
+        thread_id: PlaceId | None = None,
         task: str | None = None,
         phase: str | None = None,
         state: Mapping[str, Any] | None = None,
@@ -323,8 +325,8 @@ class SqliteRunStore:
         objective: str | None = None,
         workdir: str | None = None,
         log_dir: str | None = None,
-        chat_id: int | None = None,
-        thread_id: int | None = None,
+        chat_id: PlaceId | None = None,
+        thread_id: PlaceId | None = None,
         task: str | None = None,
         phase: str | None = None,
         state: Mapping[str, Any] | None = None,
@@ -630,7 +632,7 @@ class SqliteRunStore:
                 out[r["run_id"]] = _summed(r)
         return out
 
-    async def spend_in_chat(self, chat_id: int, *, since: float) -> Spend:
+    async def spend_in_chat(self, chat_id: PlaceId, *, since: float) -> Spend:
         """What the turns of a chat's runs that finished since ``since`` cost."""
         row = await self._db.fetchone(
             f"SELECT {_SPEND_SUMS} FROM turns t JOIN runs r ON r.id = t.run_id"  # noqa: S608

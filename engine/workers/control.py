@@ -23,6 +23,7 @@ from engine.automode.run import process_exit_code
 from engine.automode.state import AutoModeState, AutoStatus, progress_line
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
+from engine.runs.spec import ChatPlace, PlaceId
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.location import PostgresURL
@@ -225,11 +226,11 @@ def stop_on_signals() -> Iterator[asyncio.Event]:
 
 
 async def chat_placements(
-    db: AnyDatabase, chat_id: int, thread: int | None = None, *, drives: bool
+    db: AnyDatabase, chat_id: PlaceId, *, drives: bool, place: ChatPlace | None = None
 ) -> list[Placement]:
-    """The unfinished runs on the workers started from this chat (and topic): its auto
-    runs, or (``drives``) its autopilot drives, a wave's sub-tasks left out (they are
-    stopped with their drive)."""
+    """The unfinished runs on the workers started from this chat (or only from ``place``,
+    the chat and its topic): its auto runs, or (``drives``) its autopilot drives, a wave's
+    sub-tasks left out (they are stopped with their drive)."""
     found = []
     for placement in await WorkerStore(db).placements():
         spec = placement.spec
@@ -237,7 +238,10 @@ async def chat_placements(
             continue
         if drives and spec.parent_run is not None:
             continue
-        if thread is not None and (spec.thread_id or 0) != thread:
+        if place is not None and (spec.chat_id, spec.thread_id) != (
+            place.chat_id,
+            place.thread_id,
+        ):
             continue
         found.append(placement)
     return found

@@ -19,7 +19,7 @@ from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.errors import ConfigError
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE
-from engine.runs import RunMode, new_run_id
+from engine.runs import PlaceId, RunMode, new_run_id
 from engine.sink import GateRequest
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
@@ -63,7 +63,7 @@ def new_drive_spec(
     tool: str,
     project: str,
     agent_cmd: str | None,
-    chat: tuple[int, int | None] | None = None,
+    chat: tuple[PlaceId, PlaceId | None] | None = None,
     budget: Budget | None = None,
 ) -> QueuedRun:
     """A drive of ``task`` to put on the workers (``budget``: what its turns may spend,
@@ -197,7 +197,7 @@ async def queue_drive(
     project: str | None = None,
     tool: str | None = None,
     agent_cmd: str | None = None,
-    chat: tuple[int, int | None] | None = None,
+    chat: tuple[PlaceId, PlaceId | None] | None = None,
     budget: Budget | None = None,
 ) -> QueuedDrive | None:
     """Put a drive of ``task_name`` on the workers, or find the one there; None when the

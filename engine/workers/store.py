@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from engine.errors import ConfigError
 from engine.runs import AgentEnv, ChatPlace, RunSpec
+from engine.runs.spec import PlaceId, place_id
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.workers.migrations import OWNER, migrations
@@ -105,8 +106,8 @@ class QueuedRun:
     passthrough: tuple[str, ...] = ()
     max_turns: int | None = None
     verify_cmd: str | None = None
-    chat_id: int | None = None
-    thread_id: int | None = None
+    chat_id: PlaceId | None = None
+    thread_id: PlaceId | None = None
     mode: str = "auto"
     task: str | None = None
     base_run: str | None = None
@@ -178,8 +179,9 @@ class QueuedRun:
             passthrough=tuple(raw.get("passthrough") or ()),
             max_turns=raw.get("max_turns"),
             verify_cmd=raw.get("verify_cmd"),
-            chat_id=raw.get("chat_id"),
-            thread_id=raw.get("thread_id"),
+            # (a number in a run queued before place ids were text)
+            chat_id=place_id(raw.get("chat_id")),
+            thread_id=place_id(raw.get("thread_id")),
             mode=str(raw.get("mode") or "auto"),
             task=raw.get("task"),
             base_run=raw.get("base_run"),

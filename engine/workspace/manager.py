@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from engine.errors import ConfigError, GitError
 from engine.git import GitRunner
 from engine.locks import FileLock, hold
 from engine.redact import Redactor
+from engine.runs.spec import PlaceId
 from engine.workspace.errors import WorkspaceBusyError, WorkspaceError, WorkspaceStateError
 from engine.workspace.projects import (
     Project,
@@ -282,12 +284,27 @@ def _check_id(value: str, what: str) -> str:
     return value
 
 
-def place_workspace_name(chat_id: int, thread_id: int | None = None) -> str:
+def place_workspace_name(chat_id: PlaceId, thread_id: PlaceId | None = None) -> str:
     """The name of a chat's own workspace (folder, clone and worktrees): ``chat_-1001234``,
     or ``chat_-1001234_topic_7`` for a forum topic; the sign stays, so no two chats share
-    one. The only place that spells it."""
-    topic = f"_topic_{thread_id}" if thread_id else ""
-    return f"chat_{chat_id}{topic}"
+    one. The only place that spells it.
+
+    An id of letters and digits (single hyphens between them) or a signed number (Telegram's)
+    is kept as it is; any other id (spaces, slashes, dots, underscores, a long one) is
+    written as ``.`` and a digest of it, so no id reaches outside the folder of chats and no
+    two places share one name.
+    """
+    topic = f"_topic_{_place_piece(thread_id)}" if thread_id else ""
+    return f"chat_{_place_piece(chat_id)}{topic}"
+
+
+_PLAIN_PLACE: Final = re.compile(r"-?[0-9]{1,40}|[A-Za-z0-9]{1,40}(?:-[A-Za-z0-9]{1,40}){0,4}")
+
+
+def _place_piece(value: PlaceId) -> str:
+    if _PLAIN_PLACE.fullmatch(value) and len(value) <= 48:
+        return value
+    return "." + hashlib.blake2b(value.encode(), digest_size=12).hexdigest()
 
 
 def subtask_workspace_id(parent_id: str, name: str) -> str:
@@ -445,16 +462,16 @@ class WorkspaceManager:
         """
         return await self._repository(self.plain_folder(name))
 
-    def place_folder(self, chat_id: int, thread_id: int | None = None) -> Path:
+    def place_folder(self, chat_id: PlaceId, thread_id: PlaceId | None = None) -> Path:
         """The folder of the chat's (or forum topic's) own workspace."""
         return self.root / CHATS_DIR / place_workspace_name(chat_id, thread_id)
 
-    async def place_repository(self, chat_id: int, thread_id: int | None = None) -> Path:
+    async def place_repository(self, chat_id: PlaceId, thread_id: PlaceId | None = None) -> Path:
         """The chat's (or topic's) own workspace, a git repository made on first use (as
         :meth:`plain_repository` makes one): where its chat sessions work."""
         return await self._repository(self.place_folder(chat_id, thread_id))
 
-    async def place_project(self, chat_id: int, thread_id: int | None = None) -> Project:
+    async def place_project(self, chat_id: PlaceId, thread_id: PlaceId | None = None) -> Project:
         """The chat's own workspace as a project: each run on it gets a worktree of its own
         (:meth:`provision`), cut from the workspace's branch, as on a configured project.
 
