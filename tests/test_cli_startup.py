@@ -359,7 +359,7 @@ def test_a_listing_on_postgresql_does_not_wait_for_a_migration(
 
 def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        # The engine's latest migrations (0016: a drive's session on its run; 0017: one
+        # The engine's migrations from 0016 on (0016: a drive's session on its run; 0017: one
         # status per run) undone by hand: gate_sessions back, with a session in it.
         conn.execute(
             b"CREATE TABLE gate_sessions (task TEXT PRIMARY KEY REFERENCES gate_tasks (name),"
@@ -375,7 +375,8 @@ def test_a_postgresql_schema_behind_is_migrated_by_a_listing(tmp_path: Path, pg_
             b" updated_at) VALUES ('autopilot-1', 'autopilot', 'claude', '', 'parked', 't', 1, 1)"
         )
         conn.execute(b"INSERT INTO gate_sessions VALUES ('t', 'claude', 's-t', 1, 1)")
-        conn.execute("UPDATE schema_versions SET version = version - 2 WHERE owner = %s", (ENGINE,))
+        # Back to engine 15: 0016 and every later migration run again (they may be re-run).
+        conn.execute("UPDATE schema_versions SET version = 15 WHERE owner = %s", (ENGINE,))
     proc, _, _ = run_turnstile(tmp_path, "status", "--list", env=env_for(pg_url))
     assert proc.returncode == 0, proc.stderr
     latest = {s.owner: s.latest for s in discover_migrations()}
