@@ -13,13 +13,13 @@ from typing import Any, Final
 
 from telegram import Update
 
-from bot.commands import all_commands_text, help_text
 from bot.context import BotContext
 from bot.feature import Feature
 from bot.handlers import Dispatch
 from bot.places import chat_of
 from bot.replies import thread_of
 from chatfront.auth import Action
+from chatfront.commands import all_commands_text, help_text
 from engine.agents.registry import installed_agents
 from engine.gates.listing import TaskGroup
 from engine.humane import words

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from urllib.parse import urlsplit
 
-from telegram import Update
+from telegram import BotCommand, Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, BaseUpdateProcessor
 
@@ -35,7 +35,6 @@ from bot.agent_questions import AgentQuestionFeature
 from bot.auto import AutoExtension
 from bot.autopilot import AutopilotExtension
 from bot.chatting import ChatFeature, rerun_markup, rerun_ref
-from bot.commands import COMMANDS
 from bot.context import BotContext
 from bot.controls import InlineControls
 from bot.feature import Feature
@@ -50,6 +49,7 @@ from bot.tool_approvals import ToolApprovalExtension
 from bot.web import WebFeature
 from chatfront.auth import Authorizer
 from chatfront.chat import OutboxChatFront
+from chatfront.commands import ALL_COMMANDS
 from chatfront.outbox import OutboxSender
 from chatfront.progress import PREFIX as PROGRESS
 from chatfront.progress import settle_leftovers
@@ -81,6 +81,11 @@ if TYPE_CHECKING:
 __all__ = ["BotRuntime", "Features", "serve"]
 
 _LOGGER = logging.getLogger(__name__)
+
+#: Telegram's command menu (setMyCommands): the commands every chat front end has.
+_MENU: Final = [
+    BotCommand(c.name, f"{c.args} — {c.text}" if c.args else c.text) for c in ALL_COMMANDS
+]
 _T = TypeVar("_T")
 _POLL_TIMEOUT: Final = 25
 _RATE_LIMIT_RETRIES: Final = 8
@@ -471,7 +476,7 @@ class BotRuntime(ClosedOnExit):
         await self._recover(uncertain)
         await self.app.start()
         with contextlib.suppress(TelegramError):
-            await self.app.bot.set_my_commands(COMMANDS)
+            await self.app.bot.set_my_commands(_MENU)
         if self.settings.webhook_url:
             await self._start_webhook()
         else:

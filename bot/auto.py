@@ -3,7 +3,7 @@
 The chat's commands go to the engine's auto executor (:mod:`engine.executors`), which
 drives a run in this process or queues it on the workers, as the settings say; the run's
 reports come back through the bot's :class:`~chatfront.sink.BotSink`, and what the executor says
-beside them through :class:`~bot.notices.ChatNotices`.
+beside them through :class:`~chatfront.notices.ChatNotices`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from telegram.error import TelegramError
 
 from bot.chatting import configured_project, project_words
 from bot.context import BotContext
+from bot.controls import RAISE_BUDGET, InlineControls
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.notices import RAISE_BUDGET, ChatNotices
 from bot.places import chat_of, telegram_chat
 from bot.replies import thread_of
 from bot.tool_approvals import ToolApprovalExtension
 from chatfront.auth import Action
+from chatfront.notices import ChatNotices
 from chatfront.progress import AUTO_STOP_DATA
 from chatfront.sink import ChatPlace
 from engine.approvals import ApprovalPolicy
@@ -58,7 +59,9 @@ class AutoExtension(Feature):
             runs=ctx.runs,
             supervisor=ctx.supervisor,
             sink=ctx.sink,
-            notices=ChatNotices(ctx),
+            notices=ChatNotices(
+                sink=ctx.sink, publisher=ctx.publisher, store=ctx.store, controls=InlineControls()
+            ),
             workdirs=ctx.chats.workdir_for,
             approvals=approvals.routes_for,
         )

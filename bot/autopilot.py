@@ -32,13 +32,14 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from bot.context import BotContext
+from bot.controls import InlineControls
 from bot.feature import Feature
 from bot.handlers import Dispatch
-from bot.notices import ChatNotices
 from bot.places import chat_of, telegram_chat
 from bot.render import message_link
 from bot.replies import MISPLACED, NOT_DELIVERED, misplaced_press, thread_of
 from chatfront.auth import Action
+from chatfront.notices import ChatNotices
 from chatfront.progress import AUTOPILOT_STOP_DATA
 from chatfront.sink import ChatPlace
 from chatfront.store import Binding, GateRecord, OutboxItem, ReasonRequest
@@ -102,7 +103,9 @@ class AutopilotExtension(Feature):
             ctx.gates,
             supervisor=ctx.supervisor,
             sink=ctx.sink,
-            notices=ChatNotices(ctx),
+            notices=ChatNotices(
+                sink=ctx.sink, publisher=ctx.publisher, store=ctx.store, controls=InlineControls()
+            ),
             agent_factory=self._agent_factory,
         )
         ctx.sink.post_gates_with(self.post_gate)

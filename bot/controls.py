@@ -7,7 +7,10 @@ from typing import Any
 
 from chatfront.progress import AUTO_STOP_DATA, AUTOPILOT_STOP_DATA, stop_button
 
-__all__ = ["InlineControls"]
+__all__ = ["RAISE_BUDGET", "InlineControls"]
+
+#: The button data of "raise the budget and go on" (then the run id).
+RAISE_BUDGET = "bg:"
 
 #: Telegram's limit on a button's callback data.
 _MAX_DATA = 64
@@ -25,3 +28,7 @@ class InlineControls:
 
     def stop_auto(self, run_id: str, *, paused: bool) -> dict[str, Any] | None:
         return stop_button(run_id, AUTO_STOP_DATA, paused=paused)
+
+    def raise_budget(self, run_id: str, more: str) -> dict[str, Any] | None:
+        button = {"text": f"⬆️ Raise to {more} and go on", "callback_data": RAISE_BUDGET + run_id}
+        return {"inline_keyboard": [[button]]}

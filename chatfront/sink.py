@@ -100,6 +100,10 @@ class Controls(Protocol):
         """Stop, and Pause or (``paused``) Go on, of auto run ``run_id``."""
         ...
 
+    def raise_budget(self, run_id: str, more: str) -> Markup:
+        """ "Raise to ``more`` and go on", of a run its budget stopped."""
+        ...
+
 
 def _is_auto(run_id: str) -> bool:
     return run_id.startswith(("auto-", "auto:"))

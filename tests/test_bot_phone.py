@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from telegram.ext import CommandHandler
 
-from bot.commands import ALL_COMMANDS
+from chatfront.commands import ALL_COMMANDS
 from engine.gates import Gates
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import (

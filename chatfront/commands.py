@@ -1,8 +1,8 @@
-"""The bot's commands, one table: what each is called, needs and does, in one line.
+"""The chat commands, one table: what each is called, needs and does, in one line.
 
 ``/help`` shows a person the commands their roles allow, one short line each, and an
 "All commands" button shows every command with the role it needs; Telegram's command
-menu is made from the same table. A new command is one line here.
+menu (bot/app.py) is made from the same table. A new command is one line here.
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
 
-from telegram import BotCommand
-
 from chatfront.auth import Action, Role, allows, needed_roles
 
-__all__ = ["ALL_COMMANDS", "COMMANDS", "Command", "all_commands_text", "help_text"]
+__all__ = ["ALL_COMMANDS", "Command", "all_commands_text", "help_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +58,6 @@ ALL_COMMANDS: Final = (
     Command("tasks", Action.TASKS, "every task's state"),
     Command("audit", Action.AUDIT, "the audit's findings"),
 )
-
-#: Telegram's command menu (setMyCommands).
-COMMANDS: Final = [
-    BotCommand(c.name, f"{c.args} — {c.text}" if c.args else c.text) for c in ALL_COMMANDS
-]
 
 _ROLE_WORDS: Final = {
     Role.ADMIN: "an admin",
