@@ -22,6 +22,7 @@ from engine.errors import ConfigError
 from engine.runs import AgentEnv, ChatPlace, RunSpec
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase
+from engine.store.runs import insert_run_in
 from engine.workers.migrations import OWNER, migrations
 
 __all__ = [
@@ -236,8 +237,9 @@ class WorkerRecord:
 class Placement:
     """Where a run's turns go: its spec, the worker holding its worktree, its job.
 
-    The run's own status is its row's in ``runs`` (``run_status``, None before its first
-    step made the row); :attr:`status` reads how it stands on the workers from both.
+    The run's own status is its row's in ``runs``, written when it was placed
+    (``run_status``; None only for a placement from before placing wrote the row, until
+    its first step does); :attr:`status` reads how it stands on the workers from both.
     """
 
     run_id: str
@@ -289,11 +291,42 @@ class Placement:
         return PlacementStatus.FINISHED
 
 
-# A placement with its run's status and exit code (no row yet: NULL).
+# A placement with its run's status and exit code (NULL: a placement from before placing
+# wrote its row, until its first step does).
 _PLACEMENTS: Final = (
     "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code"
     " FROM worker_runs w LEFT JOIN runs r ON r.id = w.run_id"
 )
+
+
+async def _add_run_row(conn: Any, spec: QueuedRun, at: float) -> None:
+    """Insert the run's row for ``spec`` unless it has one. A drive's carries the agent
+    session of its task's newest drive (the gates store reads it from there)."""
+    cursor = await conn.execute("SELECT 1 FROM runs WHERE id = ?", (spec.run_id,))
+    if await cursor.fetchone() is not None:
+        return
+    session = ""
+    if spec.task is not None:
+        cursor = await conn.execute(
+            "SELECT session_id FROM runs WHERE mode = ? AND task = ?"
+            " ORDER BY created_at DESC, id DESC LIMIT 1",
+            (spec.mode, spec.task),
+        )
+        row = await cursor.fetchone()
+        session = row[0] if row is not None else ""
+    await insert_run_in(
+        conn,
+        spec.run_id,
+        mode=spec.mode,
+        agent=spec.tool,
+        session_id=session,
+        at=at,
+        objective=spec.objective,
+        chat_id=spec.chat_id,
+        thread_id=spec.thread_id,
+        task=spec.task,
+        parent_id=spec.parent_run,
+    )
 
 
 class WorkerStore:
@@ -390,13 +423,22 @@ class WorkerStore:
 
     # -- placements ------------------------------------------------------------------
     async def place(self, spec: QueuedRun) -> None:
-        """Record the run as placed, its first job queued."""
+        """Record the run as placed, its first job queued, and its row in ``runs`` (status
+        running, no workdir until its first step on a worker), in one transaction. A run
+        whose row exists (a chat session's) keeps it."""
         now = self._clock()
-        await self._db.execute(
-            "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves,"
-            " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
-            (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
-        )
+        async with self._db.transaction() as conn:
+            await _add_run_row(conn, spec, now)
+            await conn.execute(
+                "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves,"
+                " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
+                (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
+            )
+
+    async def add_run_row(self, spec: QueuedRun) -> None:
+        """The row of a run placed before placing wrote it (nothing if it has one)."""
+        async with self._db.transaction() as conn:
+            await _add_run_row(conn, spec, self._clock())
 
     async def placement(self, run_id: str) -> Placement | None:
         row = await self._db.fetchone(f"{_PLACEMENTS} WHERE w.run_id = ?", (run_id,))
