@@ -7,6 +7,7 @@ workers let go reads stopped only when its row says a person stopped it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -123,6 +124,16 @@ async def test_a_placed_run_starts_once_at_its_first_step(database: Any) -> None
         None,
     )
     assert await log.read("autopilot-1") == []  # placed: not started yet
+    # The placement keeps only what the row has no column for, and reads the rest from it.
+    row = await database.fetchone(
+        "SELECT spec_json FROM worker_runs WHERE run_id = ?", ("autopilot-1",)
+    )
+    assert not {"run_id", "objective", "tool", "mode", "task", "parent_run"} & set(
+        json.loads(row[0])
+    )
+    placement = await workers.placement("autopilot-1")
+    assert placement is not None
+    assert placement.spec == spec
     await runs.start_placed("autopilot-1", workdir="/w", phase="research", objective="the task")
     started = [e for e in await log.read("autopilot-1") if e.kind == "run_started"]
     assert [(e.task, e.data) for e in started] == [

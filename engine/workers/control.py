@@ -233,7 +233,9 @@ async def chat_placements(
     found = []
     for placement in await WorkerStore(db).placements():
         spec = placement.spec
-        if placement.ended or spec.chat_id != chat_id or (spec.mode != "auto") != drives:
+        if placement.ended or spec.chat_id != chat_id:
+            continue
+        if spec.mode != ("autopilot" if drives else "auto"):  # (a chat session's too)
             continue
         if drives and spec.parent_run is not None:
             continue

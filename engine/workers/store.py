@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -77,6 +77,8 @@ _STOPPED_BY_PERSON_EXIT: Final = 130
 @dataclass(frozen=True, slots=True)
 class QueuedRun:
     """What a worker needs to start an auto run it has never seen: plain data, JSON-safe.
+    The placement keeps in its JSON only what the run's row has no column for (the run's
+    id, objective, agent, chat place, mode, task and parent are the row's).
 
     ``project`` is a configured project's name, or a repository URL or absolute path that
     every worker reaches. ``chat_id``/``thread_id``: the chat (and topic) a run started
@@ -143,22 +145,15 @@ class QueuedRun:
         )
 
     def to_json(self) -> str:
+        """What the placement keeps beside its run's row (:meth:`from_row` reads both)."""
         return json.dumps(
             {
-                "run_id": self.run_id,
-                "objective": self.objective,
-                "tool": self.tool,
                 "project": self.project,
                 "agent_cmd": self.agent_cmd,
                 "passthrough": list(self.passthrough),
                 "max_turns": self.max_turns,
                 "verify_cmd": self.verify_cmd,
-                "chat_id": self.chat_id,
-                "thread_id": self.thread_id,
-                "mode": self.mode,
-                "task": self.task,
                 "base_run": self.base_run,
-                "parent_run": self.parent_run,
                 "tool_approval": self.tool_approval,
                 "approval_starter": self.approval_starter,
                 "budget_usd": self.budget_usd,
@@ -168,10 +163,23 @@ class QueuedRun:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> QueuedRun:
-        raw: Mapping[str, Any] = json.loads(text)
+    def from_row(cls, row: Any) -> QueuedRun:
+        """The spec of a placement read with its run's row (``run_*`` columns, NULL when it
+        has none): the run's id, objective, agent, chat place, mode, task and parent are
+        its row's; a placement written before its row held them has them in its JSON."""
+        raw: dict[str, Any] = json.loads(row["spec_json"])
+        if row["run_mode"] is not None:
+            raw.update(
+                objective=row["run_objective"] or "",
+                tool=row["run_agent"],
+                chat_id=row["run_chat_id"],
+                thread_id=row["run_thread_id"],
+                mode=row["run_mode"],
+                task=row["run_task"],
+                parent_run=row["run_parent"],
+            )
         return cls(
-            run_id=str(raw["run_id"]),
+            run_id=row["run_id"],
             objective=str(raw["objective"]),
             tool=str(raw["tool"]),
             project=str(raw["project"]),
@@ -260,7 +268,7 @@ class Placement:
     def from_row(cls, row: Any) -> Placement:
         return cls(
             run_id=row["run_id"],
-            spec=QueuedRun.from_json(row["spec_json"]),
+            spec=QueuedRun.from_row(row),
             worker=row["worker"],
             last_worker=row["last_worker"],
             job=Job(row["job"]) if row["job"] is not None else None,
@@ -291,10 +299,12 @@ class Placement:
         return PlacementStatus.FINISHED
 
 
-# A placement with its run's status and exit code (NULL: a placement from before placing
-# wrote its row, until its first step does).
+# A placement with its run's row (NULL: a placement from before placing wrote the row,
+# whose first step has not come yet).
 _PLACEMENTS: Final = (
-    "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code"
+    "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code, r.mode AS run_mode,"
+    " r.agent AS run_agent, r.objective AS run_objective, r.chat_id AS run_chat_id,"
+    " r.thread_id AS run_thread_id, r.task AS run_task, r.parent_id AS run_parent"
     " FROM worker_runs w LEFT JOIN runs r ON r.id = w.run_id"
 )
 
