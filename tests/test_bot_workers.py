@@ -57,7 +57,8 @@ async def test_the_follower_gives_each_turn_once_then_the_end(database: Any) -> 
     assert await _next(events) == Waiting("auto-f1", "waiting for a worker")
     await workers.take("auto-f1", "w1")
     state = AutoModeState("auto-f1", "s", "o", "/w", "/w/logs", max_turns=5, tool="command")
-    await runs.create_run("auto-f1", mode="auto", agent="command", session_id="s")
+    # Its first step fills in the row placing wrote.
+    await runs.start_placed("auto-f1", session_id="s", workdir="/w")
     await runs.update_run("auto-f1", state=state.to_json())
     await workers.register("w1", host="h", pid=1, capacity=1, queues=["turnstile.agent.command"])
     first = await runs.start_turn("auto-f1", 1, "prompt", "clarify")

@@ -8,6 +8,7 @@ its job and its run's row, and a run its placement had ended is ended in its row
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -53,18 +54,29 @@ async def _placed(
     mode: str = "auto",
 ) -> None:
     spec = QueuedRun(run_id=run_id, objective="o", tool="claude", project="demo", mode=mode)
+    # As placements of that schema wrote it: with what the run's row holds too.
+    repeated = {"run_id": run_id, "objective": "o", "tool": "claude", "mode": mode}
     await db.execute(
         "INSERT INTO worker_runs (run_id, spec_json, worker, last_worker, status, note, moves,"
         " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, 1.0, 7.0)",
-        (run_id, spec.to_json(), worker, worker, status, note),
+        (
+            run_id,
+            json.dumps({**json.loads(spec.to_json()), **repeated}),
+            worker,
+            worker,
+            status,
+            note,
+        ),
     )
 
 
-async def _run(db: AnyDatabase, run_id: str, status: str, *, exit_code: int | None = None) -> None:
+async def _run(
+    db: AnyDatabase, run_id: str, status: str, *, exit_code: int | None = None, mode: str = "auto"
+) -> None:
     await db.execute(
         "INSERT INTO runs (id, mode, agent, session_id, status, exit_code, created_at,"
-        " updated_at) VALUES (?, 'auto', 'claude', 's', ?, ?, 1.0, 1.0)",
-        (run_id, status, exit_code),
+        " updated_at) VALUES (?, ?, 'claude', 's', ?, ?, 1.0, 1.0)",
+        (run_id, mode, status, exit_code),
     )
 
 
@@ -79,7 +91,7 @@ async def migrated(empty: Path | PostgresURL) -> AsyncIterator[AnyDatabase]:
         await _run(db, "auto-running", "running")
         # A drive at its gate: its worker keeps it, no job queued.
         await _placed(db, "autopilot-parked", "parked", worker="w1", mode="autopilot")
-        await _run(db, "autopilot-parked", "parked")
+        await _run(db, "autopilot-parked", "parked", mode="autopilot")
         # Ended on its worker as its row says.
         await _placed(db, "auto-done", "finished", worker="w1")
         await _run(db, "auto-done", "completed")
@@ -93,7 +105,7 @@ async def migrated(empty: Path | PostgresURL) -> AsyncIterator[AnyDatabase]:
         await _placed(db, "auto-never", "finished", note="unknown agent")
         # A drive that needs a person: its row stays parked (its task waits there).
         await _placed(db, "autopilot-human", "finished", worker="w1", mode="autopilot")
-        await _run(db, "autopilot-human", "parked")
+        await _run(db, "autopilot-human", "parked", mode="autopilot")
     async with open_database(empty) as db:
         assert (await db.schema_versions())[OWNER] == workers_migrations().latest
         yield db
@@ -122,6 +134,12 @@ async def test_a_placement_reads_how_it_stands_from_its_job_and_its_run(
         "autopilot-human",
     }
     assert placed["auto-broken"].note == "no such project"
+    # What the run's row holds is read from it; one with no row has it in its JSON.
+    specs = {
+        r: (p.spec.run_id, p.spec.tool, p.spec.objective, p.spec.mode) for r, p in placed.items()
+    }
+    assert specs["autopilot-parked"] == ("autopilot-parked", "claude", "", "autopilot")
+    assert specs["auto-never"] == ("auto-never", "claude", "o", "auto")
     # The worker that holds them still does; the ended ones are nobody's.
     assert sorted(p.run_id for p in await workers.runs_of("w1")) == [
         "auto-running",

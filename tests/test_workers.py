@@ -484,7 +484,10 @@ def test_a_job_on_the_shared_queue_is_handed_to_a_worker_with_the_agent(cluster:
         "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves, created_at,"
         " updated_at) VALUES (%s, %s, NULL, 'queued', NULL, 0, 0, 0) RETURNING run_id",
         run_id,
-        spec.to_json(),
+        # (A placement as written before placing wrote the run's row: its JSON names all.)
+        json.dumps(
+            {**json.loads(spec.to_json()), "run_id": run_id, "objective": "x", "tool": "codex"}
+        ),
     )
 
     async def defer() -> None:

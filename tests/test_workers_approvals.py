@@ -21,8 +21,9 @@ import pytest
 
 from engine.approvals import ApprovalPolicy
 from engine.settings import Settings
+from engine.store.backend import open_database
 from engine.store.location import PostgresURL
-from engine.workers.store import QueuedRun
+from engine.workers.store import QueuedRun, WorkerStore
 from tests.fakes.bot_api import FakeBotApi, SentMessage
 from tests.fakes.bot_harness import APPROVER, CHAT, OPERATOR, bot_settings, running_bot
 from tests.workers_support import HEARTBEAT, TIMEOUT, Cluster
@@ -199,14 +200,25 @@ async def test_the_worker_s_route_never_hands_the_password_to_the_agent(tmp_path
     ):
         with _approvals(settings, off) as none:
             assert none is None
-    # The spec travels through the database as JSON, approvals included.
-    assert QueuedRun.from_json(spec.to_json()) == spec
-    older = {
-        k: v
-        for k, v in json.loads(spec.to_json()).items()
-        if k not in ("tool_approval", "approval_starter")
-    }
-    assert QueuedRun.from_json(json.dumps(older)).tool_approval is None
+    # The spec travels through the database (its placement and its run's row), approvals
+    # included; a placement written before them has none.
+    async with open_database(tmp_path / "spec.sqlite") as db:
+        workers = WorkerStore(db)
+        await workers.place(spec)
+        placed = await workers.placement(spec.run_id)
+        assert placed is not None
+        assert placed.spec == spec
+        older = {
+            k: v
+            for k, v in json.loads(spec.to_json()).items()
+            if k not in ("tool_approval", "approval_starter")
+        }
+        await db.execute(
+            "UPDATE worker_runs SET spec_json = ? WHERE run_id = ?", (json.dumps(older), "rchat1")
+        )
+        placed = await workers.placement(spec.run_id)
+        assert placed is not None
+        assert placed.spec.tool_approval is None
 
 
 async def test_stop_while_a_worker_turn_waits_withdraws_the_request(cluster: Cluster) -> None:

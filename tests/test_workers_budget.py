@@ -307,14 +307,8 @@ async def test_a_front_end_restart_leaves_a_run_on_the_workers_to_them(
     await workers.place(spec)
     await workers.take("auto-r1", "w1")
     state = AutoModeState("auto-r1", "s", "o", "/w", "/w/logs", max_turns=5, tool="claude")
-    await runs.create_run(
-        "auto-r1",
-        mode="auto",
-        agent="claude",
-        session_id="s",
-        chat_id=str(CHAT),
-        state=state.to_json(),
-    )
+    # Its first step fills in the row placing wrote (with its chat).
+    await runs.start_placed("auto-r1", session_id="s", workdir="/w", state=state.to_json())
     record = await runs.get_run("auto-r1")
     settings = make_settings(tmp_path, execution="workers")
     chat = Chat()

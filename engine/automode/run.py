@@ -431,8 +431,12 @@ async def prepare_auto_run(
     stop_event: asyncio.Event | None = None,
     supervisor: RunSupervisor | None = None,
     approval_for: ApprovalFor | None = None,
+    placed: bool = False,
 ) -> AutoRun:
     """Validate everything, record the run, and return it ready to :meth:`AutoRun.start`.
+
+    ``placed``: the run's row was written when it was placed on the workers (by
+    ``spec.run_id``); this, its first step, fills it in instead of inserting one.
 
     Raises:
         ConfigError: bad input (turn cap, tool, workdir, objective, templates, verify command).
@@ -493,18 +497,28 @@ async def prepare_auto_run(
         # Nothing was recorded: leave no empty log folder behind either.
         shutil.rmtree(log_dir, ignore_errors=True)
         raise
-    await supervisor.open_run(
-        RunMode.AUTO,
-        run_id=run_id,
-        agent=tool,
-        session_id=state.session_id,
-        objective=objective,
-        workdir=str(workdir),
-        log_dir=str(log_dir),
-        chat=spec.chat,
-        phase=state.phase.value,
-        state=state.to_json(),
-    )
+    if placed:
+        await store.start_placed(
+            run_id,
+            session_id=state.session_id,
+            workdir=str(workdir),
+            log_dir=str(log_dir),
+            phase=state.phase.value,
+            state=state.to_json(),
+        )
+    else:
+        await supervisor.open_run(
+            RunMode.AUTO,
+            run_id=run_id,
+            agent=tool,
+            session_id=state.session_id,
+            objective=objective,
+            workdir=str(workdir),
+            log_dir=str(log_dir),
+            chat=spec.chat,
+            phase=state.phase.value,
+            state=state.to_json(),
+        )
     write_state_file(log_dir, state)
     # An agent running `git add -A` in a workdir that holds the runs folder never commits it.
     (log_dir / ".gitignore").write_text("*\n", encoding="utf-8")

@@ -227,9 +227,6 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
         if run_id in warm:
             warm[run_id] = view.warm
     now = time.time()
-    listed = {r.id for r in runs}
-    # Runs on the workers whose first turn no worker has taken yet.
-    unstarted = [v for k, v in on_workers.items() if k not in listed and not v.placement.ended]
 
     def shown(r: RunRecord) -> str:
         view = on_workers.get(r.id)
@@ -266,30 +263,8 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                     }
                 )
             )
-        for v in unstarted:
-            spec = v.placement.spec
-            print(
-                json.dumps(
-                    {
-                        "id": spec.run_id,
-                        "mode": "auto",
-                        "agent": spec.tool,
-                        "status": v.waiting or v.placement.status.value,
-                        "phase": None,
-                        "turn": 0,
-                        "max_turns": spec.max_turns,
-                        "warm": False,
-                        "worker": None,
-                        "age_seconds": round(now - v.placement.created_at, 1),
-                        "project": spec.project,
-                        "branch": f"turnstile/{spec.run_id}",
-                        "chat": None,
-                        **Spend().to_json(),
-                    }
-                )
-            )
         return 0
-    if not runs and not unstarted:
+    if not runs:
         print("no runs")
         return 0
     rows = [
@@ -321,23 +296,6 @@ async def handle(args: argparse.Namespace, settings: Settings | ListingSettings)
                 "-" if r.exit_code is None else str(r.exit_code),
                 spend[r.id].cost_text() if r.id in spend else "-",
                 worktrees.get(r.id, "-"),
-            )
-        )
-    for v in unstarted:
-        spec = v.placement.spec
-        rows.append(
-            (
-                spec.run_id,
-                "auto",
-                spec.tool,
-                v.waiting or v.placement.status.value,
-                "-",
-                "0",
-                "-",
-                format_age(now - v.placement.created_at),
-                "-",
-                "-",
-                "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -202,7 +202,7 @@ class WorkersAuto:
         record, placement = event.record, event.placement
         worker = placement.last_worker or placement.worker
         where = f" on worker {worker}" if worker else ""
-        if record is None or record.status is RunStatus.STOPPED:
+        if record.status is RunStatus.STOPPED:
             text = f"⏹ Run {run_id} stopped{where}."
         else:
             text = (
@@ -352,7 +352,7 @@ class WorkersAuto:
             await self._confirm_stop(run_id, event)  # (its answer, if a restart cut it)
             return  # told before a restart
         state = event.state
-        if state is None or event.record is None:
+        if state is None:
             note = event.placement.note or "stopped"
             await self.notices.notice(
                 run_id, f"🤖 Auto run {run_id} did not start: {note}", live=f"status:{run_id}"

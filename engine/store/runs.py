@@ -42,6 +42,7 @@ __all__ = [
     "TurnState",
     "finish_turn_in",
     "finished_values",
+    "insert_run_in",
     "stored_state",
 ]
 
@@ -112,6 +113,70 @@ async def finish_turn_in(
     ended = turn_ended(turn_id, int(row[1]), int(row[2]), out)
     await add_event(conn, db, EventKind.TURN_ENDED, run_id=row[0], data=ended, at=at)
     return True
+
+
+async def insert_run_in(
+    conn: Any,
+    run_id: str,
+    *,
+    mode: str,
+    agent: str,
+    session_id: str,
+    at: float,
+    objective: str | None = None,
+    workdir: str | None = None,
+    log_dir: str | None = None,
+    chat_id: PlaceId | None = None,
+    thread_id: PlaceId | None = None,
+    task: str | None = None,
+    phase: str | None = None,
+    state: Mapping[str, Any] | None = None,
+    parent_id: str | None = None,
+) -> None:
+    """Insert a run's row (status running) in the transaction ``conn``, no event: its
+    ``run_started`` is written when it starts (:meth:`SqliteRunStore.create_run`, or the
+    first step of a run placed on the workers, :meth:`SqliteRunStore.start_placed`)."""
+    await conn.execute(
+        "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
+        " workdir, log_dir, chat_id, thread_id, task, state_json, created_at,"
+        " updated_at, parent_id)"
+        " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run_id,
+            mode,
+            agent,
+            session_id,
+            RunStatus.RUNNING.value,
+            phase,
+            objective,
+            workdir,
+            log_dir,
+            chat_id,
+            thread_id,
+            task,
+            stored_state(state or {}),
+            at,
+            at,
+            parent_id,
+        ),
+    )
+
+
+async def _run_started(conn: Any, db: AnyDatabase, run_id: str, at: float) -> None:
+    """The run's ``run_started`` event, from its row as it stands in ``conn``."""
+    cursor = await conn.execute(
+        "SELECT mode, agent, objective, phase, parent_id, task FROM runs WHERE id = ?",
+        (run_id,),
+    )
+    row = await cursor.fetchone()
+    started: dict[str, Any] = {"mode": row[0], "agent": row[1], "objective": row[2]}
+    if row[3] is not None:
+        started["phase"] = row[3]
+    if row[4] is not None:
+        started["parent"] = row[4]
+    await add_event(
+        conn, db, EventKind.RUN_STARTED, run_id=run_id, task=row[5], data=started, at=at
+    )
 
 
 class RunStatus(StrEnum):
@@ -262,6 +327,18 @@ class RunStore(Protocol):
         parent_id: str | None = None,
     ) -> RunRecord: ...
 
+    async def start_placed(
+        self,
+        run_id: str,
+        *,
+        session_id: str | None = None,
+        workdir: str,
+        log_dir: str | None = None,
+        phase: str | None = None,
+        objective: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> RunRecord: ...
+
     async def get_run(self, run_id: str) -> RunRecord: ...
 
     async def list_runs(self, *, status: RunStatus | None = None) -> list[RunRecord]: ...
@@ -334,44 +411,62 @@ class SqliteRunStore:
     ) -> RunRecord:
         now = self._clock()
         async with self._db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO runs (id, mode, agent, session_id, status, phase, turn, objective,"
-                " workdir, log_dir, chat_id, thread_id, task, state_json, created_at,"
-                " updated_at, parent_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    mode,
-                    agent,
-                    session_id,
-                    RunStatus.RUNNING.value,
-                    phase,
-                    objective,
-                    workdir,
-                    log_dir,
-                    chat_id,
-                    thread_id,
-                    task,
-                    stored_state(state or {}),
-                    now,
-                    now,
-                    parent_id,
-                ),
-            )
-            started: dict[str, Any] = {"mode": mode, "agent": agent, "objective": objective}
-            if phase is not None:
-                started["phase"] = phase
-            if parent_id is not None:
-                started["parent"] = parent_id
-            await add_event(
+            await insert_run_in(
                 conn,
-                self._db,
-                EventKind.RUN_STARTED,
-                run_id=run_id,
+                run_id,
+                mode=mode,
+                agent=agent,
+                session_id=session_id,
+                objective=objective,
+                workdir=workdir,
+                log_dir=log_dir,
+                chat_id=chat_id,
+                thread_id=thread_id,
                 task=task,
-                data=started,
+                phase=phase,
+                state=state,
+                parent_id=parent_id,
                 at=now,
             )
+            await _run_started(conn, self._db, run_id, now)
+        events_written(self._db)
+        return await self.get_run(run_id)
+
+    async def start_placed(
+        self,
+        run_id: str,
+        *,
+        session_id: str | None = None,
+        workdir: str,
+        log_dir: str | None = None,
+        phase: str | None = None,
+        objective: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> RunRecord:
+        """The first step of a run whose row was written when it was placed on the workers
+        (:func:`insert_run_in`, no workdir yet): what only its worker knows (its worktree,
+        its agent session), and its ``run_started`` event, as :meth:`create_run` writes it.
+        None leaves a column as placed.
+
+        Raises:
+            NotFoundError: no such run.
+        """
+        fields: dict[str, Any] = {"workdir": workdir}
+        for name, value in (
+            ("session_id", session_id),
+            ("log_dir", log_dir),
+            ("phase", phase),
+            ("objective", objective),
+            ("state", state),
+        ):
+            if value is not None:
+                fields[name] = value
+        sql, params = self._run_update(run_id, fields)
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(sql, params)
+            if cursor.rowcount == 0:
+                raise NotFoundError(f"no run {run_id!r}")
+            await _run_started(conn, self._db, run_id, self._clock())
         events_written(self._db)
         return await self.get_run(run_id)
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Final
 
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
-from engine.errors import ConfigError, NotFoundError
+from engine.errors import ConfigError
 from engine.gates.autopilot import Autopilot, DriveOutcome
 from engine.gates.budget import DriveBudget
 from engine.gates.records import TaskRecord
@@ -59,7 +59,6 @@ from engine.sink import LogSink, TextKind, publish
 from engine.spend import Spend
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
-from engine.workers.follow import run_or_none
 from engine.workers.host import (
     Checkout,
     Next,
@@ -166,22 +165,13 @@ class _StepPilot(Autopilot):
         return self.placement.run_id if name == self.placement.spec.task else super().run_id(name)
 
     async def _open_run(self, task: TaskRecord, parent: str | None = None) -> str:
-        # The drive's run has the placement's id, made by its first step.
+        # The drive's run has the placement's id; placing it wrote its row (with its
+        # task's agent session), which its first step fills in.
         run_id = self.placement.run_id
-        try:
-            await self.runs.get_run(run_id)
-        except NotFoundError:
-            session = await self.store.get_session(task.name)
-            await self.supervisor.open_run(
-                RunMode.AUTOPILOT,
-                agent=self.tool,
-                session_id=session.session_id if session is not None else "",
-                run_id=run_id,
-                objective=task.summary,
-                workdir=str(task.workdir),
-                task=task.name,
-                phase=task.phase,
-                parent=self.placement.spec.parent_run,
+        record = await self.runs.get_run(run_id)
+        if record.workdir is None:
+            await self.runs.start_placed(
+                run_id, workdir=str(task.workdir), phase=task.phase, objective=task.summary
             )
         else:
             await self.runs.update_run(
@@ -481,7 +471,7 @@ class DriveSteps:
         gates = Gates(host.db, host.settings)
         runs = SqliteRunStore(host.db)
         checkout = await host.checkout(run_id, spec.project)
-        first = await run_or_none(runs, run_id) is None
+        first = (await runs.get_run(run_id)).workdir is None  # its row as placing wrote it
         async with checkout.locked():
             if first and spec.base_run is not None:
                 if not await checkout.adopt(run_branch(spec.base_run)):
@@ -584,8 +574,8 @@ async def _end(host: RunHost, placement: Placement, note: str, *, stopped: bool 
 async def _record_budget_stopped(runs: SqliteRunStore, run_id: str) -> None:
     """A sub-task at its gate ends with its drive's budget: stopped, as the drive it is in
     (no exit status: a person did not stop it)."""
-    record = await run_or_none(runs, run_id)
-    if record is not None and record.status in (RunStatus.RUNNING, RunStatus.PARKED):
+    record = await runs.get_run(run_id)
+    if record.status in (RunStatus.RUNNING, RunStatus.PARKED):
         await runs.update_run(run_id, status=RunStatus.STOPPED, finished_at=time.time())
 
 

@@ -134,9 +134,9 @@ async def raise_budget_on_workers(
     url = require_postgres(settings.database)
     workers = WorkerStore(db)
     placement = await workers.placement(run_id)
-    record = await run_or_none(SqliteRunStore(db), run_id)
-    if placement is None or record is None or placement.spec.mode != "auto":
+    if placement is None or placement.spec.mode != "auto":
         raise ConfigError(f"run {run_id} is not an auto run on the workers")
+    record = await SqliteRunStore(db).get_run(run_id)
     state = AutoModeState.of_run(record)
     if state.config.get("stopped_by") != STOPPED_BY_BUDGET or not placement.ended:
         raise ConfigError(f"run {run_id} was not stopped by its budget")
@@ -234,7 +234,9 @@ async def chat_placements(
     found = []
     for placement in await WorkerStore(db).placements():
         spec = placement.spec
-        if placement.ended or spec.chat_id != chat_id or (spec.mode != "auto") != drives:
+        if placement.ended or spec.chat_id != chat_id:
+            continue
+        if spec.mode != ("autopilot" if drives else "auto"):  # (a chat session's too)
             continue
         if drives and spec.parent_run is not None:
             continue
@@ -321,11 +323,10 @@ async def _stop_once_asked(
         await _stop(settings, db, run_id)
 
 
-def _final(run_id: str, record: RunRecord | None, placement: Placement, out: TextIO) -> int:
-    if record is None:
+def _final(run_id: str, record: RunRecord, placement: Placement, out: TextIO) -> int:
+    if record.workdir is None:  # it ended before its first step (a stop, or why it could not)
         print(f"Auto run {run_id}: did not start: {placement.note or 'stopped'}", file=out)
-        # (With no row, its note is all there is: a person's stop, or why it could not.)
-        return STOP_EXIT_CODE if placement.note == STOPPED_BY_PERSON else 1
+        return process_exit_code(record.exit_code or 1)
     if placement.report:  # the worker's, as `turnstile auto` prints a local run's
         print(placement.report, file=out, flush=True)
         return process_exit_code(record.exit_code or 0)
@@ -365,13 +366,11 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
     runs = SqliteRunStore(db)
     placement = await workers.placement(run_id)
     record = await run_or_none(runs, run_id)
-    if placement is None and record is None:
+    if record is None:
         raise ConfigError(f"no run {run_id!r}")
     # A drive parked on the workers (at a gate, or for its sub-tasks) can still be stopped.
     parked = placement is not None and placement.status is PlacementStatus.PARKED
-    if (record is not None and record.status is not RunStatus.RUNNING and not parked) or (
-        record is None and placement is not None and placement.ended
-    ):
+    if record.status is not RunStatus.RUNNING and not parked:
         raise ConfigError(f"run {run_id} has ended; there is nothing to stop")
     if placement is not None and placement.spec.mode == "autopilot":
         # A drive's wave goes with it: its sub-tasks' drives are stopped too.
@@ -396,16 +395,17 @@ async def _stop(settings: Settings, db: AnyDatabase, run_id: str) -> str:
 
 
 async def _end_stopped(
-    workers: WorkerStore, runs: SqliteRunStore, record: RunRecord | None, run_id: str
+    workers: WorkerStore, runs: SqliteRunStore, record: RunRecord, run_id: str
 ) -> None:
-    if record is not None and record.mode == RunMode.AUTOPILOT.value:
+    # (A run stopped before its first step has no state to stop: its row says it stopped.)
+    if record.mode == RunMode.AUTOPILOT.value or record.workdir is None:
         await runs.update_run(
             run_id,
             status=RunStatus.STOPPED,
             exit_code=STOP_EXIT_CODE,
             finished_at=time.time(),
         )
-    elif record is not None:
+    else:
         now = time.time()
         state = replace(
             AutoModeState.of_run(record),
@@ -431,13 +431,9 @@ async def wait_stopped(settings: Settings, run_id: str, *, within: float) -> boo
     deadline = time.monotonic() + within
     async with open_database(settings) as db:
         runs = SqliteRunStore(db)
-        workers = WorkerStore(db)
         while True:
             record = await run_or_none(runs, run_id)
-            placement = await workers.placement(run_id)
             if record is not None and record.status is not RunStatus.RUNNING:
-                return True
-            if record is None and placement is not None and placement.ended:
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TextIO
 
-from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
+from engine.automode.channel import STOP_EXIT_CODE
 from engine.errors import ConfigError
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE
@@ -169,10 +169,7 @@ async def follow_drive(
 
 
 def _exit_code(placement: Placement, task: TaskRecord | None) -> int:
-    # (A drive stopped before its first step has no row: its note says so.)
-    if placement.status is PlacementStatus.STOPPED or (
-        placement.run_status is None and placement.note == STOPPED_BY_PERSON
-    ):
+    if placement.status is PlacementStatus.STOPPED:
         return STOP_EXIT_CODE
     if task is not None and task.phase == COMPLETE:
         return 0

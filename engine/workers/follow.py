@@ -83,15 +83,16 @@ class Waiting:
 
 @dataclass(frozen=True, slots=True)
 class RunEnded:
-    """The run ended; ``record`` None when it never started (a bad project, say)."""
+    """The run ended (before its first step, when its row has no workdir: a stop, or a
+    bad project, say)."""
 
     run_id: str
-    record: RunRecord | None
+    record: RunRecord
     placement: Placement
 
     @property
     def state(self) -> AutoModeState | None:
-        return _auto_state(self.record) if self.record is not None else None
+        return _auto_state(self.record)
 
 
 RunEvent = TurnStarted | TurnEnded | Waiting | RunEnded
@@ -157,7 +158,8 @@ class RunFollower:
                 if (
                     changed
                     and placement.ended
-                    and (record is None or record.status is not RunStatus.RUNNING)
+                    and record is not None
+                    and record.status is not RunStatus.RUNNING
                 ):
                     yield RunEnded(self.run_id, record, placement)
                     return
@@ -202,12 +204,15 @@ class RunFollower:
 
 
 def _auto_state(record: RunRecord) -> AutoModeState | None:
-    """An auto run's state; None for an autopilot drive's run (its task holds its state)."""
-    return AutoModeState.of_run(record) if record.mode == RunMode.AUTO else None
+    """An auto run's state; None for an autopilot drive's run (its task holds its state),
+    or before its first step (its row as placing wrote it)."""
+    if record.mode != RunMode.AUTO or record.workdir is None:
+        return None
+    return AutoModeState.of_run(record)
 
 
 async def run_or_none(runs: SqliteRunStore, run_id: str) -> RunRecord | None:
-    """The run's row, or None before its first turn recorded it."""
+    """The run's row, or None when there is no such run."""
     try:
         return await runs.get_run(run_id)
     except NotFoundError:

@@ -30,7 +30,7 @@ import procrastinate
 
 from engine.agents.warm import WarmPool
 from engine.automode.channel import STOP_EXIT_CODE
-from engine.errors import NotFoundError, StoreUnreachableError, TurnstileError, TurnSuperseded
+from engine.errors import StoreUnreachableError, TurnstileError, TurnSuperseded
 from engine.git import GitRunner
 from engine.logs import log_context
 from engine.store.backend import AnyDatabase, wait_reachable
@@ -261,12 +261,8 @@ async def sweep(db: AnyDatabase, app: procrastinate.App, *, silent_after: float)
 
 
 async def _record_error(runs: SqliteRunStore, run_id: str, why: str) -> None:
-    """A run that cannot go on has ended in error (a run with no row yet: its placement's
-    note says why)."""
-    try:
-        record = await runs.get_run(run_id)
-    except NotFoundError:
-        return
+    """A run that cannot go on has ended in error."""
+    record = await runs.get_run(run_id)
     if record.status in (RunStatus.RUNNING, RunStatus.PARKED):
         await runs.update_run(
             run_id, status=RunStatus.ERROR, abort_reason=why[:500], finished_at=time.time()
@@ -275,11 +271,8 @@ async def _record_error(runs: SqliteRunStore, run_id: str, why: str) -> None:
 
 async def record_stopped(runs: SqliteRunStore, run_id: str) -> None:
     """A person's stop ended the run: its row says so (stopped, with the stop's exit
-    status, which tells it from a budget's stop). A run with no row yet has none to say it."""
-    try:
-        record = await runs.get_run(run_id)
-    except NotFoundError:
-        return
+    status, which tells it from a budget's stop)."""
+    record = await runs.get_run(run_id)
     if record.status in (RunStatus.RUNNING, RunStatus.PARKED) or (
         record.status is RunStatus.STOPPED and record.exit_code is None
     ):
@@ -396,6 +389,8 @@ class RunHost:
             # while the run was being placed). Hand it over.
             await defer_turn(self.app, run_id, queue=worker_queue(holder))
             return False
+        if before.run_status is None:
+            await workers.add_run_row(before.spec)  # (placed before placing wrote it)
         moved = holder is None and before.moves > 0
         kept = self.held.get(run_id)
         if kept is not None and (moved or kept.moves != before.moves):

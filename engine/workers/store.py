@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -23,6 +23,7 @@ from engine.runs import AgentEnv, ChatPlace, RunSpec
 from engine.runs.spec import PlaceId, place_id
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase
+from engine.store.runs import insert_run_in
 from engine.workers.migrations import OWNER, migrations
 
 __all__ = [
@@ -77,6 +78,8 @@ _STOPPED_BY_PERSON_EXIT: Final = 130
 @dataclass(frozen=True, slots=True)
 class QueuedRun:
     """What a worker needs to start an auto run it has never seen: plain data, JSON-safe.
+    The placement keeps in its JSON only what the run's row has no column for (the run's
+    id, objective, agent, chat place, mode, task and parent are the row's).
 
     ``project`` is a configured project's name, or a repository URL or absolute path that
     every worker reaches. ``chat_id``/``thread_id``: the chat (and topic) a run started
@@ -143,22 +146,15 @@ class QueuedRun:
         )
 
     def to_json(self) -> str:
+        """What the placement keeps beside its run's row (:meth:`from_row` reads both)."""
         return json.dumps(
             {
-                "run_id": self.run_id,
-                "objective": self.objective,
-                "tool": self.tool,
                 "project": self.project,
                 "agent_cmd": self.agent_cmd,
                 "passthrough": list(self.passthrough),
                 "max_turns": self.max_turns,
                 "verify_cmd": self.verify_cmd,
-                "chat_id": self.chat_id,
-                "thread_id": self.thread_id,
-                "mode": self.mode,
-                "task": self.task,
                 "base_run": self.base_run,
-                "parent_run": self.parent_run,
                 "tool_approval": self.tool_approval,
                 "approval_starter": self.approval_starter,
                 "budget_usd": self.budget_usd,
@@ -168,10 +164,23 @@ class QueuedRun:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> QueuedRun:
-        raw: Mapping[str, Any] = json.loads(text)
+    def from_row(cls, row: Any) -> QueuedRun:
+        """The spec of a placement read with its run's row (``run_*`` columns, NULL when it
+        has none): the run's id, objective, agent, chat place, mode, task and parent are
+        its row's; a placement written before its row held them has them in its JSON."""
+        raw: dict[str, Any] = json.loads(row["spec_json"])
+        if row["run_mode"] is not None:
+            raw.update(
+                objective=row["run_objective"] or "",
+                tool=row["run_agent"],
+                chat_id=place_id(row["run_chat_id"]),
+                thread_id=place_id(row["run_thread_id"]),
+                mode=row["run_mode"],
+                task=row["run_task"],
+                parent_run=row["run_parent"],
+            )
         return cls(
-            run_id=str(raw["run_id"]),
+            run_id=row["run_id"],
             objective=str(raw["objective"]),
             tool=str(raw["tool"]),
             project=str(raw["project"]),
@@ -238,8 +247,9 @@ class WorkerRecord:
 class Placement:
     """Where a run's turns go: its spec, the worker holding its worktree, its job.
 
-    The run's own status is its row's in ``runs`` (``run_status``, None before its first
-    step made the row); :attr:`status` reads how it stands on the workers from both.
+    The run's own status is its row's in ``runs``, written when it was placed
+    (``run_status``; None only for a placement from before placing wrote the row, until
+    its first step does); :attr:`status` reads how it stands on the workers from both.
     """
 
     run_id: str
@@ -260,7 +270,7 @@ class Placement:
     def from_row(cls, row: Any) -> Placement:
         return cls(
             run_id=row["run_id"],
-            spec=QueuedRun.from_json(row["spec_json"]),
+            spec=QueuedRun.from_row(row),
             worker=row["worker"],
             last_worker=row["last_worker"],
             job=Job(row["job"]) if row["job"] is not None else None,
@@ -291,11 +301,44 @@ class Placement:
         return PlacementStatus.FINISHED
 
 
-# A placement with its run's status and exit code (no row yet: NULL).
+# A placement with its run's row (NULL: a placement from before placing wrote the row,
+# whose first step has not come yet).
 _PLACEMENTS: Final = (
-    "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code"
+    "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code, r.mode AS run_mode,"
+    " r.agent AS run_agent, r.objective AS run_objective, r.chat_id AS run_chat_id,"
+    " r.thread_id AS run_thread_id, r.task AS run_task, r.parent_id AS run_parent"
     " FROM worker_runs w LEFT JOIN runs r ON r.id = w.run_id"
 )
+
+
+async def _add_run_row(conn: Any, spec: QueuedRun, at: float) -> None:
+    """Insert the run's row for ``spec`` unless it has one. A drive's carries the agent
+    session of its task's newest drive (the gates store reads it from there)."""
+    cursor = await conn.execute("SELECT 1 FROM runs WHERE id = ?", (spec.run_id,))
+    if await cursor.fetchone() is not None:
+        return
+    session = ""
+    if spec.task is not None:
+        cursor = await conn.execute(
+            "SELECT session_id FROM runs WHERE mode = ? AND task = ?"
+            " ORDER BY created_at DESC, id DESC LIMIT 1",
+            (spec.mode, spec.task),
+        )
+        row = await cursor.fetchone()
+        session = row[0] if row is not None else ""
+    await insert_run_in(
+        conn,
+        spec.run_id,
+        mode=spec.mode,
+        agent=spec.tool,
+        session_id=session,
+        at=at,
+        objective=spec.objective,
+        chat_id=spec.chat_id,
+        thread_id=spec.thread_id,
+        task=spec.task,
+        parent_id=spec.parent_run,
+    )
 
 
 class WorkerStore:
@@ -392,13 +435,22 @@ class WorkerStore:
 
     # -- placements ------------------------------------------------------------------
     async def place(self, spec: QueuedRun) -> None:
-        """Record the run as placed, its first job queued."""
+        """Record the run as placed, its first job queued, and its row in ``runs`` (status
+        running, no workdir until its first step on a worker), in one transaction. A run
+        whose row exists (a chat session's) keeps it."""
         now = self._clock()
-        await self._db.execute(
-            "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves,"
-            " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
-            (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
-        )
+        async with self._db.transaction() as conn:
+            await _add_run_row(conn, spec, now)
+            await conn.execute(
+                "INSERT INTO worker_runs (run_id, spec_json, worker, job, note, moves,"
+                " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
+                (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
+            )
+
+    async def add_run_row(self, spec: QueuedRun) -> None:
+        """The row of a run placed before placing wrote it (nothing if it has one)."""
+        async with self._db.transaction() as conn:
+            await _add_run_row(conn, spec, self._clock())
 
     async def placement(self, run_id: str) -> Placement | None:
         row = await self._db.fetchone(f"{_PLACEMENTS} WHERE w.run_id = ?", (run_id,))

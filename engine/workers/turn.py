@@ -30,7 +30,6 @@ from engine.runs import AgentEnv, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, SqliteRunStore
 from engine.turn import Ready
-from engine.workers.follow import run_or_none
 from engine.workers.host import (
     Checkout,
     Next,
@@ -98,11 +97,10 @@ class AutoTurns:
         held = host.held.get(run_id)
         assert held is None or isinstance(held, _Held)
         try:
-            record = None
             if held is None:
                 checkout = await host.checkout(run_id, placement.spec.project)
-                record = await run_or_none(SqliteRunStore(host.db), run_id)
-                if record is not None and moved:
+                record = await SqliteRunStore(host.db).get_run(run_id)
+                if record.workdir is not None and moved:
                     await _adopt(host, checkout, record)
             else:
                 checkout = held.checkout
@@ -133,7 +131,7 @@ class AutoTurns:
 async def _prepare(
     host: RunHost,
     placement: Placement,
-    record: RunRecord | None,
+    record: RunRecord,
     checkout: Checkout,
     *,
     moved: bool,
@@ -143,7 +141,7 @@ async def _prepare(
     env = AgentEnv(extra_env=host.env)
     # Its warm session (if any) is counted in this worker's pool.
     supervisor = RunSupervisor(SqliteRunStore(host.db), warm_pool=host.warm_pool)
-    if record is None:
+    if record.workdir is None:  # its first step: the row is as placing wrote it
         settings = host.settings
         if spec.daily_budget is not None:
             # The chat's cap is the control plane's, kept with the run from here on.
@@ -154,6 +152,7 @@ async def _prepare(
             spec.spec_in(checkout.path, env),
             stop_event=stop,
             supervisor=supervisor,
+            placed=True,
         )
     run = await prepare_resume(
         host.settings,
