@@ -198,7 +198,7 @@ def test_backup_is_a_pg_dump_archive_that_restores_into_a_fresh_database(
     async def fill() -> None:
         async with open_database(pg_url) as db:
             runs = SqliteRunStore(db)
-            await runs.create_run("r1", mode="auto", agent="a", session_id="s", chat_id=-100123)
+            await runs.create_run("r1", mode="auto", agent="a", session_id="s", chat_id="-100123")
             await runs.start_turn("r1", 1, "the plan prompt", "plan")
 
     import asyncio
@@ -236,7 +236,7 @@ def test_backup_is_a_pg_dump_archive_that_restores_into_a_fresh_database(
             turns = await SqliteRunStore(db).turns("r1")
             return run.chat_id, [(t.seq, t.phase, t.state) for t in turns]
 
-    assert asyncio.run(read()) == (-100123, [(1, "plan", TurnState.STARTED)])
+    assert asyncio.run(read()) == ("-100123", [(1, "plan", TurnState.STARTED)])
 
 
 async def test_backup_without_pg_dump_is_refused_in_one_line(pg_url: str, tmp_path: Path) -> None:
