@@ -15,6 +15,7 @@ from tests.pg_support import (  # noqa: F401 - fixtures
     bot_backend,
     database,
     db_target,
+    empty,
     pg_cluster,
     pg_url,
 )

@@ -246,3 +246,15 @@ def bot_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(bot_harness, "DATABASE", url)
     yield str(request.param)
     cluster.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | PostgresURL]:
+    """Where a database that does not exist yet goes, on each database in turn."""
+    if request.param == "sqlite":
+        yield tmp_path / "old.db"
+        return
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    url = cluster.new_database(template="template0")
+    yield PostgresURL(url)
+    cluster.drop_database(url)

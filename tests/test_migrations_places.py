@@ -9,7 +9,7 @@ messenger's) works through the stores and the chat mode's queue like a Telegram 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ from engine.store.database import discover_migrations
 from engine.store.location import PostgresURL
 from engine.turn import TurnOutput
 from engine.workspace.manager import place_workspace_name
-from tests.pg_support import PgCluster
 
 BEFORE = {"engine": 17, "bot": 8}  # the schemas before 0018_text_place_ids, 0009_text_place_ids
 GROUP = -1001234567890123  # beyond a 4-byte INTEGER
@@ -38,18 +37,6 @@ def _before() -> list[MigrationSet]:
         )
         for s in discover_migrations()
     ]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | PostgresURL]:
-    """Where a database that does not exist yet goes, on each database in turn."""
-    if request.param == "sqlite":
-        yield tmp_path / "old.db"
-        return
-    cluster: PgCluster = request.getfixturevalue("pg_cluster")
-    url = cluster.new_database(template="template0")
-    yield PostgresURL(url)
-    cluster.drop_database(url)
 
 
 async def _write_as_before(db: AnyDatabase) -> None:

@@ -8,7 +8,7 @@ code wrote them, then opened with today's code: the rows are carried over.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,25 +21,12 @@ from engine.store import MigrationSet, SqliteRunStore
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import ENGINE, load_migrations
 from engine.store.location import PostgresURL
-from tests.pg_support import PgCluster
 
 BEFORE = 15  # the engine's schema before 0016_drive_sessions and 0017_one_run_status
 
 
 def _engine_at(version: int) -> list[MigrationSet]:
     return [MigrationSet(ENGINE, tuple(m for m in load_migrations() if m.version <= version))]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | PostgresURL]:
-    """Where a database that does not exist yet goes, on each database in turn."""
-    if request.param == "sqlite":
-        yield tmp_path / "old.db"
-        return
-    cluster: PgCluster = request.getfixturevalue("pg_cluster")
-    url = cluster.new_database(template="template0")
-    yield PostgresURL(url)
-    cluster.drop_database(url)
 
 
 async def _run(

@@ -9,7 +9,7 @@ its job and its run's row, and a run its placement had ended is ended in its row
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ from engine.store.runs import RunStatus
 from engine.workers.migrations import OWNER
 from engine.workers.migrations import migrations as workers_migrations
 from engine.workers.store import Job, PlacementStatus, QueuedRun, WorkerStore
-from tests.pg_support import PgCluster
 
 BEFORE = 6  # the workers' schema before 0007_placement_job
 
@@ -30,18 +29,6 @@ BEFORE = 6  # the workers' schema before 0007_placement_job
 def _at_before() -> list[MigrationSet]:
     workers = tuple(m for m in workers_migrations().migrations if m.version <= BEFORE)
     return [MigrationSet(ENGINE, load_migrations()), MigrationSet(OWNER, workers)]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | PostgresURL]:
-    """Where a database that does not exist yet goes, on each database in turn."""
-    if request.param == "sqlite":
-        yield tmp_path / "old.db"
-        return
-    cluster: PgCluster = request.getfixturevalue("pg_cluster")
-    url = cluster.new_database(template="template0")
-    yield PostgresURL(url)
-    cluster.drop_database(url)
 
 
 async def _placed(
