@@ -16,14 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from chatfront.people import People
-from chatfront.store import BotStore
+from chatfront.publish import Publisher
 from chatfront.text import excerpt, last_line, status_ended, status_text
 from engine.errors import NotFoundError
 from engine.humane import humane, words
 from engine.runs import ChatPlace
 from engine.runs.ids import short_id
-from engine.runs.spec import PlaceId
 from engine.sink import GateRequest, RunText, StatusUpdate, TextKind, summary_ref
 from engine.store.runs import SqliteRunStore
 
@@ -45,47 +43,6 @@ _EXCERPT_LINES: Final = 4
 
 #: A message's buttons, as the messenger takes them (None: none).
 Markup = dict[str, Any] | None
-
-
-class Publisher(Protocol):
-    """What the sink queues messages through (the chat front end's outbox)."""
-
-    store: BotStore
-    people: People
-
-    async def say(
-        self,
-        chat_id: PlaceId,
-        text: str,
-        *,
-        thread_id: PlaceId | None = None,
-        markdown: bool = False,
-        run_id: str | None = None,
-    ) -> None: ...
-
-    async def document(
-        self,
-        chat_id: PlaceId,
-        content: str,
-        *,
-        filename: str,
-        caption: str,
-        thread_id: PlaceId | None = None,
-        run_id: str | None = None,
-    ) -> None: ...
-
-    async def live(
-        self,
-        ref: str,
-        text: str,
-        *,
-        chat_id: PlaceId,
-        thread_id: PlaceId | None,
-        markup: Markup = None,
-        run_id: str | None = None,
-        markdown: str | None = None,
-        when: Callable[[], bool] | None = None,
-    ) -> None: ...
 
 
 class Controls(Protocol):
