@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from engine.runs.spec import PlaceId
 
@@ -49,31 +49,8 @@ class AuditRecord:
             object.__setattr__(self, "chat_id", str(self.chat_id))
 
 
-class AuditLog(Protocol):
-    """Append and read audit entries."""
-
-    async def record(
-        self,
-        event: str,
-        outcome: str,
-        *,
-        origin: str = "gates",
-        task: str | None = None,
-        phase: str | None = None,
-        actor: str | None = None,
-        chat_id: PlaceId | None = None,
-        update_id: int | None = None,
-        sha256: str | None = None,
-        detail: str | None = None,
-    ) -> None: ...
-
-    async def entries(
-        self, *, task: str | None = None, origin: str | None = None, limit: int = 100
-    ) -> list[AuditRecord]: ...
-
-
 class SqliteAuditLog:
-    """:class:`AuditLog` on either database (SQLite or PostgreSQL)."""
+    """The audit log, on either database (SQLite or PostgreSQL)."""
 
     def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self._db = db
@@ -159,3 +136,7 @@ class SqliteAuditLog:
             (*params, int(limit)),
         )
         return [AuditRecord(*row) for row in reversed(rows)]
+
+
+#: The audit log (one implementation serves both databases).
+AuditLog = SqliteAuditLog

@@ -12,7 +12,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from engine.errors import NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
@@ -306,60 +306,6 @@ class TurnRecord:
         return kill_remains(self.proc_pgid, self.proc_start, self.proc_marker)
 
 
-class RunStore(Protocol):
-    """Persistence of runs and turns."""
-
-    async def create_run(
-        self,
-        run_id: str,
-        *,
-        mode: str,
-        agent: str,
-        session_id: str,
-        objective: str | None = None,
-        workdir: str | None = None,
-        log_dir: str | None = None,
-        chat_id: PlaceId | None = None,
-        thread_id: PlaceId | None = None,
-        task: str | None = None,
-        phase: str | None = None,
-        state: Mapping[str, Any] | None = None,
-        parent_id: str | None = None,
-    ) -> RunRecord: ...
-
-    async def start_placed(
-        self,
-        run_id: str,
-        *,
-        session_id: str | None = None,
-        workdir: str,
-        log_dir: str | None = None,
-        phase: str | None = None,
-        objective: str | None = None,
-        state: Mapping[str, Any] | None = None,
-    ) -> RunRecord: ...
-
-    async def get_run(self, run_id: str) -> RunRecord: ...
-
-    async def list_runs(self, *, status: RunStatus | None = None) -> list[RunRecord]: ...
-
-    async def latest_task_run(self, mode: str, task: str) -> RunRecord | None: ...
-
-    async def update_run(self, run_id: str, **fields: Any) -> RunRecord: ...
-
-    async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int: ...
-
-    async def record_turn_process(self, turn_id: int, process: TurnProcess) -> None: ...
-
-    async def finish_turn(self, turn_id: int, out: TurnOutput) -> None: ...
-
-    async def fail_turn(self, turn_id: int, state: TurnState, error: str) -> bool: ...
-
-    async def turns(self, run_id: str) -> list[TurnRecord]: ...
-
-    async def mark_interrupted(self, *, leave: Collection[str] = ()) -> list[TurnRecord]: ...
-
-
 _RUN_FIELDS = frozenset(
     {
         "status",
@@ -382,7 +328,7 @@ _RUN_FIELDS = frozenset(
 
 
 class SqliteRunStore:
-    """:class:`RunStore` on either database (SQLite or PostgreSQL: the SQL is portable)."""
+    """Runs and their turns, on either database (SQLite or PostgreSQL: the SQL is portable)."""
 
     def __init__(self, db: AnyDatabase, *, clock: Any = time.time) -> None:
         self._db = db
@@ -781,3 +727,7 @@ class SqliteRunStore:
             ids,
         )
         return [TurnRecord.from_row(r) for r in refreshed]
+
+
+#: The store of runs and turns (one implementation serves both databases).
+RunStore = SqliteRunStore
