@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from engine.approvals.policy import Decision, Scope, grant_key
 from engine.errors import NotFoundError
@@ -79,45 +79,6 @@ class DecideResult:
     request: ToolRequest
 
 
-class ApprovalStore(Protocol):
-    async def open_request(
-        self,
-        run_id: str,
-        tool: str,
-        tool_input: Mapping[str, Any],
-        *,
-        tool_use_id: str | None = None,
-        starter_id: int | None = None,
-        why: str | None = None,
-        no_grant: bool = False,
-        allowed_by_preset: str | None = None,
-    ) -> ToolRequest: ...
-
-    async def get(self, request_id: int) -> ToolRequest: ...
-
-    async def unposted(self) -> list[ToolRequest]: ...
-
-    async def mark_posted(self, request_id: int) -> None: ...
-
-    async def pending(self, *, run_id: str | None = None) -> list[ToolRequest]: ...
-
-    async def decide(
-        self,
-        request_id: int,
-        decision: Decision,
-        *,
-        scope: Scope | None = None,
-        by: int | None = None,
-        reason: str | None = None,
-    ) -> DecideResult: ...
-
-    async def cancel_pending(
-        self, reason: str, *, run_ids: list[str] | None = None
-    ) -> list[ToolRequest]: ...
-
-    async def history(self, run_id: str) -> list[ToolRequest]: ...
-
-
 def _head(tool_input: Mapping[str, Any], most: int = 500) -> str:
     """What the log keeps of a tool's input (the whole of it is the request's)."""
     text = json.dumps(dict(tool_input), ensure_ascii=False, default=str)
@@ -125,7 +86,7 @@ def _head(tool_input: Mapping[str, Any], most: int = 500) -> str:
 
 
 class SqliteApprovalStore:
-    """:class:`ApprovalStore` on the shared database (SQLite or PostgreSQL)."""
+    """Tool requests and their decisions, on the shared database (SQLite or PostgreSQL)."""
 
     def __init__(self, db: AnyDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
@@ -327,3 +288,7 @@ class SqliteApprovalStore:
             "SELECT * FROM tool_requests WHERE run_id = ? ORDER BY id", (run_id,)
         )
         return [ToolRequest.from_row(r) for r in rows]
+
+
+#: The store of tool requests (one implementation serves both databases).
+ApprovalStore = SqliteApprovalStore
