@@ -269,6 +269,34 @@ async def test_validate_reports_out_of_order_and_forbidden(tmp_path: Path) -> No
         assert info.value.reason is Refusal.FORBIDDEN_ARTIFACTS
 
 
+async def test_subtasks_have_their_state_file_when_the_approval_is_announced(
+    tmp_path: Path,
+) -> None:
+    # A drive woken by the approval validates the new sub-tasks' folders at once: their
+    # .state must be there by then (it was written after, and a wave's last sub-task was
+    # now and then sent to a person for ".state is missing").
+    async with open_gates(make_settings(tmp_path)) as gates:
+        folder = await _to_gate(gates)
+        await gates.approve("t", by=APPROVER)
+        await gates.store.transition("t", "decomposition")
+        (folder / "decomposition.md").write_text("```subtasks\nwave 1: a\nwave 1: b\n```\n")
+        await gates.store.transition("t", f"decomposition:{AWAITING_APPROVAL}")
+        seen: list[tuple[str, bool]] = []
+
+        def announced(name: str) -> None:
+            for short in ("a", "b"):
+                sub = folder / "subtasks" / short
+                seen.append((short, read_state(sub) is not None))
+
+        remove = gates.store.add_listener(announced)
+        try:
+            result = await gates.approve("t", by=APPROVER)
+        finally:
+            remove()
+        assert result.subtasks_created == ("t.a", "t.b")
+        assert seen[:2] == [("a", True), ("b", True)]
+
+
 async def test_malformed_decomposition_refused_with_line(tmp_path: Path) -> None:
     async with open_gates(make_settings(tmp_path)) as gates:
         folder = await _to_gate(gates)

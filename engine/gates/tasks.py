@@ -122,8 +122,6 @@ class TaskStore(GateKeeper):
             sha256=request.sha256,
             detail=f"{tally.approvers}/{quorum}",
         )
-        for sub in tally.created:
-            await self.sync_state(sub)
         return result
 
     async def _approval_request(
@@ -220,6 +218,10 @@ class TaskStore(GateKeeper):
             tally = await self.gate_store.record_approval(request)
             if tally.fresh:
                 await self._write_mirror(request.task.name)
+        # The sub-tasks' mirrors before anyone is told: a drive woken by the approval
+        # validates their folders at once (a missing .state sends one to a person).
+        for sub in tally.created:
+            await self.sync_state(sub)
         if tally.fresh:
             self._notify(request.task.name)
         return tally
