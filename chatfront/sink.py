@@ -378,9 +378,10 @@ class BotSink:
         ]
         for task, (phase, state) in view.rows.items():
             said = _ROW_STATES.get(state, words(state))
-            lines.append(
-                f"{task} · {said}" if state == "complete" else f"{task} · {words(phase)} · {said}"
-            )
+            # Complete or waiting for a person: the state is all there is to say (the
+            # phase would say the same words again).
+            alone = state == "complete" or phase in ("", state)
+            lines.append(f"{task} · {said}" if alone else f"{task} · {words(phase)} · {said}")
         going = not view.ended and any(
             s not in ("complete", "stopped") for _, s in view.rows.values()
         )

@@ -200,3 +200,46 @@ async def test_spilled_output_is_redacted_on_whole_lines_into_its_document(
     assert item.caption is not None
     assert "201 lines" in item.caption
     assert secret not in item.caption
+
+
+async def test_a_wave_row_says_waiting_for_a_person_once(tmp_path: Path) -> None:
+    # A sub-task sent to a person: its row says so once, not as its phase and again as
+    # its state ("p.c · ✋ waiting for a person · ✋ waiting for a person").
+    from bot.controls import InlineControls
+    from chatfront.sink import BotSink
+    from engine.runs import ChatPlace
+    from engine.sink import StatusUpdate
+    from engine.store.runs import SqliteRunStore
+
+    async with Database(tmp_path / "bot.db") as db:
+        store = SqlBotStore(db)
+        pub = publish.Publisher(
+            store, None, renderer=TELEGRAM, redactor=Redactor(), document_threshold=1000
+        )
+        sink = BotSink(pub, SqliteRunStore(db), InlineControls())
+        place = ChatPlace("-1001", None)
+        sink.register("run-p", place, task="p")
+        for run, task, phase, state in (
+            ("run-a", "p.a", "implement", "running"),
+            ("run-c", "p.c", "human_intervention", "human_intervention"),
+            ("run-a", "p.a", "complete", "complete"),
+        ):
+            sink.register(run, place)
+            await sink.update_status(
+                StatusUpdate(
+                    run_id=run,
+                    mode="autopilot",
+                    status=state,
+                    phase=phase,
+                    task=task,
+                    parent="p",
+                    wave=1,
+                    parent_run="run-p",
+                )
+            )
+        [wave] = await db.fetchall("SELECT body FROM bot_outbox WHERE ref LIKE 'wave:p:1:%'")
+    assert str(wave["body"]).splitlines() == [
+        "🛂 p · wave 1: 2 sub-tasks",
+        "p.a · ✅ complete",
+        "p.c · ✋ waiting for a person",
+    ]
