@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
@@ -34,30 +34,9 @@ class StoredArtifact:
     content: bytes
 
 
-class ArtifactStore(Protocol):
-    """Artifact contents keyed by their SHA-256."""
-
-    async def put(self, content: bytes) -> str:
-        """Store ``content`` (once: a second put of the same bytes writes nothing); its hash.
-
-        The caller bounds the size (see :data:`DEFAULT_MAX_BYTES`)."""
-        ...
-
-    async def get(self, sha256: str) -> StoredArtifact | None:
-        """The content stored under ``sha256`` (hex), or None."""
-        ...
-
-    async def has(self, sha256: str) -> bool:
-        """Whether ``sha256`` is stored (without reading the content)."""
-        ...
-
-    async def head(self, sha256: str, limit: int) -> bytes | None:
-        """The first ``limit`` bytes stored under ``sha256`` (an excerpt), or None."""
-        ...
-
-
 class SqlArtifactStore:
-    """:class:`ArtifactStore` over a SQLite or PostgreSQL database (migration 0011).
+    """Artifact contents keyed by their SHA-256, over a SQLite or PostgreSQL database
+    (migration 0011).
 
     Args:
         db: an open database of either backend.
@@ -69,6 +48,9 @@ class SqlArtifactStore:
         self._clock = clock
 
     async def put(self, content: bytes) -> str:
+        """Store ``content`` (once: a second put of the same bytes writes nothing); its hash.
+
+        The caller bounds the size (see :data:`DEFAULT_MAX_BYTES`)."""
         digest = hashlib.sha256(content).hexdigest()
         if await self.has(digest):
             return digest
@@ -80,6 +62,7 @@ class SqlArtifactStore:
         return digest
 
     async def get(self, sha256: str) -> StoredArtifact | None:
+        """The content stored under ``sha256`` (hex), or None."""
         row = await self._db.fetchone(
             "SELECT sha256, size, content FROM gate_artifacts WHERE sha256 = ?", (sha256,)
         )
@@ -88,6 +71,7 @@ class SqlArtifactStore:
         return StoredArtifact(str(row[0]), int(row[1]), bytes(row[2]))
 
     async def head(self, sha256: str, limit: int) -> bytes | None:
+        """The first ``limit`` bytes stored under ``sha256`` (an excerpt), or None."""
         # substr counts bytes of a BLOB (SQLite) and of a bytea (PostgreSQL) alike.
         row = await self._db.fetchone(
             "SELECT substr(content, 1, ?) FROM gate_artifacts WHERE sha256 = ?", (limit, sha256)
@@ -95,5 +79,10 @@ class SqlArtifactStore:
         return None if row is None else bytes(row[0])
 
     async def has(self, sha256: str) -> bool:
+        """Whether ``sha256`` is stored (without reading the content)."""
         row = await self._db.fetchone("SELECT 1 FROM gate_artifacts WHERE sha256 = ?", (sha256,))
         return row is not None
+
+
+#: Artifact contents keyed by their SHA-256 (one implementation serves both databases).
+ArtifactStore = SqlArtifactStore

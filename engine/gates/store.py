@@ -150,48 +150,6 @@ class Tally:
     """Sub-tasks created by this approval."""
 
 
-class GateStore(Protocol):
-    """Gated tasks in a database: reads, creation, compare-and-set changes, approvals."""
-
-    @property
-    def db(self) -> AnyDatabase:
-        """The database (the drive's other stores open on it)."""
-        ...
-
-    async def find(self, name: str) -> TaskRecord | None: ...
-    async def list_tasks(self) -> list[TaskRecord]: ...
-    async def subtasks(self, parent: str) -> list[TaskRecord]: ...
-    async def parent_of(self, name: str) -> str | None: ...
-    async def history(self, name: str) -> list[TransitionRecord]: ...
-    async def approvals(self, name: str) -> list[ApprovalRecord]: ...
-    async def gate_approvals(self, task: TaskRecord) -> list[ApprovalRecord]:
-        """Approvals of ``task``'s open gate bound to the hash it shows."""
-        ...
-
-    async def listing_rows(self) -> list[tuple[Any, ...]]:
-        """The rows of :data:`LIST_QUERY` (what ``status --list`` shows), in its order."""
-        ...
-
-    async def insert_task(self, task: NewTask) -> bool:
-        """Create ``task``; False when the name is taken (nothing written)."""
-        ...
-
-    async def commit(self, change: Change) -> TaskRecord:
-        """Apply ``change``; the task as it now is. Raises GateRefused(CONFLICT) when the
-        task moved on."""
-        ...
-
-    async def record_approval(self, request: ApprovalRequest) -> Tally:
-        """Record an approval (idempotent per person and hash), bump the version, create
-        the sub-tasks at the quorum. Raises GateRefused: CONFLICT (the gate changed since
-        ``request.task`` was read), INVALID_ARTIFACT (a sub-task's name clashes)."""
-        ...
-
-    async def set_workdir(self, name: str, workdir: Path) -> None: ...
-    async def get_session(self, name: str) -> SessionRecord | None: ...
-    async def save_session(self, name: str, agent: str, session_id: str, started: bool) -> None: ...
-
-
 # Column lists and queries are constants of this module (no outside text reaches them).
 _TASK_COLS: Final = (
     "name, folder, workdir, phase, sub_state, version, parent, wave, summary, started_by, "
@@ -228,7 +186,7 @@ class _Conn(Protocol):
 
 
 class SqlGateStore:
-    """:class:`GateStore` over a SQLite or PostgreSQL database (migration 0003 applied).
+    """Gated tasks over a SQLite or PostgreSQL database (migration 0003 applied).
 
     Args:
         db: an open database of either backend.
@@ -241,6 +199,7 @@ class SqlGateStore:
 
     @property
     def db(self) -> AnyDatabase:
+        """The database (the drive's other stores open on it)."""
         return self._db
 
     # -- reads ---------------------------------------------------------------------------
@@ -276,6 +235,7 @@ class SqlGateStore:
         return [ApprovalRecord(*tuple(r)) for r in rows]
 
     async def gate_approvals(self, task: TaskRecord) -> list[ApprovalRecord]:
+        """Approvals of ``task``'s open gate bound to the hash it shows."""
         if not task.awaiting_approval or task.gate_sha256 is None:
             return []
         rows = await self._db.fetchall(
@@ -286,11 +246,13 @@ class SqlGateStore:
         return [ApprovalRecord(*tuple(r)) for r in rows]
 
     async def listing_rows(self) -> list[tuple[Any, ...]]:
+        """The rows of :data:`LIST_QUERY` (what ``status --list`` shows), in its order."""
         return await self._db.fetch_tuples(LIST_QUERY)
 
     # -- writes --------------------------------------------------------------------------
 
     async def insert_task(self, task: NewTask) -> bool:
+        """Create ``task``; False when the name is taken (nothing written)."""
         async with self._db.transaction() as conn:
             return await self._insert(conn, task)
 
@@ -323,6 +285,8 @@ class SqlGateStore:
         return True
 
     async def commit(self, change: Change) -> TaskRecord:
+        """Apply ``change``; the task as it now is. Raises GateRefused(CONFLICT) when the
+        task moved on."""
         task = change.task
         columns = "".join(f"{key} = ?, " for key in change.sets)
         entry = change.entry
@@ -356,6 +320,9 @@ class SqlGateStore:
         return TaskRecord.from_row(changed[0])
 
     async def record_approval(self, request: ApprovalRequest) -> Tally:
+        """Record an approval (idempotent per person and hash), bump the version, create
+        the sub-tasks at the quorum. Raises GateRefused: CONFLICT (the gate changed since
+        ``request.task`` was read), INVALID_ARTIFACT (a sub-task's name clashes)."""
         task = request.task
         created: list[str] = []
         async with self._db.transaction() as conn:
@@ -503,3 +470,8 @@ def _change_event(change: Change, reason: str | None) -> tuple[EventKind, dict[s
 
 def _gate(task: TaskRecord) -> tuple[str, str | None, int, str | None]:
     return task.phase, task.sub_state, task.gate_round, task.gate_sha256
+
+
+#: Gated tasks in a database: reads, creation, compare-and-set changes, approvals (one
+#: implementation serves both databases).
+GateStore = SqlGateStore
