@@ -38,7 +38,6 @@ PLACE_COLUMNS = {
     "bot_gates": ("chat_id", "thread_id"),
     "bot_reason_requests": ("chat_id",),
     "bot_chat_migrations": ("old_chat_id", "new_chat_id"),
-    "bot_tasks": ("chat_id", "thread_id"),
     "bot_place_permissions": ("chat_id", "thread_id"),
 }
 
@@ -325,7 +324,10 @@ async def test_a_place_id_comes_back_as_written_from_every_store(
     assert (gate.chat_id, gate.thread_id) == (chat, topic)
     await bot.ask_reason(chat, 7, "g2")
     assert await bot.take_reason_request(chat, 7) == "g2"
-    await bot.save_task_place("U", chat, topic, 1)
+    await runs.create_run(
+        "r-drive", mode="autopilot", agent="claude", session_id="d", chat_id=chat,
+        thread_id=topic, task="U",
+    )  # fmt: skip
     assert ("U", chat, topic) in await bot.task_places()
     if chat == "007":
         # Not the place 7 (nor 12): the ids are compared as text.

@@ -55,6 +55,13 @@ async def _write_as_before(db: AnyDatabase) -> None:
             (),
         ),
         (
+            # (a drive from before its run kept its chat: bot_tasks kept it)
+            "INSERT INTO runs (id, mode, agent, session_id, status, task, state_json,"
+            " created_at, updated_at)"
+            " VALUES ('r-drive', 'autopilot', 'claude', 's3', 'parked', 'T', '{}', 3.0, 3.0)",
+            (),
+        ),
+        (
             "INSERT INTO bot_bindings (chat_id, thread_id, agent, project, workdir, session_id,"
             " created_at) VALUES (?, 0, 'claude', 'p', '/w', 's-chat', 1.0)",
             (GROUP,),
