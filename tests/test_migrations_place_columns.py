@@ -23,7 +23,8 @@ from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import discover_migrations
 from engine.store.location import PostgresURL
 
-BEFORE = {"engine": 18, "bot": 9}  # before 0019_text_place_columns, 0010_text_place_columns
+# The schemas before the 0019 and 0010 text_place_columns (and the workers' then).
+BEFORE = {"engine": 18, "bot": 9, "workers": 7}
 GROUP = -1001234567890123
 PLACE = str(GROUP)
 #: Each table that keeps a place, and its place columns.

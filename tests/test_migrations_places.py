@@ -23,7 +23,8 @@ from engine.store.location import PostgresURL
 from engine.turn import TurnOutput
 from engine.workspace.manager import place_workspace_name
 
-BEFORE = {"engine": 17, "bot": 8}  # the schemas before 0018_text_place_ids, 0009_text_place_ids
+# The schemas before 0018_text_place_ids and 0009_text_place_ids (and the workers' then).
+BEFORE = {"engine": 17, "bot": 8, "workers": 7}
 GROUP = -1001234567890123  # beyond a 4-byte INTEGER
 PLACE = str(GROUP)
 
