@@ -220,8 +220,8 @@ class AutopilotExtension(Feature):
         except DriveRefused as exc:
             await self.ctx.replies.reply(update, str(exc))
             return
+        # (Its drive's run records the place: after a restart the task's is read there.)
         self.places[name] = place
-        await self.ctx.store.save_task_place(name, chat_of(chat), thread, user.id)
         run_id = started.run_id
         await self.ctx.store.audit(
             action="autopilot",

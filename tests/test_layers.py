@@ -30,12 +30,11 @@ def test_the_engine_doctor_does_not_know_telegram() -> None:
 
 
 def test_the_engine_names_no_bot_table() -> None:
-    tables = {
-        name
-        for migration in bot_migrations().migrations
-        for statement in migration.statements
-        for name in re.findall(r"CREATE TABLE (\w+)", statement)
-    }
+    statements = [s for migration in bot_migrations().migrations for s in migration.statements]
+    made = {name for s in statements for name in re.findall(r"CREATE TABLE (\w+)", s)}
+    # (a table made again on SQLite is made under a passing name, then renamed)
+    passing = {name for s in statements for name in re.findall(r"ALTER TABLE (\w+) RENAME", s)}
+    tables = made - passing
     assert len(tables) == 13
     pattern = re.compile(r"\b(" + "|".join(sorted(tables)) + r")\b")
     offenders = [

@@ -43,7 +43,6 @@ BOT_TABLES = {
     "bot_gates",
     "bot_reason_requests",
     "bot_chat_migrations",
-    "bot_tasks",
 }
 # The latest versions this code ships (main's database is at engine 5, bot 1).
 ENGINE_LATEST = load_migrations()[-1].version

@@ -23,7 +23,8 @@ from engine.store.location import PostgresURL
 from engine.turn import TurnOutput
 from engine.workspace.manager import place_workspace_name
 
-BEFORE = {"engine": 17, "bot": 8}  # the schemas before 0018_text_place_ids, 0009_text_place_ids
+# The schemas before 0018_text_place_ids and 0009_text_place_ids (and the workers' then).
+BEFORE = {"engine": 17, "bot": 8, "workers": 7}
 GROUP = -1001234567890123  # beyond a 4-byte INTEGER
 PLACE = str(GROUP)
 
@@ -52,6 +53,13 @@ async def _write_as_before(db: AnyDatabase) -> None:
             "INSERT INTO runs (id, mode, agent, session_id, status, chat_id, thread_id,"
             " state_json, created_at, updated_at)"
             " VALUES ('r-chat', 'auto', 'claude', 's2', 'running', -5, NULL, '{}', 2.0, 2.0)",
+            (),
+        ),
+        (
+            # (a drive from before its run kept its chat: bot_tasks kept it)
+            "INSERT INTO runs (id, mode, agent, session_id, status, task, state_json,"
+            " created_at, updated_at)"
+            " VALUES ('r-drive', 'autopilot', 'claude', 's3', 'parked', 'T', '{}', 3.0, 3.0)",
             (),
         ),
         (

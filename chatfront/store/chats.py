@@ -61,7 +61,7 @@ class ChatMoveTables(Tables):
                 " SET new_chat_id = excluded.new_chat_id, migrated_at = excluded.migrated_at",
                 (old_chat, new_chat, now),
             )
-            tables = ("bot_bindings", "bot_prompts", "bot_gates", "bot_tasks")
+            tables = ("bot_bindings", "bot_prompts", "bot_gates")
             for table in (*tables, "bot_place_permissions"):
                 await conn.execute(
                     f"UPDATE {table} SET chat_id = ? WHERE chat_id = ?",  # noqa: S608

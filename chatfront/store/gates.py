@@ -7,6 +7,7 @@ from typing import Protocol
 
 from chatfront.store.records import GateRecord, ReasonRequest
 from chatfront.store.tables import Tables
+from engine.runs.ids import RunMode
 from engine.runs.spec import PlaceId, place_id
 
 __all__ = [
@@ -74,10 +75,6 @@ class ReasonRequests(Protocol):
 
 class TaskPlaces(Protocol):
     """The chat each autopilot task started from a chat reports to."""
-
-    async def save_task_place(
-        self, task: str, chat_id: PlaceId, thread_id: PlaceId | None, started_by: int | None
-    ) -> None: ...
 
     async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]: ...
 
@@ -296,20 +293,20 @@ class ReasonRequestTables(Tables):
 
 
 class TaskPlaceTables(Tables):
-    """:class:`TaskPlaces` on the database."""
-
-    async def save_task_place(
-        self, task: str, chat_id: PlaceId, thread_id: PlaceId | None, started_by: int | None
-    ) -> None:
-        await self.db.execute(
-            "INSERT INTO bot_tasks (task, chat_id, thread_id, started_by, active, created_at)"
-            " VALUES (?, ?, ?, ?, 1, ?) ON CONFLICT (task) DO UPDATE SET"
-            " chat_id = excluded.chat_id, thread_id = excluded.thread_id, active = 1",
-            (task, chat_id, thread_id, started_by, self._clock()),
-        )
+    """:class:`TaskPlaces` on the database: read from the drives' own rows."""
 
     async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]:
+        """Each task's place: that of its newest drive with one (its autopilot run; a
+        wave's sub-task reports where its parent's drive does, so only drives of their
+        own count). A drive records the place it reports to when it opens its run, and a
+        drive started elsewhere (a terminal's) keeps its task's last place."""
         rows = await self.db.fetchall(
-            "SELECT task, chat_id, thread_id FROM bot_tasks ORDER BY created_at"
+            "SELECT task, chat_id, thread_id FROM ("
+            " SELECT task, chat_id, thread_id, created_at, ROW_NUMBER() OVER"
+            " (PARTITION BY task ORDER BY created_at DESC, id DESC) AS newest FROM runs"
+            " WHERE mode = ? AND task IS NOT NULL AND parent_id IS NULL"
+            " AND chat_id IS NOT NULL"
+            ") AS drives WHERE newest = 1 ORDER BY created_at, task",
+            (RunMode.AUTOPILOT.value,),
         )
         return [(r["task"], str(r["chat_id"]), place_id(r["thread_id"])) for r in rows]

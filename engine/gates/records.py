@@ -119,7 +119,7 @@ class ApprovalRecord:
     at: float
 
     def __post_init__(self) -> None:
-        # (text: SQLite hands a number back for a numeric id in its INTEGER column)
+        # (text, whatever the database driver hands back)
         if self.chat_id is not None:
             object.__setattr__(self, "chat_id", str(self.chat_id))
 

@@ -232,7 +232,7 @@ class RunRecord:
             objective=row["objective"],
             workdir=row["workdir"],
             log_dir=row["log_dir"],
-            # (text: SQLite hands a number back for a numeric id in these INTEGER columns)
+            # (place_id: a no-topic mark of rows stored before reads as none)
             chat_id=place_id(row["chat_id"]),
             thread_id=place_id(row["thread_id"]),
             task=row["task"],
