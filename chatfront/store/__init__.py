@@ -11,28 +11,20 @@ SQL stays portable (plain ``?`` parameters, no SQLite-only functions in queries)
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from chatfront.store.chats import (
-    BotAudit,
     BotAuditTables,
-    ChatMoves,
     ChatMoveTables,
-    PlacePermissions,
     PlacePermissionTables,
 )
 from chatfront.store.gates import (
-    GateMessages,
     GateMessageTables,
-    ReasonRequests,
     ReasonRequestTables,
-    TaskPlaces,
     TaskPlaceTables,
 )
-from chatfront.store.inbox import Inbox, InboxTables
-from chatfront.store.outbox import LiveMessages, LiveTables, Outbox, OutboxTables
-from chatfront.store.people import People, PeopleTables
-from chatfront.store.prompts import ChatBindings, ChatBindingTables, PromptQueue, PromptTables
+from chatfront.store.inbox import InboxTables
+from chatfront.store.outbox import LiveTables, OutboxTables
+from chatfront.store.people import PeopleTables
+from chatfront.store.prompts import ChatBindingTables, PromptTables
 from chatfront.store.records import (
     AuditEntry,
     Binding,
@@ -48,46 +40,16 @@ from chatfront.store.records import (
 __all__ = [
     "AuditEntry",
     "Binding",
-    "BotAudit",
     "BotStore",
-    "ChatBindings",
-    "ChatMoves",
-    "GateMessages",
     "GateRecord",
     "InboundState",
-    "Inbox",
     "LiveMessage",
-    "LiveMessages",
-    "Outbox",
     "OutboxItem",
     "OutboxRow",
-    "People",
-    "PlacePermissions",
-    "PromptQueue",
     "PromptRow",
     "ReasonRequest",
-    "ReasonRequests",
     "SqlBotStore",
-    "TaskPlaces",
 ]
-
-
-class BotStore(
-    Inbox,
-    Outbox,
-    LiveMessages,
-    ChatBindings,
-    PromptQueue,
-    GateMessages,
-    ReasonRequests,
-    TaskPlaces,
-    ChatMoves,
-    PlacePermissions,
-    BotAudit,
-    People,
-    Protocol,
-):
-    """Every table of the bot: what the bot's parts receive."""
 
 
 class SqlBotStore(
@@ -104,4 +66,8 @@ class SqlBotStore(
     BotAuditTables,
     PeopleTables,
 ):
-    """:class:`BotStore` on either database (SQLite or PostgreSQL)."""
+    """Every table of the bot, on either database (SQLite or PostgreSQL): what the bot's
+    parts receive."""
+
+
+BotStore = SqlBotStore

@@ -2,54 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from chatfront.store.records import AuditEntry, topic_key
 from chatfront.store.tables import AUDIT_ORIGIN, Tables
 from engine.runs.spec import PlaceId
 
-__all__ = ["BotAudit", "BotAuditTables", "ChatMoveTables", "ChatMoves"]
-
-
-class ChatMoves(Protocol):
-    """Chat ids that changed (a group became a supergroup)."""
-
-    async def migrate_chat(self, old_chat: PlaceId, new_chat: PlaceId) -> None: ...
-
-    async def migrated_from(self) -> dict[PlaceId, PlaceId]: ...
-
-
-class PlacePermissions(Protocol):
-    """A place's permission preset (/permissions), beside the settings' policy."""
-
-    async def place_permissions(
-        self, chat_id: PlaceId, thread_id: PlaceId | None
-    ) -> str | None: ...
-
-    async def set_place_permissions(
-        self, chat_id: PlaceId, thread_id: PlaceId | None, policy: str | None, *, by: int | None
-    ) -> None: ...
-
-
-class BotAudit(Protocol):
-    """Who asked the bot for what, and whether it was allowed."""
-
-    async def audit(
-        self,
-        *,
-        action: str,
-        outcome: str,
-        user_id: int | None,
-        chat_id: PlaceId | None,
-        update_id: int | None,
-        reason: str | None = None,
-    ) -> None: ...
-
-    async def audit_entries(self, *, limit: int = 50) -> list[AuditEntry]: ...
+__all__ = ["BotAuditTables", "ChatMoveTables"]
 
 
 class ChatMoveTables(Tables):
-    """:class:`ChatMoves` on the database."""
+    """Chat ids that changed (a group became a supergroup)."""
 
     async def migrate_chat(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
         """Follow a group that became a supergroup: bindings, queues and outbox move."""
@@ -85,7 +46,7 @@ class ChatMoveTables(Tables):
 
 
 class PlacePermissionTables(Tables):
-    """:class:`PlacePermissions` on the database."""
+    """A place's permission preset (/permissions), beside the settings' policy."""
 
     async def place_permissions(self, chat_id: PlaceId, thread_id: PlaceId | None) -> str | None:
         row = await self.db.fetchone(
@@ -113,7 +74,7 @@ class PlacePermissionTables(Tables):
 
 
 class BotAuditTables(Tables):
-    """:class:`BotAudit` on the database."""
+    """Who asked the bot for what, and whether it was allowed."""
 
     async def audit(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Protocol
 
 from chatfront.store.records import GateRecord, ReasonRequest
 from chatfront.store.tables import Tables
@@ -12,75 +11,13 @@ from engine.runs.spec import PlaceId, place_id
 
 __all__ = [
     "GateMessageTables",
-    "GateMessages",
     "ReasonRequestTables",
-    "ReasonRequests",
     "TaskPlaceTables",
-    "TaskPlaces",
 ]
 
 
-class GateMessages(Protocol):
-    """Which chat message shows which gate, and how the bot closed it."""
-
-    async def add_gate(
-        self,
-        gate_id: str,
-        *,
-        task: str,
-        phase: str,
-        sha256: str,
-        artifact_name: str,
-        chat_id: PlaceId,
-        thread_id: PlaceId | None,
-        run_id: str | None,
-    ) -> None: ...
-
-    async def gate(self, gate_id: str) -> GateRecord | None: ...
-
-    async def open_gates(self, *, chat_id: PlaceId | None = None) -> list[GateRecord]: ...
-
-    async def close_gate(self, gate_id: str, state: str, user_id: int | None) -> bool: ...
-
-    async def open_gate_for(self, task: str, phase: str, sha256: str) -> GateRecord | None: ...
-
-    async def open_gates_of(self, task: str) -> list[GateRecord]: ...
-
-    async def latest_open_gate(self, task: str) -> GateRecord | None: ...
-
-    async def close_gates_of(self, task: str, state: str, user_id: int | None) -> list[str]: ...
-
-    async def decisions_of(self, task: str) -> list[tuple[str, str, int | None]]: ...
-
-
-class ReasonRequests(Protocol):
-    """A person asked for a rejection reason, one request per chat and person."""
-
-    async def ask_reason(
-        self, chat_id: PlaceId, user_id: int, gate_id: str, *, prompt_ref: str | None = None
-    ) -> None: ...
-
-    async def reason_request(
-        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
-    ) -> ReasonRequest | None: ...
-
-    async def drop_reason_request(
-        self, chat_id: PlaceId, user_id: int, *, gate_id: str | None = None
-    ) -> bool: ...
-
-    async def take_reason_request(
-        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
-    ) -> str | None: ...
-
-
-class TaskPlaces(Protocol):
-    """The chat each autopilot task started from a chat reports to."""
-
-    async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]: ...
-
-
 class GateMessageTables(Tables):
-    """:class:`GateMessages` on the database."""
+    """Which chat message shows which gate, and how the bot closed it."""
 
     async def add_gate(
         self,
@@ -191,7 +128,7 @@ class GateMessageTables(Tables):
 
 
 class ReasonRequestTables(Tables):
-    """:class:`ReasonRequests` on the database."""
+    """A person asked for a rejection reason, one request per chat and person."""
 
     async def ask_reason(
         self, chat_id: PlaceId, user_id: int, gate_id: str, *, prompt_ref: str | None = None
@@ -293,7 +230,8 @@ class ReasonRequestTables(Tables):
 
 
 class TaskPlaceTables(Tables):
-    """:class:`TaskPlaces` on the database: read from the drives' own rows."""
+    """The chat each autopilot task started from a chat reports to, read from its drives'
+    own rows."""
 
     async def task_places(self) -> list[tuple[str, PlaceId, PlaceId | None]]:
         """Each task's place: that of its newest drive with one (its autopilot run; a

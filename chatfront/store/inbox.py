@@ -7,31 +7,12 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from chatfront.store.records import InboundState
 from chatfront.store.tables import Tables
 from engine.store.database import Database
 
-__all__ = ["Inbox", "InboxTables"]
-
-
-class Inbox(Protocol):
-    """Telegram's updates, recorded before anything acts on them."""
-
-    async def record_inbound(self, updates: Sequence[tuple[int, str]]) -> set[int]: ...
-
-    async def sync(self) -> None: ...
-
-    async def prune(self, before: float) -> int: ...
-
-    async def mark_inbound(self, update_id: int, state: InboundState) -> None: ...
-
-    async def unhandled_inbound(self) -> list[tuple[int, str]]: ...
-
-    async def next_offset(self) -> int: ...
-
-    async def message_of_update(self, update_id: int) -> int | None: ...
+__all__ = ["InboxTables"]
 
 
 def _fsync_wal(db_path: Path) -> None:
@@ -48,7 +29,7 @@ def _fsync_wal(db_path: Path) -> None:
 
 
 class InboxTables(Tables):
-    """:class:`Inbox` on the database."""
+    """Telegram's updates, recorded before anything acts on them."""
 
     async def record_inbound(self, updates: Sequence[tuple[int, str]]) -> set[int]:
         """Record raw updates (id, JSON) in one transaction; returns the ids not seen before.

@@ -4,73 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from chatfront.store.records import LiveMessage, OutboxItem, OutboxRow
 from chatfront.store.tables import AUDIT_ORIGIN, Tables
 from engine.runs.spec import PlaceId
 
-__all__ = ["URGENT", "LiveMessages", "LiveTables", "Outbox", "OutboxTables"]
-
-
-class Outbox(Protocol):
-    """Messages to deliver, delivered once each, in order."""
-
-    async def enqueue(self, items: Iterable[OutboxItem]) -> None: ...
-
-    async def next_outbox(self) -> OutboxRow | None: ...
-
-    async def outbox_sending(self, row_id: int) -> None: ...
-
-    async def outbox_not_sent(self, row_id: int) -> None: ...
-
-    async def outbox_uncertain(self) -> list[OutboxRow]: ...
-
-    async def pending_outbox(self) -> int: ...
-
-    async def outbox_sent(self, row: OutboxRow, message_id: int | None) -> None: ...
-
-    async def run_of_message(self, chat_id: PlaceId, message_id: int) -> str | None: ...
-
-    async def outbox_failed(self, row: OutboxRow, error: str) -> None: ...
-
-    async def outbox_retarget(self, old_chat: PlaceId, new_chat: PlaceId) -> None: ...
-
-
-class LiveMessages(Protocol):
-    """Messages edited in place (a run's status, a gate)."""
-
-    async def set_live(
-        self,
-        ref: str,
-        *,
-        chat_id: PlaceId,
-        thread_id: PlaceId | None,
-        body: str,
-        entities: tuple[dict[str, Any], ...] = (),
-        markup: dict[str, Any] | None = None,
-        run_id: str | None = None,
-        reply_to: int | None = None,
-        initial: bool = False,
-    ) -> None: ...
-
-    async def retire_live(self, ref: str, note: str) -> bool: ...
-
-    async def rename_live(self, old: str, new: str) -> bool: ...
-
-    async def live_with_prefix(self, prefix: str) -> list[LiveMessage]: ...
-
-    async def get_live(self, ref: str) -> LiveMessage | None: ...
-
-    async def dirty_live(self) -> list[LiveMessage]: ...
-
-    async def live_edited(
-        self, ref: str, body: str, at: float, *, urgent: bool = False
-    ) -> None: ...
-
-    async def live_by_message(self, chat_id: PlaceId, message_id: int) -> LiveMessage | None: ...
-
-    async def touch_live(self, prefix: str) -> int: ...
+__all__ = ["URGENT", "LiveTables", "OutboxTables"]
 
 
 #: ``bot_live.dirty`` of an edit that takes buttons away: sent before queued new messages
@@ -91,7 +31,7 @@ def _live_key(ref: str) -> str:
 
 
 class OutboxTables(Tables):
-    """:class:`Outbox` on the database."""
+    """Messages to deliver, delivered once each, in order."""
 
     async def enqueue(self, items: Iterable[OutboxItem]) -> None:
         """Queue messages for delivery (one transaction)."""
@@ -251,7 +191,7 @@ class OutboxTables(Tables):
 
 
 class LiveTables(Tables):
-    """:class:`LiveMessages` on the database."""
+    """Messages edited in place (a run's status, a gate)."""
 
     async def set_live(
         self,

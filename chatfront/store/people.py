@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from chatfront.store.tables import Tables
 
-__all__ = ["People", "PeopleTables"]
-
-
-class People(Protocol):
-    """Names of the people the bot has seen, by Telegram user id."""
-
-    async def remember_person(self, user_id: int, name: str) -> None: ...
-
-    async def people(self) -> dict[int, str]: ...
+__all__ = ["PeopleTables"]
 
 
 class PeopleTables(Tables):
-    """:class:`People` on the database."""
+    """Names of the people the bot has seen, by Telegram user id."""
 
     async def remember_person(self, user_id: int, name: str) -> None:
         """Remember how a person is called (first name or @username, from their updates)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 from chatfront.store.records import (
     Binding,
@@ -15,41 +14,13 @@ from chatfront.store.records import (
     topic_key,
 )
 from chatfront.store.tables import Tables
-from engine.chats.records import ChatQueue
 from engine.runs.spec import PlaceId, place_id
 from engine.store.backend import execute_later
 from engine.store.events import EventKind, add_event, events_written, turn_started
 from engine.store.runs import TurnState, finish_turn_in
 from engine.turn import TurnOutput
 
-__all__ = ["ChatBindingTables", "ChatBindings", "PromptQueue", "PromptTables"]
-
-
-class ChatBindings(Protocol):
-    """Which chat (or forum topic) talks to which agent session, beyond what the chat mode
-    asks (:class:`~engine.chats.records.ChatQueue`)."""
-
-    async def bindings(self) -> list[Binding]: ...
-
-
-class PromptQueue(ChatQueue, Protocol):
-    """Each chat's prompts, queued, taken one turn at a time, and settled: the chat mode's
-    queue, and what the bot does with it besides."""
-
-    async def commit_turn(
-        self,
-        prompt_id: int,
-        turn_id: int,
-        out: TurnOutput,
-        items: Iterable[OutboxItem],
-        *,
-        chat_id: PlaceId,
-        thread_id: PlaceId | None,
-    ) -> None: ...
-
-    async def running_prompts(self) -> list[PromptRow]: ...
-
-    async def requeue_steering(self) -> int: ...
+__all__ = ["ChatBindingTables", "PromptTables"]
 
 
 def _queue_key(chat_id: PlaceId, thread_id: PlaceId | None) -> str:
@@ -57,7 +28,8 @@ def _queue_key(chat_id: PlaceId, thread_id: PlaceId | None) -> str:
 
 
 class ChatBindingTables(Tables):
-    """:class:`ChatBindings` on the database."""
+    """Which chat (or forum topic) talks to which agent session, beyond what the chat mode
+    asks (:class:`~engine.chats.records.ChatQueue`)."""
 
     async def bind(
         self,
@@ -126,7 +98,8 @@ class ChatBindingTables(Tables):
 
 
 class PromptTables(Tables):
-    """:class:`PromptQueue` on the database."""
+    """Each chat's prompts, queued, taken one turn at a time, and settled: the chat mode's
+    queue, and what the bot does with it besides."""
 
     async def queue_prompt(
         self,
