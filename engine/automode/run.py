@@ -217,18 +217,13 @@ class AutoRun:
         if lock is not None and not lock.held and not await lock.try_acquire():
             raise ConfigError(await _driven_elsewhere(self.run_id, lock))
         try:
-            return await self._drive_owned()
-        finally:
-            if lock is not None:
-                await asyncio.shield(lock.release())
-
-    async def _drive_owned(self) -> AutoResult:
-        try:
             while await self.step():
                 pass
         finally:
             # A warm session's resident process ends with its run (not at idle eviction).
             await asyncio.shield(close_agent(self.runner))
+            if lock is not None:
+                await asyncio.shield(lock.release())
         if self.failed is not None:
             raise self.failed
         return self.result()
