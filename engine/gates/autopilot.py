@@ -16,12 +16,8 @@ A drive given a budget (:mod:`engine.gates.budget`) counts what its turns spent,
 sub-tasks' too; once a turn ends over it, the drive starts no other turn, phase or
 sub-task and ends ``STOPPED_BY_BUDGET``, the task keeping its phase.
 
-The drive is a loop over one step (:meth:`Autopilot.step`): a phase with its checks and
-revision turn, a look at the gate, or a look at the wave. The workers run the same step, one
-a job.
-
-Long: one driver with its revision and sub-task waves; its phases share the drive's state
-and lock.
+Long: one driver, a loop over its step (which the workers run one a job), with its
+revision and sub-task waves; its phases share the drive's state and lock.
 """
 
 from __future__ import annotations
@@ -525,9 +521,7 @@ class Autopilot:
         return outcome
 
     async def step(self, name: str, *, audit_at_start: bool = True) -> DriveOutcome | None:
-        """One step of the drive of ``name`` (see :meth:`_step`), under the drive's lock and
-        in its run as :meth:`drive` runs them all; None: the drive goes on (its run stays
-        running)."""
+        """One step of :meth:`drive` (see :meth:`_step`); None: the drive goes on."""
         return await self._drive(name, audit_at_start, None, once=True)
 
     async def _drive(
@@ -567,10 +561,11 @@ class Autopilot:
         if audit_at_start:
             await self._audit(await self._family(task), f"autopilot start ({task.name})")
         await self._note_interrupted(task)
-        if self.worktrees is None:
-            return await self._loop(task.name, once)
-        async with self.worktrees.hold(task):
-            return await self._loop(task.name, once)
+        held = self.worktrees.hold(task) if self.worktrees is not None else None
+        async with held or contextlib.nullcontext():
+            while (outcome := await self._step(task.name)) is None and not once:
+                pass
+            return outcome
 
     async def _family(self, task: TaskRecord) -> list[str]:
         """The task, its parent and its sub-tasks: what a drive of it can touch."""
@@ -592,13 +587,6 @@ class Autopilot:
             await self.store.record_audit(
                 "turn", "interrupted", task=task.name, phase=turns[-1].phase
             )
-
-    async def _loop(self, name: str, once: bool) -> DriveOutcome | None:
-        """Step the drive of ``name`` until it ends or parks (``once``: one step)."""
-        while True:
-            outcome = await self._step(name)
-            if outcome is not None or once:
-                return outcome
 
     async def _step(self, name: str) -> DriveOutcome | None:
         """One step of the drive: its end (complete, a person needed, its budget spent),
