@@ -4,8 +4,8 @@ The first turn prepares the run in a fresh checkout of the project; the host kee
 prepared run (and its agent's warm process) between turns while this worker holds it. A run
 taken over from a lost worker is reset to its pushed branch, its state pointed at this
 worker's worktree and folders, and its new agent session told where it stands. Each turn
-runs through the auto-mode channel (which commits the turn and the run's new state
-together); then the run branch is pushed.
+is the run's own step (:meth:`AutoRun.step`, the one a run in-process loops over); then the
+run branch is pushed.
 """
 
 from __future__ import annotations
