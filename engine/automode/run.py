@@ -230,11 +230,8 @@ class AutoRun:
 
     async def step(self) -> bool:
         """Run the run's next turn (or end it, once it is over or stopped); whether it goes
-        on. This is the whole of a turn here and on a worker (which keeps the run between
-        its steps and does not :meth:`start` it).
-
-        A turn that could not run (or that was cut off by anything but a person's stop)
-        ends the run crashed; its error is kept in :attr:`failed`.
+        on. A started run loops over it; a worker runs one a job. A turn that could not run
+        (or was cut off, but not by a person's stop) ends the run crashed (see :attr:`failed`).
         """
         channel = self.channel
         if self._stop.is_set():
