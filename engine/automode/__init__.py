@@ -1,9 +1,10 @@
-"""Auto mode: Clarify → Plan → Execute/Evaluate(/Adjust) on the generic turn loop.
+"""Auto mode: Clarify → Plan → Execute/Evaluate(/Adjust), one turn a step.
 
 Two halves (seed 000): :class:`AutoModeRunner` runs each prompt verbatim in the agent
 session and carries the exit code back; :class:`AutoModeChannel` owns all control flow
 (phase cursor, completion detection and verification, appended instructions, logs,
-state, terminal exit code and abort). :func:`engine.turn.run_session_loop` drives them.
+state, terminal exit code and abort). :meth:`AutoRun.step` runs one turn of the pair, here
+or on a worker.
 
 Embedding (the Telegram bot, scripts)::
 

@@ -47,6 +47,7 @@ from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.locks import Lock
 from engine.logs import log_context
 from engine.runs import AgentEnv, RunMode, RunSession, RunSpec, RunSupervisor
+from engine.runs.stop import until_stopped
 from engine.settings import Settings
 from engine.sink import LogSink, RunSink, recording
 from engine.spend import Budget
@@ -54,7 +55,7 @@ from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, add_event, events_written
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState, stored_state
-from engine.turn import AgentSession, run_session_loop
+from engine.turn import AgentSession, Ready
 from engine.workspace.runs import push_run_branch
 
 __all__ = [
@@ -111,6 +112,7 @@ class AutoRun:
     Attributes:
         runner: the execution half (replaceable before :meth:`start`, e.g. in tests).
         channel: the control-flow half; its state is readable at any time.
+        failed: why its last turn could not run (the run crashed), if it could not.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class AutoRun:
         self._owner_lock = owner_lock
         self._task: asyncio.Task[AutoResult] | None = None
         self._session: RunSession | None = None
+        self.failed: TurnError | None = None
 
     @property
     def run_id(self) -> str:
@@ -214,29 +217,51 @@ class AutoRun:
         if lock is not None and not lock.held and not await lock.try_acquire():
             raise ConfigError(await _driven_elsewhere(self.run_id, lock))
         try:
-            return await self._drive_owned()
+            while await self.step():
+                pass
         finally:
-            if lock is not None:
-                await asyncio.shield(lock.release())
-
-    async def _drive_owned(self) -> AutoResult:
-        session = self._session
-        assert session is not None  # attached by start()
-        try:
-            await run_session_loop(session, self.channel)
-        except TurnPreempted as exc:
-            if not self._stop.is_set():
-                await self.channel.record_turn_error(str(exc))
-                raise
-            await self.channel.record_preempted(STOPPED_BY_PERSON.lower())
-        except TurnError as exc:
-            await self.channel.record_turn_error(str(exc))
-            raise
-        finally:
-            await self.channel.flush()
             # A warm session's resident process ends with its run (not at idle eviction).
             await asyncio.shield(close_agent(self.runner))
+            if lock is not None:
+                await asyncio.shield(lock.release())
+        if self.failed is not None:
+            raise self.failed
         return self.result()
+
+    async def step(self) -> bool:
+        """Run the run's next turn (or end it, once it is over or stopped); whether it goes
+        on. A started run loops over it; a worker runs one a job. A turn that could not run
+        (or was cut off, but not by a person's stop) ends the run crashed (see :attr:`failed`).
+        """
+        channel = self.channel
+        if self._stop.is_set():
+            channel.request_stop()
+        # Started here, turns go through the supervisor (turn slots, pauses).
+        session = self._session if self._session is not None else self.runner
+        try:
+            with log_context(session_id=self.session_id):
+                match await channel.next_prompt():
+                    case Ready(prompt=prompt):
+                        try:
+                            out = await until_stopped(
+                                session.run_turn(prompt),
+                                self._stop,
+                                what="the turn",
+                                session_id=self.session_id,
+                            )
+                        except TurnError as exc:
+                            if isinstance(exc, TurnPreempted) and self._stop.is_set():
+                                await channel.record_preempted(STOPPED_BY_PERSON.lower())
+                                return False
+                            await channel.record_turn_error(str(exc))
+                            self.failed = exc
+                            return False
+                        await channel.publish_output(out)
+                    case _:
+                        return False
+        finally:
+            await channel.flush()
+        return self.state.status is AutoStatus.RUNNING
 
 
 def _verifier_env(agent: ProcessAgent) -> dict[str, str]:

@@ -16,8 +16,8 @@ A drive given a budget (:mod:`engine.gates.budget`) counts what its turns spent,
 sub-tasks' too; once a turn ends over it, the drive starts no other turn, phase or
 sub-task and ends ``STOPPED_BY_BUDGET``, the task keeping its phase.
 
-Long: one driver loop with its revision and sub-task waves; its phases share the drive's
-state and lock.
+Long: one driver, a loop over its step (which the workers run one a job), with its
+revision and sub-task waves; its phases share the drive's state and lock.
 """
 
 from __future__ import annotations
@@ -516,6 +516,17 @@ class Autopilot:
 
         ``parent_run``: the run of the drive this one runs under (a wave's sub-task).
         """
+        outcome = await self._drive(name, audit_at_start, parent_run, once=False)
+        assert outcome is not None  # (only one step goes on)
+        return outcome
+
+    async def step(self, name: str, *, audit_at_start: bool = True) -> DriveOutcome | None:
+        """One step of :meth:`drive` (see :meth:`_step`); None: the drive goes on."""
+        return await self._drive(name, audit_at_start, None, once=True)
+
+    async def _drive(
+        self, name: str, audit_at_start: bool, parent_run: str | None, *, once: bool
+    ) -> DriveOutcome | None:
         self._events.setdefault(name, asyncio.Event())
         if self._root is None:
             self._root = name
@@ -528,8 +539,8 @@ class Autopilot:
                 run_id = await self._open_run(task, parent_run)
                 status = RunStatus.ERROR
                 try:
-                    outcome = await self._drive_locked(task, audit_at_start)
-                    status = _RUN_STATUS[outcome]
+                    outcome = await self._drive_locked(task, audit_at_start, once)
+                    status = RunStatus.RUNNING if outcome is None else _RUN_STATUS[outcome]
                     return outcome
                 except asyncio.CancelledError:
                     status = self.cancelled_as
@@ -544,14 +555,17 @@ class Autopilot:
         finally:
             remove()
 
-    async def _drive_locked(self, task: TaskRecord, audit_at_start: bool) -> DriveOutcome:
+    async def _drive_locked(
+        self, task: TaskRecord, audit_at_start: bool, once: bool
+    ) -> DriveOutcome | None:
         if audit_at_start:
             await self._audit(await self._family(task), f"autopilot start ({task.name})")
         await self._note_interrupted(task)
-        if self.worktrees is None:
-            return await self._loop(task.name)
-        async with self.worktrees.hold(task):
-            return await self._loop(task.name)
+        held = self.worktrees.hold(task) if self.worktrees is not None else None
+        async with held or contextlib.nullcontext():
+            while (outcome := await self._step(task.name)) is None and not once:
+                pass
+            return outcome
 
     async def _family(self, task: TaskRecord) -> list[str]:
         """The task, its parent and its sub-tasks: what a drive of it can touch."""
@@ -574,41 +588,40 @@ class Autopilot:
                 "turn", "interrupted", task=task.name, phase=turns[-1].phase
             )
 
-    async def _loop(self, name: str) -> DriveOutcome:
-        while True:
-            task = await self.store.get(name)
-            await self._follow_phase(task)
-            if task.phase == COMPLETE:
-                await self._status(task, "complete")
-                work = await self._work_of(task)
-                await self._say(
-                    task,
-                    "\n".join([f"[{name}] complete", *work]),
-                    TextKind.FINAL,
-                    body="\n".join(work),
-                )
-                await self._audit([name], f"task {name} complete")
-                return DriveOutcome.COMPLETE
-            if task.phase == HUMAN_INTERVENTION:
-                await self._status(task, "human_intervention")
-                await self._say(
-                    task,
-                    f"[{name}] is waiting for a person (it left {task.return_phase}); "
-                    f"{next_step(self.store, task, 0)}",
-                    TextKind.PERSON,
-                )
-                return DriveOutcome.HUMAN_INTERVENTION
-            if self.spent_budget:
-                return await self._budget_stop(task)
-            outcome = await self._waves(task)
-            if outcome is not None:
-                return outcome
-            if task.awaiting_approval:
-                outcome = await self._gate(task)
-            else:
-                outcome = await self._phase(task)
-            if outcome is not None:
-                return outcome
+    async def _step(self, name: str) -> DriveOutcome | None:
+        """One step of the drive: its end (complete, a person needed, its budget spent),
+        a look at its sub-tasks' wave, one look at its gate (passed, or waited at), or one
+        phase with its checks and revision turn; None: the drive goes on."""
+        task = await self.store.get(name)
+        await self._follow_phase(task)
+        if task.phase == COMPLETE:
+            await self._status(task, "complete")
+            work = await self._work_of(task)
+            await self._say(
+                task,
+                "\n".join([f"[{name}] complete", *work]),
+                TextKind.FINAL,
+                body="\n".join(work),
+            )
+            await self._audit([name], f"task {name} complete")
+            return DriveOutcome.COMPLETE
+        if task.phase == HUMAN_INTERVENTION:
+            await self._status(task, "human_intervention")
+            await self._say(
+                task,
+                f"[{name}] is waiting for a person (it left {task.return_phase}); "
+                f"{next_step(self.store, task, 0)}",
+                TextKind.PERSON,
+            )
+            return DriveOutcome.HUMAN_INTERVENTION
+        if self.spent_budget:
+            return await self._budget_stop(task)
+        outcome = await self._waves(task)
+        if outcome is not None:
+            return outcome
+        if task.awaiting_approval:
+            return await self._gate(task)
+        return await self._phase(task)
 
     async def _work_of(self, task: TaskRecord) -> list[str]:
         """What a complete task changed in its worktree (commits, files) and where its branch

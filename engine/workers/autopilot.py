@@ -108,8 +108,8 @@ EXIT_BUDGET: Final = 5
 
 
 class _StepPilot(Autopilot):
-    """The in-process driver, cut into steps: each phase step (or gate passed) ends the
-    drive's loop, and a wave's sub-tasks are queued as drives of their own."""
+    """The in-process driver, run one step a job (:meth:`Autopilot.step`); a wave's
+    sub-tasks are queued as drives of their own."""
 
     def __init__(
         self,
@@ -143,7 +143,6 @@ class _StepPilot(Autopilot):
         self.workers = workers
         self.checkout = checkout
         self.env = env
-        self.stepped = False
         self.waiting_for: list[str] = []
         self.primer = primer
 
@@ -186,20 +185,9 @@ class _StepPilot(Autopilot):
         return run_id
 
     async def _close_run(self, run_id: str, name: str, status: RunStatus) -> None:
-        if self.stepped or self.waiting_for:
-            status = RunStatus.RUNNING  # the drive goes on in its next job
+        if self.waiting_for:
+            status = RunStatus.RUNNING  # the drive goes on once its sub-tasks end
         await super()._close_run(run_id, name, status)
-
-    async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
-        outcome = await super()._phase(task)
-        if outcome is None:
-            moved = await self.store.get(task.name)
-            if self.spent_budget and moved.phase not in (COMPLETE, HUMAN_INTERVENTION):
-                # The turn that spent it kept its phase's work: no further step starts.
-                return await self._budget_stop(moved)
-            self.stepped = True
-            return DriveOutcome.PARKED
-        return outcome
 
     async def count_from_store(self) -> None:
         """What the drive spent before this step (its earlier steps, its sub-tasks)."""
@@ -238,13 +226,6 @@ class _StepPilot(Autopilot):
             self.waiting_for = busy
             return DriveOutcome.PARKED
         return await super()._budget_stop(task)
-
-    async def _gate(self, task: TaskRecord) -> DriveOutcome | None:
-        outcome = await super()._gate(task)
-        if outcome is None:
-            self.stepped = True  # passed (or changed meanwhile): the next job looks again
-            return DriveOutcome.PARKED
-        return outcome
 
     async def _waves(self, task: TaskRecord) -> DriveOutcome | None:
         wf = self.store.workflow
@@ -506,7 +487,7 @@ class DriveSteps:
             # (Its run is recorded stopped: see budget_stopped.)
             await _end(host, placement, pilot.budget.stopped_text())
             return Next.DONE
-        if pilot.stepped:
+        if outcome is None:
             return Next.CONTINUE
         if outcome is DriveOutcome.PARKED:
             note = (
@@ -534,8 +515,9 @@ async def _drive_one(
     stop: asyncio.Event,
     first: bool,
 ) -> tuple[DriveOutcome | None, bool]:
-    """Run one step; (its outcome, whether a person stopped it)."""
-    drive = asyncio.create_task(pilot.drive(name, audit_at_start=first), name=f"step-{run_id}")
+    """Run one step; (its outcome, None while the drive goes on; whether a person
+    stopped it)."""
+    drive = asyncio.create_task(pilot.step(name, audit_at_start=first), name=f"step-{run_id}")
     stopped = asyncio.create_task(stop.wait(), name=f"stopped-{run_id}")
     try:
         await asyncio.wait({drive, stopped}, return_when=asyncio.FIRST_COMPLETED)

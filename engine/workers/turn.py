@@ -4,8 +4,8 @@ The first turn prepares the run in a fresh checkout of the project; the host kee
 prepared run (and its agent's warm process) between turns while this worker holds it. A run
 taken over from a lost worker is reset to its pushed branch, its state pointed at this
 worker's worktree and folders, and its new agent session told where it stands. Each turn
-runs through the auto-mode channel (which commits the turn and the run's new state
-together); then the run branch is pushed.
+is the run's own step (:meth:`AutoRun.step`, the one a run in-process loops over); then the
+run branch is pushed.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ from engine.agents.factory import create_agent
 from engine.agents.warm import close_agent
 from engine.automode import AutoRun, prepare_auto_run, prepare_resume
 from engine.automode.budget import STOPPED_BY_BUDGET
-from engine.automode.channel import STOPPED_BY_PERSON
 from engine.automode.runner import AutoModeRunner
-from engine.automode.state import AutoModeState, AutoStatus
-from engine.errors import TurnError, TurnPreempted, TurnstileError
+from engine.automode.state import AutoModeState
+from engine.errors import TurnstileError
 from engine.runs import AgentEnv, RunSupervisor
-from engine.runs.stop import until_stopped
 from engine.store.runs import RunRecord, SqliteRunStore
-from engine.turn import Ready
 from engine.workers.host import (
     Checkout,
     Next,
@@ -110,7 +107,7 @@ class AutoTurns:
                     held = _Held(run, checkout, placement.moves)
                     host.held[run_id] = held
                 async with stop_watch(host.db, run_id, stop, on_stop=held.run.stop):
-                    goes_on = await _turn(held.run, stop)
+                    goes_on = await held.run.step() and not stop.is_set()
                 await checkout.push()
             await host.mark_warm()
         except BaseException:
@@ -213,38 +210,6 @@ async def _adopt(host: RunHost, checkout: Checkout, record: RunRecord) -> None:
         state=new.to_json(),
     )
     _LOGGER.info("run %s taken over by worker %s", run_id, host.name)
-
-
-async def _turn(run: AutoRun, stop: asyncio.Event) -> bool:
-    """Run the run's next turn; whether the run goes on (not ended, stopped or crashed)."""
-    channel = run.channel
-    if stop.is_set():
-        channel.request_stop()
-    try:
-        match await channel.next_prompt():
-            case Ready(prompt=prompt):
-                try:
-                    out = await until_stopped(
-                        run.runner.run_turn(prompt),
-                        stop,
-                        what="the turn",
-                        session_id=run.session_id,
-                    )
-                except TurnPreempted as exc:
-                    if stop.is_set():
-                        await channel.record_preempted(STOPPED_BY_PERSON.lower())
-                    else:
-                        await channel.record_turn_error(str(exc))
-                    return False
-                except TurnError as exc:
-                    await channel.record_turn_error(str(exc))
-                    return False
-                await channel.publish_output(out)
-                return run.state.status is AutoStatus.RUNNING and not stop.is_set()
-            case _:
-                return False
-    finally:
-        await channel.flush()
 
 
 def _stopped_by_budget(record: RunRecord) -> bool:
