@@ -253,19 +253,11 @@ class WorkersDrives:
         return False
 
     async def _follow(self, drive: _Drive, resumed: bool) -> None:
+        follower: RunFollower[OnWorkers] | None = None
         try:
-            look = look_on_workers(self.db, drive.run_id, silent_after=self.settings.worker_timeout)
-            placed = await look()
-            follower = RunFollower(
-                self.db,
-                drive.run_id,
-                look,
-                task=drive.task,
-                since=placed.placement.created_at,
-                after=await self._resume_at(drive.run_id) if resumed else 0,
-            )
             while True:
                 try:
+                    follower = follower or await self._follower(drive, resumed)
                     async for event in follower.events():
                         match event:
                             case TurnStarted():
@@ -287,6 +279,18 @@ class WorkersDrives:
             _LOGGER.exception("could not follow the drive", extra={"run_id": drive.run_id})
         finally:
             self.followed.pop(drive.run_id, None)
+
+    async def _follower(self, drive: _Drive, resumed: bool) -> RunFollower[OnWorkers]:
+        look = look_on_workers(self.db, drive.run_id, silent_after=self.settings.worker_timeout)
+        placed = await look()
+        return RunFollower(
+            self.db,
+            drive.run_id,
+            look,
+            task=drive.task,
+            since=placed.placement.created_at,  # (its task's events from the drive's start)
+            after=await self._resume_at(drive.run_id) if resumed else 0,
+        )
 
     async def _resume_at(self, run_id: str) -> int:
         """After a restart, the cursor to follow on from: the turns that had ended were
