@@ -15,7 +15,7 @@ kept (``after``: the last event it showed) goes on without giving an event twice
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -134,7 +134,7 @@ class RunFollower(Generic[W]):
     after: int = 0
     poll: float = 0.25
 
-    async def events(self) -> AsyncIterator[Followed[W]]:
+    async def events(self) -> AsyncGenerator[Followed[W], None]:
         """Yield the run's events; the last one is :class:`RunEnded`."""
         log = EventLog(self.db, poll=self.poll)
         runs = SqliteRunStore(self.db)

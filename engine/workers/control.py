@@ -276,9 +276,12 @@ async def follow_run(
     async with open_database(settings) as db:
         look = look_on_workers(db, run_id, silent_after=settings.worker_timeout)
         follower = RunFollower(db, run_id, look, after=after, poll=_POLL)
-        async with stop_once_asked(settings, db, run_id, stop_requested, out, "the run"):
-            note: str | None = None
-            async for event in follower.events():
+        note: str | None = None
+        async with (
+            stop_once_asked(settings, db, run_id, stop_requested, out, "the run"),
+            contextlib.aclosing(follower.events()) as events,
+        ):
+            async for event in events:
                 match event:
                     case Looked(where=where) if where.waiting != note:
                         note = where.waiting

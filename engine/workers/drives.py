@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass
@@ -121,8 +122,11 @@ async def follow_drive(
             db, run_id, look, task=task_name, since=placed.placement.created_at, poll=_POLL
         )
         last: tuple[str | None, str | None] = (None, None)
-        async with stop_once_asked(settings, db, run_id, stop_requested, out, "the drive"):
-            async for event in follower.events():
+        async with (
+            stop_once_asked(settings, db, run_id, stop_requested, out, "the drive"),
+            contextlib.aclosing(follower.events()) as events,
+        ):
+            async for event in events:
                 if isinstance(event, Looked):
                     placed = event.where
                 task = await store.find(task_name)
