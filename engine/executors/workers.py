@@ -1,4 +1,4 @@
-"""Auto runs on the workers: queued, followed from the store, stopped through it.
+"""Auto runs on the workers: queued, followed from the event log, stopped through the store.
 
 A run shows where it is followed as a run of this process does: one live status message
 (its last line names the worker running the turn), the turns, the final report. A stop asked
