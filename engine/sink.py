@@ -258,15 +258,16 @@ class LogSink:
         )
 
 
-#: How much of a note the event log keeps.
-_NOTE_HEAD = 4000
+#: How much of a note's text (and of its body) the event log keeps: a chat message's worth.
+_NOTE_CAP = 8000
 
 
 class RecordingSink:
     """A sink that also writes what it is given to the run's event log, then passes it on.
 
     A turn's output is not copied (its turn-ended event points at the turn, which holds it);
-    every other text is a note event with its kind, of the text's run and task.
+    every other text is a note event with its kind, of the text's run and task, and what a
+    front end needs to say it again as it was said: its text and its body (when it has one).
     """
 
     def __init__(
@@ -291,7 +292,9 @@ class RecordingSink:
 
     async def publish_run_text(self, said: RunText) -> None:
         if said.kind is not TextKind.TURN:
-            data: dict[str, object] = {"note": said.kind.value, "text": said.text[:_NOTE_HEAD]}
+            data: dict[str, object] = {"note": said.kind.value, "text": said.text[:_NOTE_CAP]}
+            if said.body is not None:
+                data["body"] = said.body[:_NOTE_CAP]
             await self._record(said.run_id, EventKind.NOTE, data, said.task)
         await publish_said(self.inner, said)
 

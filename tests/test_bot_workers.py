@@ -21,10 +21,11 @@ import pytest
 
 from bot.app import BotRuntime
 from engine.automode.state import AutoModeState
+from engine.runs.follow import Followed, Looked, RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import TurnOutput
-from engine.workers.follow import RunEnded, RunEvent, RunFollower, TurnEnded, TurnStarted, Waiting
 from engine.workers.store import QueuedRun, WorkerStore
+from engine.workers.views import OnWorkers, look_on_workers
 from tests.automode_support import (
     CLARIFY,
     EVALUATE,
@@ -42,40 +43,46 @@ from tests.workers_support import cluster as cluster  # the fixture
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(120)]
 
 
-async def _next(events: AsyncIterator[RunEvent]) -> RunEvent:
+async def _next(events: AsyncIterator[Followed[OnWorkers]]) -> Followed[OnWorkers]:
     return await asyncio.wait_for(anext(events), timeout=10)
 
 
 async def test_the_follower_gives_each_turn_once_then_the_end(database: Any) -> None:
-    """The store as a worker writes it, step by step: each event once, in order; an idle
-    interval costs one read (the fingerprint), the rows only when it changes."""
+    """The store as a worker writes it, step by step: each event once, in order, read from
+    the event log; where the run is (its placement, whether it waits for a worker) when that
+    changes; a follower given the cursor its user kept gives no event again."""
     workers, runs = WorkerStore(database), SqliteRunStore(database)
     spec = QueuedRun(run_id="auto-f1", objective="o", tool="command", project="demo")
     await workers.place(spec)
-    follower = RunFollower(database, "auto-f1", silent_after=2.0, poll=0.01)
+    look = look_on_workers(database, "auto-f1", silent_after=2.0)
+    follower = RunFollower(database, "auto-f1", look, poll=0.01)
     events = follower.events()
-    assert await _next(events) == Waiting("auto-f1", "waiting for a worker")
+    first = await _next(events)
+    assert isinstance(first, Looked)
+    assert first.where.waiting == "waiting for a worker"
     await workers.take("auto-f1", "w1")
     state = AutoModeState("auto-f1", "s", "o", "/w", "/w/logs", max_turns=5, tool="command")
     # Its first step fills in the row placing wrote.
     await runs.start_placed("auto-f1", session_id="s", workdir="/w")
     await runs.update_run("auto-f1", state=state.to_json())
     await workers.register("w1", host="h", pid=1, capacity=1, queues=["turnstile.agent.command"])
-    first = await runs.start_turn("auto-f1", 1, "prompt", "clarify")
+    first_turn = await runs.start_turn("auto-f1", 1, "prompt", "clarify")
     started = await _next(events)
-    while isinstance(started, Waiting):  # (the note clears once the worker is seen alive)
-        assert started.note is None
+    while not isinstance(started, TurnStarted):  # (its start, its look, its row's changes)
+        assert not isinstance(started, (TurnEnded, RunEnded))
         started = await _next(events)
-    assert isinstance(started, TurnStarted)
-    assert (started.seq, started.attempt, started.phase, started.worker) == (1, 1, "clarify", "w1")
-    # Nothing changes: each interval is the one fingerprint read (rows every few only).
-    before = follower.reads
-    pending = asyncio.ensure_future(anext(events))
-    await asyncio.wait_for(_until(lambda: follower.reads >= before + 8), timeout=10)
-    assert not pending.done()
-    await runs.finish_turn(first, TurnOutput("Goal: x", exit_code=0))
-    ended = await asyncio.wait_for(pending, timeout=10)
-    assert isinstance(ended, TurnEnded)
+    assert (started.seq, started.attempt, started.phase, started.where.worker) == (
+        1,
+        1,
+        "clarify",
+        "w1",
+    )
+    assert started.where.waiting is None  # (the worker is alive and holds it)
+    await runs.finish_turn(first_turn, TurnOutput("Goal: x", exit_code=0))
+    ended = await _next(events)
+    while not isinstance(ended, TurnEnded):
+        assert not isinstance(ended, (TurnStarted, RunEnded))
+        ended = await _next(events)
     assert (ended.turn.seq, ended.turn.state, ended.turn.output) == (
         1,
         TurnState.FINISHED,
@@ -84,21 +91,16 @@ async def test_the_follower_gives_each_turn_once_then_the_end(database: Any) -> 
     await runs.update_run("auto-f1", status=RunStatus.COMPLETED)
     await workers.let_go("auto-f1", "")
     end = await _next(events)
-    assert isinstance(end, RunEnded)
-    assert end.record is not None
+    while not isinstance(end, RunEnded):
+        assert not isinstance(end, (TurnStarted, TurnEnded))
+        end = await _next(events)
     assert end.record.status is RunStatus.COMPLETED
+    assert end.where.ended
     with pytest.raises(StopAsyncIteration):
         await _next(events)
-    # Resumed with what was given before (a restarted bot): no turn is given again.
-    again = RunFollower(
-        database, "auto-f1", silent_after=2.0, poll=0.01, started={(1, 1)}, ended={(1, 1)}
-    )
-    assert [type(e) async for e in again.events()] == [RunEnded]
-
-
-async def _until(check: Any) -> None:
-    while not check():
-        await asyncio.sleep(0.005)  # (polls a counter the follower's own task advances)
+    # Followed again from the cursor its user kept (a restarted bot): no event again.
+    again = RunFollower(database, "auto-f1", look, after=follower.after, poll=0.01)
+    assert [type(e) async for e in again.events()] == [Looked, RunEnded]
 
 
 def _script(cluster: Cluster, *, wait_file: Path | None = None) -> None:

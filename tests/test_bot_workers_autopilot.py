@@ -178,7 +178,7 @@ async def test_a_restarted_bot_goes_on_following_a_drive_without_posting_twice(
         return m.text.startswith("🛂 Gate: task T1") and "phase research" in m.text
 
     def person(m: SentMessage) -> bool:
-        return m.text.startswith("✋ Autopilot for T1 needs a person")
+        return m.text.startswith("[T1] needs a person")
 
     async with FakeBotApi() as api:
         settings = _bot_on_workers(api, cluster, command, projects)

@@ -114,7 +114,7 @@ def _autopilot_events(cluster: Cluster, run_id: str, task: str) -> list[dict[str
         kept = {
             k: v.replace(task, "TASK") if isinstance(v, str) else v
             for k, v in event.items()
-            if k not in {*_PLACE, "sha256", "text", "size", "parent"}
+            if k not in {*_PLACE, "sha256", "text", "body", "size", "parent"}
         }
         said.append(kept)
     return said

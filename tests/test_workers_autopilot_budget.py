@@ -364,7 +364,7 @@ async def test_a_front_ends_drive_on_the_workers_keeps_its_budget_and_says_it_st
         await wait_until(lambda: any("💰" in t for t in chat.notes.values()), what="the note")
     assert chat.notes[stopped] == (
         "[t2] Stopped by its budget: $1.15 of $1.00 spent; it stopped after the turn that "
-        "reached it, and the task stays at decomposition:awaiting_approval."
+        "reached it, and the task stays at decomposition, waiting for approval."
     )
     assert [t for t in chat.notes.values() if "💰" in t] == [
         "[t2] 💰 This drive has spent $0.8500 of its budget ($1.00): it stops after the turn "

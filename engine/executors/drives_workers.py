@@ -1,16 +1,17 @@
 """Autopilot drives on the workers, for a front end: queued, followed, stopped and woken.
 
-A drive on the workers reports nothing to this process: its worker records the run's turns
-and the task's phase changes. A follower reads them (:class:`engine.workers.follow.RunFollower`
-for the turns, the gate store for the phase, the event log for the drive's notes) and hands
-the front end's sink what an in-process drive hands it: a phase's status as its turn starts,
-the turn's output, the step done, the completion summary, a drive sent to a person. The
-gates the workers open are announced through the sink as they open.
+A drive on the workers reports nothing to this process: its worker records the run's turns,
+and what the drive says (its steps, its problems, a wave queued or merged, its completion,
+why it needs a person) is written to the event log as it says it. One follower
+(:class:`engine.runs.follow.RunFollower`) reads the log and hands the front end's sink what
+an in-process drive hands it: a phase's status as its turn starts, the turn's output (from
+its turn row), each of the drive's texts as it said it. The gates the workers open are
+announced through the sink as they open.
 
-The messages' names are made from the drive's run and turn, so after a restart the follower
-starts again without saying anything twice: the turns that had ended are not given again, a
-running turn writes its phase's message again, and a drive's end is said once (its message
-is looked up first). Drives this process drove before are still resumed and stopped here
+The messages' names are made from the drive's run and the log's events, so after a restart
+the follower starts again without saying anything twice: it goes on from its last ended turn
+(a running turn writes its phase's message again) and what was said since is said once.
+Drives this process drove before are still resumed and stopped here
 (:class:`~engine.executors.drives.LocalDrives`).
 """
 
@@ -32,31 +33,26 @@ from engine.executors.drives import (
     LocalDrives,
 )
 from engine.gates import GateRefused, Gates
-from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
 from engine.humane import exit_note, humane, words
 from engine.runs import Recovery
+from engine.runs.follow import Note, RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
-from engine.sink import RunSink, StatusUpdate, TextKind, publish, summary_ref
+from engine.sink import RunSink, RunText, StatusUpdate, TextKind, publish, publish_said, summary_ref
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, EventLog
-from engine.store.runs import SqliteRunStore, TurnState
+from engine.store.runs import TurnState
 from engine.workers.autopilot import budget_stopped
 from engine.workers.control import chat_placements, stop_placed
 from engine.workers.drives import gate_requests, queue_drive, wake_drive
-from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted, run_or_none
 from engine.workers.store import Placement, PlacementStatus, WorkerStore
+from engine.workers.views import OnWorkers, look_on_workers
 
 __all__ = ["WorkersDrives"]
 
 _LOGGER = logging.getLogger(__name__)
-_POLL: Final = 0.25
 _RETRY: Final = 1.0
-
-
-def _phase_of(event: TurnStarted | TurnEnded) -> str | None:
-    return event.phase if isinstance(event, TurnStarted) else event.turn.phase
 
 
 def _person_ref(run_id: str) -> str:
@@ -72,7 +68,6 @@ class _Drive:
     run_id: str
     task: str
     place: ChatPlace
-    label: str | None = None
     job: asyncio.Task[None] | None = None
 
 
@@ -257,31 +252,20 @@ class WorkersDrives:
                 return True
         return False
 
-    async def _task(self, name: str) -> TaskRecord | None:
-        return await self.gates.store.find(name)
-
     async def _follow(self, drive: _Drive, resumed: bool) -> None:
-        follower = RunFollower(
-            self.db, drive.run_id, silent_after=self.settings.worker_timeout, poll=_POLL
-        )
-        ended = asyncio.Event()
-        notes = asyncio.create_task(self._notes(drive, ended), name=f"notes-{drive.run_id}")
+        follower: RunFollower[OnWorkers] | None = None
         try:
-            if resumed:
-                await self._seed(drive, follower)
             while True:
                 try:
+                    follower = follower or await self._follower(drive, resumed)
                     async for event in follower.events():
-                        match event:
-                            case TurnStarted() | TurnEnded():
-                                await self._steps(drive, _phase_of(event))
-                            case _:
-                                await self._steps(drive, None)
                         match event:
                             case TurnStarted():
                                 await self._status(drive, "running", event.phase, event.seq)
                             case TurnEnded():
                                 await self._turn_ended(drive, event)
+                            case Note(said=said):
+                                await self._said(drive, said, event.cursor)
                             case RunEnded():
                                 await self._ended(drive, event)
                     return
@@ -290,82 +274,48 @@ class WorkersDrives:
                     _LOGGER.warning("following paused: %s", exc, extra={"run_id": drive.run_id})
                     await asyncio.sleep(_RETRY)
         except asyncio.CancelledError:
-            notes.cancel()
             raise
         except Exception:
             _LOGGER.exception("could not follow the drive", extra={"run_id": drive.run_id})
         finally:
-            ended.set()
-            await asyncio.gather(notes, return_exceptions=True)
             self.followed.pop(drive.run_id, None)
 
-    async def _notes(self, drive: _Drive, ended: asyncio.Event) -> None:
-        """What the drive tells the people following it (a phase's problems before its
-        revision turn, a wave queued or merged, a conflict), read from the event log and
-        posted once each: a note's message is named after its event, so reading the log
-        again after a restart posts nothing twice. Its steps, turns, gates and end the
-        follower says itself."""
-        placement = await WorkerStore(self.db).placement(drive.run_id)
-        since = placement.created_at if placement is not None else 0.0
-        log = EventLog(self.db)
-        key = drive.run_id
-        cursor = 0
-        while True:
-            last = ended.is_set()
-            try:
-                batch = await log.read(drive.run_id, task=drive.task, after=cursor, since=since)
-                for event in batch:
-                    if event.kind == EventKind.NOTE and event.data.get("note") == TextKind.NOTE:
-                        await self.notices.notice(
-                            key,
-                            humane(str(event.data.get("text", ""))),
-                            live=f"note:{event.id}",
-                            markdown=True,
-                        )
-                    cursor = event.id
-            except TurnstileError as exc:  # the database may be away a moment
-                raise_if_cancelled()
-                _LOGGER.warning("notes paused: %s", exc, extra={"run_id": drive.run_id})
-                await asyncio.sleep(_RETRY)
-                continue
-            if last and not batch:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), _POLL)
-
-    async def _seed(self, drive: _Drive, follower: RunFollower) -> None:
-        """After a restart: the turns that had ended were shown; a running one is shown
-        again (its phase's message is the same one, edited)."""
-        for turn in await SqliteRunStore(self.db).turns(drive.run_id):
-            if turn.state is not TurnState.STARTED:
-                key = (turn.seq, turn.attempt)
-                follower.started.add(key)
-                follower.ended.add(key)
-        task = await self._task(drive.task)
-        drive.label = task.label if task is not None else None
-
-    async def _steps(self, drive: _Drive, busy: str | None) -> None:
-        """A phase the drive left since the last look: its message says it is done (once
-        the turns of that phase read with it are shown: ``busy``, the phase of the turn
-        about to be shown)."""
-        task = await self._task(drive.task)
-        if task is None:
-            return
-        before = drive.label
-        if before is not None and busy is not None and before.split(":", 1)[0] == busy:
-            return  # said after this turn of the phase
-        drive.label = task.label
-        if before is None or before == task.label or ":" in before:
-            return  # the first look, no change, or a gate passed (its message says it)
-        if before in (COMPLETE, HUMAN_INTERVENTION) or task.phase == HUMAN_INTERVENTION:
-            return  # (sent to a person: said when the drive ends)
-        await publish(
-            self.sink,
+    async def _follower(self, drive: _Drive, resumed: bool) -> RunFollower[OnWorkers]:
+        look = look_on_workers(self.db, drive.run_id, silent_after=self.settings.worker_timeout)
+        placed = await look()
+        return RunFollower(
+            self.db,
             drive.run_id,
-            f"[{drive.task}] {words(before)} done → {words(task.label)}",
-            TextKind.STEP,
+            look,
             task=drive.task,
+            since=placed.placement.created_at,  # (its task's events from the drive's start)
+            after=await self._resume_at(drive.run_id) if resumed else 0,
         )
+
+    async def _resume_at(self, run_id: str) -> int:
+        """After a restart, the cursor to follow on from: the turns that had ended were
+        shown, a running one is shown again (its phase's message is the same one, edited),
+        and what the drive said since its last turn is read again (each said once)."""
+        cursor = 0
+        for event in await EventLog(self.db).read(run_id, limit=100_000):
+            if event.kind == EventKind.TURN_ENDED:
+                cursor = event.id
+            elif event.kind == EventKind.TURN_STARTED:
+                cursor = max(cursor, event.id - 1)
+        return cursor
+
+    async def _said(self, drive: _Drive, said: RunText, cursor: int) -> None:
+        """What the drive said, as a drive in this process says it: a note and why it waits
+        for a person posted once each (named after the drive and its event), its steps and
+        its completion summary through the sink."""
+        if said.kind is TextKind.NOTE:
+            live = f"note:{cursor}"
+        elif said.kind is TextKind.PERSON:
+            live = _person_ref(drive.run_id)
+        else:
+            await publish_said(self.sink, said)
+            return
+        await self.notices.notice(drive.run_id, humane(said.text), live=live, markdown=True)
 
     async def _status(
         self, drive: _Drive, status: str, phase: str | None, turn: int, event: str | None = None
@@ -387,7 +337,8 @@ class WorkersDrives:
             )
         )
 
-    async def _turn_ended(self, drive: _Drive, event: TurnEnded) -> None:
+    async def _turn_ended(self, drive: _Drive, event: TurnEnded[OnWorkers]) -> None:
+        # (Its output is the turn's, not in the log: said as the drive says it.)
         turn = event.turn
         phase = turn.phase or "turn"
         if turn.state is TurnState.FINISHED:
@@ -404,60 +355,37 @@ class WorkersDrives:
                 body=text,
             )
             return
-        where = f" on worker {event.worker}" if event.worker else ""
+        worker = event.where.worker
+        where = f" on worker {worker}" if worker else ""
         why = f": {turn.error}" if turn.error else ""
         verb = "cut off" if turn.state is TurnState.INTERRUPTED else "failed"
         # A cut-off turn runs again (on this worker or another): its phase's message says so.
         await self._status(drive, "running", phase, turn.seq, f"{phase} {verb}{where}{why}")
 
-    async def _ended(self, drive: _Drive, event: RunEnded) -> None:
-        if await self._end_said(event.placement):
-            return
-        task = await self._task(drive.task)
-        run_id = key = drive.run_id
-        if event.placement.status is PlacementStatus.STOPPED:
+    async def _ended(self, drive: _Drive, event: RunEnded[OnWorkers]) -> None:
+        """Its phase's message says how it ended; the drive said why itself (complete,
+        sent to a person, its budget spent), but not that a person stopped it here."""
+        placement = event.where.placement
+        task = await self.gates.store.find(drive.task)
+        run_id = drive.run_id
+        if placement.status is PlacementStatus.STOPPED:
             # Its running phase's message says so (and loses its Stop button), as here.
             await self._status(drive, "stopped", None, 0)
             await self.notices.notice(
-                key,
+                run_id,
                 f"⏹ Autopilot for {drive.task} stopped on the workers (run {run_id}); the "
                 f"task keeps its phase. /autopilot {drive.task} resumes it.",
                 live=_stopped_ref(run_id),
             )
-            return
-        if budget_stopped(event.placement, await run_or_none(SqliteRunStore(self.db), run_id)):
+        elif budget_stopped(placement, event.record):
             label = task.label if task is not None else "its phase"
             await self._status(drive, "stopped", label, 0, "budget spent")
-            # As the drive in this process says it (its log has it too).
+        elif task is not None and task.phase in (COMPLETE, HUMAN_INTERVENTION):
+            await self._status(drive, task.phase, task.label, 0)
+        else:
             await self.notices.notice(
-                key,
-                f"[{drive.task}] {event.placement.note}; it stopped after the turn that "
-                f"reached it, and the task stays at {label}.",
+                run_id,
+                f"⚠️ Autopilot for {drive.task} ended on the workers (run {run_id}): "
+                f"{placement.note or placement.status.value}\n/autopilot {drive.task} resumes it.",
                 live=_person_ref(run_id),
             )
-            return
-        if task is not None and task.phase == COMPLETE:
-            await self._status(drive, "complete", task.label, 0)
-            await publish(
-                self.sink, key, f"[{drive.task}] complete", TextKind.FINAL, task=drive.task, body=""
-            )
-            return
-        if task is not None and task.phase == HUMAN_INTERVENTION:
-            await self._status(drive, "human_intervention", task.label, 0)
-            reason = await self._why_human(task) or event.placement.note or "see its status"
-            said = f"✋ Autopilot for {drive.task} needs a person: {reason}"
-        else:
-            said = (
-                f"⚠️ Autopilot for {drive.task} ended on the workers (run {run_id}): "
-                f"{event.placement.note or event.placement.status.value}"
-            )
-        await self.notices.notice(
-            key, f"{said}\n/autopilot {drive.task} resumes it.", live=_person_ref(run_id)
-        )
-
-    async def _why_human(self, task: TaskRecord) -> str | None:
-        history = await self.gates.store.history(task.name)
-        for change in reversed(history):
-            if change.to_phase == HUMAN_INTERVENTION:
-                return change.reason
-        return None

@@ -1,4 +1,4 @@
-"""Auto runs on the workers: queued, followed from the store, stopped through it.
+"""Auto runs on the workers: queued, followed from the event log, stopped through the store.
 
 A run shows where it is followed as a run of this process does: one live status message
 (its last line names the worker running the turn), the turns, the final report. A stop asked
@@ -27,11 +27,13 @@ from engine.executors.base import AutoRequest, Notices, Started, wait_all
 from engine.executors.local import LocalAuto
 from engine.humane import format_elapsed, words
 from engine.runs import Recovery
+from engine.runs.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
 from engine.sink import RunSink, StatusUpdate, TextKind, publish, publish_said
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
+from engine.store.events import EventLog
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.workers.control import (
     chat_placements,
@@ -43,16 +45,14 @@ from engine.workers.control import (
     worker_status,
     workers_project_problem,
 )
-from engine.workers.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.workers.store import Placement, WorkerStore
-from engine.workers.views import is_warm
+from engine.workers.views import OnWorkers, is_warm, look_on_workers
 
 __all__ = ["WorkersAuto"]
 
 _LOGGER = logging.getLogger(__name__)
 
-# How often a follower reads the store; how long it waits when the database is away.
-_FOLLOW_POLL: Final = 1.0
+# How long a follower waits when the database is away.
 _RETRY: Final = 2.0
 
 
@@ -67,9 +67,9 @@ class _Followed:
 
     run_id: str
     task: asyncio.Task[None] | None = None
-    end: RunEnded | None = None
-    # The turns (seq, attempt) shown before it went on (a raised budget): not shown again.
-    seen: frozenset[tuple[int, int]] = frozenset()
+    end: RunEnded[OnWorkers] | None = None
+    # The cursor: the events up to it were shown (before a raised budget let it go on).
+    after: int = 0
 
 
 class WorkersAuto:
@@ -152,7 +152,7 @@ class WorkersAuto:
             return await self.local.raise_budget(run_id, budget, chat_id=chat_id)
         if placement.spec.chat_id != chat_id:
             raise ConfigError(f"run {run_id} is not this chat's")
-        turns = await SqliteRunStore(self.db).turns(run_id)
+        after = await EventLog(self.db).last_id()  # (what it did so far was shown)
         resumed = await raise_budget_on_workers(self.settings, self.db, run_id, budget)
         # A follower that saw the end tells it first; one that had not yet follows on.
         last = self.followed.get(run_id)
@@ -167,7 +167,7 @@ class WorkersAuto:
         self._follow(
             run_id,
             ChatPlace(chat_id, placement.spec.thread_id),
-            seen=frozenset((t.seq, t.attempt) for t in turns),
+            after=after,
         )
         return (
             f"▶️ Auto run {run_id} goes on under a budget of {budget.text()}, at round "
@@ -195,12 +195,11 @@ class WorkersAuto:
             await self._confirm_stop(followed.run_id, followed.end)
         return True
 
-    async def _confirm_stop(self, run_id: str, event: RunEnded) -> None:
+    async def _confirm_stop(self, run_id: str, event: RunEnded[OnWorkers]) -> None:
         known = await self.notices.shown(_stopping(run_id))
         if known is None or not known.startswith("⏹ Stopping"):
             return  # no stop was asked from here, or it was confirmed already
-        record, placement = event.record, event.placement
-        worker = placement.last_worker or placement.worker
+        record, worker = event.record, event.where.worker
         where = f" on worker {worker}" if worker else ""
         if record.status is RunStatus.STOPPED:
             text = f"⏹ Run {run_id} stopped{where}."
@@ -233,31 +232,23 @@ class WorkersAuto:
 
     # -- following from the store ------------------------------------------------------
 
-    def _follow(
-        self, run_id: str, place: ChatPlace, *, seen: frozenset[tuple[int, int]] = frozenset()
-    ) -> None:
+    def _follow(self, run_id: str, place: ChatPlace, *, after: int = 0) -> None:
         if run_id in self.followed:
             return
         self.notices.follow(run_id, place)
-        followed = _Followed(run_id, seen=seen)
+        followed = _Followed(run_id, after=after)
         self.followed[run_id] = followed
         followed.task = asyncio.create_task(self._follow_run(followed), name=f"follow-{run_id}")
 
     async def _follow_run(self, followed: _Followed) -> None:
         """The run's turns and end as a run of this process shows them, through the sink."""
         run_id = followed.run_id
-        follower = RunFollower(
-            self.db,
-            run_id,
-            silent_after=self.settings.worker_timeout,
-            poll=_FOLLOW_POLL,
-            started=set(followed.seen),
-            ended=set(followed.seen),
-        )
+        look = look_on_workers(self.db, run_id, silent_after=self.settings.worker_timeout)
+        follower = RunFollower(self.db, run_id, look, after=followed.after)
         try:
             while True:
                 try:
-                    # The follower keeps the turns it has given: a retry gives no turn twice.
+                    # The follower keeps its cursor: a retry gives no event twice.
                     async for event in follower.events():
                         match event:
                             case TurnStarted():
@@ -266,6 +257,7 @@ class WorkersAuto:
                                 await self._turn_ended(event)
                             case RunEnded():
                                 await self._run_ended(followed, event)
+                        followed.after = follower.after
                     return
                 except TurnstileError as exc:
                     # The database may be away a moment; the run goes on on its worker.
@@ -304,9 +296,10 @@ class WorkersAuto:
             )
         )
 
-    async def _turn_started(self, event: TurnStarted) -> None:
+    async def _turn_started(self, event: TurnStarted[OnWorkers]) -> None:
         label = Phase(event.phase).label if event.phase else "Turn"
-        where = f" on worker {event.worker}" if event.worker else ""
+        worker = event.where.worker
+        where = f" on worker {worker}" if worker else ""
         assert event.state is not None  # (an auto run's)
         await self._status(
             event.run_id,
@@ -317,7 +310,7 @@ class WorkersAuto:
             event.round,
         )
 
-    async def _turn_ended(self, event: TurnEnded) -> None:
+    async def _turn_ended(self, event: TurnEnded[OnWorkers]) -> None:
         turn, state = event.turn, event.state
         assert state is not None  # (an auto run's)
         phase = Phase(turn.phase) if turn.phase else state.phase
@@ -336,7 +329,8 @@ class WorkersAuto:
             )
             await publish_said(self.sink, ended)
             return
-        where = f" on worker {event.worker}" if event.worker else ""
+        worker = event.where.worker
+        where = f" on worker {worker}" if worker else ""
         why = f": {turn.error}" if turn.error else ""
         if turn.state is TurnState.INTERRUPTED:
             said = f"⏹ {phase.label} cut off{where}{why}"
@@ -345,7 +339,7 @@ class WorkersAuto:
         # In the live status's last line until the next turn starts or the run ends.
         await self._status(event.run_id, state, phase.value, turn.seq, said, event.round)
 
-    async def _run_ended(self, followed: _Followed, event: RunEnded) -> None:
+    async def _run_ended(self, followed: _Followed, event: RunEnded[OnWorkers]) -> None:
         followed.end = event
         run_id = followed.run_id
         if await self.notices.told_ended(run_id):
@@ -353,7 +347,7 @@ class WorkersAuto:
             return  # told before a restart
         state = event.state
         if state is None:
-            note = event.placement.note or "stopped"
+            note = event.where.placement.note or "stopped"
             await self.notices.notice(
                 run_id, f"🤖 Auto run {run_id} did not start: {note}", live=f"status:{run_id}"
             )
@@ -376,7 +370,7 @@ class WorkersAuto:
         await self._confirm_stop(run_id, event)
         # The worker's report (with the evidence and work summary it measured), else what
         # the store says of the run.
-        report = event.placement.report or final_report(state)
+        report = event.where.placement.report or final_report(state)
         await publish(self.sink, run_id, report, TextKind.FINAL)
         budget = Budget.from_config(state.config)
         if state.config.get("stopped_by") == STOPPED_BY_BUDGET and budget is not None:

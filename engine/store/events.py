@@ -256,7 +256,7 @@ class EventLog:
         within ``linger`` seconds of it (a run's final report follows its end)."""
         cursor = after
         deadline: float | None = None
-        async with self._wakeups() as wait:
+        async with self.wakeups() as wait:
             while True:
                 for event in await self.read(run_id, task=task, after=cursor, since=since):
                     cursor = event.id
@@ -280,7 +280,7 @@ class EventLog:
         marks = ", ".join("?" * len(kinds))
         query = f"SELECT * FROM events WHERE id > ? AND kind IN ({marks}) ORDER BY id LIMIT ?"  # noqa: S608
         cursor = after
-        async with self._wakeups() as wait:
+        async with self.wakeups() as wait:
             while True:
                 rows = await self._db.fetchall(query, (cursor, *kinds, limit))
                 for row in rows:
@@ -291,7 +291,7 @@ class EventLog:
                     await wait()
 
     @contextlib.asynccontextmanager
-    async def _wakeups(self) -> AsyncIterator[Callable[[], Any]]:
+    async def wakeups(self) -> AsyncIterator[Callable[[], Any]]:
         """A ``wait()`` that returns once events may have been written, or after a poll."""
         listen = getattr(self._db, "listen", None)
         if listen is not None:

@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 from engine.settings import Settings
 from engine.spend import Budget
 from engine.store.backend import open_database
-from engine.store.runs import SqliteRunStore
+from engine.store.events import EventLog
 from engine.workers.control import (
     follow_run,
     new_spec,
@@ -88,7 +88,7 @@ async def resume_on_workers(args: argparse.Namespace, settings: Settings, run_id
             "budget stopped go on under a larger one: give --budget USD or --budget-tokens N"
         )
     async with open_database(settings) as db:
-        seen = frozenset((t.seq, t.attempt) for t in await SqliteRunStore(db).turns(run_id))
+        after = await EventLog(db).last_id()  # (what it did so far was printed)
         resumed = await raise_budget_on_workers(settings, db, run_id, budget)
     state = resumed.state
     where = f"worker {resumed.worker}" if resumed.worker else "another worker"
@@ -102,4 +102,4 @@ async def resume_on_workers(args: argparse.Namespace, settings: Settings, run_id
         return 0
     print("Ctrl-C stops the run.", flush=True)
     with stop_on_signals() as stop:
-        return await follow_run(settings, run_id, sys.stdout, stop_requested=stop, seen=seen)
+        return await follow_run(settings, run_id, sys.stdout, stop_requested=stop, after=after)

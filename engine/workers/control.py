@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, TextIO
 
@@ -23,12 +23,12 @@ from engine.automode.run import process_exit_code
 from engine.automode.state import AutoModeState, AutoStatus, progress_line
 from engine.errors import ConfigError, TurnstileError
 from engine.runs import RunMode, new_run_id
+from engine.runs.follow import Looked, RunEnded, RunFollower, TurnEnded, run_or_none
 from engine.runs.spec import ChatPlace, PlaceId
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.location import PostgresURL
 from engine.store.runs import RunRecord, RunStatus, SqliteRunStore
-from engine.workers.follow import RunEnded, RunFollower, TurnEnded, Waiting, run_or_none
 from engine.workers.queue import (
     abort_jobs,
     agent_queue,
@@ -40,7 +40,7 @@ from engine.workers.queue import (
     worker_queue,
 )
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workers.views import waiting_note
+from engine.workers.views import look_on_workers, waiting_note
 from engine.workspace.manager import DEFAULT_PROJECT, WorkspaceManager
 from engine.workspace.projects import is_repository_reference
 
@@ -266,33 +266,27 @@ async def follow_run(
     out: TextIO,
     *,
     stop_requested: asyncio.Event | None = None,
-    seen: frozenset[tuple[int, int]] = frozenset(),
+    after: int = 0,
 ) -> int:
     """Print the run's progress until it ends; its exit status (as ``turnstile auto``'s).
-    ``seen``: the turns (seq, attempt) not to print again (a run that goes on).
+    ``after``: the cursor of the last event already printed (a run that goes on).
 
     Nothing times out: with no worker alive the run waits, and this says so.
     """
     async with open_database(settings) as db:
-        follower = RunFollower(
-            db,
-            run_id,
-            silent_after=settings.worker_timeout,
-            poll=_POLL,
-            started=set(seen),
-            ended=set(seen),
-        )
-        stopper = None
-        if stop_requested is not None:
-            stopper = asyncio.create_task(
-                _stop_once_asked(settings, db, run_id, stop_requested, out),
-                name=f"stop-when-asked-{run_id}",
-            )
-        try:
-            async for event in follower.events():
+        look = look_on_workers(db, run_id, silent_after=settings.worker_timeout)
+        follower = RunFollower(db, run_id, look, after=after, poll=_POLL)
+        note: str | None = None
+        async with (
+            stop_once_asked(settings, db, run_id, stop_requested, out, "the run"),
+            contextlib.aclosing(follower.events()) as events,
+        ):
+            async for event in events:
                 match event:
-                    case Waiting(note=note) if note:
-                        print(f"… {note}", file=out, flush=True)
+                    case Looked(where=where) if where.waiting != note:
+                        note = where.waiting
+                        if note:
+                            print(f"… {note}", file=out, flush=True)
                     case TurnEnded(turn=turn):
                         took = (turn.finished_at or turn.started_at) - turn.started_at
                         code = "-" if turn.exit_code is None else str(turn.exit_code)
@@ -304,23 +298,40 @@ async def follow_run(
                             file=out,
                             flush=True,
                         )
-                    case RunEnded(record=record, placement=placement):
-                        return _final(run_id, record, placement, out)
-        finally:
-            if stopper is not None:
-                stopper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stopper
+                    case RunEnded(record=record, where=where):
+                        return _final(run_id, record, where.placement, out)
     raise ConfigError(f"run {run_id} is not on the workers")  # (the follower ends only so)
 
 
-async def _stop_once_asked(
-    settings: Settings, db: AnyDatabase, run_id: str, asked: asyncio.Event, out: TextIO
-) -> None:
-    await asked.wait()
-    print("Stopping the run: the running turn is pre-empted…", file=out, flush=True)
-    with contextlib.suppress(ConfigError):  # it ended meanwhile: the follower says how
-        await _stop(settings, db, run_id)
+@contextlib.asynccontextmanager
+async def stop_once_asked(
+    settings: Settings,
+    db: AnyDatabase,
+    run_id: str,
+    asked: asyncio.Event | None,
+    out: TextIO,
+    what: str,
+) -> AsyncIterator[None]:
+    """While the block runs: once ``asked`` is set, say so and stop ``what`` (run
+    ``run_id``); its follower says how it ended."""
+
+    async def stop() -> None:
+        assert asked is not None
+        await asked.wait()
+        print(f"Stopping {what}: the running turn is pre-empted…", file=out, flush=True)
+        with contextlib.suppress(ConfigError):  # it ended meanwhile: the follower says how
+            await _stop(settings, db, run_id)
+
+    if asked is None:
+        yield
+        return
+    stopper = asyncio.create_task(stop(), name=f"stop-when-asked-{run_id}")
+    try:
+        yield
+    finally:
+        stopper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopper
 
 
 def _final(run_id: str, record: RunRecord, placement: Placement, out: TextIO) -> int:

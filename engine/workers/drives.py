@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TextIO
 
@@ -20,14 +19,14 @@ from engine.errors import ConfigError
 from engine.gates.records import TaskRecord
 from engine.gates.workflow import COMPLETE
 from engine.runs import PlaceId, RunMode, new_run_id
+from engine.runs.follow import Looked, RunEnded, RunFollower
 from engine.sink import GateRequest
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase, open_database
-from engine.store.runs import SqliteRunStore
-from engine.workers.control import stop_on_signals
-from engine.workers.follow import run_or_none
+from engine.store.runs import RunRecord
+from engine.workers.control import stop_on_signals, stop_once_asked
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workers.views import waiting_note
+from engine.workers.views import look_on_workers
 
 if TYPE_CHECKING:
     from engine.settings import Settings
@@ -53,7 +52,7 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-_FOLLOW_POLL: Final = 0.25
+_POLL: Final = 0.25
 
 
 def new_drive_spec(
@@ -114,58 +113,61 @@ async def follow_drive(
     """Print the drive's progress until it ends (or parks, without ``wait_for_approval``);
     its exit status as ``turnstile autopilot``'s."""
     from engine.gates.service import Gates
-    from engine.workers.control import stop_run_in
 
     async with open_database(settings) as db:
-        workers = WorkerStore(db)
         store = Gates(db, settings).store
+        look = look_on_workers(db, run_id, silent_after=settings.worker_timeout)
+        placed = await look()
+        follower = RunFollower(
+            db, run_id, look, task=task_name, since=placed.placement.created_at, poll=_POLL
+        )
         last: tuple[str | None, str | None] = (None, None)
-        asked = False
-        while True:
-            if stop_requested is not None and stop_requested.is_set() and not asked:
-                asked = True
-                print("Stopping the drive…", file=out, flush=True)
-                with contextlib.suppress(ConfigError):
-                    await stop_run_in(settings, db, run_id)
-            placement = await workers.placement(run_id)
-            if placement is None:
-                raise ConfigError(f"run {run_id} is not on the workers")
-            task = await store.find(task_name)
-            label = task.label if task is not None else None
-            alive = [
-                w for w in await workers.workers() if w.alive(time.time(), settings.worker_timeout)
-            ]
-            note = waiting_note(placement, alive) or placement.note or None
-            if (label, note) != last:
-                where = f" on {placement.worker}" if placement.worker else ""
-                print(
-                    f"{task_name}: {label or 'not started'}{where}"
-                    + (f" · {note}" if note else ""),
-                    file=out,
-                    flush=True,
-                )
-                last = (label, note)
-            if placement.ended:
-                record = await run_or_none(SqliteRunStore(db), run_id)
-                if budget_stopped(placement, record):
-                    more = (
-                        "--budget-tokens MORE"
-                        if placement.spec.budget_usd is None
-                        else ("--budget MORE")
-                    )
+        async with (
+            stop_once_asked(settings, db, run_id, stop_requested, out, "the drive"),
+            contextlib.aclosing(follower.events()) as events,
+        ):
+            async for event in events:
+                if isinstance(event, Looked):
+                    placed = event.where
+                task = await store.find(task_name)
+                label = task.label if task is not None else None
+                placement, note = placed.placement, placed.waiting
+                if (label, note) != last:
+                    where = f" on {placement.worker}" if placement.worker else ""
                     print(
-                        f"{task_name}: {placement.note}; the drive stopped after the turn that "
-                        f"reached it, and the task stays at {label}. "
-                        f"`turnstile autopilot --task {task_name} {more}` goes on from there.",
+                        f"{task_name}: {label or 'not started'}{where}"
+                        + (f" · {note}" if note else ""),
                         file=out,
                         flush=True,
                     )
-                    return EXIT_BUDGET
-                return _exit_code(placement, task)
-            if placement.status is PlacementStatus.PARKED and not wait_for_approval:
-                print(f"{task_name}: parked at {label}", file=out, flush=True)
-                return EXIT_PARKED
-            await asyncio.sleep(_FOLLOW_POLL)
+                    last = (label, note)
+                if isinstance(event, RunEnded):
+                    return _ended(task_name, event.record, placement, task, out)
+                if placement.status is PlacementStatus.PARKED and not wait_for_approval:
+                    print(f"{task_name}: parked at {label}", file=out, flush=True)
+                    return EXIT_PARKED
+    raise ConfigError(f"run {run_id} is not on the workers")  # (the follower ends only so)
+
+
+def _ended(
+    task_name: str,
+    record: RunRecord,
+    placement: Placement,
+    task: TaskRecord | None,
+    out: TextIO,
+) -> int:
+    if budget_stopped(placement, record):
+        more = "--budget-tokens MORE" if placement.spec.budget_usd is None else "--budget MORE"
+        label = task.label if task is not None else None
+        print(
+            f"{task_name}: {placement.note}; the drive stopped after the turn that "
+            f"reached it, and the task stays at {label}. "
+            f"`turnstile autopilot --task {task_name} {more}` goes on from there.",
+            file=out,
+            flush=True,
+        )
+        return EXIT_BUDGET
+    return _exit_code(placement, task)
 
 
 def _exit_code(placement: Placement, task: TaskRecord | None) -> int:

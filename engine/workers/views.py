@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from engine.errors import ConfigError
 from engine.store.backend import AnyDatabase
 from engine.workers.store import Placement, WorkerRecord, WorkerStore
 
 if TYPE_CHECKING:
     from engine.settings import Settings
 
-__all__ = ["WAITING_FOR_WORKER", "WorkerView", "is_warm", "waiting_note", "worker_views"]
+__all__ = [
+    "WAITING_FOR_WORKER",
+    "OnWorkers",
+    "WorkerView",
+    "is_warm",
+    "look_on_workers",
+    "waiting_note",
+    "worker_views",
+]
 
 WAITING_FOR_WORKER: Final = "waiting for a worker"
 
@@ -32,6 +41,42 @@ def waiting_note(placement: Placement, alive: Sequence[WorkerRecord]) -> str | N
     if alive and not any(tool in w.agents for w in alive):
         return f"{WAITING_FOR_WORKER} with {tool} installed"
     return WAITING_FOR_WORKER
+
+
+@dataclass(frozen=True, slots=True)
+class OnWorkers:
+    """A run on the workers as a follower looks at it (:class:`engine.runs.follow.Where`):
+    its placement, and why it waits for a worker now (None: it does not)."""
+
+    placement: Placement
+    waiting: str | None
+
+    @property
+    def ended(self) -> bool:
+        return self.placement.ended
+
+    @property
+    def worker(self) -> str | None:
+        """The worker running it now, else the one that ran it last."""
+        return self.placement.worker or self.placement.last_worker
+
+
+def look_on_workers(
+    db: AnyDatabase, run_id: str, *, silent_after: float
+) -> Callable[[], Awaitable[OnWorkers]]:
+    """The look of a follower of run ``run_id`` on the workers (raises ConfigError once
+    it is not on them)."""
+    workers = WorkerStore(db)
+
+    async def look() -> OnWorkers:
+        placement = await workers.placement(run_id)
+        if placement is None:
+            raise ConfigError(f"run {run_id} is not on the workers")
+        now = time.time()
+        alive = [w for w in await workers.workers() if w.alive(now, silent_after)]
+        return OnWorkers(placement, waiting_note(placement, alive) or placement.note or None)
+
+    return look
 
 
 @dataclass(frozen=True, slots=True)
