@@ -17,14 +17,15 @@ from typing import Any
 
 import pytest
 
+from engine.runs.follow import RunEnded, RunFollower
 from engine.store import MigrationSet, SqliteRunStore
 from engine.store.backend import AnyDatabase, open_database
 from engine.store.database import discover_migrations
 from engine.store.location import PostgresURL
 from engine.store.runs import RunStatus
-from engine.workers.follow import RunEnded, RunFollower
 from engine.workers.migrations import OWNER
 from engine.workers.store import Job, PlacementStatus, QueuedRun, WorkerStore
+from engine.workers.views import look_on_workers
 
 BEFORE = 7  # the workers' schema before 0008_placement_run_rows
 GROUP = -1001234567890123
@@ -199,7 +200,8 @@ async def test_each_placement_has_its_run_s_row(migrated: AnyDatabase) -> None:
 async def test_a_follower_of_a_placement_that_never_started_is_told_it_ended(
     migrated: AnyDatabase, run_id: str
 ) -> None:
-    follower = RunFollower(migrated, run_id, silent_after=5.0, poll=0.05)
+    look = look_on_workers(migrated, run_id, silent_after=5.0)
+    follower = RunFollower(migrated, run_id, look, poll=0.05)
 
     async def last() -> object:
         events = [event async for event in follower.events()]
