@@ -389,8 +389,6 @@ class RunHost:
             # while the run was being placed). Hand it over.
             await defer_turn(self.app, run_id, queue=worker_queue(holder))
             return False
-        if before.run_status is None:
-            await workers.add_run_row(before.spec)  # (placed before placing wrote it)
         moved = holder is None and before.moves > 0
         kept = self.held.get(run_id)
         if kept is not None and (moved or kept.moves != before.moves):

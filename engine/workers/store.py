@@ -301,8 +301,8 @@ class Placement:
         return PlacementStatus.FINISHED
 
 
-# A placement with its run's row (NULL: a placement from before placing wrote the row,
-# whose first step has not come yet).
+# A placement with its run's row (every placement has one: placing writes it, and the
+# workers' migration 0008 wrote those of placements from before).
 _PLACEMENTS: Final = (
     "SELECT w.*, r.status AS run_status, r.exit_code AS run_exit_code, r.mode AS run_mode,"
     " r.agent AS run_agent, r.objective AS run_objective, r.chat_id AS run_chat_id,"
@@ -446,11 +446,6 @@ class WorkerStore:
                 " created_at, updated_at) VALUES (?, ?, NULL, ?, NULL, 0, ?, ?)",
                 (spec.run_id, spec.to_json(), Job.QUEUED.value, now, now),
             )
-
-    async def add_run_row(self, spec: QueuedRun) -> None:
-        """The row of a run placed before placing wrote it (nothing if it has one)."""
-        async with self._db.transaction() as conn:
-            await _add_run_row(conn, spec, self._clock())
 
     async def placement(self, run_id: str) -> Placement | None:
         row = await self._db.fetchone(f"{_PLACEMENTS} WHERE w.run_id = ?", (run_id,))
