@@ -27,11 +27,13 @@ pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.timeout(240)]
 # Writes its phase's artifact (the decomposition from its configuration) and says so.
 AGENT = textwrap.dedent(
     """
-    import json, os, re, sys
+    import json, os, re, sys, time
     from pathlib import Path
 
     prompt = sys.argv[sys.argv.index("--prompt") + 1]
     conf = json.loads(Path(os.environ["FAKE_PILOT_AGENT_CONF"]).read_text())
+    if "The engine found these problems" in prompt:  # a revision turn (it names no phase)
+        time.sleep(float(conf.get("revision_sleep", 0)))
     phase = re.search(r"^Phase: (\\w+) \\(", prompt, re.M).group(1)
     artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
     if phase not in conf.get("skip", []):  # (a phase it skips fails its checks)
@@ -255,7 +257,8 @@ async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_loca
 ) -> None:
     """The agent never writes research.md: the drive says the phase's problems, gives it one
     revision turn, then needs a person. The problems come to the chat from the workers'
-    drive too (from the event log), once, and a person is asked once."""
+    drive too (from the event log), once, and a person is asked once; the phase's message
+    says its revision turn runs, as a local drive's does."""
 
     def problems(m: SentMessage) -> bool:
         return "[T1 · research] problems:" in m.text and "research.md was not written" in m.text
@@ -263,7 +266,11 @@ async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_loca
     def person(m: SentMessage) -> bool:
         return "needs a person" in m.text
 
-    command, conf = _setup(tmp_path / "local", skip=["research"])
+    def revising(m: SentMessage) -> bool:
+        return any("⏳ running: revision turn…" in t for t in (m.text, *m.history))
+
+    # (The revision turn lasts long enough for its phase's message to show it.)
+    command, conf = _setup(tmp_path / "local", skip=["research"], revision_sleep=2)
     monkeypatch.setenv("FAKE_PILOT_AGENT_CONF", str(conf))
     async with FakeBotApi() as api:
         async with running_bot(api, _local_bot(api, tmp_path / "local", command)):
@@ -272,12 +279,13 @@ async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_loca
             await api.wait_for_message(person, timeout=90)
         local = api.sent
 
-    command, projects = _on_workers(cluster, skip=["research"])
+    command, projects = _on_workers(cluster, skip=["research"], revision_sleep=2)
     await asyncio.to_thread(cluster.start_worker, "w1", concurrency=1)
     async with FakeBotApi() as api:
         settings = _bot_on_workers(api, cluster, command, projects)
         async with running_bot(api, settings):
             api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/autopilot T1 build it")
+            queued = await api.wait_for_message(lambda m: "is queued on the workers" in m.text)
             await api.wait_for_message(problems, timeout=90)
             await api.wait_for_message(person, timeout=90)
         # A restart posts nothing again.
@@ -287,3 +295,12 @@ async def test_a_phase_s_problems_reach_the_chat_from_the_workers_as_from_a_loca
     for sent in (local, remote):
         assert sum(problems(m) for m in sent) == 1
         assert sum(person(m) for m in sent) == 1
+        assert sum(revising(m) for m in sent) == 1, [(m.text, m.history) for m in sent]
+    # The workers' drive recorded which of the phase's turns each was.
+    found = re.search(r"\(run (\S+)\)", queued.text)
+    assert found is not None
+    done = cluster.cli("runs", found.group(1), "--events", "--json")
+    assert done.returncode == 0, done.stderr
+    started = [json.loads(line) for line in done.stdout.splitlines()]
+    kinds = [e.get("turn_kind") for e in started if e["kind"] == "turn_started"]
+    assert kinds == ["phase", "revision"], done.stdout

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from engine.aio import raise_if_cancelled
@@ -33,8 +33,9 @@ from engine.executors.drives import (
     LocalDrives,
 )
 from engine.gates import GateRefused, Gates
+from engine.gates.autopilot import turn_finished
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
-from engine.humane import exit_note, humane, words
+from engine.humane import humane
 from engine.runs import Recovery
 from engine.runs.follow import Note, RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.runs.spec import ChatPlace, PlaceId
@@ -69,6 +70,8 @@ class _Drive:
     task: str
     place: ChatPlace
     job: asyncio.Task[None] | None = None
+    #: Which of its phase's turns each turn is (by its number), as its start said.
+    kinds: dict[int, str] = field(default_factory=dict)
 
 
 class WorkersDrives:
@@ -261,7 +264,10 @@ class WorkersDrives:
                     async for event in follower.events():
                         match event:
                             case TurnStarted():
-                                await self._status(drive, "running", event.phase, event.seq)
+                                kind = await self._kind(drive, event)
+                                await self._status(
+                                    drive, "running", event.phase, event.seq, f"{kind} turn"
+                                )
                             case TurnEnded():
                                 await self._turn_ended(drive, event)
                             case Note(said=said):
@@ -337,23 +343,23 @@ class WorkersDrives:
             )
         )
 
+    async def _kind(self, drive: _Drive, event: TurnStarted[OnWorkers]) -> str:
+        """Which of its phase's turns the turn starting is, as its event says."""
+        started = await EventLog(self.db).read(drive.run_id, after=event.cursor - 1, limit=1)
+        kind = str(started[0].data.get("turn_kind") or "phase") if started else "phase"
+        drive.kinds[event.seq] = kind
+        return kind
+
     async def _turn_ended(self, drive: _Drive, event: TurnEnded[OnWorkers]) -> None:
         # (Its output is the turn's, not in the log: said as the drive says it.)
         turn = event.turn
         phase = turn.phase or "turn"
         if turn.state is TurnState.FINISHED:
-            code = "" if turn.exit_code in (0, None) else f" (exit code {turn.exit_code})"
-            text = (turn.output or "").strip() or "(no output)"
-            note = exit_note(turn.exit_code, turn.stderr_tail or "")
-            text = f"{note}\n\n{text}" if note else text
-            await publish(
-                self.sink,
-                drive.run_id,
-                f"[{drive.task} · {words(phase)}] phase turn finished{code}:\n{text}",
-                TextKind.TURN,
-                task=drive.task,
-                body=text,
+            kind = drive.kinds.get(turn.seq, "phase")
+            said, text = turn_finished(
+                drive.task, phase, kind, turn.output or "", turn.exit_code, turn.stderr_tail or ""
             )
+            await publish(self.sink, drive.run_id, said, TextKind.TURN, task=drive.task, body=text)
             return
         worker = event.where.worker
         where = f" on worker {worker}" if worker else ""

@@ -69,6 +69,7 @@ __all__ = [
     "DriveOutcome",
     "drive_alive",
     "next_step",
+    "turn_finished",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -77,6 +78,19 @@ EXCERPT = 1500
 
 #: Builds the agent session of a task: ``(task, session_id, resume) -> AgentSession``.
 AgentFactory = Callable[[TaskRecord, str, bool], AgentSession]
+
+
+def turn_finished(
+    task: str, phase: str, kind: str, output: str, exit_code: int | None, stderr_tail: str
+) -> tuple[str, str]:
+    """What a drive says of a turn of ``task`` that ended (``kind``: ``phase`` or
+    ``revision``), wherever it ran: its message and its output (why it failed first, as a
+    chat turn's)."""
+    text = output.strip() or "(no output)"
+    code = "" if exit_code in (0, None) else f" (exit code {exit_code})"
+    failed = exit_note(exit_code, stderr_tail)
+    text = f"{failed}\n\n{text}" if failed else text
+    return f"[{task} · {words(phase)}] {kind} turn finished{code}:\n{text}", text
 
 
 class DriveOutcome(StrEnum):
@@ -330,7 +344,7 @@ class Autopilot:
         if run_id is None:
             out = await agent.run_turn(prompt)
         else:
-            out = await self._recorded_turn(run_id, task, agent, prompt)
+            out = await self._recorded_turn(run_id, task, agent, prompt, kind)
         await self.store.record_audit(
             "turn",
             "finished",
@@ -338,17 +352,10 @@ class Autopilot:
             phase=task.phase,
             detail=f"{kind}; exit {out.exit_code}",
         )
-        text = out.text.strip() or "(no output)"
-        code = "" if out.exit_code in (0, None) else f" (exit code {out.exit_code})"
-        # Why a turn failed leads its output, as a chat turn's does.
-        failed = exit_note(out.exit_code, out.stderr_tail)
-        text = f"{failed}\n\n{text}" if failed else text
-        await self._say(
-            task,
-            f"[{task.name} · {words(task.phase)}] {kind} turn finished{code}:\n{text}",
-            TextKind.TURN,
-            body=text,
+        said, text = turn_finished(
+            task.name, task.phase, kind, out.text, out.exit_code, out.stderr_tail
         )
+        await self._say(task, said, TextKind.TURN, body=text)
         if self.budget is not None:
             note = await self._count_spend(task, out)
             if note is not None:
@@ -391,11 +398,11 @@ class Autopilot:
         return DriveOutcome.STOPPED_BY_BUDGET
 
     async def _recorded_turn(
-        self, run_id: str, task: TaskRecord, agent: AgentSession, prompt: str
+        self, run_id: str, task: TaskRecord, agent: AgentSession, prompt: str, kind: str
     ) -> TurnOutput:
         record = await self.runs.get_run(run_id)
         seq = record.turn + 1
-        turn_id = await self.runs.start_turn(run_id, seq, prompt, task.phase)
+        turn_id = await self.runs.start_turn(run_id, seq, prompt, task.phase, kind=kind)
         try:
             out = await agent.run_turn(prompt)
         except asyncio.CancelledError:

@@ -112,13 +112,16 @@ _PROMPT_HEAD = 300
 
 
 def turn_started(
-    turn_id: int, seq: int, attempt: int, phase: str | None, prompt: str
+    turn_id: int, seq: int, attempt: int, phase: str | None, prompt: str, kind: str | None = None
 ) -> dict[str, Any]:
     """What a turn-started event carries: a chat turn's prompt is what a person wrote (its
-    head); a phase's prompt is the mode's own text, known by the phase."""
+    head); a phase's prompt is the mode's own text, known by the phase. ``kind``: which of
+    its phase's turns an autopilot turn is (``phase``, ``revision``), as its drive says it."""
     started: dict[str, Any] = {"turn_id": turn_id, "seq": seq, "attempt": attempt, "phase": phase}
     if phase is None:
         started["prompt"] = prompt[:_PROMPT_HEAD]
+    if kind is not None:
+        started["turn_kind"] = kind
     return started
 
 

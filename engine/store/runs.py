@@ -587,8 +587,10 @@ class SqliteRunStore:
         ]
         await add_events(conn, self._db, ended)
 
-    async def start_turn(self, run_id: str, seq: int, prompt: str, phase: str | None) -> int:
-        """Record a turn as started.
+    async def start_turn(
+        self, run_id: str, seq: int, prompt: str, phase: str | None, *, kind: str | None = None
+    ) -> int:
+        """Record a turn as started (``kind``: an autopilot turn's, for its event).
 
         A turn re-run after a crash keeps its sequence number and gets the next attempt;
         the interrupted attempt stays on record.
@@ -621,7 +623,7 @@ class SqliteRunStore:
                 self._db,
                 EventKind.TURN_STARTED,
                 run_id=run_id,
-                data=turn_started(int(inserted[0]), seq, int(inserted[1]), phase, prompt),
+                data=turn_started(int(inserted[0]), seq, int(inserted[1]), phase, prompt, kind),
                 at=now,
             )
         events_written(self._db)
