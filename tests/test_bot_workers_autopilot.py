@@ -167,6 +167,13 @@ async def test_a_drive_on_the_workers_shows_what_a_local_drive_shows(
         assert "research approved by" in summary.text
         assert "decomposition approved by" in summary.text
         assert re.search(r"\n3 turns in \d+(m\d+)?s\.", summary.text), summary.text
+    # On the workers the drive worked in the project's worktree: its summary says what it
+    # changed there and where its branch went (the local drive here has no worktree).
+    assert "\nCommits since start: " in remote_summary.text, remote_summary.text
+    assert re.search(
+        r"\nBranch: turnstile/autopilot-\S+, pushed to \S+remote", remote_summary.text
+    ), remote_summary.text
+    assert "Commits since start" not in local_summary.text, local_summary.text
 
 
 async def test_a_restarted_bot_goes_on_following_a_drive_without_posting_twice(

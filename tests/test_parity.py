@@ -120,6 +120,29 @@ def _autopilot_events(cluster: Cluster, run_id: str, task: str) -> list[dict[str
     return said
 
 
+_COMMIT = re.compile(r"^  [0-9a-f]{7,} (.*)$")
+_FOLDER_COMMIT = re.compile(r"^turnstile: TASK(\.\S+)? at ")
+
+
+def _work(cluster: Cluster, run_id: str, task: str, branch: str) -> dict[str, Any]:
+    """What the drive's completion says it changed, less what differs by nature: its
+    branch's name (the run's on the workers, the task's here) and, on the workers, the
+    task's folder, committed on the branch after every step (its commits and files)."""
+    [body] = [e["body"] for e in _events(cluster, run_id) if e.get("note") == "final"]
+    lines = body.replace(branch, "BRANCH").replace(task, "TASK").splitlines()
+    commits = [m.group(1) for m in map(_COMMIT.match, lines) if m is not None]
+    return {
+        "heads": [line.split(":")[0] for line in lines if not line.startswith(" ")],
+        "commits": sorted(c for c in commits if not _FOLDER_COMMIT.match(c)),
+        "files": sorted(
+            line.split(" | ")[0].strip()
+            for line in lines
+            if " | " in line and not line.strip().startswith(".turnstile/")
+        ),
+        "branch": [line for line in lines if line.startswith("Branch: ")],
+    }
+
+
 def test_an_autopilot_drive_s_events_are_the_same_here_and_on_workers(cluster: Cluster) -> None:
     """A rejection round, two approvals and a wave of two sub-tasks, driven in a terminal and
     on the workers: the same events for the drive and for each sub-task."""
@@ -176,6 +199,11 @@ def test_an_autopilot_drive_s_events_are_the_same_here_and_on_workers(cluster: C
     assert [e["kind"] for e in worker_log].count("run_resumed") == 3
     worker_log = [e for e in worker_log if e["kind"] not in ("parked", "run_resumed")]
     assert worker_log == local_log
+    # What it changed, as its completion says it: the same commits, files and push.
+    work = _work(cluster, drive_h, "hdrive", "turnstile/hdrive")
+    assert work["heads"] == ["Commits since start", "Changed since the start", "Branch"]
+    assert work["files"] == ["src/TASK.a1.txt", "src/TASK.a2.txt", "src/TASK.txt"]
+    assert _work(cluster, drive_w, "wdrive", f"turnstile/{drive_w}") == work
     for sub_w, sub_h in zip(subs_w, subs_h, strict=True):
         assert _autopilot_events(cluster, sub_w, "wdrive") == _autopilot_events(
             cluster, sub_h, "hdrive"

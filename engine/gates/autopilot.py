@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from engine.agents.factory import create_agent, probe_turn_mode
 from engine.agents.warm import close_agent
@@ -61,6 +61,9 @@ from engine.spend import Budget
 from engine.store.leases import database_lock
 from engine.store.runs import RunStatus, RunStore, SqliteRunStore, TurnState
 from engine.turn import AgentSession, TurnOutput
+
+if TYPE_CHECKING:
+    from engine.automode.summary import WorkSummaryGenerator
 
 __all__ = [
     "AgentFactory",
@@ -636,23 +639,29 @@ class Autopilot:
         its parent's). Never raises: the task is complete whatever git says."""
         if task.parent is not None:
             return []
+        try:
+            work = await self._work_summary(task)
+            summary = await work.generate() if work is not None else None
+        except TurnstileError as exc:
+            _LOGGER.warning("could not read what task %s changed: %s", task.name, exc)
+            return []
+        return summary.render().splitlines() if summary is not None else []
+
+    async def _work_summary(self, task: TaskRecord) -> WorkSummaryGenerator | None:
+        """What reads the work of ``task`` in its worktree (from where its branch started)
+        and pushes its branch; None: the task has no worktree of its own."""
         # Imported here: most drives have no worktree (as in engine.gates.worktrees).
         from engine.automode.summary import WorkSummaryGenerator
         from engine.workspace import SqliteWorkspaceStore, push_run_branch
 
-        try:
-            workspace = await SqliteWorkspaceStore(self.store.db).get(task.name)
-            if workspace is None or workspace.removed_at is not None:
-                return []
-            summary = await WorkSummaryGenerator(
-                workspace.path,
-                base_commit=workspace.base,
-                push=functools.partial(push_run_branch, self.settings, self.store.db, task.name),
-            ).generate()
-        except TurnstileError as exc:
-            _LOGGER.warning("could not read what task %s changed: %s", task.name, exc)
-            return []
-        return summary.render().splitlines()
+        workspace = await SqliteWorkspaceStore(self.store.db).get(task.name)
+        if workspace is None or workspace.removed_at is not None:
+            return None
+        return WorkSummaryGenerator(
+            workspace.path,
+            base_commit=workspace.base,
+            push=functools.partial(push_run_branch, self.settings, self.store.db, task.name),
+        )
 
     async def _phase(self, task: TaskRecord) -> DriveOutcome | None:
         task, violations = await self.store.validate(task.name)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -45,7 +46,8 @@ from typing import TYPE_CHECKING, Final
 
 from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
-from engine.errors import ConfigError
+from engine.automode.summary import WorkSummaryGenerator
+from engine.errors import ConfigError, TurnstileError
 from engine.gates.autopilot import Autopilot, DriveOutcome
 from engine.gates.budget import DriveBudget
 from engine.gates.records import TaskRecord
@@ -53,6 +55,7 @@ from engine.gates.state_file import STATE_FILE
 from engine.gates.store import SqlGateStore
 from engine.gates.tasks import TaskStore
 from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
+from engine.gates.worktrees import short_name
 from engine.git import GitRunner
 from engine.runs import RunMode, new_run_id
 from engine.sink import LogSink, TextKind, publish
@@ -69,7 +72,8 @@ from engine.workers.host import (
 )
 from engine.workers.queue import agent_queue, defer_turn, worker_queue
 from engine.workers.store import Placement, PlacementStatus, QueuedRun, WorkerStore
-from engine.workspace.manager import run_branch
+from engine.workspace.manager import BranchPush, run_branch
+from engine.workspace.projects import redact_url
 
 if TYPE_CHECKING:
     import procrastinate
@@ -227,6 +231,30 @@ class _StepPilot(Autopilot):
             return DriveOutcome.PARKED
         return await super()._budget_stop(task)
 
+    async def _work_summary(self, task: TaskRecord) -> WorkSummaryGenerator | None:
+        # The drive's worktree here, from where its branch started (the project's commit
+        # it was cut from: a worktree made again after a move is cut from a newer one).
+        checkout = self.checkout
+        base = checkout.workspace.base
+        found = await GitRunner().run(["merge-base", "HEAD", base], cwd=checkout.path, check=False)
+        return WorkSummaryGenerator(
+            checkout.path,
+            base_commit=found.stdout.strip() if found.ok else base,
+            push=functools.partial(self._push_branch, task),
+        )
+
+    async def _push_branch(self, task: TaskRecord) -> BranchPush:
+        """The drive's branch, pushed to the runs remote with the task's folder (as the step
+        pushes it at its end)."""
+        checkout = self.checkout
+        shown = checkout.manager.redact(redact_url(checkout.remote))
+        try:
+            await _commit(checkout, await self.store.get(task.name))
+            await checkout.push()
+        except TurnstileError as exc:
+            return BranchPush(checkout.branch, to=shown, problem=checkout.manager.redact(str(exc)))
+        return BranchPush(checkout.branch, to=shown)
+
     async def _waves(self, task: TaskRecord) -> DriveOutcome | None:
         wf = self.store.workflow
         if task.parent is not None or wf.decomposition is None:
@@ -326,7 +354,7 @@ class _StepPilot(Autopilot):
                 checkout.path,
                 checkout.remote,
                 branch,
-                message=f"Merge sub-task {sub.name} ({branch})",
+                message=f"turnstile: merge sub-task {short_name(sub)} into {checkout.branch}",
             )
             if problem is not None:
                 problems[sub.name] = problem
