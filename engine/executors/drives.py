@@ -174,7 +174,8 @@ class LocalDrives:
         if task.phase == COMPLETE:
             raise DriveRefused(f"Task {name} is already complete.")
         run_id = await self._run_for(name)
-        self._start(name, request.place, run_id, request.budget)
+        handle = self._start(name, request.place, run_id, request.budget)
+        await _opened(handle)
         return DriveStarted(name, task.label, created, run_id=run_id)
 
     async def _run_for(self, name: str) -> str:
@@ -309,3 +310,15 @@ class LocalDrives:
         self.supervisor.park()
         for handle in list(self.drives.values()):
             await handle.stop(park=True)
+
+
+async def _opened(handle: DriveHandle) -> None:
+    """Once the drive's run is recorded running (or the drive ended first: it could not
+    start): what is said of the start, and any listing after it, finds the run."""
+    if handle.pilot is None:
+        return
+    opened = asyncio.create_task(handle.pilot.opened.wait())
+    try:
+        await asyncio.wait({opened, handle.future}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        opened.cancel()

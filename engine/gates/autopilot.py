@@ -219,6 +219,8 @@ class Autopilot:
         # The id of the run of the task this drive is started for, when its caller chose it
         # (the parked run it resumes, or a new one's): its reports are known by it at once.
         self._reserved = run_id
+        #: Set once the drive's own run is open (recorded running).
+        self.opened = asyncio.Event()
         self.budget = DriveBudget(budget) if budget is not None else None
         self._root: str | None = None  # the task this drive was started for
         self.worktrees = worktrees
@@ -547,6 +549,8 @@ class Autopilot:
             task = await self.store.get(name)
             async with _drive_lock(self.store, task):
                 run_id = await self._open_run(task, parent_run)
+                if name == self._root:
+                    self.opened.set()
                 status = RunStatus.ERROR
                 try:
                     outcome = await self._drive_locked(task, audit_at_start, once)
