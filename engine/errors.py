@@ -295,9 +295,3 @@ class SchemaTooNewError(StoreError):
         self.owner = owner
         self.version = version
         self.known = known
-
-
-class BackendUnsupportedError(StoreError):
-    """The command needs a SQLite file; the database is a PostgreSQL server (or so)."""
-
-    retryable = False
