@@ -268,10 +268,6 @@ class OutboxSender:
         self.wake()
         return True
 
-    @property
-    def waiting_refusals(self) -> int:
-        return len(self._refusals)
-
     def stop(self) -> None:
         self._stopping = True
         self._stopped.set()

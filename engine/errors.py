@@ -30,8 +30,7 @@ TurnstileError                 every error turnstile raises on purpose (``retrya
 │   ├── NotFoundError          no such run, task, ...
 │   ├── StoreReadOnlyError     the database can be read but not written
 │   ├── StoreUnreachableError  the database server refused us (address, password, URL)
-│   ├── SchemaTooNewError      the database was migrated by a newer turnstile
-│   └── BackendUnsupportedError  this command does not run on that kind of database yet
+│   └── SchemaTooNewError      the database was migrated by a newer turnstile
 ├── DriveRefused               an autopilot drive cannot start: driven already, complete,
 │                              no project (engine.executors.drives)
 ├── GateRefused                a gated task refused a request; nothing changed
@@ -52,7 +51,6 @@ children with it); the others are defined here.
 from __future__ import annotations
 
 __all__ = [
-    "BackendUnsupportedError",
     "ChannelError",
     "ChannelPublishError",
     "ChannelRecvError",
@@ -297,9 +295,3 @@ class SchemaTooNewError(StoreError):
         self.owner = owner
         self.version = version
         self.known = known
-
-
-class BackendUnsupportedError(StoreError):
-    """The command needs a SQLite file; the database is a PostgreSQL server (or so)."""
-
-    retryable = False

@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.errors import ConfigError
 from engine.redact import credential_values
-from engine.store.location import PostgresURL, parse_database, sqlite_path
+from engine.store.location import PostgresURL, parse_database
 
 __all__ = ["SECRET_SETTINGS", "AgentName", "Settings", "load_settings"]
 
@@ -167,15 +167,6 @@ class Settings(BaseSettings):
     # Logs
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
-
-    @property
-    def sqlite_database(self) -> Path:
-        """The SQLite file, for the parts that so far run on a file only.
-
-        Raises:
-            BackendUnsupportedError: ``TURNSTILE_DATABASE`` is a PostgreSQL URL.
-        """
-        return sqlite_path(self.database, what="this part of turnstile")
 
     def secret_values(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
         """Every value never to print, for a :class:`~engine.redact.Redactor`.

@@ -28,8 +28,7 @@ ECHO_ARGS = f"{sys.executable} -c 'import sys, json; print(json.dumps(sys.argv[1
 def test_read_only_default() -> None:
     allow = ToolAllowlist.read_only_default()
     assert allow.tools == ("view", "grep", "glob")
-    assert not allow.is_dangerous
-    assert allow.is_read_only
+    assert not allow.dangerous
     assert allow.to_copilot_args() == [
         "--allow-tool", "view", "--allow-tool", "grep", "--allow-tool", "glob",
     ]  # fmt: skip
@@ -40,7 +39,6 @@ def test_from_flags_keeps_order_and_drops_duplicates() -> None:
     allow = ToolAllowlist.from_flags(["write", "shell(git)", "write", " "])
     assert allow.tools == ("write", "shell(git)")
     assert allow.to_copilot_args() == ["--allow-tool", "write", "--allow-tool", "shell(git)"]
-    assert not allow.is_read_only
 
 
 def test_no_flags_means_read_only() -> None:
@@ -49,7 +47,7 @@ def test_no_flags_means_read_only() -> None:
 
 def test_dangerous_maps_to_all_tools_never_allow_all() -> None:
     allow = ToolAllowlist.from_flags(["write"], dangerous=True)
-    assert allow.is_dangerous
+    assert allow.dangerous
     args = allow.to_copilot_args()
     assert args == ["--allow-all-tools"]
     assert "--allow-all" not in args

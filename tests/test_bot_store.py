@@ -93,8 +93,6 @@ async def test_a_gate_added_again_keeps_its_decision(database: Any) -> None:
     assert [g.gate_id for g in await store.open_gates()] == ["g2"]
     await store.add_gate("g3", **place, chat_id="-5", thread_id=None, run_id=None)
     assert [g.gate_id for g in await store.open_gates()] == ["g3"]  # g2 superseded
-    assert await store.close_gates_of("T", "stale", None) == ["g3"]
-    assert await store.close_gates_of("T", "stale", None) == []
 
 
 async def test_a_reason_asked_again_keeps_the_message_that_asked(database: Any) -> None:
@@ -207,10 +205,6 @@ _CHILD = textwrap.dedent(
                     await store.set_live(f"status:{i}", chat_id="-100", thread_id=None,
                                          body=f"{name} {i}")
                 print(json.dumps({"ok": True}))
-            elif mode == "reasons":
-                won = [await store.take_reason_request("-100", i) is not None
-                       for i in range(count)]
-                print(json.dumps({"won": won}))
 
     asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
     """
@@ -255,18 +249,6 @@ async def test_two_processes_setting_a_live_message_queue_it_once(
     await _race(tmp_path, "live", _target(database), count)
     rows = await database.fetchall("SELECT ref FROM bot_outbox")
     assert sorted(r["ref"] for r in rows) == sorted(f"status:{i}" for i in range(count))
-
-
-async def test_two_processes_taking_one_reason_request_exactly_one_gets_it(
-    database: Any, tmp_path: Path
-) -> None:
-    count = 60
-    store = SqlBotStore(database)
-    for i in range(count):
-        await store.ask_reason("-100", i, f"g{i}")
-    first, second = (r["won"] for r in await _race(tmp_path, "reasons", _target(database), count))
-    assert [a + b for a, b in zip(first, second, strict=True)] == [1] * count
-    assert await database.fetchall("SELECT * FROM bot_reason_requests") == []
 
 
 async def test_a_live_message_s_first_words_never_replace_newer_ones(database: Any) -> None:

@@ -324,7 +324,9 @@ async def test_a_place_id_comes_back_as_written_from_every_store(
     [gate] = await bot.open_gates(chat_id=chat)
     assert (gate.chat_id, gate.thread_id) == (chat, topic)
     await bot.ask_reason(chat, 7, "g2")
-    assert await bot.take_reason_request(chat, 7) == "g2"
+    asked = await bot.reason_request(chat, 7)
+    assert asked is not None
+    assert asked.gate_id == "g2"
     await runs.create_run(
         "r-drive", mode="autopilot", agent="claude", session_id="d", chat_id=chat,
         thread_id=topic, task="U",

@@ -107,25 +107,6 @@ class GateMessageTables(Tables):
         )
         return [GateRecord.from_row(r) for r in rows]
 
-    async def latest_open_gate(self, task: str) -> GateRecord | None:
-        row = await self.db.fetchone(
-            "SELECT * FROM bot_gates WHERE task = ? AND state = 'open'"
-            " ORDER BY created_at DESC LIMIT 1",
-            (task,),
-        )
-        return GateRecord.from_row(row) if row is not None else None
-
-    async def close_gates_of(self, task: str, state: str, user_id: int | None) -> list[str]:
-        """Close every open gate of ``task``; returns the ids this call closed."""
-        async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "UPDATE bot_gates SET state = ?, decided_by = ?, decided_at = ?"
-                " WHERE task = ? AND state = 'open' RETURNING gate_id",
-                (state, user_id, self._clock(), task),
-            )
-            rows = await cursor.fetchall()
-        return sorted(str(r[0]) for r in rows)
-
 
 class ReasonRequestTables(Tables):
     """A person asked for a rejection reason, one request per chat and person."""
@@ -196,33 +177,6 @@ class ReasonRequestTables(Tables):
         if self._asked is not None and (changed or gate_id is None):
             self._asked.discard((chat_id, user_id))
         return changed > 0
-
-    async def take_reason_request(
-        self, chat_id: PlaceId, user_id: int, *, max_age: float | None = None
-    ) -> str | None:
-        """The gate a pending, unexpired request is for; the request is used up.
-
-        One statement takes it, so of two takers at once exactly one gets it. An expired
-        request is used up too, for nothing (None).
-        """
-        if self._asked is None:
-            await self._load_asked()
-        assert self._asked is not None
-        if (chat_id, user_id) not in self._asked:
-            return None
-        async with self.db.transaction() as conn:
-            cursor = await conn.execute(
-                "DELETE FROM bot_reason_requests WHERE chat_id = ? AND user_id = ?"
-                " RETURNING gate_id, created_at",
-                (chat_id, user_id),
-            )
-            row = await cursor.fetchone()
-        self._asked.discard((chat_id, user_id))
-        if row is None:
-            return None
-        if max_age is not None and self._clock() - float(row[1]) > max_age:
-            return None
-        return str(row[0])
 
     async def _load_asked(self) -> None:
         rows = await self.db.fetchall("SELECT chat_id, user_id FROM bot_reason_requests")

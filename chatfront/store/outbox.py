@@ -178,17 +178,6 @@ class OutboxTables(Tables):
                 )
             )
 
-    async def outbox_retarget(self, old_chat: PlaceId, new_chat: PlaceId) -> None:
-        """A group became a supergroup: pending messages follow it."""
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                "UPDATE bot_outbox SET chat_id = ? WHERE chat_id = ? AND state = 'pending'",
-                (new_chat, old_chat),
-            )
-            await conn.execute(
-                "UPDATE bot_live SET chat_id = ? WHERE chat_id = ?", (new_chat, old_chat)
-            )
-
 
 class LiveTables(Tables):
     """Messages edited in place (a run's status, a gate)."""

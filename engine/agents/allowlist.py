@@ -39,14 +39,6 @@ class ToolAllowlist:
             return cls.read_only_default()
         return cls(tools=tuple(seen), dangerous=False)
 
-    @property
-    def is_dangerous(self) -> bool:
-        return self.dangerous
-
-    @property
-    def is_read_only(self) -> bool:
-        return not self.dangerous and set(self.tools) <= set(READ_ONLY_TOOLS)
-
     def to_copilot_args(self) -> list[str]:
         """Copilot flags: ``--allow-tool X`` each; dangerous: ``--allow-all-tools``.
 

@@ -9,7 +9,7 @@ person, the approval route of tool calls, the turn slots) is handed over beside 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -137,9 +137,6 @@ class RunSpec:
         object.__setattr__(self, "mode", RunMode(self.mode))
         object.__setattr__(self, "workdir", Path(self.workdir))
         object.__setattr__(self, "passthrough", tuple(self.passthrough))
-
-    def with_id(self, run_id: str) -> RunSpec:
-        return replace(self, run_id=run_id)
 
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON-ready data (what a job queue carries)."""

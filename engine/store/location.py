@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
-from engine.errors import BackendUnsupportedError, ConfigError
+from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
     from pydantic_core import core_schema
 
-__all__ = ["SCHEMES", "PostgresURL", "is_postgres_url", "parse_database", "sqlite_path"]
+__all__ = ["SCHEMES", "PostgresURL", "is_postgres_url", "parse_database"]
 
 SCHEMES = ("postgresql", "postgres")
 _HIDDEN = "***"
@@ -133,17 +133,3 @@ def parse_database(value: object) -> Path | PostgresURL:
     if isinstance(value, str):
         return PostgresURL(value) if is_postgres_url(value) else Path(value)
     raise ConfigError(f"TURNSTILE_DATABASE: expected a path or a postgresql:// URL, not {value!r}")
-
-
-def sqlite_path(database: Path | PostgresURL, *, what: str) -> Path:
-    """The SQLite file, for code that so far works on a file only.
-
-    Raises:
-        BackendUnsupportedError: ``database`` is a PostgreSQL server.
-    """
-    if isinstance(database, PostgresURL):
-        raise BackendUnsupportedError(
-            f"{what} works on a SQLite database file only so far; TURNSTILE_DATABASE is "
-            f"the PostgreSQL server {database}"
-        )
-    return database
