@@ -147,8 +147,9 @@ class AutoExtension(Feature):
         where = project_words(self.ctx.settings, project, asked)
         if started.queued:
             text = (
-                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, {where})."
-                f"\n/status shows it; /stop {short_id(run_id)} stops it."
+                f"🤖 Auto run {run_id} is queued on the workers ({started.agent}, {where}).\n"
+                "Messages here, or /steer TEXT, become instructions for the next Execute "
+                f"turn. /status shows it; /stop {short_id(run_id)} stops it."
             )
         else:
             text = (
@@ -211,7 +212,7 @@ class AutoExtension(Feature):
     async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
         chat = update.effective_chat
         assert chat is not None
-        if not self.running_in(chat_of(chat), thread):
+        if not await self.executor.steerable(ChatPlace(chat_of(chat), thread)):
             return False
         await self._steer(update, text, explicit=False)
         return True
@@ -221,9 +222,9 @@ class AutoExtension(Feature):
         message = update.effective_message
         assert chat is not None
         assert message is not None
-        thread = thread_of(message)
-        runs = self.running_in(chat_of(chat), thread) or self.executor.running_in_chat(
-            chat_of(chat)
+        place = ChatPlace(chat_of(chat), thread_of(message))
+        runs = await self.executor.steerable(place) or await self.executor.steerable(
+            place, whole_chat=True
         )
         if not runs:
             if explicit:
@@ -235,15 +236,24 @@ class AutoExtension(Feature):
             await self.ctx.replies.reply(update, "Usage: /steer TEXT")
             return
         target = runs[-1]
-        try:
-            path = target.append_instruction(text)
-        except ConfigError as exc:
-            await self.ctx.replies.reply(update, f"Instruction refused: {exc}")
+        user = update.effective_user
+        refused = await self.steer(target, text, by=user.id if user is not None else None)
+        if refused is not None:
+            await self.ctx.replies.reply(update, refused)
             return
-        _LOGGER.info("instruction %s queued", path.name, extra={"run_id": target.run_id})
         await self.ctx.replies.reply(
-            update, f"📝 Noted for run {target.run_id}: it goes into the next Execute turn."
+            update, f"📝 Noted for run {target}: it goes into the next Execute turn."
         )
+
+    async def steer(self, run_id: str, text: str, *, by: int | None) -> str | None:
+        """Queue ``text`` for the run's next Execute turn from the person ``by``; None once
+        it is, else why not."""
+        try:
+            await self.executor.steer(run_id, text, by=self.ctx.publisher.people.name(by))
+        except (ConfigError, NotFoundError) as exc:
+            return f"Instruction refused: {exc}"
+        _LOGGER.info("instruction queued", extra={"run_id": run_id})
+        return None
 
     # -- stopping, status, start-up and shutdown: the executor's --------------------------
 

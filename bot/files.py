@@ -44,7 +44,7 @@ from chatfront.store import Binding, InboundState
 from engine.automode import AutoRun
 from engine.chats.files import ChatUpload, upload_message
 from engine.diff import run_diff
-from engine.errors import ConfigError, FileRefusedError, TranscriptionError, TurnstileError
+from engine.errors import FileRefusedError, TranscriptionError, TurnstileError
 from engine.files import (
     SEND_MARKER,
     SavedFile,
@@ -490,10 +490,9 @@ class FileDesk(Feature):
             await self.ctx.publisher.say(chat_id, line, thread_id=thread, reply_to=reply_to)
 
         if target.auto is not None:
-            try:
-                target.auto.append_instruction(text)
-            except ConfigError as exc:
-                await say(f"Instruction refused: {exc}")
+            refused = await self.auto.steer(target.auto.run_id, text, by=user_id)
+            if refused is not None:
+                await say(refused)
                 return
             await say(
                 f"📝 Noted for run {target.auto.run_id} ({what}): it goes into the next "

@@ -477,10 +477,9 @@ class BotSink:
         if view.last:
             text += f"\nLast turn: {view.last}"
         if view.status.status == "running":
-            steer = "Messages here or /steer add instructions; "
-            if not view.status.steerable:
-                steer = ""
-            text += f"\n{steer}/stop {short_id(run_id)} stops it."
+            text += (
+                f"\nMessages here or /steer add instructions; /stop {short_id(run_id)} stops it."
+            )
             if view.verdicts:
                 text += f"\n{view.verdicts[-1].text}"
             if run_id in self.paused:

@@ -54,7 +54,6 @@ class StatusUpdate:
     started_at: float | None = None
     last_event: str | None = None
     task: str | None = None
-    steerable: bool = True  # whether a message from the people following it steers it
     spent: str | None = None  # what the run cost so far, in words (None: nothing known)
     # An auto run's round (its max_turns counts rounds; ``turn`` is its agent turns so far).
     round: int = 0

@@ -25,12 +25,14 @@ from engine.automode import (
     prepare_resume,
     resumable,
 )
+from engine.automode.append import steer_run
 from engine.automode.state import AutoModeState, owner_token
-from engine.errors import ConfigError, TurnExecError
+from engine.errors import ConfigError, NotFoundError, TurnExecError
 from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
 from engine.sink import GateRequest, StatusUpdate
 from engine.store.backend import AnyDatabase, open_database
+from engine.store.events import EventLog
 from engine.store.location import PostgresURL
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.turn import Closed, Ready
@@ -349,6 +351,51 @@ async def test_appended_instructions_are_sanitized_before_the_prompt(
     assert refused.stat().st_size == 60 * 1024
     assert list((run.log_dir / "append").iterdir()) == []
     assert any("huge.md refused: oversized" in t for t in sink.texts)
+
+
+async def test_an_instruction_queued_in_the_store_reaches_one_execute_prompt_once(
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steering through the store (how every front end steers, wherever the run executes):
+    the next Execute turn takes it in, exactly once, even when the queue is looked at again."""
+    replies = [
+        {"text": "goal"},
+        {"text": "plan"},
+        {"text": "first execute"},
+        evaluation("IN PROGRESS"),
+        {"text": "second execute"},
+        evaluation("IN PROGRESS"),
+        commit_step("result.txt"),
+        evaluation("COMPLETE"),
+    ]
+    script(env, monkeypatch, replies=replies)
+    store = SqliteRunStore(db)
+    with pytest.raises(ConfigError, match="empty"):
+        await steer_run(store, "auto-none", "  ", by=None)
+    with pytest.raises(NotFoundError):
+        await steer_run(store, "auto-none", "hello", by=None)
+    run = await start(settings, db, workspace)
+    # (Clarify and Plan come first: the first Execute turn is well ahead.)
+    await steer_run(store, run.run_id, "Also add a CHANGELOG entry.", by="olga")
+    result = await run.task
+    assert result.status is AutoStatus.COMPLETED
+    executes = [e["prompt"] for e in agent_log(env / "agent.log") if EXECUTE in e["prompt"]]
+    assert len(executes) == 3
+    assert executes[0].count("Also add a CHANGELOG entry.") == 1
+    assert "CHANGELOG" not in executes[1]
+    assert "CHANGELOG" not in executes[2]
+    # Looked at again (a step re-run after a crash does): the inbox had it, nothing is added.
+    [queued] = await store.queued_instructions(run.run_id)
+    assert not run.inbox.deliver(queued.name, queued.text)
+    assert run.inbox.pending() == []
+    # A re-run of that Execute turn reads it from the archive; a later one does not.
+    assert [i.text for i in run.inbox.collect(3).instructions] == ["Also add a CHANGELOG entry."]
+    assert run.inbox.collect(5).instructions == []
+    events = await EventLog(db).read(run.run_id)
+    steered = [e.data for e in events if e.kind == "instruction"]
+    assert steered == [{"text": "Also add a CHANGELOG entry.", "by": "olga"}]
+    with pytest.raises(ConfigError, match="has ended"):
+        await steer_run(store, run.run_id, "one more thing", by=None)
 
 
 async def test_prompt_reaches_the_agent_byte_for_byte(

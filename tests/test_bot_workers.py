@@ -11,6 +11,7 @@ following up again without posting anything twice.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -191,9 +192,11 @@ async def test_an_auto_run_on_a_worker_looks_in_the_chat_like_a_local_one(
             for t in _texts(status)
         ), _texts(status)
         assert not any(m.text.startswith("⏳") for m in api.sent)
-        # It names /stop, not steering by message (which reaches no run on a worker).
-        assert any(f"\n/stop {run_id[-6:]} stops it." in t for t in _texts(status))
-        assert not any("/steer" in t for t in _texts(status))
+        # It names /stop and steering by message, as a local run's does.
+        assert any(
+            f"\nMessages here or /steer add instructions; /stop {run_id[-6:]} stops it." in t
+            for t in _texts(status)
+        ), _texts(status)
         # The run's one live status message, under the /auto, ended as a local run's does.
         assert status.reply_to == asked
         await api.wait_until(lambda: "✅ finished" in status.text)
@@ -245,6 +248,74 @@ async def test_stop_run_answers_at_once_then_says_when_it_has_stopped(
         assert api.sent[before:] == [answer, report, document], [
             _texts(m)[-1][:50] for m in api.sent[before:]
         ]
+
+
+async def test_a_message_and_the_terminal_steer_an_auto_run_on_a_worker(
+    cluster: Cluster,
+) -> None:
+    """Steering reaches a run on a worker as it reaches one here: a plain message in the
+    chat and ``turnstile auto --append`` from a terminal go into its next Execute turn's
+    prompt, once each, and are events of the run."""
+    gate = cluster.tmp / "gate"
+    write_script(
+        cluster.tmp / "fake",
+        replies=[
+            {"text": "Goal: result.txt exists and is committed."},
+            {"text": "1. write result.txt\n2. commit it"},
+            {"text": "working on it", "wait_file": str(gate)},
+            evaluation("IN PROGRESS"),
+            {
+                "text": "committed",
+                "files": {"result.txt": "done\n"},
+                "run": [["git", "add", "result.txt"], ["git", "commit", "-q", "-m", "result"]],
+            },
+            evaluation("COMPLETE"),
+        ],
+    )
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api, _bot(cluster, api):
+        run_id, status, _ = await _auto(api)
+        assert "Messages here, or /steer TEXT, become instructions" in _texts(status)[0]
+        await api.wait_until(lambda: "Execute running on worker w1" in status.text, timeout=60)
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="Also add a CHANGELOG entry.")
+        noted = await api.wait_for_message(lambda m: m.text.startswith("📝 Noted for run"))
+        assert noted.text == f"📝 Noted for run {run_id}: it goes into the next Execute turn."
+        appended = await asyncio.to_thread(
+            cluster.cli, "auto", "--append", "Keep the README short.", "--session", run_id
+        )
+        assert appended.returncode == 0, appended.stderr
+        assert appended.stdout.strip() == f"queued for the next Execute turn of {run_id}"
+        gate.write_text("")
+        await api.wait_for_message(
+            lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
+        )
+    prompts = [
+        str(p)
+        for (p,) in cluster.query(
+            "SELECT prompt FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY seq",
+            run_id,
+        )
+    ]
+    assert len(prompts) == 2
+    assert "CHANGELOG" not in prompts[0]
+    assert prompts[1].count("Also add a CHANGELOG entry.") == 1
+    assert prompts[1].count("Keep the README short.") == 1
+    assert prompts[1].index("CHANGELOG") < prompts[1].index("README")  # in the order sent
+    events = [
+        json.loads(line)
+        for line in cluster.cli("runs", run_id, "--events", "--json").stdout.splitlines()
+    ]
+    steered = [(e["text"], e["by"]) for e in events if e["kind"] == "instruction"]
+    assert steered == [
+        ("Also add a CHANGELOG entry.", f"user{OPERATOR}"),
+        ("Keep the README short.", None),
+    ]
+    # Once the run has ended it takes no more, and says why.
+    late = await asyncio.to_thread(
+        cluster.cli, "auto", "--append", "one more thing", "--session", run_id
+    )
+    assert late.returncode != 0
+    assert "has ended" in late.stderr
 
 
 async def test_a_bot_restart_mid_run_resumes_following_without_duplicates(

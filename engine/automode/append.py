@@ -24,10 +24,13 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from engine import safefile
 from engine.errors import ConfigError, UnsafeFileError
+
+if TYPE_CHECKING:
+    from engine.store.runs import SqliteRunStore
 
 __all__ = [
     "MAX_INSTRUCTION_BYTES",
@@ -36,8 +39,10 @@ __all__ = [
     "InstructionInbox",
     "Intake",
     "Refusal",
+    "check_instruction",
     "render_instructions",
     "sanitize_instruction",
+    "steer_run",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -150,6 +155,37 @@ def render_instructions(instructions: list[Instruction]) -> str:
     return "\n".join(parts)
 
 
+def check_instruction(text: str, max_bytes: int = MAX_INSTRUCTION_BYTES) -> bytes:
+    """The instruction's bytes, once it is one a run takes.
+
+    Raises:
+        ConfigError: empty, over the size cap, or not text.
+    """
+    data = text.encode("utf-8")
+    if not text.strip():
+        raise ConfigError("the instruction is empty")
+    if len(data) > max_bytes:
+        raise ConfigError(
+            f"the instruction has {len(data)} bytes; at most {max_bytes} are accepted"
+        )
+    if "\x00" in text:
+        raise ConfigError("the instruction contains a NUL byte")
+    return data
+
+
+async def steer_run(store: SqliteRunStore, run_id: str, text: str, *, by: str | None) -> None:
+    """Queue ``text`` for the next Execute turn of the auto run ``run_id``, wherever it
+    runs (in this process, another one, a worker): through the store, whose event the
+    turn delivers into the run's inbox.
+
+    Raises:
+        ConfigError: the instruction is refused, or the run has ended or takes none.
+        NotFoundError: no such run.
+    """
+    check_instruction(text)
+    await store.queue_instruction(run_id, text, by=by)
+
+
 class InstructionInbox:
     """The ``append/`` and ``appended/`` folders of one run."""
 
@@ -187,22 +223,46 @@ class InstructionInbox:
         Raises:
             ConfigError: empty, over the size cap, not text, or the inbox is full.
         """
-        data = text.encode("utf-8")
-        if not text.strip():
-            raise ConfigError("the instruction is empty")
-        if len(data) > self.max_bytes:
-            raise ConfigError(
-                f"the instruction has {len(data)} bytes; at most {self.max_bytes} are accepted"
-            )
-        if "\x00" in text:
-            raise ConfigError("the instruction contains a NUL byte")
+        data = check_instruction(text, self.max_bytes)
         self.ensure()
         if len(self.pending()) >= self.max_pending:
             raise ConfigError(
                 f"{self.max_pending} instructions are already waiting for the next Execute turn"
             )
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}.md"
+        path = self._write(name, data)
+        assert path is not None  # (a fresh random name)
+        return path
+
+    def deliver(self, name: str, text: str) -> bool:
+        """Drop the instruction queued in the store under ``name``, unless the inbox has
+        had it already (pending, embedded or refused): whether it was dropped now.
+
+        Delivering again after a crash is harmless, so a queued instruction reaches the
+        Execute prompt exactly once however often the run looks at its queue.
+        """
+        if self.has(name):
+            return False
+        return self._write(name, text.encode("utf-8")) is not None
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is pending, or was embedded or refused under it."""
+        if (self.append_dir / name).exists():
+            return True
+        archived = f"-{name}"
+        for folder in (self.appended_dir, self.refused_dir):
+            with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
+                if any(entry.name.endswith(archived) for entry in entries):
+                    return True
+        return False
+
+    def _write(self, name: str, data: bytes) -> Path | None:
+        """Create ``append/NAME`` whole and exclusively (None: it exists already)."""
+        self.ensure()
         tmp = self.append_dir / f".{name}.tmp"
+        # (A write a crash cut short left its temporary file: one writer per run.)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -211,7 +271,10 @@ class InstructionInbox:
                 os.fsync(fh.fileno())
             final = self.append_dir / name
             # link() fails if the name exists: the file appears whole and exclusively.
-            os.link(tmp, final)
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                return None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

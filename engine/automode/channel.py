@@ -57,7 +57,7 @@ from engine.sink import (
     publish_said,
 )
 from engine.spend import Spend
-from engine.store.runs import RunStatus, TurnState
+from engine.store.runs import QueuedInstruction, RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
 __all__ = [
@@ -96,6 +96,8 @@ class AutoRunStore(Protocol):
     async def spend_of(self, run_ids: Collection[str]) -> dict[str, Spend]: ...
 
     async def spend_in_chat(self, chat_id: PlaceId, *, since: float) -> Spend: ...
+
+    async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]: ...
 
 
 def run_status(state: AutoModeState) -> RunStatus:
@@ -211,6 +213,11 @@ class AutoModeChannel(BaseChannel):
         values = self._values()
         intake: Intake | None = None
         if phase is Phase.EXECUTE:
+            # What people queued through the store (from a chat, a terminal, wherever the
+            # run executes) joins what was dropped into the folder.
+            for queued in await self._store.queued_instructions(state.run_id):
+                if self._inbox.deliver(queued.name, queued.text):
+                    _LOGGER.info("instruction %s delivered", queued.name, extra=self._extra)
             intake = self._inbox.collect(state.step)
             values["instructions"] = render_instructions(intake.instructions)
         prompt = self._templates.render(phase, values)

@@ -177,6 +177,9 @@ _SAY: dict[str, Callable[[RunEvent, Mapping[str, Any]], str]] = {
     EventKind.PAUSED: lambda e, d: f"paused{_by(d)}: it waits after the tool call it is in",
     EventKind.PAUSE_ENDED: lambda e, d: f"goes on{_by(d)}",
     EventKind.FILE_OUT: lambda e, d: "files handed over: " + ", ".join(d.get("paths") or ()),
+    EventKind.INSTRUCTION: lambda e, d: (
+        f"instruction for the next Execute turn{_by(d)}: {_first_line(str(d.get('text', '')), 120)}"
+    ),
     EventKind.RUN_ENDED: _run_ended,
 }
 

@@ -36,11 +36,11 @@ from engine.approvals.terminal import RouteFor, stdin_lines, terminal_approvals
 from engine.automode import (
     AutoRun,
     AutoStatus,
-    InstructionInbox,
     prepare_auto_run,
     prepare_resume,
     resumable,
 )
+from engine.automode.append import steer_run
 from engine.automode.run import refuse_resume_settings
 from engine.automode.runner import AutoModeRunner
 from engine.automode.state import AutoModeState, owner_alive
@@ -386,17 +386,16 @@ async def _drive(
 
 
 async def _append(args: argparse.Namespace, settings: Settings) -> int:
+    text = sys.stdin.read() if args.append == "-" else args.append
     async with open_database(settings) as db:
         store = SqliteRunStore(db)
         record = await _target_run(store, args.session)
-    state = AutoModeState.of_run(record)
-    if not resumable(state):
-        raise ConfigError(f"run {record.id} has ended ({state.status.value})")
-    if record.log_dir is None:
-        raise ConfigError(f"run {record.id} has no log folder")
-    text = sys.stdin.read() if args.append == "-" else args.append
-    path = InstructionInbox(Path(record.log_dir)).append(text)
-    print(f"queued for the next Execute turn of {record.id}: {path}")
+        state = AutoModeState.of_run(record)
+        if not resumable(state):
+            raise ConfigError(f"run {record.id} has ended ({state.status.value})")
+        # Through the store: the run takes it in at its next Execute turn wherever it runs.
+        await steer_run(store, record.id, text, by=None)
+    print(f"queued for the next Execute turn of {record.id}")
     return 0
 
 

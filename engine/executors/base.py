@@ -130,6 +130,20 @@ class AutoExecutor(Protocol):
         """The runs of any topic of the chat driven in this process, oldest first."""
         ...
 
+    async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
+        """The ids of the unfinished runs of ``place`` (``whole_chat``: of any topic of its
+        chat), oldest first: what a message there steers."""
+        ...
+
+    async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
+        """Queue ``text`` for the run's next Execute turn, wherever it runs.
+
+        Raises:
+            ConfigError: the instruction or the run cannot take it (empty, too large, the
+                run has ended).
+        """
+        ...
+
     async def stop(self, run_id: str, *, chat_id: PlaceId) -> bool:
         """Stop the chat's run ``run_id``; False when the chat has none such."""
         ...

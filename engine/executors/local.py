@@ -20,6 +20,7 @@ from engine.automode import (
     resume_auto_run,
     start_auto_run,
 )
+from engine.automode.append import steer_run
 from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.errors import ConfigError, StoreUnreachableError, TurnstileError
 from engine.executors.base import (
@@ -121,6 +122,14 @@ class LocalAuto:
 
     def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
         return [a.run for a in self.active.values() if a.place.chat_id == chat_id]
+
+    async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
+        runs = self.running_in_chat(place.chat_id) if whole_chat else self.running_in(place)
+        return [run.run_id for run in runs]
+
+    async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
+        # Through the store, as on the workers: the run's next Execute turn takes it in.
+        await steer_run(self.runs, run_id, text, by=by)
 
     # -- stopping ----------------------------------------------------------------------
 

@@ -132,6 +132,15 @@ class WorkersAuto:
     def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
         return self.local.running_in_chat(chat_id)
 
+    async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
+        here = await self.local.steerable(place, whole_chat=whole_chat)
+        placed = await self._placed(place.chat_id, None if whole_chat else place)
+        return here + [p.run_id for p in sorted(placed, key=lambda p: p.created_at)]
+
+    async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
+        # The worker running it delivers it into the run's folder at its next Execute turn.
+        await self.local.steer(run_id, text, by=by)
+
     async def _placed(self, chat_id: PlaceId, place: ChatPlace | None = None) -> list[Placement]:
         # (A drive's is the drives' executor's: engine.executors.drives.)
         return await chat_placements(self.db, chat_id, drives=False, place=place)
@@ -292,7 +301,6 @@ class WorkersAuto:
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=event,
-                steerable=False,  # (no instruction reaches a worker)
             )
         )
 
@@ -364,7 +372,6 @@ class WorkersAuto:
                 max_turns=state.max_turns,
                 started_at=state.started_at,
                 last_event=state.message or event.record.status.value,
-                steerable=False,
             )
         )
         await self._confirm_stop(run_id, event)

@@ -71,6 +71,7 @@ class EventKind(StrEnum):
     PAUSED = "paused"  # by: the run waits after its current tool call
     PAUSE_ENDED = "pause_ended"  # by: the run goes on
     FILE_OUT = "file_out"  # a file handed to the people following the run
+    INSTRUCTION = "instruction"  # text, by: for the auto run's next Execute turn
     RUN_ENDED = "run_ended"  # status, exit_code, reason
 
 

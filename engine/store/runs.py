@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from engine.errors import NotFoundError, TurnSuperseded
+from engine.errors import ConfigError, NotFoundError, TurnSuperseded
 from engine.reaper import TurnProcess, kill_remains
 from engine.runs.spec import PlaceId, place_id
 from engine.spend import Spend
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINISH_TURN",
+    "QueuedInstruction",
     "RunRecord",
     "RunStatus",
     "RunStore",
@@ -186,6 +187,21 @@ class RunStatus(StrEnum):
     STOPPED = "stopped"
     ERROR = "error"
     CRASHED = "crashed"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedInstruction:
+    """An instruction queued for an auto run's next Execute turn (its event)."""
+
+    id: int
+    at: float
+    text: str
+
+    @property
+    def name(self) -> str:
+        """Its file's name in the run's inbox: in time order among files dropped there,
+        and the same every time it is delivered."""
+        return f"{round(self.at * 1e9):020d}-e{self.id}.md"
 
 
 class TurnState(StrEnum):
@@ -655,6 +671,40 @@ class SqliteRunStore:
         if ended:
             events_written(self._db)
         return bool(ended)
+
+    async def queue_instruction(self, run_id: str, text: str, *, by: str | None = None) -> None:
+        """Queue ``text`` for the next Execute turn of the auto run ``run_id``, wherever
+        it runs: an event of the run's log, which that turn delivers into the run's inbox
+        (:meth:`engine.automode.append.InstructionInbox.deliver`). ``by``: who sent it.
+
+        Raises:
+            NotFoundError: no such run.
+            ConfigError: not an auto run, or it has ended.
+        """
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute("SELECT mode, status FROM runs WHERE id = ?", (run_id,))
+            row = await cursor.fetchone()
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r}")
+            if row[0] != "auto":
+                raise ConfigError(f"run {run_id} is not an auto run: only those take instructions")
+            if row[1] not in (RunStatus.RUNNING, RunStatus.PARKED):
+                raise ConfigError(f"run {run_id} has ended ({row[1]})")
+            await add_event(
+                conn, self._db, EventKind.INSTRUCTION, run_id=run_id, data={"text": text, "by": by}
+            )
+        events_written(self._db)
+
+    async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]:
+        """Every instruction queued for the run, oldest first (delivered ones too)."""
+        rows = await self._db.fetchall(
+            "SELECT id, at, data_json FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
+            (run_id, EventKind.INSTRUCTION.value),
+        )
+        return [
+            QueuedInstruction(int(r["id"]), float(r["at"]), str(json.loads(r["data_json"])["text"]))
+            for r in rows
+        ]
 
     async def turns(self, run_id: str) -> list[TurnRecord]:
         rows = await self._db.fetchall(
