@@ -34,7 +34,7 @@ from engine.executors.drives import (
 )
 from engine.gates import GateRefused, Gates
 from engine.gates.autopilot import turn_finished
-from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
+from engine.gates.workflow import AWAITING_APPROVAL, COMPLETE, HUMAN_INTERVENTION
 from engine.humane import humane
 from engine.runs import Recovery
 from engine.runs.follow import (
@@ -399,6 +399,12 @@ class WorkersDrives:
                 await publish(self.sink, event.run_id, head, TextKind.TURN, task=task, body=text)
             case Note(said=said):
                 await self._said(drive, said, event.cursor)
+            case RunEvent(kind=EventKind.PARKED, run_id=run_id) if run_id is not None:
+                # At its gate (the gate is a message of its own): its row says it waits.
+                record = await self.gates.store.find(task)
+                if record is not None and record.awaiting_approval:
+                    status = AWAITING_APPROVAL
+                    await self._sub_status(drive, run_id, task, wave, status, record.label)
             case RunEvent(kind=EventKind.RUN_ENDED, run_id=run_id) if run_id is not None:
                 record = await self.gates.store.find(task)
                 phase = record.phase if record is not None else None
