@@ -10,6 +10,7 @@ messages (:class:`Publisher`) and the buttons of a live message (:class:`Control
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,15 @@ _PHASE_STATES: Final = {
     "stopped": "⏹ stopped",
     "human_intervention": "✋ waiting for a person",
 }
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that puts ``a2`` before ``a10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)
+    )
+
+
 # A wave's row says more of a sub-task's end than "done".
 _ROW_STATES: Final = {**_PHASE_STATES, "complete": "✅ complete"}
 
@@ -376,7 +386,9 @@ class BotSink:
         lines = [
             f"🛂 {view.parent} · wave {view.wave}: {count} sub-task{'s' if count != 1 else ''}"
         ]
-        for task, (phase, state) in view.rows.items():
+        # In the order of their names (a1, a2, …, a10), not of their first reports: the
+        # sub-tasks start at once, and whichever reports first must not reorder the rows.
+        for task, (phase, state) in sorted(view.rows.items(), key=lambda r: _natural(r[0])):
             said = _ROW_STATES.get(state, words(state))
             # Complete or waiting for a person: the state is all there is to say (the
             # phase would say the same words again).

@@ -34,16 +34,23 @@ from engine.executors.drives import (
 )
 from engine.gates import GateRefused, Gates
 from engine.gates.autopilot import turn_finished
-from engine.gates.workflow import COMPLETE, HUMAN_INTERVENTION
+from engine.gates.workflow import AWAITING_APPROVAL, COMPLETE, HUMAN_INTERVENTION
 from engine.humane import humane
 from engine.runs import Recovery
-from engine.runs.follow import Note, RunEnded, RunFollower, TurnEnded, TurnStarted
+from engine.runs.follow import (
+    Note,
+    RunEnded,
+    RunFollower,
+    TurnEnded,
+    TurnStarted,
+    run_or_none,
+)
 from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
 from engine.sink import RunSink, RunText, StatusUpdate, TextKind, publish, publish_said, summary_ref
 from engine.store.backend import AnyDatabase
-from engine.store.events import EventKind, EventLog
-from engine.store.runs import TurnState
+from engine.store.events import EventKind, EventLog, RunEvent
+from engine.store.runs import SqliteRunStore, TurnState
 from engine.workers.autopilot import budget_stopped
 from engine.workers.control import chat_placements, stop_placed
 from engine.workers.drives import gate_requests, queue_drive, wake_drive
@@ -72,6 +79,9 @@ class _Drive:
     job: asyncio.Task[None] | None = None
     #: Which of its phase's turns each turn is (by its number), as its start said.
     kinds: dict[int, str] = field(default_factory=dict)
+    #: Its wave sub-tasks' runs: each one's task and wave.
+    subs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    sub_kinds: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 class WorkersDrives:
@@ -262,6 +272,8 @@ class WorkersDrives:
                 try:
                     follower = follower or await self._follower(drive, resumed)
                     async for event in follower.events():
+                        if await self._of_subtask(drive, event):
+                            continue
                         match event:
                             case TurnStarted():
                                 kind = await self._kind(drive, event)
@@ -296,6 +308,7 @@ class WorkersDrives:
             task=drive.task,
             since=placed.placement.created_at,  # (its task's events from the drive's start)
             after=await self._resume_at(drive.run_id) if resumed else 0,
+            children=True,  # its wave's sub-tasks: their rows in the wave's message
         )
 
     async def _resume_at(self, run_id: str) -> int:
@@ -317,7 +330,7 @@ class WorkersDrives:
         if said.kind is TextKind.NOTE:
             live = f"note:{cursor}"
         elif said.kind is TextKind.PERSON:
-            live = _person_ref(drive.run_id)
+            live = _person_ref(said.run_id)  # (a sub-task's: its own)
         else:
             await publish_said(self.sink, said)
             return
@@ -345,10 +358,91 @@ class WorkersDrives:
 
     async def _kind(self, drive: _Drive, event: TurnStarted[OnWorkers]) -> str:
         """Which of its phase's turns the turn starting is, as its event says."""
-        started = await EventLog(self.db).read(drive.run_id, after=event.cursor - 1, limit=1)
+        started = await EventLog(self.db).read(event.run_id, after=event.cursor - 1, limit=1)
         kind = str(started[0].data.get("turn_kind") or "phase") if started else "phase"
-        drive.kinds[event.seq] = kind
+        if event.run_id == drive.run_id:
+            drive.kinds[event.seq] = kind
         return kind
+
+    # -- a wave's sub-tasks ----------------------------------------------------------------
+
+    async def _of_subtask(self, drive: _Drive, event: object) -> bool:
+        """Say an event of one of the drive's wave sub-tasks as a drive in this process
+        says its sub-tasks' (their rows in the wave's message); False: not one of theirs."""
+        match event:
+            case TurnStarted() | TurnEnded() if event.run_id != drive.run_id:
+                sub = await self._sub(drive, event.run_id)
+            case Note(said=said) if said.run_id != drive.run_id:
+                sub = await self._sub(drive, said.run_id)
+            case RunEvent(run_id=run_id) if run_id is not None and run_id != drive.run_id:
+                sub = await self._sub(drive, run_id)
+            case _:
+                return False
+        if sub is None:
+            return True  # (not a sub-task's run any more: nothing to say of it)
+        task, wave = sub
+        match event:
+            case TurnStarted():
+                kind = await self._kind(drive, event)
+                drive.sub_kinds[(event.run_id, event.seq)] = kind
+                await self._sub_status(drive, event.run_id, task, wave, "running", event.phase)
+            case TurnEnded(turn=turn) if turn.state is TurnState.FINISHED:
+                kind = drive.sub_kinds.get((event.run_id, turn.seq), "phase")
+                head, text = turn_finished(
+                    task,
+                    turn.phase or "turn",
+                    kind,
+                    turn.output or "",
+                    turn.exit_code,
+                    turn.stderr_tail or "",
+                )
+                await publish(self.sink, event.run_id, head, TextKind.TURN, task=task, body=text)
+            case Note(said=said):
+                await self._said(drive, said, event.cursor)
+            case RunEvent(kind=EventKind.PARKED, run_id=run_id) if run_id is not None:
+                # At its gate (the gate is a message of its own): its row says it waits.
+                record = await self.gates.store.find(task)
+                if record is not None and record.awaiting_approval:
+                    status = AWAITING_APPROVAL
+                    await self._sub_status(drive, run_id, task, wave, status, record.label)
+            case RunEvent(kind=EventKind.RUN_ENDED, run_id=run_id) if run_id is not None:
+                record = await self.gates.store.find(task)
+                phase = record.phase if record is not None else None
+                if phase in (COMPLETE, HUMAN_INTERVENTION):
+                    await self._sub_status(drive, run_id, task, wave, phase, phase)
+                else:
+                    await self._sub_status(drive, run_id, task, wave, "stopped", phase)
+        return True
+
+    async def _sub(self, drive: _Drive, run_id: str) -> tuple[str, int] | None:
+        """The task and wave of the drive's sub-task run ``run_id``."""
+        found = drive.subs.get(run_id)
+        if found is not None:
+            return found
+        run = await run_or_none(SqliteRunStore(self.db), run_id)
+        if run is None or run.task is None:
+            return None
+        record = await self.gates.store.find(run.task)
+        if record is None:
+            return None
+        drive.subs[run_id] = (run.task, record.wave or 1)
+        return drive.subs[run_id]
+
+    async def _sub_status(
+        self, drive: _Drive, run_id: str, task: str, wave: int, status: str, phase: str | None
+    ) -> None:
+        await self.sink.update_status(
+            StatusUpdate(
+                run_id=run_id,
+                mode="autopilot",
+                status=status,
+                phase=phase,
+                task=task,
+                parent=drive.task,
+                wave=wave,
+                parent_run=drive.run_id,
+            )
+        )
 
     async def _turn_ended(self, drive: _Drive, event: TurnEnded[OnWorkers]) -> None:
         # (Its output is the turn's, not in the log: said as the drive says it.)

@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -73,6 +73,7 @@ __all__ = [
     "drive_alive",
     "next_step",
     "turn_finished",
+    "wave_started",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -914,9 +915,7 @@ class Autopilot:
             if not pending:
                 continue
             await self._say(
-                task,
-                f"[{task.name}] wave {wave}: driving {', '.join(s.name for s in pending)} "
-                f"(at most {self.settings.wave_concurrency} at once)",
+                task, wave_started(task.name, wave, [s.name for s in pending], self.settings)
             )
             if self.worktrees is not None:
                 for name, path in (await self.worktrees.before_wave(task, pending)).items():
@@ -945,6 +944,14 @@ class Autopilot:
         (they looked at the stuck sub-tasks and chose to go on without them)."""
         history = await self.store.history(task.name)
         return any(h.from_phase == HUMAN_INTERVENTION and h.at >= since for h in history)
+
+
+def wave_started(task: str, wave: int, names: Sequence[str], settings: Settings) -> str:
+    """What a drive says as a wave of its sub-tasks starts, wherever they run."""
+    return (
+        f"[{task}] wave {wave}: driving {', '.join(names)} "
+        f"(at most {settings.wave_concurrency} at once)"
+    )
 
 
 def _why(out: TurnOutput) -> str:

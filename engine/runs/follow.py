@@ -123,7 +123,8 @@ class RunFollower(Generic[W]):
 
     ``task``: its task's own events too (an autopilot drive's gates), from ``since`` on.
     ``after``: the cursor, moved on as events are given (a follower started again with it
-    gives none twice).
+    gives none twice). ``children``: the events of the runs it started too (a drive's
+    wave sub-tasks: their turns and notes carry their own run ids), in the log's order.
     """
 
     db: AnyDatabase
@@ -133,6 +134,7 @@ class RunFollower(Generic[W]):
     since: float | None = None
     after: int = 0
     poll: float = 0.25
+    children: bool = False
 
     async def events(self) -> AsyncGenerator[Followed[W], None]:
         """Yield the run's events; the last one is :class:`RunEnded`."""
@@ -154,7 +156,8 @@ class RunFollower(Generic[W]):
                 record: RunRecord | None = None
                 if any(e.kind in _TURNS for e in batch):
                     record = await run_or_none(runs, self.run_id)
-                    turns = {t.id: t for t in await runs.turns(self.run_id)}
+                    for run_id in {e.run_id or self.run_id for e in batch if e.kind in _TURNS}:
+                        turns.update({t.id: t for t in await runs.turns(run_id)})
                 state = _auto_state(record) if record is not None else None
                 rounds = (
                     rounds_of((t.seq, t.phase) for t in turns.values()) if state is not None else {}
@@ -176,7 +179,12 @@ class RunFollower(Generic[W]):
         found: list[RunEvent] = []
         while True:
             page = await log.read(
-                self.run_id, task=self.task, after=after, since=self.since, limit=_PAGE
+                self.run_id,
+                task=self.task,
+                after=after,
+                since=self.since,
+                limit=_PAGE,
+                children=self.children,
             )
             found += page
             if len(page) < _PAGE:
@@ -196,7 +204,7 @@ class RunFollower(Generic[W]):
             seq = int(data["seq"])
             return TurnStarted(
                 event.id,
-                self.run_id,
+                event.run_id or self.run_id,
                 seq,
                 int(data["attempt"]),
                 data.get("phase"),
@@ -209,7 +217,8 @@ class RunFollower(Generic[W]):
             turn = turns.get(int(data["turn_id"]))
             if turn is None:
                 return None  # (not a turn of this run)
-            return TurnEnded(event.id, self.run_id, turn, where, state, rounds.get(turn.seq, 0))
+            run_id = event.run_id or self.run_id
+            return TurnEnded(event.id, run_id, turn, where, state, rounds.get(turn.seq, 0))
         if event.kind == EventKind.NOTE:
             said = RunText(
                 event.run_id or self.run_id,

@@ -229,20 +229,23 @@ class EventLog:
         after: int = 0,
         limit: int = 1000,
         since: float | None = None,
+        children: bool = False,
     ) -> list[RunEvent]:
         """The run's events after the cursor ``after``, oldest first; with ``task``, the
-        task's own events too (its gates: an autopilot drive's), from ``since`` on."""
-        if task is None:
-            rows = await self._db.fetchall(
-                "SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?",
-                (run_id, after, limit),
-            )
-        else:
-            rows = await self._db.fetchall(
-                "SELECT * FROM events WHERE id > ? AND (run_id = ? OR (task = ? AND run_id IS"
-                " NULL AND at >= ?)) ORDER BY id LIMIT ?",
-                (after, run_id, task, since or 0.0, limit),
-            )
+        task's own events too (its gates: an autopilot drive's), from ``since`` on; with
+        ``children``, the events of the runs it started (a drive's wave sub-tasks)."""
+        where = ["run_id = ?"]
+        params: list[object] = [run_id]
+        if children:
+            where.append("run_id IN (SELECT id FROM runs WHERE parent_id = ?)")
+            params.append(run_id)
+        if task is not None:
+            where.append("(task = ? AND run_id IS NULL AND at >= ?)")
+            params += [task, since or 0.0]
+        rows = await self._db.fetchall(
+            f"SELECT * FROM events WHERE id > ? AND ({' OR '.join(where)}) ORDER BY id LIMIT ?",  # noqa: S608 (fixed clauses)
+            (after, *params, limit),
+        )
         return [RunEvent.from_row(r) for r in rows]
 
     async def follow(

@@ -48,7 +48,7 @@ from engine.agents.factory import create_agent
 from engine.automode.channel import STOP_EXIT_CODE, STOPPED_BY_PERSON
 from engine.automode.summary import WorkSummaryGenerator
 from engine.errors import ConfigError, TurnstileError
-from engine.gates.autopilot import Autopilot, DriveOutcome
+from engine.gates.autopilot import Autopilot, DriveOutcome, wave_started
 from engine.gates.budget import DriveBudget
 from engine.gates.records import TaskRecord
 from engine.gates.state_file import STATE_FILE
@@ -313,6 +313,7 @@ class _StepPilot(Autopilot):
         room = max(0, self.settings.wave_concurrency - running)
         fresh = [s for s in pending if s.name not in drives][:room]
         parent = self.placement
+        specs = []
         for sub in fresh:
             spec = QueuedRun(
                 run_id=new_run_id(RunMode.AUTOPILOT),
@@ -330,14 +331,16 @@ class _StepPilot(Autopilot):
                 budget_tokens=parent.spec.budget_tokens,
             )
             await self.workers.place(spec)
+            specs.append(spec)
+        if fresh and running == 0:
+            # Said once, as the wave starts, in the words of a drive in one process; before
+            # any of its sub-tasks can start (their jobs are queued next), so that what
+            # follows the drive reads it before their first turns.
+            names = [s.name for s in pending]
+            await self._say(task, wave_started(task.name, wave, names, self.settings))
+        for spec in specs:
             # Any free worker with the agent takes it: the wave runs in parallel.
             await defer_turn(self.app, spec.run_id, queue=agent_queue(spec.tool))
-        if fresh:
-            await self._say(
-                task,
-                f"[{task.name}] wave {wave}: queued {', '.join(s.name for s in fresh)} "
-                f"for the workers (at most {self.settings.wave_concurrency} at once)",
-            )
         self.waiting_for = [s.name for s in pending]
         return DriveOutcome.PARKED
 
