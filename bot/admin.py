@@ -192,14 +192,7 @@ class AdminFeature(Feature):
         else:
             run_id, thread = choice, thread_of(message)
         stopped = await self._stop(chat_of(chat), thread, run_id, by=user.id)
-        await self.ctx.store.audit(
-            action="stop",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=", ".join(stopped) or "nothing left to stop",
-        )
+        await self.ctx.replies.audited(update, "stop", ", ".join(stopped) or "nothing left to stop")
         name = self.ctx.publisher.people.name(user.id)
         said = (
             f"⏹ {name} stopped {', '.join(stopped)}."

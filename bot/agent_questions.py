@@ -194,13 +194,8 @@ class AgentQuestionFeature(Feature):
             else:
                 await self.ctx.replies.reply(update, said)
             return
-        await self.ctx.store.audit(
-            action="answer",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=f"question {settled.id} of run {settled.run_id}: {answer}"[:300],
+        await self.ctx.replies.audited(
+            update, "answer", f"question {settled.id} of run {settled.run_id}: {answer}"[:300]
         )
         _LOGGER.info("question %s answered by %s", settled.id, user.id)
         if update.callback_query is not None:

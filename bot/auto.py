@@ -136,14 +136,7 @@ class AutoExtension(Feature):
             await self.ctx.replies.reply(update, f"Cannot start: {exc}")
             return
         run_id = started.run_id
-        await self.ctx.store.audit(
-            action="auto",
-            outcome="allowed",
-            user_id=user.id if user else None,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=run_id,
-        )
+        await self.ctx.replies.audited(update, "auto", run_id)
         where = project_words(self.ctx.settings, project, asked)
         if started.queued:
             text = (
@@ -273,14 +266,7 @@ class AutoExtension(Feature):
             await self.ctx.replies.answer(update, "Nothing is running there any more.")
             return
         await self.ctx.replies.answer(update, "Stopping…")
-        await self.ctx.store.audit(
-            action="stop",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=run_id,
-        )
+        await self.ctx.replies.audited(update, "stop", run_id)
 
     async def on_raise_budget(self, update: Update, data: str) -> None:
         """An admin lets a run its budget stopped go on under twice the budget."""

@@ -223,13 +223,8 @@ class AutopilotExtension(Feature):
         # (Its drive's run records the place: after a restart the task's is read there.)
         self.places[name] = place
         run_id = started.run_id
-        await self.ctx.store.audit(
-            action="autopilot",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=name if run_id is None else f"{name} {run_id}",
+        await self.ctx.replies.audited(
+            update, "autopilot", name if run_id is None else f"{name} {run_id}"
         )
         if started.queued:
             verb = "is queued on the workers" if started.new else "is already on the workers"
@@ -878,14 +873,7 @@ class AutopilotExtension(Feature):
                 await self._retire(live.ref, "⏹ Not running any more.")
             await self.ctx.replies.reply(update, f"The drive of {task} is not running any more.")
             return
-        await self.ctx.store.audit(
-            action="stop",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=task,
-        )
+        await self.ctx.replies.audited(update, "stop", task)
 
     async def status_lines(self, chat_id: PlaceId, thread: PlaceId | None) -> list[str]:
         lines = []

@@ -230,7 +230,7 @@ class ChatFeature(Feature):
         except ConfigError as exc:
             await ctx.replies.reply(update, f"Not changed: {exc}")
             return
-        await self._audit(update, "model", name)
+        await self.ctx.replies.audited(update, "model", name)
         await ctx.replies.reply(
             update,
             f"🧠 Model for this {binding.agent} session: {model or 'the agent default'}, "
@@ -278,7 +278,7 @@ class ChatFeature(Feature):
         where = project_words(ctx.settings, project, thread) + (
             f", branch {branch}" if branch else ""
         )
-        await self._audit(update, "chat", f"{agent} {where}")
+        await self.ctx.replies.audited(update, "chat", f"{agent} {where}")
         place = "topic" if thread else "chat"
         head = (
             f"🆕 A fresh {agent} session here ({where})"
@@ -291,19 +291,6 @@ class ChatFeature(Feature):
         )
         _LOGGER.info(
             "chat bound", extra={"chat_id": chat_of(chat), "session_id": binding.session_id}
-        )
-
-    async def _audit(self, update: Update, action: str, reason: str) -> None:
-        chat = update.effective_chat
-        user = update.effective_user
-        assert chat is not None
-        await self.ctx.store.audit(
-            action=action,
-            outcome="allowed",
-            user_id=user.id if user is not None else None,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=reason,
         )
 
     async def on_text(self, update: Update, text: str, thread: PlaceId | None) -> bool:
@@ -394,14 +381,7 @@ class ChatFeature(Feature):
             await ctx.replies.answer(update, "Its session is gone: send the prompt again.")
             return
         await self._settle_rerun(live, f"🔁 Run again by {by}: the answer follows.")
-        await ctx.store.audit(
-            action="rerun",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=f"{run_id} turn {seq}",
-        )
+        await ctx.replies.audited(update, "rerun", f"{run_id} turn {seq}")
         await ctx.replies.answer(update, "Running it again…")
         try:
             await ctx.chats.submit(
@@ -442,14 +422,7 @@ class ChatFeature(Feature):
             await self.ctx.replies.answer(update, "Nothing is running there any more.")
             return
         await self.ctx.replies.answer(update, "Stopping…")
-        await self.ctx.store.audit(
-            action="stop",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=run.run_id,
-        )
+        await self.ctx.replies.audited(update, "stop", run.run_id)
         await self.ctx.chats.stop(run, user.id)
 
     async def stop(self, run_id: str, *, chat_id: PlaceId, by: int) -> bool:

@@ -608,15 +608,7 @@ class FileDesk(Feature):
         except FileRefusedError as exc:
             await self.ctx.replies.reply(update, f"⚠️ Not sent: {exc}")
             return
-        user = update.effective_user
-        await self.ctx.store.audit(
-            action="get",
-            outcome="allowed",
-            user_id=user.id if user is not None else None,
-            chat_id=chat_of(message.chat),
-            update_id=update.update_id,
-            reason=given[:200],
-        )
+        await self.ctx.replies.audited(update, "get", given[:200])
         await self.ctx.store.enqueue([item])
         self.ctx.publisher.wake()
 
@@ -655,15 +647,7 @@ class FileDesk(Feature):
         await self.ctx.replies.reply(
             update, f"🔀 {name}, {against}: {lines[0]}\n" + "\n".join(lines[1:])
         )
-        user = update.effective_user
-        await self.ctx.store.audit(
-            action="diff",
-            outcome="allowed",
-            user_id=user.id if user is not None else None,
-            chat_id=chat_of(message.chat),
-            update_id=update.update_id,
-            reason=found.run_id or "",
-        )
+        await self.ctx.replies.audited(update, "diff", found.run_id or "")
         if not changes.patch:
             return  # only new files not yet added to git, or binary ones: no patch to send
         text = changes.patch.decode("utf-8", errors="replace")

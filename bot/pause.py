@@ -162,7 +162,7 @@ class PauseFeature(Feature):
             said = f"Run {run.id} is paused already. /resume {run.id} lets it go on."
             await self._tell(update, said)
             return
-        await self._audit(update, "pause", run.id)
+        await self.ctx.replies.audited(update, "pause", run.id)
         self.lines[run.id] = (
             f"⏸ Paused by {name}: it finishes {after}, then waits. ▶ Go on, or /resume, "
             "lets it go on."
@@ -182,7 +182,7 @@ class PauseFeature(Feature):
             self.lines.pop(run.id, None)
             await self._tell(update, f"Run {run.id} is not paused.")
             return
-        await self._audit(update, "resume", run.id)
+        await self.ctx.replies.audited(update, "resume", run.id)
         self.lines.pop(run.id, None)
         _LOGGER.info("run %s goes on (%s)", run.id, user.id)
         await self._refresh(run.id)
@@ -195,19 +195,6 @@ class PauseFeature(Feature):
             await self.ctx.replies.answer(update, text[:200])
         else:
             await self.ctx.replies.reply(update, text)
-
-    async def _audit(self, update: Update, action: str, run_id: str) -> None:
-        user = update.effective_user
-        chat = update.effective_chat
-        assert chat is not None
-        await self.ctx.store.audit(
-            action=action,
-            outcome="allowed",
-            user_id=user.id if user is not None else None,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=run_id,
-        )
 
     async def _refresh(self, run_id: str) -> None:
         """The run's live message shows the pause (or no longer): a chat turn's progress

@@ -113,6 +113,19 @@ class Replies:
             **kw,
         )
 
+    async def audited(self, update: Update, action: str, reason: str) -> None:
+        """Record in the audit log that the update's sender was allowed ``action``."""
+        chat = update.effective_chat
+        user = update.effective_user
+        await self._store.audit(
+            action=action,
+            outcome="allowed",
+            user_id=user.id if user is not None else None,
+            chat_id=chat_of(chat) if chat is not None else None,
+            update_id=update.update_id,
+            reason=reason,
+        )
+
     async def answer(self, update: Update, text: str | None = None) -> None:
         """Answer the update's button press (a no-op for anything else)."""
         query = update.callback_query

@@ -184,14 +184,7 @@ class ToolApprovalExtension(Feature):
             return
         chosen = None if wanted == "default" else wanted
         await self.ctx.store.set_place_permissions(chat_of(chat), thread, chosen, by=user.id)
-        await self.ctx.store.audit(
-            action="permissions",
-            outcome="allowed",
-            user_id=user.id,
-            chat_id=chat_of(chat),
-            update_id=update.update_id,
-            reason=wanted,
-        )
+        await self.ctx.replies.audited(update, "permissions", wanted)
         now = await self.policy_in(chat_of(chat), thread)
         await self.ctx.replies.reply(
             update,
