@@ -133,9 +133,12 @@ class WorkersAuto:
         return self.local.running_in_chat(chat_id)
 
     async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
+        # Its own row says whether a run goes on, wherever it runs (or waits to run).
+        stored = await SqliteRunStore(self.db).unfinished_in(
+            "auto", place.chat_id, place.thread_id, whole_chat=whole_chat
+        )
         here = await self.local.steerable(place, whole_chat=whole_chat)
-        placed = await self._placed(place.chat_id, None if whole_chat else place)
-        return here + [p.run_id for p in sorted(placed, key=lambda p: p.created_at)]
+        return [*here, *(r for r in stored if r not in here)]
 
     async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
         # The worker running it delivers it into the run's folder at its next Execute turn.

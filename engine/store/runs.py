@@ -695,6 +695,23 @@ class SqliteRunStore:
             )
         events_written(self._db)
 
+    async def unfinished_in(
+        self, mode: str, chat_id: PlaceId, thread_id: PlaceId | None, *, whole_chat: bool = False
+    ) -> list[str]:
+        """The ids of the chat's (``whole_chat``: any topic's; else ``thread_id``'s) runs
+        of ``mode`` that have not ended (running, or parked to go on), oldest first."""
+        sql = "SELECT id FROM runs WHERE chat_id = ? AND mode = ? AND status IN (?, ?)"
+        params: list[object] = [chat_id, mode, RunStatus.RUNNING.value, RunStatus.PARKED.value]
+        if whole_chat:
+            pass
+        elif thread_id is None:
+            sql += " AND thread_id IS NULL"
+        else:
+            sql += " AND thread_id = ?"
+            params.append(thread_id)
+        rows = await self._db.fetchall(f"{sql} ORDER BY started_at, id", params)
+        return [str(r["id"]) for r in rows]
+
     async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]:
         """Every instruction queued for the run, oldest first (delivered ones too)."""
         rows = await self._db.fetchall(
