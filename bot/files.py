@@ -1,9 +1,11 @@
 """Files, photos and voice notes from the phone; files back with ``/get`` and agent markers.
 
-- A document or photo in a chat bound to a session (or sent to a running auto run: in its
-  topic or as a reply to one of its messages) is downloaded into the run's folder under
-  ``uploads/`` and becomes a turn (or a steering note): the caption is the prompt and the
-  prompt says which file arrived. An album (photos sharing ``media_group_id``) is one turn.
+- A document or photo in a chat bound to a session is downloaded into the run's folder
+  under ``uploads/`` and becomes a turn: the caption is the prompt and the prompt says which
+  file arrived. Sent to a running auto run (in its topic or as a reply to one of its
+  messages), wherever it executes, it is stored in the database with a steering note that
+  its next Execute turn takes in, writing the file there first
+  (:mod:`engine.automode.uploads`). An album (photos sharing ``media_group_id``) is one turn.
 - A voice note or audio message is transcribed (:mod:`engine.transcribe`), shown
   ("🎙 …") and becomes the prompt (or the steering note).
 - ``/get PATH [RUN]`` sends a file (a folder as a zip) of the run's folder; a line
