@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 from telegram import Update
@@ -36,6 +37,7 @@ from engine.runs import Recovery
 from engine.runs.ids import short_id
 from engine.runs.spec import PlaceId
 from engine.spend import Budget
+from engine.store.runs import InstructionFile
 from engine.workspace.manager import DEFAULT_PROJECT
 
 __all__ = ["AutoExtension"]
@@ -238,11 +240,20 @@ class AutoExtension(Feature):
             update, f"📝 Noted for run {target}: it goes into the next Execute turn."
         )
 
-    async def steer(self, run_id: str, text: str, *, by: int | None) -> str | None:
-        """Queue ``text`` for the run's next Execute turn from the person ``by``; None once
-        it is, else why not."""
+    async def steer(
+        self,
+        run_id: str,
+        text: str,
+        *,
+        by: int | None,
+        files: Sequence[InstructionFile] = (),
+    ) -> str | None:
+        """Queue ``text`` (and the stored ``files`` it is the caption of) for the run's
+        next Execute turn from the person ``by``; None once it is, else why not."""
         try:
-            await self.executor.steer(run_id, text, by=self.ctx.publisher.people.name(by))
+            await self.executor.steer(
+                run_id, text, by=self.ctx.publisher.people.name(by), files=files
+            )
         except (ConfigError, NotFoundError) as exc:
             return f"Instruction refused: {exc}"
         _LOGGER.info("instruction queued", extra={"run_id": run_id})

@@ -1,9 +1,11 @@
 """Files, photos and voice notes from the phone; files back with ``/get`` and agent markers.
 
-- A document or photo in a chat bound to a session (or sent to a running auto run: in its
-  topic or as a reply to one of its messages) is downloaded into the run's folder under
-  ``uploads/`` and becomes a turn (or a steering note): the caption is the prompt and the
-  prompt says which file arrived. An album (photos sharing ``media_group_id``) is one turn.
+- A document or photo in a chat bound to a session is downloaded into the run's folder
+  under ``uploads/`` and becomes a turn: the caption is the prompt and the prompt says which
+  file arrived. Sent to a running auto run (in its topic or as a reply to one of its
+  messages), wherever it executes, it is stored in the database with a steering note that
+  its next Execute turn takes in, writing the file there first
+  (:mod:`engine.automode.uploads`). An album (photos sharing ``media_group_id``) is one turn.
 - A voice note or audio message is transcribed (:mod:`engine.transcribe`), shown
   ("🎙 …") and becomes the prompt (or the steering note).
 - ``/get PATH [RUN]`` sends a file (a folder as a zip) of the run's folder; a line
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -41,7 +44,7 @@ from bot.places import chat_of, thread_of
 from chatfront.auth import Action
 from chatfront.outgoing import OutgoingFiles
 from chatfront.store import Binding, InboundState
-from engine.automode import AutoRun
+from engine.automode.uploads import store_instruction_file
 from engine.chats.files import ChatUpload, upload_message
 from engine.diff import run_diff
 from engine.errors import FileRefusedError, TranscriptionError, TurnstileError
@@ -58,8 +61,8 @@ from engine.files import (
 )
 from engine.gates.artifacts import SqlArtifactStore
 from engine.runs import RunMode, named_runs
-from engine.runs.spec import PlaceId
-from engine.store.runs import RunRecord
+from engine.runs.spec import ChatPlace, PlaceId
+from engine.store.runs import InstructionFile, RunRecord
 from engine.transcribe import HttpTranscriber, Transcriber
 from engine.workspace.runs import match_worktrees
 
@@ -73,11 +76,12 @@ _TELEGRAM_DOWNLOAD_LIMIT: Final = 20 * 1024 * 1024
 
 @dataclass
 class _Target:
-    """Where a file or voice note goes: a chat session or a running auto run."""
+    """Where a file or voice note goes: a chat session or a running auto run (its id:
+    wherever it executes, its files go through the database, engine.automode.uploads)."""
 
     workdir: Path
     chat: Binding | None = None
-    auto: AutoRun | None = None
+    auto: str | None = None
     # A chat session on the workers: its folder is on a worker's disk, files go through
     # the database (engine.chats.files).
     remote: bool = False
@@ -106,7 +110,7 @@ class _Album:
     update_id: int
     user_id: int
     reply_to: int
-    files: list[SavedFile | ChatUpload] = field(default_factory=list)
+    files: list[SavedFile | ChatUpload | InstructionFile] = field(default_factory=list)
     captions: list[str] = field(default_factory=list)
     update_ids: list[int] = field(default_factory=list)
     timer: asyncio.Task[None] | None = None
@@ -153,7 +157,7 @@ class FileDesk(Feature):
         self._excluded: set[Path] = set()
         self._closing = False
         ctx.chat_front.output_files = self.outgoing.marker_items
-        ctx.sink.send_files_with(self.outgoing.send_marked)
+        ctx.sink.send_files_with(self.outgoing.send_stored)
 
     def register(self, dispatch: Dispatch) -> None:
         dispatch.command("get", Action.STATUS, self.cmd_get)
@@ -164,15 +168,16 @@ class FileDesk(Feature):
 
     async def _target(self, message: Message, thread: PlaceId | None) -> _Target | None:
         chat_id = chat_of(message.chat)
+        place = ChatPlace(chat_id, thread)
+        steerable = self.auto.executor.steerable
         reply = message.reply_to_message
         if reply is not None:
             run_id = await self.ctx.store.run_of_message(chat_id, reply.message_id)
-            run = self.auto.running(run_id) if run_id is not None else None
-            if run is not None:
-                return _Target(Path(run.state.workdir), auto=run)
-        here = self.auto.running_in(chat_id, thread)
+            if run_id is not None and run_id in await steerable(place, whole_chat=True):
+                return _Target(Path(), auto=run_id)
+        here = await steerable(place)
         if here:
-            return _Target(Path(here[-1].state.workdir), auto=here[-1])
+            return _Target(Path(), auto=here[-1])
         active_chat = self.ctx.chats.active.get((chat_id, thread))
         binding = (
             active_chat.binding
@@ -324,7 +329,7 @@ class FileDesk(Feature):
 
     async def _download_and_save(
         self, incoming: _Incoming, target: _Target
-    ) -> SavedFile | ChatUpload:
+    ) -> SavedFile | ChatUpload | InstructionFile:
         settings = self.ctx.settings
         refused = type_refused(incoming.name, incoming.mime, settings.upload_refused_types)
         if refused is not None:
@@ -334,6 +339,14 @@ class FileDesk(Feature):
                 reason="type",
             )
         data = await self._download(incoming.file_id, incoming.size, incoming.name)
+        if target.auto is not None:
+            # Stored for the run's next Execute turn, which writes it into the run's folder
+            # wherever the run executes (here or on a worker).
+            stored = await store_instruction_file(
+                self.ctx.db, incoming.name, data, mime=incoming.mime
+            )
+            _LOGGER.info("upload stored for run %s (%d bytes)", target.auto, stored.size)
+            return stored
         if target.remote:
             # Stored for the worker that runs the turn; it writes the file where it goes.
             assert target.chat is not None
@@ -375,7 +388,7 @@ class FileDesk(Feature):
         message: Message,
         target: _Target,
         thread: PlaceId | None,
-        saved: SavedFile | ChatUpload,
+        saved: SavedFile | ChatUpload | InstructionFile,
         caption: str,
         group: str,
     ) -> None:
@@ -437,7 +450,7 @@ class FileDesk(Feature):
         update: Update | None,
         target: _Target,
         thread: PlaceId | None,
-        files: list[SavedFile | ChatUpload],
+        files: list[SavedFile | ChatUpload | InstructionFile],
         captions: list[str],
         update_id: int,
         *,
@@ -446,7 +459,11 @@ class FileDesk(Feature):
         reply_to: int | None = None,
     ) -> None:
         stored = [f for f in files if isinstance(f, ChatUpload)]
-        if stored:
+        for_run = [f for f in files if isinstance(f, InstructionFile)]
+        if for_run:
+            # The run names them once written (engine.automode.uploads): the captions here.
+            text = "\n".join(c for c in captions if c.strip())
+        elif stored:
             # The worker names the files in the prompt once written (engine.workers).
             text = upload_message(stored, captions)
         else:
@@ -461,6 +478,7 @@ class FileDesk(Feature):
             chat_id=chat_id,
             reply_to=reply_to,
             what="a file" if len(files) == 1 else f"{len(files)} files",
+            files=for_run,
         )
 
     async def _hand_over(
@@ -475,8 +493,10 @@ class FileDesk(Feature):
         user_id: int | None = None,
         chat_id: PlaceId | None = None,
         reply_to: int | None = None,
+        files: Sequence[InstructionFile] = (),
     ) -> None:
-        """Queue ``text`` as the chat session's next turn, or note it for the auto run."""
+        """Queue ``text`` as the chat session's next turn, or note it (with the ``files``
+        it is the caption of) for the auto run."""
         if update is not None:
             assert update.effective_chat is not None
             assert update.effective_user is not None
@@ -490,13 +510,12 @@ class FileDesk(Feature):
             await self.ctx.publisher.say(chat_id, line, thread_id=thread, reply_to=reply_to)
 
         if target.auto is not None:
-            refused = await self.auto.steer(target.auto.run_id, text, by=user_id)
+            refused = await self.auto.steer(target.auto, text, by=user_id, files=files)
             if refused is not None:
                 await say(refused)
                 return
             await say(
-                f"📝 Noted for run {target.auto.run_id} ({what}): it goes into the next "
-                "Execute turn."
+                f"📝 Noted for run {target.auto} ({what}): it goes into the next Execute turn."
             )
             return
         result = await self.ctx.chats.submit(

@@ -1,11 +1,12 @@
 """Files of a run's folder sent into a chat: checked, redacted, spooled, queued.
 
-A file a person asks for (``/get``) or an agent hands over (a ``TURNSTILE-SEND:`` line
-in its answer) is checked against the run's folder (inside it, not too large, readable:
-:mod:`engine.files`), redacted, copied into a spool folder and described as an outbox
-message of kind ``file``, so a restart still delivers it; a folder is sent as a zip. A
-turn on a worker read and checked its files there and stored them in the database
-(:mod:`engine.chats.files`): they are spooled from there, with the same captions and
+A file a person asks for (``/get``) or an agent of a chat session here hands over (a
+``TURNSTILE-SEND:`` line in its answer) is checked against the run's folder (inside it,
+not too large, readable: :mod:`engine.files`), redacted, copied into a spool folder and
+described as an outbox message of kind ``file``, so a restart still delivers it; a folder
+is sent as a zip. A chat turn on a worker, and an auto run's turn wherever it runs, read
+and checked their files where they ran and stored them in the database
+(:mod:`engine.handover`): they are spooled from there, with the same captions and
 refusals. What cannot be sent is said instead ("⚠️ Not sent …").
 """
 
@@ -135,13 +136,28 @@ class OutgoingFiles:
     async def _sent_from_worker(
         self, binding: Binding, out: TurnOutput, run_id: str
     ) -> list[OutboxItem]:
-        """The files a turn on a worker sent (read and checked there, stored in the
+        """The files a chat turn on a worker sent (read and checked there, stored in the
         database), as a local chat's: the same captions and refusals."""
-        sent_files = self.sent_files(out)
-        if not sent_files:
-            return []
+        return await self._stored(self.sent_files(out), binding.chat_id, binding.thread_id, run_id)
+
+    async def send_stored(self, place: ChatPlace, run_id: str, files: list[SentFile]) -> None:
+        """An auto run's ``TURNSTILE-SEND:`` files, read and stored where its turn ran (in
+        this process or on a worker), through the run sink."""
+        items = await self._stored(files, place.chat_id, place.thread_id, run_id)
+        if items:
+            await self.publisher.store.enqueue(items)
+            self.publisher.wake()
+
+    async def _stored(
+        self,
+        sent_files: list[SentFile],
+        chat_id: PlaceId,
+        thread: PlaceId | None,
+        run_id: str,
+    ) -> list[OutboxItem]:
+        """Files a turn read and stored, spooled from the database (or why each is not
+        sent), as a file read here is: the same captions and refusals."""
         store = self.artifacts
-        chat_id, thread = binding.chat_id, binding.thread_id
         items: list[OutboxItem] = []
         for sent in sent_files[:_MARKERS_PER_TURN]:
             try:
@@ -170,7 +186,7 @@ class OutgoingFiles:
                 continue
             except Exception:
                 # The turn's output goes out whatever happens to its files.
-                _LOGGER.exception("preparing %s from the worker failed", sent.given)
+                _LOGGER.exception("preparing %s from the store failed", sent.given)
                 continue
             items.append(
                 OutboxItem(
@@ -184,17 +200,6 @@ class OutgoingFiles:
                 )
             )
         return items
-
-    async def send_marked(
-        self, place: ChatPlace, run_id: str, workdir: Path, paths: list[str]
-    ) -> None:
-        """An auto run's ``TURNSTILE-SEND:`` files (through the run sink)."""
-        items = await self._marked(
-            workdir, paths[:_MARKERS_PER_TURN], place.chat_id, place.thread_id, run_id
-        )
-        if items:
-            await self.publisher.store.enqueue(items)
-            self.publisher.wake()
 
     async def _marked(
         self, workdir: Path, paths: list[str], chat_id: PlaceId, thread: PlaceId | None, run_id: str

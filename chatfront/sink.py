@@ -14,11 +14,11 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Protocol
 
 from chatfront.publish import Publisher
 from chatfront.text import excerpt, last_line, status_ended, status_text
+from engine.chats.files import SentFile
 from engine.errors import NotFoundError
 from engine.humane import humane, words
 from engine.runs import ChatPlace
@@ -116,7 +116,7 @@ _ROW_STATES: Final = {**_PHASE_STATES, "complete": "✅ complete"}
 # Posts a gate in its chat (bot.autopilot).
 GateHandler = Callable[[GateRequest, ChatPlace], Awaitable[None]]
 # Sends files of a run's folder to its chat: (place, run id, workdir, paths) (bot.files).
-FilesHandler = Callable[[ChatPlace, str, Path, list[str]], Awaitable[None]]
+FilesHandler = Callable[[ChatPlace, str, list[SentFile]], Awaitable[None]]
 # What a completed task did, for its summary: plain lines (artifacts, turns, time) (bot.autopilot).
 TaskFacts = Callable[[str], Awaitable[list[str]]]
 # The chat of a run the runs table does not place (an autopilot drive's sub-task); None:
@@ -517,12 +517,14 @@ class BotSink:
         await self._show_auto(run_id, place)
         return True
 
-    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+    async def send_stored(self, run_id: str, files: list[SentFile]) -> None:
         place = await self.place(run_id)
         if place is None or self._on_files is None:
-            _LOGGER.info("files %s of run %s have no chat to go to", paths, run_id)
+            _LOGGER.info(
+                "files %s of run %s have no chat to go to", [f.given for f in files], run_id
+            )
             return
-        await self._on_files(place, run_id, workdir, paths)
+        await self._on_files(place, run_id, files)
 
     async def update_status(self, update: StatusUpdate) -> None:
         place = await self.place(update.run_id)

@@ -6,12 +6,16 @@ Everything here treats names and paths from a chat or an agent as hostile:
   leading dots, Unicode NFC, no control characters, bounded length).
 - :func:`save_upload` writes bytes below ``root/uploads`` without ever following a
   symlink (each folder opened with ``O_NOFOLLOW`` relative to its parent, the file created
-  with ``O_CREAT | O_EXCL``) and without overwriting (a ``-1``, ``-2`` … suffix).
+  with ``O_CREAT | O_EXCL``) and without overwriting (a ``-1``, ``-2`` … suffix); asked
+  to, it takes a taken name that already holds the same bytes (a write done again).
 - :func:`resolve_inside` resolves a path given by a person or an agent inside the run's
   folder: absolute paths, ``..`` and symlinks that leave the folder are refused.
 - :func:`read_for_send` / :func:`zip_folder` produce what is sent to the chat, capped,
   and checked for secrets whatever the file's encoding (see :func:`read_for_send`).
 - :func:`send_markers` finds ``TURNSTILE-SEND: path`` lines in an agent's output.
+
+Long: one module holds every rule for a hostile name or path, in and out, so that the
+bot, the workers and auto mode apply the same ones.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import unicodedata
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -176,11 +181,15 @@ def _upload_parts(uploads: str) -> list[str]:
     return list(parts)
 
 
-def save_upload(root: Path, uploads: str, name: str, data: bytes, *, mime: str) -> SavedFile:
+def save_upload(
+    root: Path, uploads: str, name: str, data: bytes, *, mime: str, again: bool = False
+) -> SavedFile:
     """Write ``data`` as ``root/uploads/name`` (or ``name-1`` … when taken).
 
     No symlink is ever followed below ``root``: a planted ``uploads`` symlink is refused,
-    a planted file symlink is skipped like any taken name.
+    a planted file symlink is skipped like any taken name. ``again``: a taken name whose
+    plain file holds exactly ``data`` is the file (a write done again after a crash
+    writes no second copy).
 
     Raises:
         FileRefusedError: the uploads folder is not a plain folder, or no free name.
@@ -210,6 +219,9 @@ def save_upload(root: Path, uploads: str, name: str, data: bytes, *, mime: str) 
                     dir_fd=folder,
                 )
             except FileExistsError:
+                if again and _holds(folder, candidate, data):
+                    relative = "/".join([*parts, candidate])
+                    return SavedFile(root / relative, relative, len(data), mime)
                 continue
             try:
                 view = memoryview(data)
@@ -228,6 +240,18 @@ def save_upload(root: Path, uploads: str, name: str, data: bytes, *, mime: str) 
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+def _holds(folder: int, name: str, data: bytes) -> bool:
+    """Whether ``name`` in ``folder`` is a plain file (not a symlink) holding ``data``."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return False
+        return fh.read(len(data) + 1) == data
 
 
 def resolve_inside(root: Path, given: str) -> Path:

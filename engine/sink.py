@@ -7,13 +7,15 @@ Auto mode and the autopilot driver take a :class:`RunSink`; the terminal uses
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from engine.chats.files import SentFile
 from engine.errors import StoreError
+from engine.handover import collect_paths
 from engine.store.events import EventKind, add_event, events_written
 
 if TYPE_CHECKING:
@@ -29,12 +31,15 @@ __all__ = [
     "RefusedClaim",
     "RunSink",
     "RunText",
+    "SendRules",
     "StatusUpdate",
+    "StoredFileSink",
     "TextKind",
     "TurnDone",
     "publish",
     "publish_said",
     "recording",
+    "sent_files",
     "summary_ref",
 ]
 
@@ -107,6 +112,24 @@ class FileSink(Protocol):
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
         """Send ``paths`` (relative to ``workdir``, untrusted: checked by the sink)."""
         ...
+
+
+@runtime_checkable
+class StoredFileSink(Protocol):
+    """A sink that hands over files a run's turn read and stored where it ran (in this
+    process or on a worker: :mod:`engine.handover`)."""
+
+    async def send_stored(self, run_id: str, files: list[SentFile]) -> None:
+        """Send ``files`` (each stored, or why it was refused) to the people following."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SendRules:
+    """How files a run hands over are read: the largest sent, and what hides secrets."""
+
+    max_bytes: int
+    redact: Callable[[str], str]
 
 
 class TextKind(StrEnum):
@@ -232,6 +255,18 @@ class LogSink:
         for path in paths:
             _LOGGER.info("the agent hands over %s (in %s)", path, workdir, extra={"run_id": run_id})
 
+    async def send_stored(self, run_id: str, files: list[SentFile]) -> None:
+        for file in files:
+            if file.refused:
+                _LOGGER.info(
+                    "the agent hands over %s: not sent (%s)",
+                    file.given,
+                    file.refused,
+                    extra={"run_id": run_id},
+                )
+            else:
+                _LOGGER.info("the agent hands over %s", file.given, extra={"run_id": run_id})
+
     async def publish_text(self, run_id: str, text: str) -> None:
         _LOGGER.info("%s", text, extra={"run_id": run_id})
 
@@ -308,13 +343,43 @@ class RecordingSink:
 
 
 class RecordingFileSink(RecordingSink):
-    """A :class:`RecordingSink` over a sink that hands files over: each is an event too."""
+    """A :class:`RecordingSink` over a sink that hands files over.
+
+    The files are read where the run executes and stored (:mod:`engine.handover`), the
+    ``file_out`` event lists them (``paths`` as asked, ``files`` as stored or refused), and
+    the inner sink hands them over from the store: so a front end following the run from
+    the event log, wherever it runs, sends what one in the run's own process sends.
+    """
+
+    def __init__(
+        self,
+        inner: RunSink,
+        db: AnyDatabase,
+        owner: Callable[[str], Owner] | None = None,
+        *,
+        sends: SendRules,
+    ) -> None:
+        super().__init__(inner, db, owner)
+        self._sends = sends
 
     async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
+        rules = self._sends
+        files = await collect_paths(
+            self._db, workdir, paths, max_bytes=rules.max_bytes, redact=rules.redact
+        )
+        data = {"paths": list(paths), "files": [f.to_json() for f in files]}
+        await self._record(run_id, EventKind.FILE_OUT, data)
         inner = self.inner
-        assert isinstance(inner, FileSink)
-        await inner.send_files(run_id, workdir, paths)
-        await self._record(run_id, EventKind.FILE_OUT, {"paths": list(paths)})
+        if isinstance(inner, StoredFileSink):
+            await inner.send_stored(run_id, files)
+        elif isinstance(inner, FileSink):
+            await inner.send_files(run_id, workdir, paths)
+
+
+def sent_files(data: Mapping[str, Any]) -> list[SentFile]:
+    """The files a ``file_out`` event says were stored (or refused)."""
+    raw = data.get("files")
+    return [SentFile.from_json(f) for f in raw] if isinstance(raw, list) else []
 
 
 #: Whose a sink's key is: the run's id and the task's name (either may be None).
@@ -327,12 +392,17 @@ def _owner(key: str) -> Owner:
 
 
 def recording(
-    sink: RunSink, db: AnyDatabase, owner: Callable[[str], Owner] | None = None
+    sink: RunSink,
+    db: AnyDatabase,
+    owner: Callable[[str], Owner] | None = None,
+    *,
+    sends: SendRules | None = None,
 ) -> RunSink:
-    """``sink``, its texts (and files, when it sends them) written to the event log too;
-    ``owner`` tells whose each key is (by default: the run of that id)."""
+    """``sink``, its texts written to the event log too; ``owner`` tells whose each key
+    is (by default: the run of that id). ``sends``: the run hands files over (read and
+    stored under these rules, logged, then given to ``sink`` when it takes files)."""
     if isinstance(sink, RecordingSink):
         return sink
-    if isinstance(sink, FileSink):
-        return RecordingFileSink(sink, db, owner)
+    if sends is not None and isinstance(sink, StoredFileSink | FileSink):
+        return RecordingFileSink(sink, db, owner, sends=sends)
     return RecordingSink(sink, db, owner)

@@ -27,6 +27,7 @@ from engine.automode import (
 )
 from engine.automode.append import steer_run
 from engine.automode.state import AutoModeState, owner_token
+from engine.automode.uploads import store_instruction_file, write_instruction_files
 from engine.errors import ConfigError, NotFoundError, TurnExecError
 from engine.runs import RunSpec, RunSupervisor
 from engine.settings import Settings, load_settings
@@ -396,6 +397,38 @@ async def test_an_instruction_queued_in_the_store_reaches_one_execute_prompt_onc
     assert steered == [{"text": "Also add a CHANGELOG entry.", "by": "olga"}]
     with pytest.raises(ConfigError, match="has ended"):
         await steer_run(store, run.run_id, "one more thing", by=None)
+
+
+async def test_a_file_queued_with_an_instruction_is_written_once_and_named(
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file sent to a run (stored, carried by its instruction event) is written into
+    the run's folder under uploads/ by the next Execute turn, wherever the run executes,
+    and the instruction names it; written again (a step re-run after a crash cut it between
+    the file and the instruction) the same bytes give the same file, no second copy."""
+    script(env, monkeypatch, rules=happy_rules())
+    store = SqliteRunStore(db)
+    stored = await store_instruction_file(db, "../data.csv", b"a,b\n1,2\n", mime="text/csv")
+    assert stored.name == "data.csv"
+    run = await start(settings, db, workspace)
+    await steer_run(store, run.run_id, "use this data", by="olga", files=[stored])
+    result = await run.task
+    assert result.status is AutoStatus.COMPLETED
+    [execute] = [e["prompt"] for e in agent_log(env / "agent.log") if EXECUTE in e["prompt"]]
+    assert "use this data" in execute
+    assert execute.count("uploads/data.csv (text/csv, 8 bytes)") == 1
+    workdir = Path(run.state.workdir)
+    assert (workdir / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
+    [queued] = await store.queued_instructions(run.run_id)
+    assert queued.files == (stored,)
+    again, problems = await write_instruction_files(store, queued, workdir, "uploads")
+    assert problems == []
+    assert "uploads/data.csv (text/csv" in again
+    assert sorted(p.name for p in (workdir / "uploads").iterdir()) == ["data.csv"]
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=workdir, capture_output=True, text=True, check=True
+    )
+    assert "uploads" not in status.stdout
 
 
 async def test_prompt_reaches_the_agent_byte_for_byte(

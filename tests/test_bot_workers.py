@@ -425,3 +425,159 @@ async def test_a_chat_with_no_project_is_told_the_same_on_the_workers_for_every_
             assert refused.text == answer + expected, command
     assert cluster.query("SELECT run_id FROM worker_runs") == []
     assert not (cluster.tmp / "bot" / "ws" / "chats").exists()
+
+
+# -- files in and out of an auto run ---------------------------------------------------
+
+
+def _files_script(cluster: Cluster, gate: Path) -> None:
+    """Execute 1 waits for ``gate``, writes notes.md and hands it over; Execute 2 commits."""
+    write_script(
+        cluster.tmp / "fake",
+        replies=[
+            {"text": "Goal: notes.md is handed over, result.txt committed."},
+            {"text": "1. write notes.md\n2. read what the chat sends"},
+            {
+                "text": "wrote the notes\nTURNSTILE-SEND: notes.md",
+                "files": {"notes.md": "# notes\n"},
+                "wait_file": str(gate),
+            },
+            evaluation("IN PROGRESS"),
+            {
+                "text": "committed",
+                "files": {"result.txt": "done\n"},
+                "run": [
+                    ["git", "add", "result.txt", "notes.md"],
+                    ["git", "commit", "-q", "-m", "result"],
+                ],
+            },
+            evaluation("COMPLETE"),
+        ],
+    )
+
+
+async def _files_run(
+    api: FakeBotApi, run_id: str, gate: Path, *, before: int
+) -> list[tuple[str | None, bytes | None, str]]:
+    """Send a file while the run's first Execute turn runs, let the turn hand notes.md
+    over, wait for the run's end: what the chat was sent from ``before`` on, the run's id
+    said as RUN (its live message left out: its lines say where the run executes)."""
+    api.push_document(
+        chat_id=CHAT,
+        user_id=OPERATOR,
+        data=b"a,b\n1,2\n",
+        file_name="data.csv",
+        mime_type="text/csv",
+        caption="use this data",
+    )
+    await api.wait_for_message(lambda m: m.text.startswith("📝 Noted for run"))
+    gate.write_text("")
+    notes = await api.wait_for_message(lambda m: m.filename == "notes.md", timeout=60)
+    assert notes.document == b"# notes\n"
+    await api.wait_for_message(
+        lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
+    )
+    await api.wait_for_message(lambda m: m.filename == f"turns-{run_id}.md")
+    return [
+        (
+            m.filename.replace(run_id, "RUN") if m.filename else None,
+            m.document if m.filename == "notes.md" else None,
+            _said(m, run_id),
+        )
+        for m in api.sent[before:]
+        if m.filename is not None or not _texts(m)[0].startswith("🤖 Auto run")
+    ]
+
+
+def _said(message: SentMessage, run_id: str) -> str:
+    """What a message says that does not depend on where the run executed: a report's and
+    a document's first line, any other message whole."""
+    text = message.text.replace(run_id, "RUN")
+    if text.startswith("Auto run RUN:") or message.filename is not None:
+        return text.splitlines()[0] if text else ""
+    return text
+
+
+async def test_a_file_reaches_an_auto_run_on_a_worker_and_one_it_hands_over_comes_back(
+    cluster: Cluster,
+) -> None:
+    """A file sent while the run's first Execute turn runs on its worker is written into
+    the run's worktree there and named in its next Execute prompt; a TURNSTILE-SEND line
+    of that turn sends the worker's file to the chat."""
+    gate = cluster.tmp / "files-gate"
+    _files_script(cluster, gate)
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api, _bot(cluster, api):
+        run_id, _, _ = await _auto(api)
+        await asyncio.to_thread(
+            wait_for,
+            "the first Execute turn",
+            lambda: cluster.query(
+                "SELECT 1 FROM turns WHERE run_id = %s AND phase = 'execute'", run_id
+            ),
+        )
+        sent = await _files_run(api, run_id, gate, before=len(api.sent))
+    noted = "📝 Noted for run RUN (a file): it goes into the next Execute turn."
+    assert (None, None, noted) in sent
+    assert ("notes.md", b"# notes\n", "📎 notes.md · 8 bytes") in sent
+    prompts = [
+        str(p)
+        for (p,) in cluster.query(
+            "SELECT prompt FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY seq",
+            run_id,
+        )
+    ]
+    assert len(prompts) == 2
+    assert "data.csv" not in prompts[0]
+    assert prompts[1].count("uploads/data.csv (text/csv") == 1
+    assert "use this data" in prompts[1]
+    # Written in the run's worktree on the worker, kept out of git.
+    [(workdir,)] = cluster.query("SELECT workdir FROM runs WHERE id = %s", run_id)
+    assert str(workdir).startswith(str(cluster.tmp / "w1"))
+    assert (Path(workdir) / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
+    [(files,)] = cluster.query(
+        "SELECT data_json FROM events WHERE run_id = %s AND kind = 'file_out'", run_id
+    )
+    assert [f["name"] for f in json.loads(files)["files"]] == ["notes.md"]
+
+
+async def test_files_in_and_out_of_an_auto_run_say_the_same_here_and_on_a_worker(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parity: the same file sent and the same file handed over, a run on a worker and a
+    run in the bot's process: the chat gets the same messages, in the same order."""
+    gate = cluster.tmp / "files-gate"
+    _files_script(cluster, gate)
+    await asyncio.to_thread(_start, cluster)
+    async with FakeBotApi() as api, _bot(cluster, api):
+        run_id, _, _ = await _auto(api)
+        await asyncio.to_thread(
+            wait_for,
+            "the first Execute turn",
+            lambda: cluster.query(
+                "SELECT 1 FROM turns WHERE run_id = %s AND phase = 'execute'", run_id
+            ),
+        )
+        on_worker = await _files_run(api, run_id, gate, before=0)
+
+    root = cluster.tmp / "local"
+    git_workspace(root / "ws" / "default")
+    gate = cluster.tmp / "local-gate"
+    _files_script(cluster, gate)
+    monkeypatch.setenv("FAKE_AGENT_SCRIPT", str(cluster.tmp / "fake" / "script.json"))
+    monkeypatch.setenv("FAKE_AGENT_STATE", str(root / "agent-state"))
+    async with FakeBotApi() as api, running_bot(api, bot_settings(api, root)) as runtime:
+        api.push_message(chat_id=CHAT, user_id=OPERATOR, text="/auto make result.txt")
+        started = await api.wait_for_message(lambda m: m.text.startswith("🤖 Auto run "))
+        local_id = started.text.split()[3]
+        async with asyncio.timeout(60):
+            while not any(t.phase == "execute" for t in await runtime.runs.turns(local_id)):
+                await asyncio.sleep(0.1)
+        here = await _files_run(api, local_id, gate, before=0)
+        workdir = Path((await runtime.runs.get_run(local_id)).workdir or "")
+    assert (workdir / "uploads" / "data.csv").read_bytes() == b"a,b\n1,2\n"
+    assert here == on_worker
+    assert [said for _, _, said in here][:2] == [
+        "📝 Noted for run RUN (a file): it goes into the next Execute turn.",
+        "📎 notes.md · 8 bytes",
+    ]

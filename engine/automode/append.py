@@ -30,7 +30,9 @@ from engine import safefile
 from engine.errors import ConfigError, UnsafeFileError
 
 if TYPE_CHECKING:
-    from engine.store.runs import SqliteRunStore
+    from collections.abc import Sequence
+
+    from engine.store.runs import InstructionFile, SqliteRunStore
 
 __all__ = [
     "MAX_INSTRUCTION_BYTES",
@@ -155,14 +157,17 @@ def render_instructions(instructions: list[Instruction]) -> str:
     return "\n".join(parts)
 
 
-def check_instruction(text: str, max_bytes: int = MAX_INSTRUCTION_BYTES) -> bytes:
-    """The instruction's bytes, once it is one a run takes.
+def check_instruction(
+    text: str, max_bytes: int = MAX_INSTRUCTION_BYTES, *, allow_empty: bool = False
+) -> bytes:
+    """The instruction's bytes, once it is one a run takes (``allow_empty``: the caption
+    of files, which may say nothing).
 
     Raises:
         ConfigError: empty, over the size cap, or not text.
     """
     data = text.encode("utf-8")
-    if not text.strip():
+    if not text.strip() and not allow_empty:
         raise ConfigError("the instruction is empty")
     if len(data) > max_bytes:
         raise ConfigError(
@@ -173,17 +178,27 @@ def check_instruction(text: str, max_bytes: int = MAX_INSTRUCTION_BYTES) -> byte
     return data
 
 
-async def steer_run(store: SqliteRunStore, run_id: str, text: str, *, by: str | None) -> None:
+async def steer_run(
+    store: SqliteRunStore,
+    run_id: str,
+    text: str,
+    *,
+    by: str | None,
+    files: Sequence[InstructionFile] = (),
+) -> None:
     """Queue ``text`` for the next Execute turn of the auto run ``run_id``, wherever it
     runs (in this process, another one, a worker): through the store, whose event the
-    turn delivers into the run's inbox.
+    turn delivers into the run's inbox. ``files`` (stored already, see
+    :func:`engine.automode.uploads.store_instruction_file`) are written into the run's
+    folder by that turn, and the instruction names them; ``text`` is then their caption
+    and may be empty.
 
     Raises:
         ConfigError: the instruction is refused, or the run has ended or takes none.
         NotFoundError: no such run.
     """
-    check_instruction(text)
-    await store.queue_instruction(run_id, text, by=by)
+    check_instruction(text, allow_empty=bool(files))
+    await store.queue_instruction(run_id, text, by=by, files=files)
 
 
 class InstructionInbox:

@@ -38,6 +38,7 @@ from engine.automode.state import (
     with_transition,
 )
 from engine.automode.summary import WorkSummary, WorkSummaryGenerator
+from engine.automode.uploads import write_instruction_files
 from engine.automode.verifier import CompletionSignalDetector, CompletionVerifier, Verification
 from engine.errors import ChannelPublishError, TurnSuperseded
 from engine.files import send_markers
@@ -57,7 +58,7 @@ from engine.sink import (
     publish_said,
 )
 from engine.spend import Spend
-from engine.store.runs import QueuedInstruction, RunStatus, TurnState
+from engine.store.runs import InstructionFile, QueuedInstruction, RunStatus, TurnState
 from engine.turn import BaseChannel, Closed, NextPrompt, Ready, TurnOutput
 
 __all__ = [
@@ -99,6 +100,8 @@ class AutoRunStore(Protocol):
 
     async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]: ...
 
+    async def instruction_file(self, file: InstructionFile) -> bytes | None: ...
+
 
 def run_status(state: AutoModeState) -> RunStatus:
     """The store's run status for a state: a required-turn abort is a crash."""
@@ -136,6 +139,7 @@ class AutoModeChannel(BaseChannel):
         verifier: measures completion evidence in the workspace.
         summary: summarises the work for the final report.
         inbox: the run's ``append/`` / ``appended/`` folders.
+        uploads: the folder of its worktree that files sent to it are written into.
         sink: where reports go (the terminal's :class:`~engine.sink.LogSink`, the bot's own).
         clock: wall clock, for timestamps.
     """
@@ -149,6 +153,7 @@ class AutoModeChannel(BaseChannel):
         verifier: CompletionVerifier,
         summary: WorkSummaryGenerator,
         inbox: InstructionInbox,
+        uploads: str = "uploads",
         sink: RunSink | None = None,
         detector: CompletionSignalDetector | None = None,
         clock: Callable[[], float] = time.time,
@@ -160,6 +165,7 @@ class AutoModeChannel(BaseChannel):
         self._verifier = verifier
         self._summary = summary
         self._inbox = inbox
+        self._uploads = uploads
         self._sink: RunSink = sink or NullSink()
         self._detector = detector or CompletionSignalDetector()
         self._clock = clock
@@ -216,8 +222,7 @@ class AutoModeChannel(BaseChannel):
             # What people queued through the store (from a chat, a terminal, wherever the
             # run executes) joins what was dropped into the folder.
             for queued in await self._store.queued_instructions(state.run_id):
-                if self._inbox.deliver(queued.name, queued.text):
-                    _LOGGER.info("instruction %s delivered", queued.name, extra=self._extra)
+                await self._deliver(queued)
             intake = self._inbox.collect(state.step)
             values["instructions"] = render_instructions(intake.instructions)
         prompt = self._templates.render(phase, values)
@@ -241,6 +246,20 @@ class AutoModeChannel(BaseChannel):
         )
         self._transcript(prompt + "\n")
         return Ready(prompt)
+
+    async def _deliver(self, queued: QueuedInstruction) -> None:
+        """Drop one queued instruction into the inbox unless it had it; its files first."""
+        if self._inbox.has(queued.name):
+            return
+        text = queued.text
+        if queued.files:
+            text, problems = await write_instruction_files(
+                self._store, queued, Path(self._state.workdir), self._uploads
+            )
+            for problem in problems:
+                await self._safe_publish(f"⚠️ A file sent to this run: {problem}")
+        if self._inbox.deliver(queued.name, text):
+            _LOGGER.info("instruction %s delivered", queued.name, extra=self._extra)
 
     async def publish_output(self, out: TurnOutput) -> None:
         flight = self._in_flight

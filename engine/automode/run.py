@@ -46,10 +46,11 @@ from engine.automode.verifier import CompletionVerifier
 from engine.errors import ConfigError, TurnError, TurnPreempted
 from engine.locks import Lock
 from engine.logs import log_context
+from engine.redact import Redactor
 from engine.runs import AgentEnv, RunMode, RunSession, RunSpec, RunSupervisor
 from engine.runs.stop import until_stopped
 from engine.settings import Settings
-from engine.sink import LogSink, RunSink, recording
+from engine.sink import LogSink, RunSink, SendRules, recording
 from engine.spend import Budget
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, add_event, events_written
@@ -373,7 +374,12 @@ def _build(
             push=functools.partial(push_run_branch, settings, store.db, state.run_id),
         ),
         inbox=inbox,
-        sink=recording(sink if sink is not None else LogSink(), store.db),
+        uploads=settings.uploads_dir,
+        sink=recording(
+            sink if sink is not None else LogSink(),
+            store.db,
+            sends=SendRules(settings.send_max_bytes, Redactor(settings.secret_values())),
+        ),
     )
     agent.preempt.on_spawn = channel.record_process
     return AutoRun(

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.automode import (
@@ -39,7 +40,7 @@ from engine.settings import Settings
 from engine.sink import RunSink
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase, wait_reachable
-from engine.store.runs import RunStatus, SqliteRunStore
+from engine.store.runs import InstructionFile, RunStatus, SqliteRunStore
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["LocalAuto"]
@@ -127,9 +128,16 @@ class LocalAuto:
         runs = self.running_in_chat(place.chat_id) if whole_chat else self.running_in(place)
         return [run.run_id for run in runs]
 
-    async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
+    async def steer(
+        self,
+        run_id: str,
+        text: str,
+        *,
+        by: str | None,
+        files: Sequence[InstructionFile] = (),
+    ) -> None:
         # Through the store, as on the workers: the run's next Execute turn takes it in.
-        await steer_run(self.runs, run_id, text, by=by)
+        await steer_run(self.runs, run_id, text, by=by, files=files)
 
     # -- stopping ----------------------------------------------------------------------
 

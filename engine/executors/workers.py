@@ -1,12 +1,13 @@
 """Auto runs on the workers: queued, followed from the event log, stopped through the store.
 
 A run shows where it is followed as a run of this process does: one live status message
-(its last line names the worker running the turn), the turns, the final report. A stop asked
-from here is said at once ("Stopping run … on worker w1") and that message is written again
-once the run has actually stopped. A run its budget stopped is offered to an admin, whose
-raise puts it back on the workers (its holder's queue), followed on from its next turn. Runs
-this process drove before (recorded here, parked or cut off) are resumed and stopped here
-(:class:`~engine.executors.local.LocalAuto`).
+(its last line names the worker running the turn), the turns, the files its turns hand
+over (read and stored on the worker: the ``file_out`` event lists them), the final report.
+A stop asked from here is said at once ("Stopping run … on worker w1") and that message is
+written again once the run has actually stopped. A run its budget stopped is offered to an
+admin, whose raise puts it back on the workers (its holder's queue), followed on from its
+next turn. Runs this process drove before (recorded here, parked or cut off) are resumed
+and stopped here (:class:`~engine.executors.local.LocalAuto`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -30,11 +32,19 @@ from engine.runs import Recovery
 from engine.runs.follow import RunEnded, RunFollower, TurnEnded, TurnStarted
 from engine.runs.spec import ChatPlace, PlaceId
 from engine.settings import Settings
-from engine.sink import RunSink, StatusUpdate, TextKind, publish, publish_said
+from engine.sink import (
+    RunSink,
+    StatusUpdate,
+    StoredFileSink,
+    TextKind,
+    publish,
+    publish_said,
+    sent_files,
+)
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
-from engine.store.events import EventLog
-from engine.store.runs import RunStatus, SqliteRunStore, TurnState
+from engine.store.events import EventKind, EventLog, RunEvent
+from engine.store.runs import InstructionFile, RunStatus, SqliteRunStore, TurnState
 from engine.workers.control import (
     chat_placements,
     new_spec,
@@ -140,9 +150,17 @@ class WorkersAuto:
         here = await self.local.steerable(place, whole_chat=whole_chat)
         return [*here, *(r for r in stored if r not in here)]
 
-    async def steer(self, run_id: str, text: str, *, by: str | None) -> None:
-        # The worker running it delivers it into the run's folder at its next Execute turn.
-        await self.local.steer(run_id, text, by=by)
+    async def steer(
+        self,
+        run_id: str,
+        text: str,
+        *,
+        by: str | None,
+        files: Sequence[InstructionFile] = (),
+    ) -> None:
+        # The worker running it delivers it (its files too) into the run's folder at its
+        # next Execute turn.
+        await self.local.steer(run_id, text, by=by, files=files)
 
     async def _placed(self, chat_id: PlaceId, place: ChatPlace | None = None) -> list[Placement]:
         # (A drive's is the drives' executor's: engine.executors.drives.)
@@ -269,6 +287,8 @@ class WorkersAuto:
                                 await self._turn_ended(event)
                             case RunEnded():
                                 await self._run_ended(followed, event)
+                            case RunEvent(kind=EventKind.FILE_OUT):
+                                await self._files_out(event)
                         followed.after = follower.after
                     return
                 except TurnstileError as exc:
@@ -349,6 +369,12 @@ class WorkersAuto:
             said = f"⚠️ {phase.label} failed{where}{why}"
         # In the live status's last line until the next turn starts or the run ends.
         await self._status(event.run_id, state, phase.value, turn.seq, said, event.round)
+
+    async def _files_out(self, event: RunEvent) -> None:
+        """Files a turn handed over: read and stored on its worker, sent as a local run's."""
+        files = sent_files(event.data)
+        if files and isinstance(self.sink, StoredFileSink):
+            await self.sink.send_stored(event.run_id or "", files)
 
     async def _run_ended(self, followed: _Followed, event: RunEnded[OnWorkers]) -> None:
         followed.end = event

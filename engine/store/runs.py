@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 from engine.errors import ConfigError, NotFoundError, TurnSuperseded
+from engine.gates.artifacts import SqlArtifactStore
 from engine.reaper import TurnProcess, kill_remains
 from engine.runs.spec import PlaceId, place_id
 from engine.spend import Spend
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINISH_TURN",
+    "InstructionFile",
     "QueuedInstruction",
     "RunRecord",
     "RunStatus",
@@ -190,12 +192,32 @@ class RunStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class InstructionFile:
+    """A file sent with an instruction: its bytes are stored (``gate_artifacts``, under
+    their SHA-256) until the run's next Execute turn writes them into its folder."""
+
+    name: str
+    mime: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "mime": self.mime, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> InstructionFile:
+        return cls(str(raw["name"]), str(raw["mime"]), int(raw["size"]), str(raw["sha256"]))
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedInstruction:
-    """An instruction queued for an auto run's next Execute turn (its event)."""
+    """An instruction queued for an auto run's next Execute turn (its event), and the
+    files sent with it (the text is then their caption, maybe empty)."""
 
     id: int
     at: float
     text: str
+    files: tuple[InstructionFile, ...] = ()
 
     @property
     def name(self) -> str:
@@ -672,10 +694,19 @@ class SqliteRunStore:
             events_written(self._db)
         return bool(ended)
 
-    async def queue_instruction(self, run_id: str, text: str, *, by: str | None = None) -> None:
+    async def queue_instruction(
+        self,
+        run_id: str,
+        text: str,
+        *,
+        by: str | None = None,
+        files: Sequence[InstructionFile] = (),
+    ) -> None:
         """Queue ``text`` for the next Execute turn of the auto run ``run_id``, wherever
         it runs: an event of the run's log, which that turn delivers into the run's inbox
-        (:meth:`engine.automode.append.InstructionInbox.deliver`). ``by``: who sent it.
+        (:meth:`engine.automode.append.InstructionInbox.deliver`). ``by``: who sent it;
+        ``files``: stored files sent with it, which that turn writes into the run's folder
+        first.
 
         Raises:
             NotFoundError: no such run.
@@ -690,9 +721,10 @@ class SqliteRunStore:
                 raise ConfigError(f"run {run_id} is not an auto run: only those take instructions")
             if row[1] not in (RunStatus.RUNNING, RunStatus.PARKED):
                 raise ConfigError(f"run {run_id} has ended ({row[1]})")
-            await add_event(
-                conn, self._db, EventKind.INSTRUCTION, run_id=run_id, data={"text": text, "by": by}
-            )
+            data: dict[str, Any] = {"text": text, "by": by}
+            if files:
+                data["files"] = [f.to_json() for f in files]
+            await add_event(conn, self._db, EventKind.INSTRUCTION, run_id=run_id, data=data)
         events_written(self._db)
 
     async def unfinished_in(
@@ -718,10 +750,17 @@ class SqliteRunStore:
             "SELECT id, at, data_json FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
             (run_id, EventKind.INSTRUCTION.value),
         )
-        return [
-            QueuedInstruction(int(r["id"]), float(r["at"]), str(json.loads(r["data_json"])["text"]))
-            for r in rows
-        ]
+        queued = []
+        for row in rows:
+            data = json.loads(row["data_json"])
+            files = tuple(InstructionFile.from_json(f) for f in data.get("files") or ())
+            queued.append(QueuedInstruction(int(row["id"]), float(row["at"]), data["text"], files))
+        return queued
+
+    async def instruction_file(self, file: InstructionFile) -> bytes | None:
+        """The stored bytes of a file sent with an instruction (None: no longer stored)."""
+        found = await SqlArtifactStore(self._db).get(file.sha256)
+        return found.content if found is not None else None
 
     async def turns(self, run_id: str) -> list[TurnRecord]:
         rows = await self._db.fetchall(

@@ -9,7 +9,8 @@ The chat's worktree is on a worker's disk, so neither side can reach the other's
   worktree with the local chat's safe-file rules before the turn runs
   (:func:`write_uploads`), then prompts the agent as a local chat does.
 - A ``TURNSTILE-SEND:`` line in the agent's answer: the worker resolves and reads the file
-  with the same containment rules and limit (:func:`collect_sends`), stores its bytes and
+  with the same containment rules and limit (:func:`collect_sends`, :mod:`engine.handover`,
+  as an auto run's turn does wherever it runs), stores its bytes and
   records it, or why it was refused, in the turn's output (:data:`SENT_FILES`); the bot
   sends it to the chat as a local chat's file (:func:`sent_files`).
 """
@@ -19,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
 
 from engine.chats.files import (
     SENT_FILES,
@@ -34,19 +33,9 @@ from engine.chats.files import (
     upload_message,
 )
 from engine.errors import FileRefusedError
-from engine.files import (
-    SavedFile,
-    exclude_in_git,
-    read_for_send,
-    resolve_inside,
-    sanitize_name,
-    save_upload,
-    send_markers,
-    sent_caption,
-    upload_prompt,
-    zip_folder,
-)
+from engine.files import SavedFile, exclude_in_git, sanitize_name, save_upload, upload_prompt
 from engine.gates.artifacts import SqlArtifactStore
+from engine.handover import collect_sends
 from engine.store.backend import AnyDatabase
 
 __all__ = [
@@ -61,8 +50,6 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-
-_MARKERS_PER_TURN: Final = 10
 
 
 async def store_upload(
@@ -123,48 +110,3 @@ async def write_uploads(
     with contextlib.suppress(OSError, FileRefusedError):
         await exclude_in_git(workdir, uploads)
     return upload_prompt(saved, [text])
-
-
-def _pack(
-    workdir: Path, shown: str, max_bytes: int, redact: Callable[[str], str]
-) -> tuple[str, bytes, str]:
-    """(name, bytes, caption) of one file to send, a folder zipped (as a local chat)."""
-    try:
-        is_dir = resolve_inside(workdir, shown).is_dir()
-    except FileRefusedError:
-        is_dir = False
-    try:
-        if is_dir:
-            name = sanitize_name(Path(shown.rstrip("/")).name or workdir.name) + ".zip"
-            with tempfile.TemporaryDirectory(prefix="turnstile-send-") as tmp:
-                dest = Path(tmp) / name
-                zipped = zip_folder(workdir, shown, dest=dest, max_bytes=max_bytes, redact=redact)
-                return name, dest.read_bytes(), sent_caption(shown, zipped)
-        out = read_for_send(workdir, shown, max_bytes=max_bytes, redact=redact)
-        return sanitize_name(out.name), out.data, sent_caption(shown, out)
-    except OSError as exc:
-        raise FileRefusedError(f"{shown} cannot be read: {exc.strerror}", reason="io") from exc
-
-
-async def collect_sends(
-    db: AnyDatabase,
-    workdir: Path,
-    text: str,
-    *,
-    max_bytes: int,
-    redact: Callable[[str], str],
-) -> list[SentFile]:
-    """The files an agent's answer asks to send, read from the worktree (refused outside
-    it, too large, empty ...) and stored for the bot. Never raises for one file."""
-    store = SqlArtifactStore(db)
-    sent: list[SentFile] = []
-    for given in send_markers(text, limit=_MARKERS_PER_TURN):
-        shown = given.strip()
-        try:
-            name, data, caption = await asyncio.to_thread(_pack, workdir, shown, max_bytes, redact)
-        except FileRefusedError as exc:
-            sent.append(SentFile(given=given, refused=str(exc)))
-            continue
-        digest = await store.put(data)
-        sent.append(SentFile(given=given, name=name, sha256=digest, caption=caption))
-    return sent
