@@ -392,6 +392,11 @@ async def test_an_instruction_queued_in_the_store_reaches_one_execute_prompt_onc
     # A re-run of that Execute turn reads it from the archive; a later one does not.
     assert [i.text for i in run.inbox.collect(3).instructions] == ["Also add a CHANGELOG entry."]
     assert run.inbox.collect(5).instructions == []
+    # A run that moved to another machine has a fresh inbox there: the store gives a later
+    # Execute turn none of what an earlier one took in, and a re-run of that turn all of it.
+    assert await store.queued_instructions(run.run_id, before=5) == []
+    again = await store.queued_instructions(run.run_id, before=3)
+    assert [q.text for q in again] == ["Also add a CHANGELOG entry."]
     events = await EventLog(db).read(run.run_id)
     steered = [e.data for e in events if e.kind == "instruction"]
     assert steered == [{"text": "Also add a CHANGELOG entry.", "by": "olga"}]

@@ -17,7 +17,7 @@ import pytest
 
 from engine.approvals.policy import Decision, Scope
 from engine.approvals.store import SqliteApprovalStore
-from engine.errors import TurnSuperseded
+from engine.errors import ConfigError, TurnSuperseded
 from engine.gates import DriveOutcome
 from engine.store.events import EventLog, RunEvent
 from engine.store.runs import RunStatus, SqliteRunStore, TurnState
@@ -93,6 +93,33 @@ async def test_a_run_s_changes_are_its_events_in_order(database: Any) -> None:
         "run_resumed",
         "run_ended",
     ]
+
+
+async def test_a_place_s_unfinished_runs_and_their_instructions(database: Any) -> None:
+    """What a message in a chat steers: the place's auto runs that have not ended, from
+    their rows; an instruction for one is an event of it, refused once it has ended."""
+    runs = SqliteRunStore(database)
+    for run_id, thread in (("a1", None), ("a2", "7"), ("a3", None), ("c1", None)):
+        await runs.create_run(
+            run_id,
+            mode="chat" if run_id == "c1" else "auto",
+            agent="claude",
+            session_id=run_id,
+            chat_id="-100",
+            thread_id=thread,
+        )
+    await runs.update_run("a3", status=RunStatus.COMPLETED)
+    assert await runs.unfinished_in("auto", "-100", None) == ["a1"]
+    assert await runs.unfinished_in("auto", "-100", "7") == ["a2"]
+    assert await runs.unfinished_in("auto", "-100", None, whole_chat=True) == ["a1", "a2"]
+    assert await runs.unfinished_in("auto", "-200", None) == []
+    await runs.queue_instruction("a1", "use tabs", by="olga")
+    [event] = [e for e in await EventLog(database).read("a1") if e.kind == "instruction"]
+    assert event.data == {"text": "use tabs", "by": "olga"}
+    with pytest.raises(ConfigError, match="has ended"):
+        await runs.queue_instruction("a3", "too late")
+    with pytest.raises(ConfigError, match="not an auto run"):
+        await runs.queue_instruction("c1", "hello")
 
 
 async def test_a_change_that_does_not_land_leaves_no_event(database: Any) -> None:

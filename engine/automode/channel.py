@@ -98,7 +98,9 @@ class AutoRunStore(Protocol):
 
     async def spend_in_chat(self, chat_id: PlaceId, *, since: float) -> Spend: ...
 
-    async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]: ...
+    async def queued_instructions(
+        self, run_id: str, *, before: int | None = None
+    ) -> list[QueuedInstruction]: ...
 
     async def instruction_file(self, file: InstructionFile) -> bytes | None: ...
 
@@ -221,7 +223,7 @@ class AutoModeChannel(BaseChannel):
         if phase is Phase.EXECUTE:
             # What people queued through the store (from a chat, a terminal, wherever the
             # run executes) joins what was dropped into the folder.
-            for queued in await self._store.queued_instructions(state.run_id):
+            for queued in await self._store.queued_instructions(state.run_id, before=state.step):
                 await self._deliver(queued)
             intake = self._inbox.collect(state.step)
             values["instructions"] = render_instructions(intake.instructions)

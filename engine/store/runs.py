@@ -741,18 +741,29 @@ class SqliteRunStore:
         else:
             sql += " AND thread_id = ?"
             params.append(thread_id)
-        rows = await self._db.fetchall(f"{sql} ORDER BY started_at, id", params)
+        rows = await self._db.fetchall(f"{sql} ORDER BY created_at, id", params)
         return [str(r["id"]) for r in rows]
 
-    async def queued_instructions(self, run_id: str) -> list[QueuedInstruction]:
-        """Every instruction queued for the run, oldest first (delivered ones too)."""
+    async def queued_instructions(
+        self, run_id: str, *, before: int | None = None
+    ) -> list[QueuedInstruction]:
+        """The instructions queued for the run, oldest first; with ``before`` (an Execute
+        turn's number), only those queued after the last Execute turn ahead of it started:
+        the earlier ones went into that turn's prompt (a run that moved to another machine,
+        with a fresh inbox there, must not be given them again)."""
         rows = await self._db.fetchall(
-            "SELECT id, at, data_json FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
-            (run_id, EventKind.INSTRUCTION.value),
+            "SELECT id, kind, at, data_json FROM events WHERE run_id = ? AND kind IN (?, ?)"
+            " ORDER BY id",
+            (run_id, EventKind.INSTRUCTION.value, EventKind.TURN_STARTED.value),
         )
-        queued = []
+        queued: list[QueuedInstruction] = []
         for row in rows:
             data = json.loads(row["data_json"])
+            if row["kind"] == EventKind.TURN_STARTED:
+                earlier = before is not None and int(data.get("seq", before)) < before
+                if earlier and data.get("phase") == "execute":
+                    queued.clear()  # (taken in by that turn)
+                continue
             files = tuple(InstructionFile.from_json(f) for f in data.get("files") or ())
             queued.append(QueuedInstruction(int(row["id"]), float(row["at"]), data["text"], files))
         return queued
