@@ -752,21 +752,28 @@ class SqliteRunStore:
         the earlier ones went into that turn's prompt (a run that moved to another machine,
         with a fresh inbox there, must not be given them again)."""
         rows = await self._db.fetchall(
-            "SELECT id, kind, at, data_json FROM events WHERE run_id = ? AND kind IN (?, ?)"
-            " ORDER BY id",
-            (run_id, EventKind.INSTRUCTION.value, EventKind.TURN_STARTED.value),
+            "SELECT id, at, data_json FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
+            (run_id, EventKind.INSTRUCTION.value),
         )
-        queued: list[QueuedInstruction] = []
+        if not rows:
+            return []  # (most runs, at every Execute turn: one short look)
+        queued = []
         for row in rows:
             data = json.loads(row["data_json"])
-            if row["kind"] == EventKind.TURN_STARTED:
-                earlier = before is not None and int(data.get("seq", before)) < before
-                if earlier and data.get("phase") == "execute":
-                    queued.clear()  # (taken in by that turn)
-                continue
             files = tuple(InstructionFile.from_json(f) for f in data.get("files") or ())
             queued.append(QueuedInstruction(int(row["id"]), float(row["at"]), data["text"], files))
-        return queued
+        if before is None:
+            return queued
+        started = await self._db.fetchall(
+            "SELECT id, data_json FROM events WHERE run_id = ? AND kind = ? AND id > ? ORDER BY id",
+            (run_id, EventKind.TURN_STARTED.value, queued[0].id),
+        )
+        taken = 0  # what was queued before the last earlier Execute turn started
+        for row in started:
+            data = json.loads(row["data_json"])
+            if data.get("phase") == "execute" and int(data.get("seq", before)) < before:
+                taken = int(row["id"])
+        return [q for q in queued if q.id > taken]
 
     async def instruction_file(self, file: InstructionFile) -> bytes | None:
         """The stored bytes of a file sent with an instruction (None: no longer stored)."""
