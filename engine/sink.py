@@ -6,12 +6,13 @@ Auto mode and the autopilot driver take a :class:`RunSink`; the terminal uses
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from engine.chats.files import SentFile
 from engine.errors import StoreError
@@ -229,10 +230,18 @@ async def publish(
 async def publish_said(sink: RunSink, said: RunText) -> None:
     """Publish ``said`` through ``sink``: all of it when the sink takes a :class:`RunText`,
     else its text."""
-    if isinstance(sink, KindSink):
-        await sink.publish_run_text(said)
+    if _takes_kinds(type(sink)):
+        await cast(KindSink, sink).publish_run_text(said)
     else:
         await sink.publish_text(said.run_id, said.text)
+
+
+@functools.cache
+def _takes_kinds(sink: type) -> bool:
+    """Whether sinks of this class take a :class:`RunText` (a :class:`KindSink`): asked
+    once per class (every text of every turn asks, and ``isinstance`` on a protocol walks
+    its members each time)."""
+    return callable(getattr(sink, "publish_run_text", None))
 
 
 class NullSink:
