@@ -84,9 +84,6 @@ class AutoExtension(Feature):
         """The auto runs of this chat and topic driven here, oldest first."""
         return self.executor.running_in(ChatPlace(chat_id, thread))
 
-    def running(self, run_id: str) -> AutoRun | None:
-        return self.executor.running(run_id)
-
     # -- commands ----------------------------------------------------------------------
 
     async def cmd_auto(self, update: Update, args: list[str]) -> None:

@@ -119,16 +119,8 @@ class AutoExecutor(Protocol):
         """
         ...
 
-    def running(self, run_id: str) -> AutoRun | None:
-        """The run, when it is driven in this process (its folder, its instructions)."""
-        ...
-
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
         """The runs of ``place`` driven in this process, oldest first (steered by text)."""
-        ...
-
-    def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
-        """The runs of any topic of the chat driven in this process, oldest first."""
         ...
 
     async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:

@@ -114,10 +114,6 @@ class LocalAuto:
 
     # -- what runs here ----------------------------------------------------------------
 
-    def running(self, run_id: str) -> AutoRun | None:
-        active = self.active.get(run_id)
-        return active.run if active is not None else None
-
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
         return [a.run for a in self.active.values() if same_place(a.place, place)]
 

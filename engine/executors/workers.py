@@ -133,14 +133,8 @@ class WorkersAuto:
 
     # -- what runs here (none of these: their folders are the workers') ---------------
 
-    def running(self, run_id: str) -> AutoRun | None:
-        return self.local.running(run_id)
-
     def running_in(self, place: ChatPlace) -> list[AutoRun]:
         return self.local.running_in(place)
-
-    def running_in_chat(self, chat_id: PlaceId) -> list[AutoRun]:
-        return self.local.running_in_chat(chat_id)
 
     async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
         # Its own row says whether a run goes on, wherever it runs (or waits to run).
