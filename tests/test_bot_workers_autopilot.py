@@ -35,7 +35,11 @@ AGENT = textwrap.dedent(
     if "The engine found these problems" in prompt:  # a revision turn (it names no phase)
         time.sleep(float(conf.get("revision_sleep", 0)))
     phase = re.search(r"^Phase: (\\w+) \\(", prompt, re.M).group(1)
+    task = re.search(r"^You are the .* for task (\\S+)\\.$", prompt, re.M).group(1)
     artifact = Path(re.search(r"^Write the artifact to: (.+)$", prompt, re.M).group(1))
+    held = conf.get("hold", {}).get(f"{task}:{phase}")  # (its turn waits for this file)
+    while held and not os.path.exists(held):
+        time.sleep(0.05)
     if phase not in conf.get("skip", []):  # (a phase it skips fails its checks)
         artifact.parent.mkdir(parents=True, exist_ok=True)
         artifact.write_text(conf["decomposition"] if phase == "decomposition" else f"# {phase}\\n")
@@ -46,9 +50,9 @@ AGENT = textwrap.dedent(
 )
 
 
-def _setup(root: Path, **more: Any) -> tuple[str, Path]:
+def _setup(root: Path, *, workflow: str = WORKFLOW, **more: Any) -> tuple[str, Path]:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "workflow.toml").write_text(WORKFLOW)
+    (root / "workflow.toml").write_text(workflow)
     (root / "agent.py").write_text(AGENT)
     conf = {"log": str(root / "phases.log"), "decomposition": NO_SPLIT, **more}
     (root / "agent.json").write_text(json.dumps(conf))
@@ -97,10 +101,10 @@ async def _drive(api: FakeBotApi, started: str) -> tuple[Counter[str], SentMessa
     return Counter(_kind(m) for m in after), summary
 
 
-def _on_workers(cluster: Cluster, **conf: Any) -> tuple[str, str]:
+def _on_workers(cluster: Cluster, *, workflow: str = WORKFLOW, **conf: Any) -> tuple[str, str]:
     """Configure the cluster for drives (before its worker starts): the agent command and
     the projects."""
-    command, path = _setup(cluster.tmp / "pilot", **conf)
+    command, path = _setup(cluster.tmp / "pilot", workflow=workflow, **conf)
     projects = f"default={cluster.remote}#main"
     cluster.env.update(
         {
