@@ -11,13 +11,14 @@ caption, or why it was refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from engine.chats.files import SentFile
-from engine.errors import FileRefusedError
+from engine.errors import FileRefusedError, StoreError
 from engine.files import (
     read_for_send,
     resolve_inside,
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from engine.store.backend import AnyDatabase
 
 __all__ = ["MARKERS_PER_TURN", "collect_paths", "collect_sends"]
+
+_LOGGER = logging.getLogger(__name__)
 
 #: At most this many files are sent for one turn's markers.
 MARKERS_PER_TURN: Final = 10
@@ -67,8 +70,8 @@ async def collect_paths(
     redact: Callable[[str], str],
 ) -> list[SentFile]:
     """The files ``paths`` (relative to ``workdir``, untrusted) read (refused outside it,
-    too large, empty ...) and stored for a front end, at most :data:`MARKERS_PER_TURN`.
-    Never raises for one file."""
+    too large, empty, not storable ...) and stored for a front end, at most
+    :data:`MARKERS_PER_TURN`. Never raises for one file."""
     store = SqlArtifactStore(db)
     sent: list[SentFile] = []
     for given in paths[:MARKERS_PER_TURN]:
@@ -78,7 +81,14 @@ async def collect_paths(
         except FileRefusedError as exc:
             sent.append(SentFile(given=given, refused=str(exc)))
             continue
-        digest = await store.put(data)
+        try:
+            digest = await store.put(data)
+        except StoreError:
+            # (Said to the people following the run like any refusal: never silently.)
+            _LOGGER.warning("a handed-over file could not be stored", exc_info=True)
+            refused = f"{shown} could not be stored (the database is away); ask for it again"
+            sent.append(SentFile(given=given, refused=refused))
+            continue
         sent.append(SentFile(given=given, name=name, sha256=digest, caption=caption))
     return sent
 
