@@ -27,6 +27,7 @@ engine/diff.py, what is sent in chatfront/outgoing.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ _LOGGER = logging.getLogger(__name__)
 
 # Telegram's own limit on what a bot may download through getFile.
 _TELEGRAM_DOWNLOAD_LIMIT: Final = 20 * 1024 * 1024
+# How long a shutdown waits for the files being downloaded to join their albums.
+_PARTS_WAIT: Final = 30.0
 
 
 @dataclass
@@ -156,6 +159,9 @@ class FileDesk(Feature):
         self._albums: dict[tuple[PlaceId, PlaceId | None, str], _Album] = {}
         self._excluded: set[Path] = set()
         self._closing = False
+        self._handling = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         ctx.chat_front.output_files = self.outgoing.marker_items
         ctx.sink.send_files_with(self.outgoing.send_stored)
 
@@ -212,6 +218,18 @@ class FileDesk(Feature):
     # -- inbound: files, photos, voice -------------------------------------------------
 
     async def on_media(self, update: Update) -> None:
+        # Counted while it runs: a shutdown hands gathering albums over only once every
+        # part being downloaded has joined its album (else an album would split in two).
+        self._handling += 1
+        self._idle.clear()
+        try:
+            await self._on_media(update)
+        finally:
+            self._handling -= 1
+            if not self._handling:
+                self._idle.set()
+
+    async def _on_media(self, update: Update) -> None:
         message = update.message
         user = update.effective_user
         if message is None or user is None:
@@ -760,8 +778,12 @@ class FileDesk(Feature):
     # -- shutdown --------------------------------------------------------------------
 
     async def shutdown(self, *, park: bool, preempt: asyncio.Event) -> None:
-        """Albums still gathering are handed to their runs now."""
+        """Albums still gathering are handed to their runs now, with the parts still
+        being downloaded (one whose download has not ended within a while becomes a turn
+        of its own once it has)."""
         self._closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), _PARTS_WAIT)
         for key, album in list(self._albums.items()):
             if album.timer is not None:
                 album.timer.cancel()
