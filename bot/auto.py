@@ -30,6 +30,7 @@ from chatfront.progress import AUTO_STOP_DATA
 from chatfront.sink import ChatPlace
 from engine.approvals import ApprovalPolicy
 from engine.automode import AutoRun
+from engine.automode.append import steer_run
 from engine.automode.verifier import evidence_gap
 from engine.errors import ConfigError, NotFoundError
 from engine.executors import AutoRequest, auto_executor
@@ -248,8 +249,9 @@ class AutoExtension(Feature):
         """Queue ``text`` (and the stored ``files`` it is the caption of) for the run's
         next Execute turn from the person ``by``; None once it is, else why not."""
         try:
-            await self.executor.steer(
-                run_id, text, by=self.ctx.publisher.people.name(by), files=files
+            # The same wherever the run executes: through the store.
+            await steer_run(
+                self.ctx.runs, run_id, text, by=self.ctx.publisher.people.name(by), files=files
             )
         except (ConfigError, NotFoundError) as exc:
             return f"Instruction refused: {exc}"

@@ -260,10 +260,6 @@ class NullSink:
 class LogSink:
     """The terminal's sink: everything goes to the log."""
 
-    async def send_files(self, run_id: str, workdir: Path, paths: list[str]) -> None:
-        for path in paths:
-            _LOGGER.info("the agent hands over %s (in %s)", path, workdir, extra={"run_id": run_id})
-
     async def send_stored(self, run_id: str, files: list[SentFile]) -> None:
         for file in files:
             if file.refused:
@@ -378,11 +374,8 @@ class RecordingFileSink(RecordingSink):
         )
         data = {"paths": list(paths), "files": [f.to_json() for f in files]}
         await self._record(run_id, EventKind.FILE_OUT, data)
-        inner = self.inner
-        if isinstance(inner, StoredFileSink):
-            await inner.send_stored(run_id, files)
-        elif isinstance(inner, FileSink):
-            await inner.send_files(run_id, workdir, paths)
+        # (recording() makes one only over a sink that takes stored files)
+        await cast(StoredFileSink, self.inner).send_stored(run_id, files)
 
 
 def sent_files(data: Mapping[str, Any]) -> list[SentFile]:
@@ -412,6 +405,6 @@ def recording(
     stored under these rules, logged, then given to ``sink`` when it takes files)."""
     if isinstance(sink, RecordingSink):
         return sink
-    if sends is not None and isinstance(sink, StoredFileSink | FileSink):
+    if sends is not None and isinstance(sink, StoredFileSink):
         return RecordingFileSink(sink, db, owner, sends=sends)
     return RecordingSink(sink, db, owner)

@@ -293,10 +293,9 @@ async def test_execute_failure_warns_and_continues(
     assert "Objective achieved" in caplog.text
 
 
-async def test_appended_instructions_are_sanitized_before_the_prompt(
-    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    replies = [
+def _three_executes() -> list[dict[str, Any]]:
+    """Replies of a run with three Execute turns, the last one committing its work."""
+    return [
         {"text": "goal"},
         {"text": "plan"},
         {"text": "first execute"},
@@ -306,7 +305,12 @@ async def test_appended_instructions_are_sanitized_before_the_prompt(
         commit_step("result.txt"),
         evaluation("COMPLETE"),
     ]
-    script(env, monkeypatch, replies=replies)
+
+
+async def test_appended_instructions_are_sanitized_before_the_prompt(
+    settings: Settings, db: AnyDatabase, workspace: Path, env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script(env, monkeypatch, replies=_three_executes())
     sink = HookSink()
     holder: dict[str, AutoRun] = {}
     dropped: list[Path] = []
@@ -359,17 +363,7 @@ async def test_an_instruction_queued_in_the_store_reaches_one_execute_prompt_onc
 ) -> None:
     """Steering through the store (how every front end steers, wherever the run executes):
     the next Execute turn takes it in, exactly once, even when the queue is looked at again."""
-    replies = [
-        {"text": "goal"},
-        {"text": "plan"},
-        {"text": "first execute"},
-        evaluation("IN PROGRESS"),
-        {"text": "second execute"},
-        evaluation("IN PROGRESS"),
-        commit_step("result.txt"),
-        evaluation("COMPLETE"),
-    ]
-    script(env, monkeypatch, replies=replies)
+    script(env, monkeypatch, replies=_three_executes())
     store = SqliteRunStore(db)
     with pytest.raises(ConfigError, match="empty"):
         await steer_run(store, "auto-none", "  ", by=None)

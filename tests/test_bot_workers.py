@@ -126,6 +126,17 @@ def _script(cluster: Cluster, *, wait_file: Path | None = None) -> None:
     )
 
 
+def _execute_prompts(cluster: Cluster, run_id: str) -> list[str]:
+    """The prompts of the run's Execute turns, in order (as the turns table has them)."""
+    return [
+        str(p)
+        for (p,) in cluster.query(
+            "SELECT prompt FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY seq",
+            run_id,
+        )
+    ]
+
+
 def _texts(message: SentMessage) -> list[str]:
     return [*message.history, message.text]
 
@@ -289,13 +300,7 @@ async def test_a_message_and_the_terminal_steer_an_auto_run_on_a_worker(
         await api.wait_for_message(
             lambda m: m.text.startswith(f"Auto run {run_id}: completed"), timeout=60
         )
-    prompts = [
-        str(p)
-        for (p,) in cluster.query(
-            "SELECT prompt FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY seq",
-            run_id,
-        )
-    ]
+    prompts = _execute_prompts(cluster, run_id)
     assert len(prompts) == 2
     assert "CHANGELOG" not in prompts[0]
     assert prompts[1].count("Also add a CHANGELOG entry.") == 1
@@ -520,13 +525,7 @@ async def test_a_file_reaches_an_auto_run_on_a_worker_and_one_it_hands_over_come
     noted = "📝 Noted for run RUN (a file): it goes into the next Execute turn."
     assert (None, None, noted) in sent
     assert ("notes.md", b"# notes\n", "📎 notes.md · 8 bytes") in sent
-    prompts = [
-        str(p)
-        for (p,) in cluster.query(
-            "SELECT prompt FROM turns WHERE run_id = %s AND phase = 'execute' ORDER BY seq",
-            run_id,
-        )
-    ]
+    prompts = _execute_prompts(cluster, run_id)
     assert len(prompts) == 2
     assert "data.csv" not in prompts[0]
     assert prompts[1].count("uploads/data.csv (text/csv") == 1

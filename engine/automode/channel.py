@@ -251,10 +251,10 @@ class AutoModeChannel(BaseChannel):
 
     async def _deliver(self, queued: QueuedInstruction) -> None:
         """Drop one queued instruction into the inbox unless it had it; its files first."""
-        if self._inbox.has(queued.name):
-            return
         text = queued.text
         if queued.files:
+            if self._inbox.has(queued.name):
+                return  # (its files were written when it was dropped)
             text, problems = await write_instruction_files(
                 self._store, queued, Path(self._state.workdir), self._uploads
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from engine.automode import AutoRun
     from engine.automode.run import ApprovalFor
     from engine.runs import Recovery
-    from engine.store.runs import InstructionFile
 
 __all__ = [
     "AgentFactory",
@@ -125,25 +124,8 @@ class AutoExecutor(Protocol):
 
     async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
         """The ids of the unfinished runs of ``place`` (``whole_chat``: of any topic of its
-        chat), oldest first: what a message there steers."""
-        ...
-
-    async def steer(
-        self,
-        run_id: str,
-        text: str,
-        *,
-        by: str | None,
-        files: Sequence[InstructionFile] = (),
-    ) -> None:
-        """Queue ``text`` for the run's next Execute turn, wherever it runs; ``files``
-        (stored: :func:`engine.automode.uploads.store_instruction_file`) are written into
-        its folder first, and the instruction names them (``text`` is their caption).
-
-        Raises:
-            ConfigError: the instruction or the run cannot take it (empty, too large, the
-                run has ended).
-        """
+        chat), oldest first: what a message there steers (steering itself is the same
+        wherever a run executes: :func:`engine.automode.append.steer_run`)."""
         ...
 
     async def stop(self, run_id: str, *, chat_id: PlaceId) -> bool:

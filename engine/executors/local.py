@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.automode import (
@@ -21,7 +20,6 @@ from engine.automode import (
     resume_auto_run,
     start_auto_run,
 )
-from engine.automode.append import steer_run
 from engine.automode.budget import STOPPED_BY_BUDGET
 from engine.errors import ConfigError, StoreUnreachableError, TurnstileError
 from engine.executors.base import (
@@ -40,7 +38,7 @@ from engine.settings import Settings
 from engine.sink import RunSink
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase, wait_reachable
-from engine.store.runs import InstructionFile, RunStatus, SqliteRunStore
+from engine.store.runs import RunStatus, SqliteRunStore
 from engine.workspace.runs import worktree_summaries
 
 __all__ = ["LocalAuto"]
@@ -123,17 +121,6 @@ class LocalAuto:
     async def steerable(self, place: ChatPlace, *, whole_chat: bool = False) -> list[str]:
         runs = self.running_in_chat(place.chat_id) if whole_chat else self.running_in(place)
         return [run.run_id for run in runs]
-
-    async def steer(
-        self,
-        run_id: str,
-        text: str,
-        *,
-        by: str | None,
-        files: Sequence[InstructionFile] = (),
-    ) -> None:
-        # Through the store, as on the workers: the run's next Execute turn takes it in.
-        await steer_run(self.runs, run_id, text, by=by, files=files)
 
     # -- stopping ----------------------------------------------------------------------
 

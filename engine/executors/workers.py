@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -44,7 +43,7 @@ from engine.sink import (
 from engine.spend import Budget, Spend
 from engine.store.backend import AnyDatabase
 from engine.store.events import EventKind, EventLog, RunEvent
-from engine.store.runs import InstructionFile, RunStatus, SqliteRunStore, TurnState
+from engine.store.runs import RunStatus, SqliteRunStore, TurnState
 from engine.workers.control import (
     chat_placements,
     new_spec,
@@ -143,18 +142,6 @@ class WorkersAuto:
         )
         here = await self.local.steerable(place, whole_chat=whole_chat)
         return [*here, *(r for r in stored if r not in here)]
-
-    async def steer(
-        self,
-        run_id: str,
-        text: str,
-        *,
-        by: str | None,
-        files: Sequence[InstructionFile] = (),
-    ) -> None:
-        # The worker running it delivers it (its files too) into the run's folder at its
-        # next Execute turn.
-        await self.local.steer(run_id, text, by=by, files=files)
 
     async def _placed(self, chat_id: PlaceId, place: ChatPlace | None = None) -> list[Placement]:
         # (A drive's is the drives' executor's: engine.executors.drives.)
