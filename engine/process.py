@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
-from engine.errors import InvalidPromptError, TurnExecError, TurnIOError, TurnPreempted
+from engine.errors import (
+    InvalidPromptError,
+    StoreError,
+    TurnExecError,
+    TurnIOError,
+    TurnPreempted,
+)
 from engine.reaper import (
     TURN_MARKER_VAR,
     Lifeline,
@@ -57,6 +63,7 @@ __all__ = [
     "TurnProcess",
     "default_spill_dir",
     "lifeline",
+    "record_spawn",
     "run_process",
     "validate_prompt",
 ]
@@ -501,6 +508,22 @@ class _Child:
                 os.kill(self.pid, signal.SIGKILL)
 
 
+async def record_spawn(preempt: PreemptHandle, process: TurnProcess) -> None:
+    """Tell whoever records the turn (``PreemptHandle.on_spawn``) which process runs it.
+
+    The turn runs on whatever happens here: only a clean-up after a crash would miss the
+    process. The database away a moment (an outage) is said as such, not as a fault.
+    """
+    if preempt.on_spawn is None:
+        return
+    try:
+        await preempt.on_spawn(process)
+    except StoreError as exc:
+        _LOGGER.warning("could not record pid=%s of the turn: %s", process.pid, exc)
+    except Exception:
+        _LOGGER.exception("recording pid=%s of the turn failed", process.pid)
+
+
 async def _wait_readers(readers: list[_PipeReader], within: float) -> list[_PipeReader]:
     """Wait up to ``within`` seconds for ``readers`` to reach end-of-file; those that did not."""
     await asyncio.wait([reader.done for reader in readers], timeout=within)
@@ -702,12 +725,8 @@ async def _run(
         if preempt is not None:
             preempt._turn = turn
             preempt._attach(child)
-        if preempt is not None and preempt.on_spawn is not None and info is not None:
-            try:
-                await preempt.on_spawn(info)
-            except Exception:
-                # The turn runs on; only a clean-up after a crash would miss it.
-                _LOGGER.exception("recording pid=%s of the turn failed", child.pid)
+        if preempt is not None and info is not None:
+            await record_spawn(preempt, info)
         # The exit itself, not the pipes' end, which a descendant holding stdout can
         # delay forever.
         await child.exited.wait()

@@ -41,7 +41,14 @@ from engine.agents.stream import (
     JsonStreamAgent,
 )
 from engine.errors import TurnExecError, TurnIOError
-from engine.process import STDERR_TAIL, PreemptHandle, _wait_group_gone, lifeline, validate_prompt
+from engine.process import (
+    STDERR_TAIL,
+    PreemptHandle,
+    _wait_group_gone,
+    lifeline,
+    record_spawn,
+    validate_prompt,
+)
 from engine.reaper import TurnProcess, kill_marked, marked_pids, start_time, wait_gone
 from engine.turn import TurnOutput
 
@@ -289,11 +296,7 @@ async def report_process(preempt: PreemptHandle, pid: int, marker: str | None) -
     """
     if preempt.on_spawn is None or marker is None:
         return
-    try:
-        await preempt.on_spawn(TurnProcess(pid=pid, start=start_time(pid), marker=marker))
-    except Exception:
-        # The turn runs on; only a clean-up after a crash would miss it.
-        _LOGGER.exception("recording the resident process pid=%s of the turn failed", pid)
+    await record_spawn(preempt, TurnProcess(pid=pid, start=start_time(pid), marker=marker))
 
 
 async def read_lines(
